@@ -1,0 +1,11 @@
+//! kt-kernel-rs backend crate `llamafile`: GGUF block formats (Q4_0..Q8_0, K-quants, IQ4) run from GGUF files.
+//!
+//! No kernels are registered yet: [`registered`] is empty, so this backend is never selected
+//! (forcing it with `KT_KERNEL_CPU_VARIANT` reports that it has no kernels in this build).
+
+use kt_core::Backend;
+
+/// The backends this crate registers with the host, best first. Empty until its kernels land.
+pub fn registered() -> &'static [&'static dyn Backend] {
+    &[]
+}

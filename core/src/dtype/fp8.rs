@@ -1,0 +1,110 @@
+//! FP8 E4M3 ("e4m3fn"): 1 sign, 4 exponent (bias 7), 3 mantissa bits; no infinities, NaN is
+//! `S.1111.111`, largest finite 448. As in DeepSeek-V3 checkpoints and OCP FP8.
+
+/// One fp8 e4m3 value, stored as its bit pattern.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(transparent)]
+pub struct F8E4M3(pub u8);
+
+impl F8E4M3 {
+    /// Largest finite magnitude.
+    pub const MAX: f32 = 448.0;
+
+    /// Exact conversion to f32 (every e4m3 value is an f32, and a bf16).
+    #[inline]
+    pub fn to_f32(self) -> f32 {
+        let b = self.0;
+        let sign = if b & 0x80 != 0 { -1.0 } else { 1.0 };
+        let e = i32::from((b >> 3) & 0x0F);
+        let m = f32::from(b & 0x07);
+        let mag = match (e, b & 0x07) {
+            (15, 7) => return f32::NAN,
+            (0, _) => m * (1.0 / 512.0), // subnormal: m/8 · 2^-6
+            _ => (1.0 + m / 8.0) * libm::exp2f((e - 7) as f32),
+        };
+        sign * mag
+    }
+
+    /// Round to nearest even, saturating to ±448 ("satfinite"); NaN stays NaN.
+    pub fn from_f32(x: f32) -> Self {
+        let sign = if x.is_sign_negative() { 0x80u8 } else { 0 };
+        if x.is_nan() {
+            return F8E4M3(sign | 0x7F);
+        }
+        let a = x.abs();
+        if a >= Self::MAX {
+            return F8E4M3(sign | 0x7E);
+        }
+        if a < 1.0 / 64.0 {
+            // Subnormal range, uniform steps of 2^-9; a count of 8 is the smallest normal.
+            let q = libm::rintf(a * 512.0) as u8;
+            return F8E4M3(sign | q);
+        }
+        let bits = a.to_bits();
+        let exp = ((bits >> 23) & 0xFF) as i32 - 127;
+        let man = bits & 0x7F_FFFF;
+        // Keep 3 of 23 mantissa bits, ties to even.
+        let keep = man >> 20;
+        let rest = man & 0xF_FFFF;
+        let half = 0x8_0000;
+        let mut q = keep + u32::from(rest > half || (rest == half && keep & 1 == 1));
+        let mut e = exp + 7;
+        if q == 8 {
+            q = 0;
+            e += 1;
+        }
+        if e > 15 || (e == 15 && q == 7) {
+            return F8E4M3(sign | 0x7E);
+        }
+        F8E4M3(sign | ((e as u8) << 3) | q as u8)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_finite_code_round_trips() {
+        for b in 0..=255u8 {
+            let v = F8E4M3(b).to_f32();
+            if v.is_nan() {
+                assert_eq!(b & 0x7F, 0x7F);
+                continue;
+            }
+            let back = F8E4M3::from_f32(v);
+            // -0 and +0 are distinct codes and both round-trip.
+            assert_eq!(back.0, b, "code {b:#04x} value {v}");
+        }
+    }
+
+    #[test]
+    fn known_values() {
+        assert_eq!(F8E4M3(0x7E).to_f32(), 448.0);
+        assert_eq!(F8E4M3(0x01).to_f32(), 1.0 / 512.0);
+        assert_eq!(F8E4M3(0x38).to_f32(), 1.0);
+        assert_eq!(F8E4M3::from_f32(1e9).0, 0x7E);
+        assert_eq!(F8E4M3::from_f32(-1e9).0, 0xFE);
+        assert_eq!(F8E4M3::from_f32(f32::INFINITY).0, 0x7E);
+        // 1.0625 is halfway between 1.0 and 1.125: ties to even (1.0).
+        assert_eq!(F8E4M3::from_f32(1.0625).to_f32(), 1.0);
+        // 1.1875 is halfway between 1.125 and 1.25: ties to even (1.25).
+        assert_eq!(F8E4M3::from_f32(1.1875).to_f32(), 1.25);
+    }
+
+    #[test]
+    fn rounding_is_nearest_against_brute_force() {
+        let finite: alloc::vec::Vec<f32> = (0..=0x7Eu8).map(|b| F8E4M3(b).to_f32()).collect();
+        let mut x = 0.0f32;
+        while x < 460.0 {
+            let got = F8E4M3::from_f32(x).to_f32();
+            let best = finite
+                .iter()
+                .copied()
+                .min_by(|a, b| (a - x).abs().partial_cmp(&(b - x).abs()).unwrap())
+                .unwrap();
+            assert!((got - x).abs() <= (best - x).abs(), "x={x} got={got} best={best}");
+            x += 0.013;
+        }
+    }
+}

@@ -1,0 +1,33 @@
+//! Scalar number types: bf16 and f16 (from `half`), fp8 e4m3 and e8m0 scales, and the rounding
+//! helpers every format shares.
+
+mod e8m0;
+mod fp8;
+
+pub use e8m0::E8M0;
+pub use fp8::F8E4M3;
+pub use half::{bf16, f16};
+
+/// Round to nearest, ties to even, as `cvtps2dq` does under the default MXCSR.
+#[inline]
+pub fn round_ne(x: f32) -> f32 {
+    libm::rintf(x)
+}
+
+/// Round-to-nearest-even then saturate to i8, as KT's `cvtps_epi32` + `cvtsepi32_epi8` pair.
+/// NaN maps to 0 (callers reject non-finite inputs before they get here).
+#[inline]
+pub fn quantize_i8(x: f32) -> i8 {
+    let r = round_ne(x);
+    if r.is_nan() {
+        0
+    } else {
+        r.clamp(-128.0, 127.0) as i8
+    }
+}
+
+/// Round f32 to bf16 (nearest, ties to even), the rounding every intermediate of the MoE uses.
+#[inline]
+pub fn to_bf16(x: f32) -> bf16 {
+    bf16::from_f32(x)
+}

@@ -1,0 +1,30 @@
+//! The `Executor` trait: how a stage's independent tasks are spread over threads. Core has the
+//! serial one; the host supplies thread pools. Results never depend on which executor runs.
+#![forbid(unsafe_code)]
+
+/// Runs `n_tasks` independent tasks and returns when all are done.
+pub trait Executor: Send + Sync {
+    /// Call `f(task, worker)` once for every `task < n_tasks`, on up to [`Executor::workers`]
+    /// threads (`worker < workers()`), and return after the last call has returned. Everything
+    /// the tasks wrote happens-before the return.
+    fn parallel_for(&self, n_tasks: usize, f: &(dyn Fn(usize, usize) + Sync));
+
+    /// Threads that may run tasks at once.
+    fn workers(&self) -> usize;
+}
+
+/// Runs every task on the calling thread, in order.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SerialExecutor;
+
+impl Executor for SerialExecutor {
+    fn parallel_for(&self, n_tasks: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+        for t in 0..n_tasks {
+            f(t, 0);
+        }
+    }
+
+    fn workers(&self) -> usize {
+        1
+    }
+}

@@ -1,0 +1,46 @@
+//! K-group symmetric int4 (KT RAWINT4, compressed-tensors "pack-quantized"): per `group`
+//! columns of a row one bf16 scale `s = bf16(amax/7)`, `q = clamp(rne(x · (1/s)), -8, 7)`,
+//! stored as the nibble `q + 8` (low nibble = even column). Value: `(nibble - 8) · s`.
+
+use alloc::vec;
+use alloc::vec::Vec;
+use half::bf16;
+
+use super::{amax, inverse, put_nibble, raw_nibble};
+use crate::dtype::round_ne;
+
+/// Quantize `rows × cols` (cols a multiple of `group`); returns (nibbles, `rows × cols/group`
+/// scales, row-major).
+pub fn quantize(rows: usize, cols: usize, group: usize, src: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    let rb = cols / 2;
+    let per_row = cols / group;
+    let mut data = vec![0u8; rows * rb];
+    let mut scales = vec![0.0f32; rows * per_row];
+    for r in 0..rows {
+        let row = &mut data[r * rb..(r + 1) * rb];
+        for g in 0..per_row {
+            let x = &src[r * cols + g * group..r * cols + (g + 1) * group];
+            let s = bf16::from_f32(amax(x) / 7.0).to_f32();
+            let inv = inverse(s);
+            scales[r * per_row + g] = s;
+            for (i, &v) in x.iter().enumerate() {
+                let q = round_ne(v * inv).clamp(-8.0, 7.0) as i8;
+                put_nibble(row, g * group + i, (q + 8) as u8);
+            }
+        }
+    }
+    (data, scales)
+}
+
+/// The signed value `nibble - 8` of element `c`.
+#[inline]
+pub fn weight_i8(row: &[u8], c: usize) -> i8 {
+    raw_nibble(row, c) as i8 - 8
+}
+
+/// `(nibble - 8) · s` for every element of a row.
+pub fn dequantize_row(row: &[u8], group: usize, scales: &[f32], out: &mut [f32]) {
+    for (c, o) in out.iter_mut().enumerate() {
+        *o = f32::from(weight_i8(row, c)) * scales[c / group];
+    }
+}

@@ -1,0 +1,72 @@
+//! Per-row symmetric int4 exactly as KT's AMXINT4 (`amx_buffers.hpp`, `BufferBInt4Impl::from_mat`):
+//! `d = amax/112`; `q8 = sat_i8(rne(x · (1/d)))`; the magnitude is rounded to a multiple of 16 by
+//! `(|q8| + 8) & 0xF0` (ties away from zero) and the sign restored, giving `16·n`, n in -7..=7.
+//! The nibble n is stored two's complement (low nibble = even column here; KT's packed BufferB
+//! puts column k low and k+64 high, a packing detail). Value: `16 · n · d`.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use super::{amax, inverse, put_nibble, signed_nibble};
+use crate::dtype::quantize_i8;
+
+/// KT's 4-bit rounding of an int8 to a multiple of 16, in the same 8-bit wrapping arithmetic.
+#[inline]
+pub fn round_to_16(q8: i8) -> i8 {
+    let mag = (q8.unsigned_abs().wrapping_add(8)) & 0xF0;
+    if q8 < 0 {
+        (mag as i8).wrapping_neg()
+    } else {
+        mag as i8
+    }
+}
+
+/// Quantize `rows × cols` (cols even); returns (nibble data, one scale d per row).
+pub fn quantize(rows: usize, cols: usize, src: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    let rb = cols / 2;
+    let mut data = vec![0u8; rows * rb];
+    let mut scales = vec![0.0f32; rows];
+    for r in 0..rows {
+        let x = &src[r * cols..(r + 1) * cols];
+        let d = amax(x) / 112.0;
+        let inv = inverse(d);
+        scales[r] = d;
+        let row = &mut data[r * rb..(r + 1) * rb];
+        for (c, &v) in x.iter().enumerate() {
+            let n = round_to_16(quantize_i8(v * inv)) >> 4;
+            put_nibble(row, c, n as u8);
+        }
+    }
+    (data, scales)
+}
+
+/// The int8-equivalent weight `16·n` that KT's integer kernels multiply with.
+#[inline]
+pub fn weight_i8(row: &[u8], c: usize) -> i8 {
+    signed_nibble(row, c).wrapping_mul(16)
+}
+
+/// `16 · n · d` for every element of a row.
+pub fn dequantize_row(row: &[u8], d: f32, out: &mut [f32]) {
+    for (c, o) in out.iter_mut().enumerate() {
+        *o = f32::from(weight_i8(row, c)) * d;
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn rounding_matches_kt() {
+        assert_eq!(round_to_16(0), 0);
+        assert_eq!(round_to_16(7), 0);
+        assert_eq!(round_to_16(8), 16);
+        assert_eq!(round_to_16(-8), -16);
+        assert_eq!(round_to_16(-7), 0);
+        assert_eq!(round_to_16(112), 112);
+        assert_eq!(round_to_16(-112), -112);
+        assert_eq!(round_to_16(119), 112);
+        assert_eq!(round_to_16(120), 0x80u8 as i8); // wraps like KT's epi8 arithmetic
+    }
+}

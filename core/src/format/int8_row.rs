@@ -1,0 +1,38 @@
+//! Per-row symmetric int8 (KT AMXINT8, `BufferB::from_mat`): `d = amax/127` per row,
+//! `q = sat_i8(rne(x · (1/d)))`, value `q · d`.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use super::{amax, inverse};
+use crate::dtype::quantize_i8;
+
+/// Quantize `rows × cols`; returns (i8 data as bytes, one scale per row).
+pub fn quantize(rows: usize, cols: usize, src: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    let mut data = vec![0u8; rows * cols];
+    let mut scales = vec![0.0f32; rows];
+    for r in 0..rows {
+        let x = &src[r * cols..(r + 1) * cols];
+        let (q, d) = quantize_row(x);
+        scales[r] = d;
+        for (o, v) in data[r * cols..(r + 1) * cols].iter_mut().zip(q) {
+            *o = v as u8;
+        }
+    }
+    (data, scales)
+}
+
+/// One row: the int8 values and their scale. Shared with per-token activation quantization,
+/// which KT defines by the same formula.
+pub fn quantize_row(x: &[f32]) -> (impl Iterator<Item = i8> + '_, f32) {
+    let d = amax(x) / 127.0;
+    let inv = inverse(d);
+    (x.iter().map(move |&v| quantize_i8(v * inv)), d)
+}
+
+/// `q · d` for every element of a row.
+pub fn dequantize_row(row: &[u8], d: f32, out: &mut [f32]) {
+    for (o, &b) in out.iter_mut().zip(row) {
+        *o = f32::from(b as i8) * d;
+    }
+}

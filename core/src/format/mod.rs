@@ -1,0 +1,226 @@
+//! Weight formats. Each format is defined by its scalar `quantize` and `dequantize` in its own
+//! module; backends pack a [`QuantMatrix`] (the canonical, row-major logical layout) into
+//! whatever layout their kernels read.
+//!
+//! | format | element | scales | KT name |
+//! |---|---|---|---|
+//! | `bf16` | bf16 | none | BF16 |
+//! | `int8` | i8, symmetric | f32 per row, amax/127 | AMXINT8 |
+//! | `int4` | signed nibble n, value 16·n·d | f32 per row d = amax/112 | AMXINT4 |
+//! | `int4-gG` | offset-8 nibble | bf16 per G columns of a row, amax/7 | RAWINT4 |
+//! | `fp8` | e4m3 | f32 per 128×128 block, amax/448 | FP8 |
+//! | `fp8-channel` | e4m3 | f32 per row, amax/448 | FP8_PERCHANNEL |
+//!
+//! GGML block types (Q4_0…Q6_K, IQ4) join with the GGUF backend; they will be variants here too.
+#![forbid(unsafe_code)]
+
+pub mod bf16;
+pub mod fp8_block;
+pub mod fp8_channel;
+pub mod int4_group;
+pub mod int4_row;
+pub mod int8_row;
+mod matrix;
+
+pub use matrix::QuantMatrix;
+
+use core::fmt;
+
+/// Side of the square FP8 scale blocks (DeepSeek-V3's `weight_block_size`).
+pub const FP8_BLOCK: usize = 128;
+
+/// A weight format: how one expert matrix is stored.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum WeightFormat {
+    /// bf16 weights, computed in fp32.
+    Bf16,
+    /// Per-row symmetric int8 (KT AMXINT8).
+    Int8Row,
+    /// Per-row symmetric int4 exactly as KT's AMXINT4.
+    Int4Row,
+    /// K-group symmetric int4 with offset-8 nibbles and bf16 scales (KT RAWINT4).
+    Int4Group {
+        /// Columns per scale: 32, 64 or 128.
+        group: u16,
+    },
+    /// FP8 e4m3 with one f32 scale per 128×128 block.
+    Fp8Block,
+    /// FP8 e4m3 with one f32 scale per row.
+    Fp8Channel,
+}
+
+impl WeightFormat {
+    /// Every format, for listings and tests.
+    pub const ALL: [WeightFormat; 8] = [
+        WeightFormat::Bf16,
+        WeightFormat::Int8Row,
+        WeightFormat::Int4Row,
+        WeightFormat::Int4Group { group: 32 },
+        WeightFormat::Int4Group { group: 64 },
+        WeightFormat::Int4Group { group: 128 },
+        WeightFormat::Fp8Block,
+        WeightFormat::Fp8Channel,
+    ];
+
+    /// Parse a method name: ours (`bf16`, `int8`, `int4`, `int4-g32`, `fp8`, `fp8-channel`) or
+    /// KT's (`BF16`, `AMXINT8`, `AMXINT4`, `RAWINT4` (group 128), `FP8`, `FP8_PERCHANNEL`).
+    pub fn parse(s: &str) -> Option<WeightFormat> {
+        let lower = s.trim().to_ascii_lowercase().replace('_', "-");
+        Some(match lower.as_str() {
+            "bf16" => WeightFormat::Bf16,
+            "int8" | "amxint8" => WeightFormat::Int8Row,
+            "int4" | "amxint4" => WeightFormat::Int4Row,
+            "int4-g32" => WeightFormat::Int4Group { group: 32 },
+            "int4-g64" => WeightFormat::Int4Group { group: 64 },
+            "int4-g128" | "rawint4" => WeightFormat::Int4Group { group: 128 },
+            "fp8" | "fp8-block" => WeightFormat::Fp8Block,
+            "fp8-channel" | "fp8-perchannel" => WeightFormat::Fp8Channel,
+            _ => return None,
+        })
+    }
+
+    /// The names [`WeightFormat::parse`] accepts, for error messages.
+    pub const NAMES: &'static str =
+        "bf16, int8, int4, int4-g32, int4-g64, int4-g128, fp8, fp8-channel (or KT's BF16, AMXINT8, AMXINT4, RAWINT4, FP8, FP8_PERCHANNEL)";
+
+    /// Activations are quantized to int8 per token for this format.
+    pub fn int_activations(self) -> bool {
+        matches!(self, WeightFormat::Int8Row | WeightFormat::Int4Row | WeightFormat::Int4Group { .. })
+    }
+
+    /// Columns (the K dimension) must be a multiple of this.
+    pub fn col_multiple(self) -> usize {
+        match self {
+            WeightFormat::Int4Row => 2,
+            WeightFormat::Int4Group { group } => usize::from(group),
+            _ => 1,
+        }
+    }
+
+    /// NUMA parts split I at multiples of this (so every slice stays a whole matrix of the format).
+    pub fn split_granularity(self) -> usize {
+        match self {
+            WeightFormat::Fp8Block => FP8_BLOCK,
+            f => f.col_multiple(),
+        }
+    }
+
+    /// Bytes of element data of a `rows × cols` matrix.
+    pub fn data_bytes(self, rows: usize, cols: usize) -> usize {
+        match self {
+            WeightFormat::Bf16 => rows * cols * 2,
+            WeightFormat::Int8Row | WeightFormat::Fp8Block | WeightFormat::Fp8Channel => rows * cols,
+            WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => rows * cols.div_ceil(2),
+        }
+    }
+
+    /// Number of scales of a `rows × cols` matrix.
+    pub fn scale_count(self, rows: usize, cols: usize) -> usize {
+        match self {
+            WeightFormat::Bf16 => 0,
+            WeightFormat::Int8Row | WeightFormat::Int4Row | WeightFormat::Fp8Channel => rows,
+            WeightFormat::Int4Group { group } => rows * cols.div_ceil(usize::from(group)),
+            WeightFormat::Fp8Block => rows.div_ceil(FP8_BLOCK) * cols.div_ceil(FP8_BLOCK),
+        }
+    }
+
+    /// Bytes one stored scale takes on disk and in packed form.
+    pub fn scale_bytes(self) -> usize {
+        match self {
+            WeightFormat::Bf16 => 0,
+            WeightFormat::Int4Group { .. } => 2,
+            _ => 4,
+        }
+    }
+
+    /// Total stored bytes of a `rows × cols` matrix (data + scales).
+    pub fn matrix_bytes(self, rows: usize, cols: usize) -> usize {
+        self.data_bytes(rows, cols) + self.scale_count(rows, cols) * self.scale_bytes()
+    }
+}
+
+impl fmt::Display for WeightFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WeightFormat::Bf16 => f.write_str("bf16"),
+            WeightFormat::Int8Row => f.write_str("int8"),
+            WeightFormat::Int4Row => f.write_str("int4"),
+            WeightFormat::Int4Group { group } => write!(f, "int4-g{group}"),
+            WeightFormat::Fp8Block => f.write_str("fp8"),
+            WeightFormat::Fp8Channel => f.write_str("fp8-channel"),
+        }
+    }
+}
+
+/// The value of a stored nibble (low nibble = even column) as a signed 4-bit integer.
+#[inline]
+pub(crate) fn signed_nibble(data_row: &[u8], c: usize) -> i8 {
+    let b = data_row[c / 2];
+    let nib = if c % 2 == 0 { b << 4 } else { b & 0xF0 };
+    (nib as i8) >> 4
+}
+
+/// The raw 0..15 nibble (low nibble = even column).
+#[inline]
+pub(crate) fn raw_nibble(data_row: &[u8], c: usize) -> u8 {
+    let b = data_row[c / 2];
+    if c % 2 == 0 {
+        b & 0x0F
+    } else {
+        b >> 4
+    }
+}
+
+/// Store nibble `v & 0xF` at column `c` of a zero-initialised row.
+#[inline]
+pub(crate) fn put_nibble(data_row: &mut [u8], c: usize, v: u8) {
+    let v = v & 0x0F;
+    data_row[c / 2] |= if c % 2 == 0 { v } else { v << 4 };
+}
+
+/// Largest |x| of a slice (0 for an empty one). Inputs are finite (checked by the caller).
+#[inline]
+pub(crate) fn amax(xs: &[f32]) -> f32 {
+    xs.iter().fold(0.0f32, |m, x| m.max(x.abs()))
+}
+
+/// `1/d`, or 0 for a zero scale, as KT computes its quantization multiplier. Where `1/d`
+/// overflows (amax in the f32 subnormal range, below ~1e-36) it is 0 too, so such a row is
+/// stored as zeros instead of saturated garbage; its error is below its tiny amax.
+#[inline]
+pub(crate) fn inverse(d: f32) -> f32 {
+    let inv = 1.0 / d;
+    if d != 0.0 && inv.is_finite() {
+        inv
+    } else {
+        0.0
+    }
+}
+
+#[cfg(test)]
+mod props;
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for f in WeightFormat::ALL {
+            let name = alloc::format!("{f}");
+            assert_eq!(WeightFormat::parse(&name), Some(f), "{name}");
+        }
+        assert_eq!(WeightFormat::parse("AMXINT4"), Some(WeightFormat::Int4Row));
+        assert_eq!(WeightFormat::parse("FP8_PERCHANNEL"), Some(WeightFormat::Fp8Channel));
+        assert_eq!(WeightFormat::parse("int3"), None);
+    }
+
+    #[test]
+    fn kt_byte_sizes() {
+        // KT §3.1: INT8 = R·C, INT4 = R·C/2 bytes, +4R scale bytes.
+        assert_eq!(WeightFormat::Int8Row.data_bytes(2048, 7168), 2048 * 7168);
+        assert_eq!(WeightFormat::Int4Row.data_bytes(2048, 7168), 2048 * 7168 / 2);
+        assert_eq!(WeightFormat::Int4Row.scale_count(2048, 7168) * 4, 4 * 2048);
+    }
+}

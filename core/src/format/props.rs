@@ -1,0 +1,186 @@
+//! Property tests of every format: an independent, straightforward implementation of each
+//! definition (i32/f64 arithmetic instead of the bit tricks), error bounds, zeros, denormals,
+//! and the refusal of NaN/inf.
+
+use alloc::vec::Vec;
+
+use proptest::prelude::*;
+
+use super::{QuantMatrix, WeightFormat, FP8_BLOCK};
+use crate::dtype::F8E4M3;
+use crate::Error;
+
+/// Values that stress the quantizers: normal, zero, tiny, subnormal, large, exact ties.
+fn value() -> impl Strategy<Value = f32> {
+    prop_oneof![
+        8 => -4.0f32..4.0,
+        1 => Just(0.0f32),
+        1 => Just(-0.0f32),
+        1 => -1e-38f32..1e-38,
+        1 => -1e4f32..1e4,
+        1 => (-16i32..16).prop_map(|i| i as f32 * 0.5),
+    ]
+}
+
+/// A matrix of `rows × cols` values, cols a multiple of `m`.
+fn matrix(m: usize) -> impl Strategy<Value = (usize, usize, Vec<f32>)> {
+    (1usize..5, 1usize..5).prop_flat_map(move |(r, cm)| {
+        let c = cm * m;
+        (Just(r), Just(c), proptest::collection::vec(value(), r * c))
+    })
+}
+
+fn amax64(xs: &[f32]) -> f64 {
+    xs.iter().fold(0.0f64, |m, &x| m.max(f64::from(x.abs())))
+}
+
+/// Straightforward KT AMXINT4 of one value given its row scale d.
+fn kt_int4_naive(x: f32, d: f32) -> f32 {
+    let inv = if d != 0.0 && (1.0 / d).is_finite() { 1.0 / d } else { 0.0 };
+    let q8 = libm::rintf(x * inv).clamp(-128.0, 127.0) as i32;
+    let mag = ((q8.abs() + 8) / 16) * 16; // round |q8| to a multiple of 16, halves up
+    let v = if q8 < 0 { -mag } else { mag };
+    v as f32 * d
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(256))]
+
+    #[test]
+    fn int8_matches_definition((rows, cols, x) in matrix(1)) {
+        let q = QuantMatrix::quantize(WeightFormat::Int8Row, rows, cols, &x).unwrap();
+        let deq = q.dequantize();
+        for r in 0..rows {
+            let row = &x[r * cols..(r + 1) * cols];
+            let d = (amax64(row) as f32) / 127.0;
+            prop_assert_eq!(q.scales()[r], d);
+            for c in 0..cols {
+                let got = f64::from(deq[r * cols + c]);
+                let err = (got - f64::from(row[c])).abs();
+                // Half a quantum, or the whole (tiny) value when 1/d overflows.
+                let bound = f64::from(d) * 0.5001 + if (1.0 / d).is_finite() { 0.0 } else { amax64(row) };
+                prop_assert!(err <= bound, "x={} got={} d={}", row[c], got, d);
+            }
+        }
+    }
+
+    #[test]
+    fn int4_row_is_kt_amxint4((rows, cols, x) in matrix(2)) {
+        let q = QuantMatrix::quantize(WeightFormat::Int4Row, rows, cols, &x).unwrap();
+        let deq = q.dequantize();
+        for r in 0..rows {
+            let row = &x[r * cols..(r + 1) * cols];
+            let d = (amax64(row) as f32) / 112.0;
+            prop_assert_eq!(q.scales()[r], d);
+            for c in 0..cols {
+                prop_assert_eq!(deq[r * cols + c], kt_int4_naive(row[c], d));
+                let err = (f64::from(deq[r * cols + c]) - f64::from(row[c])).abs();
+                let bound = 8.5001 * f64::from(d) + if (1.0 / d).is_finite() { 0.0 } else { amax64(row) };
+                prop_assert!(err <= bound, "x={} d={}", row[c], d);
+            }
+        }
+    }
+
+    #[test]
+    fn int4_group_matches_definition((rows, cols, x) in matrix(32), g in prop_oneof![Just(32u16)]) {
+        let g_us = usize::from(g);
+        let q = QuantMatrix::quantize(WeightFormat::Int4Group { group: g }, rows, cols, &x).unwrap();
+        let deq = q.dequantize();
+        let per_row = cols / g_us;
+        for r in 0..rows {
+            for gi in 0..per_row {
+                let blk = &x[r * cols + gi * g_us..r * cols + (gi + 1) * g_us];
+                let s = q.scales()[r * per_row + gi];
+                prop_assert_eq!(s, half::bf16::from_f32((amax64(blk) as f32) / 7.0).to_f32());
+                for (i, &v) in blk.iter().enumerate() {
+                    let got = deq[r * cols + gi * g_us + i];
+                    let n = (got / s.max(f32::MIN_POSITIVE)).round();
+                    prop_assert!((-8.0..=7.0).contains(&n) || s == 0.0);
+                    let err = (f64::from(got) - f64::from(v)).abs();
+                    let bound = 0.5001 * f64::from(s) + if (1.0 / s).is_finite() { 0.0 } else { amax64(blk) };
+                    prop_assert!(err <= bound, "x={} got={} s={}", v, got, s);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn fp8_formats_match_definition((rows, cols, x) in matrix(1), block in any::<bool>()) {
+        let f = if block { WeightFormat::Fp8Block } else { WeightFormat::Fp8Channel };
+        let q = QuantMatrix::quantize(f, rows, cols, &x).unwrap();
+        let deq = q.dequantize();
+        for r in 0..rows {
+            for c in 0..cols {
+                let s = if block { q.scales()[(r / FP8_BLOCK) * cols.div_ceil(FP8_BLOCK) + c / FP8_BLOCK] } else { q.scales()[r] };
+                let inv = if s != 0.0 && (1.0 / s).is_finite() { 1.0 / s } else { 0.0 };
+                let want = F8E4M3::from_f32(x[r * cols + c] * inv).to_f32() * s;
+                prop_assert_eq!(deq[r * cols + c], want);
+                // e4m3 keeps 3 mantissa bits: relative error ≤ 2^-4, absolute ≤ 2^-10·s near 0.
+                let err = (f64::from(deq[r * cols + c]) - f64::from(x[r * cols + c])).abs();
+                let bound = f64::from(x[r * cols + c].abs()) / 16.0 + f64::from(s) / 1024.0 + if inv == 0.0 { amax64(&x) } else { 0.0 };
+                prop_assert!(err <= bound * 1.001, "err {} bound {}", err, bound);
+            }
+        }
+    }
+
+    #[test]
+    fn bf16_is_nearest((rows, cols, x) in matrix(1)) {
+        let deq = QuantMatrix::quantize(WeightFormat::Bf16, rows, cols, &x).unwrap().dequantize();
+        for (a, b) in deq.iter().zip(&x) {
+            prop_assert_eq!(*a, half::bf16::from_f32(*b).to_f32());
+        }
+    }
+
+    #[test]
+    fn slicing_is_exact((rows, cols, x) in matrix(32), fi in 0usize..8) {
+        let f = WeightFormat::ALL[fi];
+        prop_assume!(cols % f.col_multiple() == 0);
+        let q = QuantMatrix::quantize(f, rows, cols, &x).unwrap();
+        let deq = q.dequantize();
+        let m = f.split_granularity().min(cols);
+        if cols % m == 0 && f != WeightFormat::Fp8Block {
+            let c0 = (cols / 2 / m) * m;
+            let s = q.slice_cols(c0..cols).unwrap().dequantize();
+            for r in 0..rows {
+                prop_assert_eq!(&s[r * (cols - c0)..(r + 1) * (cols - c0)], &deq[r * cols + c0..(r + 1) * cols]);
+            }
+        }
+        if f != WeightFormat::Fp8Block || rows <= FP8_BLOCK {
+            let r0 = if f == WeightFormat::Fp8Block { 0 } else { rows / 2 };
+            let s = q.slice_rows(r0..rows).unwrap().dequantize();
+            prop_assert_eq!(&s[..], &deq[r0 * cols..]);
+        }
+    }
+}
+
+#[test]
+fn zeros_quantize_to_zero_everywhere() {
+    for f in WeightFormat::ALL {
+        let x = [0.0f32; 256];
+        let q = QuantMatrix::quantize(f, 2, 128, &x).unwrap();
+        assert!(q.dequantize().iter().all(|&v| v == 0.0), "{f}");
+        assert!(q.scales().iter().all(|&s| s == 0.0), "{f}");
+    }
+}
+
+#[test]
+fn non_finite_is_refused_with_its_position() {
+    for f in WeightFormat::ALL {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+            let mut x = [1.0f32; 256];
+            x[128 + 5] = bad;
+            let e = QuantMatrix::quantize(f, 2, 128, &x).unwrap_err();
+            assert_eq!(e, Error::NonFinite { what: "weight matrix", row: 1, col: 5 }, "{f}");
+        }
+    }
+}
+
+#[test]
+fn shape_errors() {
+    let e = QuantMatrix::quantize(WeightFormat::Int4Group { group: 32 }, 1, 48, &[0.0; 48]).unwrap_err();
+    assert!(matches!(e, Error::FormatShape { multiple: 32, .. }));
+    let e = QuantMatrix::quantize(WeightFormat::Int8Row, 2, 2, &[0.0; 3]).unwrap_err();
+    assert!(matches!(e, Error::ShapeMismatch { expected: 4, found: 3, .. }));
+    let e = QuantMatrix::from_parts(WeightFormat::Int8Row, 2, 2, alloc::vec![0; 4], alloc::vec![1.0]).unwrap_err();
+    assert!(matches!(e, Error::ShapeMismatch { what: "weight scales", .. }));
+}

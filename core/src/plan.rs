@@ -1,0 +1,288 @@
+//! The task graph of one forward, planned as data.
+//!
+//! ```text
+//!  Gather(e)          x rows of expert e -> prepared activations      (one task per active expert)
+//!  GateUp(p,e,rows)   h[e][t][rows] = SwiGLU(gate·x, up·x)            (per part, expert, I-row block)
+//!  PrepareDown(p,e)   h[e] -> prepared activations (int8 per token)   (per part, expert)
+//!  Down(p,e,rows)     y[e][t][rows] = down·h                          (per part, expert, H-row block)
+//!  Reduce(p,tokens)   out_p[t] = sum_j w[t,j] · y[e_j][row of t]      (per part, token chunk; j ascending)
+//!  Merge(tokens)      out[t] = bf16(sum_p out_p[t])                   (per token chunk; p ascending)
+//! ```
+//!
+//! SwiGLU is fused into GateUp: it is elementwise on the rows the task just produced. Every
+//! output element is written by exactly one task and every sum runs in a fixed order, so the
+//! result is bit-identical for any number of threads. Block sizes depend on shapes and routing
+//! only, never on the thread count.
+#![forbid(unsafe_code)]
+
+use alloc::vec;
+use alloc::vec::Vec;
+use core::ops::Range;
+
+use crate::{Error, MoeConfig, Routing};
+
+/// Marks a routing slot whose expert is skipped (invalid id or GPU-resident).
+pub const SKIPPED: u32 = u32::MAX;
+
+/// Tasks a stage aims for, so that up to 64 threads have work under skewed routing.
+pub const TARGET_TASKS: usize = 64;
+
+/// An expert that at least one token is routed to on the CPU.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ActiveExpert {
+    /// Expert id.
+    pub id: usize,
+    /// Its first row in the concatenated per-expert row lists.
+    pub first_row: usize,
+    /// Rows (token slots) routed to it.
+    pub rows: usize,
+}
+
+impl ActiveExpert {
+    /// Its rows in the concatenated row lists.
+    pub fn row_range(&self) -> Range<usize> {
+        self.first_row..self.first_row + self.rows
+    }
+}
+
+/// The stages, in execution order.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum StageKind {
+    /// Gather and prepare gate/up activations.
+    Gather,
+    /// gate and up projections with SwiGLU.
+    GateUp,
+    /// Prepare down activations.
+    PrepareDown,
+    /// down projection.
+    Down,
+    /// Weighted sum over each token's experts, per part.
+    Reduce,
+    /// Sum of parts, bf16 output.
+    Merge,
+}
+
+/// One independent unit of work. `expert` indexes [`Plan::experts`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Task {
+    /// See [`StageKind::Gather`].
+    Gather {
+        /// Active expert index.
+        expert: usize,
+    },
+    /// See [`StageKind::GateUp`]; `rows` are rows of the part's I slice.
+    GateUp {
+        /// NUMA part.
+        part: usize,
+        /// Active expert index.
+        expert: usize,
+        /// Rows of gate/up (local to the part).
+        rows: Range<usize>,
+    },
+    /// See [`StageKind::PrepareDown`].
+    PrepareDown {
+        /// NUMA part.
+        part: usize,
+        /// Active expert index.
+        expert: usize,
+    },
+    /// See [`StageKind::Down`]; `rows` are rows of down (H).
+    Down {
+        /// NUMA part.
+        part: usize,
+        /// Active expert index.
+        expert: usize,
+        /// Rows of down.
+        rows: Range<usize>,
+    },
+    /// See [`StageKind::Reduce`].
+    Reduce {
+        /// NUMA part.
+        part: usize,
+        /// Tokens.
+        tokens: Range<usize>,
+    },
+    /// See [`StageKind::Merge`].
+    Merge {
+        /// Tokens.
+        tokens: Range<usize>,
+    },
+}
+
+/// A stage: tasks that may run in any order and in parallel.
+#[derive(Clone, Debug)]
+pub struct Stage {
+    /// What the tasks do.
+    pub kind: StageKind,
+    /// The tasks.
+    pub tasks: Vec<Task>,
+}
+
+/// The plan of one forward.
+#[derive(Clone, Debug)]
+pub struct Plan {
+    /// Tokens.
+    pub tokens: usize,
+    /// Slots per token.
+    pub k: usize,
+    /// Active experts, ascending id.
+    pub experts: Vec<ActiveExpert>,
+    /// Token of each row; an expert's rows are in ascending (token, slot) order.
+    pub row_tokens: Vec<u32>,
+    /// Row of each slot `t·k + j`, or [`SKIPPED`].
+    pub slot_rows: Vec<u32>,
+    /// Stages in execution order.
+    pub stages: Vec<Stage>,
+}
+
+/// Split `len` rows into about `pieces` blocks whose starts are multiples of `gran`.
+pub fn blocks(len: usize, pieces: usize, gran: usize) -> Vec<Range<usize>> {
+    let gran = gran.max(1);
+    let size = len.div_ceil(pieces.max(1)).div_ceil(gran).max(1) * gran;
+    (0..len).step_by(size).map(|s| s..(s + size).min(len)).collect()
+}
+
+impl Plan {
+    /// Plan a forward of `routing` on a layer whose parts own I slices of the given lengths.
+    /// `gran_i`/`gran_h` are the backend's row granularity for gate/up and down.
+    pub fn build(
+        cfg: &MoeConfig,
+        routing: &Routing<'_>,
+        part_rows: &[usize],
+        gran_i: usize,
+        gran_h: usize,
+    ) -> Result<Plan, Error> {
+        routing.validate(cfg)?;
+        let (n, k, e_count) = (routing.tokens, routing.k, cfg.experts);
+        let mut counts = vec![0usize; e_count];
+        for t in 0..n {
+            for j in 0..k {
+                if let Some(e) = routing.expert(t, j, e_count) {
+                    counts[e] += 1;
+                }
+            }
+        }
+        let mut experts = Vec::new();
+        let mut index_of = vec![usize::MAX; e_count];
+        let mut first = 0;
+        for (e, &c) in counts.iter().enumerate() {
+            if c > 0 {
+                index_of[e] = experts.len();
+                experts.push(ActiveExpert { id: e, first_row: first, rows: c });
+                first += c;
+            }
+        }
+        let mut fill: Vec<usize> = experts.iter().map(|a| a.first_row).collect();
+        let mut row_tokens = vec![0u32; first];
+        let mut slot_rows = vec![SKIPPED; n * k];
+        for t in 0..n {
+            for j in 0..k {
+                if let Some(e) = routing.expert(t, j, e_count) {
+                    let a = index_of[e];
+                    row_tokens[fill[a]] = t as u32;
+                    slot_rows[t * k + j] = fill[a] as u32;
+                    fill[a] += 1;
+                }
+            }
+        }
+        let stages = Self::stages(&experts, n, cfg.hidden, part_rows, gran_i, gran_h);
+        Ok(Plan { tokens: n, k, experts, row_tokens, slot_rows, stages })
+    }
+
+    fn stages(
+        experts: &[ActiveExpert],
+        n: usize,
+        hidden: usize,
+        part_rows: &[usize],
+        gran_i: usize,
+        gran_h: usize,
+    ) -> Vec<Stage> {
+        let active = experts.len();
+        let per_expert = TARGET_TASKS.div_ceil(active.max(1));
+        let stage = |kind, tasks| Stage { kind, tasks };
+        let parts = 0..part_rows.len();
+        let each = |f: &dyn Fn(usize, usize) -> Vec<Task>| -> Vec<Task> {
+            parts.clone().flat_map(|p| (0..active).flat_map(move |e| f(p, e))).collect()
+        };
+        let token_chunks = blocks(n, TARGET_TASKS, 1);
+        vec![
+            stage(StageKind::Gather, (0..active).map(|expert| Task::Gather { expert }).collect()),
+            stage(
+                StageKind::GateUp,
+                each(&|part, expert| {
+                    let b = blocks(part_rows[part], per_expert, gran_i);
+                    b.into_iter().map(|rows| Task::GateUp { part, expert, rows }).collect()
+                }),
+            ),
+            stage(StageKind::PrepareDown, each(&|part, expert| vec![Task::PrepareDown { part, expert }])),
+            stage(
+                StageKind::Down,
+                each(&|part, expert| {
+                    let b = blocks(hidden, per_expert, gran_h);
+                    b.into_iter().map(|rows| Task::Down { part, expert, rows }).collect()
+                }),
+            ),
+            stage(
+                StageKind::Reduce,
+                parts.clone().flat_map(|part| token_chunks.iter().map(move |t| Task::Reduce { part, tokens: t.clone() })).collect(),
+            ),
+            stage(StageKind::Merge, token_chunks.iter().map(|t| Task::Merge { tokens: t.clone() }).collect()),
+        ]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn blocks_cover_exactly() {
+        for (len, pieces, gran) in [(768, 8, 1), (768, 8, 16), (7, 64, 4), (1, 3, 8), (1000, 3, 32), (0, 4, 1)] {
+            let b = blocks(len, pieces, gran);
+            let mut next = 0;
+            for r in &b {
+                assert_eq!(r.start, next);
+                assert_eq!(r.start % gran, 0);
+                assert!(r.end > r.start);
+                next = r.end;
+            }
+            assert_eq!(next, len);
+        }
+    }
+
+    #[test]
+    fn rows_grouped_by_expert_in_token_order() {
+        let cfg = MoeConfig::new(4, 2, 8, 8);
+        let ids = [3i64, 1, 1, 3, 2, 2, -1, 9];
+        let w = [1.0f32; 8];
+        let r = Routing { tokens: 4, k: 2, ids: &ids, weights: &w, gpu_mask: None };
+        let p = Plan::build(&cfg, &r, &[8], 1, 1).unwrap();
+        let ids: Vec<_> = p.experts.iter().map(|a| (a.id, a.rows)).collect();
+        assert_eq!(ids, [(1, 2), (2, 2), (3, 2)]);
+        // expert 1: tokens 0,1; expert 2: token 2 twice (duplicate); expert 3: tokens 0,1.
+        assert_eq!(p.row_tokens, [0, 1, 2, 2, 0, 1]);
+        assert_eq!(p.slot_rows, [4, 0, 1, 5, 2, 3, SKIPPED, SKIPPED]);
+    }
+
+    #[test]
+    fn plan_ignores_thread_count_and_covers_every_row() {
+        let cfg = MoeConfig { parts: 2, ..MoeConfig::new(16, 4, 64, 96) };
+        let ids: Vec<i64> = (0..40).map(|i| (i * 7 % 16) as i64).collect();
+        let w = vec![0.5f32; 40];
+        let r = Routing { tokens: 10, k: 4, ids: &ids, weights: &w, gpu_mask: None };
+        let p = Plan::build(&cfg, &r, &[48, 48], 8, 8).unwrap();
+        for part in 0..2 {
+            for (ei, _) in p.experts.iter().enumerate() {
+                let mut covered = vec![0; 48];
+                for t in &p.stages[1].tasks {
+                    if let Task::GateUp { part: tp, expert, rows } = t {
+                        if *tp == part && *expert == ei {
+                            rows.clone().for_each(|r| covered[r] += 1);
+                        }
+                    }
+                }
+                assert!(covered.iter().all(|&c| c == 1));
+            }
+        }
+    }
+}

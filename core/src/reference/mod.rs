@@ -1,0 +1,192 @@
+//! The reference backend: plain scalar Rust, obviously correct, slow. It is the oracle every
+//! other backend is tested against, and the definition of the MoE numerics:
+//!
+//! - bf16/fp8 formats: bf16 activations, fp32 products accumulated in column order (fp8 block:
+//!   per 128-column block, then times the block scale, blocks in order);
+//! - int formats: activations quantized per token (per K-group for `int4-gG`) to int8 with
+//!   `amax/127`, exact i32 dot products, times activation scale then weight scale;
+//! - SwiGLU per [`crate::swiglu`]: gate/up rounded to bf16, result rounded to bf16.
+#![forbid(unsafe_code)]
+
+use alloc::vec::Vec;
+use core::ops::Range;
+
+use half::bf16;
+
+use crate::dtype::F8E4M3;
+use crate::format::{self, int4_group, int4_row, int8_row, FP8_BLOCK};
+use crate::mat::MatMut;
+use crate::swiglu::swiglu;
+use crate::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
+
+/// The reference backend.
+#[derive(Debug)]
+pub struct Reference;
+
+/// The one instance, for registries.
+pub static REFERENCE: Reference = Reference;
+
+/// Activation groups per row: K-groups for `int4-gG`, else one per token.
+fn act_groups(format: WeightFormat, cols: usize) -> usize {
+    match format {
+        WeightFormat::Int4Group { group } => cols / usize::from(group),
+        _ => 1,
+    }
+}
+
+/// Prepared activations as the reference reads them.
+enum Act<'a> {
+    /// bf16 rows.
+    Float(&'a [bf16]),
+    /// int8 rows with `groups` scales per row.
+    Int { q: &'a [i8], scales: &'a [f32], groups: usize },
+}
+
+impl<'a> Act<'a> {
+    fn parse(format: WeightFormat, cols: usize, bytes: &'a [u8]) -> Act<'a> {
+        if !format.int_activations() {
+            return Act::Float(bytemuck::cast_slice(bytes));
+        }
+        let groups = act_groups(format, cols);
+        let rows = bytes.len() / (cols + 4 * groups); // exact: see act_bytes
+        let q_end = (rows * cols).next_multiple_of(4);
+        Act::Int {
+            q: bytemuck::cast_slice(&bytes[..rows * cols]),
+            scales: bytemuck::cast_slice(&bytes[q_end..q_end + 4 * rows * groups]),
+            groups,
+        }
+    }
+}
+
+/// Row `r` of `m` dotted with activation row `t`, per the module's definition.
+fn dot(m: &QuantMatrix, r: usize, act: &Act<'_>, t: usize) -> f32 {
+    let (cols, w) = (m.cols(), m.row_data(r));
+    match (m.format(), act) {
+        (WeightFormat::Bf16, Act::Float(x)) => {
+            let x = &x[t * cols..(t + 1) * cols];
+            (0..cols).fold(0.0f32, |acc, c| acc + format::bf16::element(w, c).to_f32() * x[c].to_f32())
+        }
+        (WeightFormat::Fp8Channel, Act::Float(x)) => {
+            let x = &x[t * cols..(t + 1) * cols];
+            let s = (0..cols).fold(0.0f32, |acc, c| acc + F8E4M3(w[c]).to_f32() * x[c].to_f32());
+            s * m.scales()[r]
+        }
+        (WeightFormat::Fp8Block, Act::Float(x)) => {
+            let x = &x[t * cols..(t + 1) * cols];
+            let per_row = cols.div_ceil(FP8_BLOCK);
+            let scales = &m.scales()[(r / FP8_BLOCK) * per_row..];
+            (0..per_row).fold(0.0f32, |acc, b| {
+                let cs = b * FP8_BLOCK..((b + 1) * FP8_BLOCK).min(cols);
+                let s = cs.fold(0.0f32, |s, c| s + F8E4M3(w[c]).to_f32() * x[c].to_f32());
+                acc + s * scales[b]
+            })
+        }
+        (WeightFormat::Int8Row, Act::Int { q, scales, .. }) => {
+            let q = &q[t * cols..(t + 1) * cols];
+            let acc: i32 = (0..cols).map(|c| i32::from(q[c]) * i32::from(w[c] as i8)).sum();
+            acc as f32 * scales[t] * m.scales()[r]
+        }
+        (WeightFormat::Int4Row, Act::Int { q, scales, .. }) => {
+            let q = &q[t * cols..(t + 1) * cols];
+            let acc: i32 = (0..cols).map(|c| i32::from(q[c]) * i32::from(int4_row::weight_i8(w, c))).sum();
+            acc as f32 * scales[t] * m.scales()[r]
+        }
+        (WeightFormat::Int4Group { group }, Act::Int { q, scales, groups }) => {
+            let g = usize::from(group);
+            let q = &q[t * cols..(t + 1) * cols];
+            let (sa, sw) = (&scales[t * groups..(t + 1) * groups], &m.scales()[r * groups..(r + 1) * groups]);
+            (0..*groups).fold(0.0f32, |acc, gi| {
+                let d: i32 = (gi * g..(gi + 1) * g).map(|c| i32::from(q[c]) * i32::from(int4_group::weight_i8(w, c))).sum();
+                acc + d as f32 * (sa[gi] * sw[gi])
+            })
+        }
+        _ => unreachable!("activations were prepared for this matrix's format"),
+    }
+}
+
+fn matrix(p: &PackedMatrix) -> &QuantMatrix {
+    p.get::<QuantMatrix>().expect("matrix packed by the reference backend")
+}
+
+impl Backend for Reference {
+    fn name(&self) -> &'static str {
+        "reference"
+    }
+
+    fn priority(&self) -> u32 {
+        0
+    }
+
+    fn cpu_support(&self) -> Result<(), &'static str> {
+        Ok(())
+    }
+
+    fn supports(&self, format: WeightFormat, _rows: usize, cols: usize) -> bool {
+        cols % format.col_multiple() == 0
+    }
+
+    fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error> {
+        let bytes = m.data().len() + m.scales().len() * m.format().scale_bytes();
+        Ok(PackedMatrix::new(m.format(), m.rows(), m.cols(), bytes, m.clone()))
+    }
+
+    fn act_bytes(&self, format: WeightFormat, rows: usize, cols: usize) -> usize {
+        if format.int_activations() {
+            (rows * cols).next_multiple_of(4) + 4 * rows * act_groups(format, cols)
+        } else {
+            2 * rows * cols
+        }
+    }
+
+    fn quantize_act(&self, format: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &mut [u8]) {
+        let row = |i: usize| &src[rows[i] as usize * cols..(rows[i] as usize + 1) * cols];
+        if !format.int_activations() {
+            let d: &mut [bf16] = bytemuck::cast_slice_mut(&mut dst[..2 * rows.len() * cols]);
+            for (i, o) in d.chunks_exact_mut(cols.max(1)).enumerate().take(rows.len()) {
+                o.copy_from_slice(row(i));
+            }
+            return;
+        }
+        let groups = act_groups(format, cols);
+        let g = cols / groups;
+        let q_end = (rows.len() * cols).next_multiple_of(4);
+        let (q, rest) = dst.split_at_mut(q_end);
+        let scales: &mut [f32] = bytemuck::cast_slice_mut(&mut rest[..4 * rows.len() * groups]);
+        let mut x = Vec::with_capacity(cols);
+        for i in 0..rows.len() {
+            x.clear();
+            x.extend(row(i).iter().map(|v| v.to_f32()));
+            for gi in 0..groups {
+                let (vals, d) = int8_row::quantize_row(&x[gi * g..(gi + 1) * g]);
+                scales[i * groups + gi] = d;
+                for (o, v) in q[i * cols + gi * g..].iter_mut().zip(vals) {
+                    *o = v as u8;
+                }
+            }
+        }
+    }
+
+    fn gate_up(&self, gate: &PackedMatrix, up: &PackedMatrix, rows: Range<usize>, act: &[u8], mut h: MatMut<'_, bf16>) {
+        let (gate, up) = (matrix(gate), matrix(up));
+        let act = Act::parse(gate.format(), gate.cols(), act);
+        for t in 0..h.rows() {
+            let out = h.row_mut(t);
+            for (o, r) in out.iter_mut().zip(rows.clone()) {
+                *o = swiglu(dot(gate, r, &act, t), dot(up, r, &act, t));
+            }
+        }
+    }
+
+    fn down(&self, down: &PackedMatrix, rows: Range<usize>, act: &[u8], mut y: MatMut<'_, f32>) {
+        let down = matrix(down);
+        let act = Act::parse(down.format(), down.cols(), act);
+        for t in 0..y.rows() {
+            for (o, r) in y.row_mut(t).iter_mut().zip(rows.clone()) {
+                *o = dot(down, r, &act, t);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests;

@@ -1,0 +1,118 @@
+//! The reference backend against an f64 textbook MoE, and the accuracy of each format against
+//! the unquantized MoE (DESIGN.md's thresholds).
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use proptest::prelude::*;
+
+use super::REFERENCE;
+use crate::testing::{
+    build_layer, dequantized, mean_rel_err, random_experts, random_input, random_routing, run, scenario_routing,
+    textbook_moe, Scenario,
+};
+use crate::{MoeConfig, Routing, SerialExecutor, WeightFormat};
+
+/// Error of the reference against the textbook MoE on the *same* (dequantized) weights: only
+/// bf16 intermediates and, for int formats, int8 activations differ.
+fn same_weights_tolerance(f: WeightFormat) -> f64 {
+    if f.int_activations() {
+        0.05
+    } else {
+        0.01
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(48))]
+
+    #[test]
+    fn reference_matches_textbook(
+        fi in 0usize..8,
+        e in 1usize..7,
+        k_raw in 1usize..4,
+        tokens in prop_oneof![Just(1usize), 2usize..12],
+        scen in 0usize..5,
+        parts in 1usize..3,
+        seed in any::<u64>(),
+    ) {
+        let format = WeightFormat::ALL[fi];
+        let m = format.col_multiple().max(2);
+        let k = k_raw.min(e);
+        let cfg = MoeConfig { parts, max_tokens: 16, ..MoeConfig::new(e, k, 2 * m, 4 * m) };
+        prop_assume!(cfg.validate_for(format).is_ok());
+        let experts = random_experts(&cfg, seed);
+        let layer = build_layer(&REFERENCE, &cfg, format, &experts);
+        let input = random_input(tokens, cfg.hidden, seed ^ 1);
+        let s = [Scenario::Random, Scenario::Skewed, Scenario::InvalidIds, Scenario::Masked, Scenario::AllMasked][scen];
+        let (ids, w, mask) = scenario_routing(s, tokens, &cfg, seed ^ 2);
+        let r = Routing { tokens, k, ids: &ids, weights: &w, gpu_mask: mask.as_deref() };
+        let got = run(&REFERENCE, &SerialExecutor, &cfg, &layer, &input, &r);
+        // With several parts down is quantized per part slice: compare on those exact weights.
+        let deq = if parts == 1 { dequantized(&cfg, format, &experts) } else { per_part_dequantized(&cfg, format, &experts) };
+        let want = textbook_moe(&cfg, &deq, &input, &r);
+        if matches!(s, Scenario::AllMasked) {
+            prop_assert!(got.iter().all(|&v| v == 0.0));
+        } else {
+            let err = mean_rel_err(&got, &want);
+            prop_assert!(err < same_weights_tolerance(format), "{} err {}", format, err);
+        }
+        for t in 0..tokens {
+            if (0..k).all(|j| r.expert(t, j, e).is_none()) {
+                prop_assert!(got[t * cfg.hidden..(t + 1) * cfg.hidden].iter().all(|&v| v == 0.0));
+            }
+        }
+    }
+}
+
+/// Dequantized experts where down is quantized per part's column slice (as the layer does).
+fn per_part_dequantized(cfg: &MoeConfig, format: WeightFormat, experts: &[crate::testing::Expert]) -> Vec<crate::testing::Expert> {
+    let (h, i) = (cfg.hidden, cfg.intermediate);
+    let ranges = cfg.part_ranges(format).unwrap();
+    let mut out = dequantized(cfg, format, experts);
+    for (o, x) in out.iter_mut().zip(experts) {
+        // gate/up rows quantize per row: slicing rows changes nothing, except fp8 128-row blocks.
+        let mut d = vec![0.0f32; h * i];
+        let mut g = vec![0.0f32; h * i];
+        let mut u = vec![0.0f32; h * i];
+        for r in &ranges {
+            let cols: Vec<f32> = (0..h).flat_map(|row| x[2][row * i + r.start..row * i + r.end].iter().copied()).collect();
+            let dq = crate::QuantMatrix::quantize(format, h, r.len(), &cols).unwrap().dequantize();
+            for row in 0..h {
+                d[row * i + r.start..row * i + r.end].copy_from_slice(&dq[row * r.len()..(row + 1) * r.len()]);
+            }
+            for (dst, src) in [(&mut g, &x[0]), (&mut u, &x[1])] {
+                let q = crate::QuantMatrix::quantize(format, r.len(), h, &src[r.start * h..r.end * h]).unwrap().dequantize();
+                dst[r.start * h..r.end * h].copy_from_slice(&q);
+            }
+        }
+        *o = [g, u, d];
+    }
+    out
+}
+
+/// DESIGN.md: mean relative error against an fp32 MoE on the original Gaussian weights.
+#[test]
+fn accuracy_against_unquantized_moe() {
+    let cfg = MoeConfig { max_tokens: 16, ..MoeConfig::new(8, 2, 256, 512) };
+    let experts = random_experts(&cfg, 42);
+    let input = random_input(16, cfg.hidden, 43);
+    let (ids, w) = random_routing(16, cfg.top_k, cfg.experts, 44);
+    let r = Routing { tokens: 16, k: 2, ids: &ids, weights: &w, gpu_mask: None };
+    let exact = textbook_moe(&cfg, &experts, &input, &r);
+    for (format, limit) in [
+        (WeightFormat::Bf16, 0.01),
+        (WeightFormat::Fp8Block, 0.05),
+        (WeightFormat::Fp8Channel, 0.05),
+        (WeightFormat::Int8Row, 0.04),
+        (WeightFormat::Int4Row, 0.30),
+        (WeightFormat::Int4Group { group: 32 }, 0.20),
+        (WeightFormat::Int4Group { group: 128 }, 0.30),
+    ] {
+        let layer = build_layer(&REFERENCE, &cfg, format, &experts);
+        let got = run(&REFERENCE, &SerialExecutor, &cfg, &layer, &input, &r);
+        let err = mean_rel_err(&got, &exact);
+        std::eprintln!("accuracy {format}: {err:.4} (limit {limit})");
+        assert!(err < limit, "{format}: {err:.4} >= {limit}");
+    }
+}

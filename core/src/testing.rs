@@ -1,0 +1,243 @@
+//! Test helpers and the backend conformance suite (feature `test-util`).
+//!
+//! A backend crate runs the whole suite with one line:
+//! `#[test] fn conformance() { kt_core::testing::conformance(&MY_BACKEND) }`.
+//! It compares the backend with the reference backend on the same quantized weights over every
+//! format the backend supports and awkward shapes: n = 1, primes, n > E, duplicates, negative
+//! and out-of-range ids, masked experts, all-masked tokens, skewed routing, 1 and 2 parts.
+
+use alloc::format;
+use alloc::string::String;
+use alloc::vec;
+use alloc::vec::Vec;
+
+use half::bf16;
+
+use crate::forward::{forward, pack_expert_f32, ExpertF32, LayerWeights, Workspace};
+use crate::reference::REFERENCE;
+use crate::rng::SplitMix64;
+use crate::{Backend, Executor, MoeConfig, QuantMatrix, Routing, SerialExecutor, WeightFormat};
+
+/// One expert in f32: gate `[I,H]`, up `[I,H]`, down `[H,I]`.
+pub type Expert = [Vec<f32>; 3];
+
+/// Gaussian experts, std `1/sqrt(fan_in)` (the DESIGN accuracy setting).
+pub fn random_experts(cfg: &MoeConfig, seed: u64) -> Vec<Expert> {
+    let (h, i) = (cfg.hidden, cfg.intermediate);
+    (0..cfg.experts)
+        .map(|e| {
+            let mut r = SplitMix64::stream(seed, e as u64);
+            let mut m = |len: usize, fan_in: usize| {
+                let s = 1.0 / libm::sqrtf(fan_in as f32);
+                (0..len).map(|_| r.gaussian() * s).collect::<Vec<f32>>()
+            };
+            [m(i * h, h), m(i * h, h), m(h * i, i)]
+        })
+        .collect()
+}
+
+/// Gaussian hidden states, std 1, rounded to bf16.
+pub fn random_input(tokens: usize, hidden: usize, seed: u64) -> Vec<bf16> {
+    let mut r = SplitMix64::new(seed);
+    (0..tokens * hidden).map(|_| bf16::from_f32(r.gaussian())).collect()
+}
+
+/// Distinct random experts per token with positive weights summing to 1.
+pub fn random_routing(tokens: usize, k: usize, experts: usize, seed: u64) -> (Vec<i64>, Vec<f32>) {
+    let mut r = SplitMix64::new(seed);
+    let mut ids = Vec::with_capacity(tokens * k);
+    let mut w = Vec::with_capacity(tokens * k);
+    for _ in 0..tokens {
+        let mut pool: Vec<i64> = (0..experts as i64).collect();
+        let ws: Vec<f32> = (0..k).map(|_| 0.1 + r.next_f32()).collect();
+        let sum: f32 = ws.iter().sum();
+        for (j, wj) in ws.iter().enumerate() {
+            let pick = j + r.below(experts - j);
+            pool.swap(j, pick);
+            ids.push(pool[j]);
+            w.push(wj / sum);
+        }
+    }
+    (ids, w)
+}
+
+/// Quantize and pack every expert with `backend` (serially).
+pub fn build_layer(backend: &dyn Backend, cfg: &MoeConfig, format: WeightFormat, experts: &[Expert]) -> LayerWeights {
+    let mut layer = LayerWeights::empty(cfg, format).expect("valid test config");
+    for (e, [g, u, d]) in experts.iter().enumerate() {
+        let packed = pack_expert_f32(backend, cfg, format, ExpertF32 { gate: g, up: u, down: d }).expect("pack");
+        layer.set_expert(e, packed);
+    }
+    layer
+}
+
+/// Each expert's matrices quantized to `format` and dequantized again (what the kernels see).
+pub fn dequantized(cfg: &MoeConfig, format: WeightFormat, experts: &[Expert]) -> Vec<Expert> {
+    let (h, i) = (cfg.hidden, cfg.intermediate);
+    experts
+        .iter()
+        .map(|[g, u, d]| {
+            let q = |m: &[f32], r, c| QuantMatrix::quantize(format, r, c, m).expect("finite").dequantize();
+            [q(g, i, h), q(u, i, h), q(d, h, i)]
+        })
+        .collect()
+}
+
+/// The textbook MoE in f64, no intermediate rounding: `Σ_j w·down(silu(gate·x)·(up·x))`.
+pub fn textbook_moe(cfg: &MoeConfig, experts: &[Expert], input: &[bf16], routing: &Routing<'_>) -> Vec<f64> {
+    let (h, i) = (cfg.hidden, cfg.intermediate);
+    let mut out = vec![0.0f64; routing.tokens * h];
+    for t in 0..routing.tokens {
+        let x: Vec<f64> = input[t * h..(t + 1) * h].iter().map(|v| f64::from(v.to_f32())).collect();
+        for j in 0..routing.k {
+            let Some(e) = routing.expert(t, j, cfg.experts) else { continue };
+            let [g, u, d] = &experts[e];
+            let dot = |m: &[f32], r: usize, v: &[f64]| -> f64 { v.iter().enumerate().map(|(c, vc)| f64::from(m[r * v.len() + c]) * vc).sum() };
+            let act: Vec<f64> = (0..i)
+                .map(|r| {
+                    let (gv, uv) = (dot(g, r, &x), dot(u, r, &x));
+                    gv / (1.0 + libm::exp(-gv)) * uv
+                })
+                .collect();
+            let wt = f64::from(routing.weights[t * routing.k + j]);
+            for r in 0..h {
+                out[t * h + r] += wt * dot(d, r, &act);
+            }
+        }
+    }
+    out
+}
+
+/// mean |out − ref| / mean |ref| (the metric of KT's tests and ours); 0 when both are 0.
+pub fn mean_rel_err(out: &[f32], reference: &[f64]) -> f64 {
+    let num: f64 = out.iter().zip(reference).map(|(a, b)| (f64::from(*a) - b).abs()).sum();
+    let den: f64 = reference.iter().map(|b| b.abs()).sum();
+    if den == 0.0 {
+        num
+    } else {
+        num / den
+    }
+}
+
+/// Run one forward and return the output as f32.
+pub fn run(
+    backend: &dyn Backend,
+    exec: &dyn Executor,
+    cfg: &MoeConfig,
+    layer: &LayerWeights,
+    input: &[bf16],
+    routing: &Routing<'_>,
+) -> Vec<f32> {
+    let mut out = vec![bf16::ZERO; routing.tokens * cfg.hidden];
+    forward(backend, exec, cfg, layer, input, routing, &mut out, &mut Workspace::default()).expect("forward");
+    out.iter().map(|v| v.to_f32()).collect()
+}
+
+/// A routing scenario of the conformance suite.
+#[derive(Clone, Copy, Debug)]
+pub enum Scenario {
+    /// Distinct random experts per token.
+    Random,
+    /// Every slot of every token goes to expert 0 (duplicates included).
+    Skewed,
+    /// Random, with negative and out-of-range ids sprinkled in.
+    InvalidIds,
+    /// Random, with half the experts GPU-resident.
+    Masked,
+    /// Every expert GPU-resident: the output must be exactly zero.
+    AllMasked,
+}
+
+/// Ids, weights and mask for a scenario.
+pub fn scenario_routing(s: Scenario, tokens: usize, cfg: &MoeConfig, seed: u64) -> (Vec<i64>, Vec<f32>, Option<Vec<bool>>) {
+    let (mut ids, w) = random_routing(tokens, cfg.top_k, cfg.experts, seed);
+    let mask = match s {
+        Scenario::Random => None,
+        Scenario::Skewed => {
+            ids.iter_mut().for_each(|id| *id = 0);
+            None
+        }
+        Scenario::InvalidIds => {
+            for (i, id) in ids.iter_mut().enumerate() {
+                match i % 5 {
+                    1 => *id = -1,
+                    3 => *id = cfg.experts as i64 + i as i64,
+                    _ => {}
+                }
+            }
+            None
+        }
+        Scenario::Masked => Some((0..cfg.experts).map(|e| e % 2 == 1).collect()),
+        Scenario::AllMasked => Some(vec![true; cfg.experts]),
+    };
+    (ids, w, mask)
+}
+
+/// Shapes (E, k, H, I) the suite uses for a format: minimal sizes the format allows, odd ones,
+/// and one where H is not a multiple of the FP8 block.
+pub fn shapes(format: WeightFormat) -> Vec<(usize, usize, usize, usize)> {
+    let m = format.col_multiple().max(2);
+    vec![(8, 2, 2 * m, 2 * m), (6, 3, 3 * m, 5 * m), (1, 1, m, m), (9, 4, 160.max(m), 96.max(2 * m)), (4, 2, 128, 256)]
+}
+
+/// Compare `backend` with the reference backend on every supported format, shape, token count
+/// and scenario, with 1 and 2 parts. Panics listing the failing cases; returns `Err(missing ISA)`
+/// without running anything if this CPU cannot run the backend.
+pub fn conformance(backend: &dyn Backend) -> Result<(), &'static str> {
+    backend.cpu_support()?;
+    let failures = conformance_failures(backend, &SerialExecutor);
+    assert!(failures.is_empty(), "{} conformance failures:\n{}", failures.len(), failures.join("\n"));
+    Ok(())
+}
+
+/// One line in a backend crate's tests runs the whole suite, printing a skip message when the
+/// CPU lacks the backend's ISA: `kt_core::conformance_suite!(&MY_BACKEND);`
+#[macro_export]
+macro_rules! conformance_suite {
+    ($backend:expr) => {
+        #[test]
+        fn conformance() {
+            if let Err(missing) = $crate::testing::conformance($backend) {
+                eprintln!("conformance skipped: this CPU lacks {missing}");
+            }
+        }
+    };
+}
+
+/// The failing cases of [`conformance`], each as a line (empty when the backend conforms).
+pub fn conformance_failures(backend: &dyn Backend, exec: &dyn Executor) -> Vec<String> {
+    let mut failures = Vec::new();
+    let scenarios = [Scenario::Random, Scenario::Skewed, Scenario::InvalidIds, Scenario::Masked, Scenario::AllMasked];
+    for format in WeightFormat::ALL {
+        for (si, (e, k, h, i)) in shapes(format).into_iter().enumerate() {
+            for parts in [1, 2] {
+                let cfg = MoeConfig { parts, max_tokens: 64, ..MoeConfig::new(e, k, h, i) };
+                if cfg.validate_for(format).is_err() || !backend.supports(format, i, h) || !backend.supports(format, h, i / parts) {
+                    continue;
+                }
+                let experts = random_experts(&cfg, 1000 + si as u64);
+                let ours = build_layer(backend, &cfg, format, &experts);
+                let oracle = build_layer(&REFERENCE, &cfg, format, &experts);
+                for tokens in [1, 3, 17, 40] {
+                    let input = random_input(tokens, h, tokens as u64);
+                    for s in scenarios {
+                        let (ids, w, mask) = scenario_routing(s, tokens, &cfg, 7 * tokens as u64);
+                        let r = Routing { tokens, k, ids: &ids, weights: &w, gpu_mask: mask.as_deref() };
+                        let got = run(backend, exec, &cfg, &ours, &input, &r);
+                        let want = run(&REFERENCE, &SerialExecutor, &cfg, &oracle, &input, &r);
+                        let want64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+                        let err = mean_rel_err(&got, &want64);
+                        let exact_zero = matches!(s, Scenario::AllMasked) && got.iter().any(|&v| v != 0.0);
+                        if err > 1e-2 || exact_zero || got.iter().any(|v| !v.is_finite()) {
+                            failures.push(format!(
+                                "{} {format} E{e} k{k} H{h} I{i} parts{parts} n{tokens} {s:?}: rel err {err:.3e}",
+                                backend.name()
+                            ));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    failures
+}
