@@ -2,7 +2,8 @@
 //! aligned so SIMD kernels may use aligned loads and no two threads' regions share a line edge
 //! by accident of the allocator.
 
-use alloc::alloc::{alloc_zeroed, dealloc, handle_alloc_error, Layout};
+use alloc::alloc::{alloc_zeroed, dealloc, handle_alloc_error};
+use core::alloc::Layout;
 use core::ptr::NonNull;
 
 /// Alignment of every [`AlignedBuf`].

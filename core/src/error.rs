@@ -35,7 +35,7 @@ pub enum Error {
         /// The layer's `max_tokens` (KT's `chunked_prefill_size`).
         max: usize,
     },
-    /// A quantizer met NaN or infinity; formats here define no encoding for them.
+    /// A quantizer met NaN, infinity or |x| > 3e38; formats here define no encoding for them.
     NonFinite {
         /// Which tensor.
         what: &'static str,
@@ -98,7 +98,7 @@ impl fmt::Display for Error {
             ),
             Error::NonFinite { what, row, col } => write!(
                 f,
-                "{what} has a non-finite value at row {row}, column {col}: quantized formats need finite weights"
+                "{what} has a non-finite or out-of-range value at row {row}, column {col}: weights must be finite with |x| <= 3e38"
             ),
             Error::FormatShape { format, what, value, multiple } => write!(
                 f,

@@ -115,7 +115,8 @@ pub fn pack_expert_f32(
         .into_iter()
         .map(|r| {
             let rows = |m: &[f32]| QuantMatrix::quantize(format, r.len(), h, &m[r.start * h..r.end * h]);
-            let down: Vec<f32> = (0..h).flat_map(|row| x.down[row * i + r.start..row * i + r.end].iter().copied()).collect();
+            let down: Vec<f32> =
+                (0..h).flat_map(|row| x.down[row * i + r.start..row * i + r.end].iter().copied()).collect();
             Ok(ExpertWeights {
                 gate: backend.pack(&rows(x.gate)?)?,
                 up: backend.pack(&rows(x.up)?)?,
@@ -204,10 +205,10 @@ pub fn forward(
     let rows_total = plan.row_tokens.len();
     let parts = w.parts.len();
     let (x_off, x_len, x_total) = offsets(plan.experts.iter().map(|a| backend.act_bytes(fmt, a.rows, hd)));
-    let (ah_off, ah_len, ah_total) = offsets(
-        part_rows.iter().flat_map(|&ip| plan.experts.iter().map(move |a| backend.act_bytes(fmt, a.rows, ip))),
-    );
-    let h_base: Vec<usize> = part_rows.iter().scan(0, |at, &ip| Some(core::mem::replace(at, *at + rows_total * ip))).collect();
+    let (ah_off, ah_len, ah_total) =
+        offsets(part_rows.iter().flat_map(|&ip| plan.experts.iter().map(move |a| backend.act_bytes(fmt, a.rows, ip))));
+    let h_base: Vec<usize> =
+        part_rows.iter().scan(0, |at, &ip| Some(core::mem::replace(at, *at + rows_total * ip))).collect();
     let max_rows = plan.experts.iter().map(|a| a.rows).max().unwrap_or(0);
     ws.act_x.ensure(x_total);
     ws.act_h.ensure(ah_total);

@@ -25,6 +25,8 @@ mod error;
 pub mod exec;
 pub mod format;
 pub mod forward;
+#[cfg(feature = "fuzzing")]
+pub mod fuzzing;
 pub mod mat;
 pub mod plan;
 pub mod reference;

@@ -224,7 +224,10 @@ impl Plan {
             ),
             stage(
                 StageKind::Reduce,
-                parts.clone().flat_map(|part| token_chunks.iter().map(move |t| Task::Reduce { part, tokens: t.clone() })).collect(),
+                parts
+                    .clone()
+                    .flat_map(|part| token_chunks.iter().map(move |t| Task::Reduce { part, tokens: t.clone() }))
+                    .collect(),
             ),
             stage(StageKind::Merge, token_chunks.iter().map(|t| Task::Merge { tokens: t.clone() }).collect()),
         ]
@@ -273,7 +276,7 @@ mod tests {
         let p = Plan::build(&cfg, &r, &[48, 48], 8, 8).unwrap();
         for part in 0..2 {
             for (ei, _) in p.experts.iter().enumerate() {
-                let mut covered = vec![0; 48];
+                let mut covered = [0; 48];
                 for t in &p.stages[1].tasks {
                     if let Task::GateUp { part: tp, expert, rows } = t {
                         if *tp == part && *expert == ei {

@@ -2,6 +2,8 @@
 //! splittable by seed so that parallel generation is deterministic.
 #![forbid(unsafe_code)]
 
+use alloc::vec::Vec;
+
 /// SplitMix64 (Steele, Lea, Flood 2014).
 #[derive(Clone, Debug)]
 pub struct SplitMix64(u64);
@@ -44,7 +46,7 @@ impl SplitMix64 {
     /// Uniform integer in `0..n` (n > 0).
     #[inline]
     pub fn below(&mut self, n: usize) -> usize {
-        ((self.next_u64() >> 32) * n as u64 >> 32) as usize
+        (((self.next_u64() >> 32) * n as u64) >> 32) as usize
     }
 
     /// Standard normal (Box-Muller).
@@ -53,4 +55,23 @@ impl SplitMix64 {
         let u2 = self.next_f32();
         libm::sqrtf(-2.0 * libm::logf(u1)) * libm::cosf(core::f32::consts::TAU * u2)
     }
+}
+
+/// Distinct random experts per token with positive weights summing to 1.
+pub fn random_routing(tokens: usize, k: usize, experts: usize, seed: u64) -> (Vec<i64>, Vec<f32>) {
+    let mut r = SplitMix64::new(seed);
+    let mut ids = Vec::with_capacity(tokens * k);
+    let mut w = Vec::with_capacity(tokens * k);
+    for _ in 0..tokens {
+        let mut pool: Vec<i64> = (0..experts as i64).collect();
+        let ws: Vec<f32> = (0..k).map(|_| 0.1 + r.next_f32()).collect();
+        let sum: f32 = ws.iter().sum();
+        for (j, wj) in ws.iter().enumerate() {
+            let pick = j + r.below(experts - j);
+            pool.swap(j, pick);
+            ids.push(pool[j]);
+            w.push(wj / sum);
+        }
+    }
+    (ids, w)
 }

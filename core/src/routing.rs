@@ -73,7 +73,8 @@ mod tests {
         let r = Routing { tokens: 3, k: 2, ids: &ids, weights: &w, gpu_mask: Some(&mask) };
         let cfg = MoeConfig::new(8, 2, 8, 8);
         r.validate(&cfg).unwrap();
-        let got: alloc::vec::Vec<_> = (0..3).flat_map(|t| (0..2).map(move |j| (t, j))).map(|(t, j)| r.expert(t, j, 8)).collect();
+        let got: alloc::vec::Vec<_> =
+            (0..3).flat_map(|t| (0..2).map(move |j| (t, j))).map(|(t, j)| r.expert(t, j, 8)).collect();
         assert_eq!(got, [Some(0), None, Some(7), None, None, None]);
     }
 

@@ -36,15 +36,12 @@ pub struct Selection {
 /// Choose among `registry` (the backends with kernels in this build). `forced` is
 /// `KT_KERNEL_CPU_VARIANT` if set; `compiled` names the backend crates compiled in, so a forced
 /// variant whose crate is compiled but registers no backend yet gets a precise message.
-pub fn select(
-    registry: &[&'static dyn Backend],
-    forced: Option<&str>,
-    compiled: &[&str],
-) -> Result<Selection, Error> {
+pub fn select(registry: &[&'static dyn Backend], forced: Option<&str>, compiled: &[&str]) -> Result<Selection, Error> {
     let mut why = String::new();
     if let Some(v) = forced.map(str::trim).filter(|v| !v.is_empty()) {
         let v = v.to_ascii_lowercase();
-        let name = backend_for_variant(&v).ok_or_else(|| Error::UnknownVariant { value: v.clone(), valid: VARIANTS })?;
+        let name =
+            backend_for_variant(&v).ok_or_else(|| Error::UnknownVariant { value: v.clone(), valid: VARIANTS })?;
         let Some(b) = registry.iter().copied().find(|b| b.name() == name) else {
             let reason = if compiled.contains(&name) {
                 format!("backend {name} has no kernels registered in this build yet")

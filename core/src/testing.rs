@@ -42,24 +42,7 @@ pub fn random_input(tokens: usize, hidden: usize, seed: u64) -> Vec<bf16> {
     (0..tokens * hidden).map(|_| bf16::from_f32(r.gaussian())).collect()
 }
 
-/// Distinct random experts per token with positive weights summing to 1.
-pub fn random_routing(tokens: usize, k: usize, experts: usize, seed: u64) -> (Vec<i64>, Vec<f32>) {
-    let mut r = SplitMix64::new(seed);
-    let mut ids = Vec::with_capacity(tokens * k);
-    let mut w = Vec::with_capacity(tokens * k);
-    for _ in 0..tokens {
-        let mut pool: Vec<i64> = (0..experts as i64).collect();
-        let ws: Vec<f32> = (0..k).map(|_| 0.1 + r.next_f32()).collect();
-        let sum: f32 = ws.iter().sum();
-        for (j, wj) in ws.iter().enumerate() {
-            let pick = j + r.below(experts - j);
-            pool.swap(j, pick);
-            ids.push(pool[j]);
-            w.push(wj / sum);
-        }
-    }
-    (ids, w)
-}
+pub use crate::rng::random_routing;
 
 /// Quantize and pack every expert with `backend` (serially).
 pub fn build_layer(backend: &dyn Backend, cfg: &MoeConfig, format: WeightFormat, experts: &[Expert]) -> LayerWeights {
@@ -92,7 +75,9 @@ pub fn textbook_moe(cfg: &MoeConfig, experts: &[Expert], input: &[bf16], routing
         for j in 0..routing.k {
             let Some(e) = routing.expert(t, j, cfg.experts) else { continue };
             let [g, u, d] = &experts[e];
-            let dot = |m: &[f32], r: usize, v: &[f64]| -> f64 { v.iter().enumerate().map(|(c, vc)| f64::from(m[r * v.len() + c]) * vc).sum() };
+            let dot = |m: &[f32], r: usize, v: &[f64]| -> f64 {
+                v.iter().enumerate().map(|(c, vc)| f64::from(m[r * v.len() + c]) * vc).sum()
+            };
             let act: Vec<f64> = (0..i)
                 .map(|r| {
                     let (gv, uv) = (dot(g, r, &x), dot(u, r, &x));
@@ -149,7 +134,12 @@ pub enum Scenario {
 }
 
 /// Ids, weights and mask for a scenario.
-pub fn scenario_routing(s: Scenario, tokens: usize, cfg: &MoeConfig, seed: u64) -> (Vec<i64>, Vec<f32>, Option<Vec<bool>>) {
+pub fn scenario_routing(
+    s: Scenario,
+    tokens: usize,
+    cfg: &MoeConfig,
+    seed: u64,
+) -> (Vec<i64>, Vec<f32>, Option<Vec<bool>>) {
     let (mut ids, w) = random_routing(tokens, cfg.top_k, cfg.experts, seed);
     let mask = match s {
         Scenario::Random => None,
@@ -212,7 +202,10 @@ pub fn conformance_failures(backend: &dyn Backend, exec: &dyn Executor) -> Vec<S
         for (si, (e, k, h, i)) in shapes(format).into_iter().enumerate() {
             for parts in [1, 2] {
                 let cfg = MoeConfig { parts, max_tokens: 64, ..MoeConfig::new(e, k, h, i) };
-                if cfg.validate_for(format).is_err() || !backend.supports(format, i, h) || !backend.supports(format, h, i / parts) {
+                if cfg.validate_for(format).is_err()
+                    || !backend.supports(format, i, h)
+                    || !backend.supports(format, h, i / parts)
+                {
                     continue;
                 }
                 let experts = random_experts(&cfg, 1000 + si as u64);

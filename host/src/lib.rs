@@ -1,1 +1,16 @@
-//! placeholder
+//! # kt-host
+//!
+//! The std half of kt-kernel-rs: CPU and topology detection, backend registry and selection,
+//! an executor, [`MoeLayer`] (the layer API), and the benchmark behind `kt bench`.
+#![doc = "\n\nSee the repository README for the command line."]
+#![warn(missing_docs)]
+
+pub mod bench;
+pub mod cpu;
+pub mod exec;
+pub mod layer;
+pub mod registry;
+pub mod topology;
+
+pub use kt_core::{bf16, Error, MoeConfig, WeightFormat};
+pub use layer::{LayerOptions, MoeLayer};

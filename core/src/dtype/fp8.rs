@@ -98,11 +98,8 @@ mod tests {
         let mut x = 0.0f32;
         while x < 460.0 {
             let got = F8E4M3::from_f32(x).to_f32();
-            let best = finite
-                .iter()
-                .copied()
-                .min_by(|a, b| (a - x).abs().partial_cmp(&(b - x).abs()).unwrap())
-                .unwrap();
+            let best =
+                finite.iter().copied().min_by(|a, b| (a - x).abs().partial_cmp(&(b - x).abs()).unwrap()).unwrap();
             assert!((got - x).abs() <= (best - x).abs(), "x={x} got={got} best={best}");
             x += 0.013;
         }

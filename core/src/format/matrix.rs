@@ -19,7 +19,8 @@ pub struct QuantMatrix {
 }
 
 impl QuantMatrix {
-    /// Quantize a row-major f32 matrix. Non-finite values are refused: no format here encodes them.
+    /// Quantize a row-major f32 matrix. Non-finite values and |x| > [`super::MAX_ABS`] are
+    /// refused: no format here encodes them, and scales near f32::MAX would overflow.
     pub fn quantize(format: WeightFormat, rows: usize, cols: usize, src: &[f32]) -> Result<Self, Error> {
         if src.len() != rows * cols {
             return Err(Error::ShapeMismatch { what: "weight matrix", expected: rows * cols, found: src.len() });
@@ -27,7 +28,7 @@ impl QuantMatrix {
         if cols % format.col_multiple() != 0 {
             return Err(Error::FormatShape { format, what: "columns", value: cols, multiple: format.col_multiple() });
         }
-        if let Some(i) = src.iter().position(|x| !x.is_finite()) {
+        if let Some(i) = src.iter().position(|x| !x.is_finite() || x.abs() > super::MAX_ABS) {
             return Err(Error::NonFinite { what: "weight matrix", row: i / cols.max(1), col: i % cols.max(1) });
         }
         let (data, scales) = match format {
@@ -154,7 +155,12 @@ impl QuantMatrix {
         self.check_range("column range", &range, self.cols)?;
         let m = self.format.col_multiple();
         if range.start % m != 0 || range.len() % m != 0 {
-            return Err(Error::FormatShape { format: self.format, what: "column slice", value: range.start, multiple: m });
+            return Err(Error::FormatShape {
+                format: self.format,
+                what: "column slice",
+                value: range.start,
+                multiple: m,
+            });
         }
         if self.format == WeightFormat::Fp8Block {
             self.check_block_aligned("column range", &range, self.cols)?;
@@ -170,7 +176,9 @@ impl QuantMatrix {
                 let g = usize::from(group);
                 let per_row = self.cols / g;
                 (0..self.rows)
-                    .flat_map(|r| self.scales[r * per_row + range.start / g..r * per_row + range.end / g].iter().copied())
+                    .flat_map(|r| {
+                        self.scales[r * per_row + range.start / g..r * per_row + range.end / g].iter().copied()
+                    })
                     .collect()
             }
             WeightFormat::Fp8Block => {

@@ -26,6 +26,10 @@ pub use matrix::QuantMatrix;
 
 use core::fmt;
 
+/// Largest |weight| a quantizer accepts: bf16 rounds larger values to infinity, and a scale
+/// times its largest level could round past f32::MAX.
+pub const MAX_ABS: f32 = 3.0e38;
+
 /// Side of the square FP8 scale blocks (DeepSeek-V3's `weight_block_size`).
 pub const FP8_BLOCK: usize = 128;
 

@@ -166,7 +166,7 @@ fn zeros_quantize_to_zero_everywhere() {
 #[test]
 fn non_finite_is_refused_with_its_position() {
     for f in WeightFormat::ALL {
-        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY] {
+        for bad in [f32::NAN, f32::INFINITY, f32::NEG_INFINITY, f32::MAX, -3.1e38] {
             let mut x = [1.0f32; 256];
             x[128 + 5] = bad;
             let e = QuantMatrix::quantize(f, 2, 128, &x).unwrap_err();

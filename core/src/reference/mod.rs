@@ -96,7 +96,8 @@ fn dot(m: &QuantMatrix, r: usize, act: &Act<'_>, t: usize) -> f32 {
             let q = &q[t * cols..(t + 1) * cols];
             let (sa, sw) = (&scales[t * groups..(t + 1) * groups], &m.scales()[r * groups..(r + 1) * groups]);
             (0..*groups).fold(0.0f32, |acc, gi| {
-                let d: i32 = (gi * g..(gi + 1) * g).map(|c| i32::from(q[c]) * i32::from(int4_group::weight_i8(w, c))).sum();
+                let d: i32 =
+                    (gi * g..(gi + 1) * g).map(|c| i32::from(q[c]) * i32::from(int4_group::weight_i8(w, c))).sum();
                 acc + d as f32 * (sa[gi] * sw[gi])
             })
         }

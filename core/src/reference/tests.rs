@@ -66,7 +66,11 @@ proptest! {
 }
 
 /// Dequantized experts where down is quantized per part's column slice (as the layer does).
-fn per_part_dequantized(cfg: &MoeConfig, format: WeightFormat, experts: &[crate::testing::Expert]) -> Vec<crate::testing::Expert> {
+fn per_part_dequantized(
+    cfg: &MoeConfig,
+    format: WeightFormat,
+    experts: &[crate::testing::Expert],
+) -> Vec<crate::testing::Expert> {
     let (h, i) = (cfg.hidden, cfg.intermediate);
     let ranges = cfg.part_ranges(format).unwrap();
     let mut out = dequantized(cfg, format, experts);
@@ -76,13 +80,16 @@ fn per_part_dequantized(cfg: &MoeConfig, format: WeightFormat, experts: &[crate:
         let mut g = vec![0.0f32; h * i];
         let mut u = vec![0.0f32; h * i];
         for r in &ranges {
-            let cols: Vec<f32> = (0..h).flat_map(|row| x[2][row * i + r.start..row * i + r.end].iter().copied()).collect();
+            let cols: Vec<f32> =
+                (0..h).flat_map(|row| x[2][row * i + r.start..row * i + r.end].iter().copied()).collect();
             let dq = crate::QuantMatrix::quantize(format, h, r.len(), &cols).unwrap().dequantize();
             for row in 0..h {
                 d[row * i + r.start..row * i + r.end].copy_from_slice(&dq[row * r.len()..(row + 1) * r.len()]);
             }
             for (dst, src) in [(&mut g, &x[0]), (&mut u, &x[1])] {
-                let q = crate::QuantMatrix::quantize(format, r.len(), h, &src[r.start * h..r.end * h]).unwrap().dequantize();
+                let q = crate::QuantMatrix::quantize(format, r.len(), h, &src[r.start * h..r.end * h])
+                    .unwrap()
+                    .dequantize();
                 dst[r.start * h..r.end * h].copy_from_slice(&q);
             }
         }

@@ -1,1 +1,200 @@
-fn main() {}
+//! `kt`: the command line of kt-kernel-rs. It only translates arguments and calls the host API.
+
+use std::process::ExitCode;
+
+use clap::{Args, Parser, Subcommand};
+use kt_core::{MoeConfig, WeightFormat};
+use kt_host::bench::{self, BenchSpec};
+use kt_host::cpu::CpuInfo;
+use kt_host::registry;
+use kt_host::topology::Topology;
+
+#[derive(Parser)]
+#[command(name = "kt", version, about = "CPU Mixture-of-Experts kernels for CPU/GPU hybrid inference")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// CPU model, ISA flags, NUMA and cores, compiled-in and selected backend.
+    Info,
+    /// Time one MoE layer with synthetic weights against the roofline measured in the same run.
+    Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    /// Model shape: qwen3-30b-a3b, deepseek-v2-lite, deepseek-v3, mixtral-8x7b.
+    #[arg(long, default_value = "qwen3-30b-a3b")]
+    preset: String,
+    /// Override the preset's hidden size H.
+    #[arg(long)]
+    hidden: Option<usize>,
+    /// Override the preset's expert intermediate size I.
+    #[arg(long)]
+    intermediate: Option<usize>,
+    /// Override the preset's routed expert count E.
+    #[arg(long)]
+    experts: Option<usize>,
+    /// Override the preset's experts per token k.
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Weight formats, comma-separated: bf16, int8, int4, int4-g32, int4-g64, int4-g128, fp8, fp8-channel.
+    #[arg(long, value_delimiter = ',', default_value = "bf16")]
+    method: Vec<String>,
+    /// Tokens per forward, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
+    tokens: Vec<usize>,
+    /// Compute threads (default: every CPU this process may use).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// NUMA parts (tensor-parallel slices of I).
+    #[arg(long, default_value_t = 1)]
+    parts: usize,
+    /// Distinct layers rotated so decode streams weights from DRAM (default: > 2× L3).
+    #[arg(long)]
+    layers: Option<usize>,
+    /// Seed of weights, inputs and routing.
+    #[arg(long, default_value_t = 42)]
+    seed: u64,
+    /// Time each case for at least this many seconds (and at least 3 reps).
+    #[arg(long, default_value_t = 1.0)]
+    min_time: f64,
+    /// Print one JSON object instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+/// A one-line usage error (exit status 2).
+fn usage(msg: impl std::fmt::Display) -> ExitCode {
+    eprintln!("kt: error: {msg}");
+    ExitCode::from(2)
+}
+
+fn main() -> ExitCode {
+    let cli = match Cli::try_parse() {
+        Ok(c) => c,
+        Err(e) if !e.use_stderr() => {
+            let _ = e.print(); // --help, --version
+            return ExitCode::SUCCESS;
+        }
+        Err(e) => {
+            let text = e.render().to_string();
+            let first = text.lines().next().unwrap_or("invalid arguments").trim_start_matches("error: ");
+            return usage(first);
+        }
+    };
+    match cli.cmd {
+        Cmd::Info => info(),
+        Cmd::Bench(a) => run_bench(a),
+    }
+}
+
+fn info() -> ExitCode {
+    let cpu = CpuInfo::detect();
+    let topo = Topology::detect();
+    println!("kt-kernel-rs {}", env!("CARGO_PKG_VERSION"));
+    println!("CPU:         {} ({})", cpu.model, std::env::consts::ARCH);
+    let (on, off): (Vec<&(&str, bool)>, Vec<_>) = cpu.flags.iter().partition(|f| f.1);
+    println!("ISA:         {}", on.iter().map(|f| f.0).collect::<Vec<_>>().join(" "));
+    println!("missing:     {}", off.iter().map(|f| f.0).collect::<Vec<_>>().join(" "));
+    println!("KT variant:  {}", cpu.kt_variant());
+    println!(
+        "topology:    {} NUMA node(s), {} physical core(s), {} logical CPU(s), L3 {} MiB, {:.1} GiB available of {:.1} GiB",
+        topo.nodes.len(),
+        topo.physical_cores,
+        topo.logical_cpus,
+        topo.l3_bytes >> 20,
+        topo.mem_available as f64 / (1u64 << 30) as f64,
+        topo.mem_total as f64 / (1u64 << 30) as f64
+    );
+    for (i, n) in topo.nodes.iter().enumerate() {
+        println!("  node {i}:    CPUs {n:?}");
+    }
+    let compiled = registry::compiled();
+    println!("compiled in: {}", compiled.join(", "));
+    let registered = registry::registered();
+    for name in &compiled {
+        let line = match registered.iter().find(|b| b.name() == *name) {
+            Some(b) => match b.cpu_support() {
+                Ok(()) => format!("available (priority {})", b.priority()),
+                Err(missing) => format!("unavailable: this CPU lacks {missing}"),
+            },
+            None => "compiled in, no kernels registered yet".to_string(),
+        };
+        println!("  {name:<10} {line}");
+    }
+    match registry::select_default() {
+        Ok(s) => {
+            println!("selected:    {}", s.backend.name());
+            ExitCode::SUCCESS
+        }
+        Err(e) => usage(e),
+    }
+}
+
+fn run_bench(a: BenchArgs) -> ExitCode {
+    let Some(p) = bench::preset(&a.preset) else {
+        let names: Vec<_> = bench::PRESETS.iter().map(|p| p.name).collect();
+        return usage(format!("unknown preset {:?}; valid presets: {}", a.preset, names.join(", ")));
+    };
+    let mut methods = Vec::new();
+    for m in &a.method {
+        match WeightFormat::parse(m) {
+            Some(f) => methods.push(f),
+            None => return usage(format!("unknown method {m:?}; valid methods: {}", WeightFormat::NAMES)),
+        }
+    }
+    if a.tokens.is_empty() || a.tokens.contains(&0) {
+        return usage("--tokens must list positive token counts");
+    }
+    if a.threads == Some(0) || a.layers == Some(0) {
+        return usage("--threads and --layers must be positive");
+    }
+    if !(a.min_time.is_finite() && a.min_time >= 0.0) {
+        return usage("--min-time must be a non-negative number of seconds");
+    }
+    let custom = a.hidden.is_some() || a.intermediate.is_some() || a.experts.is_some() || a.top_k.is_some();
+    let cfg = MoeConfig {
+        parts: a.parts,
+        max_tokens: a.tokens.iter().copied().max().unwrap_or(1),
+        ..MoeConfig::new(
+            a.experts.unwrap_or(p.experts),
+            a.top_k.unwrap_or(p.top_k),
+            a.hidden.unwrap_or(p.hidden),
+            a.intermediate.unwrap_or(p.intermediate),
+        )
+    };
+    for &m in &methods {
+        if let Err(e) = cfg.validate_for(m) {
+            return usage(e);
+        }
+    }
+    let spec = BenchSpec {
+        preset: if custom { format!("{} (custom)", p.name) } else { p.name.to_string() },
+        cfg,
+        methods,
+        tokens: a.tokens,
+        threads: a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        layers: a.layers,
+        seed: a.seed,
+        min_seconds: a.min_time,
+        progress: true,
+    };
+    if !a.json {
+        eprintln!("kt bench: seed {} (pass --seed to reproduce)", spec.seed);
+    }
+    match bench::run(&spec) {
+        Ok(r) if a.json => {
+            println!("{}", bench::to_json(&r));
+            ExitCode::SUCCESS
+        }
+        Ok(r) => {
+            bench::print_table(&r);
+            ExitCode::SUCCESS
+        }
+        Err(e) => usage(e),
+    }
+}

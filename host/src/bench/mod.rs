@@ -1,0 +1,347 @@
+//! `kt bench`: one MoE layer with synthetic weights, timed against the roofline measured in the
+//! same run. Reports best and median ms, GFLOP/s (2·3·H·I·k·n / t), weight GB/s (bytes of the
+//! distinct experts touched / t), their ratios to the roofline, and the error against the
+//! reference backend on up to 16 of the tokens.
+
+mod report;
+pub mod roofline;
+mod synth;
+
+use std::fmt;
+use std::time::Instant;
+
+use half::bf16;
+use indicatif::{ProgressBar, ProgressStyle};
+use kt_core::reference::REFERENCE;
+use kt_core::{Backend, MoeConfig, WeightFormat};
+
+pub use report::{print_table, to_json};
+pub use roofline::Roofline;
+
+use crate::cpu::CpuInfo;
+use crate::layer::{LayerOptions, MoeLayer};
+use crate::topology::Topology;
+
+/// A model shape to benchmark.
+#[derive(Clone, Copy, Debug)]
+pub struct Preset {
+    /// Name on the command line.
+    pub name: &'static str,
+    /// Hidden size H.
+    pub hidden: usize,
+    /// Expert intermediate size I.
+    pub intermediate: usize,
+    /// Routed experts E.
+    pub experts: usize,
+    /// Experts per token k.
+    pub top_k: usize,
+}
+
+/// The shapes `--preset` knows.
+pub const PRESETS: [Preset; 4] = [
+    Preset { name: "qwen3-30b-a3b", hidden: 2048, intermediate: 768, experts: 128, top_k: 8 },
+    Preset { name: "deepseek-v2-lite", hidden: 2048, intermediate: 1408, experts: 64, top_k: 6 },
+    Preset { name: "deepseek-v3", hidden: 7168, intermediate: 2048, experts: 256, top_k: 8 },
+    Preset { name: "mixtral-8x7b", hidden: 4096, intermediate: 14336, experts: 8, top_k: 2 },
+];
+
+/// Find a preset by name.
+pub fn preset(name: &str) -> Option<Preset> {
+    PRESETS.iter().copied().find(|p| p.name == name)
+}
+
+/// What to run.
+#[derive(Clone, Debug)]
+pub struct BenchSpec {
+    /// Preset name (for the report).
+    pub preset: String,
+    /// Layer shape.
+    pub cfg: MoeConfig,
+    /// Weight formats to run.
+    pub methods: Vec<WeightFormat>,
+    /// Token counts per forward.
+    pub tokens: Vec<usize>,
+    /// Compute threads.
+    pub threads: usize,
+    /// Distinct layers rotated; `None` = enough to exceed 2× the L3 size.
+    pub layers: Option<usize>,
+    /// Seed of weights, inputs and routing.
+    pub seed: u64,
+    /// Time each case for at least this long (and at least 3 reps).
+    pub min_seconds: f64,
+    /// Draw progress bars on stderr.
+    pub progress: bool,
+}
+
+/// One measured case.
+#[derive(Clone, Debug)]
+pub struct CaseResult {
+    /// Preset name.
+    pub preset: String,
+    /// Weight format.
+    pub method: WeightFormat,
+    /// Backend that ran it.
+    pub backend: &'static str,
+    /// Compute threads.
+    pub threads: usize,
+    /// Tokens per forward.
+    pub tokens: usize,
+    /// Fastest rep, ms.
+    pub ms_best: f64,
+    /// Median rep, ms.
+    pub ms_median: f64,
+    /// 2·3·H·I·k·n / best time.
+    pub gflops: f64,
+    /// Distinct experts' bytes / best time.
+    pub weight_gbps: f64,
+    /// weight_gbps / roofline DRAM bandwidth.
+    pub dram_ratio: f64,
+    /// gflops / FMA peak (bf16, fp8) or int8 peak (int formats).
+    pub compute_ratio: f64,
+    /// mean |out − ref| / mean |ref| against the reference backend, ≤ 16 tokens.
+    pub rel_err: f64,
+    /// Reps timed.
+    pub reps: usize,
+}
+
+/// The machine, as the report describes it.
+#[derive(Clone, Debug)]
+pub struct Machine {
+    /// CPU and ISA flags.
+    pub cpu: CpuInfo,
+    /// NUMA, cores, caches, memory.
+    pub topology: Topology,
+}
+
+/// A whole run.
+#[derive(Clone, Debug)]
+pub struct Report {
+    /// Where it ran.
+    pub machine: Machine,
+    /// The roofline of this run.
+    pub roofline: Roofline,
+    /// Layers rotated.
+    pub layers: usize,
+    /// The seed used.
+    pub seed: u64,
+    /// The spec.
+    pub spec: BenchSpec,
+    /// One entry per (method, tokens).
+    pub results: Vec<CaseResult>,
+}
+
+/// Why a benchmark could not run.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum BenchError {
+    /// Invalid shape or format, or no backend.
+    Core(kt_core::Error),
+    /// The weights would not fit in free memory.
+    OutOfMemory {
+        /// Bytes the run needs.
+        needed: u64,
+        /// Bytes available.
+        available: u64,
+        /// Layers it would build.
+        layers: usize,
+    },
+}
+
+impl fmt::Display for BenchError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BenchError::Core(e) => write!(f, "{e}"),
+            BenchError::OutOfMemory { needed, available, layers } => write!(
+                f,
+                "the weights need {:.1} GB ({layers} layer(s)) but only {:.1} GB of memory is available; \
+                 use fewer --experts or --layers, or a smaller --method",
+                *needed as f64 / 1e9,
+                *available as f64 / 1e9
+            ),
+        }
+    }
+}
+
+impl std::error::Error for BenchError {}
+
+impl From<kt_core::Error> for BenchError {
+    fn from(e: kt_core::Error) -> Self {
+        BenchError::Core(e)
+    }
+}
+
+/// Stored bytes of one layer's experts in `format`.
+pub fn layer_bytes(cfg: &MoeConfig, format: WeightFormat) -> u64 {
+    let (h, i) = (cfg.hidden, cfg.intermediate);
+    (cfg.experts * (2 * format.matrix_bytes(i, h) + format.matrix_bytes(h, i))) as u64
+}
+
+/// Layers to rotate: as asked, or enough that their bytes exceed 2× the L3 size.
+fn layer_count(spec: &BenchSpec, l3: usize, per_layer: u64) -> usize {
+    spec.layers.unwrap_or_else(|| ((2 * l3 as u64).div_ceil(per_layer.max(1))).clamp(1, 64) as usize)
+}
+
+fn bar(progress: bool, len: u64, template: &str) -> ProgressBar {
+    if !progress {
+        return ProgressBar::hidden();
+    }
+    let pb = ProgressBar::new(len);
+    if let Ok(style) = ProgressStyle::with_template(template) {
+        pb.set_style(style);
+    }
+    pb
+}
+
+/// Run the benchmark.
+pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
+    let cfg = &spec.cfg;
+    for &m in &spec.methods {
+        cfg.validate_for(m)?;
+    }
+    let machine = Machine { cpu: CpuInfo::detect(), topology: Topology::detect() };
+    // Check memory for every method before spending time on the roofline.
+    let mut plans = Vec::new();
+    for &m in &spec.methods {
+        let per_layer = layer_bytes(cfg, m);
+        let layers = layer_count(spec, machine.topology.l3_bytes, per_layer);
+        // +1 layer for the reference copy that checks accuracy.
+        let needed = per_layer * (layers as u64 + 1);
+        let available = machine.topology.mem_available;
+        if available > 0 && needed > available / 10 * 9 {
+            return Err(BenchError::OutOfMemory { needed, available, layers });
+        }
+        plans.push((m, layers));
+    }
+    let spin = bar(spec.progress, 3, "{spinner} measuring the roofline ({pos}/{len}) {msg}");
+    let dram_bytes = (8 * machine.topology.l3_bytes).max(512 << 20);
+    spin.set_message("DRAM read");
+    let dram = roofline::dram_gbps(spec.threads, dram_bytes);
+    spin.inc(1);
+    spin.set_message("FMA peak");
+    let fma = roofline::fma_gflops(spec.threads);
+    spin.inc(1);
+    spin.set_message("int8 peak");
+    let int8 = roofline::int8_gops(spec.threads);
+    spin.finish_and_clear();
+    let roof = Roofline { dram_gbps: dram, fma_gflops: fma, int8_gops: int8 };
+
+    let mut results = Vec::new();
+    let mut layers_used = 0;
+    for (method, layers) in plans {
+        layers_used = layers_used.max(layers);
+        results.extend(run_method(spec, method, layers, &roof)?);
+    }
+    Ok(Report { machine, roofline: roof, layers: layers_used, seed: spec.seed, spec: spec.clone(), results })
+}
+
+fn run_method(
+    spec: &BenchSpec,
+    method: WeightFormat,
+    layers: usize,
+    roof: &Roofline,
+) -> Result<Vec<CaseResult>, BenchError> {
+    let cfg = &MoeConfig { max_tokens: spec.tokens.iter().copied().max().unwrap_or(1), ..spec.cfg.clone() };
+    let opts = LayerOptions::threads(spec.threads);
+    let pb = bar(
+        spec.progress,
+        (cfg.experts * (layers + 1)) as u64,
+        "{spinner} generating {msg} weights [{bar:30}] {pos}/{len} experts ({elapsed})",
+    );
+    pb.set_message(method.to_string());
+    let build = |l: usize, opts: &LayerOptions| {
+        MoeLayer::from_f32(
+            cfg,
+            method,
+            |e| {
+                let x = synth::expert(cfg, spec.seed, l, e);
+                pb.inc(1);
+                Some(x)
+            },
+            opts,
+        )
+    };
+    let built: Vec<MoeLayer> = (0..layers).map(|l| build(l, &opts)).collect::<Result<_, _>>()?;
+    let backend = built[0].backend();
+    let oracle = if backend.name() == REFERENCE.name() {
+        None
+    } else {
+        Some(build(0, &LayerOptions { backend: Some(&REFERENCE), ..opts.clone() })?)
+    };
+    pb.finish_and_clear();
+
+    let cases = bar(spec.progress, spec.tokens.len() as u64, "{spinner} {msg} [{bar:30}] {pos}/{len} ({elapsed})");
+    let mut out = Vec::new();
+    for &n in &spec.tokens {
+        cases.set_message(format!("{method} on {}, {n} token(s)", backend.name()));
+        out.push(run_case(spec, cfg, &built, oracle.as_ref().unwrap_or(&built[0]), n, roof)?);
+        cases.inc(1);
+    }
+    cases.finish_and_clear();
+    Ok(out)
+}
+
+fn run_case(
+    spec: &BenchSpec,
+    cfg: &MoeConfig,
+    layers: &[MoeLayer],
+    oracle: &MoeLayer,
+    n: usize,
+    roof: &Roofline,
+) -> Result<CaseResult, BenchError> {
+    const ROUTINGS: usize = 8;
+    let (h, k) = (cfg.hidden, cfg.top_k);
+    let input = synth::input(n, h, spec.seed ^ 0xA11CE);
+    let routings: Vec<(Vec<i64>, Vec<f32>)> =
+        (0..ROUTINGS).map(|r| synth::routing(n, k, cfg.experts, spec.seed ^ (r as u64 + 1) << 8)).collect();
+    let touched = |l: &MoeLayer, ids: &[i64]| -> u64 {
+        let mut seen = vec![false; cfg.experts];
+        ids.iter().for_each(|&e| seen[e as usize] = true);
+        seen.iter().enumerate().filter(|(_, &s)| s).map(|(e, _)| l.expert_bytes(e) as u64).sum()
+    };
+    let mut out = vec![bf16::ZERO; n * h];
+    // Warm-up grows the workspace; then time reps rotating layers and routings.
+    layers[0].forward_into(&input, &routings[0].0, &routings[0].1, None, &mut out)?;
+    let mut times = Vec::new();
+    let mut best = (f64::INFINITY, 0u64);
+    let start = Instant::now();
+    while times.len() < 3 || (start.elapsed().as_secs_f64() < spec.min_seconds && times.len() < 200) {
+        let i = times.len();
+        let (layer, (ids, w)) = (&layers[i % layers.len()], &routings[i % ROUTINGS]);
+        let t0 = Instant::now();
+        layer.forward_into(&input, ids, w, None, &mut out)?;
+        let t = t0.elapsed().as_secs_f64();
+        times.push(t);
+        if t < best.0 {
+            best = (t, touched(layer, ids));
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    let median = times[times.len() / 2];
+    let flops = 2.0 * 3.0 * (h * cfg.intermediate * k * n) as f64;
+    let gflops = flops / best.0 / 1e9;
+    let weight_gbps = best.1 as f64 / best.0 / 1e9;
+    let peak = if layers[0].format().int_activations() { roof.int8_gops } else { roof.fma_gflops };
+
+    // Accuracy: the first ≤16 tokens of layer 0 against the reference backend.
+    let m = n.min(16);
+    let (ids, w) = &routings[0];
+    let got = layers[0].forward(&input, ids, w, None)?;
+    let want = oracle.forward(&input[..m * h], &ids[..m * k], &w[..m * k], None)?;
+    let num: f64 = got[..m * h].iter().zip(&want).map(|(a, b)| f64::from((a.to_f32() - b.to_f32()).abs())).sum();
+    let den: f64 = want.iter().map(|b| f64::from(b.to_f32().abs())).sum();
+    Ok(CaseResult {
+        preset: spec.preset.clone(),
+        method: layers[0].format(),
+        backend: layers[0].backend().name(),
+        threads: spec.threads,
+        tokens: n,
+        ms_best: best.0 * 1e3,
+        ms_median: median * 1e3,
+        gflops,
+        weight_gbps,
+        dram_ratio: weight_gbps / roof.dram_gbps,
+        compute_ratio: gflops / peak,
+        rel_err: if den > 0.0 { num / den } else { num },
+        reps: times.len(),
+    })
+}

@@ -1,0 +1,90 @@
+//! The end-of-run table and the `--json` object (field names are a contract: other tools read
+//! them).
+
+use serde_json::{json, Value};
+
+use super::Report;
+
+/// The JSON object of a run.
+pub fn to_json(r: &Report) -> Value {
+    let t = &r.machine.topology;
+    json!({
+        "machine": {
+            "cpu": r.machine.cpu.model,
+            "isa": r.machine.cpu.flags.iter().filter(|f| f.1).map(|f| f.0).collect::<Vec<_>>(),
+            "kt_variant": r.machine.cpu.kt_variant(),
+            "numa_nodes": t.nodes.len(),
+            "physical_cores": t.physical_cores,
+            "logical_cpus": t.logical_cpus,
+            "l3_bytes": t.l3_bytes,
+            "mem_total_bytes": t.mem_total,
+            "layers": r.layers,
+            "seed": r.seed,
+        },
+        "roofline": {
+            "dram_gbps": r.roofline.dram_gbps,
+            "fma_gflops": r.roofline.fma_gflops,
+            "int8_gops": r.roofline.int8_gops,
+        },
+        "results": r.results.iter().map(|c| json!({
+            "preset": c.preset,
+            "method": c.method.to_string(),
+            "backend": c.backend,
+            "threads": c.threads,
+            "tokens": c.tokens,
+            "ms_best": c.ms_best,
+            "ms_median": c.ms_median,
+            "gflops": c.gflops,
+            "weight_gbps": c.weight_gbps,
+            "dram_ratio": c.dram_ratio,
+            "compute_ratio": c.compute_ratio,
+            "rel_err": c.rel_err,
+        })).collect::<Vec<_>>(),
+    })
+}
+
+/// The human-readable table.
+pub fn print_table(r: &Report) {
+    let c = &r.spec.cfg;
+    println!(
+        "kt bench: {} (E={} k={} H={} I={}), {} thread(s), {} layer(s) rotated, seed {}",
+        r.spec.preset, c.experts, c.top_k, c.hidden, c.intermediate, r.spec.threads, r.layers, r.seed
+    );
+    println!("CPU: {} ({})", r.machine.cpu.model, r.machine.cpu.kt_variant());
+    println!(
+        "roofline (same run, {} thread(s)): DRAM {:.1} GB/s, FMA {:.1} GFLOP/s, int8 {:.1} GOP/s",
+        r.spec.threads, r.roofline.dram_gbps, r.roofline.fma_gflops, r.roofline.int8_gops
+    );
+    println!(
+        "{:<12} {:<10} {:>6} {:>10} {:>10} {:>9} {:>9} {:>7} {:>8} {:>9} {:>5}",
+        "method",
+        "backend",
+        "tokens",
+        "best ms",
+        "median ms",
+        "GFLOP/s",
+        "GB/s",
+        "DRAM×",
+        "compute×",
+        "rel err",
+        "reps"
+    );
+    for x in &r.results {
+        println!(
+            "{:<12} {:<10} {:>6} {:>10.3} {:>10.3} {:>9.2} {:>9.2} {:>7.3} {:>8.3} {:>9.2e} {:>5}",
+            x.method.to_string(),
+            x.backend,
+            x.tokens,
+            x.ms_best,
+            x.ms_median,
+            x.gflops,
+            x.weight_gbps,
+            x.dram_ratio,
+            x.compute_ratio,
+            x.rel_err,
+            x.reps
+        );
+    }
+    println!("GFLOP/s = 2·3·H·I·k·n / best time; GB/s = bytes of the distinct experts touched / best time;");
+    println!("DRAM× and compute× are ratios to the roofline above (compute: FMA peak for bf16/fp8, int8 peak for int formats).");
+}

@@ -1,0 +1,30 @@
+//! Synthetic layers: uniform weights with std 1/sqrt(fan_in), unit-std inputs, random distinct
+//! top-k routing. Every expert has its own seeded stream, so generation runs in parallel and
+//! the same seed gives the same layer.
+
+use half::bf16;
+use kt_core::rng::SplitMix64;
+use kt_core::MoeConfig;
+
+/// Expert `e` of layer `l`: `[gate [I,H], up [I,H], down [H,I]]`.
+pub fn expert(cfg: &MoeConfig, seed: u64, l: usize, e: usize) -> [Vec<f32>; 3] {
+    let (h, i) = (cfg.hidden, cfg.intermediate);
+    let mut r = SplitMix64::stream(seed, ((l as u64) << 32) | e as u64);
+    // Uniform on [-a, a] has std a/sqrt(3).
+    let mut m = |len: usize, fan_in: usize| {
+        let a = (3.0 / fan_in as f32).sqrt();
+        (0..len).map(|_| r.uniform(a)).collect::<Vec<f32>>()
+    };
+    [m(i * h, h), m(i * h, h), m(h * i, i)]
+}
+
+/// `[n, h]` inputs with unit std.
+pub fn input(n: usize, h: usize, seed: u64) -> Vec<bf16> {
+    let mut r = SplitMix64::new(seed);
+    (0..n * h).map(|_| bf16::from_f32(r.uniform(3f32.sqrt()))).collect()
+}
+
+/// Distinct experts per token, weights positive and summing to 1.
+pub fn routing(n: usize, k: usize, experts: usize, seed: u64) -> (Vec<i64>, Vec<f32>) {
+    kt_core::rng::random_routing(n, k, experts, seed)
+}

@@ -1,0 +1,103 @@
+//! The `kt` binary: `info`, `bench --json` schema, and one-line errors with exit status 2.
+
+use std::process::Command;
+
+fn kt(args: &[&str]) -> (i32, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kt")).args(args).env_remove("KT_KERNEL_CPU_VARIANT").output().unwrap();
+    (
+        out.status.code().unwrap_or(-1),
+        String::from_utf8_lossy(&out.stdout).into(),
+        String::from_utf8_lossy(&out.stderr).into(),
+    )
+}
+
+#[test]
+fn info_reports_cpu_and_backends() {
+    let (code, out, _) = kt(&["info"]);
+    assert_eq!(code, 0);
+    assert!(out.contains("CPU:") && out.contains("KT variant:") && out.contains("selected:"), "{out}");
+    assert!(out.contains("reference"), "{out}");
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") {
+        assert!(out.lines().any(|l| l.starts_with("ISA:") && l.contains("avx2")), "{out}");
+    }
+}
+
+#[test]
+fn forced_unknown_variant_is_a_clear_error() {
+    let out = Command::new(env!("CARGO_BIN_EXE_kt")).arg("info").env("KT_KERNEL_CPU_VARIANT", "sse9").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("sse9") && err.contains("avx2") && err.contains("reference"), "{err}");
+}
+
+#[test]
+fn bench_json_has_the_documented_schema() {
+    let (code, out, err) = kt(&[
+        "bench",
+        "--experts",
+        "4",
+        "--top-k",
+        "2",
+        "--hidden",
+        "64",
+        "--intermediate",
+        "64",
+        "--tokens",
+        "1,3",
+        "--method",
+        "bf16,int4-g32",
+        "--layers",
+        "1",
+        "--min-time",
+        "0",
+        "--threads",
+        "2",
+        "--json",
+    ]);
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object on stdout");
+    for k in ["dram_gbps", "fma_gflops", "int8_gops"] {
+        assert!(v["roofline"][k].as_f64().is_some_and(|x| x > 0.0), "roofline.{k}");
+    }
+    assert!(v["machine"]["cpu"].is_string());
+    let results = v["results"].as_array().unwrap();
+    assert_eq!(results.len(), 4);
+    for r in results {
+        for k in ["preset", "method", "backend"] {
+            assert!(r[k].is_string(), "{k}");
+        }
+        for k in ["threads", "tokens"] {
+            assert!(r[k].is_u64(), "{k}");
+        }
+        for k in ["ms_best", "ms_median", "gflops", "weight_gbps", "dram_ratio", "compute_ratio", "rel_err"] {
+            assert!(r[k].as_f64().is_some_and(|x| x.is_finite() && x >= 0.0), "{k} = {}", r[k]);
+        }
+        assert!(r["ms_best"].as_f64() <= r["ms_median"].as_f64());
+    }
+    assert_eq!(results[1]["tokens"], 3);
+    assert_eq!(results[2]["method"], "int4-g32");
+}
+
+#[test]
+fn bad_bench_input_is_one_line_and_exit_2() {
+    for (args, needle) in [
+        (&["bench", "--preset", "gpt5"][..], "unknown preset"),
+        (&["bench", "--method", "int3"][..], "unknown method"),
+        (&["bench", "--hidden", "0"][..], "hidden = 0"),
+        (&["bench", "--hidden", "-5"][..], "-5"),
+        (&["bench", "--experts", "4", "--top-k", "8"][..], "top_k = 8"),
+        (&["bench", "--hidden", "48", "--method", "int4-g32"][..], "multiple of 32"),
+        (&["bench", "--tokens", "0"][..], "--tokens"),
+        (&["bench", "--threads", "0"][..], "--threads"),
+        (&["bench", "--preset", "deepseek-v3", "--layers", "20", "--method", "bf16"][..], "GB"),
+        (&["bench", "--nonsense"][..], "--nonsense"),
+    ] {
+        let (code, out, err) = kt(args);
+        assert_eq!(code, 2, "{args:?}: {err}");
+        assert!(out.is_empty(), "{args:?}: nothing on stdout");
+        let lines: Vec<_> = err.lines().filter(|l| !l.starts_with("kt bench: seed")).collect();
+        assert_eq!(lines.len(), 1, "{args:?}: one line, got {err:?}");
+        assert!(lines[0].contains(needle), "{args:?}: {err}");
+    }
+}

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Every test: formatting, lints (all features and reference-only), the no_std core built alone,
+# the workspace tests, and short fuzz smoke runs. CI runs exactly this (.ci/run).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+bash scripts/bootstrap.sh --test
+
+echo "== fmt"
+cargo fmt --all --check
+(cd fuzz && cargo fmt --check)
+echo "== clippy"
+cargo clippy --workspace --all-targets -- -D warnings
+cargo clippy -p kt-host --no-default-features --all-targets -- -D warnings
+echo "== no_std core, built alone"
+cargo build -p kt-core
+echo "== tests"
+cargo test --workspace
+cargo test -p kt-host --no-default-features
+echo "== fuzz smoke (${FUZZ_SECONDS:=20} s per target)"
+for t in quantize routing; do
+    (cd fuzz && cargo fuzz run -s none "$t" -- -max_total_time="$FUZZ_SECONDS")
+done
+echo "all tests passed"
