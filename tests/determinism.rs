@@ -4,44 +4,66 @@ use std::sync::Arc;
 
 use kt_core::reference::REFERENCE;
 use kt_core::testing::{conformance_failures, mean_rel_err, random_input, scenario_routing, textbook_moe, Scenario};
+use kt_core::Backend;
 use kt_core::{MoeConfig, WeightFormat};
 use kt_host::exec::ThreadExecutor;
-use kt_host::{LayerOptions, MoeLayer};
+use kt_host::pool::Pool;
+use kt_host::{registry, LayerOptions, MoeLayer};
 use kt_tests::{experts, owned};
 
-fn layer(cfg: &MoeConfig, f: WeightFormat, threads: usize, xs: &[kt_core::testing::Expert]) -> MoeLayer {
-    let opts =
-        LayerOptions { backend: Some(&REFERENCE), executor: Arc::new(ThreadExecutor::new(threads)), load_threads: 2 };
+fn layer(
+    b: &'static dyn Backend,
+    cfg: &MoeConfig,
+    f: WeightFormat,
+    threads: usize,
+    xs: &[kt_core::testing::Expert],
+) -> MoeLayer {
+    let opts = LayerOptions { backend: Some(b), executor: Arc::new(Pool::new(threads)), load_threads: 2 };
     MoeLayer::from_f32(cfg, f, owned(xs, &[]), &opts).unwrap()
+}
+
+/// Every backend this build registers that this CPU can run.
+fn runnable() -> Vec<&'static dyn Backend> {
+    registry::registered().into_iter().filter(|b| b.cpu_support().is_ok()).collect()
 }
 
 #[test]
 fn bit_identical_for_any_thread_count() {
-    let cfg = MoeConfig { max_tokens: 64, ..MoeConfig::new(12, 3, 64, 96) };
+    let cfg = MoeConfig { max_tokens: 64, ..MoeConfig::new(12, 3, 128, 256) };
     let xs = experts(&cfg, 5);
-    for f in [WeightFormat::Bf16, WeightFormat::Int8Row, WeightFormat::Int4Group { group: 32 }, WeightFormat::Fp8Block]
-    {
-        for (tokens, s) in
-            [(1, Scenario::Random), (37, Scenario::Random), (29, Scenario::Skewed), (13, Scenario::Masked)]
-        {
-            let input = random_input(tokens, cfg.hidden, 9);
-            let (ids, w, mask) = scenario_routing(s, tokens, &cfg, 11);
-            let outs: Vec<Vec<u16>> = [1, 2, 3, 8]
-                .iter()
-                .map(|&t| {
-                    let out = layer(&cfg, f, t, &xs).forward(&input, &ids, &w, mask.as_deref()).unwrap();
-                    out.iter().map(|v| v.to_bits()).collect()
-                })
-                .collect();
-            assert!(outs.iter().all(|o| o == &outs[0]), "{f} n={tokens} {s:?}: results differ between thread counts");
+    for b in runnable() {
+        for f in WeightFormat::ALL {
+            let layers: Vec<MoeLayer> = [1, 2, 3, 8].iter().map(|&t| layer(b, &cfg, f, t, &xs)).collect();
+            for (tokens, s) in
+                [(1, Scenario::Random), (37, Scenario::Random), (29, Scenario::Skewed), (13, Scenario::Masked)]
+            {
+                let input = random_input(tokens, cfg.hidden, 9);
+                let (ids, w, mask) = scenario_routing(s, tokens, &cfg, 11);
+                let outs: Vec<Vec<u16>> = layers
+                    .iter()
+                    .map(|l| {
+                        l.forward(&input, &ids, &w, mask.as_deref()).unwrap().iter().map(|v| v.to_bits()).collect()
+                    })
+                    .collect();
+                assert!(
+                    outs.iter().all(|o| o == &outs[0]),
+                    "{} {f} n={tokens} {s:?}: differs by thread count",
+                    b.name()
+                );
+            }
         }
     }
 }
 
 #[test]
-fn threaded_reference_conforms_to_serial_reference() {
-    // The whole conformance matrix (formats, shapes, scenarios, 1 and 2 parts), run through the
-    // scoped-thread executor and compared with the serial one.
+fn every_backend_conforms_through_threaded_executors() {
+    // The whole conformance matrix (formats, shapes, scenarios, 1 and 2 parts) for every backend
+    // this CPU runs, through the persistent pool and the scoped-thread executor, against the
+    // serial reference.
+    for b in runnable() {
+        let failures = conformance_failures(b, &Pool::new(3));
+        assert!(failures.is_empty(), "{}: {failures:#?}", b.name());
+    }
     let failures = conformance_failures(&REFERENCE, &ThreadExecutor::new(3));
     assert!(failures.is_empty(), "{failures:#?}");
 }
@@ -53,7 +75,7 @@ fn numa_parts_match_the_textbook_moe() {
         let xs = experts(&cfg, 21);
         let input = random_input(9, cfg.hidden, 3);
         let (ids, w, _) = scenario_routing(Scenario::InvalidIds, 9, &cfg, 4);
-        let got = layer(&cfg, WeightFormat::Bf16, 2, &xs).forward(&input, &ids, &w, None).unwrap();
+        let got = layer(&REFERENCE, &cfg, WeightFormat::Bf16, 2, &xs).forward(&input, &ids, &w, None).unwrap();
         let got: Vec<f32> = got.iter().map(|v| v.to_f32()).collect();
         let r = kt_core::Routing { tokens: 9, k: 2, ids: &ids, weights: &w, gpu_mask: None };
         let deq = kt_core::testing::dequantized(&cfg, WeightFormat::Bf16, &xs);

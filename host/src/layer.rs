@@ -8,7 +8,8 @@ use half::bf16;
 use kt_core::forward::{self, ExpertF32, LayerWeights, Workspace};
 use kt_core::{Backend, Error, Executor, MoeConfig, QuantMatrix, Routing, WeightFormat};
 
-use crate::exec::{parallel_map, ThreadExecutor};
+use crate::exec::parallel_map;
+use crate::pool::Pool;
 use crate::registry;
 
 /// How to build a layer.
@@ -24,16 +25,16 @@ pub struct LayerOptions {
 }
 
 impl Default for LayerOptions {
+    /// One thread per CPU this process may use.
     fn default() -> Self {
-        let exec = ThreadExecutor::all_cpus();
-        LayerOptions { backend: None, load_threads: exec.workers(), executor: Arc::new(exec) }
+        Self::threads(std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
 }
 
 impl LayerOptions {
-    /// Default options with `threads` threads for compute and load.
+    /// A persistent pool of `threads` threads for compute, and as many for loading.
     pub fn threads(threads: usize) -> Self {
-        LayerOptions { backend: None, executor: Arc::new(ThreadExecutor::new(threads)), load_threads: threads.max(1) }
+        LayerOptions { backend: None, executor: Arc::new(Pool::new(threads)), load_threads: threads.max(1) }
     }
 }
 

@@ -9,6 +9,7 @@ pub mod bench;
 pub mod cpu;
 pub mod exec;
 pub mod layer;
+pub mod pool;
 pub mod registry;
 pub mod topology;
 

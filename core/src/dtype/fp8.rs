@@ -37,7 +37,7 @@ impl F8E4M3 {
         }
         if a < 1.0 / 64.0 {
             // Subnormal range, uniform steps of 2^-9; a count of 8 is the smallest normal.
-            let q = libm::rintf(a * 512.0) as u8;
+            let q = super::round_ne(a * 512.0) as u8;
             return F8E4M3(sign | q);
         }
         let bits = a.to_bits();

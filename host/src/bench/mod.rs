@@ -304,7 +304,7 @@ fn run_case(
     let mut times = Vec::new();
     let mut best = (f64::INFINITY, 0u64);
     let start = Instant::now();
-    while times.len() < 3 || (start.elapsed().as_secs_f64() < spec.min_seconds && times.len() < 200) {
+    while times.len() < 3 || (start.elapsed().as_secs_f64() < spec.min_seconds && times.len() < 10_000) {
         let i = times.len();
         let (layer, (ids, w)) = (&layers[i % layers.len()], &routings[i % ROUTINGS]);
         let t0 = Instant::now();

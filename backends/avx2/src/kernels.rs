@@ -1,0 +1,348 @@
+//! The AVX2 microkernels: a tile of up to `MAX_NT` tokens × one 16-row panel, accumulated over
+//! K in order (one FMA or one i32 add per k per output), so every output element is computed
+//! the same way whatever the row block or thread.
+//!
+//! ```text
+//!  float:  per k      w = 16 rows (2 ymm, bf16 << 16 or e4m3 bit-placed), x_t[k] broadcast
+//!                     acc[t] += w * x_t[k]                       (2·N FMAs per k)
+//!  int8:   per quad   w = 16 rows × 4 k int8 (2 ymm); |w| once, then per token
+//!                     acc[t] += madd(maddubs(|w|, sign(x_t quad, w)), 1)
+//!          (|w| ≤ 127 and |x| ≤ 127: pair sums fit i16, no saturation)
+//!  int4:   per octet  w = nibble − 8 (4 ymm), x + 128 unsigned, per token
+//!                     acc[t] += madd(maddubs(x_lo, w_lo) + maddubs(x_hi, w_hi), 1)
+//!                     and 128·Σw is subtracted at the end (exact integers throughout)
+//! ```
+
+use core::arch::x86_64::*;
+
+use kt_core::format::FP8_BLOCK;
+use kt_core::WeightFormat;
+
+use crate::act::Act;
+use crate::pack::{Packed, PANEL};
+
+/// Software prefetch distance in bytes: a task's panels are contiguous, and at ~15 GB/s per
+/// core about this much must be in flight to cover DRAM latency.
+const PREFETCH: usize = 1536;
+
+#[inline(always)]
+unsafe fn prefetch(p: *const u8) {
+    // SAFETY: prefetch never faults, even past the end of an allocation.
+    unsafe { _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH).cast()) }
+}
+
+/// Most tokens in one tile (6 × 2 accumulators + 2 weights + 1 broadcast = 15 ymm).
+pub const MAX_NT: usize = 6;
+/// Most tokens in one int tile (more registers per step).
+pub const MAX_NT_INT: usize = 4;
+
+/// Results of a tile: `[token][row in panel]`.
+pub type Tile = [[f32; PANEL]; MAX_NT];
+
+#[inline(always)]
+unsafe fn load_bf16(p: *const u8) -> (__m256, __m256) {
+    // SAFETY (all loads below): the caller passes a pointer to a whole k-slice of the panel.
+    unsafe {
+        let a = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
+        let b = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(16).cast()));
+        (_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16)))
+    }
+}
+
+/// e4m3 → f32 · 2^-120 by bit placement (exact, subnormals included); the 2^120 is in the scale.
+#[inline(always)]
+unsafe fn load_fp8(p: *const u8) -> (__m256, __m256) {
+    unsafe {
+        let m = _mm256_set1_epi32(0x87F0_0000u32 as i32);
+        let f = |v: __m128i| {
+            let s = _mm256_srai_epi32(_mm256_slli_epi32(_mm256_cvtepi8_epi32(v), 24), 4);
+            _mm256_castsi256_ps(_mm256_and_si256(s, m))
+        };
+        (f(_mm_loadl_epi64(p.cast())), f(_mm_loadl_epi64(p.add(8).cast())))
+    }
+}
+
+#[inline(always)]
+unsafe fn load_w<const BF16: bool>(panel: *const u8, k: usize) -> (__m256, __m256) {
+    // SAFETY: the caller passes k inside the panel.
+    unsafe {
+        if BF16 {
+            if k % 2 == 0 {
+                prefetch(panel.add(k * 32));
+            }
+            load_bf16(panel.add(k * 32))
+        } else {
+            if k % 4 == 0 {
+                prefetch(panel.add(k * 16));
+            }
+            load_fp8(panel.add(k * 16))
+        }
+    }
+}
+
+/// `acc[t] += Σ_{k in k0..k1} w[k] · x[t][k]` for a bf16 (`BF16`) or fp8 panel. Tiles of one or
+/// two tokens keep even and odd k in separate chains (added at the end) so the 4-cycle FMA
+/// latency does not bound decode; the order is fixed per tile size either way.
+///
+/// # Safety
+/// AVX2+FMA present; `panel` holds k1 k-slices; each `x[t]` holds k1 floats.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn float_tile<const N: usize, const BF16: bool>(
+    panel: *const u8,
+    k0: usize,
+    k1: usize,
+    x: &[*const f32; N],
+    acc: &mut [[__m256; 2]; N],
+) {
+    let mut a = *acc;
+    let mut b = [[_mm256_setzero_ps(); 2]; N];
+    let mut k = k0;
+    // SAFETY (loads): k < k1 is inside the panel and every x row (caller's contract).
+    if N <= 2 {
+        while k + 1 < k1 {
+            let (w0, w1) = unsafe { load_w::<BF16>(panel, k) };
+            let (v0, v1) = unsafe { load_w::<BF16>(panel, k + 1) };
+            for t in 0..N {
+                let (xa, xb) = unsafe { (_mm256_broadcast_ss(&*x[t].add(k)), _mm256_broadcast_ss(&*x[t].add(k + 1))) };
+                a[t][0] = _mm256_fmadd_ps(w0, xa, a[t][0]);
+                a[t][1] = _mm256_fmadd_ps(w1, xa, a[t][1]);
+                b[t][0] = _mm256_fmadd_ps(v0, xb, b[t][0]);
+                b[t][1] = _mm256_fmadd_ps(v1, xb, b[t][1]);
+            }
+            k += 2;
+        }
+    }
+    while k < k1 {
+        let (w0, w1) = unsafe { load_w::<BF16>(panel, k) };
+        for t in 0..N {
+            let xb = unsafe { _mm256_broadcast_ss(&*x[t].add(k)) };
+            a[t][0] = _mm256_fmadd_ps(w0, xb, a[t][0]);
+            a[t][1] = _mm256_fmadd_ps(w1, xb, a[t][1]);
+        }
+        k += 1;
+    }
+    for t in 0..N {
+        acc[t] = [_mm256_add_ps(a[t][0], b[t][0]), _mm256_add_ps(a[t][1], b[t][1])];
+    }
+}
+
+#[inline(always)]
+unsafe fn int8_step<const N: usize>(
+    w0: __m256i,
+    w1: __m256i,
+    x: &[*const i8; N],
+    off: usize,
+    acc: &mut [[__m256i; 2]; N],
+) {
+    unsafe {
+        let ones = _mm256_set1_epi16(1);
+        let (a0, a1) = (_mm256_abs_epi8(w0), _mm256_abs_epi8(w1));
+        for t in 0..N {
+            let xv = _mm256_set1_epi32(x[t].add(off).cast::<i32>().read_unaligned());
+            let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(a0, _mm256_sign_epi8(xv, w0)), ones);
+            let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(a1, _mm256_sign_epi8(xv, w1)), ones);
+            acc[t][0] = _mm256_add_epi32(acc[t][0], p0);
+            acc[t][1] = _mm256_add_epi32(acc[t][1], p1);
+        }
+    }
+}
+
+/// `acc[t] += Σ w·x` over int8 quads `u0..u1` (signed activations, abs/sign trick).
+///
+/// # Safety
+/// AVX2 present; `panel` holds u1 units; each `x[t]` holds the padded K.
+#[target_feature(enable = "avx2")]
+unsafe fn int8_tile<const N: usize>(
+    panel: *const u8,
+    u0: usize,
+    u1: usize,
+    x: &[*const i8; N],
+    acc: &mut [[__m256i; 2]; N],
+) {
+    let mut a = *acc;
+    for u in u0..u1 {
+        // SAFETY: u < u1 is inside the panel; x rows hold the padded K (caller's contract).
+        unsafe {
+            let p = panel.add(u * 64);
+            prefetch(p);
+            int8_step(_mm256_loadu_si256(p.cast()), _mm256_loadu_si256(p.add(32).cast()), x, u * 4, &mut a);
+        }
+    }
+    *acc = a;
+}
+
+/// `acc[t] += Σ w·(x + 128)` over int4 octets `u0..u1`: activations unsigned (offset +128),
+/// weights `nibble − 8` in -8..=7, so `vpmaddubsw` needs no sign trick and the two halves of an
+/// octet add in i16 (|sum| ≤ 4·255·8 < 2^15) before one `vpmaddwd`. The caller subtracts 128·Σw.
+///
+/// # Safety
+/// AVX2 present; `panel` holds u1 units; each `x[t]` holds the padded K.
+#[target_feature(enable = "avx2")]
+unsafe fn int4_tile<const N: usize>(
+    panel: *const u8,
+    u0: usize,
+    u1: usize,
+    x: &[*const i8; N],
+    acc: &mut [[__m256i; 2]; N],
+) {
+    let mut a = *acc;
+    let (lo4, o8, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(8), _mm256_set1_epi16(1));
+    for u in u0..u1 {
+        // SAFETY: u < u1 is inside the panel; x rows hold the padded K (caller's contract).
+        unsafe {
+            let p = panel.add(u * 64);
+            prefetch(p);
+            let b0 = _mm256_loadu_si256(p.cast());
+            let b1 = _mm256_loadu_si256(p.add(32).cast());
+            let lo = |b| _mm256_sub_epi8(_mm256_and_si256(b, lo4), o8);
+            let hi = |b| _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(b, 4), lo4), o8);
+            let (l0, l1, h0, h1) = (lo(b0), lo(b1), hi(b0), hi(b1));
+            for t in 0..N {
+                let xl = _mm256_set1_epi32(x[t].add(u * 8).cast::<i32>().read_unaligned());
+                let xh = _mm256_set1_epi32(x[t].add(u * 8 + 4).cast::<i32>().read_unaligned());
+                let s0 = _mm256_add_epi16(_mm256_maddubs_epi16(xl, l0), _mm256_maddubs_epi16(xh, h0));
+                let s1 = _mm256_add_epi16(_mm256_maddubs_epi16(xl, l1), _mm256_maddubs_epi16(xh, h1));
+                a[t][0] = _mm256_add_epi32(a[t][0], _mm256_madd_epi16(s0, ones));
+                a[t][1] = _mm256_add_epi32(a[t][1], _mm256_madd_epi16(s1, ones));
+            }
+        }
+    }
+    *acc = a;
+}
+
+/// Prepared int activations of a tile.
+#[derive(Clone, Copy)]
+struct IntAct<'a> {
+    q: &'a [i8],
+    kp: usize,
+    scales: &'a [f32],
+    groups: usize,
+}
+
+/// `acc[t] - 128·Σw` as f32, for the int4 kernels' unsigned activations.
+#[inline(always)]
+unsafe fn unbias(acc: __m256i, rowsum: *const i32) -> __m256 {
+    unsafe { _mm256_cvtepi32_ps(_mm256_sub_epi32(acc, _mm256_slli_epi32(_mm256_loadu_si256(rowsum.cast()), 7))) }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn float_panel<const N: usize>(w: &Packed, p: usize, x: &[f32], cols: usize, t0: usize, out: &mut Tile) {
+    let panel = w.panel(p).as_ptr();
+    let xs: [*const f32; N] = core::array::from_fn(|t| x[(t0 + t) * cols..].as_ptr());
+    let z = _mm256_setzero_ps();
+    let mut acc = [[z; 2]; N];
+    // SAFETY: panel and x rows span `cols` k-slices; AVX2+FMA are enabled here.
+    unsafe {
+        match w.format {
+            WeightFormat::Bf16 => float_tile::<N, true>(panel, 0, cols, &xs, &mut acc),
+            WeightFormat::Fp8Channel => {
+                float_tile::<N, false>(panel, 0, cols, &xs, &mut acc);
+                let s = w.scales[p * PANEL..].as_ptr();
+                let (s0, s1) = (_mm256_loadu_ps(s), _mm256_loadu_ps(s.add(8)));
+                for a in &mut acc {
+                    *a = [_mm256_mul_ps(a[0], s0), _mm256_mul_ps(a[1], s1)];
+                }
+            }
+            _ => {
+                let kb = cols.div_ceil(FP8_BLOCK);
+                for b in 0..kb {
+                    let mut blk = [[z; 2]; N];
+                    float_tile::<N, false>(panel, b * FP8_BLOCK, ((b + 1) * FP8_BLOCK).min(cols), &xs, &mut blk);
+                    let s = _mm256_set1_ps(w.scales[p * kb + b]);
+                    for (a, k) in acc.iter_mut().zip(&blk) {
+                        *a = [_mm256_fmadd_ps(k[0], s, a[0]), _mm256_fmadd_ps(k[1], s, a[1])];
+                    }
+                }
+            }
+        }
+        for (o, a) in out.iter_mut().zip(&acc) {
+            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
+        }
+    }
+}
+
+#[target_feature(enable = "avx2,fma")]
+unsafe fn int_panel<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: usize, out: &mut Tile) {
+    let panel = w.panel(p).as_ptr();
+    let xs: [*const i8; N] = core::array::from_fn(|t| act.q[(t0 + t) * act.kp..].as_ptr());
+    let zi = _mm256_setzero_si256();
+    let groups = act.groups;
+    // SAFETY: panel holds w.units units and x rows hold kp bytes; AVX2+FMA are enabled here.
+    unsafe {
+        let mut res = [[_mm256_setzero_ps(); 2]; N];
+        match w.format {
+            WeightFormat::Int4Group { group } => {
+                let upg = usize::from(group) / 8;
+                for g in 0..groups {
+                    let mut acc = [[zi; 2]; N];
+                    int4_tile::<N>(panel, g * upg, (g + 1) * upg, &xs, &mut acc);
+                    let at = (p * groups + g) * PANEL;
+                    let (s, rs) = (w.scales[at..].as_ptr(), w.rowsum[at..].as_ptr());
+                    let (s0, s1) = (_mm256_loadu_ps(s), _mm256_loadu_ps(s.add(8)));
+                    for t in 0..N {
+                        let a = _mm256_set1_ps(act.scales[(t0 + t) * groups + g]);
+                        let (m0, m1) = (_mm256_mul_ps(a, s0), _mm256_mul_ps(a, s1));
+                        res[t][0] = _mm256_fmadd_ps(unbias(acc[t][0], rs), m0, res[t][0]);
+                        res[t][1] = _mm256_fmadd_ps(unbias(acc[t][1], rs.add(8)), m1, res[t][1]);
+                    }
+                }
+            }
+            f => {
+                let mut acc = [[zi; 2]; N];
+                let int8 = f == WeightFormat::Int8Row;
+                if int8 {
+                    int8_tile::<N>(panel, 0, w.units, &xs, &mut acc);
+                } else {
+                    int4_tile::<N>(panel, 0, w.units, &xs, &mut acc);
+                }
+                let s = w.scales[p * PANEL..].as_ptr();
+                let (s0, s1) = (_mm256_loadu_ps(s), _mm256_loadu_ps(s.add(8)));
+                for t in 0..N {
+                    let (c0, c1) = if int8 {
+                        (_mm256_cvtepi32_ps(acc[t][0]), _mm256_cvtepi32_ps(acc[t][1]))
+                    } else {
+                        let rs = w.rowsum[p * PANEL..].as_ptr();
+                        (unbias(acc[t][0], rs), unbias(acc[t][1], rs.add(8)))
+                    };
+                    let a = _mm256_set1_ps(act.scales[t0 + t]);
+                    // (acc · sa) · sw, the reference's order.
+                    res[t][0] = _mm256_mul_ps(_mm256_mul_ps(c0, a), s0);
+                    res[t][1] = _mm256_mul_ps(_mm256_mul_ps(c1, a), s1);
+                }
+            }
+        }
+        for (o, a) in out.iter_mut().zip(&res) {
+            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
+        }
+    }
+}
+
+/// Tokens `t0..t0+nt` (nt ≤ the format's max tile) × panel `p` of `w` into `out[..nt]`.
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA; `act` was prepared for `w`'s format and K, with at least
+/// `t0 + nt` rows.
+pub unsafe fn panel_tile(w: &Packed, p: usize, act: &Act<'_>, t0: usize, nt: usize, out: &mut Tile) {
+    macro_rules! by_n {
+        ($f:ident, $($arg:expr),*) => {
+            match nt {
+                1 => $f::<1>($($arg),*),
+                2 => $f::<2>($($arg),*),
+                3 => $f::<3>($($arg),*),
+                4 => $f::<4>($($arg),*),
+                5 => $f::<5>($($arg),*),
+                6 => $f::<6>($($arg),*),
+                _ => unreachable!("tile of {nt} tokens"),
+            }
+        };
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match *act {
+            Act::Float { x, cols } => by_n!(float_panel, w, p, x, cols, t0, out),
+            Act::Int { q, kp, scales, groups } => by_n!(int_panel, w, p, IntAct { q, kp, scales, groups }, t0, out),
+        }
+    }
+}

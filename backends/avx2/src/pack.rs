@@ -1,0 +1,208 @@
+//! Weight packing: every format is stored as panels of 16 output rows, K-major, so one loop
+//! serves decode (1-5 tokens per pass) and prefill (6×16 register tiles).
+//!
+//! ```text
+//!  float formats (bf16: 2 bytes, fp8: 1 byte per weight), panel p = rows 16p..16p+16:
+//!    k=0: r0 r1 ... r15 | k=1: r0 r1 ... r15 | ...            -> one ymm pair per k
+//!  int8, unit = 4 consecutive k ("quad"):
+//!    u=0: r0[k0 k1 k2 k3] r1[k0..k3] ... r15[k0..k3] | u=1 ...  -> 64 bytes = 2 ymm per unit
+//!  int4 (both kinds), unit = 8 consecutive k ("octet"), byte j of row r:
+//!    low nibble = k(8u + j), high nibble = k(8u + 4 + j), j < 4 -> 64 bytes = 2 ymm per unit
+//!    nibble = w + 8 with w in -8..=7 (KT int4: w = n, its 16 folded into the scale;
+//!    K-group: w = q), so `nibble - 8` is a signed byte for `vpmaddubsw`
+//! ```
+//!
+//! int4 panels also carry `rowsum` (Σ w per row, per K-group for int4-gG): the kernels feed
+//! activations offset by +128 (unsigned) and subtract 128·Σw.
+//!
+//! Rows past the matrix end are zero (their outputs are dropped); K is zero-padded to a whole
+//! unit. Scales: int8/int4/fp8-channel `[panel][16]`; int4-gG `[panel][group][16]`;
+//! fp8 block `[panel][k-block]` (a panel never straddles a 128-row block). fp8 scales carry a
+//! factor 2^120 that undoes the exponent placement of the in-register e4m3 decode.
+
+use kt_core::aligned::AlignedBuf;
+use kt_core::format::{int4_group, int4_row, FP8_BLOCK};
+use kt_core::{QuantMatrix, WeightFormat};
+
+/// Output rows per panel.
+pub const PANEL: usize = 16;
+
+/// 2^120: see the module docs.
+pub const FP8_SCALE_FIX: f32 = f32::from_bits((127 + 120) << 23);
+
+/// A matrix packed for the AVX2 kernels.
+pub struct Packed {
+    pub format: WeightFormat,
+    pub cols: usize,
+    /// Units of K per panel (k, quads or octets).
+    pub units: usize,
+    /// Bytes per panel.
+    pub panel_bytes: usize,
+    pub data: AlignedBuf,
+    pub scales: Vec<f32>,
+    /// int4: Σ w per row (`[panel][16]`) or per row and group (`[panel][group][16]`).
+    pub rowsum: Vec<i32>,
+}
+
+/// K per unit of a format.
+pub fn unit_k(f: WeightFormat) -> usize {
+    match f {
+        WeightFormat::Int8Row => 4,
+        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => 8,
+        _ => 1,
+    }
+}
+
+/// Bytes one panel row-slot takes per unit.
+fn unit_bytes(f: WeightFormat) -> usize {
+    match f {
+        WeightFormat::Bf16 => 2,
+        WeightFormat::Int8Row | WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => 4,
+        _ => 1,
+    }
+}
+
+impl Packed {
+    pub fn panel(&self, p: usize) -> &[u8] {
+        &self.data.as_slice()[p * self.panel_bytes..(p + 1) * self.panel_bytes]
+    }
+
+    pub fn bytes(&self) -> usize {
+        self.data.len() + 4 * (self.scales.len() + self.rowsum.len())
+    }
+}
+
+/// Pack `m` (any format) into panels.
+pub fn pack(m: &QuantMatrix) -> Packed {
+    let f = m.format();
+    let (rows, cols) = (m.rows(), m.cols());
+    let uk = unit_k(f);
+    let units = cols.div_ceil(uk);
+    let panel_bytes = units * PANEL * unit_bytes(f);
+    let panels = rows.div_ceil(PANEL);
+    let mut data = AlignedBuf::zeroed(panels * panel_bytes);
+    let buf = data.as_mut_slice();
+    let int4 = matches!(f, WeightFormat::Int4Row | WeightFormat::Int4Group { .. });
+    if int4 {
+        buf.fill(0x88); // w = 0 in padding
+    }
+    for r in 0..rows {
+        let (p, i) = (r / PANEL, r % PANEL);
+        let dst = &mut buf[p * panel_bytes..(p + 1) * panel_bytes];
+        let src = m.row_data(r);
+        for c in 0..cols {
+            match f {
+                WeightFormat::Bf16 => {
+                    let at = (c * PANEL + i) * 2;
+                    dst[at..at + 2].copy_from_slice(&src[2 * c..2 * c + 2]);
+                }
+                WeightFormat::Fp8Block | WeightFormat::Fp8Channel => dst[c * PANEL + i] = src[c],
+                WeightFormat::Int8Row => dst[(c / 4) * 64 + i * 4 + c % 4] = src[c],
+                WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => {
+                    let nib = (int4_w(f, src, c) + 8) as u8;
+                    let (u, j) = (c / 8, c % 8);
+                    let at = u * 64 + i * 4 + j % 4;
+                    dst[at] = if j < 4 { (dst[at] & 0xF0) | nib } else { (dst[at] & 0x0F) | (nib << 4) };
+                }
+                _ => unreachable!("supports() admits only these formats"),
+            }
+        }
+    }
+    let scales = pack_scales(m, panels);
+    let rowsum = if int4 { row_sums(m, panels) } else { Vec::new() };
+    Packed { format: f, cols, units, panel_bytes, data, scales, rowsum }
+}
+
+/// The signed int4 weight of column c of a row: KT int4's n (value 16·n·d) or K-group q.
+#[inline]
+fn int4_w(f: WeightFormat, row: &[u8], c: usize) -> i8 {
+    if f == WeightFormat::Int4Row {
+        int4_row::weight_i8(row, c) >> 4
+    } else {
+        int4_group::weight_i8(row, c)
+    }
+}
+
+/// Σ w per row (and group), padded rows 0: `[panel][group][16]`.
+fn row_sums(m: &QuantMatrix, panels: usize) -> Vec<i32> {
+    let g = match m.format() {
+        WeightFormat::Int4Group { group } => usize::from(group),
+        _ => m.cols(),
+    };
+    let groups = m.cols() / g;
+    let mut v = vec![0i32; panels * groups * PANEL];
+    for r in 0..m.rows() {
+        let row = m.row_data(r);
+        for c in 0..m.cols() {
+            v[((r / PANEL) * groups + c / g) * PANEL + r % PANEL] += i32::from(int4_w(m.format(), row, c));
+        }
+    }
+    v
+}
+
+fn pack_scales(m: &QuantMatrix, panels: usize) -> Vec<f32> {
+    let (rows, cols, s) = (m.rows(), m.cols(), m.scales());
+    let per_row = |v: &mut Vec<f32>, fix: f32| {
+        for p in 0..panels {
+            v.extend((0..PANEL).map(|i| s.get(p * PANEL + i).map_or(0.0, |x| x * fix)));
+        }
+    };
+    let mut v = Vec::new();
+    match m.format() {
+        WeightFormat::Bf16 => {}
+        WeightFormat::Int8Row => per_row(&mut v, 1.0),
+        WeightFormat::Int4Row => per_row(&mut v, 16.0), // the kernels multiply by n, not 16n
+        WeightFormat::Fp8Channel => per_row(&mut v, FP8_SCALE_FIX),
+        WeightFormat::Int4Group { group } => {
+            let groups = cols / usize::from(group);
+            for p in 0..panels {
+                for g in 0..groups {
+                    v.extend((0..PANEL).map(|i| {
+                        let r = p * PANEL + i;
+                        if r < rows {
+                            s[r * groups + g]
+                        } else {
+                            0.0
+                        }
+                    }));
+                }
+            }
+        }
+        WeightFormat::Fp8Block => {
+            let kb = cols.div_ceil(FP8_BLOCK);
+            for p in 0..panels {
+                let br = (p * PANEL) / FP8_BLOCK;
+                v.extend((0..kb).map(|b| s[br * kb + b] * FP8_SCALE_FIX));
+            }
+        }
+        _ => unreachable!("supports() admits only these formats"),
+    }
+    v
+}
+
+/// Scalar decode of one packed weight, used by the tests to check the layout.
+#[cfg(test)]
+pub fn unpack(p: &Packed, r: usize, c: usize) -> f32 {
+    let (pi, i) = (r / PANEL, r % PANEL);
+    let d = p.panel(pi);
+    match p.format {
+        WeightFormat::Bf16 => {
+            let at = (c * PANEL + i) * 2;
+            kt_core::format::bf16::element(&d[at..at + 2], 0).to_f32()
+        }
+        WeightFormat::Fp8Block | WeightFormat::Fp8Channel => kt_core::dtype::F8E4M3(d[c * PANEL + i]).to_f32(),
+        WeightFormat::Int8Row => f32::from(d[(c / 4) * 64 + i * 4 + c % 4] as i8),
+        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => {
+            let (u, j) = (c / 8, c % 8);
+            let b = d[u * 64 + i * 4 + j % 4];
+            let nib = if j < 4 { b & 0x0F } else { b >> 4 };
+            let w = f32::from(nib) - 8.0;
+            if p.format == WeightFormat::Int4Row {
+                w * 16.0
+            } else {
+                w
+            }
+        }
+        _ => unreachable!(),
+    }
+}
