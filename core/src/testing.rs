@@ -175,9 +175,44 @@ pub fn shapes(format: WeightFormat) -> Vec<(usize, usize, usize, usize)> {
 /// without running anything if this CPU cannot run the backend.
 pub fn conformance(backend: &dyn Backend) -> Result<(), &'static str> {
     backend.cpu_support()?;
-    let failures = conformance_failures(backend, &SerialExecutor);
+    let mut failures = conformance_failures(backend, &SerialExecutor);
+    failures.extend(accuracy_failures(backend, &SerialExecutor).into_iter().filter_map(|(f, err, limit)| {
+        (err >= limit).then(|| format!("{} {f}: error {err:.4} against the fp32 MoE, limit {limit}", backend.name()))
+    }));
     assert!(failures.is_empty(), "{} conformance failures:\n{}", failures.len(), failures.join("\n"));
     Ok(())
+}
+
+/// DESIGN.md's limits: mean relative error against an fp32 MoE on the original Gaussian weights.
+pub const ACCURACY_LIMITS: [(WeightFormat, f64); 7] = [
+    (WeightFormat::Bf16, 0.01),
+    (WeightFormat::Fp8Block, 0.05),
+    (WeightFormat::Fp8Channel, 0.05),
+    (WeightFormat::Int8Row, 0.04),
+    (WeightFormat::Int4Row, 0.30),
+    (WeightFormat::Int4Group { group: 32 }, 0.20),
+    (WeightFormat::Int4Group { group: 128 }, 0.30),
+];
+
+/// `(format, error, limit)` of `backend` against an unquantized MoE computed in f64 (E=8, k=2,
+/// H=256, I=512, 16 tokens, Gaussian weights and inputs), for every format it supports.
+pub fn accuracy_failures(backend: &dyn Backend, exec: &dyn Executor) -> Vec<(WeightFormat, f64, f64)> {
+    let cfg = MoeConfig { max_tokens: 16, ..MoeConfig::new(8, 2, 256, 512) };
+    let experts = random_experts(&cfg, 42);
+    let input = random_input(16, cfg.hidden, 43);
+    let (ids, w) = random_routing(16, cfg.top_k, cfg.experts, 44);
+    let r = Routing { tokens: 16, k: 2, ids: &ids, weights: &w, gpu_mask: None };
+    let exact = textbook_moe(&cfg, &experts, &input, &r);
+    ACCURACY_LIMITS
+        .iter()
+        .filter(|(f, _)| {
+            backend.supports(*f, cfg.intermediate, cfg.hidden) && backend.supports(*f, cfg.hidden, cfg.intermediate)
+        })
+        .map(|&(f, limit)| {
+            let layer = build_layer(backend, &cfg, f, &experts);
+            (f, mean_rel_err(&run(backend, exec, &cfg, &layer, &input, &r), &exact), limit)
+        })
+        .collect()
 }
 
 /// One line in a backend crate's tests runs the whole suite, printing a skip message when the

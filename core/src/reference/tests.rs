@@ -8,8 +8,7 @@ use proptest::prelude::*;
 
 use super::REFERENCE;
 use crate::testing::{
-    build_layer, dequantized, mean_rel_err, random_experts, random_input, random_routing, run, scenario_routing,
-    textbook_moe, Scenario,
+    build_layer, dequantized, mean_rel_err, random_experts, random_input, run, scenario_routing, textbook_moe, Scenario,
 };
 use crate::{MoeConfig, Routing, SerialExecutor, WeightFormat};
 
@@ -101,24 +100,9 @@ fn per_part_dequantized(
 /// DESIGN.md: mean relative error against an fp32 MoE on the original Gaussian weights.
 #[test]
 fn accuracy_against_unquantized_moe() {
-    let cfg = MoeConfig { max_tokens: 16, ..MoeConfig::new(8, 2, 256, 512) };
-    let experts = random_experts(&cfg, 42);
-    let input = random_input(16, cfg.hidden, 43);
-    let (ids, w) = random_routing(16, cfg.top_k, cfg.experts, 44);
-    let r = Routing { tokens: 16, k: 2, ids: &ids, weights: &w, gpu_mask: None };
-    let exact = textbook_moe(&cfg, &experts, &input, &r);
-    for (format, limit) in [
-        (WeightFormat::Bf16, 0.01),
-        (WeightFormat::Fp8Block, 0.05),
-        (WeightFormat::Fp8Channel, 0.05),
-        (WeightFormat::Int8Row, 0.04),
-        (WeightFormat::Int4Row, 0.30),
-        (WeightFormat::Int4Group { group: 32 }, 0.20),
-        (WeightFormat::Int4Group { group: 128 }, 0.30),
-    ] {
-        let layer = build_layer(&REFERENCE, &cfg, format, &experts);
-        let got = run(&REFERENCE, &SerialExecutor, &cfg, &layer, &input, &r);
-        let err = mean_rel_err(&got, &exact);
+    let results = crate::testing::accuracy_failures(&REFERENCE, &SerialExecutor);
+    assert_eq!(results.len(), crate::testing::ACCURACY_LIMITS.len());
+    for (format, err, limit) in results {
         std::eprintln!("accuracy {format}: {err:.4} (limit {limit})");
         assert!(err < limit, "{format}: {err:.4} >= {limit}");
     }
