@@ -210,6 +210,25 @@ unsafe fn int4_tile<const N: usize>(
     *acc = a;
 }
 
+/// 16 consecutive f32 (one value per panel row) as two ymm.
+#[inline(always)]
+unsafe fn load16(p: *const f32) -> (__m256, __m256) {
+    // SAFETY: the caller passes 16 readable floats.
+    unsafe { (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))) }
+}
+
+/// Write the accumulators of a tile to `out`.
+#[inline(always)]
+unsafe fn store_tile<const N: usize>(acc: &[[__m256; 2]; N], out: &mut Tile) {
+    for (o, a) in out.iter_mut().zip(acc) {
+        // SAFETY: each row of `out` holds 16 floats.
+        unsafe {
+            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
+            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
+        }
+    }
+}
+
 /// Prepared int activations of a tile.
 #[derive(Clone, Copy)]
 struct IntAct<'a> {
@@ -237,8 +256,7 @@ unsafe fn float_panel<const N: usize>(w: &Packed, p: usize, x: &[f32], cols: usi
             WeightFormat::Bf16 => float_tile::<N, true>(panel, 0, cols, &xs, &mut acc),
             WeightFormat::Fp8Channel => {
                 float_tile::<N, false>(panel, 0, cols, &xs, &mut acc);
-                let s = w.scales[p * PANEL..].as_ptr();
-                let (s0, s1) = (_mm256_loadu_ps(s), _mm256_loadu_ps(s.add(8)));
+                let (s0, s1) = load16(w.scales[p * PANEL..].as_ptr());
                 for a in &mut acc {
                     *a = [_mm256_mul_ps(a[0], s0), _mm256_mul_ps(a[1], s1)];
                 }
@@ -255,10 +273,7 @@ unsafe fn float_panel<const N: usize>(w: &Packed, p: usize, x: &[f32], cols: usi
                 }
             }
         }
-        for (o, a) in out.iter_mut().zip(&acc) {
-            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
-            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
-        }
+        store_tile(&acc, out);
     }
 }
 
@@ -278,8 +293,7 @@ unsafe fn int_panel<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: u
                     let mut acc = [[zi; 2]; N];
                     int4_tile::<N>(panel, g * upg, (g + 1) * upg, &xs, &mut acc);
                     let at = (p * groups + g) * PANEL;
-                    let (s, rs) = (w.scales[at..].as_ptr(), w.rowsum[at..].as_ptr());
-                    let (s0, s1) = (_mm256_loadu_ps(s), _mm256_loadu_ps(s.add(8)));
+                    let ((s0, s1), rs) = (load16(w.scales[at..].as_ptr()), w.rowsum[at..].as_ptr());
                     for t in 0..N {
                         let a = _mm256_set1_ps(act.scales[(t0 + t) * groups + g]);
                         let (m0, m1) = (_mm256_mul_ps(a, s0), _mm256_mul_ps(a, s1));
@@ -296,8 +310,7 @@ unsafe fn int_panel<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: u
                 } else {
                     int4_tile::<N>(panel, 0, w.units, &xs, &mut acc);
                 }
-                let s = w.scales[p * PANEL..].as_ptr();
-                let (s0, s1) = (_mm256_loadu_ps(s), _mm256_loadu_ps(s.add(8)));
+                let (s0, s1) = load16(w.scales[p * PANEL..].as_ptr());
                 for t in 0..N {
                     let (c0, c1) = if int8 {
                         (_mm256_cvtepi32_ps(acc[t][0]), _mm256_cvtepi32_ps(acc[t][1]))
@@ -312,10 +325,7 @@ unsafe fn int_panel<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: u
                 }
             }
         }
-        for (o, a) in out.iter_mut().zip(&res) {
-            _mm256_storeu_ps(o.as_mut_ptr(), a[0]);
-            _mm256_storeu_ps(o.as_mut_ptr().add(8), a[1]);
-        }
+        store_tile(&res, out);
     }
 }
 
