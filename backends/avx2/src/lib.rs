@@ -36,11 +36,10 @@ mod imp {
 
     use half::bf16;
     use kt_core::mat::MatMut;
-    use kt_core::swiglu::swiglu;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
 
     use crate::act::{self, Act};
-    use crate::kernels::{panel_tile, Tile, MAX_NT, MAX_NT_INT};
+    use crate::kernels::{panel_tile, swiglu16, Tile, MAX_NT, MAX_NT_INT};
     use crate::pack::{self, Packed, PANEL};
 
     /// The AVX2 backend.
@@ -135,19 +134,19 @@ mod imp {
             let (g, u) = (packed(gate), packed(up));
             let n = h.rows();
             let act = Act::parse(g.format, g.cols, n, a);
-            // Pair each gate tile with the up tile of the same panel and tokens.
-            let mut ups: Vec<Tile> = Vec::new();
-            for_tiles(u, &rows, &act, n, |_, _, _, t| ups.push(*t));
-            let mut i = 0;
+            let mut ut: Tile = [[0.0; PANEL]; MAX_NT];
+            let mut hv = [0u16; PANEL];
+            // Each up tile is paired with the gate tile of the same panel and tokens.
             for_tiles(g, &rows, &act, n, |p, t0, nt, gt| {
-                let ut = &ups[i];
-                i += 1;
+                // SAFETY: as in for_tiles.
+                unsafe { panel_tile(u, p, &act, t0, nt, &mut ut) };
                 let (r0, r1) = ((p * PANEL).max(rows.start), ((p + 1) * PANEL).min(rows.end));
                 for t in 0..nt {
+                    // SAFETY: cpu_support guarantees AVX2+FMA before this backend is used.
+                    unsafe { swiglu16(&gt[t], &ut[t], &mut hv) };
                     let out = &mut h.row_mut(t0 + t)[r0 - rows.start..r1 - rows.start];
-                    for (j, o) in out.iter_mut().enumerate() {
-                        let r = r0 - p * PANEL + j;
-                        *o = swiglu(gt[t][r], ut[t][r]);
+                    for (o, &v) in out.iter_mut().zip(&hv[r0 - p * PANEL..r1 - p * PANEL]) {
+                        *o = bf16::from_bits(v);
                     }
                 }
             });
@@ -176,6 +175,38 @@ mod tests {
     use crate::pack;
 
     kt_core::conformance_suite!(&crate::AVX2);
+
+    #[test]
+    fn swiglu16_matches_the_scalar_definition() {
+        if !(std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")) {
+            return;
+        }
+        let mut r = SplitMix64::new(9);
+        let mut worst = 0.0f32;
+        for round in 0..2000 {
+            let scale = [0.1, 1.0, 10.0, 100.0][round % 4];
+            let g: [f32; 16] = core::array::from_fn(|_| r.uniform(scale));
+            let u: [f32; 16] = core::array::from_fn(|_| r.uniform(scale));
+            let mut out = [0u16; 16];
+            // SAFETY: AVX2 and FMA checked above.
+            unsafe { crate::kernels::swiglu16(&g, &u, &mut out) };
+            for i in 0..16 {
+                let want = kt_core::swiglu::swiglu(g[i], u[i]).to_f32();
+                let got = half::bf16::from_bits(out[i]).to_f32();
+                // The polynomial exp may move a result across a bf16 rounding boundary: one ulp.
+                let ulp = want.abs().max(f32::MIN_POSITIVE) / 128.0;
+                assert!((got - want).abs() <= ulp, "g={} u={} got={got} want={want}", g[i], u[i]);
+                worst = worst.max((got - want).abs() / ulp);
+            }
+        }
+        assert!(worst <= 1.0);
+        let mut out = [0u16; 16];
+        // Extremes: very negative g gives ~0, very positive g gives g·u.
+        unsafe { crate::kernels::swiglu16(&[-1000.0; 16], &[3.0; 16], &mut out) };
+        assert!(half::bf16::from_bits(out[0]).to_f32().abs() < 1e-30);
+        unsafe { crate::kernels::swiglu16(&[1000.0; 16], &[2.0; 16], &mut out) };
+        assert_eq!(half::bf16::from_bits(out[0]).to_f32(), 2000.0);
+    }
 
     #[test]
     fn packing_keeps_every_weight() {
