@@ -381,7 +381,7 @@ unsafe fn exp8(x: __m256) -> __m256 {
         let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693_359_4), x);
         let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.121_944_4e-4), r);
         let mut p = _mm256_set1_ps(1.987_569_1e-4);
-        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_001_2e-1] {
+        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_001e-1] {
             p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
         }
         let p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0)));
