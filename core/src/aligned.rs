@@ -15,10 +15,11 @@ pub const fn round_up(n: usize) -> usize {
     n.div_ceil(ALIGN) * ALIGN
 }
 
-/// An owned, 64-byte aligned, zeroed byte buffer.
+/// An owned, zeroed byte buffer aligned to at least 64 bytes.
 pub struct AlignedBuf {
     ptr: NonNull<u8>,
     len: usize,
+    align: usize,
 }
 
 // SAFETY: AlignedBuf owns its allocation exclusively, like Vec<u8>.
@@ -27,28 +28,35 @@ unsafe impl Send for AlignedBuf {}
 unsafe impl Sync for AlignedBuf {}
 
 impl AlignedBuf {
-    /// A zeroed buffer of `len` bytes.
+    /// A zeroed buffer of `len` bytes, 64-byte aligned.
     pub fn zeroed(len: usize) -> Self {
+        Self::zeroed_aligned(len, ALIGN)
+    }
+
+    /// A zeroed buffer of `len` bytes aligned to `align` (a power of two ≥ 64), e.g. 2 MiB so
+    /// that the host may back large weight buffers with huge pages.
+    pub fn zeroed_aligned(len: usize, align: usize) -> Self {
+        let align = align.max(ALIGN);
         if len == 0 {
-            return AlignedBuf { ptr: NonNull::<[u8; ALIGN]>::dangling().cast(), len: 0 };
+            return AlignedBuf { ptr: NonNull::<[u8; ALIGN]>::dangling().cast(), len: 0, align };
         }
-        let layout = Self::layout(len);
+        let layout = Self::layout(len, align);
         // SAFETY: layout has non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| handle_alloc_error(layout));
-        AlignedBuf { ptr, len }
+        AlignedBuf { ptr, len, align }
     }
 
-    fn layout(len: usize) -> Layout {
-        // ALIGN is a power of two and len < isize::MAX for any allocation that can succeed.
-        Layout::from_size_align(len, ALIGN).unwrap_or_else(|_| handle_alloc_error(Layout::new::<u8>()))
+    fn layout(len: usize, align: usize) -> Layout {
+        // align is a power of two and len < isize::MAX for any allocation that can succeed.
+        Layout::from_size_align(len, align).unwrap_or_else(|_| handle_alloc_error(Layout::new::<u8>()))
     }
 
     /// Make the buffer at least `len` bytes long. Contents are not kept when it grows: scratch
     /// is rewritten by every use.
     pub fn ensure(&mut self, len: usize) {
         if self.len < len {
-            *self = AlignedBuf::zeroed(len);
+            *self = AlignedBuf::zeroed_aligned(len, self.align);
         }
     }
 
@@ -84,8 +92,8 @@ impl Default for AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if self.len != 0 {
-            // SAFETY: allocated in `zeroed` with this exact layout.
-            unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len)) }
+            // SAFETY: allocated in `zeroed_aligned` with this exact layout.
+            unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len, self.align)) }
         }
     }
 }
@@ -111,5 +119,7 @@ mod tests {
         b.ensure(1000);
         assert_eq!(b.len(), 1000);
         assert_eq!(AlignedBuf::default().as_slice().len(), 0);
+        let big = AlignedBuf::zeroed_aligned(3 << 20, 2 << 20);
+        assert_eq!(big.as_slice().as_ptr() as usize % (2 << 20), 0);
     }
 }
