@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Every test: formatting, lints (all features and reference-only), the no_std core built alone,
-# the workspace tests, and short fuzz smoke runs. CI runs exactly this (.ci/run).
+# the workspace tests, loom model checks, and short fuzz smoke runs. CI runs exactly this (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh --test
@@ -16,6 +16,8 @@ cargo build -p kt-core
 echo "== tests"
 cargo test --workspace
 cargo test -p kt-host --no-default-features
+echo "== loom model checks of the task queue (own target dir: --cfg loom rebuilds every crate)"
+RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p kt-host --release --test loom
 echo "== fuzz smoke (${FUZZ_SECONDS:=20} s per target)"
 for t in quantize routing; do
     (cd fuzz && cargo fuzz run -s none "$t" -- -max_total_time="$FUZZ_SECONDS")

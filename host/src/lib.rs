@@ -10,7 +10,9 @@ pub mod cpu;
 pub mod exec;
 pub mod layer;
 pub mod pool;
+pub mod queue;
 pub mod registry;
+mod sync;
 pub mod topology;
 
 pub use kt_core::{bf16, Error, MoeConfig, WeightFormat};
