@@ -6,18 +6,24 @@ use kt_host::queue::{TaskError, TaskQueue};
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::sync::Arc;
 
+/// Submit `tasks` tasks that each count once; returns the counter.
+fn submit_counters(q: &TaskQueue, tasks: usize) -> Arc<AtomicUsize> {
+    let n = Arc::new(AtomicUsize::new(0));
+    for _ in 0..tasks {
+        let n = n.clone();
+        q.submit(Box::new(move || {
+            n.fetch_add(1, Ordering::SeqCst);
+            Ok(())
+        }));
+    }
+    n
+}
+
 #[test]
 fn submit_then_sync_sees_every_task() {
     loom::model(|| {
         let q = TaskQueue::new();
-        let n = Arc::new(AtomicUsize::new(0));
-        for _ in 0..2 {
-            let n = n.clone();
-            q.submit(Box::new(move || {
-                n.fetch_add(1, Ordering::SeqCst);
-                Ok(())
-            }));
-        }
+        let n = submit_counters(&q, 2);
         q.sync(0).unwrap();
         assert_eq!(n.load(Ordering::SeqCst), 2);
     });
@@ -27,14 +33,7 @@ fn submit_then_sync_sees_every_task() {
 fn allow_pending_leaves_at_most_that_many() {
     loom::model(|| {
         let q = TaskQueue::new();
-        let n = Arc::new(AtomicUsize::new(0));
-        for _ in 0..2 {
-            let n = n.clone();
-            q.submit(Box::new(move || {
-                n.fetch_add(1, Ordering::SeqCst);
-                Ok(())
-            }));
-        }
+        let n = submit_counters(&q, 2);
         q.sync(1).unwrap();
         assert!(n.load(Ordering::SeqCst) >= 1);
         q.sync(0).unwrap();
@@ -56,15 +55,10 @@ fn an_error_surfaces_at_the_next_sync_only() {
 #[test]
 fn drop_runs_queued_tasks_and_joins() {
     loom::model(|| {
-        let n = Arc::new(AtomicUsize::new(0));
-        {
+        let n = {
             let q = TaskQueue::new();
-            let m = n.clone();
-            q.submit(Box::new(move || {
-                m.fetch_add(1, Ordering::SeqCst);
-                Ok(())
-            }));
-        }
+            submit_counters(&q, 1)
+        };
         assert_eq!(n.load(Ordering::SeqCst), 1);
     });
 }

@@ -38,6 +38,11 @@ fn timed_threads(threads: usize, f: impl Fn(usize) + Sync) -> f64 {
     })
 }
 
+/// Fastest of `tries` runs of [`timed_threads`], seconds.
+fn best_seconds(tries: usize, threads: usize, f: impl Fn(usize) + Sync) -> f64 {
+    (0..tries).map(|_| timed_threads(threads, &f)).fold(f64::INFINITY, f64::min)
+}
+
 /// Measure all three. `dram_bytes` is the array read for bandwidth (≥ 8× the L3 size).
 pub fn measure(threads: usize, dram_bytes: usize) -> Roofline {
     Roofline {
@@ -59,13 +64,9 @@ pub fn dram_gbps(threads: usize, bytes: usize) -> f64 {
         }
     });
     let parts: Vec<&[u64]> = buf.chunks(chunk).collect();
-    let best = (0..5)
-        .map(|_| {
-            timed_threads(threads, |t| {
-                black_box(read_sum(parts[t]));
-            })
-        })
-        .fold(f64::INFINITY, f64::min);
+    let best = best_seconds(5, threads, |t| {
+        black_box(read_sum(parts[t]));
+    });
     (words * 8) as f64 / best / 1e9
 }
 
@@ -106,14 +107,14 @@ const ITERS: u64 = 20_000_000;
 
 /// FP32 FMA peak: 12 independent `vfmadd231ps ymm` chains per thread, best of 3.
 pub fn fma_gflops(threads: usize) -> f64 {
-    let best = (0..3).map(|_| timed_threads(threads, |_| fma_loop(ITERS))).fold(f64::INFINITY, f64::min);
+    let best = best_seconds(3, threads, |_| fma_loop(ITERS));
     // 12 FMAs × 8 lanes × 2 flops per iteration.
     (threads as u64 * ITERS * 12 * 8 * 2) as f64 / best / 1e9
 }
 
 /// int8 dot peak: 8 independent `vpmaddubsw → vpmaddwd → vpaddd` chains per thread, best of 3.
 pub fn int8_gops(threads: usize) -> f64 {
-    let best = (0..3).map(|_| timed_threads(threads, |_| int8_loop(ITERS))).fold(f64::INFINITY, f64::min);
+    let best = best_seconds(3, threads, |_| int8_loop(ITERS));
     // 8 × vpmaddubsw of 32 byte pairs, 2 ops per multiply-add.
     (threads as u64 * ITERS * 8 * 32 * 2) as f64 / best / 1e9
 }
