@@ -91,6 +91,7 @@ fn bad_bench_input_is_one_line_and_exit_2() {
         (&["bench", "--tokens", "0"][..], "--tokens"),
         (&["bench", "--threads", "0"][..], "--threads"),
         (&["bench", "--preset", "deepseek-v3", "--layers", "20", "--method", "bf16"][..], "GB"),
+        (&["bench", "--experts", "8", "--tokens", "50000000"][..], "--tokens"),
         (&["bench", "--nonsense"][..], "--nonsense"),
     ] {
         let (code, out, err) = kt(args);

@@ -153,8 +153,8 @@ impl fmt::Display for BenchError {
             BenchError::Core(e) => write!(f, "{e}"),
             BenchError::OutOfMemory { needed, available, layers } => write!(
                 f,
-                "the weights need {:.1} GB ({layers} layer(s)) but only {:.1} GB of memory is available; \
-                 use fewer --experts or --layers, or a smaller --method",
+                "the weights and scratch need {:.1} GB ({layers} layer(s)) but only {:.1} GB of memory is available; \
+                 use fewer --experts, --layers or --tokens, or a smaller --method",
                 *needed as f64 / 1e9,
                 *available as f64 / 1e9
             ),
@@ -174,6 +174,13 @@ impl From<kt_core::Error> for BenchError {
 pub fn layer_bytes(cfg: &MoeConfig, format: WeightFormat) -> u64 {
     let (h, i) = (cfg.hidden, cfg.intermediate);
     (cfg.experts * (2 * format.matrix_bytes(i, h) + format.matrix_bytes(h, i))) as u64
+}
+
+/// Upper bound of a forward's scratch for `n` tokens: per routed row the gathered activations,
+/// h, prepared h and the f32 down output; per token and part the f32 partial output.
+pub fn scratch_bytes(cfg: &MoeConfig, n: usize) -> u64 {
+    let (h, i, rows) = (cfg.hidden as u64, cfg.intermediate as u64, (n * cfg.top_k) as u64);
+    rows * (4 * h + 2 * i + 4 * i + 4 * h * cfg.parts as u64) + n as u64 * h * (4 * cfg.parts as u64 + 2)
 }
 
 /// Layers to rotate: as asked, or enough that their bytes exceed 2× the L3 size.
@@ -204,8 +211,9 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
     for &m in &spec.methods {
         let per_layer = layer_bytes(cfg, m);
         let layers = layer_count(spec, machine.topology.l3_bytes, per_layer);
-        // +1 layer for the reference copy that checks accuracy.
-        let needed = per_layer * (layers as u64 + 1);
+        // +1 layer for the reference copy that checks accuracy, plus the forward's scratch.
+        let needed =
+            per_layer * (layers as u64 + 1) + scratch_bytes(cfg, spec.tokens.iter().copied().max().unwrap_or(1));
         let available = machine.topology.mem_available;
         if available > 0 && needed > available / 10 * 9 {
             return Err(BenchError::OutOfMemory { needed, available, layers });
