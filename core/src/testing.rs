@@ -68,6 +68,16 @@ pub fn dequantized(cfg: &MoeConfig, format: WeightFormat, experts: &[Expert]) ->
 
 /// The textbook MoE in f64, no intermediate rounding: `Σ_j w·down(silu(gate·x)·(up·x))`.
 pub fn textbook_moe(cfg: &MoeConfig, experts: &[Expert], input: &[bf16], routing: &Routing<'_>) -> Vec<f64> {
+    textbook(cfg, experts, input, routing, false)
+}
+
+/// The magnitude of the textbook MoE's terms, `Σ_j |w|·Σ_i |down|·|silu(g)·u|`: the scale
+/// against which rounding of intermediates is judged, robust to outputs that cancel.
+pub fn textbook_moe_magnitude(cfg: &MoeConfig, experts: &[Expert], input: &[bf16], routing: &Routing<'_>) -> Vec<f64> {
+    textbook(cfg, experts, input, routing, true)
+}
+
+fn textbook(cfg: &MoeConfig, experts: &[Expert], input: &[bf16], routing: &Routing<'_>, magnitude: bool) -> Vec<f64> {
     let (h, i) = (cfg.hidden, cfg.intermediate);
     let mut out = vec![0.0f64; routing.tokens * h];
     for t in 0..routing.tokens {
@@ -86,7 +96,11 @@ pub fn textbook_moe(cfg: &MoeConfig, experts: &[Expert], input: &[bf16], routing
                 .collect();
             let wt = f64::from(routing.weights[t * routing.k + j]);
             for r in 0..h {
-                out[t * h + r] += wt * dot(d, r, &act);
+                out[t * h + r] += if magnitude {
+                    wt.abs() * act.iter().enumerate().map(|(c, a)| f64::from(d[r * i + c]).abs() * a.abs()).sum::<f64>()
+                } else {
+                    wt * dot(d, r, &act)
+                };
             }
         }
     }

@@ -8,7 +8,8 @@ use proptest::prelude::*;
 
 use super::REFERENCE;
 use crate::testing::{
-    build_layer, dequantized, mean_rel_err, random_experts, random_input, run, scenario_routing, textbook_moe, Scenario,
+    build_layer, dequantized, random_experts, random_input, run, scenario_routing, textbook_moe,
+    textbook_moe_magnitude, Scenario,
 };
 use crate::{MoeConfig, Routing, SerialExecutor, WeightFormat};
 
@@ -53,7 +54,10 @@ proptest! {
         if matches!(s, Scenario::AllMasked) {
             prop_assert!(got.iter().all(|&v| v == 0.0));
         } else {
-            let err = mean_rel_err(&got, &want);
+            // Judged against the size of the terms: tiny shapes can cancel to a small output,
+            // where bf16 rounding of the intermediates is a large part of it.
+            let scale: f64 = textbook_moe_magnitude(&cfg, &deq, &input, &r).iter().sum();
+            let err: f64 = got.iter().zip(&want).map(|(a, b)| (f64::from(*a) - b).abs()).sum::<f64>() / scale.max(f64::MIN_POSITIVE);
             prop_assert!(err < same_weights_tolerance(format), "{} err {}", format, err);
         }
         for t in 0..tokens {
