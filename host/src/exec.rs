@@ -16,11 +16,6 @@ impl ThreadExecutor {
     pub fn new(threads: usize) -> Self {
         ThreadExecutor { threads: threads.max(1) }
     }
-
-    /// One thread per logical CPU this process may use.
-    pub fn all_cpus() -> Self {
-        Self::new(std::thread::available_parallelism().map_or(1, |n| n.get()))
-    }
 }
 
 impl Executor for ThreadExecutor {

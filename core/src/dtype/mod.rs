@@ -33,12 +33,6 @@ pub fn quantize_i8(x: f32) -> i8 {
     }
 }
 
-/// Round f32 to bf16 (nearest, ties to even), the rounding every intermediate of the MoE uses.
-#[inline]
-pub fn to_bf16(x: f32) -> bf16 {
-    bf16::from_f32(x)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
