@@ -9,8 +9,9 @@ need_test=0
 
 command -v cargo >/dev/null || { echo "bootstrap: cargo not found; install the Rust toolchain (rustup) first" >&2; exit 1; }
 
-# Debian packages: pkg-config for -sys crates. (The NUMA pool adds libhwloc-dev libudev-dev.)
-apt_packages=(pkg-config)
+# Debian packages: pkg-config for -sys crates; hwloc (and udev, which its static pkg-config
+# probe links) for the topology.
+apt_packages=(pkg-config libhwloc-dev libudev-dev)
 missing=()
 for p in "${apt_packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

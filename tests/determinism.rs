@@ -1,12 +1,15 @@
-//! Results are bit-identical for any thread count, and NUMA parts agree with the reference.
+//! Results are bit-identical for any thread count and pool shape, and NUMA parts agree with the
+//! reference.
 
 use std::sync::Arc;
 
 use kt_core::reference::REFERENCE;
 use kt_core::testing::{conformance_failures, mean_rel_err, random_input, scenario_routing, textbook_moe, Scenario};
 use kt_core::Backend;
+use kt_core::Executor;
 use kt_core::{MoeConfig, WeightFormat};
 use kt_host::exec::ThreadExecutor;
+use kt_host::numa_pool::NumaPool;
 use kt_host::pool::Pool;
 use kt_host::{registry, LayerOptions, MoeLayer};
 use kt_tests::{experts, owned};
@@ -18,8 +21,21 @@ fn layer(
     threads: usize,
     xs: &[kt_core::testing::Expert],
 ) -> MoeLayer {
-    let opts = LayerOptions { backend: Some(b), executor: Arc::new(Pool::new(threads)), load_threads: 2 };
-    MoeLayer::from_f32(cfg, f, owned(xs, &[]), &opts).unwrap()
+    on(b, cfg, f, Arc::new(Pool::new(threads)), xs)
+}
+
+fn on(
+    b: &'static dyn Backend,
+    cfg: &MoeConfig,
+    f: WeightFormat,
+    executor: Arc<dyn Executor>,
+    xs: &[kt_core::testing::Expert],
+) -> MoeLayer {
+    MoeLayer::from_f32(cfg, f, owned(xs, &[]), &LayerOptions { backend: Some(b), executor }).unwrap()
+}
+
+fn bits(l: &MoeLayer, input: &[kt_core::bf16], ids: &[i64], w: &[f32], mask: Option<&[bool]>) -> Vec<u16> {
+    l.forward(input, ids, w, mask).unwrap().iter().map(|v| v.to_bits()).collect()
 }
 
 /// Every backend this build registers that this CPU can run.
@@ -39,12 +55,7 @@ fn bit_identical_for_any_thread_count() {
             {
                 let input = random_input(tokens, cfg.hidden, 9);
                 let (ids, w, mask) = scenario_routing(s, tokens, &cfg, 11);
-                let outs: Vec<Vec<u16>> = layers
-                    .iter()
-                    .map(|l| {
-                        l.forward(&input, &ids, &w, mask.as_deref()).unwrap().iter().map(|v| v.to_bits()).collect()
-                    })
-                    .collect();
+                let outs: Vec<Vec<u16>> = layers.iter().map(|l| bits(l, &input, &ids, &w, mask.as_deref())).collect();
                 assert!(
                     outs.iter().all(|o| o == &outs[0]),
                     "{} {f} n={tokens} {s:?}: differs by thread count",
@@ -66,6 +77,45 @@ fn every_backend_conforms_through_threaded_executors() {
     }
     let failures = conformance_failures(&REFERENCE, &ThreadExecutor::new(3));
     assert!(failures.is_empty(), "{failures:#?}");
+    // Two sub-pools (the conformance shapes have 1 and 2 parts).
+    let numa = NumaPool::with_threads(4, 2).unwrap();
+    for b in runnable() {
+        let failures = conformance_failures(b, &numa);
+        assert!(failures.is_empty(), "{} on a NUMA pool: {failures:#?}", b.name());
+    }
+}
+
+#[test]
+fn numa_pools_give_the_flat_pools_bits_and_match_the_reference() {
+    // Sub-pools only move tasks between threads: with 2 and 4 parts, every pool shape gives
+    // the bits of the plain pool, and those agree with the reference backend.
+    for parts in [2, 4] {
+        let cfg = MoeConfig { parts, max_tokens: 40, ..MoeConfig::new(10, 3, 128, 256) };
+        let xs = experts(&cfg, 31);
+        for b in runnable() {
+            for f in [WeightFormat::Bf16, WeightFormat::Int8Row, WeightFormat::Int4Row] {
+                let flat = layer(b, &cfg, f, 2, &xs);
+                let numa: Vec<MoeLayer> = [parts, parts + 1, 2 * parts]
+                    .iter()
+                    .map(|&t| on(b, &cfg, f, Arc::new(NumaPool::with_threads(t, parts).unwrap()), &xs))
+                    .collect();
+                let oracle = layer(&REFERENCE, &cfg, f, 1, &xs);
+                for (tokens, s) in [(1, Scenario::Random), (33, Scenario::Skewed), (7, Scenario::Masked)] {
+                    let input = random_input(tokens, cfg.hidden, 5);
+                    let (ids, w, mask) = scenario_routing(s, tokens, &cfg, 6);
+                    let want = bits(&flat, &input, &ids, &w, mask.as_deref());
+                    for l in &numa {
+                        assert_eq!(bits(l, &input, &ids, &w, mask.as_deref()), want, "{} {f} parts {parts}", b.name());
+                    }
+                    let got: Vec<f32> = want.iter().map(|&v| kt_core::bf16::from_bits(v).to_f32()).collect();
+                    let reference: Vec<f64> =
+                        oracle.forward(&input, &ids, &w, mask.as_deref()).unwrap().iter().map(|v| v.to_f64()).collect();
+                    let err = mean_rel_err(&got, &reference);
+                    assert!(err < 1e-2, "{} {f} parts {parts} n={tokens}: {err}", b.name());
+                }
+            }
+        }
+    }
 }
 
 #[test]

@@ -11,6 +11,19 @@ pub trait Executor: Send + Sync {
 
     /// Threads that may run tasks at once.
     fn workers(&self) -> usize;
+
+    /// As [`Executor::parallel_for`], where task `t` belongs to group `group(t)` (its NUMA
+    /// part): an executor with sub-pools runs group `g` on sub-pool `g % sub_pools`, next to
+    /// that part's weights. Worker numbers stay below [`Executor::workers`]. Others ignore it.
+    fn parallel_for_grouped(
+        &self,
+        n_tasks: usize,
+        group: &(dyn Fn(usize) -> usize + Sync),
+        f: &(dyn Fn(usize, usize) + Sync),
+    ) {
+        let _ = group;
+        self.parallel_for(n_tasks, f);
+    }
 }
 
 /// Runs every task on the calling thread, in order.

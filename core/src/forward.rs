@@ -105,25 +105,31 @@ pub fn pack_expert_f32(
     format: WeightFormat,
     x: ExpertF32<'_>,
 ) -> Result<Vec<ExpertWeights>, Error> {
+    cfg.part_ranges(format)?.into_iter().map(|r| pack_part_f32(backend, cfg, format, x, r)).collect()
+}
+
+/// The part of [`pack_expert_f32`] that owns rows `part` of I (one of `cfg.part_ranges`).
+pub fn pack_part_f32(
+    backend: &dyn Backend,
+    cfg: &MoeConfig,
+    format: WeightFormat,
+    x: ExpertF32<'_>,
+    part: Range<usize>,
+) -> Result<ExpertWeights, Error> {
     let (h, i) = (cfg.hidden, cfg.intermediate);
     for (what, m) in [("gate_proj", x.gate), ("up_proj", x.up), ("down_proj", x.down)] {
         if m.len() != h * i {
             return Err(Error::ShapeMismatch { what, expected: h * i, found: m.len() });
         }
     }
-    cfg.part_ranges(format)?
-        .into_iter()
-        .map(|r| {
-            let rows = |m: &[f32]| QuantMatrix::quantize(format, r.len(), h, &m[r.start * h..r.end * h]);
-            let down: Vec<f32> =
-                (0..h).flat_map(|row| x.down[row * i + r.start..row * i + r.end].iter().copied()).collect();
-            Ok(ExpertWeights {
-                gate: backend.pack(&rows(x.gate)?)?,
-                up: backend.pack(&rows(x.up)?)?,
-                down: backend.pack(&QuantMatrix::quantize(format, h, r.len(), &down)?)?,
-            })
-        })
-        .collect()
+    let r = part;
+    let rows = |m: &[f32]| QuantMatrix::quantize(format, r.len(), h, &m[r.start * h..r.end * h]);
+    let down: Vec<f32> = (0..h).flat_map(|row| x.down[row * i + r.start..row * i + r.end].iter().copied()).collect();
+    Ok(ExpertWeights {
+        gate: backend.pack(&rows(x.gate)?)?,
+        up: backend.pack(&rows(x.up)?)?,
+        down: backend.pack(&QuantMatrix::quantize(format, h, r.len(), &down)?)?,
+    })
 }
 
 /// Slice already-quantized matrices into parts (exact) and pack them with `backend`.
@@ -134,23 +140,29 @@ pub fn pack_expert(
     up: &QuantMatrix,
     down: &QuantMatrix,
 ) -> Result<Vec<ExpertWeights>, Error> {
+    cfg.part_ranges(gate.format())?.into_iter().map(|r| pack_part(backend, cfg, gate, up, down, r)).collect()
+}
+
+/// The part of [`pack_expert`] that owns rows `part` of I (one of `cfg.part_ranges`).
+pub fn pack_part(
+    backend: &dyn Backend,
+    cfg: &MoeConfig,
+    gate: &QuantMatrix,
+    up: &QuantMatrix,
+    down: &QuantMatrix,
+    part: Range<usize>,
+) -> Result<ExpertWeights, Error> {
     let (h, i) = (cfg.hidden, cfg.intermediate);
     for (what, m, rows, cols) in [("gate_proj", gate, i, h), ("up_proj", up, i, h), ("down_proj", down, h, i)] {
         if (m.rows(), m.cols()) != (rows, cols) {
             return Err(Error::ShapeMismatch { what, expected: rows * cols, found: m.rows() * m.cols() });
         }
     }
-    let format = gate.format();
-    cfg.part_ranges(format)?
-        .into_iter()
-        .map(|r| {
-            Ok(ExpertWeights {
-                gate: backend.pack(&gate.slice_rows(r.clone())?)?,
-                up: backend.pack(&up.slice_rows(r.clone())?)?,
-                down: backend.pack(&down.slice_cols(r)?)?,
-            })
-        })
-        .collect()
+    Ok(ExpertWeights {
+        gate: backend.pack(&gate.slice_rows(part.clone())?)?,
+        up: backend.pack(&up.slice_rows(part.clone())?)?,
+        down: backend.pack(&down.slice_cols(part)?)?,
+    })
 }
 
 /// Scratch reused across forwards; grows to the largest call and stays.
@@ -220,7 +232,10 @@ pub fn forward(
     }
     let active = plan.experts.len();
     let expert = |p: usize, e: usize| w.parts[p].experts[plan.experts[e].id].as_ref().expect("checked above");
-    let run = |tasks: &[Task], f: &(dyn Fn(&Task) + Sync)| exec.parallel_for(tasks.len(), &|i, _| f(&tasks[i]));
+    // Part tasks go to their part's sub-pool; Gather and Merge tasks are spread over all.
+    let run = |tasks: &[Task], f: &(dyn Fn(&Task) + Sync)| {
+        exec.parallel_for_grouped(tasks.len(), &|i| tasks[i].part().unwrap_or(i), &|i, _| f(&tasks[i]))
+    };
 
     for stage in &plan.stages {
         match stage.kind {

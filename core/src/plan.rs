@@ -109,6 +109,18 @@ pub enum Task {
     },
 }
 
+impl Task {
+    /// The NUMA part whose weights or partial output the task touches (`None` for Gather and
+    /// Merge, which serve every part).
+    pub fn part(&self) -> Option<usize> {
+        match *self {
+            Task::GateUp { part, .. } | Task::PrepareDown { part, .. } | Task::Down { part, .. } => Some(part),
+            Task::Reduce { part, .. } => Some(part),
+            Task::Gather { .. } | Task::Merge { .. } => None,
+        }
+    }
+}
+
 /// A stage: tasks that may run in any order and in parallel.
 #[derive(Clone, Debug)]
 pub struct Stage {

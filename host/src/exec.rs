@@ -1,5 +1,5 @@
 //! A plain scoped-thread executor. The caller is worker 0; helpers claim tasks from a shared
-//! counter. (The NUMA pool issue replaces it with persistent, pinned workers.)
+//! counter. The simplest executor: a yardstick for the persistent pools in tests.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -47,16 +47,6 @@ impl Executor for ThreadExecutor {
     }
 }
 
-/// `f(i)` for `i < n` on `threads` threads, results in index order.
-pub fn parallel_map<T: Send>(n: usize, threads: usize, f: impl Fn(usize) -> T + Sync) -> Vec<T> {
-    let slots: Vec<std::sync::Mutex<Option<T>>> = (0..n).map(|_| std::sync::Mutex::new(None)).collect();
-    ThreadExecutor::new(threads).parallel_for(n, &|i, _| {
-        let v = f(i);
-        *slots[i].lock().unwrap_or_else(|e| e.into_inner()) = Some(v);
-    });
-    slots.into_iter().map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every task ran")).collect()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -71,6 +61,5 @@ mod tests {
             });
             assert!(hits.iter().all(|h| h.load(Ordering::Relaxed) == 1));
         }
-        assert_eq!(parallel_map(7, 3, |i| i * i), vec![0, 1, 4, 9, 16, 25, 36]);
     }
 }

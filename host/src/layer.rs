@@ -1,6 +1,7 @@
 //! `MoeLayer`: one MoE layer's packed experts, the backend that runs them and an executor.
-//! Build it from f32 or already-quantized matrices (experts packed in parallel), then call
-//! [`MoeLayer::forward`] as many times as you like.
+//! Build it from f32 or already-quantized matrices, then call [`MoeLayer::forward`] as many
+//! times as you like. Experts are packed on the executor, each NUMA part by its own sub-pool,
+//! so a part's pages are first touched (and so placed) on the node that computes with them.
 
 use std::sync::{Arc, Mutex};
 
@@ -8,7 +9,8 @@ use half::bf16;
 use kt_core::forward::{self, ExpertF32, LayerWeights, Workspace};
 use kt_core::{Backend, Error, Executor, MoeConfig, QuantMatrix, Routing, WeightFormat};
 
-use crate::exec::parallel_map;
+use crate::numa_pool::NumaPool;
+use crate::placement::PoolError;
 use crate::pool::Pool;
 use crate::registry;
 
@@ -18,23 +20,32 @@ pub struct LayerOptions {
     /// The backend; `None` picks the best available for the format (`KT_KERNEL_CPU_VARIANT`
     /// honoured).
     pub backend: Option<&'static dyn Backend>,
-    /// Runs the forward's tasks.
+    /// Runs the forward's tasks and packs the experts at load.
     pub executor: Arc<dyn Executor>,
-    /// Threads used to quantize and pack experts at load.
-    pub load_threads: usize,
 }
 
 impl Default for LayerOptions {
-    /// One thread per CPU this process may use.
+    /// One thread per CPU this process may use, unpinned.
     fn default() -> Self {
         Self::threads(std::thread::available_parallelism().map_or(1, |n| n.get()))
     }
 }
 
 impl LayerOptions {
-    /// A persistent pool of `threads` threads for compute, and as many for loading.
+    /// A persistent pool of `threads` unpinned threads.
     pub fn threads(threads: usize) -> Self {
-        LayerOptions { backend: None, executor: Arc::new(Pool::new(threads)), load_threads: threads.max(1) }
+        Self::executor(Arc::new(Pool::new(threads)))
+    }
+
+    /// A NUMA pool of `threads` pinned threads in `parts` sub-pools (use the layer's
+    /// `MoeConfig::parts`), placed on the running machine's nodes ([`NumaPool::with_threads`]).
+    pub fn numa(threads: usize, parts: usize) -> Result<Self, PoolError> {
+        Ok(Self::executor(Arc::new(NumaPool::with_threads(threads, parts)?)))
+    }
+
+    /// Run on `executor`, backend chosen automatically.
+    pub fn executor(executor: Arc<dyn Executor>) -> Self {
+        LayerOptions { backend: None, executor }
     }
 }
 
@@ -67,11 +78,28 @@ fn backend_for(cfg: &MoeConfig, format: WeightFormat, opts: &LayerOptions) -> Re
     }
 }
 
+/// `pack(e, part_range)` for every expert and part, part `p`'s tasks on sub-pool `p`; results
+/// expert-major.
+fn pack_parts<T: Send>(
+    experts: usize,
+    ranges: &[std::ops::Range<usize>],
+    exec: &dyn Executor,
+    pack: impl Fn(usize, std::ops::Range<usize>) -> T + Sync,
+) -> Vec<T> {
+    let parts = ranges.len();
+    let slots: Vec<Mutex<Option<T>>> = (0..experts * parts).map(|_| Mutex::new(None)).collect();
+    exec.parallel_for_grouped(slots.len(), &|t| t % parts, &|t, _| {
+        *slots[t].lock().unwrap_or_else(|e| e.into_inner()) = Some(pack(t / parts, ranges[t % parts].clone()));
+    });
+    slots.into_iter().map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every task ran")).collect()
+}
+
 impl MoeLayer {
     /// Quantize f32 experts to `format` and pack them. `expert(e)` returns `[gate, up, down]`
     /// row-major (gate/up `[I,H]`, down `[H,I]`), or `None` for an expert not kept on the CPU.
-    /// It is called from `load_threads` threads, so a generator or reader produces experts
-    /// lazily and only a few are alive at once.
+    /// It is called on the executor's threads once per expert and NUMA part (each part packs
+    /// its own slice on its own node), so a generator or reader produces experts lazily and
+    /// only a few are alive at once.
     pub fn from_f32(
         cfg: &MoeConfig,
         format: WeightFormat,
@@ -79,10 +107,12 @@ impl MoeLayer {
         opts: &LayerOptions,
     ) -> Result<Self, Error> {
         let backend = backend_for(cfg, format, opts)?;
-        let packed = parallel_map(cfg.experts, opts.load_threads, |e| {
+        let ranges = cfg.part_ranges(format)?;
+        let packed = pack_parts(cfg.experts, &ranges, &*opts.executor, |e, r| {
             expert(e)
                 .map(|[gate, up, down]| {
-                    forward::pack_expert_f32(backend, cfg, format, ExpertF32 { gate: &gate, up: &up, down: &down })
+                    let x = ExpertF32 { gate: &gate, up: &up, down: &down };
+                    forward::pack_part_f32(backend, cfg, format, x, r)
                 })
                 .transpose()
         });
@@ -90,7 +120,8 @@ impl MoeLayer {
     }
 
     /// Pack already-quantized experts (loaded from a file): `(gate, up, down)` per expert, or
-    /// `None` for an expert not kept on the CPU. All must share one format.
+    /// `None` for an expert not kept on the CPU. All must share one format. Called once per
+    /// expert and NUMA part, as in [`MoeLayer::from_f32`].
     pub fn from_quantized(
         cfg: &MoeConfig,
         expert: impl Fn(usize) -> Option<(QuantMatrix, QuantMatrix, QuantMatrix)> + Sync,
@@ -98,13 +129,14 @@ impl MoeLayer {
         opts: &LayerOptions,
     ) -> Result<Self, Error> {
         let backend = backend_for(cfg, format, opts)?;
-        let packed = parallel_map(cfg.experts, opts.load_threads, |e| {
+        let ranges = cfg.part_ranges(format)?;
+        let packed = pack_parts(cfg.experts, &ranges, &*opts.executor, |e, r| {
             expert(e)
                 .map(|(g, u, d)| {
                     if [g.format(), u.format(), d.format()].iter().any(|&f| f != format) {
                         return Err(Error::NoBackend { format, detail: format!("expert {e} mixes formats") });
                     }
-                    forward::pack_expert(backend, cfg, &g, &u, &d)
+                    forward::pack_part(backend, cfg, &g, &u, &d, r)
                 })
                 .transpose()
         });
@@ -115,13 +147,16 @@ impl MoeLayer {
         cfg: &MoeConfig,
         format: WeightFormat,
         backend: &'static dyn Backend,
-        packed: Vec<Result<Option<Vec<forward::ExpertWeights>>, Error>>,
+        packed: Vec<Result<Option<forward::ExpertWeights>, Error>>,
         opts: &LayerOptions,
     ) -> Result<Self, Error> {
         let mut weights = LayerWeights::empty(cfg, format)?;
-        for (e, p) in packed.into_iter().enumerate() {
-            if let Some(p) = p? {
-                weights.set_expert(e, p);
+        let parts = weights.parts.len();
+        let mut packed = packed.into_iter();
+        for e in 0..cfg.experts {
+            let per_part: Vec<_> = packed.by_ref().take(parts).collect::<Result<_, _>>()?;
+            if let Some(per_part) = per_part.into_iter().collect::<Option<Vec<_>>>() {
+                weights.set_expert(e, per_part);
             }
         }
         Ok(MoeLayer {

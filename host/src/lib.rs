@@ -9,6 +9,8 @@ pub mod bench;
 pub mod cpu;
 pub mod exec;
 pub mod layer;
+pub mod numa_pool;
+pub mod placement;
 pub mod pool;
 pub mod queue;
 pub mod registry;

@@ -24,6 +24,28 @@ fn info_reports_cpu_and_backends() {
 }
 
 #[test]
+fn info_shows_the_pool_for_planned_machines() {
+    // hwloc reads HWLOC_SYNTHETIC; without the hwloc feature the running machine is shown.
+    if !cfg!(feature = "hwloc") {
+        return;
+    }
+    let run = |topo: &str, args: &[&str]| {
+        let out = Command::new(env!("CARGO_BIN_EXE_kt")).arg("info").args(args).env("HWLOC_SYNTHETIC", topo).output();
+        let out = out.unwrap();
+        assert_eq!(out.status.code(), Some(0), "{}", String::from_utf8_lossy(&out.stderr));
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let out = run("numa:2 core:4 pu:2", &[]);
+    assert!(out.contains("2 NUMA node(s), 8 physical core(s), 16 logical CPU(s)"), "{out}");
+    assert!(out.contains("sub-pool 0: node 0, 4 thread(s) on CPUs 0,2,4,6"), "{out}");
+    assert!(out.contains("sub-pool 1: node 1, 4 thread(s) on CPUs 8,10,12,14"), "{out}");
+    let out = run("numa:4 core:8 pu:1", &["--threads", "8", "--numa-parts", "4"]);
+    assert!(out.contains("sub-pool 3: node 3, 2 thread(s) on CPUs 24-25"), "{out}");
+    let out = run("numa:1 core:2 pu:1", &["--threads", "3"]);
+    assert!(out.contains("warning: sub-pool 0") && out.contains("share cores"), "{out}");
+}
+
+#[test]
 fn forced_unknown_variant_is_a_clear_error() {
     let out = Command::new(env!("CARGO_BIN_EXE_kt")).arg("info").env("KT_KERNEL_CPU_VARIANT", "sse9").output().unwrap();
     assert_eq!(out.status.code(), Some(2));
@@ -90,6 +112,9 @@ fn bad_bench_input_is_one_line_and_exit_2() {
         (&["bench", "--hidden", "48", "--method", "int4-g32"][..], "multiple of 32"),
         (&["bench", "--tokens", "0"][..], "--tokens"),
         (&["bench", "--threads", "0"][..], "--threads"),
+        (&["bench", "--numa-parts", "0"][..], "--numa-parts"),
+        (&["info", "--threads", "0"][..], "--threads"),
+        (&["bench", "--threads", "1", "--numa-parts", "2"][..], "2 NUMA parts"),
         (&["bench", "--preset", "deepseek-v3", "--layers", "20", "--method", "bf16"][..], "GB"),
         (&["bench", "--experts", "8", "--tokens", "50000000"][..], "--tokens"),
         (&["bench", "--nonsense"][..], "--nonsense"),

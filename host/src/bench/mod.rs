@@ -20,6 +20,8 @@ pub use roofline::Roofline;
 
 use crate::cpu::CpuInfo;
 use crate::layer::{LayerOptions, MoeLayer};
+use crate::numa_pool::NumaPool;
+use crate::placement::{Placement, PoolConfig, PoolError};
 use crate::topology::Topology;
 
 /// A model shape to benchmark.
@@ -61,8 +63,10 @@ pub struct BenchSpec {
     pub methods: Vec<WeightFormat>,
     /// Token counts per forward.
     pub tokens: Vec<usize>,
-    /// Compute threads.
+    /// Compute threads, split over `cfg.parts` sub-pools.
     pub threads: usize,
+    /// Let workers use SMT siblings once the physical cores are taken.
+    pub smt: bool,
     /// Distinct layers rotated; `None` = enough to exceed 2× the L3 size.
     pub layers: Option<usize>,
     /// Seed of weights, inputs and routing.
@@ -111,6 +115,8 @@ pub struct Machine {
     pub cpu: CpuInfo,
     /// NUMA, cores, caches, memory.
     pub topology: Topology,
+    /// Where the pool's threads ran (one sub-pool per NUMA part).
+    pub placement: Placement,
 }
 
 /// A whole run.
@@ -145,6 +151,8 @@ pub enum BenchError {
         /// Layers it would build.
         layers: usize,
     },
+    /// The pool cannot be built (threads vs parts, nodes).
+    Pool(PoolError),
 }
 
 impl fmt::Display for BenchError {
@@ -158,11 +166,18 @@ impl fmt::Display for BenchError {
                 *needed as f64 / 1e9,
                 *available as f64 / 1e9
             ),
+            BenchError::Pool(e) => write!(f, "{e}"),
         }
     }
 }
 
 impl std::error::Error for BenchError {}
+
+impl From<PoolError> for BenchError {
+    fn from(e: PoolError) -> Self {
+        BenchError::Pool(e)
+    }
+}
 
 impl From<kt_core::Error> for BenchError {
     fn from(e: kt_core::Error) -> Self {
@@ -205,7 +220,10 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
     for &m in &spec.methods {
         cfg.validate_for(m)?;
     }
-    let machine = Machine { cpu: CpuInfo::detect(), topology: Topology::detect() };
+    let topology = Topology::detect();
+    let pool_config = PoolConfig { smt: spec.smt, ..PoolConfig::split(&topology, spec.threads, cfg.parts)? };
+    let pool = std::sync::Arc::new(NumaPool::new(&pool_config, &topology)?);
+    let machine = Machine { cpu: CpuInfo::detect(), placement: pool.placement().clone(), topology };
     // Check memory for every method before spending time on the roofline.
     let mut plans = Vec::new();
     for &m in &spec.methods {
@@ -232,12 +250,15 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
     let int8 = roofline::int8_gops(spec.threads);
     spin.finish_and_clear();
     let roof = Roofline { dram_gbps: dram, fma_gflops: fma, int8_gops: int8 };
+    // This thread is worker 0 of sub-pool 0: keep it on its CPU, off the pinned workers' ones
+    // (after the roofline, whose threads would inherit the pinning).
+    pool.pin_caller();
 
     let mut results = Vec::new();
     let mut layers_used = 0;
     for (method, layers) in plans {
         layers_used = layers_used.max(layers);
-        results.extend(run_method(spec, method, layers, &roof)?);
+        results.extend(run_method(spec, method, layers, &roof, pool.clone())?);
     }
     Ok(Report { machine, roofline: roof, layers: layers_used, seed: spec.seed, spec: spec.clone(), results })
 }
@@ -247,13 +268,15 @@ fn run_method(
     method: WeightFormat,
     layers: usize,
     roof: &Roofline,
+    pool: std::sync::Arc<NumaPool>,
 ) -> Result<Vec<CaseResult>, BenchError> {
     let cfg = &MoeConfig { max_tokens: spec.tokens.iter().copied().max().unwrap_or(1), ..spec.cfg.clone() };
-    let opts = LayerOptions::threads(spec.threads);
+    let opts = LayerOptions::executor(pool);
+    // Each expert is generated once per part (every part packs its own slice on its node).
     let pb = bar(
         spec.progress,
-        (cfg.experts * (layers + 1)) as u64,
-        "{spinner} generating {msg} weights [{bar:30}] {pos}/{len} experts ({elapsed})",
+        (cfg.experts * cfg.parts * (layers + 1)) as u64,
+        "{spinner} generating {msg} weights [{bar:30}] {pos}/{len} expert slices ({elapsed})",
     );
     pb.set_message(method.to_string());
     let build = |l: usize, opts: &LayerOptions| {

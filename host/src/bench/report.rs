@@ -14,9 +14,10 @@ pub fn to_json(r: &Report) -> Value {
             "isa": r.machine.cpu.flags.iter().filter(|f| f.1).map(|f| f.0).collect::<Vec<_>>(),
             "kt_variant": r.machine.cpu.kt_variant(),
             "numa_nodes": t.nodes.len(),
-            "physical_cores": t.physical_cores,
+            "physical_cores": t.physical_cores(),
             "logical_cpus": t.logical_cpus,
             "l3_bytes": t.l3_bytes,
+            "pool": r.machine.placement.subpools.iter().map(|p| json!({"node": p.node, "cpus": p.cpus})).collect::<Vec<_>>(),
             "mem_total_bytes": t.mem_total,
             "layers": r.layers,
             "seed": r.seed,
@@ -51,6 +52,7 @@ pub fn print_table(r: &Report) {
         r.spec.preset, c.experts, c.top_k, c.hidden, c.intermediate, r.spec.threads, r.layers, r.seed
     );
     println!("CPU: {} ({})", r.machine.cpu.model, r.machine.cpu.kt_variant());
+    print!("pool:\n{}", r.machine.placement);
     println!(
         "roofline (same run, {} thread(s)): DRAM {:.1} GB/s, FMA {:.1} GFLOP/s, int8 {:.1} GOP/s",
         r.spec.threads, r.roofline.dram_gbps, r.roofline.fma_gflops, r.roofline.int8_gops

@@ -6,8 +6,9 @@ use clap::{Args, Parser, Subcommand};
 use kt_core::{MoeConfig, WeightFormat};
 use kt_host::bench::{self, BenchSpec};
 use kt_host::cpu::CpuInfo;
+use kt_host::placement::{cpulist, PoolConfig};
 use kt_host::registry;
-use kt_host::topology::Topology;
+use kt_host::topology::{Source, Topology};
 
 #[derive(Parser)]
 #[command(name = "kt", version, about = "CPU Mixture-of-Experts kernels for CPU/GPU hybrid inference")]
@@ -18,10 +19,49 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Cmd {
-    /// CPU model, ISA flags, NUMA and cores, compiled-in and selected backend.
-    Info,
+    /// CPU model, ISA flags, NUMA nodes and cores, the pool that would be built, backends.
+    Info(PoolArgs),
     /// Time one MoE layer with synthetic weights against the roofline measured in the same run.
     Bench(BenchArgs),
+}
+
+#[derive(Args)]
+struct PoolArgs {
+    /// Compute threads (default: one per physical core).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// NUMA parts: sub-pools, each owning a slice of I (default: one per NUMA node for
+    /// `kt info`, 1 for `kt bench`).
+    #[arg(long, alias = "parts")]
+    numa_parts: Option<usize>,
+    /// Also put workers on SMT siblings once the physical cores are used.
+    #[arg(long)]
+    smt: bool,
+}
+
+impl PoolArgs {
+    /// The pool these flags describe on `topo`.
+    fn config(&self, topo: &Topology, default_parts: usize) -> Result<PoolConfig, String> {
+        if self.threads == Some(0) || self.numa_parts == Some(0) {
+            return Err("--threads and --numa-parts must be positive".into());
+        }
+        let mut c = match (self.threads, self.numa_parts) {
+            (None, None) if default_parts == 0 => PoolConfig::per_node(topo),
+            (t, p) => {
+                let parts = p.unwrap_or(default_parts.max(1));
+                PoolConfig::split(topo, t.unwrap_or_else(|| default_threads(topo).max(parts)), parts)
+                    .map_err(|e| e.to_string())?
+            }
+        };
+        c.smt = self.smt;
+        Ok(c)
+    }
+}
+
+/// One thread per physical core this process may use.
+fn default_threads(topo: &Topology) -> usize {
+    let allowed = std::thread::available_parallelism().map_or(1, |n| n.get());
+    topo.physical_cores().clamp(1, allowed)
 }
 
 #[derive(Args)]
@@ -47,12 +87,8 @@ struct BenchArgs {
     /// Tokens per forward, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
     tokens: Vec<usize>,
-    /// Compute threads (default: every CPU this process may use).
-    #[arg(long)]
-    threads: Option<usize>,
-    /// NUMA parts (tensor-parallel slices of I).
-    #[arg(long, default_value_t = 1)]
-    parts: usize,
+    #[command(flatten)]
+    pool: PoolArgs,
     /// Distinct layers rotated so decode streams weights from DRAM (default: > 2× L3).
     #[arg(long)]
     layers: Option<usize>,
@@ -87,14 +123,18 @@ fn main() -> ExitCode {
         }
     };
     match cli.cmd {
-        Cmd::Info => info(),
+        Cmd::Info(p) => info(&p),
         Cmd::Bench(a) => run_bench(a),
     }
 }
 
-fn info() -> ExitCode {
+fn info(pool: &PoolArgs) -> ExitCode {
     let cpu = CpuInfo::detect();
     let topo = Topology::detect();
+    let placement = match pool.config(&topo, 0).and_then(|c| c.place(&topo).map_err(|e| e.to_string())) {
+        Ok(p) => p,
+        Err(e) => return usage(e),
+    };
     println!("kt-kernel-rs {}", env!("CARGO_PKG_VERSION"));
     println!("CPU:         {} ({})", cpu.model, std::env::consts::ARCH);
     let (on, off): (Vec<&(&str, bool)>, Vec<_>) = cpu.flags.iter().partition(|f| f.1);
@@ -102,17 +142,29 @@ fn info() -> ExitCode {
     println!("missing:     {}", off.iter().map(|f| f.0).collect::<Vec<_>>().join(" "));
     println!("KT variant:  {}", cpu.kt_variant());
     println!(
-        "topology:    {} NUMA node(s), {} physical core(s), {} logical CPU(s), L3 {} MiB, {:.1} GiB available of {:.1} GiB",
+        "topology:    {} NUMA node(s), {} physical core(s), {} logical CPU(s), L3 {} MiB, {:.1} GiB available of {:.1} GiB (from {})",
         topo.nodes.len(),
-        topo.physical_cores,
+        topo.physical_cores(),
         topo.logical_cpus,
         topo.l3_bytes >> 20,
         topo.mem_available as f64 / (1u64 << 30) as f64,
-        topo.mem_total as f64 / (1u64 << 30) as f64
+        topo.mem_total as f64 / (1u64 << 30) as f64,
+        match topo.source {
+            Source::Hwloc => "hwloc",
+            Source::Sysfs => "sysfs",
+        }
     );
-    for (i, n) in topo.nodes.iter().enumerate() {
-        println!("  node {i}:    CPUs {n:?}");
+    for n in &topo.nodes {
+        let smt = n.cores.iter().map(Vec::len).max().unwrap_or(1);
+        let first: Vec<usize> = n.cores.iter().filter_map(|c| c.first().copied()).collect();
+        println!(
+            "  node {}:    {} core(s) on CPUs {} ({smt} thread(s) per core)",
+            n.os_index,
+            n.cores.len(),
+            cpulist(&first)
+        );
     }
+    print!("pool:\n{placement}");
     let compiled = registry::compiled();
     println!("compiled in: {}", compiled.join(", "));
     let registered = registry::registered();
@@ -150,15 +202,20 @@ fn run_bench(a: BenchArgs) -> ExitCode {
     if a.tokens.is_empty() || a.tokens.contains(&0) {
         return usage("--tokens must list positive token counts");
     }
-    if a.threads == Some(0) || a.layers == Some(0) {
-        return usage("--threads and --layers must be positive");
+    if a.layers == Some(0) {
+        return usage("--layers must be positive");
     }
+    let topo = Topology::detect();
+    let pool = match a.pool.config(&topo, 1) {
+        Ok(c) => c,
+        Err(e) => return usage(e),
+    };
     if !(a.min_time.is_finite() && a.min_time >= 0.0) {
         return usage("--min-time must be a non-negative number of seconds");
     }
     let custom = a.hidden.is_some() || a.intermediate.is_some() || a.experts.is_some() || a.top_k.is_some();
     let cfg = MoeConfig {
-        parts: a.parts,
+        parts: pool.subpools.len(),
         max_tokens: a.tokens.iter().copied().max().unwrap_or(1),
         ..MoeConfig::new(
             a.experts.unwrap_or(p.experts),
@@ -177,7 +234,8 @@ fn run_bench(a: BenchArgs) -> ExitCode {
         cfg,
         methods,
         tokens: a.tokens,
-        threads: a.threads.unwrap_or_else(|| std::thread::available_parallelism().map_or(1, |n| n.get())),
+        threads: pool.threads(),
+        smt: pool.smt,
         layers: a.layers,
         seed: a.seed,
         min_seconds: a.min_time,
