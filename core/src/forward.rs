@@ -176,6 +176,15 @@ pub struct Workspace {
     ident: Vec<u32>,
 }
 
+/// Make scratch at least `len` long; it never shrinks, so a prefill after a decode re-zeroes
+/// nothing. A grown buffer is a fresh allocation: for the large f32 ones the allocator hands
+/// out untouched zero pages, which the part's own tasks then touch first, on its NUMA node.
+fn grow<T: Copy + Default>(v: &mut Vec<T>, len: usize) {
+    if v.len() < len {
+        *v = alloc::vec![T::default(); len];
+    }
+}
+
 /// Prefix offsets of 64-byte rounded blocks: `off[i]..off[i] + len[i]` for each block.
 fn offsets(lens: impl Iterator<Item = usize>) -> (Vec<usize>, Vec<usize>, usize) {
     let (mut off, mut len, mut at) = (Vec::new(), Vec::new(), 0);
@@ -224,9 +233,9 @@ pub fn forward(
     let max_rows = plan.experts.iter().map(|a| a.rows).max().unwrap_or(0);
     ws.act_x.ensure(x_total);
     ws.act_h.ensure(ah_total);
-    ws.h.resize(rows_total * cfg.intermediate, bf16::ZERO);
-    ws.y.resize(parts * rows_total * hd, 0.0);
-    ws.out_parts.resize(parts * n * hd, 0.0);
+    grow(&mut ws.h, rows_total * cfg.intermediate);
+    grow(&mut ws.y, parts * rows_total * hd);
+    grow(&mut ws.out_parts, parts * n * hd);
     if ws.ident.len() < max_rows {
         ws.ident = (0..max_rows as u32).collect();
     }
