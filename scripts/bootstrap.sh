@@ -12,6 +12,8 @@ command -v cargo >/dev/null || { echo "bootstrap: cargo not found; install the R
 # Debian packages: pkg-config for -sys crates; hwloc (and udev, which its static pkg-config
 # probe links) for the topology.
 apt_packages=(pkg-config libhwloc-dev libudev-dev)
+# Debian's python3 needs python3-venv for the Python package's venv.
+python3 -m venv --help >/dev/null 2>&1 || apt_packages+=(python3-venv)
 missing=()
 for p in "${apt_packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Every test: formatting, lints (all features and reference-only), the no_std core built alone,
-# the workspace tests, loom model checks, and short fuzz smoke runs. CI runs exactly this (.ci/run).
+# the workspace tests, loom model checks, the Python package (wheel built with maturin, installed
+# in a venv, pytest), and short fuzz smoke runs. CI runs exactly this (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh --test
@@ -8,8 +9,10 @@ bash scripts/bootstrap.sh --test
 echo "== fmt"
 cargo fmt --all --check
 (cd fuzz && cargo fmt --check)
+cargo fmt --manifest-path bindings/python/Cargo.toml --check
 echo "== clippy"
 cargo clippy --workspace --all-targets -- -D warnings
+CARGO_TARGET_DIR=target cargo clippy --manifest-path bindings/python/Cargo.toml -- -D warnings
 cargo clippy -p kt-host --no-default-features --all-targets -- -D warnings
 echo "== no_std core, built alone"
 cargo build -p kt-core
@@ -18,6 +21,9 @@ cargo test --workspace
 cargo test -p kt-host --no-default-features
 echo "== loom model checks of the task queue (own target dir: --cfg loom rebuilds every crate)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p kt-host --release --test loom
+echo "== Python package kt_kernel: wheel, install into target/pyenv, pytest"
+bash scripts/python.sh
+(cd bindings/python/tests && ../../../target/pyenv/bin/python -m pytest -q)
 echo "== fuzz smoke (${FUZZ_SECONDS:=20} s per target)"
 for t in quantize routing; do
     (cd fuzz && cargo fuzz run -s none "$t" -- -max_total_time="$FUZZ_SECONDS")

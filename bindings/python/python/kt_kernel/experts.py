@@ -1,0 +1,450 @@
+"""``KTMoEWrapper`` with KT-Kernel's signature, defaults, method names and errors, returning a
+backend object with KT's methods; ``generate_gpu_experts_masks``.
+
+The native engine (``kt_kernel_ext.CpuInfer``) is process-wide: the first wrapper's
+``cpuinfer_threads``/``threadpool_count``/``numa_nodes`` build it, later ones share it (as KT).
+Forward tasks read pinned staging buffers by address when they run, so with a CUDA stream the
+submit and the sync are host functions on that stream and CUDA graphs can capture them.
+"""
+
+import numpy as np
+
+from . import _tensors as T
+from . import kt_kernel_ext as ext
+
+INFERENCE_METHODS = frozenset(
+    {
+        "AMXINT4",
+        "AMXINT8",
+        "RAWINT4",
+        "FP8",
+        "BF16",
+        "FP8_PERCHANNEL",
+        "GPTQ_INT4",
+        "SYCL_GPTQ_INT4",
+        "MXFP4",
+        "MXFP8",
+        "LLAMAFILE",
+        "MOE_INT4",
+        "MOE_INT8",
+    }
+)
+SFT_METHODS = frozenset(
+    {
+        "AMXBF16_SFT",
+        "AMXFP8_SFT",
+        "INT8_SFT",
+        "AMXINT8_SFT",
+        "AMXINT4_SFT",
+        "AMXINT4_1_SFT",
+        "AMXINT4_KGroup_SFT",
+        "AMXINT4_1KGroup_SFT",
+    }
+    | {f"{m}_SkipLoRA" for m in ("AMXBF16_SFT", "AMXINT8_SFT", "AMXINT4_SFT", "AMXINT4_1_SFT", "AMXINT4_KGroup_SFT", "AMXINT4_1KGroup_SFT")}
+)
+# Methods with a CPU backend in this build (online quantization from tensors).
+WORKING_METHODS = frozenset({"AMXINT4", "AMXINT8", "RAWINT4", "FP8", "BF16", "FP8_PERCHANNEL"})
+
+
+class KTMoEWrapper:
+    """Factory: ``KTMoEWrapper(...)`` returns the backend object for ``method`` (as KT's does,
+    ``isinstance(w, KTMoEWrapper)`` is False)."""
+
+    def __new__(
+        cls,
+        layer_idx,
+        num_experts,
+        num_experts_per_tok,
+        hidden_size,
+        moe_intermediate_size,
+        gpu_experts_mask,
+        cpuinfer_threads,
+        threadpool_count,
+        weight_path,
+        chunked_prefill_size,
+        cpu_save=False,
+        max_deferred_experts_per_token=None,
+        method="AMXINT4",
+        numa_nodes=None,
+        mode="inference",
+        num_gpu_experts=0,
+        lora_rank=16,
+        lora_alpha=32.0,
+        lora_dropout=0.0,
+        max_cache_depth=1,
+        group_size=128,
+        zero_point=True,
+        full_weight_grad=False,
+        swiglu_limit=0.0,
+        swiglu_alpha=0.0,
+    ):
+        if mode not in ("inference", "sft"):
+            raise ValueError(f"Unsupported mode: {mode!r}. Supported modes: ['inference', 'sft']")
+        methods = INFERENCE_METHODS if mode == "inference" else SFT_METHODS
+        if method not in methods:
+            raise ValueError(f"Unsupported method for mode={mode!r}: {method!r}. Supported methods: {sorted(methods)}")
+        if (swiglu_limit != 0.0 or swiglu_alpha != 0.0) and (mode == "sft" or method not in ("MXFP4", "MXFP8")):
+            raise ValueError(
+                f"swiglu_limit/swiglu_alpha are only supported for MXFP4/MXFP8 inference, got method={method!r} "
+                f"swiglu_limit={swiglu_limit} swiglu_alpha={swiglu_alpha}"
+            )
+        if mode == "sft":
+            raise NotImplementedError("kt_kernel (kt-kernel-rs): SFT mode is not implemented")
+        if method not in WORKING_METHODS:
+            raise NotImplementedError(
+                f"kt_kernel (kt-kernel-rs): method {method} has no CPU backend in this build yet; "
+                f"working methods: {sorted(WORKING_METHODS)}"
+            )
+        return NativeMoEWrapper(
+            layer_idx=layer_idx,
+            num_experts=num_experts,
+            num_experts_per_tok=num_experts_per_tok,
+            hidden_size=hidden_size,
+            moe_intermediate_size=moe_intermediate_size,
+            gpu_experts_mask=gpu_experts_mask,
+            cpuinfer_threads=cpuinfer_threads,
+            threadpool_count=threadpool_count,
+            weight_path=weight_path,
+            chunked_prefill_size=chunked_prefill_size,
+            max_deferred_experts_per_token=max_deferred_experts_per_token,
+            method=method,
+            numa_nodes=numa_nodes,
+        )
+
+    @staticmethod
+    def set_capture_batch_sizes(capture_bs):
+        _Staging.capture_sizes = [int(n) for n in capture_bs]
+
+    @staticmethod
+    def get_capture_batch_sizes():
+        return list(_Staging.capture_sizes)
+
+    @staticmethod
+    def clear_buffer_cache():
+        _Staging.cache.clear()
+
+
+def generate_gpu_experts_masks(activation_freq, num_gpu_experts):
+    """Bool ``[L, E]``: the ``num_gpu_experts`` most frequent (layer, expert) pairs over the whole
+    table (clamped to ``[0, L*E]``), as a torch tensor for a torch input, else numpy."""
+    if T.is_torch(activation_freq):
+        torch = T.torch_module()
+        freq = activation_freq.detach().to("cpu", torch.float64)
+        n = max(0, min(int(num_gpu_experts), freq.numel()))
+        mask = torch.zeros(freq.numel(), dtype=torch.bool)
+        if n:
+            mask[torch.topk(freq.flatten(), n).indices] = True
+        return mask.reshape(freq.shape)
+    freq = np.asarray(activation_freq, dtype=np.float64)
+    if freq.ndim != 2:
+        raise ValueError(f"activation_freq must be [num_layers, num_experts], got shape {freq.shape}")
+    n = max(0, min(int(num_gpu_experts), freq.size))
+    mask = np.zeros(freq.size, dtype=bool)
+    mask[np.argsort(-freq.ravel(), kind="stable")[:n]] = True
+    return mask.reshape(freq.shape)
+
+
+def select_deferred_experts(expert_ids, expert_scores, protected_k):
+    """KT's rule: an expert id is protected for the whole batch if it is among any token's
+    ``protected_k`` highest-scored; returns (immediate ids, deferred ids), the other entries -1."""
+    if T.is_torch(expert_ids):
+        torch = T.torch_module()
+        ids = expert_ids.to(torch.long)
+        if protected_k <= 0:
+            return torch.full_like(ids, -1), ids.clone()
+        top = torch.topk(expert_scores, protected_k, dim=-1).indices
+        protected_ids = torch.gather(ids, -1, top).flatten()
+        keep = torch.isin(ids, protected_ids)
+        return torch.where(keep, ids, -1), torch.where(keep, -1, ids)
+    ids = np.asarray(expert_ids).astype(np.int64)
+    if protected_k <= 0:
+        return np.full_like(ids, -1), ids.copy()
+    scores = np.asarray(expert_scores, dtype=np.float32)
+    top = np.argsort(-scores, axis=-1, kind="stable")[..., :protected_k]
+    keep = np.isin(ids, np.take_along_axis(ids, top, axis=-1).ravel())
+    return np.where(keep, ids, -1), np.where(keep, -1, ids)
+
+
+class _Slot:
+    """One slot's staging buffers (KT keeps two per token count) and their addresses."""
+
+    def __init__(self, alloc, n, h, k, act):
+        self.input = alloc((n, h), act)
+        self.ids = alloc((n, k), "i64")
+        self.ids_deferred = alloc((n, k), "i64")
+        self.weights = alloc((n, k), "f32")
+        self.output = alloc((n, h), act)
+        p = _Staging.ptr
+        self.at = (p(self.input), p(self.ids), p(self.ids_deferred), p(self.weights), p(self.output))
+
+
+class _Staging:
+    """Staging buffers for one token count and tensor kind; kept forever for captured sizes,
+    else only the last one used (as KT's ``KExpertsCPUBuffer``)."""
+
+    cache = {}
+    capture_sizes = []
+
+    @classmethod
+    def get(cls, n, h, k, like, torch):
+        key = (n, h, k, like.dtype, str(like.device) if torch else None)
+        st = cls.cache.get(key)
+        if st is None:
+            for old in [kk for kk in cls.cache if kk[0] not in cls.capture_sizes]:
+                del cls.cache[old]
+            st = cls.cache[key] = _Staging(n, h, k, like)
+        return st
+
+    def __init__(self, n, h, k, like):
+        self.torch = T.is_torch(like)
+        if self.torch:
+            torch = T.torch_module()
+            pin = torch.cuda.is_available()
+            dt = {"bf16": torch.bfloat16, "f32": torch.float32, "i64": torch.int64, "i32": torch.int32}
+
+            def alloc(shape, code):
+                return torch.zeros(shape, dtype=dt[code], pin_memory=pin)
+
+            act = "bf16"  # KT's kernels consume bf16; copy_ converts
+            self.code = "bf16"
+            self.output_dev = torch.zeros((n, h), dtype=like.dtype, device=like.device)
+        else:
+            np_dt = {"i64": np.int64, "f32": np.float32, "i32": np.int32}
+
+            def alloc(shape, code):
+                return np.zeros(shape, dtype=np_dt.get(code, code))
+
+            act = np.dtype(like.dtype) if T.float_code(like) else np.dtype(np.float32)
+            self.code = T.float_code(np.zeros(1, act))
+        self.slots = [_Slot(alloc, n, h, k, act), _Slot(alloc, n, h, k, act)]
+        self.deferred_out = alloc((n, h), act)
+        self.bsz = alloc((1,), "i32")
+        self.bsz[0] = n
+        self.bsz_at, self.deferred_at = self.ptr(self.bsz), self.ptr(self.deferred_out)
+
+    @staticmethod
+    def ptr(x):
+        return int(x.data_ptr()) if T.is_torch(x) else int(x.ctypes.data)
+
+    def put(self, dst, src):
+        """Copy ``src`` into the staging buffer ``dst`` (converting dtype; non-blocking for torch)."""
+        if self.torch:
+            dst.copy_(src.reshape(dst.shape), non_blocking=True)
+        elif T.is_torch(src):
+            np.copyto(dst, src.detach().cpu().numpy().reshape(dst.shape), casting="unsafe")
+        else:
+            np.copyto(dst, np.asarray(src).reshape(dst.shape), casting="unsafe")
+
+
+class NativeMoEWrapper:
+    """The backend object ``KTMoEWrapper`` returns (KT's ``BaseMoEWrapper`` surface)."""
+
+    _cpu_infer = None
+    # Deferred experts: the staging set whose ``deferred_out`` waits to be added by the next KT
+    # layer (whatever its index: KT drops it when the next model layer is dense), and the last
+    # layer submitted (a lower index starts a new pass).
+    _pending = None
+    _last_layer = None
+    _ordinal = 0
+
+    def __init__(
+        self,
+        layer_idx,
+        num_experts,
+        num_experts_per_tok,
+        hidden_size,
+        moe_intermediate_size,
+        gpu_experts_mask,
+        cpuinfer_threads,
+        threadpool_count,
+        weight_path,
+        chunked_prefill_size,
+        max_deferred_experts_per_token,
+        method,
+        numa_nodes,
+    ):
+        for name, v in [
+            ("num_experts", num_experts),
+            ("num_experts_per_tok", num_experts_per_tok),
+            ("hidden_size", hidden_size),
+            ("moe_intermediate_size", moe_intermediate_size),
+            ("cpuinfer_threads", cpuinfer_threads),
+            ("threadpool_count", threadpool_count),
+            ("chunked_prefill_size", chunked_prefill_size),
+        ]:
+            if int(v) <= 0:
+                raise ValueError(f"{name} must be positive, got {v}")
+        if num_experts_per_tok > num_experts:
+            raise ValueError(f"num_experts_per_tok ({num_experts_per_tok}) > num_experts ({num_experts})")
+        if numa_nodes is not None and len(numa_nodes) != threadpool_count:
+            raise ValueError(f"numa_nodes has {len(numa_nodes)} entries but threadpool_count is {threadpool_count}")
+        if cpuinfer_threads < threadpool_count:
+            raise ValueError(
+                f"cpuinfer_threads ({cpuinfer_threads}) < threadpool_count ({threadpool_count}): "
+                "every NUMA sub-pool needs at least one thread"
+            )
+        self.layer_idx = int(layer_idx)
+        self.num_experts = int(num_experts)
+        self.num_experts_per_tok = int(num_experts_per_tok)
+        self.hidden_size = int(hidden_size)
+        self.moe_intermediate_size = int(moe_intermediate_size)
+        self.weight_path = weight_path
+        self.chunked_prefill_size = int(chunked_prefill_size)
+        self.max_deferred_experts_per_token = int(max_deferred_experts_per_token or 0)
+        self.method = method
+        self.gpu_experts_mask = self._own_mask(gpu_experts_mask)
+        self.num_gpu_experts = int(self.gpu_experts_mask.sum())
+        if NativeMoEWrapper._cpu_infer is None:
+            tp, threads = int(threadpool_count), int(cpuinfer_threads)
+            counts = [threads // tp + (1 if i < threads % tp else 0) for i in range(tp)]
+            NativeMoEWrapper._cpu_infer = ext.CpuInfer(counts, None if numa_nodes is None else list(numa_nodes))
+        self.cpu_infer = NativeMoEWrapper._cpu_infer
+        self.moe = ext.Moe(
+            self.cpu_infer,
+            self.num_experts,
+            self.num_experts_per_tok,
+            self.hidden_size,
+            self.moe_intermediate_size,
+            self.chunked_prefill_size,
+            method,
+            _Staging.ptr(self.gpu_experts_mask),
+        )
+        self._staging = None
+        self._submitted_deferred = False
+
+    def _own_mask(self, mask):
+        """The wrapper's own ``[E]`` bool mask, read live by every forward (update it in place)."""
+        e = self.num_experts
+        if mask is not None and T.shape(mask) != (e,):
+            raise ValueError(f"gpu_experts_mask must have shape [{e}], got {T.shape(mask)}")
+        if T.is_torch(mask):
+            torch = T.torch_module()
+            own = torch.zeros(e, dtype=torch.bool, pin_memory=torch.cuda.is_available())
+            own.copy_(mask.to(torch.bool))
+            return own
+        own = np.zeros(e, dtype=bool)
+        if mask is not None:
+            own[:] = np.asarray(mask).astype(bool)
+        return own
+
+    # -- weights ---------------------------------------------------------------------------
+
+    def load_weights(self, physical_to_logical_map_cpu=None):
+        raise NotImplementedError(
+            f"kt_kernel (kt-kernel-rs): loading {self.method} weights from weight_path ({self.weight_path!r}) needs "
+            "the safetensors / KT-format loaders, which are not in this build yet; "
+            "use load_weights_from_tensors(gate, up, down, map)"
+        )
+
+    def load_weights_from_tensors(self, gate_proj, up_proj, down_proj, physical_to_logical_map_cpu=None):
+        """Quantize bf16/f16/f32 ``gate_proj``/``up_proj`` ``[E, I, H]`` and ``down_proj``
+        ``[E, H, I]`` to this wrapper's method on the CPU (any method, not only KT's INT4/INT8)."""
+        e, h, i = self.num_experts, self.hidden_size, self.moe_intermediate_size
+        arrays, code = [], None
+        for name, x, want in [("gate_proj", gate_proj, (e, i, h)), ("up_proj", up_proj, (e, i, h)), ("down_proj", down_proj, (e, h, i))]:
+            if T.shape(x) != want:
+                raise ValueError(f"{name} must have shape {list(want)}, got {list(T.shape(x))}")
+            c = T.float_code(x)
+            if c is None:
+                if T.is_torch(x):
+                    raise TypeError(f"{name}: expected bfloat16, float16 or float32, got {x.dtype}")
+                x, c = np.asarray(x, dtype=np.float32), "f32"
+            if code is not None and c != code:
+                raise TypeError(f"gate_proj, up_proj and down_proj must share a dtype, got {code} and {c}")
+            code = c
+            arrays.append(T.to_host_array(x, name))
+        m = self._map(physical_to_logical_map_cpu)
+        (g, gp), (u, up), (d, dp) = arrays
+        self.moe.load_from_arrays(self.cpu_infer, gp, up, dp, code, m)
+        del g, u, d
+
+    def _map(self, m):
+        e = self.num_experts
+        if m is None:
+            return list(range(e))
+        a = T.int_array(m, "physical_to_logical_map_cpu")
+        if a.shape != (e,):
+            raise ValueError(f"physical_to_logical_map_cpu must have shape [{e}], got {list(a.shape)}")
+        return [int(v) for v in a]
+
+    # -- forward ---------------------------------------------------------------------------
+
+    def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=0):
+        h, k = self.hidden_size, self.num_experts_per_tok
+        torch = T.is_torch(hidden_states)
+        if not torch and not isinstance(hidden_states, np.ndarray):
+            hidden_states = np.asarray(hidden_states)
+        xs = tuple(hidden_states.shape)
+        if not xs or xs[-1] != h:
+            raise ValueError(f"hidden_states must be [N, {h}], got shape {list(xs)}")
+        n = 1
+        for dim in xs[:-1]:
+            n *= int(dim)
+        if n > self.chunked_prefill_size:
+            raise ValueError(
+                f"{n} tokens in one forward exceeds chunked_prefill_size={self.chunked_prefill_size}; "
+                "split the batch or raise chunked_prefill_size"
+            )
+        for name, t in [("topk_ids", topk_ids), ("topk_weights", topk_weights)]:
+            if tuple(t.shape) != (n, k):
+                raise ValueError(f"{name} must be [{n}, {k}] (tokens, num_experts_per_tok), got {list(t.shape)}")
+        if T.is_torch(topk_ids):
+            if topk_ids.dtype.is_floating_point:
+                raise TypeError(f"topk_ids must be an integer tensor, got {topk_ids.dtype}")
+        elif np.asarray(topk_ids).dtype.kind not in "iu":
+            raise TypeError(f"topk_ids must be an integer array, got {np.asarray(topk_ids).dtype}")
+        if not torch and hidden_states.dtype.kind != "f":
+            hidden_states = hidden_states.astype(np.float32)
+
+        cls = NativeMoEWrapper
+        if cls._last_layer is None or self.layer_idx <= cls._last_layer:
+            cls._pending, cls._ordinal = None, 0  # a new pass: nothing carries over
+        st = _Staging.get(n, h, k, hidden_states, torch)
+        # Alternate slots by KT-layer order in the pass (KT uses layer_idx % 2, which hands a
+        # layer the slot whose deferred task may still be reading when a dense layer sits between).
+        slot = st.slots[cls._ordinal % 2]
+        st.put(slot.input, hidden_states)
+        st.put(slot.weights, topk_weights)
+        d = min(self.max_deferred_experts_per_token, k)
+        if d > 0:
+            imm, dfr = select_deferred_experts(topk_ids, topk_weights, k - d)
+            st.put(slot.ids, imm)
+            st.put(slot.ids_deferred, dfr)
+        else:
+            st.put(slot.ids, topk_ids)
+
+        addend = st.deferred_at if cls._pending is st else 0
+        stream = int(cuda_stream or 0)
+        x_at, ids_at, dfr_at, w_at, out_at = slot.at
+        self.moe.submit_forward(self.cpu_infer, stream, st.bsz_at, x_at, st.code, ids_at, w_at, out_at, st.code, addend)
+        if d > 0:
+            self.moe.submit_forward(self.cpu_infer, stream, st.bsz_at, x_at, st.code, dfr_at, w_at, st.deferred_at, st.code, 0)
+        cls._pending = st if d > 0 else None
+        cls._last_layer = self.layer_idx
+        cls._ordinal += 1
+        self._submitted_deferred = d > 0
+        self._staging = (st, slot, xs)
+
+    def sync_forward(self, hidden_states=None, cuda_stream=0):
+        if self._staging is None:
+            raise RuntimeError("sync_forward without a submit_forward")
+        st, slot, xs = self._staging
+        allow = 1 if self._submitted_deferred else 0
+        stream = int(cuda_stream or 0)
+        if stream:
+            self.cpu_infer.sync_with_cuda_stream(stream, allow)
+        else:
+            self.cpu_infer.sync(allow)
+        if st.torch:
+            st.output_dev.copy_(slot.output, non_blocking=bool(stream))
+            return st.output_dev.reshape(xs)
+        # numpy: with a stream the result is ready only after the stream syncs, so the
+        # persistent buffer is returned (as KT does); on the CPU path, a copy the caller owns.
+        return slot.output.reshape(xs) if stream else slot.output.copy().reshape(xs)
+
+    def forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=0):
+        self.submit_forward(hidden_states, topk_ids, topk_weights, cuda_stream)
+        return self.sync_forward(hidden_states, cuda_stream)
+
+    def select_deferred_experts(self, expert_ids, expert_scores, protected_k):
+        return select_deferred_experts(expert_ids, expert_scores, protected_k)

@@ -1,0 +1,56 @@
+//! `kt_kernel.kt_kernel_ext`: the native half of the `kt_kernel` package. It exposes what KT's
+//! C++ extension exposes to its Python wrapper: a process-wide `CpuInfer` (the NUMA pool and a
+//! FIFO task queue, with CUDA-stream host-function submission) and `Moe` layers whose forward
+//! tasks read pinned staging buffers by address when they run, so CUDA graphs can replay them.
+//! The Python package (`python/kt_kernel`) holds KT's wrapper logic on top.
+
+mod cuda;
+mod infer;
+mod moe;
+
+use pyo3::prelude::*;
+
+/// Map a `kt_core::Error` to the Python exception a user expects.
+fn value_error(e: impl std::fmt::Display) -> PyErr {
+    pyo3::exceptions::PyValueError::new_err(e.to_string())
+}
+
+#[pymodule]
+mod kt_kernel_ext {
+    #[pymodule_export]
+    use super::infer::CpuInfer;
+    #[pymodule_export]
+    use super::moe::Moe;
+
+    use pyo3::prelude::*;
+
+    /// CUDA host-function argument blocks made so far; equal calls (as in CUDA-graph replays)
+    /// reuse theirs.
+    #[pyfunction]
+    fn cuda_host_blocks() -> usize {
+        super::cuda::cached_blocks()
+    }
+
+    #[pymodule_init]
+    fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
+        // KT_KERNEL_CPU_VARIANT / KT_KERNEL_DEBUG are read here; a bad value fails the import
+        // with the list of valid ones rather than silently running something else.
+        let selected = kt_host::registry::select_default().map_err(|e| {
+            pyo3::exceptions::PyImportError::new_err(format!("kt_kernel: cannot choose a CPU backend: {e}"))
+        })?;
+        let name = selected.backend.name();
+        m.add("__version__", env!("CARGO_PKG_VERSION"))?;
+        m.add("__backend__", name)?;
+        m.add("__cpu_variant__", name)?;
+        m.add("__cpu_features__", kt_host::cpu::CpuInfo::detect().kt_variant())?;
+        m.add(
+            "__int8_kernel__",
+            match name {
+                "avx2" => "avx2-maddubs",
+                "reference" => "reference",
+                other => other,
+            },
+        )?;
+        Ok(())
+    }
+}

@@ -1,0 +1,281 @@
+//! `Moe`: one MoE layer of the `CpuInfer` engine. Weights come from `[E, I, H]`/`[E, H, I]`
+//! arrays (online quantization); a forward is a queued task that reads the staging buffers by
+//! address when it runs, so the wrapper's pinned buffers and CUDA-graph replays feed it.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use half::{bf16, f16};
+use kt_core::{MoeConfig, WeightFormat};
+use kt_host::{LayerOptions, MoeLayer};
+use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
+use pyo3::prelude::*;
+
+use crate::cuda::Key;
+use crate::infer::CpuInfer;
+use crate::value_error;
+
+/// Element types of staging buffers and weight arrays.
+#[derive(Clone, Copy, Debug)]
+#[repr(u8)]
+enum DType {
+    Bf16,
+    F16,
+    F32,
+}
+
+impl DType {
+    fn parse(s: &str) -> PyResult<Self> {
+        match s {
+            "bf16" => Ok(DType::Bf16),
+            "f16" => Ok(DType::F16),
+            "f32" => Ok(DType::F32),
+            _ => Err(value_error(format!("unsupported dtype {s:?}; expected bfloat16, float16 or float32"))),
+        }
+    }
+
+    /// `len` elements at `ptr` as f32.
+    ///
+    /// # Safety
+    /// `ptr` must address `len` readable elements of this type.
+    unsafe fn read(self, ptr: usize, len: usize) -> Vec<f32> {
+        // SAFETY: per the contract above.
+        unsafe {
+            match self {
+                DType::Bf16 => std::slice::from_raw_parts(ptr as *const bf16, len).iter().map(|v| v.to_f32()).collect(),
+                DType::F16 => std::slice::from_raw_parts(ptr as *const f16, len).iter().map(|v| v.to_f32()).collect(),
+                DType::F32 => std::slice::from_raw_parts(ptr as *const f32, len).to_vec(),
+            }
+        }
+    }
+
+    /// Write `v` at `ptr`, rounding to nearest even.
+    ///
+    /// # Safety
+    /// `ptr` must address `v.len()` writable elements of this type, aliased by nothing else.
+    unsafe fn write(self, ptr: usize, v: &[f32]) {
+        // SAFETY: per the contract above.
+        unsafe {
+            match self {
+                DType::Bf16 => std::slice::from_raw_parts_mut(ptr as *mut bf16, v.len())
+                    .iter_mut()
+                    .zip(v)
+                    .for_each(|(o, &x)| *o = bf16::from_f32(x)),
+                DType::F16 => std::slice::from_raw_parts_mut(ptr as *mut f16, v.len())
+                    .iter_mut()
+                    .zip(v)
+                    .for_each(|(o, &x)| *o = f16::from_f32(x)),
+                DType::F32 => std::slice::from_raw_parts_mut(ptr as *mut f32, v.len()).copy_from_slice(v),
+            }
+        }
+    }
+}
+
+struct Shared {
+    id: u64,
+    cfg: MoeConfig,
+    format: WeightFormat,
+    /// The wrapper's `gpu_experts_mask` (`[E]` bytes, nonzero = on the GPU), read at every
+    /// forward; 0 = none.
+    mask_ptr: usize,
+    layer: Mutex<Option<Arc<MoeLayer>>>,
+}
+
+/// One layer's experts on the CPU.
+#[pyclass(frozen, module = "kt_kernel.kt_kernel_ext")]
+pub struct Moe {
+    shared: Arc<Shared>,
+}
+
+/// Staging buffer addresses of one forward (the wrapper keeps them alive and in place).
+#[derive(Clone, Copy)]
+struct Staging {
+    bsz: usize,
+    input: usize,
+    input_dtype: DType,
+    ids: usize,
+    weights: usize,
+    output: usize,
+    output_dtype: DType,
+    /// A `[N, H]` buffer of the output's dtype added to the result (a previous layer's deferred
+    /// experts), or 0.
+    addend: usize,
+}
+
+#[pymethods]
+impl Moe {
+    /// A layer of `experts` experts, `top_k` per token, hidden `hidden`, intermediate
+    /// `intermediate`, at most `max_tokens` per forward, in `method` (KT's method names), split
+    /// into one NUMA part per sub-pool of `infer`. `mask_ptr` is the address of the `[E]` bool
+    /// mask the wrapper owns (0 for none).
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    fn new(
+        infer: &CpuInfer,
+        experts: usize,
+        top_k: usize,
+        hidden: usize,
+        intermediate: usize,
+        max_tokens: usize,
+        method: &str,
+        mask_ptr: usize,
+    ) -> PyResult<Self> {
+        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+        let format = WeightFormat::parse(method).ok_or_else(|| {
+            PyNotImplementedError::new_err(format!(
+                "method {method} has no CPU backend in this build yet; working methods: {}",
+                WeightFormat::NAMES
+            ))
+        })?;
+        let cfg = MoeConfig {
+            max_tokens,
+            parts: infer.pool.subpools(),
+            ..MoeConfig::new(experts, top_k, hidden, intermediate)
+        };
+        cfg.validate_for(format).map_err(value_error)?;
+        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        Ok(Moe { shared: Arc::new(Shared { id, cfg, format, mask_ptr, layer: Mutex::new(None) }) })
+    }
+
+    /// Quantize and pack experts from row-major arrays at these addresses: gate and up
+    /// `[E, I, H]`, down `[E, H, I]`, all of `dtype`; slot `p` gets logical expert `map[p]`.
+    /// Blocks (GIL released) until every expert is packed on the engine's pool.
+    #[allow(clippy::too_many_arguments)]
+    fn load_from_arrays(
+        &self,
+        py: Python<'_>,
+        infer: &CpuInfer,
+        gate: usize,
+        up: usize,
+        down: usize,
+        dtype: &str,
+        map: Vec<i64>,
+    ) -> PyResult<()> {
+        let dtype = DType::parse(dtype)?;
+        let s = &self.shared;
+        let (e, h, i) = (s.cfg.experts, s.cfg.hidden, s.cfg.intermediate);
+        if map.len() != e {
+            return Err(value_error(format!("physical_to_logical_map has {} entries, expected {e}", map.len())));
+        }
+        if let Some((p, &l)) = map.iter().enumerate().find(|(_, &l)| l < 0 || l as usize >= e) {
+            return Err(value_error(format!("physical_to_logical_map[{p}] = {l} is not an expert id in [0, {e})")));
+        }
+        let opts = LayerOptions::executor(infer.pool.clone());
+        let layer = py.detach(|| {
+            MoeLayer::from_f32(
+                &s.cfg,
+                s.format,
+                |slot| {
+                    let l = map[slot] as usize;
+                    // SAFETY: the wrapper checked shapes, dtypes and contiguity of the three
+                    // arrays and keeps them alive for this call.
+                    Some(unsafe {
+                        [
+                            dtype.read(gate + l * i * h * size(dtype), i * h),
+                            dtype.read(up + l * i * h * size(dtype), i * h),
+                            dtype.read(down + l * h * i * size(dtype), h * i),
+                        ]
+                    })
+                },
+                &opts,
+            )
+        });
+        let layer = layer.map_err(value_error)?;
+        *s.layer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(layer));
+        Ok(())
+    }
+
+    /// Queue a forward over the staging buffers at these addresses (`bsz`: int32 token count,
+    /// read when the task runs; `ids` int64 and `weights` float32 `[N, k]`; `input`/`output`
+    /// `[N, H]` of their dtypes). `addend` (0 = none) is a `[N, H]` buffer of the output dtype
+    /// added to the result: a previous layer's deferred experts. With a non-zero `stream` the
+    /// task is queued by a host function on that CUDA stream.
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (infer, stream, bsz, input, input_dtype, ids, weights, output, output_dtype, addend = 0))]
+    fn submit_forward(
+        &self,
+        infer: &CpuInfer,
+        stream: usize,
+        bsz: usize,
+        input: usize,
+        input_dtype: &str,
+        ids: usize,
+        weights: usize,
+        output: usize,
+        output_dtype: &str,
+        addend: usize,
+    ) -> PyResult<()> {
+        if self.shared.layer.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
+            return Err(PyRuntimeError::new_err("weights are not loaded: call load_weights first"));
+        }
+        let st = Staging {
+            bsz,
+            input,
+            input_dtype: DType::parse(input_dtype)?,
+            ids,
+            weights,
+            output,
+            output_dtype: DType::parse(output_dtype)?,
+            addend,
+        };
+        let shared = self.shared.clone();
+        let key = Key::Forward {
+            moe: shared.id,
+            addrs: [st.bsz, st.input, st.ids, st.weights, st.output, st.addend],
+            dtypes: [st.input_dtype as u8, st.output_dtype as u8],
+        };
+        infer.submit(stream, key, move || {
+            let shared = shared.clone();
+            Box::new(move || forward(&shared, st))
+        })
+    }
+
+    /// Whether weights are loaded.
+    #[getter]
+    fn loaded(&self) -> bool {
+        self.shared.layer.lock().unwrap_or_else(|e| e.into_inner()).is_some()
+    }
+
+    /// The backend running the layer (after loading).
+    #[getter]
+    fn backend(&self) -> Option<&'static str> {
+        self.shared.layer.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|l| l.backend().name())
+    }
+}
+
+fn size(d: DType) -> usize {
+    match d {
+        DType::Bf16 | DType::F16 => 2,
+        DType::F32 => 4,
+    }
+}
+
+/// The body of a forward task.
+fn forward(s: &Shared, st: Staging) -> Result<(), String> {
+    let layer = s.layer.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or("weights are not loaded")?;
+    let (h, k, e) = (s.cfg.hidden, s.cfg.top_k, s.cfg.experts);
+    // SAFETY (all reads and writes below): the wrapper's staging buffers hold at least
+    // max_tokens rows, stay alive and are not touched by Python until the matching sync.
+    let n = unsafe { *(st.bsz as *const i32) };
+    if n < 0 || n as usize > s.cfg.max_tokens {
+        return Err(format!("{n} tokens in one forward; chunked_prefill_size allows at most {}", s.cfg.max_tokens));
+    }
+    let n = n as usize;
+    let input: Vec<bf16> = match st.input_dtype {
+        DType::Bf16 => unsafe { std::slice::from_raw_parts(st.input as *const bf16, n * h) }.to_vec(),
+        d => unsafe { d.read(st.input, n * h) }.into_iter().map(bf16::from_f32).collect(),
+    };
+    let ids = unsafe { std::slice::from_raw_parts(st.ids as *const i64, n * k) };
+    let weights = unsafe { std::slice::from_raw_parts(st.weights as *const f32, n * k) };
+    let mask: Option<Vec<bool>> = (s.mask_ptr != 0)
+        .then(|| unsafe { std::slice::from_raw_parts(s.mask_ptr as *const u8, e) }.iter().map(|&b| b != 0).collect());
+    let mut out = vec![bf16::ZERO; n * h];
+    layer.forward_into(&input, ids, weights, mask.as_deref(), &mut out).map_err(|e| e.to_string())?;
+    let mut v: Vec<f32> = out.iter().map(|x| x.to_f32()).collect();
+    if st.addend != 0 {
+        let prev = unsafe { st.output_dtype.read(st.addend, n * h) };
+        v.iter_mut().zip(prev).for_each(|(a, b)| *a += b);
+    }
+    unsafe { st.output_dtype.write(st.output, &v) };
+    Ok(())
+}

@@ -1,0 +1,90 @@
+"""Fixtures: a numpy MoE reference, weight generators, wrapper construction, and the fake
+libcudart (built here with the system C compiler) for the CUDA-stream path."""
+
+import ctypes
+import os
+import pathlib
+import subprocess
+
+import numpy as np
+import pytest
+
+# Mean relative error limits against an fp32 MoE (the backend issues' thresholds).
+LIMITS = {"BF16": 0.01, "FP8": 0.05, "FP8_PERCHANNEL": 0.05, "AMXINT8": 0.04, "AMXINT4": 0.30, "RAWINT4": 0.30}
+
+
+def silu(z):
+    return z / (1.0 + np.exp(-z))
+
+
+def moe_reference(x, ids, weights, gate, up, down, mask=None, slot_to_logical=None):
+    """fp32 MoE: sum over valid, CPU-resident (unmasked) ids of w * down(silu(gate x) * up x)."""
+    x = np.asarray(x, dtype=np.float64)
+    e = gate.shape[0]
+    out = np.zeros_like(x)
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            slot = int(ids[t, j])
+            if slot < 0 or slot >= e or (mask is not None and mask[slot]):
+                continue
+            le = slot if slot_to_logical is None else int(slot_to_logical[slot])
+            h = silu(gate[le] @ x[t]) * (up[le] @ x[t])
+            out[t] += weights[t, j] * (down[le] @ h)
+    return out
+
+
+def rel_err(out, ref):
+    return float(np.abs(np.asarray(out, np.float64) - ref).sum() / max(np.abs(ref).sum(), 1e-30))
+
+
+def experts(e, h, i, seed):
+    r = np.random.default_rng(seed)
+    gate = (r.standard_normal((e, i, h)) / np.sqrt(h)).astype(np.float32)
+    up = (r.standard_normal((e, i, h)) / np.sqrt(h)).astype(np.float32)
+    down = (r.standard_normal((e, h, i)) / np.sqrt(i)).astype(np.float32)
+    return gate, up, down
+
+
+def routing(n, k, e, seed, invalid=False):
+    r = np.random.default_rng(seed)
+    ids = np.stack([r.choice(e, size=k, replace=False) for _ in range(n)]).astype(np.int32)
+    if invalid and n > 1:
+        ids[1, 0] = -1
+        ids[-1, -1] = e + 3
+    w = r.random((n, k)).astype(np.float32) + 0.1
+    return ids, (w / w.sum(axis=1, keepdims=True)).astype(np.float32)
+
+
+def make(layer_idx=0, e=8, k=2, h=256, i=512, method="BF16", mask=None, chunk=64, deferred=None):
+    from kt_kernel import KTMoEWrapper
+
+    return KTMoEWrapper(
+        layer_idx=layer_idx,
+        num_experts=e,
+        num_experts_per_tok=k,
+        hidden_size=h,
+        moe_intermediate_size=i,
+        gpu_experts_mask=mask,
+        cpuinfer_threads=2,
+        threadpool_count=2,
+        numa_nodes=None,
+        weight_path="/nonexistent/kt-weights",
+        chunked_prefill_size=chunk,
+        swiglu_limit=0.0,
+        swiglu_alpha=0.0,
+        method=method,
+        max_deferred_experts_per_token=deferred,
+    )
+
+
+@pytest.fixture(scope="session")
+def fake_cuda(tmp_path_factory):
+    """Build the fake libcudart, point kt_kernel at it, return it (ctypes)."""
+    src = pathlib.Path(__file__).with_name("fake_cudart.c")
+    lib = tmp_path_factory.mktemp("cuda") / "libfakecudart.so"
+    subprocess.run(["cc", "-shared", "-fPIC", "-O2", "-o", str(lib), str(src), "-lpthread"], check=True)
+    os.environ["KT_KERNEL_CUDART"] = str(lib)
+    cuda = ctypes.CDLL(str(lib))
+    cuda.fake_host_calls.restype = ctypes.c_long
+    cuda.cudaStreamSynchronize.argtypes = [ctypes.c_void_p]
+    return cuda

@@ -1,0 +1,128 @@
+"""Import surface, KT's constructor signature and validation, masks and helpers."""
+
+import inspect
+import sys
+
+import numpy as np
+import pytest
+
+import kt_kernel
+from kt_kernel import KTMoEWrapper, generate_gpu_experts_masks
+from conftest import make
+
+KT_SIGNATURE = [
+    ("layer_idx", inspect.Parameter.empty),
+    ("num_experts", inspect.Parameter.empty),
+    ("num_experts_per_tok", inspect.Parameter.empty),
+    ("hidden_size", inspect.Parameter.empty),
+    ("moe_intermediate_size", inspect.Parameter.empty),
+    ("gpu_experts_mask", inspect.Parameter.empty),
+    ("cpuinfer_threads", inspect.Parameter.empty),
+    ("threadpool_count", inspect.Parameter.empty),
+    ("weight_path", inspect.Parameter.empty),
+    ("chunked_prefill_size", inspect.Parameter.empty),
+    ("cpu_save", False),
+    ("max_deferred_experts_per_token", None),
+    ("method", "AMXINT4"),
+    ("numa_nodes", None),
+    ("mode", "inference"),
+    ("num_gpu_experts", 0),
+    ("lora_rank", 16),
+    ("lora_alpha", 32.0),
+    ("lora_dropout", 0.0),
+    ("max_cache_depth", 1),
+    ("group_size", 128),
+    ("zero_point", True),
+    ("full_weight_grad", False),
+    ("swiglu_limit", 0.0),
+    ("swiglu_alpha", 0.0),
+]
+
+
+def test_import_surface():
+    assert kt_kernel.__version__
+    assert kt_kernel.__cpu_variant__ in {"amx", "avx512_bf16", "avx512_vbmi", "avx512_vnni", "avx512_base", "avx2", "reference"}
+    assert isinstance(kt_kernel.__int8_kernel__, str)
+    assert sys.modules["kt_kernel_ext"] is kt_kernel.kt_kernel_ext
+    for name in ("set_capture_batch_sizes", "get_capture_batch_sizes", "clear_buffer_cache"):
+        assert callable(getattr(KTMoEWrapper, name))
+
+
+def test_constructor_signature_is_kts():
+    params = list(inspect.signature(KTMoEWrapper.__new__).parameters.values())[1:]
+    assert [(p.name, p.default) for p in params] == KT_SIGNATURE
+
+
+def test_factory_returns_a_backend_object():
+    w = make()
+    assert not isinstance(w, KTMoEWrapper)
+    for m in ("load_weights", "load_weights_from_tensors", "submit_forward", "sync_forward", "forward", "select_deferred_experts"):
+        assert callable(getattr(w, m))
+    assert w.gpu_experts_mask.dtype == bool and w.gpu_experts_mask.shape == (8,)
+
+
+@pytest.mark.parametrize(
+    "kwargs, exc, needle",
+    [
+        ({"method": "AMXINT3"}, ValueError, "Supported methods"),
+        ({"method": "BF16", "swiglu_limit": 7.0}, ValueError, "MXFP4/MXFP8"),
+        ({"mode": "train"}, ValueError, "mode"),
+        ({"method": "GPTQ_INT4"}, NotImplementedError, "GPTQ_INT4"),
+        ({"method": "LLAMAFILE"}, NotImplementedError, "LLAMAFILE"),
+        ({"method": "MOE_INT8"}, NotImplementedError, "MOE_INT8"),
+        ({"method": "AMXINT4_SFT", "mode": "sft"}, NotImplementedError, "SFT"),
+        ({"num_experts_per_tok": 9}, ValueError, "num_experts_per_tok"),
+        ({"hidden_size": 0}, ValueError, "hidden_size"),
+        ({"numa_nodes": [0]}, ValueError, "numa_nodes"),
+        ({"cpuinfer_threads": 1}, ValueError, "cpuinfer_threads"),
+    ],
+)
+def test_bad_constructor_arguments(kwargs, exc, needle):
+    args = dict(
+        layer_idx=0,
+        num_experts=8,
+        num_experts_per_tok=2,
+        hidden_size=256,
+        moe_intermediate_size=512,
+        gpu_experts_mask=None,
+        cpuinfer_threads=2,
+        threadpool_count=2,
+        weight_path="/nonexistent",
+        chunked_prefill_size=16,
+    )
+    args.update(kwargs)
+    with pytest.raises(exc, match=needle):
+        KTMoEWrapper(**args)
+
+
+def test_capture_sizes_round_trip():
+    KTMoEWrapper.set_capture_batch_sizes([1, 2, 4, 8])
+    assert KTMoEWrapper.get_capture_batch_sizes() == [1, 2, 4, 8]
+    KTMoEWrapper.clear_buffer_cache()
+    KTMoEWrapper.set_capture_batch_sizes([])
+
+
+def test_generate_gpu_experts_masks():
+    freq = np.array([[5, 1, 9], [7, 0, 3]], dtype=np.float32)
+    m = generate_gpu_experts_masks(freq, 3)
+    assert m.dtype == bool and m.shape == (2, 3)
+    assert m.tolist() == [[True, False, True], [True, False, False]]  # 9, 7, 5
+    assert not generate_gpu_experts_masks(freq, 0).any()
+    assert generate_gpu_experts_masks(freq, 99).all()
+
+
+def test_select_deferred_experts_follows_kts_batch_rule():
+    w = make()
+    ids = np.array([[0, 1, 2], [3, 0, 4]])
+    scores = np.array([[0.5, 0.3, 0.2], [0.6, 0.1, 0.3]], dtype=np.float32)
+    imm, dfr = w.select_deferred_experts(ids, scores, 1)
+    # protected: expert 0 (token 0's top) and 3 (token 1's top); 0 is protected in token 1 too.
+    assert imm.tolist() == [[0, -1, -1], [3, 0, -1]]
+    assert dfr.tolist() == [[-1, 1, 2], [-1, -1, 4]]
+    imm, dfr = w.select_deferred_experts(ids, scores, 0)
+    assert (imm == -1).all() and (dfr == ids).all()
+
+
+def test_load_weights_from_a_path_says_what_is_missing():
+    with pytest.raises(NotImplementedError, match="load_weights_from_tensors"):
+        make().load_weights(np.arange(8, dtype=np.int64))
