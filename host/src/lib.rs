@@ -16,6 +16,7 @@ pub mod queue;
 pub mod registry;
 mod sync;
 pub mod topology;
+pub mod weights;
 
 pub use kt_core::{bf16, Error, MoeConfig, WeightFormat};
 pub use layer::{LayerOptions, MoeLayer};

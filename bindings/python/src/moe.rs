@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use half::{bf16, f16};
 use kt_core::{MoeConfig, WeightFormat};
+use kt_host::weights::{load_layer, Checkpoint, WeightError};
 use kt_host::{LayerOptions, MoeLayer};
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;
@@ -154,19 +155,14 @@ impl Moe {
         let dtype = DType::parse(dtype)?;
         let s = &self.shared;
         let (e, h, i) = (s.cfg.experts, s.cfg.hidden, s.cfg.intermediate);
-        if map.len() != e {
-            return Err(value_error(format!("physical_to_logical_map has {} entries, expected {e}", map.len())));
-        }
-        if let Some((p, &l)) = map.iter().enumerate().find(|(_, &l)| l < 0 || l as usize >= e) {
-            return Err(value_error(format!("physical_to_logical_map[{p}] = {l} is not an expert id in [0, {e})")));
-        }
+        let map = checked_map(&map, e)?;
         let opts = LayerOptions::executor(infer.pool.clone());
         let layer = py.detach(|| {
             MoeLayer::from_f32(
                 &s.cfg,
                 s.format,
                 |slot| {
-                    let l = map[slot] as usize;
+                    let l = map[slot];
                     // SAFETY: the wrapper checked shapes, dtypes and contiguity of the three
                     // arrays and keeps them alive for this call.
                     Some(unsafe {
@@ -183,6 +179,41 @@ impl Moe {
         let layer = layer.map_err(value_error)?;
         *s.layer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(layer));
         Ok(())
+    }
+
+    /// Load layer `layer` from the Hugging Face safetensors checkpoint at `path` (a directory
+    /// or one file; the expert layout and dtype are detected), quantizing to this layer's
+    /// method; slot `p` gets logical expert `map[p]`. Blocks, GIL released.
+    fn load_from_checkpoint(
+        &self,
+        py: Python<'_>,
+        infer: &CpuInfer,
+        path: std::path::PathBuf,
+        layer: usize,
+        map: Vec<i64>,
+    ) -> PyResult<()> {
+        let s = &self.shared;
+        let map = checked_map(&map, s.cfg.experts)?;
+        let opts = LayerOptions::executor(infer.pool.clone());
+        let loaded = py.detach(|| -> Result<MoeLayer, (bool, String)> {
+            let ck = checkpoint(&path).map_err(|e| (false, e.to_string()))?;
+            load_layer(&ck, layer, s.format, &s.cfg, Some(&map), &opts).map_err(|e| {
+                let kt_format =
+                    matches!(e, WeightError::UnknownLayout { .. }) && ck.names().any(|n| n.starts_with("blk."));
+                (kt_format, e.to_string())
+            })
+        });
+        match loaded {
+            Ok(l) => {
+                *s.layer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(l));
+                Ok(())
+            }
+            Err((true, e)) => Err(PyNotImplementedError::new_err(format!(
+                "{}: this is KT's converted format (blk.* tensors), which this build cannot read yet ({e})",
+                path.display()
+            ))),
+            Err((false, e)) => Err(value_error(e)),
+        }
     }
 
     /// Queue a forward over the staging buffers at these addresses (`bsz`: int32 token count,
@@ -241,6 +272,33 @@ impl Moe {
     fn backend(&self) -> Option<&'static str> {
         self.shared.layer.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|l| l.backend().name())
     }
+}
+
+/// The physical→logical expert map as indices, each checked to be an expert id.
+fn checked_map(map: &[i64], e: usize) -> PyResult<Vec<usize>> {
+    if map.len() != e {
+        return Err(value_error(format!("physical_to_logical_map has {} entries, expected {e}", map.len())));
+    }
+    map.iter()
+        .enumerate()
+        .map(|(p, &l)| {
+            usize::try_from(l).ok().filter(|&l| l < e).ok_or_else(|| {
+                value_error(format!("physical_to_logical_map[{p}] = {l} is not an expert id in [0, {e})"))
+            })
+        })
+        .collect()
+}
+
+/// The process's checkpoint (KT keeps one loader per process): reopened only for a new path.
+fn checkpoint(path: &std::path::Path) -> Result<Arc<Checkpoint>, WeightError> {
+    static OPEN: Mutex<Option<(std::path::PathBuf, Arc<Checkpoint>)>> = Mutex::new(None);
+    let mut slot = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, ck)) = slot.as_ref().filter(|(p, _)| p == path) {
+        return Ok(ck.clone());
+    }
+    let ck = Arc::new(Checkpoint::open(path)?);
+    *slot = Some((path.to_path_buf(), ck.clone()));
+    Ok(ck)
 }
 
 fn size(d: DType) -> usize {

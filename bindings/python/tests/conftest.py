@@ -2,6 +2,7 @@
 libcudart (built here with the system C compiler) for the CUDA-stream path."""
 
 import ctypes
+import json
 import os
 import pathlib
 import subprocess
@@ -55,7 +56,33 @@ def routing(n, k, e, seed, invalid=False):
     return ids, (w / w.sum(axis=1, keepdims=True)).astype(np.float32)
 
 
-def make(layer_idx=0, e=8, k=2, h=256, i=512, method="BF16", mask=None, chunk=64, deferred=None):
+def bf16_bits(a):
+    """float32 -> bfloat16 bits (round to nearest even), as uint16."""
+    u = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def write_bf16_safetensors(path, tensors):
+    """numpy's safetensors API has no bfloat16: write the file by hand (8-byte header length,
+    JSON header, data), as the format specifies."""
+    header, blobs, at = {}, [], 0
+    for name, a in tensors.items():
+        b = bf16_bits(a).tobytes()
+        header[name] = {"dtype": "BF16", "shape": list(a.shape), "data_offsets": [at, at + len(b)]}
+        blobs.append(b)
+        at += len(b)
+    h = json.dumps(header).encode()
+    h += b" " * (-len(h) % 8)
+    with open(path, "wb") as f:
+        f.write(len(h).to_bytes(8, "little") + h + b"".join(blobs))
+
+
+def write_config(d, e, k, h, i, layers):
+    cfg = {"num_experts": e, "num_experts_per_tok": k, "hidden_size": h, "moe_intermediate_size": i, "num_hidden_layers": layers}
+    (pathlib.Path(d) / "config.json").write_text(json.dumps(cfg))
+
+
+def make(layer_idx=0, e=8, k=2, h=256, i=512, method="BF16", mask=None, chunk=64, deferred=None, path="/nonexistent/kt-weights"):
     from kt_kernel import KTMoEWrapper
 
     return KTMoEWrapper(
@@ -68,7 +95,7 @@ def make(layer_idx=0, e=8, k=2, h=256, i=512, method="BF16", mask=None, chunk=64
         cpuinfer_threads=2,
         threadpool_count=2,
         numa_nodes=None,
-        weight_path="/nonexistent/kt-weights",
+        weight_path=path,
         chunked_prefill_size=chunk,
         swiglu_limit=0.0,
         swiglu_alpha=0.0,

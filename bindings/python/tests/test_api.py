@@ -123,6 +123,6 @@ def test_select_deferred_experts_follows_kts_batch_rule():
     assert (imm == -1).all() and (dfr == ids).all()
 
 
-def test_load_weights_from_a_path_says_what_is_missing():
-    with pytest.raises(NotImplementedError, match="load_weights_from_tensors"):
+def test_load_weights_from_a_missing_path_names_it():
+    with pytest.raises(FileNotFoundError, match="/nonexistent/kt-weights"):
         make().load_weights(np.arange(8, dtype=np.int64))

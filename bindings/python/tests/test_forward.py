@@ -6,7 +6,7 @@ import threading
 import numpy as np
 import pytest
 
-from conftest import LIMITS, experts, make, moe_reference, rel_err, routing
+from conftest import LIMITS, experts, make, moe_reference, rel_err, routing, write_bf16_safetensors, write_config
 
 E, K, H, I = 8, 2, 256, 512
 
@@ -85,21 +85,28 @@ def deferred_reference(layers, xs, ids, ws, weights, d, masks):
 
 
 @pytest.mark.parametrize("layer_ids", [[0, 1, 2, 3], [0, 1, 3, 4]], ids=["consecutive", "dense-layer-2"])
-def test_sglang_call_sequence_with_deferred_experts(layer_ids):
-    """SGLang's hybrid path: keyword construction, capture sizes, weights, then per layer
-    submit/sync with max_deferred 1 (0 on the last), the mask updated in place between steps."""
+def test_sglang_call_sequence_with_deferred_experts(layer_ids, tmp_path):
+    """SGLang's hybrid path: keyword construction, capture sizes, load_weights(arange(E)) from
+    the checkpoint directory, then per layer submit/sync with max_deferred 1 (0 on the last),
+    the mask updated in place between steps."""
     from kt_kernel import KTMoEWrapper
 
     KTMoEWrapper.set_capture_batch_sizes([1, 2, 4])
-    layer_w = [experts(E, H, I, seed=10 + li) for li in range(4)]
+    weights = {lid: experts(E, H, I, seed=10 + lid) for lid in layer_ids}
+    tensors = {}
+    for lid, (g, u, d) in weights.items():
+        for e in range(E):
+            for proj, m in [("gate", g[e]), ("up", u[e]), ("down", d[e])]:
+                tensors[f"model.layers.{lid}.mlp.experts.{e}.{proj}_proj.weight"] = m
+    write_bf16_safetensors(tmp_path / "model.safetensors", tensors)
+    write_config(tmp_path, E, K, H, I, max(layer_ids) + 1)
+    layer_w = [weights[lid] for lid in layer_ids]
     masks0 = [np.arange(E) % 4 == li for li in range(4)]
     deferral = [1, 1, 1, 0]
     wrappers = []
     for li, lid in enumerate(layer_ids):
-        w = make(layer_idx=lid, mask=masks0[li], deferred=deferral[li], method="BF16")
-        with pytest.raises(NotImplementedError):
-            w.load_weights(np.arange(E, dtype=np.int64))
-        w.load_weights_from_tensors(*layer_w[li], np.arange(E, dtype=np.int64))
+        w = make(layer_idx=lid, mask=masks0[li], deferred=deferral[li], method="BF16", path=str(tmp_path))
+        w.load_weights(np.arange(E, dtype=np.int64))
         wrappers.append(w)
     for step, n in enumerate([1, 3, 4]):
         r = np.random.default_rng(100 + step)

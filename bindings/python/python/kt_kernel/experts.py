@@ -330,11 +330,17 @@ class NativeMoEWrapper:
     # -- weights ---------------------------------------------------------------------------
 
     def load_weights(self, physical_to_logical_map_cpu=None):
-        raise NotImplementedError(
-            f"kt_kernel (kt-kernel-rs): loading {self.method} weights from weight_path ({self.weight_path!r}) needs "
-            "the safetensors / KT-format loaders, which are not in this build yet; "
-            "use load_weights_from_tensors(gate, up, down, map)"
-        )
+        """Load this layer from ``weight_path``: a Hugging Face safetensors checkpoint (a
+        directory, sharded or not, or one file) in any layout KT's loaders detect, bf16 / f16 /
+        f32 / fp8 (block or per-channel scales), quantized on the CPU to this wrapper's method.
+        Blocks until done (as KT's). KT's converted INT4/INT8 format is not readable yet."""
+        if self.weight_path is None:
+            raise ValueError("weight_path is None: pass the checkpoint directory, or use load_weights_from_tensors")
+        import os
+
+        if not os.path.exists(self.weight_path):
+            raise FileNotFoundError(f"weight_path {self.weight_path!r} does not exist")
+        self.moe.load_from_checkpoint(self.cpu_infer, os.fspath(self.weight_path), self.layer_idx, self._map(physical_to_logical_map_cpu))
 
     def load_weights_from_tensors(self, gate_proj, up_proj, down_proj, physical_to_logical_map_cpu=None):
         """Quantize bf16/f16/f32 ``gate_proj``/``up_proj`` ``[E, I, H]`` and ``down_proj``

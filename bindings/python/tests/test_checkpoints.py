@@ -1,0 +1,90 @@
+"""``load_weights`` from Hugging Face checkpoints written with the ``safetensors`` package (and
+by hand for bfloat16, which its numpy API lacks): layouts, shards, dtypes, errors."""
+
+import json
+
+import numpy as np
+import pytest
+from safetensors.numpy import save_file
+
+from conftest import LIMITS, experts, make, moe_reference, rel_err, routing, write_bf16_safetensors, write_config
+
+E, K, H, I = 8, 2, 256, 512
+
+
+def deepseek_names(layer, e):
+    return [f"model.layers.{layer}.mlp.experts.{e}.{p}_proj.weight" for p in ("gate", "up", "down")]
+
+
+def mixtral_names(layer, e):
+    return [f"model.layers.{layer}.block_sparse_moe.experts.{e}.{w}.weight" for w in ("w1", "w3", "w2")]
+
+
+@pytest.mark.parametrize("method", ["BF16", "AMXINT8", "FP8"])
+def test_f16_deepseek_checkpoint_equals_loading_the_same_tensors(tmp_path, method):
+    g, u, d = (a.astype(np.float16) for a in experts(E, H, I, seed=21))
+    tensors = {}
+    for e in range(E):
+        for name, m in zip(deepseek_names(3, e), (g[e], u[e], d[e])):
+            tensors[name] = m
+    tensors["model.embed_tokens.weight"] = np.zeros((4, H), np.float16)
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    write_config(tmp_path, E, K, H, I, 4)
+    m = np.roll(np.arange(E, dtype=np.int64), 3)
+    from_ckpt = make(layer_idx=3, method=method, path=str(tmp_path))
+    from_ckpt.load_weights(m)
+    direct = make(layer_idx=3, method=method)
+    direct.load_weights_from_tensors(g, u, d, m)
+    x = np.random.default_rng(1).standard_normal((9, H)).astype(np.float32)
+    ids, ws = routing(9, K, E, 2)
+    a, b = from_ckpt.forward(x, ids, ws), direct.forward(x, ids, ws)
+    assert np.array_equal(a, b)
+    ref = moe_reference(x, ids, ws, *(t.astype(np.float32) for t in (g, u, d)), slot_to_logical=m)
+    assert rel_err(a, ref) < LIMITS[method]
+
+
+def test_sharded_bf16_mixtral_checkpoint_with_index(tmp_path):
+    g, u, d = experts(E, H, I, seed=5)
+    shards = [{}, {}]
+    weight_map = {}
+    for e in range(E):
+        for name, m in zip(mixtral_names(0, e), (g[e], u[e], d[e])):
+            f = f"model-0000{e % 2 + 1}-of-00002.safetensors"
+            shards[e % 2][name] = m
+            weight_map[name] = f
+    for i, s in enumerate(shards):
+        write_bf16_safetensors(tmp_path / f"model-0000{i + 1}-of-00002.safetensors", s)
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": weight_map}))
+    write_config(tmp_path, E, K, H, I, 1)
+    w = make(layer_idx=0, method="BF16", path=str(tmp_path))
+    w.load_weights(np.arange(E, dtype=np.int64))
+    x = np.random.default_rng(3).standard_normal((5, H)).astype(np.float32)
+    ids, ws = routing(5, K, E, 4)
+    assert rel_err(w.forward(x, ids, ws), moe_reference(x, ids, ws, g, u, d)) < 0.01
+
+
+def test_bad_checkpoints_raise_clear_errors(tmp_path):
+    g, u, d = (a.astype(np.float16) for a in experts(E, H, I, seed=6))
+    tensors = {}
+    for e in range(E - 1):  # expert 7 missing
+        for name, m in zip(deepseek_names(0, e), (g[e], u[e], d[e])):
+            tensors[name] = m
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    w = make(layer_idx=0, method="BF16", path=str(tmp_path))
+    with pytest.raises(ValueError, match="experts.7.gate_proj.weight is missing"):
+        w.load_weights()
+    w5 = make(layer_idx=5, method="BF16", path=str(tmp_path))
+    with pytest.raises(ValueError, match="layer 5: no MoE expert tensors"):
+        w5.load_weights()
+    wide = make(layer_idx=0, method="BF16", path=str(tmp_path), h=128)
+    with pytest.raises(ValueError, match=r"shape \[512, 256\], expected \[512, 128\]"):
+        wide.load_weights()
+    kt = tmp_path / "kt"
+    kt.mkdir()
+    save_file({"blk.0.ffn_up_exps.0.numa.0.weight": np.zeros(16, np.int8)}, str(kt / "model.safetensors"))
+    with pytest.raises(NotImplementedError, match="converted format"):
+        make(layer_idx=0, method="AMXINT8", path=str(kt)).load_weights()
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
+    with pytest.raises(ValueError, match="not a valid file"):
+        make(layer_idx=0, method="BF16", path=str(tmp_path / "junk")).load_weights()

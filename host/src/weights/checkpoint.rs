@@ -1,0 +1,131 @@
+//! Safetensors files mapped read-only: every tensor's dtype, shape and byte range, found through
+//! `model.safetensors.index.json` or by reading every `*.safetensors` in the directory. Tensor
+//! bytes are used in place (no copy; safetensors data may be only 2-byte aligned, so readers
+//! decode with unaligned loads).
+
+use std::collections::HashMap;
+use std::fs::File;
+use std::path::{Path, PathBuf};
+
+use memmap2::Mmap;
+use safetensors::{Dtype, SafeTensors};
+
+use super::config::ModelConfig;
+use super::WeightError;
+
+/// Where one tensor lives.
+#[derive(Clone, Debug)]
+pub struct TensorRef {
+    file: usize,
+    /// Element type.
+    pub dtype: Dtype,
+    /// Shape, outermost first.
+    pub shape: Vec<usize>,
+    start: usize,
+    end: usize,
+}
+
+/// A mapped checkpoint.
+pub struct Checkpoint {
+    dir: PathBuf,
+    files: Vec<(PathBuf, Mmap)>,
+    tensors: HashMap<String, TensorRef>,
+}
+
+impl std::fmt::Debug for Checkpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Checkpoint({}, {} files, {} tensors)", self.dir.display(), self.files.len(), self.tensors.len())
+    }
+}
+
+impl Checkpoint {
+    /// Open a directory of shards (or one `.safetensors` file).
+    pub fn open(path: &Path) -> Result<Self, WeightError> {
+        fn io(p: &Path) -> impl FnOnce(std::io::Error) -> WeightError + '_ {
+            move |source| WeightError::Io { path: p.to_path_buf(), source }
+        }
+        let (dir, mut shards) = if path.is_file() {
+            (path.parent().unwrap_or(Path::new(".")).to_path_buf(), vec![path.to_path_buf()])
+        } else {
+            let mut v: Vec<PathBuf> = std::fs::read_dir(path)
+                .map_err(io(path))?
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| p.extension().is_some_and(|x| x == "safetensors"))
+                .collect();
+            v.sort();
+            (path.to_path_buf(), v)
+        };
+        // With an index, exactly the shards it names (a stale extra file is ignored).
+        let index = dir.join("model.safetensors.index.json");
+        if path.is_dir() && index.is_file() {
+            let text = std::fs::read_to_string(&index).map_err(io(&index))?;
+            let v: serde_json::Value = serde_json::from_str(&text)
+                .map_err(|e| WeightError::Corrupt { path: index.clone(), detail: e.to_string() })?;
+            let map = v["weight_map"].as_object().ok_or_else(|| WeightError::Corrupt {
+                path: index.clone(),
+                detail: "no \"weight_map\" object".into(),
+            })?;
+            let mut names: Vec<&str> = map.values().filter_map(|f| f.as_str()).collect();
+            names.sort_unstable();
+            names.dedup();
+            shards = names.into_iter().map(|n| dir.join(n)).collect();
+        }
+        if shards.is_empty() {
+            return Err(WeightError::Empty { path: path.to_path_buf() });
+        }
+        let mut files = Vec::with_capacity(shards.len());
+        let mut tensors = HashMap::new();
+        for (fi, p) in shards.into_iter().enumerate() {
+            let file = File::open(&p).map_err(io(&p))?;
+            // SAFETY: mapped read-only; a checkpoint rewritten while mapped is the user's error
+            // (as with every mmap-based loader), and reads stay in bounds of the mapping.
+            let map = unsafe { Mmap::map(&file) }.map_err(io(&p))?;
+            let st = SafeTensors::deserialize(&map)
+                .map_err(|e| WeightError::Corrupt { path: p.clone(), detail: e.to_string() })?;
+            let base = map.as_ptr() as usize;
+            for (name, t) in st.tensors() {
+                let start = t.data().as_ptr() as usize - base;
+                let r = TensorRef {
+                    file: fi,
+                    dtype: t.dtype(),
+                    shape: t.shape().to_vec(),
+                    start,
+                    end: start + t.data().len(),
+                };
+                tensors.insert(name, r);
+            }
+            files.push((p, map));
+        }
+        Ok(Checkpoint { dir, files, tensors })
+    }
+
+    /// The directory it was opened from.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// A tensor's description.
+    pub fn get(&self, name: &str) -> Option<&TensorRef> {
+        self.tensors.get(name)
+    }
+
+    /// A tensor's bytes, in place in the mapping.
+    pub fn bytes(&self, t: &TensorRef) -> &[u8] {
+        &self.files[t.file].1[t.start..t.end]
+    }
+
+    /// Whether a tensor of that name exists.
+    pub fn contains(&self, name: &str) -> bool {
+        self.tensors.contains_key(name)
+    }
+
+    /// Every tensor name.
+    pub fn names(&self) -> impl Iterator<Item = &str> {
+        self.tensors.keys().map(String::as_str)
+    }
+
+    /// `config.json` beside the weights.
+    pub fn config(&self) -> Result<ModelConfig, WeightError> {
+        ModelConfig::read(&self.dir.join("config.json"))
+    }
+}

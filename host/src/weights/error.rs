@@ -1,0 +1,94 @@
+//! What can be wrong with a checkpoint, each naming the file or tensor and what was expected.
+
+use std::fmt;
+use std::path::PathBuf;
+
+/// A checkpoint that cannot be read or does not fit the layer asked for.
+#[derive(Debug)]
+#[non_exhaustive]
+pub enum WeightError {
+    /// A file could not be opened or mapped.
+    Io {
+        /// The file.
+        path: PathBuf,
+        /// Why.
+        source: std::io::Error,
+    },
+    /// A file is not valid safetensors / JSON (truncated, corrupt, offsets outside the file).
+    Corrupt {
+        /// The file.
+        path: PathBuf,
+        /// What the parser said.
+        detail: String,
+    },
+    /// The directory has no safetensors files.
+    Empty {
+        /// The directory.
+        path: PathBuf,
+    },
+    /// `config.json` lacks a field or has a bad value.
+    Config {
+        /// The file.
+        path: PathBuf,
+        /// What is missing or wrong.
+        detail: String,
+    },
+    /// No known expert layout matches the layer.
+    UnknownLayout {
+        /// The layer.
+        layer: usize,
+        /// The names that were tried.
+        tried: Vec<String>,
+    },
+    /// An expected tensor is absent.
+    Missing {
+        /// The tensor.
+        name: String,
+    },
+    /// A tensor's shape differs from the config's.
+    Shape {
+        /// The tensor.
+        name: String,
+        /// Expected shape.
+        expected: Vec<usize>,
+        /// Found shape.
+        found: Vec<usize>,
+    },
+    /// A tensor's dtype cannot be decoded here.
+    Dtype {
+        /// The tensor.
+        name: String,
+        /// Its dtype.
+        found: String,
+        /// What would be accepted.
+        expected: &'static str,
+    },
+    /// The weights do not make a valid layer (shape vs format, no backend).
+    Layer(kt_core::Error),
+}
+
+impl fmt::Display for WeightError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            WeightError::Io { path, source } => write!(f, "{}: {source}", path.display()),
+            WeightError::Corrupt { path, detail } => write!(f, "{}: not a valid file: {detail}", path.display()),
+            WeightError::Empty { path } => write!(f, "{}: no *.safetensors files found", path.display()),
+            WeightError::Config { path, detail } => write!(f, "{}: {detail}", path.display()),
+            WeightError::UnknownLayout { layer, tried } => write!(
+                f,
+                "layer {layer}: no MoE expert tensors in a known layout (deepseek, mixtral, mistral, fused); tried {}",
+                tried.join(", ")
+            ),
+            WeightError::Missing { name } => write!(f, "tensor {name} is missing from the checkpoint"),
+            WeightError::Shape { name, expected, found } => {
+                write!(f, "tensor {name} has shape {found:?}, expected {expected:?} (from config.json)")
+            }
+            WeightError::Dtype { name, found, expected } => {
+                write!(f, "tensor {name} has dtype {found}, expected {expected}")
+            }
+            WeightError::Layer(e) => write!(f, "{e}"),
+        }
+    }
+}
+
+impl std::error::Error for WeightError {}

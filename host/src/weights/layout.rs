@@ -1,0 +1,77 @@
+//! How a checkpoint names a layer's experts, detected as KT's loaders do: a fused
+//! `mlp.experts.gate_up_proj [E, 2I, H]` + `down_proj [E, H, I]`, or per-expert tensors named
+//! deepseek-style (`mlp.experts.{e}.{gate,up,down}_proj`), mixtral-style
+//! (`block_sparse_moe.experts.{e}.{w1,w3,w2}`) or mistral-style (`experts.{e}.{w1,w3,w2}`), under
+//! `model.layers.{L}` or a multimodal model's `language_model` prefixes.
+
+use super::{Checkpoint, WeightError};
+
+/// The naming scheme of a layer's experts.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum ExpertLayout {
+    /// `{base}.mlp.experts.{e}.{gate_proj,up_proj,down_proj}.weight`
+    Deepseek,
+    /// `{base}.block_sparse_moe.experts.{e}.{w1,w3,w2}.weight`
+    Mixtral,
+    /// `{base}.experts.{e}.{w1,w3,w2}.weight`
+    Mistral,
+    /// `{base}.mlp.experts.gate_up_proj` and `{base}.mlp.experts.down_proj`, all experts stacked.
+    Fused,
+}
+
+/// A detected layout and the layer's name prefix.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Layout {
+    /// The scheme.
+    pub kind: ExpertLayout,
+    /// e.g. `model.layers.3`.
+    pub base: String,
+}
+
+/// Gate, up, down.
+pub const PROJ: [&str; 3] = ["gate", "up", "down"];
+
+impl Layout {
+    /// Find layer `layer`'s experts in `ck`.
+    pub fn detect(ck: &Checkpoint, layer: usize) -> Result<Layout, WeightError> {
+        let bases = [
+            format!("model.layers.{layer}"),
+            format!("model.language_model.layers.{layer}"),
+            format!("language_model.model.layers.{layer}"),
+            format!("layers.{layer}"),
+        ];
+        let mut tried = Vec::new();
+        for base in &bases {
+            for kind in [ExpertLayout::Fused, ExpertLayout::Deepseek, ExpertLayout::Mixtral, ExpertLayout::Mistral] {
+                let l = Layout { kind, base: base.clone() };
+                let probe = match kind {
+                    ExpertLayout::Fused => format!("{base}.mlp.experts.gate_up_proj"),
+                    _ => l.expert_tensor(0, 0, "weight"),
+                };
+                if ck.contains(&probe) {
+                    return Ok(l);
+                }
+                tried.push(probe);
+            }
+        }
+        Err(WeightError::UnknownLayout { layer, tried })
+    }
+
+    /// The name of expert `e`'s projection `proj` (0 gate, 1 up, 2 down), tensor `suffix`
+    /// (`weight`, `weight_scale_inv`, `weight_scale`); per-expert layouts only.
+    pub fn expert_tensor(&self, e: usize, proj: usize, suffix: &str) -> String {
+        let b = &self.base;
+        match self.kind {
+            ExpertLayout::Deepseek | ExpertLayout::Fused => {
+                format!("{b}.mlp.experts.{e}.{}_proj.{suffix}", PROJ[proj])
+            }
+            ExpertLayout::Mixtral => format!("{b}.block_sparse_moe.experts.{e}.{}.{suffix}", ["w1", "w3", "w2"][proj]),
+            ExpertLayout::Mistral => format!("{b}.experts.{e}.{}.{suffix}", ["w1", "w3", "w2"][proj]),
+        }
+    }
+
+    /// The fused layout's `(gate_up, down)` tensor names.
+    pub fn fused_tensors(&self) -> (String, String) {
+        (format!("{}.mlp.experts.gate_up_proj", self.base), format!("{}.mlp.experts.down_proj", self.base))
+    }
+}

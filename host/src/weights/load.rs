@@ -1,0 +1,147 @@
+//! Decoding a layer's experts to f32 (bf16, f16, f32, fp8 e4m3 with 128×128 block or
+//! per-channel scales; unaligned reads, as safetensors data may be 2-byte aligned) and packing
+//! them into a [`MoeLayer`] on the layer's pool.
+
+use std::sync::Mutex;
+
+use kt_core::dtype::{bf16, f16, F8E4M3};
+use kt_core::{MoeConfig, WeightFormat};
+use safetensors::Dtype;
+
+use super::layout::{ExpertLayout, Layout};
+use super::{Checkpoint, WeightError};
+use crate::layer::{LayerOptions, MoeLayer};
+
+fn le16(b: &[u8]) -> impl Iterator<Item = u16> + '_ {
+    b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]))
+}
+
+/// A float tensor's elements as f32 (bf16, f16, f32).
+fn floats(name: &str, dtype: Dtype, b: &[u8]) -> Result<Vec<f32>, WeightError> {
+    Ok(match dtype {
+        Dtype::BF16 => le16(b).map(|v| bf16::from_bits(v).to_f32()).collect(),
+        Dtype::F16 => le16(b).map(|v| f16::from_bits(v).to_f32()).collect(),
+        Dtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+        other => {
+            return Err(WeightError::Dtype {
+                name: name.into(),
+                found: format!("{other:?}"),
+                expected: "BF16, F16, F32 or F8_E4M3",
+            })
+        }
+    })
+}
+
+/// Matrix `name` (`[rows, cols]`) as f32, fp8 dequantized with its scales.
+fn matrix(ck: &Checkpoint, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, WeightError> {
+    let t = ck.get(name).ok_or_else(|| WeightError::Missing { name: name.into() })?;
+    if t.shape != [rows, cols] {
+        return Err(WeightError::Shape { name: name.into(), expected: vec![rows, cols], found: t.shape.clone() });
+    }
+    let b = ck.bytes(t);
+    if t.dtype != Dtype::F8_E4M3 {
+        return floats(name, t.dtype, b);
+    }
+    let stem = name.strip_suffix(".weight").unwrap_or(name);
+    let (scale_name, s) = [format!("{stem}.weight_scale_inv"), format!("{stem}.weight_scale")]
+        .into_iter()
+        .find_map(|n| ck.get(&n).cloned().map(|s| (n, s)))
+        .ok_or_else(|| WeightError::Missing {
+            name: format!("{stem}.weight_scale_inv (or .weight_scale) for fp8 {name}"),
+        })?;
+    let scales = floats(&scale_name, s.dtype, ck.bytes(&s))?;
+    let (br, bc) = (rows.div_ceil(128), cols.div_ceil(128));
+    // Block scales [ceil(N/128), ceil(K/128)], or one per row ([N] or [N, 1]).
+    let scale_of: Box<dyn Fn(usize, usize) -> f32> = if s.shape == [br, bc] && !(bc == 1 && br == rows) {
+        Box::new(|r, c| scales[(r / 128) * bc + c / 128])
+    } else if s.shape == [rows] || s.shape == [rows, 1] {
+        Box::new(|r, _| scales[r])
+    } else {
+        return Err(WeightError::Shape { name: scale_name, expected: vec![br, bc], found: s.shape.clone() });
+    };
+    Ok(b.iter().enumerate().map(|(i, &q)| F8E4M3(q).to_f32() * scale_of(i / cols, i % cols)).collect())
+}
+
+/// Expert `e` of a layer as f32 `[gate [I,H], up [I,H], down [H,I]]`.
+pub fn expert_f32(
+    ck: &Checkpoint,
+    layout: &Layout,
+    e: usize,
+    hidden: usize,
+    intermediate: usize,
+) -> Result<[Vec<f32>; 3], WeightError> {
+    let (h, i) = (hidden, intermediate);
+    if layout.kind != ExpertLayout::Fused {
+        return Ok([
+            matrix(ck, &layout.expert_tensor(e, 0, "weight"), i, h)?,
+            matrix(ck, &layout.expert_tensor(e, 1, "weight"), i, h)?,
+            matrix(ck, &layout.expert_tensor(e, 2, "weight"), h, i)?,
+        ]);
+    }
+    let (gu_name, d_name) = layout.fused_tensors();
+    let get = |n: &str| ck.get(n).ok_or_else(|| WeightError::Missing { name: n.into() });
+    let (gu, d) = (get(&gu_name)?, get(&d_name)?);
+    let experts = gu.shape.first().copied().unwrap_or(0);
+    let slice = |t: &super::TensorRef, name: &str, per: usize| -> Result<Vec<f32>, WeightError> {
+        if e >= experts {
+            return Err(WeightError::Missing { name: format!("{name}[{e}]") });
+        }
+        let esize = match t.dtype {
+            Dtype::F32 => 4,
+            _ => 2,
+        };
+        floats(name, t.dtype, &ck.bytes(t)[e * per * esize..(e + 1) * per * esize])
+    };
+    // gate_up is [E, 2I, H] (first I rows gate), or [E, H, 2I] as some exports store it.
+    let rows_first = gu.shape[1..] == [2 * i, h];
+    if !rows_first && gu.shape[1..] != [h, 2 * i] {
+        return Err(WeightError::Shape { name: gu_name, expected: vec![experts, 2 * i, h], found: gu.shape.clone() });
+    }
+    let g_u = slice(gu, &gu_name, 2 * i * h)?;
+    let (gate, up) = if rows_first {
+        (g_u[..i * h].to_vec(), g_u[i * h..].to_vec())
+    } else {
+        let t = |off: usize| {
+            (0..i).flat_map(|r| (0..h).map(move |c| (r, c))).map(|(r, c)| g_u[c * 2 * i + off + r]).collect()
+        };
+        (t(0), t(i))
+    };
+    if d.shape[1..] != [h, i] {
+        return Err(WeightError::Shape { name: d_name, expected: vec![experts, h, i], found: d.shape.clone() });
+    }
+    Ok([gate, up, slice(d, &d_name, h * i)?])
+}
+
+/// Build layer `layer` of the checkpoint in `format`: `cfg` gives the shape (E, k, H, I, max
+/// tokens, parts; checked against the tensors), slot `p` holds logical expert `map[p]` (identity
+/// if `None`), and every expert is decoded, quantized and packed on `opts`' pool.
+pub fn load_layer(
+    ck: &Checkpoint,
+    layer: usize,
+    format: WeightFormat,
+    cfg: &MoeConfig,
+    map: Option<&[usize]>,
+    opts: &LayerOptions,
+) -> Result<MoeLayer, WeightError> {
+    let layout = Layout::detect(ck, layer)?;
+    let first_error: Mutex<Option<WeightError>> = Mutex::new(None);
+    let layer_result = MoeLayer::from_f32(
+        cfg,
+        format,
+        |slot| {
+            let e = map.map_or(slot, |m| m[slot]);
+            match expert_f32(ck, &layout, e, cfg.hidden, cfg.intermediate) {
+                Ok(x) => Some(x),
+                Err(err) => {
+                    first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(err);
+                    None
+                }
+            }
+        },
+        opts,
+    );
+    if let Some(err) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(err);
+    }
+    layer_result.map_err(WeightError::Layer)
+}

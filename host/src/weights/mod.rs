@@ -1,0 +1,16 @@
+//! Weights from Hugging Face checkpoints: safetensors files mapped into memory (one file or a
+//! sharded directory with `model.safetensors.index.json`), `config.json`, the expert naming
+//! layouts KT's loaders detect, and the dtypes they decode (bf16, f16, f32, fp8 e4m3 with block
+//! or per-channel scales). [`load_layer`] builds a [`crate::MoeLayer`] from one layer.
+
+mod checkpoint;
+mod config;
+mod error;
+mod layout;
+mod load;
+
+pub use checkpoint::{Checkpoint, TensorRef};
+pub use config::ModelConfig;
+pub use error::WeightError;
+pub use layout::{ExpertLayout, Layout};
+pub use load::{expert_f32, load_layer};
