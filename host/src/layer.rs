@@ -143,6 +143,31 @@ impl MoeLayer {
         Self::assemble(cfg, format, backend, packed, opts)
     }
 
+    /// Pack experts given per NUMA part (as KT's converted files store them): `part(e, p)` gives
+    /// part `p`'s gate and up rows `[I_p, H]` and down columns `[H, I_p]` for the `I_p` of
+    /// `cfg.part_ranges`, or `None` for an expert not kept on the CPU.
+    pub fn from_part_matrices(
+        cfg: &MoeConfig,
+        format: WeightFormat,
+        part: impl Fn(usize, usize) -> Result<Option<(QuantMatrix, QuantMatrix, QuantMatrix)>, Error> + Sync,
+        opts: &LayerOptions,
+    ) -> Result<Self, Error> {
+        let backend = backend_for(cfg, format, opts)?;
+        let ranges = cfg.part_ranges(format)?;
+        let packed = pack_parts(cfg.experts, &ranges, &*opts.executor, |e, r| {
+            let p = ranges.iter().position(|x| *x == r).expect("one of the ranges");
+            let Some((g, u, d)) = part(e, p)? else { return Ok(None) };
+            let (h, ip) = (cfg.hidden, r.len());
+            for (what, m, rows, cols) in [("gate_proj", &g, ip, h), ("up_proj", &u, ip, h), ("down_proj", &d, h, ip)] {
+                if (m.rows(), m.cols()) != (rows, cols) || m.format() != format {
+                    return Err(Error::ShapeMismatch { what, expected: rows * cols, found: m.rows() * m.cols() });
+                }
+            }
+            Ok(Some(forward::ExpertWeights { gate: backend.pack(&g)?, up: backend.pack(&u)?, down: backend.pack(&d)? }))
+        });
+        Self::assemble(cfg, format, backend, packed, opts)
+    }
+
     fn assemble(
         cfg: &MoeConfig,
         format: WeightFormat,

@@ -31,6 +31,29 @@ mod kt_kernel_ext {
         super::cuda::cached_blocks()
     }
 
+    /// Convert a Hugging Face checkpoint to KT's INT8/INT4 format (as `kt convert`); returns
+    /// (layers written, layers already complete). The GIL is released.
+    #[pyfunction]
+    #[pyo3(signature = (input, output, method = "AMXINT8", parts = 2, threads = 0))]
+    fn convert(
+        py: Python<'_>,
+        input: std::path::PathBuf,
+        output: std::path::PathBuf,
+        method: &str,
+        parts: usize,
+        threads: usize,
+    ) -> PyResult<(usize, usize)> {
+        use kt_host::weights::convert::{convert, ConvertSpec};
+        let format = match kt_core::WeightFormat::parse(method) {
+            Some(f @ (kt_core::WeightFormat::Int8Row | kt_core::WeightFormat::Int4Row)) => f,
+            _ => return Err(super::value_error(format!("method {method:?}: convert writes AMXINT8 or AMXINT4"))),
+        };
+        let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
+        let spec = ConvertSpec { input, output, format, parts, layers: None, threads, progress: false };
+        let r = py.detach(|| convert(&spec)).map_err(super::value_error)?;
+        Ok((r.written.len(), r.skipped.len()))
+    }
+
     #[pymodule_init]
     fn init(m: &Bound<'_, PyModule>) -> PyResult<()> {
         // KT_KERNEL_CPU_VARIANT / KT_KERNEL_DEBUG are read here; a bad value fails the import

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use half::{bf16, f16};
 use kt_core::{MoeConfig, WeightFormat};
-use kt_host::weights::{load_layer, Checkpoint, WeightError};
+use kt_host::weights::{kt_format, load_layer, Checkpoint, WeightError};
 use kt_host::{LayerOptions, MoeLayer};
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;
@@ -181,9 +181,10 @@ impl Moe {
         Ok(())
     }
 
-    /// Load layer `layer` from the Hugging Face safetensors checkpoint at `path` (a directory
-    /// or one file; the expert layout and dtype are detected), quantizing to this layer's
-    /// method; slot `p` gets logical expert `map[p]`. Blocks, GIL released.
+    /// Load layer `layer` from the checkpoint at `path` (a directory or one file): KT's
+    /// converted INT8/INT4 format (made for this many NUMA parts), or a Hugging Face safetensors
+    /// checkpoint (layout and dtype detected) quantized to this layer's method. Slot `p` gets
+    /// logical expert `map[p]`. Blocks, GIL released.
     fn load_from_checkpoint(
         &self,
         py: Python<'_>,
@@ -195,25 +196,17 @@ impl Moe {
         let s = &self.shared;
         let map = checked_map(&map, s.cfg.experts)?;
         let opts = LayerOptions::executor(infer.pool.clone());
-        let loaded = py.detach(|| -> Result<MoeLayer, (bool, String)> {
-            let ck = checkpoint(&path).map_err(|e| (false, e.to_string()))?;
-            load_layer(&ck, layer, s.format, &s.cfg, Some(&map), &opts).map_err(|e| {
-                let kt_format =
-                    matches!(e, WeightError::UnknownLayout { .. }) && ck.names().any(|n| n.starts_with("blk."));
-                (kt_format, e.to_string())
-            })
-        });
-        match loaded {
-            Ok(l) => {
-                *s.layer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(l));
-                Ok(())
+        let loaded = py.detach(|| -> Result<MoeLayer, WeightError> {
+            let ck = checkpoint(&path)?;
+            if kt_format::is_kt_converted(&ck) {
+                kt_format::load_kt_layer(&ck, layer, s.format, &s.cfg, Some(&map), &opts)
+            } else {
+                load_layer(&ck, layer, s.format, &s.cfg, Some(&map), &opts)
             }
-            Err((true, e)) => Err(PyNotImplementedError::new_err(format!(
-                "{}: this is KT's converted format (blk.* tensors), which this build cannot read yet ({e})",
-                path.display()
-            ))),
-            Err((false, e)) => Err(value_error(e)),
-        }
+        });
+        let l = loaded.map_err(value_error)?;
+        *s.layer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(l));
+        Ok(())
     }
 
     /// Queue a forward over the staging buffers at these addresses (`bsz`: int32 token count,

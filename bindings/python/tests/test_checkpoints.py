@@ -82,9 +82,36 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path):
     kt = tmp_path / "kt"
     kt.mkdir()
     save_file({"blk.0.ffn_up_exps.0.numa.0.weight": np.zeros(16, np.int8)}, str(kt / "model.safetensors"))
-    with pytest.raises(NotImplementedError, match="converted format"):
+    with pytest.raises(ValueError, match="converted for 1 NUMA part"):
         make(layer_idx=0, method="AMXINT8", path=str(kt)).load_weights()
     (tmp_path / "junk").mkdir()
     (tmp_path / "junk" / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json}")
     with pytest.raises(ValueError, match="not a valid file"):
         make(layer_idx=0, method="BF16", path=str(tmp_path / "junk")).load_weights()
+
+
+@pytest.mark.parametrize("method", ["AMXINT8", "AMXINT4"])
+def test_converted_checkpoint_loads_like_online_quantization(tmp_path, method):
+    from kt_kernel import kt_kernel_ext
+
+    g, u, d = (a.astype(np.float16) for a in experts(E, H, I, seed=31))
+    tensors = {name: m for e in range(E) for name, m in zip(deepseek_names(0, e), (g[e], u[e], d[e]))}
+    tensors["model.norm.weight"] = np.ones(H, np.float16)
+    src, out = tmp_path / "hf", tmp_path / "kt"
+    src.mkdir()
+    save_file(tensors, str(src / "model.safetensors"))
+    write_config(src, E, K, H, I, 1)
+    assert kt_kernel_ext.convert(str(src), str(out), method, 2, 2) == (1, 0)
+    assert kt_kernel_ext.convert(str(src), str(out), method, 2, 2) == (0, 1), "a rerun resumes: nothing to do"
+    converted = make(layer_idx=0, method=method, path=str(out))
+    converted.load_weights(np.arange(E, dtype=np.int64))
+    online = make(layer_idx=0, method=method)
+    online.load_weights_from_tensors(g, u, d)
+    x = np.random.default_rng(8).standard_normal((6, H)).astype(np.float32)
+    ids, ws = routing(6, K, E, 9)
+    assert np.array_equal(converted.forward(x, ids, ws), online.forward(x, ids, ws))
+
+    one = tmp_path / "kt1"
+    kt_kernel_ext.convert(str(src), str(one), method, 1, 2)
+    with pytest.raises(ValueError, match=r"converted for 1 NUMA part\(s\) but 2 requested"):
+        make(layer_idx=0, method=method, path=str(one)).load_weights()

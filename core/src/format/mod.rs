@@ -20,6 +20,7 @@ pub mod fp8_channel;
 pub mod int4_group;
 pub mod int4_row;
 pub mod int8_row;
+pub mod kt_packed;
 mod matrix;
 
 pub use matrix::QuantMatrix;

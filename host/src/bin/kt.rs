@@ -23,6 +23,30 @@ enum Cmd {
     Info(PoolArgs),
     /// Time one MoE layer with synthetic weights against the roofline measured in the same run.
     Bench(BenchArgs),
+    /// Convert a Hugging Face checkpoint to KT's INT8/INT4 format, on the CPU, resumably.
+    Convert(ConvertArgs),
+}
+
+#[derive(Args)]
+struct ConvertArgs {
+    /// Checkpoint directory (safetensors shards and config.json).
+    #[arg(long)]
+    input: std::path::PathBuf,
+    /// Output directory.
+    #[arg(long)]
+    output: std::path::PathBuf,
+    /// int8 (KT AMXINT8) or int4 (KT AMXINT4).
+    #[arg(long, default_value = "int8")]
+    method: String,
+    /// NUMA parts the files are for (KT's threadpool_count; must match at load).
+    #[arg(long, default_value_t = 2)]
+    parts: usize,
+    /// Layers to convert, e.g. 3-7 or 5 (default: all).
+    #[arg(long)]
+    layers: Option<String>,
+    /// Quantization threads (default: one per physical core).
+    #[arg(long)]
+    threads: Option<usize>,
 }
 
 #[derive(Args)]
@@ -125,6 +149,7 @@ fn main() -> ExitCode {
     match cli.cmd {
         Cmd::Info(p) => info(&p),
         Cmd::Bench(a) => run_bench(a),
+        Cmd::Convert(a) => run_convert(a),
     }
 }
 
@@ -255,4 +280,54 @@ fn run_bench(a: BenchArgs) -> ExitCode {
         }
         Err(e) => usage(e),
     }
+}
+
+fn run_convert(a: ConvertArgs) -> ExitCode {
+    let format = match WeightFormat::parse(&a.method) {
+        Some(f @ (WeightFormat::Int8Row | WeightFormat::Int4Row)) => f,
+        _ => return usage(format!("--method {:?}: kt convert writes int8 (AMXINT8) or int4 (AMXINT4)", a.method)),
+    };
+    if a.parts == 0 || a.threads == Some(0) {
+        return usage("--parts and --threads must be positive");
+    }
+    let layers = match a.layers.as_deref().map(parse_layers) {
+        None => None,
+        Some(Ok(r)) => Some(r),
+        Some(Err(e)) => return usage(e),
+    };
+    let spec = kt_host::weights::convert::ConvertSpec {
+        input: a.input,
+        output: a.output,
+        format,
+        parts: a.parts,
+        layers,
+        threads: a.threads.unwrap_or_else(|| default_threads(&Topology::detect())),
+        progress: true,
+    };
+    match kt_host::weights::convert::convert(&spec) {
+        Ok(r) => {
+            println!(
+                "kt convert: {} layer(s) written, {} already complete, {:.2} GB in, {:.2} GB out, {:.1} s ({:.2} GB/s of input)",
+                r.written.len(),
+                r.skipped.len(),
+                r.bytes_in as f64 / 1e9,
+                r.bytes_out as f64 / 1e9,
+                r.seconds,
+                r.bytes_in as f64 / 1e9 / r.seconds.max(1e-9)
+            );
+            ExitCode::SUCCESS
+        }
+        Err(e) => usage(e),
+    }
+}
+
+/// `A-B` (inclusive) or `A`.
+fn parse_layers(s: &str) -> Result<std::ops::RangeInclusive<usize>, String> {
+    let bad = || format!("--layers {s:?}: expected A-B or A (layer numbers)");
+    let (a, b) = s.split_once('-').unwrap_or((s, s));
+    let (a, b): (usize, usize) = (a.trim().parse().map_err(|_| bad())?, b.trim().parse().map_err(|_| bad())?);
+    if a > b {
+        return Err(bad());
+    }
+    Ok(a..=b)
 }

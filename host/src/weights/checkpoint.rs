@@ -30,6 +30,8 @@ pub struct Checkpoint {
     dir: PathBuf,
     files: Vec<(PathBuf, Mmap)>,
     tensors: HashMap<String, TensorRef>,
+    /// `__metadata__` of every file, merged (first file wins).
+    metadata: HashMap<String, String>,
 }
 
 impl std::fmt::Debug for Checkpoint {
@@ -75,6 +77,7 @@ impl Checkpoint {
         }
         let mut files = Vec::with_capacity(shards.len());
         let mut tensors = HashMap::new();
+        let mut metadata = HashMap::new();
         for (fi, p) in shards.into_iter().enumerate() {
             let file = File::open(&p).map_err(io(&p))?;
             // SAFETY: mapped read-only; a checkpoint rewritten while mapped is the user's error
@@ -82,6 +85,11 @@ impl Checkpoint {
             let map = unsafe { Mmap::map(&file) }.map_err(io(&p))?;
             let st = SafeTensors::deserialize(&map)
                 .map_err(|e| WeightError::Corrupt { path: p.clone(), detail: e.to_string() })?;
+            if let Ok((_, m)) = SafeTensors::read_metadata(&map) {
+                for (k, v) in m.metadata().iter().flatten() {
+                    metadata.entry(k.clone()).or_insert_with(|| v.clone());
+                }
+            }
             let base = map.as_ptr() as usize;
             for (name, t) in st.tensors() {
                 let start = t.data().as_ptr() as usize - base;
@@ -96,7 +104,7 @@ impl Checkpoint {
             }
             files.push((p, map));
         }
-        Ok(Checkpoint { dir, files, tensors })
+        Ok(Checkpoint { dir, files, tensors, metadata })
     }
 
     /// The directory it was opened from.
@@ -122,6 +130,16 @@ impl Checkpoint {
     /// Every tensor name.
     pub fn names(&self) -> impl Iterator<Item = &str> {
         self.tensors.keys().map(String::as_str)
+    }
+
+    /// A `__metadata__` value of the files.
+    pub fn metadata(&self, key: &str) -> Option<&str> {
+        self.metadata.get(key).map(String::as_str)
+    }
+
+    /// The file holding a tensor.
+    pub fn file_of(&self, t: &TensorRef) -> &Path {
+        &self.files[t.file].0
     }
 
     /// `config.json` beside the weights.

@@ -63,6 +63,15 @@ pub enum WeightError {
         /// What would be accepted.
         expected: &'static str,
     },
+    /// A converted checkpoint made for another NUMA part count.
+    Parts {
+        /// The checkpoint.
+        path: PathBuf,
+        /// Parts in the file.
+        found: usize,
+        /// Parts asked for (threadpool_count / --numa-parts).
+        requested: usize,
+    },
     /// The weights do not make a valid layer (shape vs format, no backend).
     Layer(kt_core::Error),
 }
@@ -86,6 +95,12 @@ impl fmt::Display for WeightError {
             WeightError::Dtype { name, found, expected } => {
                 write!(f, "tensor {name} has dtype {found}, expected {expected}")
             }
+            WeightError::Parts { path, found, requested } => write!(
+                f,
+                "{}: converted for {found} NUMA part(s) but {requested} requested; convert again with --parts \
+                 {requested} or run with {found} part(s) (threadpool_count)",
+                path.display()
+            ),
             WeightError::Layer(e) => write!(f, "{e}"),
         }
     }

@@ -5,9 +5,12 @@
 
 mod checkpoint;
 mod config;
+pub mod convert;
 mod error;
+pub mod kt_format;
 mod layout;
 mod load;
+pub mod writer;
 
 pub use checkpoint::{Checkpoint, TensorRef};
 pub use config::ModelConfig;

@@ -1,0 +1,173 @@
+//! KT-Kernel's packed weight bytes for AMXINT8 / AMXINT4 (`BufferB` in `amx_buffers.hpp`), the
+//! layout of its converted files: rows in N_BLOCK chunks (64 int8, 128 int4), each split into
+//! K_BLOCK chunks (3584 K), each a run of 32-row × 64-byte tiles laid out consecutively; a tile
+//! is two 16-row halves, each stored as the transpose of a 16×16 matrix of 32-bit words (VNNI:
+//! 4 consecutive K bytes per word). int4 packs two values per byte inside each 128-K step: the
+//! low nibble is k, the high nibble k + 64. Scales are one f32 per row, stored separately.
+//!
+//! ```text
+//!  byte(r, b) = nb·Kb + kb·nb_size + n·kb_size + k·32          (tile start, b = byte column)
+//!             + (r%32 / 16)·1024 + ((b%64)/4 · 16 + r%16)·4 + b%4
+//! ```
+//! with `nb`, `kb` the starts of the row and byte-column blocks, `n`, `k` the 32-row and 64-byte
+//! tile starts inside them, `Kb` the bytes per row.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use super::{put_nibble, QuantMatrix, WeightFormat};
+use crate::Error;
+
+/// (rows per N block, bytes per K block) of KT's int8 and int4 kernels.
+fn blocks(format: WeightFormat) -> Option<(usize, usize)> {
+    match format {
+        WeightFormat::Int8Row => Some((64, 3584)),
+        WeightFormat::Int4Row => Some((128, 3584 / 2)),
+        _ => None,
+    }
+}
+
+/// Bytes of a packed `rows × cols` matrix, or the error naming the constraint KT's kernels
+/// impose (rows % 32, cols % 64 for int8 / % 128 for int4).
+pub fn packed_bytes(format: WeightFormat, rows: usize, cols: usize) -> Result<usize, Error> {
+    let kmul = match format {
+        WeightFormat::Int8Row => 64,
+        WeightFormat::Int4Row => 128,
+        _ => return Err(Error::NoBackend { format, detail: "KT's packed files hold AMXINT8 and AMXINT4 only".into() }),
+    };
+    if rows % 32 != 0 {
+        return Err(Error::FormatShape { format, what: "rows (KT packing)", value: rows, multiple: 32 });
+    }
+    if cols % kmul != 0 {
+        return Err(Error::FormatShape { format, what: "columns (KT packing)", value: cols, multiple: kmul });
+    }
+    Ok(format.data_bytes(rows, cols))
+}
+
+/// Offset of byte column `b` of row `r` in a packed matrix of `rows` rows of `row_bytes`.
+fn offset(r: usize, b: usize, rows: usize, row_bytes: usize, n_block: usize, k_block: usize) -> usize {
+    let nb = r / n_block * n_block;
+    let nb_size = n_block.min(rows - nb);
+    let kb = b / k_block * k_block;
+    let kb_size = k_block.min(row_bytes - kb);
+    let n = (r - nb) / 32 * 32;
+    let k = (b - kb) / 64 * 64;
+    let tile = nb * row_bytes + kb * nb_size + n * kb_size + k * 32;
+    tile + (r % 32 / 16) * 1024 + ((b % 64) / 4 * 16 + r % 16) * 4 + b % 4
+}
+
+/// Byte column and nibble (false = low) holding column `c` of an int4 row in KT's order.
+fn int4_place(c: usize) -> (usize, bool) {
+    (c / 128 * 64 + c % 64, c % 128 >= 64)
+}
+
+/// A per-row int8 or int4 matrix in KT's packed byte order.
+pub fn to_kt(m: &QuantMatrix) -> Result<Vec<u8>, Error> {
+    let (rows, cols, format) = (m.rows(), m.cols(), m.format());
+    let len = packed_bytes(format, rows, cols)?;
+    let (nblk, kblk) = blocks(format).expect("checked by packed_bytes");
+    let rb = len / rows;
+    let mut out = vec![0u8; len];
+    for r in 0..rows {
+        let row = &m.data()[r * rb..(r + 1) * rb];
+        if format == WeightFormat::Int8Row {
+            for (b, &v) in row.iter().enumerate() {
+                out[offset(r, b, rows, rb, nblk, kblk)] = v;
+            }
+        } else {
+            for c in 0..cols {
+                let nib = (row[c / 2] >> (4 * (c % 2))) & 0x0F;
+                let (b, high) = int4_place(c);
+                out[offset(r, b, rows, rb, nblk, kblk)] |= if high { nib << 4 } else { nib };
+            }
+        }
+    }
+    Ok(out)
+}
+
+/// The matrix stored in KT's packed bytes `data` with per-row `scales`.
+pub fn from_kt(
+    format: WeightFormat,
+    rows: usize,
+    cols: usize,
+    data: &[u8],
+    scales: Vec<f32>,
+) -> Result<QuantMatrix, Error> {
+    let len = packed_bytes(format, rows, cols)?;
+    if data.len() != len {
+        return Err(Error::ShapeMismatch { what: "KT packed weight bytes", expected: len, found: data.len() });
+    }
+    let (nblk, kblk) = blocks(format).expect("checked by packed_bytes");
+    let rb = len / rows;
+    let mut logical = vec![0u8; len];
+    for r in 0..rows {
+        let row = &mut logical[r * rb..(r + 1) * rb];
+        if format == WeightFormat::Int8Row {
+            for (b, v) in row.iter_mut().enumerate() {
+                *v = data[offset(r, b, rows, rb, nblk, kblk)];
+            }
+        } else {
+            for c in 0..cols {
+                let (b, high) = int4_place(c);
+                let byte = data[offset(r, b, rows, rb, nblk, kblk)];
+                put_nibble(row, c, if high { byte >> 4 } else { byte & 0x0F });
+            }
+        }
+    }
+    QuantMatrix::from_parts(format, rows, cols, logical, scales)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::rng::SplitMix64;
+
+    fn random(format: WeightFormat, rows: usize, cols: usize, seed: u64) -> QuantMatrix {
+        let mut r = SplitMix64::new(seed);
+        let x: Vec<f32> = (0..rows * cols).map(|_| r.next_f32() - 0.5).collect();
+        QuantMatrix::quantize(format, rows, cols, &x).unwrap()
+    }
+
+    #[test]
+    fn round_trips_across_block_edges() {
+        // 7168 columns cross a K_BLOCK; 96 and 160 rows end in partial N blocks.
+        for (format, rows, cols) in [
+            (WeightFormat::Int8Row, 96, 7168),
+            (WeightFormat::Int8Row, 32, 64),
+            (WeightFormat::Int4Row, 160, 7168),
+            (WeightFormat::Int4Row, 32, 128),
+        ] {
+            let m = random(format, rows, cols, rows as u64);
+            let packed = to_kt(&m).unwrap();
+            assert_eq!(packed.len(), packed_bytes(format, rows, cols).unwrap());
+            let back = from_kt(format, rows, cols, &packed, m.scales().to_vec()).unwrap();
+            assert_eq!(back, m, "{format} {rows}x{cols}");
+        }
+    }
+
+    #[test]
+    fn byte_positions_follow_kts_formula() {
+        // Within the first tile: row r, K byte b lands at word (b/4)*16 + r of its half.
+        let (rows, rb) = (64, 128);
+        assert_eq!(offset(0, 0, rows, rb, 64, 3584), 0);
+        assert_eq!(offset(1, 0, rows, rb, 64, 3584), 4);
+        assert_eq!(offset(0, 4, rows, rb, 64, 3584), 64);
+        assert_eq!(offset(16, 0, rows, rb, 64, 3584), 1024);
+        assert_eq!(offset(0, 64, rows, rb, 64, 3584), 64 * 32, "second K tile follows the first");
+        assert_eq!(offset(32, 0, rows, rb, 64, 3584), 32 * rb, "second row tile after all K tiles");
+        // Second K block of 3584 bytes: after the whole first block of this N block.
+        assert_eq!(offset(0, 3584, 64, 4096, 64, 3584), 3584 * 64);
+        // int4: column 64 is the high nibble of byte column 0, column 128 starts byte column 64.
+        assert_eq!(int4_place(64), (0, true));
+        assert_eq!(int4_place(128), (64, false));
+        assert_eq!(int4_place(200), (72, true));
+    }
+
+    #[test]
+    fn shapes_kt_cannot_pack_are_errors() {
+        assert!(packed_bytes(WeightFormat::Int8Row, 33, 64).is_err());
+        assert!(packed_bytes(WeightFormat::Int4Row, 32, 64).is_err());
+        assert!(packed_bytes(WeightFormat::Bf16, 32, 64).is_err());
+        assert!(from_kt(WeightFormat::Int8Row, 32, 64, &[0; 10], vec![1.0; 32]).is_err());
+    }
+}

@@ -1,0 +1,177 @@
+//! `kt convert`: a Hugging Face checkpoint to KT's converted INT8/INT4 format, on the CPU (fp8
+//! dequantized here, no GPU), one layer at a time (peak memory ≈ the experts in flight plus the
+//! mapped input pages), quantized on a thread pool, with a progress bar, and resumable: every
+//! file is written under a temporary name and renamed when complete, and a rerun skips layers
+//! whose output verifies.
+
+use std::ops::RangeInclusive;
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use indicatif::{ProgressBar, ProgressStyle};
+use kt_core::{MoeConfig, WeightFormat};
+
+use super::kt_format::{self, plan, verify_layer, write_layer};
+use super::writer::{Planned, StreamWriter};
+use super::{expert_f32, Checkpoint, Layout, WeightError};
+use crate::pool::Pool;
+
+/// What to convert.
+#[derive(Clone, Debug)]
+pub struct ConvertSpec {
+    /// Checkpoint directory.
+    pub input: PathBuf,
+    /// Output directory (created).
+    pub output: PathBuf,
+    /// AMXINT8 (`Int8Row`) or AMXINT4 (`Int4Row`).
+    pub format: WeightFormat,
+    /// NUMA parts the files are made for (KT's `threadpool_count`).
+    pub parts: usize,
+    /// Layers to convert (default: all).
+    pub layers: Option<RangeInclusive<usize>>,
+    /// Quantization threads.
+    pub threads: usize,
+    /// Show a progress bar.
+    pub progress: bool,
+}
+
+/// What a conversion did.
+#[derive(Clone, Debug, Default)]
+pub struct ConvertReport {
+    /// MoE layers written now.
+    pub written: Vec<usize>,
+    /// MoE layers whose complete output was already there.
+    pub skipped: Vec<usize>,
+    /// Bytes of expert weights read (input dtype).
+    pub bytes_in: u64,
+    /// Bytes written.
+    pub bytes_out: u64,
+    /// Wall time.
+    pub seconds: f64,
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> WeightError + '_ {
+    move |source| WeightError::Io { path: path.to_path_buf(), source }
+}
+
+/// Whether a tensor belongs to a layer's routed experts (converted, not copied).
+fn is_expert(name: &str) -> bool {
+    name.contains(".experts.")
+}
+
+/// KT's name for a copied tensor: `model.layers.` → `blk.`, then a leading `model.` dropped.
+fn kt_name(name: &str) -> String {
+    let n = name.replace("model.layers.", "blk.");
+    n.strip_prefix("model.").map_or(n.clone(), str::to_string)
+}
+
+/// Run a conversion.
+pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
+    let start = Instant::now();
+    let ck = Checkpoint::open(&spec.input)?;
+    let mc = ck.config()?;
+    let cfg = MoeConfig { parts: spec.parts, ..MoeConfig::new(mc.experts, mc.top_k, mc.hidden, mc.intermediate) };
+    cfg.validate_for(spec.format).map_err(WeightError::Layer)?;
+    kt_format::plan(&cfg, spec.format, 0)?; // packing constraints, before any work
+    std::fs::create_dir_all(&spec.output).map_err(io(&spec.output))?;
+    let wanted = spec.layers.clone().unwrap_or(0..=mc.layers.saturating_sub(1));
+    let moe: Vec<(usize, Layout)> =
+        wanted.filter(|&l| l < mc.layers).filter_map(|l| Layout::detect(&ck, l).ok().map(|x| (l, x))).collect();
+    let total = moe.len() + 1;
+    let shard = |i: usize| format!("model-{:05}-of-{total:05}.safetensors", i + 1);
+    let pool = Pool::new(spec.threads);
+    let layer_bytes: u64 = plan(&cfg, spec.format, 0)?.iter().map(|t| t.bytes as u64).sum();
+    let pb = if spec.progress { ProgressBar::new(layer_bytes * moe.len() as u64) } else { ProgressBar::hidden() };
+    if let Ok(style) = ProgressStyle::with_template(
+        "{spinner} {msg} [{bar:30}] {bytes}/{total_bytes} written, {bytes_per_sec}, ETA {eta}",
+    ) {
+        pb.set_style(style);
+    }
+    let abort_after: Option<usize> = std::env::var("KT_CONVERT_ABORT_AFTER_LAYERS").ok().and_then(|v| v.parse().ok());
+    let mut report = ConvertReport::default();
+    let mut weight_map = serde_json::Map::new();
+    for (i, (layer, layout)) in moe.iter().enumerate() {
+        let path = spec.output.join(shard(i));
+        for t in plan(&cfg, spec.format, *layer)? {
+            weight_map.insert(t.name, shard(i).into());
+        }
+        if verify_layer(&path, &cfg, spec.format, *layer) {
+            pb.inc(layer_bytes);
+            report.skipped.push(*layer);
+            continue;
+        }
+        pb.set_message(format!("layer {layer} ({}/{})", i + 1, moe.len()));
+        let written = write_layer(
+            &path,
+            &cfg,
+            spec.format,
+            *layer,
+            &pool,
+            |e| expert_f32(&ck, layout, e, cfg.hidden, cfg.intermediate),
+            |e, bytes| {
+                pb.set_message(format!("layer {layer} ({}/{}), expert {e}/{}", i + 1, moe.len(), cfg.experts));
+                pb.inc(bytes);
+            },
+        )?;
+        report.bytes_out += written;
+        report.bytes_in += moe_input_bytes(&ck, layout, &cfg);
+        report.written.push(*layer);
+        // A test hook: die as a crash would, to check that a rerun resumes.
+        if abort_after == Some(report.written.len()) {
+            std::process::abort();
+        }
+    }
+    pb.finish_and_clear();
+
+    // Everything else (embeddings, attention, norms, shared experts) under KT's names.
+    let rest_path = spec.output.join(shard(moe.len()));
+    let mut rest: Vec<(&str, String)> =
+        ck.names().filter(|n| !is_expert(n)).map(|n| (n, kt_name(n))).collect::<Vec<_>>();
+    rest.sort();
+    let rest_plan: Vec<Planned> = rest
+        .iter()
+        .map(|(n, k)| {
+            let t = ck.get(n).expect("listed");
+            Planned {
+                name: k.clone(),
+                dtype: format!("{:?}", t.dtype),
+                shape: t.shape.clone(),
+                bytes: ck.bytes(t).len(),
+            }
+        })
+        .collect();
+    let mut w = StreamWriter::create(&rest_path, rest_plan, &[("format", "kt-kernel-converted".into())])
+        .map_err(io(&rest_path))?;
+    for (n, k) in &rest {
+        w.write(k, ck.bytes(ck.get(n).expect("listed"))).map_err(io(&rest_path))?;
+        weight_map.insert(k.clone(), shard(moe.len()).into());
+    }
+    w.finish().map_err(io(&rest_path))?;
+
+    let index = spec.output.join("model.safetensors.index.json");
+    let text = serde_json::json!({"metadata": {"format": "kt-kernel-converted"}, "weight_map": weight_map}).to_string();
+    let tmp = index.with_extension("json.tmp");
+    std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &index)).map_err(io(&index))?;
+    for f in
+        ["config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"]
+    {
+        let src = ck.dir().join(f);
+        if src.is_file() {
+            let dst = spec.output.join(f);
+            std::fs::copy(&src, &dst).map_err(io(&dst))?;
+        }
+    }
+    report.seconds = start.elapsed().as_secs_f64();
+    Ok(report)
+}
+
+/// Bytes of one layer's expert tensors in the input.
+fn moe_input_bytes(ck: &Checkpoint, layout: &Layout, cfg: &MoeConfig) -> u64 {
+    let names: Vec<String> = if layout.kind == super::ExpertLayout::Fused {
+        let (a, b) = layout.fused_tensors();
+        vec![a, b]
+    } else {
+        (0..cfg.experts).flat_map(|e| (0..3).map(move |p| layout.expert_tensor(e, p, "weight"))).collect()
+    };
+    names.iter().filter_map(|n| ck.get(n)).map(|t| ck.bytes(t).len() as u64).sum()
+}

@@ -1,0 +1,213 @@
+//! KT-Kernel's converted format (its `convert_cpu_weights.py` output, merged mode): one
+//! safetensors shard per layer with, per expert `e` and NUMA part `n`,
+//! `blk.{L}.ffn_{gate|up|down}_exps.{e}.numa.{n}.weight` (1-D int8: KT's packed bytes, see
+//! `kt_core::format::kt_packed`) and `.scale` (1-D f32, one per row). Part `n` holds rows
+//! `I_n` of gate/up and the same columns of down, each quantized on its own. Files we write also
+//! record the part count and method in `__metadata__`; at load the part count is read from the
+//! keys, and a file made for another count is refused naming both (down's per-part scales
+//! cannot be merged exactly).
+
+use std::sync::Mutex;
+
+use kt_core::format::kt_packed::{from_kt, packed_bytes, to_kt};
+use kt_core::{MoeConfig, QuantMatrix, WeightFormat};
+
+use super::writer::{Planned, StreamWriter};
+use super::{Checkpoint, WeightError};
+use crate::layer::{LayerOptions, MoeLayer};
+
+const PROJ: [&str; 3] = ["gate", "up", "down"];
+
+/// The key of one tensor.
+pub fn key(layer: usize, proj: usize, e: usize, part: usize, what: &str) -> String {
+    format!("blk.{layer}.ffn_{}_exps.{e}.numa.{part}.{what}", PROJ[proj])
+}
+
+/// Whether a checkpoint is in KT's converted format.
+pub fn is_kt_converted(ck: &Checkpoint) -> bool {
+    ck.names().any(|n| n.starts_with("blk.") && n.contains("_exps."))
+}
+
+/// NUMA parts a layer was converted for (0 if the layer is absent).
+pub fn kt_parts(ck: &Checkpoint, layer: usize) -> usize {
+    (0..).take_while(|&n| ck.contains(&key(layer, 1, 0, n, "weight"))).count()
+}
+
+/// Rows and columns of projection `proj` of a part `ip` rows of I wide.
+fn dims(proj: usize, hidden: usize, ip: usize) -> (usize, usize) {
+    if proj == 2 {
+        (hidden, ip)
+    } else {
+        (ip, hidden)
+    }
+}
+
+/// The tensors of one converted layer, in file order (expert, projection, part; weight, scale).
+pub fn plan(cfg: &MoeConfig, format: WeightFormat, layer: usize) -> Result<Vec<Planned>, WeightError> {
+    let ranges = cfg.part_ranges(format).map_err(WeightError::Layer)?;
+    let mut v = Vec::new();
+    for e in 0..cfg.experts {
+        for proj in 0..3 {
+            for (n, r) in ranges.iter().enumerate() {
+                let (rows, cols) = dims(proj, cfg.hidden, r.len());
+                let bytes = packed_bytes(format, rows, cols).map_err(WeightError::Layer)?;
+                v.push(Planned {
+                    name: key(layer, proj, e, n, "weight"),
+                    dtype: "I8".into(),
+                    shape: vec![bytes],
+                    bytes,
+                });
+                v.push(Planned {
+                    name: key(layer, proj, e, n, "scale"),
+                    dtype: "F32".into(),
+                    shape: vec![rows],
+                    bytes: 4 * rows,
+                });
+            }
+        }
+    }
+    Ok(v)
+}
+
+/// KT's name of a method ("AMXINT8"/"AMXINT4").
+pub fn kt_method(format: WeightFormat) -> Option<&'static str> {
+    match format {
+        WeightFormat::Int8Row => Some("AMXINT8"),
+        WeightFormat::Int4Row => Some("AMXINT4"),
+        _ => None,
+    }
+}
+
+/// Quantize one f32 expert into its KT tensors (weight bytes, scale bytes) in [`plan`] order.
+pub fn expert_tensors(cfg: &MoeConfig, format: WeightFormat, x: &[Vec<f32>; 3]) -> Result<Vec<Vec<u8>>, WeightError> {
+    let (h, i) = (cfg.hidden, cfg.intermediate);
+    let mut out = Vec::new();
+    for (proj, m) in x.iter().enumerate() {
+        for r in cfg.part_ranges(format).map_err(WeightError::Layer)? {
+            let (rows, cols) = dims(proj, h, r.len());
+            let slice: Vec<f32> = if proj == 2 {
+                (0..h).flat_map(|row| m[row * i + r.start..row * i + r.end].iter().copied()).collect()
+            } else {
+                m[r.start * h..r.end * h].to_vec()
+            };
+            let q = QuantMatrix::quantize(format, rows, cols, &slice).map_err(WeightError::Layer)?;
+            out.push(to_kt(&q).map_err(WeightError::Layer)?);
+            out.push(q.scales().iter().flat_map(|s| s.to_le_bytes()).collect());
+        }
+    }
+    Ok(out)
+}
+
+/// Write `layer`'s experts to `path`; `expert(e)` gives each in f32 (called from `exec`'s
+/// threads, a few experts at a time, in order of writing). Returns the bytes written.
+pub fn write_layer(
+    path: &std::path::Path,
+    cfg: &MoeConfig,
+    format: WeightFormat,
+    layer: usize,
+    exec: &dyn kt_core::Executor,
+    expert: impl Fn(usize) -> Result<[Vec<f32>; 3], WeightError> + Sync,
+    mut progress: impl FnMut(usize, u64),
+) -> Result<u64, WeightError> {
+    let method = kt_method(format).ok_or(WeightError::Layer(kt_core::Error::NoBackend {
+        format,
+        detail: "KT's converted format holds AMXINT8 and AMXINT4".into(),
+    }))?;
+    let plan = plan(cfg, format, layer)?;
+    let total: u64 = plan.iter().map(|t| t.bytes as u64).sum();
+    let io = |source| WeightError::Io { path: path.to_path_buf(), source };
+    let meta = [
+        ("format", "kt-kernel-converted".to_string()),
+        ("method", method.to_string()),
+        ("numa_parts", cfg.parts.to_string()),
+        ("layer", layer.to_string()),
+    ];
+    let mut w = StreamWriter::create(path, plan.clone(), &meta).map_err(io)?;
+    let per_expert = plan.len() / cfg.experts.max(1);
+    let chunk = (2 * exec.workers()).max(2);
+    for start in (0..cfg.experts).step_by(chunk) {
+        let ids: Vec<usize> = (start..(start + chunk).min(cfg.experts)).collect();
+        let slots: Vec<Mutex<Option<Result<Vec<Vec<u8>>, WeightError>>>> =
+            ids.iter().map(|_| Mutex::new(None)).collect();
+        exec.parallel_for(ids.len(), &|t, _| {
+            let r = expert(ids[t]).and_then(|x| expert_tensors(cfg, format, &x));
+            *slots[t].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
+        });
+        for (j, slot) in slots.into_iter().enumerate() {
+            let tensors = slot.into_inner().unwrap_or_else(|p| p.into_inner()).expect("every task ran")?;
+            let e = ids[j];
+            for (k, bytes) in tensors.iter().enumerate() {
+                w.write(&plan[e * per_expert + k].name, bytes).map_err(io)?;
+            }
+            progress(e, tensors.iter().map(|b| b.len() as u64).sum());
+        }
+    }
+    w.finish().map_err(io)?;
+    Ok(total)
+}
+
+/// Whether `path` is a complete converted layer for this config (resume skips it).
+pub fn verify_layer(path: &std::path::Path, cfg: &MoeConfig, format: WeightFormat, layer: usize) -> bool {
+    let Ok(ck) = Checkpoint::open(path) else { return false };
+    let Ok(plan) = plan(cfg, format, layer) else { return false };
+    ck.metadata("method") == kt_method(format)
+        && ck.metadata("numa_parts") == Some(cfg.parts.to_string().as_str())
+        && plan.iter().all(|t| ck.get(&t.name).is_some_and(|r| ck.bytes(r).len() == t.bytes))
+}
+
+/// Build layer `layer` from a converted checkpoint; `cfg.parts` must equal the file's part
+/// count, and `format` its method (from the tensor sizes, so KT-written files load too).
+pub fn load_kt_layer(
+    ck: &Checkpoint,
+    layer: usize,
+    format: WeightFormat,
+    cfg: &MoeConfig,
+    map: Option<&[usize]>,
+    opts: &LayerOptions,
+) -> Result<MoeLayer, WeightError> {
+    let parts = kt_parts(ck, layer);
+    if parts == 0 {
+        return Err(WeightError::Missing { name: key(layer, 1, 0, 0, "weight") });
+    }
+    if parts != cfg.parts {
+        return Err(WeightError::Parts { path: ck.dir().to_path_buf(), found: parts, requested: cfg.parts });
+    }
+    let ranges = cfg.part_ranges(format).map_err(WeightError::Layer)?;
+    let first_error: Mutex<Option<WeightError>> = Mutex::new(None);
+    let read = |e: usize, proj: usize, n: usize| -> Result<QuantMatrix, WeightError> {
+        let (rows, cols) = dims(proj, cfg.hidden, ranges[n].len());
+        let get = |what: &str| {
+            let name = key(layer, proj, e, n, what);
+            ck.get(&name).map(|t| (name.clone(), ck.bytes(t))).ok_or(WeightError::Missing { name })
+        };
+        let ((wn, wb), (sn, sb)) = (get("weight")?, get("scale")?);
+        let want = packed_bytes(format, rows, cols).map_err(WeightError::Layer)?;
+        if wb.len() != want {
+            return Err(WeightError::Shape { name: wn, expected: vec![want], found: vec![wb.len()] });
+        }
+        if sb.len() != 4 * rows {
+            return Err(WeightError::Shape { name: sn, expected: vec![rows], found: vec![sb.len() / 4] });
+        }
+        let scales = sb.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        from_kt(format, rows, cols, wb, scales).map_err(WeightError::Layer)
+    };
+    let built = MoeLayer::from_part_matrices(
+        cfg,
+        format,
+        |slot, n| {
+            let e = map.map_or(slot, |m| m[slot]);
+            match (read(e, 0, n), read(e, 1, n), read(e, 2, n)) {
+                (Ok(g), Ok(u), Ok(d)) => Ok(Some((g, u, d))),
+                (Err(err), _, _) | (_, Err(err), _) | (_, _, Err(err)) => {
+                    first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(err);
+                    Ok(None)
+                }
+            }
+        },
+        opts,
+    );
+    if let Some(err) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        return Err(err);
+    }
+    built.map_err(WeightError::Layer)
+}

@@ -1,0 +1,183 @@
+//! `kt convert` end to end: a bf16 checkpoint (written here) to KT's INT8/INT4 format, file
+//! sizes by KT's formulas, resume after a crash gives identical files, loading with the part
+//! count the files were made for equals online quantization, and clear errors otherwise.
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use kt_core::reference::REFERENCE;
+use kt_core::testing::{random_experts, random_input, random_routing};
+use kt_core::{MoeConfig, WeightFormat};
+use kt_host::weights::kt_format::{key, load_kt_layer};
+use kt_host::weights::writer::{Planned, StreamWriter};
+use kt_host::weights::Checkpoint;
+use kt_host::{LayerOptions, MoeLayer};
+
+const E: usize = 4;
+const H: usize = 128;
+const I: usize = 256;
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kt-convert-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|x| half::bf16::from_f32(*x).to_bits().to_le_bytes()).collect()
+}
+
+/// Layers 1 and 2 are MoE (deepseek naming, bf16); layer 0 is dense. Returns each MoE layer's
+/// experts (bf16-rounded f32).
+fn write_checkpoint(dir: &Path) -> Vec<Vec<[Vec<f32>; 3]>> {
+    std::fs::create_dir_all(dir).unwrap();
+    let cfg = MoeConfig::new(E, 2, H, I);
+    let mut tensors: Vec<(String, Vec<usize>, Vec<u8>)> = vec![
+        ("model.embed_tokens.weight".into(), vec![8, H], bf16_bytes(&vec![0.5; 8 * H])),
+        ("model.layers.0.mlp.down_proj.weight".into(), vec![H, 16], bf16_bytes(&vec![0.25; 16 * H])),
+    ];
+    let mut layers = Vec::new();
+    for l in [1usize, 2] {
+        let xs = random_experts(&cfg, l as u64);
+        for (e, x) in xs.iter().enumerate() {
+            for (p, (proj, shape)) in [("gate", [I, H]), ("up", [I, H]), ("down", [H, I])].into_iter().enumerate() {
+                tensors.push((
+                    format!("model.layers.{l}.mlp.experts.{e}.{proj}_proj.weight"),
+                    shape.to_vec(),
+                    bf16_bytes(&x[p]),
+                ));
+            }
+        }
+        let rounded = xs
+            .iter()
+            .map(|x| x.clone().map(|m| m.iter().map(|v| half::bf16::from_f32(*v).to_f32()).collect()))
+            .collect();
+        layers.push(rounded);
+    }
+    let plan = tensors
+        .iter()
+        .map(|(n, s, b)| Planned { name: n.clone(), dtype: "BF16".into(), shape: s.clone(), bytes: b.len() })
+        .collect();
+    let mut w = StreamWriter::create(&dir.join("model.safetensors"), plan, &[]).unwrap();
+    for (n, _, b) in &tensors {
+        w.write(n, b).unwrap();
+    }
+    w.finish().unwrap();
+    let config = serde_json::json!({"n_routed_experts": E, "num_experts_per_tok": 2, "hidden_size": H,
+        "moe_intermediate_size": I, "num_hidden_layers": 3});
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    std::fs::write(dir.join("tokenizer.json"), "{}").unwrap();
+    layers
+}
+
+fn kt(args: &[&str], env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_kt")).args(args).envs(env.iter().copied()).output().unwrap();
+    (out.status.code(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+fn convert(input: &Path, output: &Path, method: &str, env: &[(&str, &str)]) -> (Option<i32>, String, String) {
+    let (i, o) = (input.to_str().unwrap(), output.to_str().unwrap());
+    kt(&["convert", "--input", i, "--output", o, "--method", method, "--parts", "2", "--threads", "2"], env)
+}
+
+fn files(dir: &Path) -> Vec<(String, Vec<u8>)> {
+    let mut v: Vec<_> = std::fs::read_dir(dir)
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .map(|p| (p.file_name().unwrap().to_string_lossy().into_owned(), std::fs::read(&p).unwrap()))
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn convert_sizes_resume_and_load() {
+    let (input, out_a, out_b) = (tmp("in"), tmp("a"), tmp("b"));
+    let layers = write_checkpoint(&input);
+
+    // Uninterrupted run.
+    let (code, stdout, err) = convert(&input, &out_a, "int8", &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(stdout.contains("2 layer(s) written, 0 already complete"), "{stdout}");
+    let names: Vec<String> = files(&out_a).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(
+        names,
+        [
+            "config.json",
+            "model-00001-of-00003.safetensors",
+            "model-00002-of-00003.safetensors",
+            "model-00003-of-00003.safetensors",
+            "model.safetensors.index.json",
+            "tokenizer.json"
+        ]
+    );
+    let ck = Checkpoint::open(&out_a).unwrap();
+    // KT's sizes per part (I/2 = 128 rows): INT8 weight R·C bytes, scale 4·R bytes.
+    let t = ck.get(&key(2, 0, 3, 1, "weight")).unwrap();
+    assert_eq!((format!("{:?}", t.dtype), ck.bytes(t).len()), ("I8".to_string(), 128 * H));
+    assert_eq!(ck.bytes(ck.get(&key(2, 2, 0, 0, "scale")).unwrap()).len(), 4 * H);
+    assert!(ck.contains("embed_tokens.weight") && ck.contains("blk.0.mlp.down_proj.weight"));
+    assert_eq!(ck.metadata("numa_parts"), Some("2"));
+
+    // Crash after the first layer, then resume: identical files.
+    let (code, _, _) = convert(&input, &out_b, "int8", &[("KT_CONVERT_ABORT_AFTER_LAYERS", "1")]);
+    assert_ne!(code, Some(0));
+    assert!(out_b.join("model-00001-of-00003.safetensors").is_file());
+    assert!(!out_b.join("model-00002-of-00003.safetensors").exists());
+    let (code, stdout, err) = convert(&input, &out_b, "int8", &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(stdout.contains("1 layer(s) written, 1 already complete"), "{stdout}");
+    let b: Vec<_> = files(&out_b).into_iter().filter(|(n, _)| !n.ends_with(".tmp")).collect();
+    assert_eq!(files(&out_a), b);
+
+    // Loading with the converted part count equals quantizing online; another count is refused.
+    let cfg = MoeConfig { parts: 2, max_tokens: 8, ..MoeConfig::new(E, 2, H, I) };
+    let opts = LayerOptions { backend: Some(&REFERENCE), ..LayerOptions::threads(2) };
+    let loaded = load_kt_layer(&ck, 2, WeightFormat::Int8Row, &cfg, None, &opts).unwrap();
+    let online = MoeLayer::from_f32(&cfg, WeightFormat::Int8Row, |e| Some(layers[1][e].clone()), &opts).unwrap();
+    let input_x = random_input(5, H, 1);
+    let (ids, w) = random_routing(5, 2, E, 2);
+    assert_eq!(loaded.forward(&input_x, &ids, &w, None).unwrap(), online.forward(&input_x, &ids, &w, None).unwrap());
+    for parts in [1, 4] {
+        let e = load_kt_layer(&ck, 2, WeightFormat::Int8Row, &MoeConfig { parts, ..cfg.clone() }, None, &opts)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("converted for 2 NUMA part(s)") && e.contains(&format!("{parts} requested")), "{e}");
+    }
+    let e = load_kt_layer(&ck, 2, WeightFormat::Int4Row, &cfg, None, &opts).unwrap_err().to_string();
+    assert!(e.contains("ffn_gate_exps.0.numa.0.weight"), "{e}");
+
+    // int4 files are half the size and load too.
+    let out_c = tmp("c");
+    assert_eq!(convert(&input, &out_c, "AMXINT4", &[]).0, Some(0));
+    let ck4 = Checkpoint::open(&out_c).unwrap();
+    assert_eq!(ck4.bytes(ck4.get(&key(1, 1, 0, 0, "weight")).unwrap()).len(), 128 * H / 2);
+    let l4 = load_kt_layer(&ck4, 1, WeightFormat::Int4Row, &cfg, None, &opts).unwrap();
+    let o4 = MoeLayer::from_f32(&cfg, WeightFormat::Int4Row, |e| Some(layers[0][e].clone()), &opts).unwrap();
+    assert_eq!(l4.forward(&input_x, &ids, &w, None).unwrap(), o4.forward(&input_x, &ids, &w, None).unwrap());
+
+    for d in [&input, &out_a, &out_b, &out_c] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+#[test]
+fn bad_convert_arguments_are_one_line_errors() {
+    let input = tmp("bad");
+    write_checkpoint(&input);
+    let i = input.to_str().unwrap();
+    for (args, needle) in [
+        (vec!["convert", "--input", i, "--output", "/proc/kt-out", "--method", "int8"], "/proc/kt-out"),
+        (vec!["convert", "--input", "/nonexistent/x", "--output", "/tmp/x", "--method", "int8"], "/nonexistent/x"),
+        (vec!["convert", "--input", i, "--output", "/tmp/x", "--method", "bf16"], "int8"),
+        (vec!["convert", "--input", i, "--output", "/tmp/x", "--layers", "5-2"], "--layers"),
+        (vec!["convert", "--input", i, "--output", "/tmp/x", "--parts", "0"], "--parts"),
+    ] {
+        let (code, out, err) = kt(&args, &[]);
+        assert_eq!(code, Some(2), "{args:?}: {err}");
+        assert!(out.is_empty());
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+    std::fs::remove_dir_all(&input).unwrap();
+}
