@@ -18,6 +18,9 @@ use crate::layer::{LayerOptions, MoeLayer};
 
 const PROJ: [&str; 3] = ["gate", "up", "down"];
 
+/// One expert's tensors in file order, or why they could not be made.
+type ExpertResult = Result<Vec<Vec<u8>>, WeightError>;
+
 /// The key of one tensor.
 pub fn key(layer: usize, proj: usize, e: usize, part: usize, what: &str) -> String {
     format!("blk.{layer}.ffn_{}_exps.{e}.numa.{part}.{what}", PROJ[proj])
@@ -127,8 +130,7 @@ pub fn write_layer(
     let chunk = (2 * exec.workers()).max(2);
     for start in (0..cfg.experts).step_by(chunk) {
         let ids: Vec<usize> = (start..(start + chunk).min(cfg.experts)).collect();
-        let slots: Vec<Mutex<Option<Result<Vec<Vec<u8>>, WeightError>>>> =
-            ids.iter().map(|_| Mutex::new(None)).collect();
+        let slots: Vec<Mutex<Option<ExpertResult>>> = ids.iter().map(|_| Mutex::new(None)).collect();
         exec.parallel_for(ids.len(), &|t, _| {
             let r = expert(ids[t]).and_then(|x| expert_tensors(cfg, format, &x));
             *slots[t].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
