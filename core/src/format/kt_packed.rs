@@ -61,27 +61,47 @@ fn int4_place(c: usize) -> (usize, bool) {
     (c / 128 * 64 + c % 64, c % 128 >= 64)
 }
 
+/// Row `r`'s bytes in KT's order before tiling: int8 as is; int4 with column k in the low
+/// nibble and k + 64 in the high nibble of byte `(k/128)·64 + k%64`.
+fn kt_row(format: WeightFormat, row: &[u8], cols: usize, out: &mut [u8]) {
+    if format == WeightFormat::Int8Row {
+        out.copy_from_slice(row);
+        return;
+    }
+    out.fill(0);
+    for c in 0..cols {
+        let nib = (row[c / 2] >> (4 * (c % 2))) & 0x0F;
+        let (b, high) = int4_place(c);
+        out[b] |= if high { nib << 4 } else { nib };
+    }
+}
+
+/// Visit every 4-byte word of a packed matrix: `f(row, byte column, packed offset)`. Words are
+/// the unit of KT's transposition, so each is copied whole.
+fn for_each_word(rows: usize, rb: usize, (nblk, kblk): (usize, usize), mut f: impl FnMut(usize, usize, usize)) {
+    for r in 0..rows {
+        for t in (0..rb).step_by(64) {
+            let base = offset(r, t, rows, rb, nblk, kblk);
+            for w in 0..16 {
+                f(r, t + 4 * w, base + 64 * w);
+            }
+        }
+    }
+}
+
 /// A per-row int8 or int4 matrix in KT's packed byte order.
 pub fn to_kt(m: &QuantMatrix) -> Result<Vec<u8>, Error> {
     let (rows, cols, format) = (m.rows(), m.cols(), m.format());
     let len = packed_bytes(format, rows, cols)?;
-    let (nblk, kblk) = blocks(format).expect("checked by packed_bytes");
     let rb = len / rows;
-    let mut out = vec![0u8; len];
-    for r in 0..rows {
-        let row = &m.data()[r * rb..(r + 1) * rb];
-        if format == WeightFormat::Int8Row {
-            for (b, &v) in row.iter().enumerate() {
-                out[offset(r, b, rows, rb, nblk, kblk)] = v;
-            }
-        } else {
-            for c in 0..cols {
-                let nib = (row[c / 2] >> (4 * (c % 2))) & 0x0F;
-                let (b, high) = int4_place(c);
-                out[offset(r, b, rows, rb, nblk, kblk)] |= if high { nib << 4 } else { nib };
-            }
-        }
+    let mut ordered = vec![0u8; len];
+    for (r, out) in ordered.chunks_exact_mut(rb).enumerate() {
+        kt_row(format, &m.data()[r * rb..(r + 1) * rb], cols, out);
     }
+    let mut out = vec![0u8; len];
+    for_each_word(rows, rb, blocks(format).expect("checked by packed_bytes"), |r, b, at| {
+        out[at..at + 4].copy_from_slice(&ordered[r * rb + b..r * rb + b + 4]);
+    });
     Ok(out)
 }
 
@@ -97,24 +117,22 @@ pub fn from_kt(
     if data.len() != len {
         return Err(Error::ShapeMismatch { what: "KT packed weight bytes", expected: len, found: data.len() });
     }
-    let (nblk, kblk) = blocks(format).expect("checked by packed_bytes");
     let rb = len / rows;
-    let mut logical = vec![0u8; len];
-    for r in 0..rows {
-        let row = &mut logical[r * rb..(r + 1) * rb];
-        if format == WeightFormat::Int8Row {
-            for (b, v) in row.iter_mut().enumerate() {
-                *v = data[offset(r, b, rows, rb, nblk, kblk)];
-            }
-        } else {
+    let mut ordered = vec![0u8; len];
+    for_each_word(rows, rb, blocks(format).expect("checked by packed_bytes"), |r, b, at| {
+        ordered[r * rb + b..r * rb + b + 4].copy_from_slice(&data[at..at + 4]);
+    });
+    if format == WeightFormat::Int4Row {
+        let mut logical = vec![0u8; len];
+        for (src, row) in ordered.chunks_exact(rb).zip(logical.chunks_exact_mut(rb)) {
             for c in 0..cols {
                 let (b, high) = int4_place(c);
-                let byte = data[offset(r, b, rows, rb, nblk, kblk)];
-                put_nibble(row, c, if high { byte >> 4 } else { byte & 0x0F });
+                put_nibble(row, c, if high { src[b] >> 4 } else { src[b] & 0x0F });
             }
         }
+        ordered = logical;
     }
-    QuantMatrix::from_parts(format, rows, cols, logical, scales)
+    QuantMatrix::from_parts(format, rows, cols, ordered, scales)
 }
 
 #[cfg(test)]

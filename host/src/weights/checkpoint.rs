@@ -122,6 +122,21 @@ impl Checkpoint {
         &self.files[t.file].1[t.start..t.end]
     }
 
+    /// Drop a tensor's pages from this process's resident set (they stay in the page cache and
+    /// are read again if touched), so a converter streaming layer by layer stays at one layer.
+    pub fn release(&self, t: &TensorRef) {
+        const PAGE: usize = 4096;
+        let (start, end) = (t.start.next_multiple_of(PAGE), t.end / PAGE * PAGE);
+        if end > start {
+            // SAFETY: a read-only shared file mapping: MADV_DONTNEED only drops our page-table
+            // entries; later reads fault the file's (unchanged) contents back in. Only whole
+            // pages inside this tensor are advised.
+            let _ = unsafe {
+                self.files[t.file].1.unchecked_advise_range(memmap2::UncheckedAdvice::DontNeed, start, end - start)
+            };
+        }
+    }
+
     /// Whether a tensor of that name exists.
     pub fn contains(&self, name: &str) -> bool {
         self.tensors.contains_key(name)

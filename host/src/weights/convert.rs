@@ -115,6 +115,7 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
         )?;
         report.bytes_out += written;
         report.bytes_in += moe_input_bytes(&ck, layout, &cfg);
+        layer_tensors(layout, &cfg).iter().filter_map(|n| ck.get(n)).for_each(|t| ck.release(t));
         report.written.push(*layer);
         // A test hook: die as a crash would, to check that a rerun resumes.
         if abort_after == Some(report.written.len()) {
@@ -165,13 +166,16 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
     Ok(report)
 }
 
+/// The names of one layer's expert weight tensors.
+fn layer_tensors(layout: &Layout, cfg: &MoeConfig) -> Vec<String> {
+    if layout.kind == super::ExpertLayout::Fused {
+        let (a, b) = layout.fused_tensors();
+        return vec![a, b];
+    }
+    (0..cfg.experts).flat_map(|e| (0..3).map(move |p| layout.expert_tensor(e, p, "weight"))).collect()
+}
+
 /// Bytes of one layer's expert tensors in the input.
 fn moe_input_bytes(ck: &Checkpoint, layout: &Layout, cfg: &MoeConfig) -> u64 {
-    let names: Vec<String> = if layout.kind == super::ExpertLayout::Fused {
-        let (a, b) = layout.fused_tensors();
-        vec![a, b]
-    } else {
-        (0..cfg.experts).flat_map(|e| (0..3).map(move |p| layout.expert_tensor(e, p, "weight"))).collect()
-    };
-    names.iter().filter_map(|n| ck.get(n)).map(|t| ck.bytes(t).len() as u64).sum()
+    layer_tensors(layout, cfg).iter().filter_map(|n| ck.get(n)).map(|t| ck.bytes(t).len() as u64).sum()
 }

@@ -83,18 +83,25 @@ pub fn expert_f32(
     let (gu, d) = (get(&gu_name)?, get(&d_name)?);
     let experts = gu.shape.first().copied().unwrap_or(0);
     let slice = |t: &super::TensorRef, name: &str, per: usize| -> Result<Vec<f32>, WeightError> {
-        if e >= experts {
+        if e >= experts || t.shape.first() != Some(&experts) {
             return Err(WeightError::Missing { name: format!("{name}[{e}]") });
         }
         let esize = match t.dtype {
             Dtype::F32 => 4,
-            _ => 2,
+            Dtype::BF16 | Dtype::F16 => 2,
+            other => {
+                return Err(WeightError::Dtype {
+                    name: name.into(),
+                    found: format!("{other:?}"),
+                    expected: "BF16, F16 or F32",
+                })
+            }
         };
         floats(name, t.dtype, &ck.bytes(t)[e * per * esize..(e + 1) * per * esize])
     };
     // gate_up is [E, 2I, H] (first I rows gate), or [E, H, 2I] as some exports store it.
-    let rows_first = gu.shape[1..] == [2 * i, h];
-    if !rows_first && gu.shape[1..] != [h, 2 * i] {
+    let rows_first = gu.shape.get(1..) == Some(&[2 * i, h][..]);
+    if !rows_first && gu.shape.get(1..) != Some(&[h, 2 * i][..]) {
         return Err(WeightError::Shape { name: gu_name, expected: vec![experts, 2 * i, h], found: gu.shape.clone() });
     }
     let g_u = slice(gu, &gu_name, 2 * i * h)?;
@@ -106,7 +113,7 @@ pub fn expert_f32(
         };
         (t(0), t(i))
     };
-    if d.shape[1..] != [h, i] {
+    if d.shape.get(1..) != Some(&[h, i][..]) {
         return Err(WeightError::Shape { name: d_name, expected: vec![experts, h, i], found: d.shape.clone() });
     }
     Ok([gate, up, slice(d, &d_name, h * i)?])

@@ -7,6 +7,7 @@ mod checkpoint;
 mod config;
 pub mod convert;
 mod error;
+pub mod fuzzing;
 pub mod kt_format;
 mod layout;
 mod load;

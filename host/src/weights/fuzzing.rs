@@ -1,0 +1,36 @@
+//! The fuzz entry of the weight readers (`fuzz/fuzz_targets/checkpoint.rs`): arbitrary bytes as
+//! a `config.json`, a safetensors file (through layout detection, decoding and KT's converted
+//! format) and KT packed bytes. Every outcome must be a value or an error, never a panic.
+
+use kt_core::format::kt_packed::from_kt;
+use kt_core::reference::REFERENCE;
+use kt_core::{MoeConfig, SerialExecutor, WeightFormat};
+
+use super::kt_format::load_kt_layer;
+use super::{expert_f32, Checkpoint, Layout, ModelConfig};
+use crate::layer::LayerOptions;
+
+/// Feed `data` to every reader.
+#[doc(hidden)]
+pub fn fuzz(data: &[u8]) {
+    let _ = ModelConfig::parse(&String::from_utf8_lossy(data));
+    let _ = from_kt(WeightFormat::Int4Row, 32, 128, data, vec![1.0; 32]);
+    let dir = std::env::temp_dir().join(format!("kt-fuzz-{}", std::process::id()));
+    if std::fs::create_dir_all(&dir).is_err() || std::fs::write(dir.join("model.safetensors"), data).is_err() {
+        return;
+    }
+    let Ok(ck) = Checkpoint::open(&dir) else { return };
+    for layer in 0..2 {
+        if let Ok(l) = Layout::detect(&ck, layer) {
+            for e in 0..2 {
+                let _ = expert_f32(&ck, &l, e, 64, 64);
+            }
+        }
+    }
+    let cfg = MoeConfig { parts: 1, ..MoeConfig::new(2, 1, 64, 64) };
+    let opts =
+        LayerOptions { backend: Some(&REFERENCE), ..LayerOptions::executor(std::sync::Arc::new(SerialExecutor)) };
+    for format in [WeightFormat::Int8Row, WeightFormat::Int4Row] {
+        let _ = load_kt_layer(&ck, 0, format, &cfg, None, &opts);
+    }
+}
