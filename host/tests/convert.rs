@@ -119,6 +119,21 @@ fn convert_sizes_resume_and_load() {
     assert!(ck.contains("embed_tokens.weight") && ck.contains("blk.0.mlp.down_proj.weight"));
     assert_eq!(ck.metadata("numa_parts"), Some("2"));
 
+    // kt bench runs on the converted files and on the original checkpoint.
+    for (dir, method) in [(&out_a, "int8"), (&input, "bf16")] {
+        let d = dir.to_str().unwrap();
+        let args =
+            ["bench", "--weights", d, "--method", method, "--numa-parts", "2", "--threads", "2", "--tokens", "1,3"];
+        let (code, out, err) = kt(&[&args[..], &["--min-time", "0", "--json"]].concat(), &[]);
+        assert_eq!(code, Some(0), "{err}");
+        let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+        assert_eq!(v["results"].as_array().unwrap().len(), 2, "{out}");
+        assert!(v["results"][0]["preset"].as_str().unwrap().starts_with("checkpoint"));
+    }
+    let (code, _, err) = kt(&["bench", "--weights", out_a.to_str().unwrap(), "--method", "int8", "--tokens", "1"], &[]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("converted for 2 NUMA part(s) but 1 requested"), "{err}");
+
     // Crash after the first layer, then resume: identical files.
     let (code, _, _) = convert(&input, &out_b, "int8", &[("KT_CONVERT_ABORT_AFTER_LAYERS", "1")]);
     assert_ne!(code, Some(0));

@@ -23,6 +23,7 @@ use crate::layer::{LayerOptions, MoeLayer};
 use crate::numa_pool::NumaPool;
 use crate::placement::{Placement, PoolConfig, PoolError};
 use crate::topology::Topology;
+use crate::weights::{kt_format, load_layer, Checkpoint, Layout, WeightError};
 
 /// A model shape to benchmark.
 #[derive(Clone, Copy, Debug)]
@@ -67,6 +68,9 @@ pub struct BenchSpec {
     pub threads: usize,
     /// Let workers use SMT siblings once the physical cores are taken.
     pub smt: bool,
+    /// Real weights (a Hugging Face or KT-converted checkpoint) instead of synthetic ones;
+    /// `cfg` must be its shape.
+    pub weights: Option<std::path::PathBuf>,
     /// Distinct layers rotated; `None` = enough to exceed 2× the L3 size.
     pub layers: Option<usize>,
     /// Seed of weights, inputs and routing.
@@ -153,6 +157,8 @@ pub enum BenchError {
     },
     /// The pool cannot be built (threads vs parts, nodes).
     Pool(PoolError),
+    /// The checkpoint given with `--weights` cannot be loaded.
+    Weights(WeightError),
 }
 
 impl fmt::Display for BenchError {
@@ -167,11 +173,18 @@ impl fmt::Display for BenchError {
                 *available as f64 / 1e9
             ),
             BenchError::Pool(e) => write!(f, "{e}"),
+            BenchError::Weights(e) => write!(f, "{e}"),
         }
     }
 }
 
 impl std::error::Error for BenchError {}
+
+impl From<WeightError> for BenchError {
+    fn from(e: WeightError) -> Self {
+        BenchError::Weights(e)
+    }
+}
 
 impl From<PoolError> for BenchError {
     fn from(e: PoolError) -> Self {
@@ -279,18 +292,36 @@ fn run_method(
         "{spinner} generating {msg} weights [{bar:30}] {pos}/{len} expert slices ({elapsed})",
     );
     pb.set_message(method.to_string());
-    let build = |l: usize, opts: &LayerOptions| {
-        MoeLayer::from_f32(
-            cfg,
-            method,
-            |e| {
-                let x = synth::expert(cfg, spec.seed, l, e);
-                pb.inc(1);
-                Some(x)
-            },
-            opts,
-        )
+    let ckpt = spec.weights.as_deref().map(Checkpoint::open).transpose()?;
+    // A checkpoint's MoE layers, in order (layer l of the run is the l-th of them).
+    let moe_layers: Vec<usize> = ckpt.as_ref().map_or_else(Vec::new, |ck| {
+        (0..ck.config().map_or(0, |c| c.layers))
+            .filter(|&l| kt_format::kt_parts(ck, l) > 0 || Layout::detect(ck, l).is_ok())
+            .collect()
+    });
+    let layers = if ckpt.is_some() { layers.min(moe_layers.len()) } else { layers };
+    let build = |l: usize, opts: &LayerOptions| -> Result<MoeLayer, BenchError> {
+        match &ckpt {
+            Some(ck) if kt_format::is_kt_converted(ck) => {
+                Ok(kt_format::load_kt_layer(ck, moe_layers[l], method, cfg, None, opts)?)
+            }
+            Some(ck) => Ok(load_layer(ck, moe_layers[l], method, cfg, None, opts)?),
+            None => Ok(MoeLayer::from_f32(
+                cfg,
+                method,
+                |e| {
+                    let x = synth::expert(cfg, spec.seed, l, e);
+                    pb.inc(1);
+                    Some(x)
+                },
+                opts,
+            )?),
+        }
     };
+    if ckpt.is_some() && moe_layers.is_empty() {
+        let name = format!("MoE expert tensors (any layer of config.json's num_hidden_layers) in {}", ck_dir(spec));
+        return Err(BenchError::Weights(WeightError::Missing { name }));
+    }
     let built: Vec<MoeLayer> = (0..layers).map(|l| build(l, &opts)).collect::<Result<_, _>>()?;
     let backend = built[0].backend();
     let oracle = if backend.name() == REFERENCE.name() {
@@ -309,6 +340,10 @@ fn run_method(
     }
     cases.finish_and_clear();
     Ok(out)
+}
+
+fn ck_dir(spec: &BenchSpec) -> String {
+    spec.weights.as_deref().map_or_else(String::new, |p| p.display().to_string())
 }
 
 fn run_case(

@@ -125,6 +125,10 @@ struct BenchArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
+    /// Use a checkpoint's weights (Hugging Face safetensors, or KT's converted format) instead
+    /// of synthetic ones; the shape comes from its config.json.
+    #[arg(long)]
+    weights: Option<std::path::PathBuf>,
 }
 
 /// A one-line usage error (exit status 2).
@@ -238,6 +242,23 @@ fn run_bench(a: BenchArgs) -> ExitCode {
     if !(a.min_time.is_finite() && a.min_time >= 0.0) {
         return usage("--min-time must be a non-negative number of seconds");
     }
+    let mut p = p;
+    if let Some(w) = &a.weights {
+        let mc = match kt_host::weights::ModelConfig::read(&w.join("config.json")) {
+            Ok(mc) => mc,
+            Err(e) => return usage(e),
+        };
+        p = bench::Preset {
+            name: "checkpoint",
+            hidden: mc.hidden,
+            intermediate: mc.intermediate,
+            experts: mc.experts,
+            top_k: mc.top_k,
+        };
+        if a.hidden.is_some() || a.intermediate.is_some() || a.experts.is_some() {
+            return usage("--weights takes the shape from its config.json; drop --hidden/--intermediate/--experts");
+        }
+    }
     let custom = a.hidden.is_some() || a.intermediate.is_some() || a.experts.is_some() || a.top_k.is_some();
     let cfg = MoeConfig {
         parts: pool.subpools.len(),
@@ -255,12 +276,17 @@ fn run_bench(a: BenchArgs) -> ExitCode {
         }
     }
     let spec = BenchSpec {
-        preset: if custom { format!("{} (custom)", p.name) } else { p.name.to_string() },
+        preset: match &a.weights {
+            Some(w) => format!("checkpoint {}", w.display()),
+            None if custom => format!("{} (custom)", p.name),
+            None => p.name.to_string(),
+        },
         cfg,
         methods,
         tokens: a.tokens,
         threads: pool.threads(),
         smt: pool.smt,
+        weights: a.weights.clone(),
         layers: a.layers,
         seed: a.seed,
         min_seconds: a.min_time,
