@@ -19,7 +19,7 @@ cargo build -p kt-core
 echo "== tests"
 cargo test --workspace
 cargo test -p kt-host --no-default-features
-echo "== loom model checks of the task queue (own target dir: --cfg loom rebuilds every crate)"
+echo "== loom model checks of the task queue and the pools (own target dir: --cfg loom rebuilds every crate)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p kt-host --release --test loom
 echo "== Python package kt_kernel: wheel, install into target/pyenv, pytest"
 bash scripts/python.sh
