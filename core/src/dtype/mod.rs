@@ -33,6 +33,14 @@ pub fn quantize_i8(x: f32) -> i8 {
     }
 }
 
+/// [`quantize_i8`] for finite |x| < 2^22 (where [`round_ne`] is the magic-number add), without
+/// branches so that loops over it vectorize. Same result as `quantize_i8` in that range.
+#[inline]
+pub fn quantize_i8_small(x: f32) -> i8 {
+    const MAGIC: f32 = 12_582_912.0;
+    ((x + MAGIC) - MAGIC).clamp(-128.0, 127.0) as i8
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -48,5 +56,17 @@ mod tests {
             assert!(round_ne(x) == libm::rintf(x) || x.is_nan(), "{x}");
         }
         assert!(round_ne(f32::NAN).is_nan());
+    }
+
+    #[test]
+    fn small_quantizer_equals_the_general_one_in_its_range() {
+        let mut x = -200.0f32;
+        while x < 200.0 {
+            assert_eq!(quantize_i8_small(x), quantize_i8(x), "{x}");
+            x += 0.0625;
+        }
+        for x in [127.49, 127.5, 128.5, -128.5, -129.0, 4194303.0, -4194303.0, 1e-40, -0.0] {
+            assert_eq!(quantize_i8_small(x), quantize_i8(x), "{x}");
+        }
     }
 }

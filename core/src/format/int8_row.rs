@@ -5,7 +5,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 
 use super::{amax, inverse};
-use crate::dtype::quantize_i8;
+use crate::dtype::quantize_i8_small;
 
 /// Quantize `rows × cols`; returns (i8 data as bytes, one scale per row).
 pub fn quantize(rows: usize, cols: usize, src: &[f32]) -> (Vec<u8>, Vec<f32>) {
@@ -27,7 +27,8 @@ pub fn quantize(rows: usize, cols: usize, src: &[f32]) -> (Vec<u8>, Vec<f32>) {
 pub fn quantize_row(x: &[f32]) -> (impl Iterator<Item = i8> + '_, f32) {
     let d = amax(x) / 127.0;
     let inv = inverse(d);
-    (x.iter().map(move |&v| quantize_i8(v * inv)), d)
+    // |v · inv| ≤ 127 (+ rounding) by the choice of d, inside quantize_i8_small's range.
+    (x.iter().map(move |&v| quantize_i8_small(v * inv)), d)
 }
 
 /// `q · d` for every element of a row.

@@ -68,12 +68,16 @@ fn kt_row(format: WeightFormat, row: &[u8], cols: usize, out: &mut [u8]) {
         out.copy_from_slice(row);
         return;
     }
-    out.fill(0);
-    for c in 0..cols {
-        let nib = (row[c / 2] >> (4 * (c % 2))) & 0x0F;
-        let (b, high) = int4_place(c);
-        out[b] |= if high { nib << 4 } else { nib };
+    // Each 128-column step: byte j = column j (low) | column j + 64 (high); logical bytes hold
+    // columns 2m (low) and 2m + 1 (high).
+    let nib = |c: usize| (row[c / 2] >> (4 * (c % 2))) & 0x0F;
+    for (s, step) in out.chunks_exact_mut(64).enumerate() {
+        let base = s * 128;
+        for (j, o) in step.iter_mut().enumerate() {
+            *o = nib(base + j) | nib(base + 64 + j) << 4;
+        }
     }
+    debug_assert_eq!(out.len() * 2, cols);
 }
 
 /// Visit every 4-byte word of a packed matrix: `f(row, byte column, packed offset)`. Words are

@@ -28,7 +28,9 @@ impl QuantMatrix {
         if cols % format.col_multiple() != 0 {
             return Err(Error::FormatShape { format, what: "columns", value: cols, multiple: format.col_multiple() });
         }
-        if let Some(i) = src.iter().position(|x| !x.is_finite() || x.abs() > super::MAX_ABS) {
+        // One branch-free pass (NaN fails `<=`), and a search only when it fails.
+        if !src.iter().fold(true, |ok, x| ok & (x.abs() <= super::MAX_ABS)) {
+            let i = src.iter().position(|x| !(x.abs() <= super::MAX_ABS)).unwrap_or(0);
             return Err(Error::NonFinite { what: "weight matrix", row: i / cols.max(1), col: i % cols.max(1) });
         }
         let (data, scales) = match format {

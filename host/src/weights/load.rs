@@ -4,7 +4,7 @@
 
 use std::sync::Mutex;
 
-use kt_core::dtype::{bf16, f16, F8E4M3};
+use kt_core::dtype::{f16, F8E4M3};
 use kt_core::{MoeConfig, WeightFormat};
 use safetensors::Dtype;
 
@@ -19,7 +19,10 @@ fn le16(b: &[u8]) -> impl Iterator<Item = u16> + '_ {
 /// A float tensor's elements as f32 (bf16, f16, f32).
 fn floats(name: &str, dtype: Dtype, b: &[u8]) -> Result<Vec<f32>, WeightError> {
     Ok(match dtype {
-        Dtype::BF16 => le16(b).map(|v| bf16::from_bits(v).to_f32()).collect(),
+        // bf16 is the top half of an f32: a shift (exact, NaN payloads kept).
+        Dtype::BF16 => {
+            b.chunks_exact(2).map(|c| f32::from_bits(u32::from(u16::from_le_bytes([c[0], c[1]])) << 16)).collect()
+        }
         Dtype::F16 => le16(b).map(|v| f16::from_bits(v).to_f32()).collect(),
         Dtype::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
         other => {
