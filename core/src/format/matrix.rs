@@ -30,7 +30,7 @@ impl QuantMatrix {
         }
         // One branch-free pass (NaN fails `<=`), and a search only when it fails.
         if !src.iter().fold(true, |ok, x| ok & (x.abs() <= super::MAX_ABS)) {
-            let i = src.iter().position(|x| !(x.abs() <= super::MAX_ABS)).unwrap_or(0);
+            let i = src.iter().position(|x| !x.is_finite() || x.abs() > super::MAX_ABS).unwrap_or(0);
             return Err(Error::NonFinite { what: "weight matrix", row: i / cols.max(1), col: i % cols.max(1) });
         }
         let (data, scales) = match format {
