@@ -250,3 +250,39 @@ fn bad_checkpoints_are_clear_errors() {
     assert!(Checkpoint::open(&d.join("nope")).unwrap_err().to_string().contains("nope"));
     std::fs::remove_dir_all(&d).unwrap();
 }
+
+/// compressed-tensors int4: `weight_packed` (int32, 8 nibbles low first, value nibble − 8) and
+/// bf16 `weight_scale` `[N, K/32]`, decoded exactly.
+#[test]
+fn compressed_tensors_int4_decodes() {
+    let d = dir("ct");
+    let (h, i) = (CFG.hidden, CFG.intermediate);
+    let mut r = kt_core::rng::SplitMix64::new(9);
+    let mut t = Vec::new();
+    let mut want = Vec::new();
+    for (p, (rows, cols)) in [("gate", (i, h)), ("up", (i, h)), ("down", (h, i))] {
+        let nibbles: Vec<u8> = (0..rows * cols).map(|_| r.below(16) as u8).collect();
+        let scales: Vec<f32> = (0..rows * cols / 32).map(|_| bf16::from_f32(r.next_f32() + 0.01).to_f32()).collect();
+        let packed: Vec<u8> = nibbles.chunks_exact(2).map(|p| p[0] | p[1] << 4).collect();
+        let base = format!("model.layers.0.mlp.experts.0.{p}_proj");
+        t.push(T { name: format!("{base}.weight_packed"), dtype: "I32", shape: vec![rows, cols / 8], data: packed });
+        t.push(T {
+            name: format!("{base}.weight_scale"),
+            dtype: "BF16",
+            shape: vec![rows, cols / 32],
+            data: bf16_bytes(&scales),
+        });
+        want.push(
+            (0..rows * cols)
+                .map(|k| (f32::from(nibbles[k]) - 8.0) * scales[(k / cols) * (cols / 32) + (k % cols) / 32])
+                .collect::<Vec<f32>>(),
+        );
+    }
+    write_safetensors(&d.join("model.safetensors"), &t);
+    let ck = Checkpoint::open(&d).unwrap();
+    let l = Layout::detect(&ck, 0).unwrap();
+    assert_eq!(l.kind, ExpertLayout::Deepseek);
+    let got = expert_f32(&ck, &l, 0, h, i).unwrap();
+    assert_eq!(got.to_vec(), want);
+    std::fs::remove_dir_all(&d).unwrap();
+}

@@ -115,3 +115,47 @@ def test_converted_checkpoint_loads_like_online_quantization(tmp_path, method):
     kt_kernel_ext.convert(str(src), str(one), method, 1, 2)
     with pytest.raises(ValueError, match=r"converted for 1 NUMA part\(s\) but 2 requested"):
         make(layer_idx=0, method=method, path=str(one)).load_weights()
+
+
+def gptq_pack(w, group):
+    """Symmetric 4-bit GPTQ of w [N, K]: qweight [K/8, N] int32 (low nibble first along K),
+    scales [K/g, N] f16; returns them and the dequantized weights."""
+    n, k = w.shape
+    g = w.reshape(n, k // group, group)
+    s = (np.abs(g).max(axis=2) / 7.0).astype(np.float16).astype(np.float32)
+    q = np.clip(np.rint(g / s[:, :, None]), -8, 7).astype(np.int64) + 8
+    deq = ((q - 8) * s[:, :, None]).reshape(n, k).astype(np.float32)
+    q = q.reshape(n, k).T.reshape(k // 8, 8, n)
+    words = np.zeros((k // 8, n), np.uint32)
+    for j in range(8):
+        words |= (q[:, j, :].astype(np.uint32) << (4 * j))
+    return words.view(np.int32), s.T.astype(np.float16).copy(), deq
+
+
+def test_gptq_checkpoint_loads_and_unsupported_gptq_is_refused(tmp_path):
+    g, u, d = experts(E, H, I, seed=41)
+    tensors, deq = {}, [np.zeros_like(g), np.zeros_like(u), np.zeros_like(d)]
+    for e in range(E):
+        for p, (name, m) in enumerate(zip(("gate", "up", "down"), (g[e], u[e], d[e]))):
+            qw, sc, dq = gptq_pack(m, 128)
+            stem = f"model.layers.0.mlp.experts.{e}.{name}_proj"
+            tensors[f"{stem}.qweight"], tensors[f"{stem}.scales"] = qw, sc
+            tensors[f"{stem}.qzeros"] = np.full((m.shape[1] // 128, m.shape[0] // 8), 0x77777777, np.uint32).view(np.int32)
+            deq[p][e] = dq
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+    cfg = {"num_experts": E, "num_experts_per_tok": K, "hidden_size": H, "moe_intermediate_size": I, "num_hidden_layers": 1,
+           "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False}}
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    w = make(layer_idx=0, method="BF16", path=str(tmp_path))
+    w.load_weights()
+    x = np.random.default_rng(5).standard_normal((4, H)).astype(np.float32)
+    ids, ws = routing(4, K, E, 6)
+    assert rel_err(w.forward(x, ids, ws), moe_reference(x, ids, ws, *deq)) < 0.01
+
+    cfg["quantization_config"]["desc_act"] = True
+    other = tmp_path / "act"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps(cfg))
+    save_file(tensors, str(other / "model.safetensors"))
+    with pytest.raises(ValueError, match="desc_act=true"):
+        make(layer_idx=0, method="BF16", path=str(other)).load_weights()

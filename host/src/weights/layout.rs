@@ -44,14 +44,15 @@ impl Layout {
         for base in &bases {
             for kind in [ExpertLayout::Fused, ExpertLayout::Deepseek, ExpertLayout::Mixtral, ExpertLayout::Mistral] {
                 let l = Layout { kind, base: base.clone() };
-                let probe = match kind {
-                    ExpertLayout::Fused => format!("{base}.mlp.experts.gate_up_proj"),
-                    _ => l.expert_tensor(0, 0, "weight"),
+                let mut probes = match kind {
+                    ExpertLayout::Fused => vec![format!("{base}.mlp.experts.gate_up_proj")],
+                    // bf16/fp8 `weight`, compressed-tensors `weight_packed`, GPTQ `qweight`
+                    _ => ["weight", "weight_packed", "qweight"].map(|s| l.expert_tensor(0, 0, s)).to_vec(),
                 };
-                if ck.contains(&probe) {
+                if probes.iter().any(|p| ck.contains(p)) {
                     return Ok(l);
                 }
-                tried.push(probe);
+                tried.push(probes.swap_remove(0));
             }
         }
         Err(WeightError::UnknownLayout { layer, tried })

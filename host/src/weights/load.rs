@@ -17,7 +17,7 @@ fn le16(b: &[u8]) -> impl Iterator<Item = u16> + '_ {
 }
 
 /// A float tensor's elements as f32 (bf16, f16, f32).
-fn floats(name: &str, dtype: Dtype, b: &[u8]) -> Result<Vec<f32>, WeightError> {
+pub(super) fn floats(name: &str, dtype: Dtype, b: &[u8]) -> Result<Vec<f32>, WeightError> {
     Ok(match dtype {
         // bf16 is the top half of an f32: a shift (exact, NaN payloads kept).
         Dtype::BF16 => {
@@ -37,7 +37,17 @@ fn floats(name: &str, dtype: Dtype, b: &[u8]) -> Result<Vec<f32>, WeightError> {
 
 /// Matrix `name` (`[rows, cols]`) as f32, fp8 dequantized with its scales.
 fn matrix(ck: &Checkpoint, name: &str, rows: usize, cols: usize) -> Result<Vec<f32>, WeightError> {
-    let t = ck.get(name).ok_or_else(|| WeightError::Missing { name: name.into() })?;
+    let stem = name.strip_suffix(".weight").unwrap_or(name);
+    let Some(t) = ck.get(name) else {
+        // 4-bit checkpoints name their tensors differently.
+        if ck.contains(&format!("{stem}.weight_packed")) {
+            return super::int4::compressed(ck, stem, rows, cols);
+        }
+        if ck.contains(&format!("{stem}.qweight")) {
+            return super::int4::gptq(ck, stem, rows, cols);
+        }
+        return Err(WeightError::Missing { name: name.into() });
+    };
     if t.shape != [rows, cols] {
         return Err(WeightError::Shape { name: name.into(), expected: vec![rows, cols], found: t.shape.clone() });
     }
@@ -45,7 +55,6 @@ fn matrix(ck: &Checkpoint, name: &str, rows: usize, cols: usize) -> Result<Vec<f
     if t.dtype != Dtype::F8_E4M3 {
         return floats(name, t.dtype, b);
     }
-    let stem = name.strip_suffix(".weight").unwrap_or(name);
     let (scale_name, s) = [format!("{stem}.weight_scale_inv"), format!("{stem}.weight_scale")]
         .into_iter()
         .find_map(|n| ck.get(&n).cloned().map(|s| (n, s)))
