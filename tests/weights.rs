@@ -9,7 +9,7 @@ use kt_core::dtype::F8E4M3;
 use kt_core::reference::REFERENCE;
 use kt_core::testing::{random_input, random_routing};
 use kt_core::{MoeConfig, WeightFormat};
-use kt_host::weights::{expert_f32, load_layer, Checkpoint, ExpertLayout, Layout, WeightError};
+use kt_host::weights::{expert_f32, load_layer, Checkpoint, ExpertLayout, Layout, Slots, WeightError};
 use kt_host::{LayerOptions, MoeLayer};
 use kt_tests::experts;
 
@@ -113,7 +113,7 @@ fn sharded_deepseek_bf16_checkpoint_loads_exactly() {
     let opts = LayerOptions { backend: Some(&REFERENCE), ..LayerOptions::threads(2) };
     let order = [2usize, 0, 3, 1];
     for f in [WeightFormat::Bf16, WeightFormat::Int8Row] {
-        let loaded = load_layer(&ck, 1, f, &cfg, Some(&order), &opts).unwrap();
+        let loaded = load_layer(&ck, 1, f, &cfg, Slots { map: Some(&order), gpu: None }, &opts).unwrap();
         let direct = MoeLayer::from_f32(
             &cfg,
             f,
@@ -236,7 +236,9 @@ fn bad_checkpoints_are_clear_errors() {
     assert!(e.contains("experts.2.gate_proj") && e.contains("missing"), "{e}");
     let e = Layout::detect(&ck, 7).unwrap_err();
     assert!(matches!(e, WeightError::UnknownLayout { layer: 7, .. }) && e.to_string().contains("model.layers.7"));
-    let e = load_layer(&ck, 0, WeightFormat::Bf16, &CFG, None, &LayerOptions::threads(1)).unwrap_err().to_string();
+    let e = load_layer(&ck, 0, WeightFormat::Bf16, &CFG, Slots::default(), &LayerOptions::threads(1))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("up_proj"), "{e}");
     assert!(ck.config().unwrap_err().to_string().contains("config.json"));
 

@@ -10,7 +10,7 @@ use kt_core::testing::{random_experts, random_input, random_routing};
 use kt_core::{MoeConfig, WeightFormat};
 use kt_host::weights::kt_format::{key, load_kt_layer};
 use kt_host::weights::writer::{Planned, StreamWriter};
-use kt_host::weights::Checkpoint;
+use kt_host::weights::{Checkpoint, Slots};
 use kt_host::{LayerOptions, MoeLayer};
 
 const E: usize = 4;
@@ -148,26 +148,43 @@ fn convert_sizes_resume_and_load() {
     // Loading with the converted part count equals quantizing online; another count is refused.
     let cfg = MoeConfig { parts: 2, max_tokens: 8, ..MoeConfig::new(E, 2, H, I) };
     let opts = LayerOptions { backend: Some(&REFERENCE), ..LayerOptions::threads(2) };
-    let loaded = load_kt_layer(&ck, 2, WeightFormat::Int8Row, &cfg, None, &opts).unwrap();
+    let loaded = load_kt_layer(&ck, 2, WeightFormat::Int8Row, &cfg, Slots::default(), &opts).unwrap();
     let online = MoeLayer::from_f32(&cfg, WeightFormat::Int8Row, |e| Some(layers[1][e].clone()), &opts).unwrap();
     let input_x = random_input(5, H, 1);
     let (ids, w) = random_routing(5, 2, E, 2);
     assert_eq!(loaded.forward(&input_x, &ids, &w, None).unwrap(), online.forward(&input_x, &ids, &w, None).unwrap());
     for parts in [1, 4] {
-        let e = load_kt_layer(&ck, 2, WeightFormat::Int8Row, &MoeConfig { parts, ..cfg.clone() }, None, &opts)
-            .unwrap_err()
-            .to_string();
+        let e =
+            load_kt_layer(&ck, 2, WeightFormat::Int8Row, &MoeConfig { parts, ..cfg.clone() }, Slots::default(), &opts)
+                .unwrap_err()
+                .to_string();
         assert!(e.contains("converted for 2 NUMA part(s)") && e.contains(&format!("{parts} requested")), "{e}");
     }
-    let e = load_kt_layer(&ck, 2, WeightFormat::Int4Row, &cfg, None, &opts).unwrap_err().to_string();
+    let e = load_kt_layer(&ck, 2, WeightFormat::Int4Row, &cfg, Slots::default(), &opts).unwrap_err().to_string();
     assert!(e.contains("ffn_gate_exps.0.numa.0.weight"), "{e}");
+
+    // GPU-resident slots are neither read nor packed: no bytes, and the CPU part of the output
+    // is the same as a full layer's under that mask; routing to one unmasked is an error.
+    let gpu = [false, true, false, true];
+    let mask = Slots { map: None, gpu: Some(&gpu) };
+    for l in [
+        load_kt_layer(&ck, 2, WeightFormat::Int8Row, &cfg, mask, &opts).unwrap(),
+        kt_host::weights::load_layer(&Checkpoint::open(&input).unwrap(), 2, WeightFormat::Int8Row, &cfg, mask, &opts)
+            .unwrap(),
+    ] {
+        assert_eq!((l.expert_bytes(1), l.expert_bytes(3)), (0, 0));
+        assert!(l.expert_bytes(0) > 0);
+        let want = loaded.forward(&input_x, &ids, &w, Some(&gpu)).unwrap();
+        assert_eq!(l.forward(&input_x, &ids, &w, Some(&gpu)).unwrap(), want);
+        assert!(l.forward(&input_x, &ids, &w, None).unwrap_err().to_string().contains("expert"));
+    }
 
     // int4 files are half the size and load too.
     let out_c = tmp("c");
     assert_eq!(convert(&input, &out_c, "AMXINT4", &[]).0, Some(0));
     let ck4 = Checkpoint::open(&out_c).unwrap();
     assert_eq!(ck4.bytes(ck4.get(&key(1, 1, 0, 0, "weight")).unwrap()).len(), 128 * H / 2);
-    let l4 = load_kt_layer(&ck4, 1, WeightFormat::Int4Row, &cfg, None, &opts).unwrap();
+    let l4 = load_kt_layer(&ck4, 1, WeightFormat::Int4Row, &cfg, Slots::default(), &opts).unwrap();
     let o4 = MoeLayer::from_f32(&cfg, WeightFormat::Int4Row, |e| Some(layers[0][e].clone()), &opts).unwrap();
     assert_eq!(l4.forward(&input_x, &ids, &w, None).unwrap(), o4.forward(&input_x, &ids, &w, None).unwrap());
 

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use half::{bf16, f16};
 use kt_core::{MoeConfig, WeightFormat};
-use kt_host::weights::{kt_format, load_layer, Checkpoint, WeightError};
+use kt_host::weights::{kt_format, load_layer, Checkpoint, Slots, WeightError};
 use kt_host::{LayerOptions, MoeLayer};
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;
@@ -198,10 +198,13 @@ impl Moe {
         let opts = LayerOptions::executor(infer.pool.clone());
         let loaded = py.detach(|| -> Result<MoeLayer, WeightError> {
             let ck = checkpoint(&path)?;
+            // Every expert is packed (as KT): SGLang moves experts between GPU and CPU by
+            // updating the mask in place.
+            let slots = Slots { map: Some(&map), gpu: None };
             if kt_format::is_kt_converted(&ck) {
-                kt_format::load_kt_layer(&ck, layer, s.format, &s.cfg, Some(&map), &opts)
+                kt_format::load_kt_layer(&ck, layer, s.format, &s.cfg, slots, &opts)
             } else {
-                load_layer(&ck, layer, s.format, &s.cfg, Some(&map), &opts)
+                load_layer(&ck, layer, s.format, &s.cfg, slots, &opts)
             }
         });
         let l = loaded.map_err(value_error)?;

@@ -23,7 +23,7 @@ use crate::layer::{LayerOptions, MoeLayer};
 use crate::numa_pool::NumaPool;
 use crate::placement::{Placement, PoolConfig, PoolError};
 use crate::topology::Topology;
-use crate::weights::{kt_format, load_layer, Checkpoint, Layout, WeightError};
+use crate::weights::{kt_format, load_layer, Checkpoint, Layout, Slots, WeightError};
 
 /// A model shape to benchmark.
 #[derive(Clone, Copy, Debug)]
@@ -303,9 +303,9 @@ fn run_method(
     let build = |l: usize, opts: &LayerOptions| -> Result<MoeLayer, BenchError> {
         match &ckpt {
             Some(ck) if kt_format::is_kt_converted(ck) => {
-                Ok(kt_format::load_kt_layer(ck, moe_layers[l], method, cfg, None, opts)?)
+                Ok(kt_format::load_kt_layer(ck, moe_layers[l], method, cfg, Slots::default(), opts)?)
             }
-            Some(ck) => Ok(load_layer(ck, moe_layers[l], method, cfg, None, opts)?),
+            Some(ck) => Ok(load_layer(ck, moe_layers[l], method, cfg, Slots::default(), opts)?),
             None => Ok(MoeLayer::from_f32(
                 cfg,
                 method,

@@ -7,7 +7,7 @@ use kt_core::reference::REFERENCE;
 use kt_core::{MoeConfig, SerialExecutor, WeightFormat};
 
 use super::kt_format::load_kt_layer;
-use super::{expert_f32, Checkpoint, Layout, ModelConfig};
+use super::{expert_f32, Checkpoint, Layout, ModelConfig, Slots};
 use crate::layer::LayerOptions;
 
 /// Feed `data` to every reader.
@@ -31,6 +31,6 @@ pub fn fuzz(data: &[u8]) {
     let opts =
         LayerOptions { backend: Some(&REFERENCE), ..LayerOptions::executor(std::sync::Arc::new(SerialExecutor)) };
     for format in [WeightFormat::Int8Row, WeightFormat::Int4Row] {
-        let _ = load_kt_layer(&ck, 0, format, &cfg, None, &opts);
+        let _ = load_kt_layer(&ck, 0, format, &cfg, Slots::default(), &opts);
     }
 }

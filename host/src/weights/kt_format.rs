@@ -13,7 +13,7 @@ use kt_core::format::kt_packed::{from_kt, packed_bytes, to_kt};
 use kt_core::{MoeConfig, QuantMatrix, WeightFormat};
 
 use super::writer::{Planned, StreamWriter};
-use super::{Checkpoint, WeightError};
+use super::{Checkpoint, Slots, WeightError};
 use crate::layer::{LayerOptions, MoeLayer};
 
 const PROJ: [&str; 3] = ["gate", "up", "down"];
@@ -158,13 +158,14 @@ pub fn verify_layer(path: &std::path::Path, cfg: &MoeConfig, format: WeightForma
 }
 
 /// Build layer `layer` from a converted checkpoint; `cfg.parts` must equal the file's part
-/// count, and `format` its method (from the tensor sizes, so KT-written files load too).
+/// count, and `format` its method (from the tensor sizes, so KT-written files load too);
+/// GPU-resident `slots` are not read.
 pub fn load_kt_layer(
     ck: &Checkpoint,
     layer: usize,
     format: WeightFormat,
     cfg: &MoeConfig,
-    map: Option<&[usize]>,
+    slots: Slots<'_>,
     opts: &LayerOptions,
 ) -> Result<MoeLayer, WeightError> {
     let parts = kt_parts(ck, layer);
@@ -197,7 +198,7 @@ pub fn load_kt_layer(
         cfg,
         format,
         |slot, n| {
-            let e = map.map_or(slot, |m| m[slot]);
+            let Some(e) = slots.expert(slot) else { return Ok(None) };
             match (read(e, 0, n), read(e, 1, n), read(e, 2, n)) {
                 (Ok(g), Ok(u), Ok(d)) => Ok(Some((g, u, d))),
                 (Err(err), _, _) | (_, Err(err), _) | (_, _, Err(err)) => {

@@ -131,15 +131,33 @@ pub fn expert_f32(
     Ok([gate, up, slice(d, &d_name, h * i)?])
 }
 
+/// Which logical expert fills each slot, and which slots are GPU-resident: those are neither
+/// read nor packed, so they cost no RAM (a forward routed to one while it is not masked is an
+/// `ExpertNotLoaded` error).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Slots<'a> {
+    /// Slot `p` holds logical expert `map[p]` (identity if `None`).
+    pub map: Option<&'a [usize]>,
+    /// `gpu[p]`: slot `p` is computed on the GPU.
+    pub gpu: Option<&'a [bool]>,
+}
+
+impl Slots<'_> {
+    /// The logical expert of slot `p`, or `None` for a GPU-resident slot.
+    pub fn expert(&self, p: usize) -> Option<usize> {
+        (!self.gpu.is_some_and(|g| g.get(p).copied().unwrap_or(false))).then(|| self.map.map_or(p, |m| m[p]))
+    }
+}
+
 /// Build layer `layer` of the checkpoint in `format`: `cfg` gives the shape (E, k, H, I, max
-/// tokens, parts; checked against the tensors), slot `p` holds logical expert `map[p]` (identity
-/// if `None`), and every expert is decoded, quantized and packed on `opts`' pool.
+/// tokens, parts; checked against the tensors), `slots` which expert fills each slot, and every
+/// CPU expert is decoded, quantized and packed on `opts`' pool.
 pub fn load_layer(
     ck: &Checkpoint,
     layer: usize,
     format: WeightFormat,
     cfg: &MoeConfig,
-    map: Option<&[usize]>,
+    slots: Slots<'_>,
     opts: &LayerOptions,
 ) -> Result<MoeLayer, WeightError> {
     let layout = Layout::detect(ck, layer)?;
@@ -148,7 +166,7 @@ pub fn load_layer(
         cfg,
         format,
         |slot| {
-            let e = map.map_or(slot, |m| m[slot]);
+            let e = slots.expert(slot)?;
             match expert_f32(ck, &layout, e, cfg.hidden, cfg.intermediate) {
                 Ok(x) => Some(x),
                 Err(err) => {

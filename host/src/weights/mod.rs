@@ -19,4 +19,4 @@ pub use checkpoint::{Checkpoint, TensorRef};
 pub use config::ModelConfig;
 pub use error::WeightError;
 pub use layout::{ExpertLayout, Layout};
-pub use load::{expert_f32, load_layer};
+pub use load::{expert_f32, load_layer, Slots};
