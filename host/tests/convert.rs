@@ -161,7 +161,7 @@ fn convert_sizes_resume_and_load() {
         assert!(e.contains("converted for 2 NUMA part(s)") && e.contains(&format!("{parts} requested")), "{e}");
     }
     let e = load_kt_layer(&ck, 2, WeightFormat::Int4Row, &cfg, Slots::default(), &opts).unwrap_err().to_string();
-    assert!(e.contains("ffn_gate_exps.0.numa.0.weight"), "{e}");
+    assert!(e.contains("converted as AMXINT8 but loaded as AMXINT4"), "{e}");
 
     // GPU-resident slots are neither read nor packed: no bytes, and the CPU part of the output
     // is the same as a full layer's under that mask; routing to one unmasked is an error.
@@ -188,6 +188,27 @@ fn convert_sizes_resume_and_load() {
     let o4 = MoeLayer::from_f32(&cfg, WeightFormat::Int4Row, |e| Some(layers[0][e].clone()), &opts).unwrap();
     assert_eq!(l4.forward(&input_x, &ids, &w, None).unwrap(), o4.forward(&input_x, &ids, &w, None).unwrap());
 
+    // Our other formats convert and load exactly too (same keys, their own bytes).
+    for (method, format) in [
+        ("int4-g32", WeightFormat::Int4Group { group: 32 }),
+        ("bf16", WeightFormat::Bf16),
+        ("fp8", WeightFormat::Fp8Block),
+    ] {
+        let out = tmp(method);
+        assert_eq!(convert(&input, &out, method, &[]).0, Some(0), "{method}");
+        let ck = Checkpoint::open(&out).unwrap();
+        let l = load_kt_layer(&ck, 1, format, &cfg, Slots::default(), &opts).unwrap();
+        let o = MoeLayer::from_f32(&cfg, format, |e| Some(layers[0][e].clone()), &opts).unwrap();
+        assert_eq!(
+            l.forward(&input_x, &ids, &w, None).unwrap(),
+            o.forward(&input_x, &ids, &w, None).unwrap(),
+            "{method}"
+        );
+        let e = load_kt_layer(&ck, 1, WeightFormat::Int8Row, &cfg, Slots::default(), &opts).unwrap_err().to_string();
+        assert!(e.contains(&format!("converted as {format}")), "{e}");
+        std::fs::remove_dir_all(&out).unwrap();
+    }
+
     for d in [&input, &out_a, &out_b, &out_c] {
         std::fs::remove_dir_all(d).unwrap();
     }
@@ -201,7 +222,7 @@ fn bad_convert_arguments_are_one_line_errors() {
     for (args, needle) in [
         (vec!["convert", "--input", i, "--output", "/proc/kt-out", "--method", "int8"], "/proc/kt-out"),
         (vec!["convert", "--input", "/nonexistent/x", "--output", "/tmp/x", "--method", "int8"], "/nonexistent/x"),
-        (vec!["convert", "--input", i, "--output", "/tmp/x", "--method", "bf16"], "int8"),
+        (vec!["convert", "--input", i, "--output", "/tmp/x", "--method", "int3"], "unknown method"),
         (vec!["convert", "--input", i, "--output", "/tmp/x", "--layers", "5-2"], "--layers"),
         (vec!["convert", "--input", i, "--output", "/tmp/x", "--parts", "0"], "--parts"),
     ] {

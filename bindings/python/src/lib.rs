@@ -31,7 +31,8 @@ mod kt_kernel_ext {
         super::cuda::cached_blocks()
     }
 
-    /// Convert a Hugging Face checkpoint to KT's INT8/INT4 format (as `kt convert`); returns
+    /// Convert a Hugging Face checkpoint to KT's INT8/INT4 format or one of ours (as
+    /// `kt convert`); returns
     /// (layers written, layers already complete). The GIL is released.
     #[pyfunction]
     #[pyo3(signature = (input, output, method = "AMXINT8", parts = 2, threads = 0))]
@@ -44,10 +45,9 @@ mod kt_kernel_ext {
         threads: usize,
     ) -> PyResult<(usize, usize)> {
         use kt_host::weights::convert::{convert, ConvertSpec};
-        let format = match kt_core::WeightFormat::parse(method) {
-            Some(f @ (kt_core::WeightFormat::Int8Row | kt_core::WeightFormat::Int4Row)) => f,
-            _ => return Err(super::value_error(format!("method {method:?}: convert writes AMXINT8 or AMXINT4"))),
-        };
+        let format = kt_core::WeightFormat::parse(method).ok_or_else(|| {
+            super::value_error(format!("unknown method {method:?}; valid: {}", kt_core::WeightFormat::NAMES))
+        })?;
         let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
         let spec = ConvertSpec { input, output, format, parts, layers: None, threads, progress: false };
         let r = py.detach(|| convert(&spec)).map_err(super::value_error)?;

@@ -90,7 +90,7 @@ def test_bad_checkpoints_raise_clear_errors(tmp_path):
         make(layer_idx=0, method="BF16", path=str(tmp_path / "junk")).load_weights()
 
 
-@pytest.mark.parametrize("method", ["AMXINT8", "AMXINT4"])
+@pytest.mark.parametrize("method", ["AMXINT8", "AMXINT4", "RAWINT4", "BF16", "FP8"])
 def test_converted_checkpoint_loads_like_online_quantization(tmp_path, method):
     from kt_kernel import kt_kernel_ext
 

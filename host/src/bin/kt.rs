@@ -35,7 +35,8 @@ struct ConvertArgs {
     /// Output directory.
     #[arg(long)]
     output: std::path::PathBuf,
-    /// int8 (KT AMXINT8) or int4 (KT AMXINT4).
+    /// int8 (KT AMXINT8) or int4 (KT AMXINT4), KT's packed files; or one of ours: bf16,
+    /// int4-g32, int4-g64, int4-g128, fp8, fp8-channel.
     #[arg(long, default_value = "int8")]
     method: String,
     /// NUMA parts the files are for (KT's threadpool_count; must match at load).
@@ -309,9 +310,8 @@ fn run_bench(a: BenchArgs) -> ExitCode {
 }
 
 fn run_convert(a: ConvertArgs) -> ExitCode {
-    let format = match WeightFormat::parse(&a.method) {
-        Some(f @ (WeightFormat::Int8Row | WeightFormat::Int4Row)) => f,
-        _ => return usage(format!("--method {:?}: kt convert writes int8 (AMXINT8) or int4 (AMXINT4)", a.method)),
+    let Some(format) = WeightFormat::parse(&a.method) else {
+        return usage(format!("unknown method {:?}; valid methods: {}", a.method, WeightFormat::NAMES));
     };
     if a.parts == 0 || a.threads == Some(0) {
         return usage("--parts and --threads must be positive");

@@ -1,4 +1,5 @@
-//! `kt convert`: a Hugging Face checkpoint to KT's converted INT8/INT4 format, on the CPU (fp8
+//! `kt convert`: a Hugging Face checkpoint to KT's converted INT8/INT4 format (or our other
+//! formats under the same keys), on the CPU (fp8
 //! dequantized here, no GPU), one layer at a time (peak memory ≈ the experts in flight plus the
 //! mapped input pages), quantized on a thread pool, with a progress bar, and resumable: every
 //! file is written under a temporary name and renamed when complete, and a rerun skips layers
@@ -23,7 +24,8 @@ pub struct ConvertSpec {
     pub input: PathBuf,
     /// Output directory (created).
     pub output: PathBuf,
-    /// AMXINT8 (`Int8Row`) or AMXINT4 (`Int4Row`).
+    /// AMXINT8 (`Int8Row`) or AMXINT4 (`Int4Row`) in KT's packed layout, or another format in
+    /// ours.
     pub format: WeightFormat,
     /// NUMA parts the files are made for (KT's `threadpool_count`).
     pub parts: usize,

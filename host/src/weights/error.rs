@@ -72,6 +72,15 @@ pub enum WeightError {
         /// Parts asked for (threadpool_count / --numa-parts).
         requested: usize,
     },
+    /// A converted checkpoint made in another method.
+    Method {
+        /// The checkpoint.
+        path: PathBuf,
+        /// The method it was converted to.
+        found: String,
+        /// The method asked for.
+        requested: String,
+    },
     /// The weights do not make a valid layer (shape vs format, no backend).
     Layer(kt_core::Error),
 }
@@ -99,6 +108,12 @@ impl fmt::Display for WeightError {
                 f,
                 "{}: converted for {found} NUMA part(s) but {requested} requested; convert again with --parts \
                  {requested} or run with {found} part(s) (threadpool_count)",
+                path.display()
+            ),
+            WeightError::Method { path, found, requested } => write!(
+                f,
+                "{}: converted as {found} but loaded as {requested}; load it with {found} or convert again with \
+                 --method {requested}",
                 path.display()
             ),
             WeightError::Layer(e) => write!(f, "{e}"),

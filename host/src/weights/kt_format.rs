@@ -6,6 +6,10 @@
 //! record the part count and method in `__metadata__`; at load the part count is read from the
 //! keys, and a file made for another count is refused naming both (down's per-part scales
 //! cannot be merged exactly).
+//!
+//! Our other formats (bf16, K-group int4, fp8) use the same keys with the format's own bytes
+//! (`U8`, the `QuantMatrix` layout) and f32 scales (none for bf16); `__metadata__` names the
+//! format. KT has no converted form for them.
 
 use std::sync::Mutex;
 
@@ -45,39 +49,53 @@ fn dims(proj: usize, hidden: usize, ip: usize) -> (usize, usize) {
     }
 }
 
+/// Whether KT's packed layout holds this format (else our own layout does).
+fn kt_packed(format: WeightFormat) -> bool {
+    matches!(format, WeightFormat::Int8Row | WeightFormat::Int4Row)
+}
+
+/// (weight bytes, scale count) of one part matrix.
+fn sizes(format: WeightFormat, rows: usize, cols: usize) -> Result<(usize, usize), WeightError> {
+    let bytes = if kt_packed(format) {
+        packed_bytes(format, rows, cols).map_err(WeightError::Layer)?
+    } else {
+        format.data_bytes(rows, cols)
+    };
+    Ok((bytes, format.scale_count(rows, cols)))
+}
+
 /// The tensors of one converted layer, in file order (expert, projection, part; weight, scale).
 pub fn plan(cfg: &MoeConfig, format: WeightFormat, layer: usize) -> Result<Vec<Planned>, WeightError> {
     let ranges = cfg.part_ranges(format).map_err(WeightError::Layer)?;
+    let dtype = if kt_packed(format) { "I8" } else { "U8" };
     let mut v = Vec::new();
     for e in 0..cfg.experts {
         for proj in 0..3 {
             for (n, r) in ranges.iter().enumerate() {
                 let (rows, cols) = dims(proj, cfg.hidden, r.len());
-                let bytes = packed_bytes(format, rows, cols).map_err(WeightError::Layer)?;
+                let (bytes, scales) = sizes(format, rows, cols)?;
                 v.push(Planned {
                     name: key(layer, proj, e, n, "weight"),
-                    dtype: "I8".into(),
+                    dtype: dtype.into(),
                     shape: vec![bytes],
                     bytes,
                 });
-                v.push(Planned {
-                    name: key(layer, proj, e, n, "scale"),
-                    dtype: "F32".into(),
-                    shape: vec![rows],
-                    bytes: 4 * rows,
-                });
+                if scales > 0 {
+                    let name = key(layer, proj, e, n, "scale");
+                    v.push(Planned { name, dtype: "F32".into(), shape: vec![scales], bytes: 4 * scales });
+                }
             }
         }
     }
     Ok(v)
 }
 
-/// KT's name of a method ("AMXINT8"/"AMXINT4").
-pub fn kt_method(format: WeightFormat) -> Option<&'static str> {
+/// The method name recorded in `__metadata__`: KT's ("AMXINT8"/"AMXINT4") or ours.
+pub fn method_name(format: WeightFormat) -> String {
     match format {
-        WeightFormat::Int8Row => Some("AMXINT8"),
-        WeightFormat::Int4Row => Some("AMXINT4"),
-        _ => None,
+        WeightFormat::Int8Row => "AMXINT8".into(),
+        WeightFormat::Int4Row => "AMXINT4".into(),
+        f => f.to_string(),
     }
 }
 
@@ -94,8 +112,10 @@ pub fn expert_tensors(cfg: &MoeConfig, format: WeightFormat, x: &[Vec<f32>; 3]) 
                 m[r.start * h..r.end * h].to_vec()
             };
             let q = QuantMatrix::quantize(format, rows, cols, &slice).map_err(WeightError::Layer)?;
-            out.push(to_kt(&q).map_err(WeightError::Layer)?);
-            out.push(q.scales().iter().flat_map(|s| s.to_le_bytes()).collect());
+            out.push(if kt_packed(format) { to_kt(&q).map_err(WeightError::Layer)? } else { q.data().to_vec() });
+            if !q.scales().is_empty() {
+                out.push(q.scales().iter().flat_map(|s| s.to_le_bytes()).collect());
+            }
         }
     }
     Ok(out)
@@ -112,16 +132,13 @@ pub fn write_layer(
     expert: impl Fn(usize) -> Result<[Vec<f32>; 3], WeightError> + Sync,
     mut progress: impl FnMut(usize, u64),
 ) -> Result<u64, WeightError> {
-    let method = kt_method(format).ok_or(WeightError::Layer(kt_core::Error::NoBackend {
-        format,
-        detail: "KT's converted format holds AMXINT8 and AMXINT4".into(),
-    }))?;
+    let method = method_name(format);
     let plan = plan(cfg, format, layer)?;
     let total: u64 = plan.iter().map(|t| t.bytes as u64).sum();
     let io = |source| WeightError::Io { path: path.to_path_buf(), source };
     let meta = [
         ("format", "kt-kernel-converted".to_string()),
-        ("method", method.to_string()),
+        ("method", method),
         ("numa_parts", cfg.parts.to_string()),
         ("layer", layer.to_string()),
     ];
@@ -152,7 +169,7 @@ pub fn write_layer(
 pub fn verify_layer(path: &std::path::Path, cfg: &MoeConfig, format: WeightFormat, layer: usize) -> bool {
     let Ok(ck) = Checkpoint::open(path) else { return false };
     let Ok(plan) = plan(cfg, format, layer) else { return false };
-    ck.metadata("method") == kt_method(format)
+    ck.metadata("method") == Some(method_name(format).as_str())
         && ck.metadata("numa_parts") == Some(cfg.parts.to_string().as_str())
         && plan.iter().all(|t| ck.get(&t.name).is_some_and(|r| ck.bytes(r).len() == t.bytes))
 }
@@ -175,6 +192,11 @@ pub fn load_kt_layer(
     if parts != cfg.parts {
         return Err(WeightError::Parts { path: ck.dir().to_path_buf(), found: parts, requested: cfg.parts });
     }
+    // Files we wrote name their format; KT's do not (their sizes are checked instead).
+    if let Some(m) = ck.metadata("method").filter(|m| *m != method_name(format)) {
+        let (found, requested) = (m.to_string(), method_name(format));
+        return Err(WeightError::Method { path: ck.dir().to_path_buf(), found, requested });
+    }
     let ranges = cfg.part_ranges(format).map_err(WeightError::Layer)?;
     let first_error: Mutex<Option<WeightError>> = Mutex::new(None);
     let read = |e: usize, proj: usize, n: usize| -> Result<QuantMatrix, WeightError> {
@@ -183,16 +205,26 @@ pub fn load_kt_layer(
             let name = key(layer, proj, e, n, what);
             ck.get(&name).map(|t| (name.clone(), ck.bytes(t))).ok_or(WeightError::Missing { name })
         };
-        let ((wn, wb), (sn, sb)) = (get("weight")?, get("scale")?);
-        let want = packed_bytes(format, rows, cols).map_err(WeightError::Layer)?;
+        let (want, count) = sizes(format, rows, cols)?;
+        let (wn, wb) = get("weight")?;
         if wb.len() != want {
             return Err(WeightError::Shape { name: wn, expected: vec![want], found: vec![wb.len()] });
         }
-        if sb.len() != 4 * rows {
-            return Err(WeightError::Shape { name: sn, expected: vec![rows], found: vec![sb.len() / 4] });
+        let scales: Vec<f32> = if count == 0 {
+            Vec::new()
+        } else {
+            let (sn, sb) = get("scale")?;
+            if sb.len() != 4 * count {
+                return Err(WeightError::Shape { name: sn, expected: vec![count], found: vec![sb.len() / 4] });
+            }
+            sb.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+        };
+        if kt_packed(format) {
+            from_kt(format, rows, cols, wb, scales)
+        } else {
+            QuantMatrix::from_parts(format, rows, cols, wb.to_vec(), scales)
         }
-        let scales = sb.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
-        from_kt(format, rows, cols, wb, scales).map_err(WeightError::Layer)
+        .map_err(WeightError::Layer)
     };
     let built = MoeLayer::from_part_matrices(
         cfg,
