@@ -147,6 +147,11 @@ fn mixtral_f16_fused_f32_and_fp8_block_and_channel_scales_decode() {
             data: f16_bytes(m),
         })
         .collect();
+    // Mistral naming (no block_sparse_moe), layer 3, under the language_model prefix.
+    for (n, m, sh) in [("w1", &x[0], [i, h]), ("w3", &x[1], [i, h]), ("w2", &x[2], [h, i])] {
+        let name = format!("language_model.model.layers.3.experts.0.{n}.weight");
+        t.push(T { name, dtype: "F32", shape: sh.to_vec(), data: f32_bytes(m) });
+    }
     // Fused layer 1, f32: gate_up [E, 2I, H], down [E, H, I] (expert 0 of 1).
     let gu: Vec<f32> = x[0].iter().chain(&x[1]).copied().collect();
     t.push(T {
@@ -189,6 +194,10 @@ fn mixtral_f16_fused_f32_and_fp8_block_and_channel_scales_decode() {
     assert_eq!(mix.kind, ExpertLayout::Mixtral);
     let got = expert_f32(&ck, &mix, 0, h, i).unwrap();
     assert_eq!(got[1], round(&x[1], f16_bytes, dec_f16));
+
+    let mistral = Layout::detect(&ck, 3).unwrap();
+    assert_eq!((mistral.kind, mistral.base.as_str()), (ExpertLayout::Mistral, "language_model.model.layers.3"));
+    assert_eq!(expert_f32(&ck, &mistral, 0, h, i).unwrap(), [x[0].clone(), x[1].clone(), x[2].clone()]);
 
     let fused = Layout::detect(&ck, 1).unwrap();
     assert_eq!(fused.kind, ExpertLayout::Fused);
