@@ -122,7 +122,14 @@ impl Moe {
         mask_ptr: usize,
     ) -> PyResult<Self> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
-        let format = WeightFormat::parse(method).ok_or_else(|| {
+        // GPTQ_INT4 runs as our symmetric int4 with 128-column groups (GPTQ checkpoints are
+        // decoded and requantized at load).
+        let parsed = if method == "GPTQ_INT4" {
+            Some(WeightFormat::Int4Group { group: 128 })
+        } else {
+            WeightFormat::parse(method)
+        };
+        let format = parsed.ok_or_else(|| {
             PyNotImplementedError::new_err(format!(
                 "method {method} has no CPU backend in this build yet; working methods: {}",
                 WeightFormat::NAMES

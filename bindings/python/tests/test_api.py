@@ -67,7 +67,7 @@ def test_factory_returns_a_backend_object():
         ({"method": "AMXINT3"}, ValueError, "Supported methods"),
         ({"method": "BF16", "swiglu_limit": 7.0}, ValueError, "MXFP4/MXFP8"),
         ({"mode": "train"}, ValueError, "mode"),
-        ({"method": "GPTQ_INT4"}, NotImplementedError, "GPTQ_INT4"),
+        ({"method": "SYCL_GPTQ_INT4"}, NotImplementedError, "SYCL_GPTQ_INT4"),
         ({"method": "LLAMAFILE"}, NotImplementedError, "LLAMAFILE"),
         ({"method": "MOE_INT8"}, NotImplementedError, "MOE_INT8"),
         ({"method": "AMXINT4_SFT", "mode": "sft"}, NotImplementedError, "SFT"),

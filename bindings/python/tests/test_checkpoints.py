@@ -146,11 +146,12 @@ def test_gptq_checkpoint_loads_and_unsupported_gptq_is_refused(tmp_path):
     cfg = {"num_experts": E, "num_experts_per_tok": K, "hidden_size": H, "moe_intermediate_size": I, "num_hidden_layers": 1,
            "quantization_config": {"quant_method": "gptq", "bits": 4, "group_size": 128, "sym": True, "desc_act": False}}
     (tmp_path / "config.json").write_text(json.dumps(cfg))
-    w = make(layer_idx=0, method="BF16", path=str(tmp_path))
-    w.load_weights()
     x = np.random.default_rng(5).standard_normal((4, H)).astype(np.float32)
     ids, ws = routing(4, K, E, 6)
-    assert rel_err(w.forward(x, ids, ws), moe_reference(x, ids, ws, *deq)) < 0.01
+    for method, limit in [("BF16", 0.01), ("GPTQ_INT4", LIMITS["RAWINT4"])]:
+        w = make(layer_idx=0, method=method, path=str(tmp_path))
+        w.load_weights()
+        assert rel_err(w.forward(x, ids, ws), moe_reference(x, ids, ws, *deq)) < limit, method
 
     cfg["quantization_config"]["desc_act"] = True
     other = tmp_path / "act"

@@ -43,7 +43,7 @@ SFT_METHODS = frozenset(
     | {f"{m}_SkipLoRA" for m in ("AMXBF16_SFT", "AMXINT8_SFT", "AMXINT4_SFT", "AMXINT4_1_SFT", "AMXINT4_KGroup_SFT", "AMXINT4_1KGroup_SFT")}
 )
 # Methods with a CPU backend in this build (online quantization from tensors).
-WORKING_METHODS = frozenset({"AMXINT4", "AMXINT8", "RAWINT4", "FP8", "BF16", "FP8_PERCHANNEL"})
+WORKING_METHODS = frozenset({"AMXINT4", "AMXINT8", "RAWINT4", "FP8", "BF16", "FP8_PERCHANNEL", "GPTQ_INT4"})
 
 
 class KTMoEWrapper:
