@@ -3,16 +3,12 @@
 //! every interleaving) and from std otherwise.
 
 #[cfg(loom)]
-pub(crate) use loom::hint::spin_loop;
-#[cfg(loom)]
 pub(crate) use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(loom)]
 pub(crate) use loom::sync::{Arc, Condvar, Mutex, MutexGuard};
 #[cfg(loom)]
 pub(crate) use loom::thread;
 
-#[cfg(not(loom))]
-pub(crate) use std::hint::spin_loop;
 #[cfg(not(loom))]
 pub(crate) use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
@@ -36,6 +32,7 @@ pub(crate) fn wait<'a, T>(cv: &Condvar, g: MutexGuard<'a, T>) -> MutexGuard<'a, 
 pub(crate) struct Spin {
     #[cfg(not(loom))]
     start: std::time::Instant,
+    #[cfg(not(loom))]
     spins: u32,
 }
 
@@ -44,14 +41,15 @@ impl Spin {
         Spin {
             #[cfg(not(loom))]
             start: std::time::Instant::now(),
+            #[cfg(not(loom))]
             spins: 0,
         }
     }
 
-    /// One more spin; whether `budget` has run out.
+    /// One more spin; whether `budget` has run out. Under loom it has at once, without a
+    /// yield: a yield would make loom run the other threads first and so never explore the
+    /// schedules where this thread goes to sleep before they act.
     pub(crate) fn expired(&mut self, budget: std::time::Duration) -> bool {
-        spin_loop();
-        self.spins += 1;
         #[cfg(loom)]
         {
             let _ = budget;
@@ -59,6 +57,8 @@ impl Spin {
         }
         #[cfg(not(loom))]
         {
+            std::hint::spin_loop();
+            self.spins += 1;
             self.spins % 128 == 0 && self.start.elapsed() > budget
         }
     }
