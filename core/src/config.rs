@@ -5,7 +5,7 @@ use alloc::format;
 use alloc::vec::Vec;
 use core::ops::Range;
 
-use crate::{Error, WeightFormat};
+use crate::{Error, LayerFormat, WeightFormat};
 
 /// Shape of one routed-expert MoE layer (KT's `MOEConfig`).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -62,21 +62,33 @@ impl MoeConfig {
         Ok(())
     }
 
-    /// Check the sizes against what `format` needs, and that I splits into `parts`.
-    pub fn validate_for(&self, format: WeightFormat) -> Result<(), Error> {
+    /// Check the sizes against what the formats need (gate/up columns are H, down's are I; KT
+    /// formats also want I a multiple of their own), and that I splits into `parts`.
+    pub fn validate_for(&self, format: impl Into<LayerFormat>) -> Result<(), Error> {
+        let lf = format.into();
         self.validate()?;
-        let m = format.col_multiple();
-        for (what, value) in [("hidden", self.hidden), ("intermediate", self.intermediate)] {
-            if value % m != 0 {
-                return Err(Error::FormatShape { format, what, value, multiple: m });
+        lf.check()?;
+        let mut needs = alloc::vec![
+            (lf.gate, "hidden", self.hidden),
+            (lf.up, "hidden", self.hidden),
+            (lf.down, "intermediate", self.intermediate)
+        ];
+        if !matches!(lf.gate, WeightFormat::Ggml(_)) {
+            needs.push((lf.gate, "intermediate", self.intermediate));
+        }
+        for (format, what, value) in needs {
+            let multiple = format.col_multiple();
+            if value % multiple != 0 {
+                return Err(Error::FormatShape { format, what, value, multiple });
             }
         }
-        self.part_ranges(format).map(|_| ())
+        self.part_ranges(lf).map(|_| ())
     }
 
     /// The slice of I each NUMA part owns: gate/up rows and down columns. Parts get whole units
     /// of `format.split_granularity()` columns, as evenly as possible, extra units to the first.
-    pub fn part_ranges(&self, format: WeightFormat) -> Result<Vec<Range<usize>>, Error> {
+    pub fn part_ranges(&self, format: impl Into<LayerFormat>) -> Result<Vec<Range<usize>>, Error> {
+        let format = format.into();
         if self.parts == 1 {
             return Ok(alloc::vec![0..self.intermediate]);
         }

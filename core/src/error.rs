@@ -55,6 +55,17 @@ pub enum Error {
         /// The multiple it must be.
         multiple: usize,
     },
+    /// The format can be read and run but not written (GGML's K-quants other than q4_K, IQ
+    /// types): there is no quantizer for it here.
+    NoQuantizer {
+        /// The format asked for.
+        format: WeightFormat,
+    },
+    /// A layer whose projections' formats cannot run together.
+    IncompatibleFormats {
+        /// The formats.
+        formats: crate::LayerFormat,
+    },
     /// No compiled-in, CPU-supported backend can run this format and shape.
     NoBackend {
         /// The format asked for.
@@ -103,6 +114,16 @@ impl fmt::Display for Error {
             Error::FormatShape { format, what, value, multiple } => write!(
                 f,
                 "{what} = {value} is not a multiple of {multiple}, which format {format} needs"
+            ),
+            Error::NoQuantizer { format } => write!(
+                f,
+                "format {format} cannot be quantized here (it is read from GGUF files as it is); quantize to \
+                 one of q4_0, q8_0, q4_K, f16, bf16, f32 or a KT format instead"
+            ),
+            Error::IncompatibleFormats { formats } => write!(
+                f,
+                "formats {formats} cannot run in one layer: gate and up must read the same activations (both \
+                 K-quants or iq4_xs, both 32-column GGML types, or both float) and KT formats cannot be mixed"
             ),
             Error::NoBackend { format, detail } => {
                 write!(f, "no available backend can run format {format}: {detail}")

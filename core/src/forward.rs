@@ -18,7 +18,7 @@ use half::bf16;
 use crate::aligned::{round_up, AlignedBuf};
 use crate::mat::SharedMut;
 use crate::plan::{Plan, StageKind, Task, SKIPPED};
-use crate::{Backend, Error, Executor, MoeConfig, PackedMatrix, QuantMatrix, Routing, WeightFormat};
+use crate::{Backend, Error, Executor, LayerFormat, MoeConfig, PackedMatrix, QuantMatrix, Routing};
 
 /// One expert's packed matrices for one part: gate/up `[I_p, H]`, down `[H, I_p]`.
 #[derive(Debug)]
@@ -50,15 +50,16 @@ pub struct PartWeights {
 /// All packed weights of one layer.
 #[derive(Debug)]
 pub struct LayerWeights {
-    /// The format every matrix was packed from.
-    pub format: WeightFormat,
+    /// The formats the matrices were packed from.
+    pub format: LayerFormat,
     /// One entry per NUMA part.
     pub parts: Vec<PartWeights>,
 }
 
 impl LayerWeights {
     /// A layer with no expert loaded yet.
-    pub fn empty(cfg: &MoeConfig, format: WeightFormat) -> Result<Self, Error> {
+    pub fn empty(cfg: &MoeConfig, format: impl Into<LayerFormat>) -> Result<Self, Error> {
+        let format = format.into();
         cfg.validate_for(format)?;
         let parts = cfg
             .part_ranges(format)?
@@ -102,9 +103,10 @@ pub struct ExpertF32<'a> {
 pub fn pack_expert_f32(
     backend: &dyn Backend,
     cfg: &MoeConfig,
-    format: WeightFormat,
+    format: impl Into<LayerFormat>,
     x: ExpertF32<'_>,
 ) -> Result<Vec<ExpertWeights>, Error> {
+    let format = format.into();
     cfg.part_ranges(format)?.into_iter().map(|r| pack_part_f32(backend, cfg, format, x, r)).collect()
 }
 
@@ -112,7 +114,7 @@ pub fn pack_expert_f32(
 pub fn pack_part_f32(
     backend: &dyn Backend,
     cfg: &MoeConfig,
-    format: WeightFormat,
+    format: LayerFormat,
     x: ExpertF32<'_>,
     part: Range<usize>,
 ) -> Result<ExpertWeights, Error> {
@@ -123,12 +125,12 @@ pub fn pack_part_f32(
         }
     }
     let r = part;
-    let rows = |m: &[f32]| QuantMatrix::quantize(format, r.len(), h, &m[r.start * h..r.end * h]);
+    let rows = |f, m: &[f32]| QuantMatrix::quantize(f, r.len(), h, &m[r.start * h..r.end * h]);
     let down: Vec<f32> = (0..h).flat_map(|row| x.down[row * i + r.start..row * i + r.end].iter().copied()).collect();
     Ok(ExpertWeights {
-        gate: backend.pack(&rows(x.gate)?)?,
-        up: backend.pack(&rows(x.up)?)?,
-        down: backend.pack(&QuantMatrix::quantize(format, h, r.len(), &down)?)?,
+        gate: backend.pack(&rows(format.gate, x.gate)?)?,
+        up: backend.pack(&rows(format.up, x.up)?)?,
+        down: backend.pack(&QuantMatrix::quantize(format.down, h, r.len(), &down)?)?,
     })
 }
 
@@ -140,7 +142,8 @@ pub fn pack_expert(
     up: &QuantMatrix,
     down: &QuantMatrix,
 ) -> Result<Vec<ExpertWeights>, Error> {
-    cfg.part_ranges(gate.format())?.into_iter().map(|r| pack_part(backend, cfg, gate, up, down, r)).collect()
+    let format = LayerFormat { gate: gate.format(), up: up.format(), down: down.format() };
+    cfg.part_ranges(format)?.into_iter().map(|r| pack_part(backend, cfg, gate, up, down, r)).collect()
 }
 
 /// The part of [`pack_expert`] that owns rows `part` of I (one of `cfg.part_ranges`).
@@ -208,7 +211,7 @@ pub fn forward(
     out: &mut [bf16],
     ws: &mut Workspace,
 ) -> Result<(), Error> {
-    let (n, hd, k, fmt) = (routing.tokens, cfg.hidden, routing.k, w.format);
+    let (n, hd, k, fmt, down_fmt) = (routing.tokens, cfg.hidden, routing.k, w.format.gate, w.format.down);
     if input.len() != n * hd {
         return Err(Error::ShapeMismatch { what: "hidden_states", expected: n * hd, found: input.len() });
     }
@@ -216,8 +219,7 @@ pub fn forward(
         return Err(Error::ShapeMismatch { what: "output", expected: n * hd, found: out.len() });
     }
     let part_rows: Vec<usize> = w.parts.iter().map(|p| p.range.len()).collect();
-    let gran = backend.row_granularity(fmt);
-    let plan = Plan::build(cfg, routing, &part_rows, gran, gran)?;
+    let plan = Plan::build(cfg, routing, &part_rows, backend.row_granularity(fmt), backend.row_granularity(down_fmt))?;
     for a in &plan.experts {
         if w.parts.iter().any(|p| p.experts.get(a.id).is_none_or(Option::is_none)) {
             return Err(Error::ExpertNotLoaded { expert: a.id });
@@ -226,8 +228,9 @@ pub fn forward(
     let rows_total = plan.row_tokens.len();
     let parts = w.parts.len();
     let (x_off, x_len, x_total) = offsets(plan.experts.iter().map(|a| backend.act_bytes(fmt, a.rows, hd)));
-    let (ah_off, ah_len, ah_total) =
-        offsets(part_rows.iter().flat_map(|&ip| plan.experts.iter().map(move |a| backend.act_bytes(fmt, a.rows, ip))));
+    let (ah_off, ah_len, ah_total) = offsets(
+        part_rows.iter().flat_map(|&ip| plan.experts.iter().map(move |a| backend.act_bytes(down_fmt, a.rows, ip))),
+    );
     let h_base: Vec<usize> =
         part_rows.iter().scan(0, |at, &ip| Some(core::mem::replace(at, *at + rows_total * ip))).collect();
     let max_rows = plan.experts.iter().map(|a| a.rows).max().unwrap_or(0);
@@ -276,7 +279,7 @@ pub fn forward(
                     let src = &h[h_base[p] + a.first_row * ip..h_base[p] + (a.first_row + a.rows) * ip];
                     // SAFETY: one PrepareDown task per (part, expert) block.
                     let d = unsafe { dst.slice_mut(ah_off[i]..ah_off[i] + ah_len[i]) };
-                    backend.quantize_act(fmt, ip, src, &ident[..a.rows], d);
+                    backend.quantize_act(down_fmt, ip, src, &ident[..a.rows], d);
                 });
             }
             StageKind::Down => {

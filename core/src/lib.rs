@@ -27,6 +27,7 @@ pub mod format;
 pub mod forward;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
+pub mod ggml;
 pub mod mat;
 pub mod plan;
 pub mod reference;
@@ -41,6 +42,6 @@ pub use backend::{Backend, PackedMatrix};
 pub use config::MoeConfig;
 pub use error::Error;
 pub use exec::{Executor, SerialExecutor};
-pub use format::{QuantMatrix, WeightFormat};
+pub use format::{LayerFormat, QuantMatrix, WeightFormat};
 pub use half::{bf16, f16};
 pub use routing::Routing;

@@ -7,7 +7,7 @@ use alloc::format;
 use alloc::string::String;
 use core::fmt::Write;
 
-use crate::{Backend, Error, WeightFormat};
+use crate::{Backend, Error, LayerFormat, WeightFormat};
 
 /// Values `KT_KERNEL_CPU_VARIANT` accepts: KT's six variant strings, plus `avx512` and ours.
 pub const VARIANTS: &[&str] =
@@ -80,15 +80,15 @@ pub fn select(registry: &[&'static dyn Backend], forced: Option<&str>, compiled:
     Ok(Selection { backend, explanation: why })
 }
 
-/// The backend that runs `format` on matrices of the given shapes: `preferred` if it can,
-/// else the highest-priority available backend of `registry` that can.
+/// The backend that runs `format`, matrices of the given `(format, rows, cols)`: `preferred`
+/// if it can, else the highest-priority available backend of `registry` that can.
 pub fn for_format(
     registry: &[&'static dyn Backend],
     preferred: &'static dyn Backend,
-    format: WeightFormat,
-    shapes: &[(usize, usize)],
+    format: LayerFormat,
+    shapes: &[(WeightFormat, usize, usize)],
 ) -> Result<Selection, Error> {
-    let serves = |b: &dyn Backend| b.cpu_support().is_ok() && shapes.iter().all(|&(r, c)| b.supports(format, r, c));
+    let serves = |b: &dyn Backend| b.cpu_support().is_ok() && shapes.iter().all(|&(f, r, c)| b.supports(f, r, c));
     if serves(preferred) {
         return Ok(Selection { backend: preferred, explanation: format!("{} runs {format}\n", preferred.name()) });
     }
@@ -104,7 +104,7 @@ pub fn for_format(
             let _ = writeln!(explanation, "falling back to {} for {format}", b.name());
             Ok(Selection { backend: b, explanation })
         }
-        None => Err(Error::NoBackend { format, detail: explanation }),
+        None => Err(Error::NoBackend { format: format.gate, detail: explanation }),
     }
 }
 

@@ -14,9 +14,10 @@ use alloc::vec::Vec;
 use half::bf16;
 
 use crate::forward::{forward, pack_expert_f32, ExpertF32, LayerWeights, Workspace};
+use crate::ggml::GgmlType;
 use crate::reference::REFERENCE;
 use crate::rng::SplitMix64;
-use crate::{Backend, Executor, MoeConfig, QuantMatrix, Routing, SerialExecutor, WeightFormat};
+use crate::{Backend, Executor, LayerFormat, MoeConfig, QuantMatrix, Routing, SerialExecutor, WeightFormat};
 
 /// One expert in f32: gate `[I,H]`, up `[I,H]`, down `[H,I]`.
 pub type Expert = [Vec<f32>; 3];
@@ -190,6 +191,7 @@ pub fn shapes(format: WeightFormat) -> Vec<(usize, usize, usize, usize)> {
 pub fn conformance(backend: &dyn Backend) -> Result<(), &'static str> {
     backend.cpu_support()?;
     let mut failures = conformance_failures(backend, &SerialExecutor);
+    failures.extend(ggml_conformance_failures(backend, &SerialExecutor));
     failures.extend(
         accuracy_failures(backend, &SerialExecutor).into_iter().filter(|&(_, err, limit)| err >= limit).map(
             |(f, err, limit)| format!("{} {f}: error {err:.4} against the fp32 MoE, limit {limit}", backend.name()),
@@ -278,6 +280,162 @@ pub fn conformance_failures(backend: &dyn Backend, exec: &dyn Executor) -> Vec<S
                                 backend.name()
                             ));
                         }
+                    }
+                }
+            }
+        }
+    }
+    failures
+}
+
+/// Byte offsets of a GGML block's f16 scale fields (`d`, and `m`/`dmin` where it has one).
+fn ggml_scale_offsets(t: GgmlType) -> &'static [usize] {
+    match t {
+        GgmlType::Q4_1 | GgmlType::Q5_1 | GgmlType::Q4_K | GgmlType::Q5_K => &[0, 2],
+        GgmlType::Q2_K => &[80, 82],
+        GgmlType::Q3_K => &[108],
+        GgmlType::Q6_K => &[208],
+        _ => &[0],
+    }
+}
+
+/// A random valid `rows × cols` matrix of GGML type `t`: Gaussian values for the float types,
+/// else random block bytes with finite scales sized so values are about `1/sqrt(cols)` (how
+/// K-quant and IQ test vectors are made, as gguf-py cannot quantize them).
+pub fn random_ggml_matrix(t: GgmlType, rows: usize, cols: usize, seed: u64) -> QuantMatrix {
+    let format = WeightFormat::Ggml(t);
+    let mut r = SplitMix64::new(seed);
+    let std = 1.0 / libm::sqrtf(cols as f32);
+    let data = match t {
+        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+            let x: Vec<f32> = (0..rows * cols).map(|_| r.gaussian() * std).collect();
+            return QuantMatrix::quantize(format, rows, cols, &x).expect("float types quantize");
+        }
+        _ => {
+            let mut data: Vec<u8> = (0..format.data_bytes(rows, cols)).map(|_| r.next_u64() as u8).collect();
+            // Typical |level × sub-scale| of each type, so that d·that ≈ std.
+            let typical = match t {
+                GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => 8.0,
+                GgmlType::Q8_0 => 64.0,
+                GgmlType::IQ4_NL => 64.0,
+                GgmlType::IQ4_XS => 64.0 * 16.0,
+                GgmlType::Q6_K => 32.0 * 64.0,
+                GgmlType::Q2_K => 2.0 * 8.0,
+                GgmlType::Q3_K => 4.0 * 16.0,
+                _ => 8.0 * 32.0,
+            };
+            // The offset (m, or dmin times the 6-bit mins) that centres the levels, as
+            // trained weights are centred.
+            let centre = match t {
+                GgmlType::Q4_1 => -7.5,
+                GgmlType::Q5_1 => -15.5,
+                GgmlType::Q2_K => 1.5,
+                GgmlType::Q4_K => 7.5,
+                GgmlType::Q5_K => 15.5,
+                _ => 0.0,
+            };
+            for block in data.chunks_exact_mut(t.block_bytes()) {
+                // K-quant mins equal to their sub-block's scale, so that `centre` centres
+                // every sub-block.
+                match t {
+                    GgmlType::Q2_K => block[..16].iter_mut().for_each(|b| *b = (*b & 0xF) * 0x11),
+                    GgmlType::Q4_K | GgmlType::Q5_K => {
+                        let sc: [u8; 8] = core::array::from_fn(|_| (r.next_u64() % 64) as u8);
+                        block[4..16].copy_from_slice(&crate::ggml::pack_scale_min_k4(&sc, &sc));
+                    }
+                    _ => {}
+                }
+                let d = std / typical * (0.5 + r.next_f32());
+                for (&at, v) in ggml_scale_offsets(t).iter().zip([d, d * centre]) {
+                    block[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+                }
+            }
+            data
+        }
+    };
+    QuantMatrix::from_parts(format, rows, cols, data, Vec::new()).expect("sizes from the format")
+}
+
+/// One random expert of formats `lf` (gate/up `[I,H]`, down `[H,I]`), as [`random_ggml_matrix`].
+pub fn random_ggml_expert(cfg: &MoeConfig, lf: LayerFormat, seed: u64) -> [QuantMatrix; 3] {
+    let (h, i) = (cfg.hidden, cfg.intermediate);
+    let m = |f: WeightFormat, r, c, s| match f {
+        WeightFormat::Ggml(t) => random_ggml_matrix(t, r, c, s),
+        _ => panic!("GGML formats only"),
+    };
+    [m(lf.gate, i, h, seed), m(lf.up, i, h, seed ^ 1), m(lf.down, h, i, seed ^ 2)]
+}
+
+/// Layer formats the GGML conformance runs: each type alone, and mixes as GGUF files have them.
+pub fn ggml_layer_formats() -> Vec<LayerFormat> {
+    let g = WeightFormat::Ggml;
+    let mut v: Vec<LayerFormat> = GgmlType::ALL.iter().map(|&t| g(t).into()).collect();
+    v.push(LayerFormat { gate: g(GgmlType::Q4_K), up: g(GgmlType::Q4_K), down: g(GgmlType::Q6_K) });
+    v.push(LayerFormat { gate: g(GgmlType::Q4_0), up: g(GgmlType::IQ4_NL), down: g(GgmlType::Q5_K) });
+    v.push(LayerFormat { gate: g(GgmlType::IQ4_XS), up: g(GgmlType::Q3_K), down: g(GgmlType::Q8_0) });
+    v.push(LayerFormat { gate: g(GgmlType::F16), up: g(GgmlType::BF16), down: g(GgmlType::Q2_K) });
+    v
+}
+
+/// Build a layer of random GGML experts packed by `backend`; also returns the experts
+/// dequantized (what an fp32 MoE on the same weights reads).
+pub fn build_ggml_layer(
+    backend: &dyn Backend,
+    cfg: &MoeConfig,
+    lf: LayerFormat,
+    seed: u64,
+) -> (LayerWeights, Vec<Expert>) {
+    let mut layer = LayerWeights::empty(cfg, lf).expect("valid test config");
+    let mut deq = Vec::new();
+    for e in 0..cfg.experts {
+        let [g, u, d] = random_ggml_expert(cfg, lf, seed + e as u64);
+        layer.set_expert(e, crate::forward::pack_expert(backend, cfg, &g, &u, &d).expect("pack"));
+        deq.push([g.dequantize(), u.dequantize(), d.dequantize()]);
+    }
+    (layer, deq)
+}
+
+/// The GGML half of the conformance suite: for every layer format of [`ggml_layer_formats`]
+/// that `backend` supports, on 1 and 2 parts, odd token counts and every routing scenario,
+/// the backend against the reference backend (mean relative error ≤ 1e-2) and against an
+/// fp32 MoE on the dequantized weights (≤ 0.03).
+pub fn ggml_conformance_failures(backend: &dyn Backend, exec: &dyn Executor) -> Vec<String> {
+    let mut failures = Vec::new();
+    let scenarios = [Scenario::Random, Scenario::Skewed, Scenario::InvalidIds, Scenario::Masked, Scenario::AllMasked];
+    for (li, lf) in ggml_layer_formats().into_iter().enumerate() {
+        let m = lf.split_granularity();
+        for (e, k, h, i, parts) in [(5, 2, m, 2 * m, 2), (3, 3, 2 * m, m, 1), (9, 2, m.max(64) * 2, m.max(64), 1)] {
+            let cfg = MoeConfig { parts, max_tokens: 64, ..MoeConfig::new(e, k, h, i) };
+            let ip = i / parts;
+            if cfg.validate_for(lf).is_err()
+                || ![(lf.gate, ip, h), (lf.up, ip, h), (lf.down, h, ip)]
+                    .iter()
+                    .all(|&(f, r, c)| backend.supports(f, r, c))
+            {
+                continue;
+            }
+            let seed = 77 + li as u64 * 1000 + h as u64;
+            let (ours, deq) = build_ggml_layer(backend, &cfg, lf, seed);
+            let (oracle, _) = build_ggml_layer(&REFERENCE, &cfg, lf, seed);
+            for tokens in [1, 7, 33] {
+                let input = random_input(tokens, h, tokens as u64);
+                for s in scenarios {
+                    let (ids, w, mask) = scenario_routing(s, tokens, &cfg, 5 * tokens as u64);
+                    let r = Routing { tokens, k, ids: &ids, weights: &w, gpu_mask: mask.as_deref() };
+                    let got = run(backend, exec, &cfg, &ours, &input, &r);
+                    let want: Vec<f64> = run(&REFERENCE, &SerialExecutor, &cfg, &oracle, &input, &r)
+                        .iter()
+                        .map(|&v| f64::from(v))
+                        .collect();
+                    let fp32 = textbook_moe(&cfg, &deq, &input, &r);
+                    let (err, err32) = (mean_rel_err(&got, &want), mean_rel_err(&got, &fp32));
+                    let bad_zero = matches!(s, Scenario::AllMasked) && got.iter().any(|&v| v != 0.0);
+                    if err > 1e-2 || err32 > 0.03 || bad_zero || got.iter().any(|v| !v.is_finite()) {
+                        failures.push(format!(
+                            "{} {lf} E{e} k{k} H{h} I{i} parts{parts} n{tokens} {s:?}: rel err {err:.3e} vs reference, \
+                             {err32:.3e} vs fp32",
+                            backend.name()
+                        ));
                     }
                 }
             }

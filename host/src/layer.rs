@@ -3,11 +3,12 @@
 //! times as you like. Experts are packed on the executor, each NUMA part by its own sub-pool,
 //! so a part's pages are first touched (and so placed) on the node that computes with them.
 
+use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use half::bf16;
 use kt_core::forward::{self, ExpertF32, LayerWeights, Workspace};
-use kt_core::{Backend, Error, Executor, MoeConfig, QuantMatrix, Routing, WeightFormat};
+use kt_core::{Backend, Error, Executor, LayerFormat, MoeConfig, QuantMatrix, Routing};
 
 use crate::numa_pool::NumaPool;
 use crate::placement::PoolError;
@@ -64,35 +65,40 @@ impl std::fmt::Debug for MoeLayer {
     }
 }
 
-fn backend_for(cfg: &MoeConfig, format: WeightFormat, opts: &LayerOptions) -> Result<&'static dyn Backend, Error> {
+fn backend_for(cfg: &MoeConfig, format: LayerFormat, opts: &LayerOptions) -> Result<&'static dyn Backend, Error> {
     cfg.validate_for(format)?;
     let part = cfg.part_ranges(format)?.iter().map(|r| r.len()).max().unwrap_or(0);
-    let shapes = [(part, cfg.hidden), (cfg.hidden, part)];
+    let h = cfg.hidden;
+    let shapes = [(format.gate, part, h), (format.up, part, h), (format.down, h, part)];
     match opts.backend {
-        Some(b) if b.cpu_support().is_ok() && shapes.iter().all(|&(r, c)| b.supports(format, r, c)) => Ok(b),
+        Some(b) if b.cpu_support().is_ok() && shapes.iter().all(|&(f, r, c)| b.supports(f, r, c)) => Ok(b),
         Some(b) => Err(Error::NoBackend {
-            format,
-            detail: format!("backend {} cannot run it on this CPU or these shapes", b.name()),
+            format: format.gate,
+            detail: format!("backend {} cannot run {format} on this CPU or these shapes", b.name()),
         }),
         None => registry::select_for(format, &shapes),
     }
 }
 
-/// `pack(e, part_range)` for every expert and part, part `p`'s tasks on sub-pool `p`; results
-/// expert-major.
+/// `pack(e, p, part_range)` for every expert and part, part `p`'s tasks on sub-pool `p`;
+/// results expert-major.
 fn pack_parts<T: Send>(
     experts: usize,
-    ranges: &[std::ops::Range<usize>],
+    ranges: &[Range<usize>],
     exec: &dyn Executor,
-    pack: impl Fn(usize, std::ops::Range<usize>) -> T + Sync,
+    pack: impl Fn(usize, usize, Range<usize>) -> T + Sync,
 ) -> Vec<T> {
     let parts = ranges.len();
     let slots: Vec<Mutex<Option<T>>> = (0..experts * parts).map(|_| Mutex::new(None)).collect();
     exec.parallel_for_grouped(slots.len(), &|t| t % parts, &|t, _| {
-        *slots[t].lock().unwrap_or_else(|e| e.into_inner()) = Some(pack(t / parts, ranges[t % parts].clone()));
+        let (e, p) = (t / parts, t % parts);
+        *slots[t].lock().unwrap_or_else(|e| e.into_inner()) = Some(pack(e, p, ranges[p].clone()));
     });
     slots.into_iter().map(|m| m.into_inner().unwrap_or_else(|e| e.into_inner()).expect("every task ran")).collect()
 }
+
+/// What a packing task returns: the expert's part, `None` for an expert not kept on the CPU.
+type Packed<E> = Result<Option<forward::ExpertWeights>, E>;
 
 impl MoeLayer {
     /// Quantize f32 experts to `format` and pack them. `expert(e)` returns `[gate, up, down]`
@@ -102,79 +108,93 @@ impl MoeLayer {
     /// only a few are alive at once.
     pub fn from_f32(
         cfg: &MoeConfig,
-        format: WeightFormat,
+        format: impl Into<LayerFormat>,
         expert: impl Fn(usize) -> Option<[Vec<f32>; 3]> + Sync,
         opts: &LayerOptions,
     ) -> Result<Self, Error> {
+        Self::try_from_f32(cfg, format, |e| Ok(expert(e)), opts)
+    }
+
+    /// [`MoeLayer::from_f32`] with a fallible reader: the first error (in expert order) is
+    /// returned, the caller's own error type or the layer's converted into it.
+    pub fn try_from_f32<E: From<Error> + Send>(
+        cfg: &MoeConfig,
+        format: impl Into<LayerFormat>,
+        expert: impl Fn(usize) -> Result<Option<[Vec<f32>; 3]>, E> + Sync,
+        opts: &LayerOptions,
+    ) -> Result<Self, E> {
+        let format = format.into();
         let backend = backend_for(cfg, format, opts)?;
         let ranges = cfg.part_ranges(format)?;
-        let packed = pack_parts(cfg.experts, &ranges, &*opts.executor, |e, r| {
-            expert(e)
-                .map(|[gate, up, down]| {
-                    let x = ExpertF32 { gate: &gate, up: &up, down: &down };
-                    forward::pack_part_f32(backend, cfg, format, x, r)
-                })
-                .transpose()
+        let packed = pack_parts(cfg.experts, &ranges, &*opts.executor, |e, _, r| -> Packed<E> {
+            let Some([gate, up, down]) = expert(e)? else { return Ok(None) };
+            let x = ExpertF32 { gate: &gate, up: &up, down: &down };
+            Ok(Some(forward::pack_part_f32(backend, cfg, format, x, r)?))
         });
         Self::assemble(cfg, format, backend, packed, opts)
     }
 
     /// Pack already-quantized experts (loaded from a file): `(gate, up, down)` per expert, or
-    /// `None` for an expert not kept on the CPU. All must share one format. Called once per
+    /// `None` for an expert not kept on the CPU, in the formats `format` names. Called once per
     /// expert and NUMA part, as in [`MoeLayer::from_f32`].
     pub fn from_quantized(
         cfg: &MoeConfig,
         expert: impl Fn(usize) -> Option<(QuantMatrix, QuantMatrix, QuantMatrix)> + Sync,
-        format: WeightFormat,
+        format: impl Into<LayerFormat>,
         opts: &LayerOptions,
     ) -> Result<Self, Error> {
+        let format = format.into();
         let backend = backend_for(cfg, format, opts)?;
         let ranges = cfg.part_ranges(format)?;
-        let packed = pack_parts(cfg.experts, &ranges, &*opts.executor, |e, r| {
-            expert(e)
-                .map(|(g, u, d)| {
-                    if [g.format(), u.format(), d.format()].iter().any(|&f| f != format) {
-                        return Err(Error::NoBackend { format, detail: format!("expert {e} mixes formats") });
-                    }
-                    forward::pack_part(backend, cfg, &g, &u, &d, r)
-                })
-                .transpose()
+        let packed = pack_parts(cfg.experts, &ranges, &*opts.executor, |e, _, r| -> Packed<Error> {
+            let Some((g, u, d)) = expert(e) else { return Ok(None) };
+            if (LayerFormat { gate: g.format(), up: u.format(), down: d.format() }) != format {
+                return Err(Error::NoBackend { format: g.format(), detail: format!("expert {e} is not {format}") });
+            }
+            Ok(Some(forward::pack_part(backend, cfg, &g, &u, &d, r)?))
         });
         Self::assemble(cfg, format, backend, packed, opts)
     }
 
     /// Pack experts given per NUMA part (as KT's converted files store them): `part(e, p)` gives
     /// part `p`'s gate and up rows `[I_p, H]` and down columns `[H, I_p]` for the `I_p` of
-    /// `cfg.part_ranges`, or `None` for an expert not kept on the CPU.
-    pub fn from_part_matrices(
+    /// `cfg.part_ranges`, or `None` for an expert not kept on the CPU. The first error (in
+    /// expert order) is returned.
+    pub fn from_part_matrices<E: From<Error> + Send>(
         cfg: &MoeConfig,
-        format: WeightFormat,
-        part: impl Fn(usize, usize) -> Result<Option<(QuantMatrix, QuantMatrix, QuantMatrix)>, Error> + Sync,
+        format: impl Into<LayerFormat>,
+        part: impl Fn(usize, usize) -> Result<Option<(QuantMatrix, QuantMatrix, QuantMatrix)>, E> + Sync,
         opts: &LayerOptions,
-    ) -> Result<Self, Error> {
+    ) -> Result<Self, E> {
+        let format = format.into();
         let backend = backend_for(cfg, format, opts)?;
         let ranges = cfg.part_ranges(format)?;
-        let packed = pack_parts(cfg.experts, &ranges, &*opts.executor, |e, r| {
-            let p = ranges.iter().position(|x| *x == r).expect("one of the ranges");
+        let packed = pack_parts(cfg.experts, &ranges, &*opts.executor, |e, p, r| -> Packed<E> {
             let Some((g, u, d)) = part(e, p)? else { return Ok(None) };
             let (h, ip) = (cfg.hidden, r.len());
-            for (what, m, rows, cols) in [("gate_proj", &g, ip, h), ("up_proj", &u, ip, h), ("down_proj", &d, h, ip)] {
-                if (m.rows(), m.cols()) != (rows, cols) || m.format() != format {
-                    return Err(Error::ShapeMismatch { what, expected: rows * cols, found: m.rows() * m.cols() });
+            for (what, m, f, rows, cols) in [
+                ("gate_proj", &g, format.gate, ip, h),
+                ("up_proj", &u, format.up, ip, h),
+                ("down_proj", &d, format.down, h, ip),
+            ] {
+                if (m.rows(), m.cols()) != (rows, cols) || m.format() != f {
+                    let found = m.rows() * m.cols();
+                    return Err(Error::ShapeMismatch { what, expected: rows * cols, found }.into());
                 }
             }
-            Ok(Some(forward::ExpertWeights { gate: backend.pack(&g)?, up: backend.pack(&u)?, down: backend.pack(&d)? }))
+            let pack = |m: &QuantMatrix| backend.pack(m);
+            Ok(Some(forward::ExpertWeights { gate: pack(&g)?, up: pack(&u)?, down: pack(&d)? }))
         });
         Self::assemble(cfg, format, backend, packed, opts)
     }
 
-    fn assemble(
+    fn assemble<E: From<Error>>(
         cfg: &MoeConfig,
-        format: WeightFormat,
+        format: LayerFormat,
         backend: &'static dyn Backend,
-        packed: Vec<Result<Option<forward::ExpertWeights>, Error>>,
+        packed: Vec<Packed<E>>,
         opts: &LayerOptions,
-    ) -> Result<Self, Error> {
+    ) -> Result<Self, E> {
         let mut weights = LayerWeights::empty(cfg, format)?;
         let parts = weights.parts.len();
         let mut packed = packed.into_iter();
@@ -203,8 +223,8 @@ impl MoeLayer {
         self.backend
     }
 
-    /// The format of its weights.
-    pub fn format(&self) -> WeightFormat {
+    /// The formats of its weights.
+    pub fn format(&self) -> LayerFormat {
         self.weights.format
     }
 

@@ -3,7 +3,7 @@
 
 use kt_core::reference::REFERENCE;
 use kt_core::select::{self, Selection};
-use kt_core::{Backend, Error, WeightFormat};
+use kt_core::{Backend, Error, LayerFormat, WeightFormat};
 
 /// Backend crates compiled in (Cargo features), whether or not they register kernels yet.
 pub fn compiled() -> Vec<&'static str> {
@@ -57,9 +57,9 @@ pub fn select_default() -> Result<Selection, Error> {
     Ok(s)
 }
 
-/// The backend for `format` on matrices of these shapes: the default one if it serves them,
-/// else the next best (logged under `KT_KERNEL_DEBUG=1`).
-pub fn select_for(format: WeightFormat, shapes: &[(usize, usize)]) -> Result<&'static dyn Backend, Error> {
+/// The backend for a layer of `format`, matrices of these `(format, rows, cols)`: the default
+/// one if it serves them, else the next best (logged under `KT_KERNEL_DEBUG=1`).
+pub fn select_for(format: LayerFormat, shapes: &[(WeightFormat, usize, usize)]) -> Result<&'static dyn Backend, Error> {
     let preferred = select_default()?.backend;
     let s = select::for_format(&registered(), preferred, format, shapes)?;
     if debug() {

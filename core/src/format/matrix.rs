@@ -5,7 +5,7 @@ use alloc::vec::Vec;
 use core::ops::Range;
 
 use super::{bf16, fp8_block, fp8_channel, int4_group, int4_row, int8_row, WeightFormat, FP8_BLOCK};
-use crate::Error;
+use crate::{ggml, Error};
 
 /// A quantized matrix in the canonical layout of its format: row-major element data (nibbles
 /// packed low = even column) and f32 scales (values exact in the format's scale type).
@@ -40,6 +40,14 @@ impl QuantMatrix {
             WeightFormat::Int4Group { group } => int4_group::quantize(rows, cols, usize::from(group), src),
             WeightFormat::Fp8Block => fp8_block::quantize(rows, cols, src),
             WeightFormat::Fp8Channel => fp8_channel::quantize(rows, cols, src),
+            WeightFormat::Ggml(t) => {
+                let mut data = vec![0u8; format.data_bytes(rows, cols)];
+                let rb = t.row_bytes(cols);
+                for (x, o) in src.chunks_exact(cols.max(1)).zip(data.chunks_exact_mut(rb.max(1))) {
+                    ggml::quantize_row(t, x, o).ok_or(Error::NoQuantizer { format })?;
+                }
+                (data, Vec::new())
+            }
         };
         Ok(QuantMatrix { format, rows, cols, data, scales })
     }
@@ -115,6 +123,7 @@ impl QuantMatrix {
                 fp8_block::dequantize_row(d, &self.scales[br * per_row..(br + 1) * per_row], out)
             }
             WeightFormat::Fp8Channel => fp8_channel::dequantize_row(d, self.scales[r], out),
+            WeightFormat::Ggml(t) => ggml::dequantize_row(t, d, out),
         }
     }
 
@@ -136,7 +145,7 @@ impl QuantMatrix {
         let rb = self.row_bytes();
         let data = self.data[range.start * rb..range.end * rb].to_vec();
         let scales = match self.format {
-            WeightFormat::Bf16 => Vec::new(),
+            WeightFormat::Bf16 | WeightFormat::Ggml(_) => Vec::new(),
             WeightFormat::Int4Group { group } => {
                 let per_row = self.cols / usize::from(group);
                 self.scales[range.start * per_row..range.end * per_row].to_vec()

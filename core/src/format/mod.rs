@@ -10,8 +10,7 @@
 //! | `int4-gG` | offset-8 nibble | bf16 per G columns of a row, amax/7 | RAWINT4 |
 //! | `fp8` | e4m3 | f32 per 128×128 block, amax/448 | FP8 |
 //! | `fp8-channel` | e4m3 | f32 per row, amax/448 | FP8_PERCHANNEL |
-//!
-//! GGML block types (Q4_0…Q6_K, IQ4) join with the GGUF backend; they will be variants here too.
+//! | `q4_K`, `q8_0`, ... | GGML blocks ([`crate::ggml`]) | inside the blocks | LLAMAFILE |
 #![forbid(unsafe_code)]
 
 pub mod bf16;
@@ -21,11 +20,15 @@ pub mod int4_group;
 pub mod int4_row;
 pub mod int8_row;
 pub mod kt_packed;
+mod layer;
 mod matrix;
 
+pub use layer::LayerFormat;
 pub use matrix::QuantMatrix;
 
 use core::fmt;
+
+use crate::ggml::GgmlType;
 
 /// Largest |weight| a quantizer accepts: bf16 rounds larger values to infinity, and a scale
 /// times its largest level could round past f32::MAX.
@@ -53,10 +56,12 @@ pub enum WeightFormat {
     Fp8Block,
     /// FP8 e4m3 with one f32 scale per row.
     Fp8Channel,
+    /// A GGML tensor type as GGUF files store it, row after row of its blocks.
+    Ggml(GgmlType),
 }
 
 impl WeightFormat {
-    /// Every format, for listings and tests.
+    /// Every KT format, for listings and tests (the GGML ones are [`GgmlType::ALL`]).
     pub const ALL: [WeightFormat; 8] = [
         WeightFormat::Bf16,
         WeightFormat::Int8Row,
@@ -81,17 +86,26 @@ impl WeightFormat {
             "int4-g128" | "rawint4" => WeightFormat::Int4Group { group: 128 },
             "fp8" | "fp8-block" => WeightFormat::Fp8Block,
             "fp8-channel" | "fp8-perchannel" => WeightFormat::Fp8Channel,
-            _ => return None,
+            _ => return GgmlType::parse(s).map(WeightFormat::Ggml),
         })
     }
 
     /// The names [`WeightFormat::parse`] accepts, for error messages.
     pub const NAMES: &'static str =
-        "bf16, int8, int4, int4-g32, int4-g64, int4-g128, fp8, fp8-channel (or KT's BF16, AMXINT8, AMXINT4, RAWINT4, FP8, FP8_PERCHANNEL)";
+        "bf16, int8, int4, int4-g32, int4-g64, int4-g128, fp8, fp8-channel (or KT's BF16, AMXINT8, AMXINT4, RAWINT4, FP8, FP8_PERCHANNEL), or a GGML type: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs";
 
     /// Activations are quantized to int8 per token for this format.
     pub fn int_activations(self) -> bool {
         matches!(self, WeightFormat::Int8Row | WeightFormat::Int4Row | WeightFormat::Int4Group { .. })
+    }
+
+    /// Its dot products are integer ones (int8 activations, or GGML's Q8 blocks): the int8
+    /// peak is its compute roofline, the FMA peak otherwise.
+    pub fn int_dot(self) -> bool {
+        match self {
+            WeightFormat::Ggml(t) => t.act() != crate::ggml::ActKind::F32,
+            f => f.int_activations(),
+        }
     }
 
     /// Columns (the K dimension) must be a multiple of this.
@@ -99,6 +113,7 @@ impl WeightFormat {
         match self {
             WeightFormat::Int4Row => 2,
             WeightFormat::Int4Group { group } => usize::from(group),
+            WeightFormat::Ggml(t) => t.block_elems(),
             _ => 1,
         }
     }
@@ -117,13 +132,14 @@ impl WeightFormat {
             WeightFormat::Bf16 => rows * cols * 2,
             WeightFormat::Int8Row | WeightFormat::Fp8Block | WeightFormat::Fp8Channel => rows * cols,
             WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => rows * cols.div_ceil(2),
+            WeightFormat::Ggml(t) => rows * t.row_bytes(cols),
         }
     }
 
     /// Number of scales of a `rows × cols` matrix.
     pub fn scale_count(self, rows: usize, cols: usize) -> usize {
         match self {
-            WeightFormat::Bf16 => 0,
+            WeightFormat::Bf16 | WeightFormat::Ggml(_) => 0,
             WeightFormat::Int8Row | WeightFormat::Int4Row | WeightFormat::Fp8Channel => rows,
             WeightFormat::Int4Group { group } => rows * cols.div_ceil(usize::from(group)),
             WeightFormat::Fp8Block => rows.div_ceil(FP8_BLOCK) * cols.div_ceil(FP8_BLOCK),
@@ -133,7 +149,7 @@ impl WeightFormat {
     /// Bytes one stored scale takes on disk and in packed form.
     pub fn scale_bytes(self) -> usize {
         match self {
-            WeightFormat::Bf16 => 0,
+            WeightFormat::Bf16 | WeightFormat::Ggml(_) => 0,
             WeightFormat::Int4Group { .. } => 2,
             _ => 4,
         }
@@ -154,6 +170,9 @@ impl fmt::Display for WeightFormat {
             WeightFormat::Int4Group { group } => write!(f, "int4-g{group}"),
             WeightFormat::Fp8Block => f.write_str("fp8"),
             WeightFormat::Fp8Channel => f.write_str("fp8-channel"),
+            // KT's bf16 holds the same bytes but reads bf16 activations; keep the names apart.
+            WeightFormat::Ggml(GgmlType::BF16) => f.write_str("ggml-bf16"),
+            WeightFormat::Ggml(t) => f.write_str(t.name()),
         }
     }
 }
@@ -219,6 +238,10 @@ mod tests {
         assert_eq!(WeightFormat::parse("AMXINT4"), Some(WeightFormat::Int4Row));
         assert_eq!(WeightFormat::parse("FP8_PERCHANNEL"), Some(WeightFormat::Fp8Channel));
         assert_eq!(WeightFormat::parse("int3"), None);
+        for &t in GgmlType::ALL {
+            let f = WeightFormat::Ggml(t);
+            assert_eq!(WeightFormat::parse(&alloc::format!("{f}")), Some(f));
+        }
     }
 
     #[test]

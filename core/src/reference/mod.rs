@@ -5,9 +5,13 @@
 //!   per 128-column block, then times the block scale, blocks in order);
 //! - int formats: activations quantized per token (per K-group for `int4-gG`) to int8 with
 //!   `amax/127`, exact i32 dot products, times activation scale then weight scale;
+//! - GGML types: activations prepared as the type's `vec_dot_type` ([`ggml::ActKind`]: f32,
+//!   Q8_0 or Q8_K blocks); per activation block, `Σ w·q` over the dequantized weights in
+//!   column order, times the block's scale, blocks in order;
 //! - SwiGLU per [`crate::swiglu`]: gate/up rounded to bf16, result rounded to bf16.
 #![forbid(unsafe_code)]
 
+use alloc::vec;
 use alloc::vec::Vec;
 use core::ops::Range;
 
@@ -15,6 +19,7 @@ use half::bf16;
 
 use crate::dtype::F8E4M3;
 use crate::format::{self, int4_group, int4_row, int8_row, FP8_BLOCK};
+use crate::ggml::{self, ActKind, BlockQ8K, BlockQ8_0};
 use crate::mat::MatMut;
 use crate::swiglu::swiglu;
 use crate::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
@@ -40,10 +45,15 @@ enum Act<'a> {
     Float(&'a [bf16]),
     /// int8 rows with `groups` scales per row.
     Int { q: &'a [i8], scales: &'a [f32], groups: usize },
+    /// GGML activation rows of `row_bytes` each.
+    Ggml { kind: ActKind, bytes: &'a [u8], row_bytes: usize },
 }
 
 impl<'a> Act<'a> {
     fn parse(format: WeightFormat, cols: usize, bytes: &'a [u8]) -> Act<'a> {
+        if let WeightFormat::Ggml(t) = format {
+            return Act::Ggml { kind: t.act(), bytes, row_bytes: ggml::act_bytes(t.act(), 1, cols) };
+        }
         if !format.int_activations() {
             return Act::Float(bytemuck::cast_slice(bytes));
         }
@@ -101,7 +111,32 @@ fn dot(m: &QuantMatrix, r: usize, act: &Act<'_>, t: usize) -> f32 {
                 acc + d as f32 * (sa[gi] * sw[gi])
             })
         }
+        (WeightFormat::Ggml(_), &Act::Ggml { kind, bytes, row_bytes }) => {
+            let mut wf = vec![0.0f32; cols];
+            m.dequantize_row(r, &mut wf);
+            ggml_dot(kind, &wf, &bytes[t * row_bytes..(t + 1) * row_bytes])
+        }
         _ => unreachable!("activations were prepared for this matrix's format"),
+    }
+}
+
+/// Dequantized weights `w` dotted with one prepared GGML activation row.
+fn ggml_dot(kind: ActKind, w: &[f32], act: &[u8]) -> f32 {
+    fn blocks<B: bytemuck::Pod>(w: &[f32], act: &[u8], n: usize, f: impl Fn(&B) -> (&[i8], f32)) -> f32 {
+        let size = core::mem::size_of::<B>();
+        w.chunks_exact(n).zip(act.chunks_exact(size)).fold(0.0f32, |acc, (w, b)| {
+            let b = bytemuck::pod_read_unaligned::<B>(b);
+            let (q, d) = f(&b);
+            acc + w.iter().zip(q).fold(0.0f32, |s, (w, &q)| s + w * f32::from(q)) * d
+        })
+    }
+    match kind {
+        ActKind::F32 => {
+            let x: Vec<f32> = act.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
+            w.iter().zip(&x).fold(0.0f32, |s, (w, x)| s + w * x)
+        }
+        ActKind::Q8_0 => blocks::<BlockQ8_0>(w, act, ggml::QK, |b| (&b.qs[..], b.scale())),
+        ActKind::Q8K => blocks::<BlockQ8K>(w, act, ggml::QK_K, |b| (&b.qs[..], b.d)),
     }
 }
 
@@ -132,6 +167,9 @@ impl Backend for Reference {
     }
 
     fn act_bytes(&self, format: WeightFormat, rows: usize, cols: usize) -> usize {
+        if let WeightFormat::Ggml(t) = format {
+            return ggml::act_bytes(t.act(), rows, cols);
+        }
         if format.int_activations() {
             (rows * cols).next_multiple_of(4) + 4 * rows * act_groups(format, cols)
         } else {
@@ -141,6 +179,17 @@ impl Backend for Reference {
 
     fn quantize_act(&self, format: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &mut [u8]) {
         let row = |i: usize| &src[rows[i] as usize * cols..(rows[i] as usize + 1) * cols];
+        if let WeightFormat::Ggml(t) = format {
+            let rb = ggml::act_bytes(t.act(), 1, cols);
+            let mut x = vec![0.0f32; cols];
+            for (i, out) in dst.chunks_exact_mut(rb.max(1)).take(rows.len()).enumerate() {
+                for (x, v) in x.iter_mut().zip(row(i)) {
+                    *x = v.to_f32();
+                }
+                ggml::quantize_act_row(t.act(), &x, out);
+            }
+            return;
+        }
         if !format.int_activations() {
             let d: &mut [bf16] = bytemuck::cast_slice_mut(&mut dst[..2 * rows.len() * cols]);
             for (i, o) in d.chunks_exact_mut(cols.max(1)).enumerate().take(rows.len()) {

@@ -111,3 +111,9 @@ fn accuracy_against_unquantized_moe() {
         assert!(err < limit, "{format}: {err:.4} >= {limit}");
     }
 }
+
+#[test]
+fn reference_ggml_layers_match_fp32_on_dequantized_weights() {
+    let failures = crate::testing::ggml_conformance_failures(&REFERENCE, &SerialExecutor);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}

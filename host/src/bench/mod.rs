@@ -13,7 +13,7 @@ use std::time::Instant;
 use half::bf16;
 use indicatif::{ProgressBar, ProgressStyle};
 use kt_core::reference::REFERENCE;
-use kt_core::{Backend, MoeConfig, WeightFormat};
+use kt_core::{Backend, LayerFormat, MoeConfig, WeightFormat};
 
 pub use report::{print_table, to_json};
 pub use roofline::Roofline;
@@ -86,8 +86,8 @@ pub struct BenchSpec {
 pub struct CaseResult {
     /// Preset name.
     pub preset: String,
-    /// Weight format.
-    pub method: WeightFormat,
+    /// Weight formats.
+    pub method: LayerFormat,
     /// Backend that ran it.
     pub backend: &'static str,
     /// Compute threads.
@@ -386,7 +386,7 @@ fn run_case(
     let flops = 2.0 * 3.0 * (h * cfg.intermediate * k * n) as f64;
     let gflops = flops / best.0 / 1e9;
     let weight_gbps = best.1 as f64 / best.0 / 1e9;
-    let peak = if layers[0].format().int_activations() { roof.int8_gops } else { roof.fma_gflops };
+    let peak = if layers[0].format().gate.int_dot() { roof.int8_gops } else { roof.fma_gflops };
 
     // Accuracy: the first ≤16 tokens of layer 0 against the reference backend.
     let m = n.min(16);

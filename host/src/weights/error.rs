@@ -122,3 +122,9 @@ impl fmt::Display for WeightError {
 }
 
 impl std::error::Error for WeightError {}
+
+impl From<kt_core::Error> for WeightError {
+    fn from(e: kt_core::Error) -> Self {
+        WeightError::Layer(e)
+    }
+}

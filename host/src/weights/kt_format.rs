@@ -198,7 +198,6 @@ pub fn load_kt_layer(
         return Err(WeightError::Method { path: ck.dir().to_path_buf(), found, requested });
     }
     let ranges = cfg.part_ranges(format).map_err(WeightError::Layer)?;
-    let first_error: Mutex<Option<WeightError>> = Mutex::new(None);
     let read = |e: usize, proj: usize, n: usize| -> Result<QuantMatrix, WeightError> {
         let (rows, cols) = dims(proj, cfg.hidden, ranges[n].len());
         let get = |what: &str| {
@@ -226,23 +225,13 @@ pub fn load_kt_layer(
         }
         .map_err(WeightError::Layer)
     };
-    let built = MoeLayer::from_part_matrices(
+    MoeLayer::from_part_matrices(
         cfg,
         format,
         |slot, n| {
             let Some(e) = slots.expert(slot) else { return Ok(None) };
-            match (read(e, 0, n), read(e, 1, n), read(e, 2, n)) {
-                (Ok(g), Ok(u), Ok(d)) => Ok(Some((g, u, d))),
-                (Err(err), _, _) | (_, Err(err), _) | (_, _, Err(err)) => {
-                    first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(err);
-                    Ok(None)
-                }
-            }
+            Ok(Some((read(e, 0, n)?, read(e, 1, n)?, read(e, 2, n)?)))
         },
         opts,
-    );
-    if let Some(err) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        return Err(err);
-    }
-    built.map_err(WeightError::Layer)
+    )
 }

@@ -2,8 +2,6 @@
 //! per-channel scales; unaligned reads, as safetensors data may be 2-byte aligned) and packing
 //! them into a [`MoeLayer`] on the layer's pool.
 
-use std::sync::Mutex;
-
 use kt_core::dtype::{f16, F8E4M3};
 use kt_core::{MoeConfig, WeightFormat};
 use safetensors::Dtype;
@@ -161,24 +159,10 @@ pub fn load_layer(
     opts: &LayerOptions,
 ) -> Result<MoeLayer, WeightError> {
     let layout = Layout::detect(ck, layer)?;
-    let first_error: Mutex<Option<WeightError>> = Mutex::new(None);
-    let layer_result = MoeLayer::from_f32(
+    MoeLayer::try_from_f32(
         cfg,
         format,
-        |slot| {
-            let e = slots.expert(slot)?;
-            match expert_f32(ck, &layout, e, cfg.hidden, cfg.intermediate) {
-                Ok(x) => Some(x),
-                Err(err) => {
-                    first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(err);
-                    None
-                }
-            }
-        },
+        |slot| slots.expert(slot).map(|e| expert_f32(ck, &layout, e, cfg.hidden, cfg.intermediate)).transpose(),
         opts,
-    );
-    if let Some(err) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        return Err(err);
-    }
-    layer_result.map_err(WeightError::Layer)
+    )
 }
