@@ -1,11 +1,171 @@
-//! kt-kernel-rs backend crate `llamafile`: GGUF block formats (Q4_0..Q8_0, K-quants, IQ4) run from GGUF files.
+//! kt-kernel-rs backend `llamafile`: GGML's block formats as GGUF files store them (f32, f16,
+//! bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K…q6_K, iq4_nl, iq4_xs), any mix of them per
+//! projection, with AVX2 kernels. It is named for KT-Kernel's LLAMAFILE method, which it
+//! replaces; nothing of llamafile is used. Registered when the CPU has AVX2, FMA and F16C.
 //!
-//! No kernels are registered yet: [`registered`] is empty, so this backend is never selected
-//! (forcing it with `KT_KERNEL_CPU_VARIANT` reports that it has no kernels in this build).
+//! Weights keep their GGUF bytes ([`kernels::Packed`]); activations are quantized per token
+//! to the type's `vec_dot_type` (Q8_K for 256-column types, Q8_0 with sums for 32-column ones,
+//! f32 for float types) in a block-major layout ([`act`]).
+
+#[cfg(target_arch = "x86_64")]
+mod act;
+#[cfg(target_arch = "x86_64")]
+mod decode;
+#[cfg(target_arch = "x86_64")]
+mod kernels;
 
 use kt_core::Backend;
 
-/// The backends this crate registers with the host, best first. Empty until its kernels land.
+/// The backends this crate registers with the host.
 pub fn registered() -> &'static [&'static dyn Backend] {
-    &[]
+    #[cfg(target_arch = "x86_64")]
+    {
+        static LIST: [&dyn Backend; 1] = [&imp::LLAMAFILE];
+        &LIST
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        &[]
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+pub use imp::{Llamafile, LLAMAFILE};
+
+#[cfg(target_arch = "x86_64")]
+mod imp {
+    use core::ops::Range;
+
+    use half::bf16;
+    use kt_core::mat::MatMut;
+    use kt_core::swiglu::swiglu;
+    use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
+
+    use crate::kernels::{dots, Packed, Scratch, R};
+
+    /// The GGML backend.
+    #[derive(Debug)]
+    pub struct Llamafile;
+
+    /// The one instance.
+    pub static LLAMAFILE: Llamafile = Llamafile;
+
+    fn packed(m: &PackedMatrix) -> &Packed {
+        m.get::<Packed>().expect("matrix packed by the llamafile backend")
+    }
+
+    fn ggml(f: WeightFormat) -> kt_core::ggml::GgmlType {
+        match f {
+            WeightFormat::Ggml(t) => t,
+            _ => unreachable!("the llamafile backend is only handed GGML formats"),
+        }
+    }
+
+    /// `emit(r0, nr, results, scratch)` for each tile of up to `R` rows of `rows`, results
+    /// `[n][R]`.
+    fn for_tiles(
+        w: &Packed,
+        rows: &Range<usize>,
+        act: &[u8],
+        n: usize,
+        mut emit: impl FnMut(usize, usize, &[[f32; R]], &mut Scratch),
+    ) {
+        let mut out = vec![[0.0f32; R]; n];
+        let mut scratch = Scratch::new();
+        for r0 in rows.clone().step_by(R) {
+            let nr = R.min(rows.end - r0);
+            // SAFETY: selected only where cpu_support passed (AVX2, FMA, F16C); act was
+            // prepared by quantize_act for this matrix's type with n tokens.
+            unsafe { dots(w, r0, nr, act, n, &mut out, &mut scratch) };
+            emit(r0, nr, &out, &mut scratch);
+        }
+    }
+
+    impl Backend for Llamafile {
+        fn name(&self) -> &'static str {
+            "llamafile"
+        }
+
+        fn priority(&self) -> u32 {
+            // Below avx2: it serves only GGML formats, which avx2 declines.
+            5
+        }
+
+        fn cpu_support(&self) -> Result<(), &'static str> {
+            if !std::arch::is_x86_feature_detected!("avx2") {
+                Err("AVX2")
+            } else if !std::arch::is_x86_feature_detected!("fma") {
+                Err("FMA")
+            } else if !std::arch::is_x86_feature_detected!("f16c") {
+                Err("F16C")
+            } else {
+                Ok(())
+            }
+        }
+
+        fn supports(&self, format: WeightFormat, _rows: usize, cols: usize) -> bool {
+            matches!(format, WeightFormat::Ggml(_)) && cols % format.col_multiple() == 0
+        }
+
+        fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error> {
+            let t = ggml(m.format());
+            let p = Packed { t, rows: m.rows(), cols: m.cols(), data: m.data().to_vec() };
+            Ok(PackedMatrix::new(m.format(), m.rows(), m.cols(), p.data.len(), p))
+        }
+
+        fn act_bytes(&self, format: WeightFormat, rows: usize, cols: usize) -> usize {
+            crate::act::bytes(ggml(format), rows, cols)
+        }
+
+        fn quantize_act(&self, format: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &mut [u8]) {
+            // SAFETY: cpu_support passed before this backend was selected.
+            unsafe { crate::act::prepare(ggml(format), cols, src, rows, dst) }
+        }
+
+        fn gate_up(
+            &self,
+            gate: &PackedMatrix,
+            up: &PackedMatrix,
+            rows: Range<usize>,
+            act: &[u8],
+            mut h: MatMut<'_, bf16>,
+        ) {
+            let (g, u) = (packed(gate), packed(up));
+            let n = h.rows();
+            let mut ut = vec![[0.0f32; R]; n];
+            for_tiles(g, &rows, act, n, |r0, nr, gt, scratch| {
+                // SAFETY: as in for_tiles.
+                unsafe { dots(u, r0, nr, act, n, &mut ut, scratch) };
+                for t in 0..n {
+                    let out = &mut h.row_mut(t)[r0 - rows.start..r0 - rows.start + nr];
+                    for (i, o) in out.iter_mut().enumerate() {
+                        *o = swiglu(gt[t][i], ut[t][i]);
+                    }
+                }
+            });
+        }
+
+        fn down(&self, down: &PackedMatrix, rows: Range<usize>, act: &[u8], mut y: MatMut<'_, f32>) {
+            let d = packed(down);
+            let n = y.rows();
+            for_tiles(d, &rows, act, n, |r0, nr, res, _| {
+                for (t, r) in res.iter().enumerate() {
+                    y.row_mut(t)[r0 - rows.start..r0 - rows.start + nr].copy_from_slice(&r[..nr]);
+                }
+            });
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64"))]
+mod tests {
+    #[test]
+    fn conformance() {
+        if let Err(missing) = kt_core::Backend::cpu_support(&crate::LLAMAFILE) {
+            eprintln!("conformance skipped: this CPU lacks {missing}");
+            return;
+        }
+        let failures = kt_core::testing::ggml_conformance_failures(&crate::LLAMAFILE, &kt_core::SerialExecutor);
+        assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    }
 }

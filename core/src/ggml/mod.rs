@@ -17,6 +17,7 @@
 mod iq4;
 mod kquants;
 mod legacy;
+mod synth;
 mod types;
 
 pub use iq4::{BlockIq4Nl, BlockIq4Xs, KVALUES_IQ4NL};
@@ -24,16 +25,27 @@ pub use kquants::{
     pack_scale_min_k4, q3k_scales, scale_min_k4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K,
 };
 pub use legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
+pub use synth::random_matrix;
 pub use types::{id_name, ActKind, GgmlType};
 
 use bytemuck::Pod;
 use half::{bf16, f16};
 
 /// `roundf`: to nearest, ties away from zero, as ggml's reference quantizers and gguf-py's
-/// `np_roundf` round.
+/// `np_roundf` round (a result of zero may be +0 where roundf gives -0).
 #[inline]
 pub fn round_away(x: f32) -> f32 {
-    libm::roundf(x)
+    // Below 2^22 a tie is the only case where ties-to-even differs, and x ± 0.5 is exact there.
+    if x.abs() < 4_194_304.0 {
+        let r = crate::dtype::round_ne(x);
+        if (r - x).abs() == 0.5 {
+            x + 0.5f32.copysign(x)
+        } else {
+            r
+        }
+    } else {
+        libm::roundf(x)
+    }
 }
 
 /// Apply `f` to each block of `src` (whole blocks of `B`) and the matching `N` outputs.

@@ -118,3 +118,16 @@ fn block_structs_have_ggml_sizes() {
     }
     assert_eq!(size_of::<BlockQ8K>(), 292);
 }
+
+#[test]
+fn round_away_is_roundf() {
+    let mut x = -300.0f32;
+    while x < 300.0 {
+        assert_eq!(round_away(x), libm::roundf(x), "{x}");
+        x += 0.125;
+    }
+    for x in [0.49999997f32, -0.49999997, 4194303.5, 4194304.5, 8388607.5, -8388607.5, 1e10, 0.0, -0.0] {
+        // Equal as numbers (a zero may differ in sign, which no quantizer can see).
+        assert_eq!(round_away(x), libm::roundf(x), "{x}");
+    }
+}

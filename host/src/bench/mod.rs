@@ -306,16 +306,27 @@ fn run_method(
                 Ok(kt_format::load_kt_layer(ck, moe_layers[l], method, cfg, Slots::default(), opts)?)
             }
             Some(ck) => Ok(load_layer(ck, moe_layers[l], method, cfg, Slots::default(), opts)?),
-            None => Ok(MoeLayer::from_f32(
-                cfg,
-                method,
-                |e| {
-                    let x = synth::expert(cfg, spec.seed, l, e);
-                    pb.inc(1);
-                    Some(x)
-                },
-                opts,
-            )?),
+            None => match method {
+                WeightFormat::Ggml(t) if !t.can_quantize() => Ok(MoeLayer::from_quantized(
+                    cfg,
+                    |e| {
+                        pb.inc(1);
+                        Some(synth::ggml_expert(cfg, t, spec.seed, l, e))
+                    },
+                    method,
+                    opts,
+                )?),
+                _ => Ok(MoeLayer::from_f32(
+                    cfg,
+                    method,
+                    |e| {
+                        let x = synth::expert(cfg, spec.seed, l, e);
+                        pb.inc(1);
+                        Some(x)
+                    },
+                    opts,
+                )?),
+            },
         }
     };
     if ckpt.is_some() && moe_layers.is_empty() {

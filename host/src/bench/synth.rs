@@ -4,7 +4,8 @@
 
 use half::bf16;
 use kt_core::rng::SplitMix64;
-use kt_core::MoeConfig;
+use kt_core::ggml::{random_matrix, GgmlType};
+use kt_core::{MoeConfig, QuantMatrix};
 
 /// Expert `e` of layer `l`: `[gate [I,H], up [I,H], down [H,I]]`.
 pub fn expert(cfg: &MoeConfig, seed: u64, l: usize, e: usize) -> [Vec<f32>; 3] {
@@ -16,6 +17,14 @@ pub fn expert(cfg: &MoeConfig, seed: u64, l: usize, e: usize) -> [Vec<f32>; 3] {
         (0..len).map(|_| r.uniform(a)).collect::<Vec<f32>>()
     };
     [m(i * h, h), m(i * h, h), m(h * i, i)]
+}
+
+/// Expert `e` of layer `l` as random valid blocks of `t` (for GGML types without a quantizer
+/// here): `(gate, up, down)`.
+pub fn ggml_expert(cfg: &MoeConfig, t: GgmlType, seed: u64, l: usize, e: usize) -> (QuantMatrix, QuantMatrix, QuantMatrix) {
+    let (h, i) = (cfg.hidden, cfg.intermediate);
+    let s = seed ^ (((l as u64) << 32) | e as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
+    (random_matrix(t, i, h, s), random_matrix(t, i, h, s ^ 1), random_matrix(t, h, i, s ^ 2))
 }
 
 /// `[n, h]` inputs with unit std.

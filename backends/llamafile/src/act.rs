@@ -1,0 +1,162 @@
+//! Prepared activations, block-major so that one weight block meets every token's matching
+//! block in one place:
+//! - K-quants and IQ4_XS: `[blocks][tokens]` of [`BlockQ8K`] (as core quantizes it);
+//! - 32-column types: `[blocks][tokens]` of [`ActQ8`], Q8_0 (scale widened to f32) with `s = d·Σq`
+//!   (ggml's Q8_1: the `_1` types and the unsigned nibble decodings fold their offset with it);
+//! - float types: `[tokens][cols]` f32.
+//!
+//! Values are quantized as core's scalar quantizers do (`d = amax/127`, ties away from zero),
+//! here with AVX2.
+
+use core::arch::x86_64::*;
+
+use bytemuck::{Pod, Zeroable};
+use half::bf16;
+use kt_core::ggml::{ActKind, BlockQ8K, GgmlType, QK, QK_K};
+
+/// A 32-column activation block.
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+#[repr(C)]
+pub struct ActQ8 {
+    /// Scale.
+    pub d: f32,
+    /// `d · Σ qs`.
+    pub s: f32,
+    /// Values.
+    pub qs: [i8; 32],
+}
+
+/// Bytes of prepared activations for `rows` tokens of `cols` columns.
+pub fn bytes(t: GgmlType, rows: usize, cols: usize) -> usize {
+    rows * match t.act() {
+        ActKind::F32 => 4 * cols,
+        ActKind::Q8_0 => cols / QK * size_of::<ActQ8>(),
+        ActKind::Q8K => cols / QK_K * size_of::<BlockQ8K>(),
+    }
+}
+
+/// Prepare rows `rows` of `src` (`[*, cols]` bf16) into `dst`.
+///
+/// # Safety
+/// AVX2 and FMA must be present.
+#[target_feature(enable = "avx2,fma")]
+pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst: &mut [u8]) {
+    let n = rows.len();
+    let dst = &mut dst[..bytes(t, n, cols)];
+    let mut x = vec![0.0f32; cols];
+    for (i, &r) in rows.iter().enumerate() {
+        let row = &src[r as usize * cols..(r as usize + 1) * cols];
+        for (o, v) in x.iter_mut().zip(row) {
+            *o = f32::from_bits(u32::from(v.to_bits()) << 16);
+        }
+        match t.act() {
+            ActKind::F32 => {
+                let out: &mut [f32] = bytemuck::cast_slice_mut(&mut dst[4 * i * cols..4 * (i + 1) * cols]);
+                out.copy_from_slice(&x);
+            }
+            ActKind::Q8_0 => {
+                let out: &mut [ActQ8] = bytemuck::cast_slice_mut(dst);
+                for (b, xs) in x.chunks_exact(QK).enumerate() {
+                    let a = &mut out[b * n + i];
+                    let d = amax(xs) / 127.0;
+                    // SAFETY: AVX2 by this function's contract.
+                    let sum = unsafe { quantize(xs, d, &mut a.qs) };
+                    // The scale as Q8_0 stores it (f16), so values equal core's Q8_0 blocks.
+                    a.d = half::f16::from_f32(d).to_f32();
+                    a.s = a.d * sum as f32;
+                }
+            }
+            ActKind::Q8K => {
+                let out: &mut [BlockQ8K] = bytemuck::cast_slice_mut(dst);
+                for (b, xs) in x.chunks_exact(QK_K).enumerate() {
+                    let a = &mut out[b * n + i];
+                    a.d = amax(xs) / 127.0;
+                    // SAFETY: AVX2 by this function's contract.
+                    unsafe { quantize(xs, a.d, &mut a.qs) };
+                    for (s, q) in a.bsums.iter_mut().zip(a.qs.chunks_exact(16)) {
+                        *s = q.iter().map(|&v| i16::from(v)).sum();
+                    }
+                }
+            }
+        }
+    }
+}
+
+fn amax(x: &[f32]) -> f32 {
+    x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
+}
+
+/// `q = roundf(x / d)` (ties away from zero) for a multiple of 32 values; returns `Σ q`.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn quantize(x: &[f32], d: f32, q: &mut [i8]) -> i32 {
+    let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
+    let sign = _mm256_set1_ps(-0.0);
+    let (half, one) = (_mm256_set1_ps(0.5), _mm256_set1_ps(1.0));
+    let perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let mut sum = _mm256_setzero_si256();
+    for (xs, qs) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)) {
+        let mut i = [_mm256_setzero_si256(); 4];
+        for (k, i) in i.iter_mut().enumerate() {
+            // SAFETY: xs has 32 floats; 8·k + 8 ≤ 32.
+            let v = _mm256_mul_ps(unsafe { _mm256_loadu_ps(xs.as_ptr().add(8 * k)) }, id);
+            let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
+            let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(v, t));
+            let away = _mm256_or_ps(_mm256_and_ps(v, sign), one);
+            let r = _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, half), away));
+            *i = _mm256_cvtps_epi32(r);
+            sum = _mm256_add_epi32(sum, *i);
+        }
+        let p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+        // SAFETY: qs has 32 bytes.
+        unsafe { _mm256_storeu_si256(qs.as_mut_ptr().cast(), _mm256_permutevar8x32_epi32(p, perm)) };
+    }
+    let mut lanes = [0i32; 8];
+    // SAFETY: 8 i32 lanes into an [i32; 8].
+    unsafe { _mm256_storeu_si256(lanes.as_mut_ptr().cast(), sum) };
+    lanes.iter().sum()
+}
+
+#[cfg(test)]
+mod tests {
+    use kt_core::ggml::{BlockQ8K, BlockQ8_0};
+    use kt_core::rng::SplitMix64;
+
+    use super::*;
+
+    #[test]
+    fn matches_core_quantizers_bit_for_bit() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            return;
+        }
+        let mut r = SplitMix64::new(5);
+        for scale in [1e-3f32, 1.0, 300.0] {
+            // bf16 inputs, with exact ties (k + 0.5 after scaling) among them.
+            let mut x: Vec<f32> = (0..512).map(|_| bf16::from_f32(r.gaussian() * scale).to_f32()).collect();
+            x[0] = 127.0;
+            x[1..9].copy_from_slice(&[2.5, -2.5, 0.5, -0.5, 1.5, 3.5, -126.5, 0.0]);
+            let src: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+            for t in [GgmlType::Q4_K, GgmlType::Q8_0] {
+                // u32 storage: the blocks hold f32s and need 4-byte alignment.
+                let mut words = vec![0u32; bytes(t, 1, 512) / 4];
+                let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
+                // SAFETY: AVX2 and FMA checked above.
+                unsafe { prepare(t, 512, &src, &[0], dst) };
+                if t == GgmlType::Q4_K {
+                    let got: &[BlockQ8K] = bytemuck::cast_slice(dst);
+                    for (b, g) in got.iter().enumerate() {
+                        let want = BlockQ8K::quantize(&x[256 * b..]);
+                        assert_eq!((g.d, g.qs, g.bsums), (want.d, want.qs, want.bsums), "block {b}");
+                    }
+                } else {
+                    let got: &[ActQ8] = bytemuck::cast_slice(dst);
+                    for (b, g) in got.iter().enumerate() {
+                        let want = BlockQ8_0::quantize(&x[32 * b..]);
+                        assert_eq!((g.qs, g.d), (want.qs, want.scale()), "block {b}");
+                        let sum: i32 = g.qs.iter().map(|&v| i32::from(v)).sum();
+                        assert_eq!(g.s, g.d * sum as f32);
+                    }
+                }
+            }
+        }
+    }
+}
