@@ -4,7 +4,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x target/pyenv/bin/python ] || python3 -m venv target/pyenv
-target/pyenv/bin/pip install -q "maturin>=1.9,<2" "numpy>=1.21" pytest safetensors
+target/pyenv/bin/pip install -q "maturin>=1.9,<2" "numpy>=1.21" pytest safetensors "gguf>=0.17"
 rm -rf target/wheels
 # The wheel links the system hwloc, so it is not repaired into a manylinux one: it is for this
 # machine (or one with the same Debian packages).

@@ -8,6 +8,7 @@
 pub mod bench;
 pub mod cpu;
 pub mod exec;
+pub mod gguf;
 pub mod layer;
 pub mod numa_pool;
 pub mod placement;

@@ -8,8 +8,8 @@ use core::arch::x86_64::*;
 
 use half::f16;
 use kt_core::ggml::{
-    q3k_scales, BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K,
-    BlockQ5_0, BlockQ5_1, BlockQ6K, BlockQ8_0, KVALUES_IQ4NL,
+    q3k_scales, BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0,
+    BlockQ5_1, BlockQ6K, BlockQ8_0, KVALUES_IQ4NL,
 };
 
 /// A decoded 256-column block.
@@ -43,7 +43,9 @@ impl DecK {
     unsafe fn scales(&mut self, sv: __m256i, mn: __m256i) {
         // Chunk c: dword c (scales 2c, 2c+1) everywhere, then the low i16 in the low lane and
         // the high i16 in the high lane.
-        let pick = _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
+        let pick = _mm256_setr_epi8(
+            0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+        );
         for c in 0..8 {
             let dw = _mm256_permutevar8x32_epi32(sv, _mm256_set1_epi32(c as i32));
             // SAFETY: 32-byte rows of sc and mn.

@@ -72,7 +72,15 @@ impl Scratch {
 ///
 /// # Safety
 /// AVX2 and FMA must be present; `act` must hold `n` tokens prepared by [`crate::act`].
-pub unsafe fn dots(w: &Packed, r0: usize, nr: usize, act: &[u8], n: usize, out: &mut [[f32; R]], scratch: &mut Scratch) {
+pub unsafe fn dots(
+    w: &Packed,
+    r0: usize,
+    nr: usize,
+    act: &[u8],
+    n: usize,
+    out: &mut [[f32; R]],
+    scratch: &mut Scratch,
+) {
     debug_assert!((1..=R).contains(&nr) && r0 + nr <= w.rows);
     let rows: [&[u8]; R] = core::array::from_fn(|i| w.row(r0 + i.min(nr - 1)));
     let (dk, d32) = (&mut scratch.k, &mut scratch.l);

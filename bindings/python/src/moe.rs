@@ -7,6 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use half::{bf16, f16};
 use kt_core::{MoeConfig, WeightFormat};
+use kt_host::gguf::{is_gguf, load_gguf_layer, GgufFile};
 use kt_host::weights::{kt_format, load_layer, Checkpoint, Slots, WeightError};
 use kt_host::{LayerOptions, MoeLayer};
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
@@ -75,7 +76,8 @@ impl DType {
 struct Shared {
     id: u64,
     cfg: MoeConfig,
-    format: WeightFormat,
+    /// The method's format; `None` for LLAMAFILE, whose GGUF file decides.
+    format: Option<WeightFormat>,
     /// The wrapper's `gpu_experts_mask` (`[E]` bytes, nonzero = on the GPU), read at every
     /// forward; 0 = none.
     mask_ptr: usize,
@@ -123,15 +125,15 @@ impl Moe {
     ) -> PyResult<Self> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         // GPTQ_INT4 runs as our symmetric int4 with 128-column groups (GPTQ checkpoints are
-        // decoded and requantized at load).
-        let parsed = if method == "GPTQ_INT4" {
-            Some(WeightFormat::Int4Group { group: 128 })
-        } else {
-            WeightFormat::parse(method)
+        // decoded and requantized at load); LLAMAFILE runs the GGUF file's own types.
+        let parsed = match method {
+            "GPTQ_INT4" => Some(Some(WeightFormat::Int4Group { group: 128 })),
+            "LLAMAFILE" => Some(None),
+            _ => WeightFormat::parse(method).map(Some),
         };
         let format = parsed.ok_or_else(|| {
             PyNotImplementedError::new_err(format!(
-                "method {method} has no CPU backend in this build yet; working methods: {}",
+                "method {method} has no CPU backend in this build yet; working methods: {}, LLAMAFILE",
                 WeightFormat::NAMES
             ))
         })?;
@@ -140,7 +142,10 @@ impl Moe {
             parts: infer.pool.subpools(),
             ..MoeConfig::new(experts, top_k, hidden, intermediate)
         };
-        cfg.validate_for(format).map_err(value_error)?;
+        match format {
+            Some(f) => cfg.validate_for(f).map_err(value_error)?,
+            None => cfg.validate().map_err(value_error)?,
+        }
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
         Ok(Moe { shared: Arc::new(Shared { id, cfg, format, mask_ptr, layer: Mutex::new(None) }) })
     }
@@ -161,13 +166,19 @@ impl Moe {
     ) -> PyResult<()> {
         let dtype = DType::parse(dtype)?;
         let s = &self.shared;
+        let Some(format) = s.format else {
+            return Err(value_error(
+                "LLAMAFILE runs GGUF files as they are: pass weight_path (a .gguf file or directory) and call \
+                 load_weights(); to quantize tensors use a method such as AMXINT8 or q4_k",
+            ));
+        };
         let (e, h, i) = (s.cfg.experts, s.cfg.hidden, s.cfg.intermediate);
         let map = checked_map(&map, e)?;
         let opts = LayerOptions::executor(infer.pool.clone());
         let layer = py.detach(|| {
             MoeLayer::from_f32(
                 &s.cfg,
-                s.format,
+                format,
                 |slot| {
                     let l = map[slot];
                     // SAFETY: the wrapper checked shapes, dtypes and contiguity of the three
@@ -204,14 +215,26 @@ impl Moe {
         let map = checked_map(&map, s.cfg.experts)?;
         let opts = LayerOptions::executor(infer.pool.clone());
         let loaded = py.detach(|| -> Result<MoeLayer, WeightError> {
-            let ck = checkpoint(&path)?;
             // Every expert is packed (as KT): SGLang moves experts between GPU and CPU by
             // updating the mask in place.
             let slots = Slots { map: Some(&map), gpu: None };
-            if kt_format::is_kt_converted(&ck) {
-                kt_format::load_kt_layer(&ck, layer, s.format, &s.cfg, slots, &opts)
-            } else {
-                load_layer(&ck, layer, s.format, &s.cfg, slots, &opts)
+            let gguf = is_gguf(&path);
+            match s.format {
+                None if gguf => load_gguf_layer(&*gguf_file(&path)?, layer, &s.cfg, slots, &opts),
+                None => Err(WeightError::Missing { name: format!("*.gguf files in {} (method LLAMAFILE)", path.display()) }),
+                Some(f) if gguf => Err(WeightError::Method {
+                    path: path.clone(),
+                    found: "GGUF".into(),
+                    requested: format!("{f} (use method LLAMAFILE for GGUF files)"),
+                }),
+                Some(f) => {
+                    let ck = checkpoint(&path)?;
+                    if kt_format::is_kt_converted(&ck) {
+                        kt_format::load_kt_layer(&ck, layer, f, &s.cfg, slots, &opts)
+                    } else {
+                        load_layer(&ck, layer, f, &s.cfg, slots, &opts)
+                    }
+                }
             }
         });
         let l = loaded.map_err(value_error)?;
@@ -275,6 +298,18 @@ impl Moe {
     fn backend(&self) -> Option<&'static str> {
         self.shared.layer.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|l| l.backend().name())
     }
+}
+
+/// The process's GGUF model (one per process, as KT's loader): reopened only for a new path.
+fn gguf_file(path: &std::path::Path) -> Result<Arc<GgufFile>, WeightError> {
+    static OPEN: Mutex<Option<(std::path::PathBuf, Arc<GgufFile>)>> = Mutex::new(None);
+    let mut slot = OPEN.lock().unwrap_or_else(|e| e.into_inner());
+    if let Some((_, f)) = slot.as_ref().filter(|(p, _)| p == path) {
+        return Ok(f.clone());
+    }
+    let f = Arc::new(GgufFile::open(path)?);
+    *slot = Some((path.to_path_buf(), f.clone()));
+    Ok(f)
 }
 
 /// The physical→logical expert map as indices, each checked to be an expert id.

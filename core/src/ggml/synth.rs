@@ -74,4 +74,3 @@ pub fn random_matrix(t: GgmlType, rows: usize, cols: usize, seed: u64) -> QuantM
     };
     QuantMatrix::from_parts(format, rows, cols, data, Vec::new()).expect("sizes from the format")
 }
-

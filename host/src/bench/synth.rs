@@ -3,8 +3,8 @@
 //! the same seed gives the same layer.
 
 use half::bf16;
-use kt_core::rng::SplitMix64;
 use kt_core::ggml::{random_matrix, GgmlType};
+use kt_core::rng::SplitMix64;
 use kt_core::{MoeConfig, QuantMatrix};
 
 /// Expert `e` of layer `l`: `[gate [I,H], up [I,H], down [H,I]]`.
@@ -21,7 +21,13 @@ pub fn expert(cfg: &MoeConfig, seed: u64, l: usize, e: usize) -> [Vec<f32>; 3] {
 
 /// Expert `e` of layer `l` as random valid blocks of `t` (for GGML types without a quantizer
 /// here): `(gate, up, down)`.
-pub fn ggml_expert(cfg: &MoeConfig, t: GgmlType, seed: u64, l: usize, e: usize) -> (QuantMatrix, QuantMatrix, QuantMatrix) {
+pub fn ggml_expert(
+    cfg: &MoeConfig,
+    t: GgmlType,
+    seed: u64,
+    l: usize,
+    e: usize,
+) -> (QuantMatrix, QuantMatrix, QuantMatrix) {
     let (h, i) = (cfg.hidden, cfg.intermediate);
     let s = seed ^ (((l as u64) << 32) | e as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     (random_matrix(t, i, h, s), random_matrix(t, i, h, s ^ 1), random_matrix(t, h, i, s ^ 2))

@@ -90,7 +90,7 @@ impl fmt::Display for WeightError {
         match self {
             WeightError::Io { path, source } => write!(f, "{}: {source}", path.display()),
             WeightError::Corrupt { path, detail } => write!(f, "{}: not a valid file: {detail}", path.display()),
-            WeightError::Empty { path } => write!(f, "{}: no *.safetensors files found", path.display()),
+            WeightError::Empty { path } => write!(f, "{}: no *.safetensors or *.gguf files found", path.display()),
             WeightError::Config { path, detail } => write!(f, "{}: {detail}", path.display()),
             WeightError::UnknownLayout { layer, tried } => write!(
                 f,

@@ -43,7 +43,7 @@ SFT_METHODS = frozenset(
     | {f"{m}_SkipLoRA" for m in ("AMXBF16_SFT", "AMXINT8_SFT", "AMXINT4_SFT", "AMXINT4_1_SFT", "AMXINT4_KGroup_SFT", "AMXINT4_1KGroup_SFT")}
 )
 # Methods with a CPU backend in this build (online quantization from tensors).
-WORKING_METHODS = frozenset({"AMXINT4", "AMXINT8", "RAWINT4", "FP8", "BF16", "FP8_PERCHANNEL", "GPTQ_INT4"})
+WORKING_METHODS = frozenset({"AMXINT4", "AMXINT8", "RAWINT4", "FP8", "BF16", "FP8_PERCHANNEL", "GPTQ_INT4", "LLAMAFILE"})
 
 
 class KTMoEWrapper:
@@ -330,10 +330,11 @@ class NativeMoEWrapper:
     # -- weights ---------------------------------------------------------------------------
 
     def load_weights(self, physical_to_logical_map_cpu=None):
-        """Load this layer from ``weight_path``: a Hugging Face safetensors checkpoint (a
-        directory, sharded or not, or one file) in any layout KT's loaders detect, bf16 / f16 /
-        f32 / fp8 (block or per-channel scales), quantized on the CPU to this wrapper's method.
-        Blocks until done (as KT's). KT's converted INT4/INT8 format is not readable yet."""
+        """Load this layer from ``weight_path`` and block until done (as KT's): for LLAMAFILE a
+        GGUF model (a ``.gguf`` file, split files, or a directory of them) run in its own
+        types; else KT's converted INT4/INT8 files, or a Hugging Face safetensors checkpoint
+        (a directory, sharded or not, or one file) in any layout KT's loaders detect, bf16 /
+        f16 / f32 / fp8 / int4, quantized on the CPU to this wrapper's method."""
         if self.weight_path is None:
             raise ValueError("weight_path is None: pass the checkpoint directory, or use load_weights_from_tensors")
         import os
