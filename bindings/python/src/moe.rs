@@ -7,8 +7,7 @@ use std::sync::{Arc, Mutex};
 
 use half::{bf16, f16};
 use kt_core::{MoeConfig, WeightFormat};
-use kt_host::gguf::{is_gguf, load_gguf_layer, GgufFile};
-use kt_host::weights::{kt_format, load_layer, Checkpoint, Slots, WeightError};
+use kt_host::weights::{Slots, WeightError, WeightSource};
 use kt_host::{LayerOptions, MoeLayer};
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;
@@ -218,24 +217,7 @@ impl Moe {
             // Every expert is packed (as KT): SGLang moves experts between GPU and CPU by
             // updating the mask in place.
             let slots = Slots { map: Some(&map), gpu: None };
-            let gguf = is_gguf(&path);
-            match s.format {
-                None if gguf => load_gguf_layer(&*gguf_file(&path)?, layer, &s.cfg, slots, &opts),
-                None => Err(WeightError::Missing { name: format!("*.gguf files in {} (method LLAMAFILE)", path.display()) }),
-                Some(f) if gguf => Err(WeightError::Method {
-                    path: path.clone(),
-                    found: "GGUF".into(),
-                    requested: format!("{f} (use method LLAMAFILE for GGUF files)"),
-                }),
-                Some(f) => {
-                    let ck = checkpoint(&path)?;
-                    if kt_format::is_kt_converted(&ck) {
-                        kt_format::load_kt_layer(&ck, layer, f, &s.cfg, slots, &opts)
-                    } else {
-                        load_layer(&ck, layer, f, &s.cfg, slots, &opts)
-                    }
-                }
-            }
+            source(&path)?.load_layer(layer, s.format, &s.cfg, slots, &opts)
         });
         let l = loaded.map_err(value_error)?;
         *s.layer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(l));
@@ -300,18 +282,6 @@ impl Moe {
     }
 }
 
-/// The process's GGUF model (one per process, as KT's loader): reopened only for a new path.
-fn gguf_file(path: &std::path::Path) -> Result<Arc<GgufFile>, WeightError> {
-    static OPEN: Mutex<Option<(std::path::PathBuf, Arc<GgufFile>)>> = Mutex::new(None);
-    let mut slot = OPEN.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, f)) = slot.as_ref().filter(|(p, _)| p == path) {
-        return Ok(f.clone());
-    }
-    let f = Arc::new(GgufFile::open(path)?);
-    *slot = Some((path.to_path_buf(), f.clone()));
-    Ok(f)
-}
-
 /// The physical→logical expert map as indices, each checked to be an expert id.
 fn checked_map(map: &[i64], e: usize) -> PyResult<Vec<usize>> {
     if map.len() != e {
@@ -327,16 +297,16 @@ fn checked_map(map: &[i64], e: usize) -> PyResult<Vec<usize>> {
         .collect()
 }
 
-/// The process's checkpoint (KT keeps one loader per process): reopened only for a new path.
-fn checkpoint(path: &std::path::Path) -> Result<Arc<Checkpoint>, WeightError> {
-    static OPEN: Mutex<Option<(std::path::PathBuf, Arc<Checkpoint>)>> = Mutex::new(None);
+/// The process's weights (KT keeps one loader per process): reopened only for a new path.
+fn source(path: &std::path::Path) -> Result<Arc<WeightSource>, WeightError> {
+    static OPEN: Mutex<Option<(std::path::PathBuf, Arc<WeightSource>)>> = Mutex::new(None);
     let mut slot = OPEN.lock().unwrap_or_else(|e| e.into_inner());
-    if let Some((_, ck)) = slot.as_ref().filter(|(p, _)| p == path) {
-        return Ok(ck.clone());
+    if let Some((_, src)) = slot.as_ref().filter(|(p, _)| p == path) {
+        return Ok(src.clone());
     }
-    let ck = Arc::new(Checkpoint::open(path)?);
-    *slot = Some((path.to_path_buf(), ck.clone()));
-    Ok(ck)
+    let src = Arc::new(WeightSource::open(path)?);
+    *slot = Some((path.to_path_buf(), src.clone()));
+    Ok(src)
 }
 
 fn size(d: DType) -> usize {

@@ -195,3 +195,63 @@ def test_bad_files_are_clear_errors(tmp_path):
     w = make(layer_idx=0, method="LLAMAFILE")
     with pytest.raises(ValueError, match="GGUF"):
         w.load_weights_from_tensors(*(np.zeros(s, np.float32) for s in [(E, I, H), (E, I, H), (E, H, I)]))
+
+
+def hf_checkpoint(d, rng, layers=2, moe_from=1):
+    """A small f32 Hugging Face checkpoint (deepseek names), experts in layers >= moe_from."""
+    from safetensors.numpy import save_file
+
+    from conftest import write_config
+
+    tensors, weights = {}, {}
+    for layer in range(moe_from, layers):
+        g, u, dn = ((rng.standard_normal(s) / np.sqrt(s[-1])).astype(np.float32) for s in [(E, I, H), (E, I, H), (E, H, I)])
+        weights[layer] = (g, u, dn)
+        for e in range(E):
+            for p, m in zip(("gate", "up", "down"), (g[e], u[e], dn[e])):
+                tensors[f"model.layers.{layer}.mlp.experts.{e}.{p}_proj.weight"] = m
+    tensors["model.embed_tokens.weight"] = np.zeros((4, H), np.float32)
+    save_file(tensors, str(d / "model.safetensors"))
+    write_config(d, E, K, H, I, layers)
+    return weights
+
+
+@pytest.mark.parametrize("method, qt", [("q4_0", "Q4_0"), ("q8_0", "Q8_0")])
+def test_convert_quantizes_legacy_types_byte_for_byte_as_gguf_py(tmp_path, method, qt):
+    src, out = tmp_path / "hf", tmp_path / "gguf"
+    src.mkdir()
+    weights = hf_checkpoint(src, np.random.default_rng(1))
+    assert ext.convert(str(src), str(out), method=method) == (1, 0)
+    r = gguf.GGUFReader(str(out / "model-00001-of-00001.gguf"))
+    got = {t.name: t for t in r.tensors}
+    for p, w in zip(("gate", "up", "down"), weights[1]):
+        t = got[f"blk.1.ffn_{p}_exps.weight"]
+        assert t.tensor_type == Q[qt] and list(reversed(t.shape.tolist())) == list(w.shape)
+        assert np.array_equal(np.asarray(t.data).reshape(-1), gguf.quants.quantize(w, Q[qt]).reshape(-1))
+
+
+def test_convert_to_q4_k_runs_with_llamafile_and_resumes(tmp_path):
+    src, out = tmp_path / "hf", tmp_path / "gguf"
+    src.mkdir()
+    weights = hf_checkpoint(src, np.random.default_rng(2), layers=3)
+    assert ext.convert(str(src), str(out), method="q4_k") == (2, 0)
+    files = sorted(p.name for p in out.iterdir())
+    assert files == ["model-00001-of-00002.gguf", "model-00002-of-00002.gguf"]
+    r = gguf.GGUFReader(str(out / files[1]))
+    t = {t.name: t for t in r.tensors}["blk.2.ffn_down_exps.weight"]
+    assert t.tensor_type == Q.Q4_K
+    # gguf-py reads our Q4_K back to within 4-bit precision of the original weights.
+    back = gguf.quants.dequantize(np.asarray(t.data), Q.Q4_K).reshape(E, H, I)
+    assert rel_err(back, weights[2][2].astype(np.float64)) < 0.12
+    w = make(layer_idx=2, method="LLAMAFILE", path=str(out))
+    w.load_weights(np.arange(E, dtype=np.int64))
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((6, H)).astype(np.float32)
+    ids, ws = routing(6, K, E, 4)
+    assert rel_err(w.forward(x, ids, ws), moe_reference(x, ids, ws, *weights[2])) < 0.15
+    # A rerun keeps both complete files.
+    before = [(out / f).stat().st_mtime_ns for f in files]
+    assert ext.convert(str(src), str(out), method="q4_k") == (0, 2)
+    assert [(out / f).stat().st_mtime_ns for f in files] == before
+    with pytest.raises(ValueError, match="cannot be quantized"):
+        ext.convert(str(src), str(tmp_path / "q6"), method="q6_k")

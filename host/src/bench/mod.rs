@@ -23,7 +23,7 @@ use crate::layer::{LayerOptions, MoeLayer};
 use crate::numa_pool::NumaPool;
 use crate::placement::{Placement, PoolConfig, PoolError};
 use crate::topology::Topology;
-use crate::weights::{kt_format, load_layer, Checkpoint, Layout, Slots, WeightError};
+use crate::weights::{Slots, WeightError, WeightSource};
 
 /// A model shape to benchmark.
 #[derive(Clone, Copy, Debug)]
@@ -61,7 +61,7 @@ pub struct BenchSpec {
     /// Layer shape.
     pub cfg: MoeConfig,
     /// Weight formats to run.
-    pub methods: Vec<WeightFormat>,
+    pub methods: Vec<LayerFormat>,
     /// Token counts per forward.
     pub tokens: Vec<usize>,
     /// Compute threads, split over `cfg.parts` sub-pools.
@@ -199,9 +199,9 @@ impl From<kt_core::Error> for BenchError {
 }
 
 /// Stored bytes of one layer's experts in `format`.
-pub fn layer_bytes(cfg: &MoeConfig, format: WeightFormat) -> u64 {
-    let (h, i) = (cfg.hidden, cfg.intermediate);
-    (cfg.experts * (2 * format.matrix_bytes(i, h) + format.matrix_bytes(h, i))) as u64
+pub fn layer_bytes(cfg: &MoeConfig, format: impl Into<LayerFormat>) -> u64 {
+    let (f, h, i) = (format.into(), cfg.hidden, cfg.intermediate);
+    (cfg.experts * (f.gate.matrix_bytes(i, h) + f.up.matrix_bytes(i, h) + f.down.matrix_bytes(h, i))) as u64
 }
 
 /// Upper bound of a forward's scratch for `n` tokens: per routed row the gathered activations,
@@ -278,7 +278,7 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
 
 fn run_method(
     spec: &BenchSpec,
-    method: WeightFormat,
+    method: LayerFormat,
     layers: usize,
     roof: &Roofline,
     pool: std::sync::Arc<NumaPool>,
@@ -292,45 +292,43 @@ fn run_method(
         "{spinner} generating {msg} weights [{bar:30}] {pos}/{len} expert slices ({elapsed})",
     );
     pb.set_message(method.to_string());
-    let ckpt = spec.weights.as_deref().map(Checkpoint::open).transpose()?;
+    let source = spec.weights.as_deref().map(WeightSource::open).transpose()?;
     // A checkpoint's MoE layers, in order (layer l of the run is the l-th of them).
-    let moe_layers: Vec<usize> = ckpt.as_ref().map_or_else(Vec::new, |ck| {
-        (0..ck.config().map_or(0, |c| c.layers))
-            .filter(|&l| kt_format::kt_parts(ck, l) > 0 || Layout::detect(ck, l).is_ok())
-            .collect()
-    });
-    let layers = if ckpt.is_some() { layers.min(moe_layers.len()) } else { layers };
+    let moe_layers = source.as_ref().map_or_else(Vec::new, WeightSource::moe_layers);
+    let layers = if source.is_some() { layers.min(moe_layers.len()) } else { layers };
     let build = |l: usize, opts: &LayerOptions| -> Result<MoeLayer, BenchError> {
-        match &ckpt {
-            Some(ck) if kt_format::is_kt_converted(ck) => {
-                Ok(kt_format::load_kt_layer(ck, moe_layers[l], method, cfg, Slots::default(), opts)?)
+        let synthetic = match (&source, method) {
+            (Some(src), _) => {
+                // GGUF runs in its own types; other checkpoints in the method asked for.
+                let m = (!matches!(src, WeightSource::Gguf(_))).then_some(method.gate);
+                return Ok(src.load_layer(moe_layers[l], m, cfg, Slots::default(), opts)?);
             }
-            Some(ck) => Ok(load_layer(ck, moe_layers[l], method, cfg, Slots::default(), opts)?),
-            None => match method {
-                WeightFormat::Ggml(t) if !t.can_quantize() => Ok(MoeLayer::from_quantized(
-                    cfg,
-                    |e| {
-                        pb.inc(1);
-                        Some(synth::ggml_expert(cfg, t, spec.seed, l, e))
-                    },
-                    method,
-                    opts,
-                )?),
-                _ => Ok(MoeLayer::from_f32(
-                    cfg,
-                    method,
-                    |e| {
-                        let x = synth::expert(cfg, spec.seed, l, e);
-                        pb.inc(1);
-                        Some(x)
-                    },
-                    opts,
-                )?),
-            },
+            (None, lf) => lf.gate,
+        };
+        match synthetic {
+            WeightFormat::Ggml(t) if !t.can_quantize() => Ok(MoeLayer::from_quantized(
+                cfg,
+                |e| {
+                    pb.inc(1);
+                    Some(synth::ggml_expert(cfg, t, spec.seed, l, e))
+                },
+                method,
+                opts,
+            )?),
+            _ => Ok(MoeLayer::from_f32(
+                cfg,
+                method,
+                |e| {
+                    let x = synth::expert(cfg, spec.seed, l, e);
+                    pb.inc(1);
+                    Some(x)
+                },
+                opts,
+            )?),
         }
     };
-    if ckpt.is_some() && moe_layers.is_empty() {
-        let name = format!("MoE expert tensors (any layer of config.json's num_hidden_layers) in {}", ck_dir(spec));
+    if let (Some(src), true) = (&source, moe_layers.is_empty()) {
+        let name = format!("MoE expert tensors (in any layer) in {}", src.path().display());
         return Err(BenchError::Weights(WeightError::Missing { name }));
     }
     let built: Vec<MoeLayer> = (0..layers).map(|l| build(l, &opts)).collect::<Result<_, _>>()?;
@@ -351,10 +349,6 @@ fn run_method(
     }
     cases.finish_and_clear();
     Ok(out)
-}
-
-fn ck_dir(spec: &BenchSpec) -> String {
-    spec.weights.as_deref().map_or_else(String::new, |p| p.display().to_string())
 }
 
 fn run_case(

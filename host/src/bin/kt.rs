@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use kt_core::{MoeConfig, WeightFormat};
+use kt_core::{LayerFormat, MoeConfig, WeightFormat};
 use kt_host::bench::{self, BenchSpec};
 use kt_host::cpu::CpuInfo;
 use kt_host::placement::{cpulist, PoolConfig};
@@ -106,8 +106,10 @@ struct BenchArgs {
     /// Override the preset's experts per token k.
     #[arg(long)]
     top_k: Option<usize>,
-    /// Weight formats, comma-separated: bf16, int8, int4, int4-g32, int4-g64, int4-g128, fp8, fp8-channel.
-    #[arg(long, value_delimiter = ',', default_value = "bf16")]
+    /// Weight formats, comma-separated: bf16, int8, int4, int4-g32, int4-g64, int4-g128, fp8,
+    /// fp8-channel, or GGML types (q4_0, q4_1, q5_0, q5_1, q8_0, q2_k..q6_k, iq4_nl, iq4_xs, f16,
+    /// f32) [default: bf16; a GGUF --weights file runs its own types]
+    #[arg(long, value_delimiter = ',')]
     method: Vec<String>,
     /// Tokens per forward, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "1,4,16,64,256")]
@@ -217,15 +219,30 @@ fn info(pool: &PoolArgs) -> ExitCode {
     }
 }
 
+/// The MoE shape of `--weights` (config.json, or a GGUF file's metadata) and, for GGUF, the
+/// types of its first MoE layer.
+fn weights_shape(w: &std::path::Path) -> Result<(MoeConfig, Option<LayerFormat>), String> {
+    if kt_host::gguf::is_gguf(w) {
+        let f = kt_host::gguf::GgufFile::open(w).map_err(|e| e.to_string())?;
+        let cfg = kt_host::gguf::moe_config(&f).map_err(|e| e.to_string())?;
+        let first =
+            *kt_host::gguf::moe_layers(&f).first().ok_or_else(|| format!("{}: no layer has experts", w.display()))?;
+        let lf = kt_host::gguf::layer_format(&f, first).map_err(|e| e.to_string())?;
+        return Ok((cfg, Some(lf)));
+    }
+    let mc = kt_host::weights::ModelConfig::read(&w.join("config.json")).map_err(|e| e.to_string())?;
+    Ok((MoeConfig::new(mc.experts, mc.top_k, mc.hidden, mc.intermediate), None))
+}
+
 fn run_bench(a: BenchArgs) -> ExitCode {
     let Some(p) = bench::preset(&a.preset) else {
         let names: Vec<_> = bench::PRESETS.iter().map(|p| p.name).collect();
         return usage(format!("unknown preset {:?}; valid presets: {}", a.preset, names.join(", ")));
     };
-    let mut methods = Vec::new();
+    let mut methods: Vec<LayerFormat> = Vec::new();
     for m in &a.method {
         match WeightFormat::parse(m) {
-            Some(f) => methods.push(f),
+            Some(f) => methods.push(f.into()),
             None => return usage(format!("unknown method {m:?}; valid methods: {}", WeightFormat::NAMES)),
         }
     }
@@ -245,8 +262,8 @@ fn run_bench(a: BenchArgs) -> ExitCode {
     }
     let mut p = p;
     if let Some(w) = &a.weights {
-        let mc = match kt_host::weights::ModelConfig::read(&w.join("config.json")) {
-            Ok(mc) => mc,
+        let (mc, gguf_format) = match weights_shape(w) {
+            Ok(x) => x,
             Err(e) => return usage(e),
         };
         p = bench::Preset {
@@ -257,8 +274,20 @@ fn run_bench(a: BenchArgs) -> ExitCode {
             top_k: mc.top_k,
         };
         if a.hidden.is_some() || a.intermediate.is_some() || a.experts.is_some() {
-            return usage("--weights takes the shape from its config.json; drop --hidden/--intermediate/--experts");
+            return usage("--weights takes the shape from the checkpoint; drop --hidden/--intermediate/--experts");
         }
+        if let Some(f) = gguf_format {
+            if !methods.is_empty() && methods != [f] {
+                return usage(format!(
+                    "{} is a GGUF model in {f}: it runs in its own types; drop --method",
+                    w.display()
+                ));
+            }
+            methods = vec![f];
+        }
+    }
+    if methods.is_empty() {
+        methods.push(WeightFormat::Bf16.into());
     }
     let custom = a.hidden.is_some() || a.intermediate.is_some() || a.experts.is_some() || a.top_k.is_some();
     let cfg = MoeConfig {

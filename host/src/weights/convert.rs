@@ -3,7 +3,7 @@
 //! dequantized here, no GPU), one layer at a time (peak memory ≈ the experts in flight plus the
 //! mapped input pages), quantized on a thread pool, with a progress bar, and resumable: every
 //! file is written under a temporary name and renamed when complete, and a rerun skips layers
-//! whose output verifies.
+//! whose output verifies. GGML methods (`q4_k`, ...) write GGUF instead ([`super::convert_gguf`]).
 
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
@@ -69,6 +69,9 @@ fn kt_name(name: &str) -> String {
 
 /// Run a conversion.
 pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
+    if let WeightFormat::Ggml(t) = spec.format {
+        return super::convert_gguf::convert_gguf(spec, t);
+    }
     let start = Instant::now();
     let ck = Checkpoint::open(&spec.input)?;
     let mc = ck.config()?;
@@ -169,7 +172,7 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
 }
 
 /// The names of one layer's expert weight tensors.
-fn layer_tensors(layout: &Layout, cfg: &MoeConfig) -> Vec<String> {
+pub(super) fn layer_tensors(layout: &Layout, cfg: &MoeConfig) -> Vec<String> {
     if layout.kind == super::ExpertLayout::Fused {
         let (a, b) = layout.fused_tensors();
         return vec![a, b];
@@ -178,6 +181,6 @@ fn layer_tensors(layout: &Layout, cfg: &MoeConfig) -> Vec<String> {
 }
 
 /// Bytes of one layer's expert tensors in the input.
-fn moe_input_bytes(ck: &Checkpoint, layout: &Layout, cfg: &MoeConfig) -> u64 {
+pub(super) fn moe_input_bytes(ck: &Checkpoint, layout: &Layout, cfg: &MoeConfig) -> u64 {
     layer_tensors(layout, cfg).iter().filter_map(|n| ck.get(n)).map(|t| ck.bytes(t).len() as u64).sum()
 }

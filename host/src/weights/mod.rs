@@ -7,12 +7,14 @@
 mod checkpoint;
 mod config;
 pub mod convert;
+pub mod convert_gguf;
 mod error;
 pub mod fuzzing;
 mod int4;
 pub mod kt_format;
 mod layout;
 mod load;
+mod source;
 pub mod writer;
 
 pub use checkpoint::{Checkpoint, TensorRef};
@@ -20,3 +22,4 @@ pub use config::ModelConfig;
 pub use error::WeightError;
 pub use layout::{ExpertLayout, Layout};
 pub use load::{expert_f32, load_layer, Slots};
+pub use source::WeightSource;

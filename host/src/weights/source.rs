@@ -1,0 +1,75 @@
+//! `WeightSource`: any weights this crate reads (a Hugging Face checkpoint, KT's converted
+//! files, a GGUF model), opened once and asked for layer after layer, so `kt bench` and the
+//! Python package share one dispatch.
+
+use std::path::Path;
+
+use kt_core::{MoeConfig, WeightFormat};
+
+use super::{kt_format, load_layer, Checkpoint, Layout, Slots, WeightError};
+use crate::gguf::{self, GgufFile};
+use crate::layer::{LayerOptions, MoeLayer};
+
+/// An opened checkpoint of any kind.
+#[derive(Debug)]
+pub enum WeightSource {
+    /// Hugging Face safetensors, quantized at load.
+    Hf(Checkpoint),
+    /// KT's converted format (or ours in its layout), loaded as stored.
+    Kt(Checkpoint),
+    /// A GGUF model, run in its own types.
+    Gguf(GgufFile),
+}
+
+impl WeightSource {
+    /// Open `path`: a `.gguf` file or a directory of them, else a safetensors checkpoint.
+    pub fn open(path: &Path) -> Result<Self, WeightError> {
+        if gguf::is_gguf(path) {
+            return Ok(WeightSource::Gguf(GgufFile::open(path)?));
+        }
+        let ck = Checkpoint::open(path)?;
+        Ok(if kt_format::is_kt_converted(&ck) { WeightSource::Kt(ck) } else { WeightSource::Hf(ck) })
+    }
+
+    /// The layers with routed experts, in order.
+    pub fn moe_layers(&self) -> Vec<usize> {
+        match self {
+            WeightSource::Gguf(f) => gguf::moe_layers(f),
+            WeightSource::Hf(ck) | WeightSource::Kt(ck) => (0..ck.config().map_or(0, |c| c.layers))
+                .filter(|&l| kt_format::kt_parts(ck, l) > 0 || Layout::detect(ck, l).is_ok())
+                .collect(),
+        }
+    }
+
+    /// Build layer `layer` in `method` (`None`: the file's own types, for GGUF only).
+    pub fn load_layer(
+        &self,
+        layer: usize,
+        method: Option<WeightFormat>,
+        cfg: &MoeConfig,
+        slots: Slots<'_>,
+        opts: &LayerOptions,
+    ) -> Result<MoeLayer, WeightError> {
+        match (self, method) {
+            (WeightSource::Gguf(f), None) => gguf::load_gguf_layer(f, layer, cfg, slots, opts),
+            (WeightSource::Gguf(f), Some(m)) => Err(WeightError::Config {
+                path: f.path().to_path_buf(),
+                detail: format!("a GGUF model runs in its own types with method LLAMAFILE, not as {m}"),
+            }),
+            (WeightSource::Kt(ck), Some(m)) => kt_format::load_kt_layer(ck, layer, m, cfg, slots, opts),
+            (WeightSource::Hf(ck), Some(m)) => load_layer(ck, layer, m, cfg, slots, opts),
+            (WeightSource::Kt(ck) | WeightSource::Hf(ck), None) => Err(WeightError::Config {
+                path: ck.dir().to_path_buf(),
+                detail: "method LLAMAFILE runs GGUF models, and this is a safetensors checkpoint".into(),
+            }),
+        }
+    }
+
+    /// Where it was opened from.
+    pub fn path(&self) -> &Path {
+        match self {
+            WeightSource::Gguf(f) => f.path(),
+            WeightSource::Hf(ck) | WeightSource::Kt(ck) => ck.dir(),
+        }
+    }
+}
