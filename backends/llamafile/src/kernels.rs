@@ -1,17 +1,17 @@
 //! Dot kernels: a tile of [`R`] weight rows against every token, [`TC`] tokens at a time.
-//! Each weight block is decoded once per tile ([`crate::decode`]) and dotted with the
-//! matching block of each token: `maddubs` (u8 levels × i8 activations, pairs summed to i16),
-//! `madd` with the scales (K-quants) or with ones (32-column types) to i32, then f32.
+//! Each weight block is decoded once per tile ([`crate::decode`]; for one token straight into
+//! registers, for more into [`DecK`] buffers) and dotted with the matching block of each
+//! token: `maddubs` (u8 levels × i8 activations, pairs summed to i16), `madd` with the scales
+//! (K-quants) or with ones (32-column types) to i32, then f32.
 //! Every output is computed in block order by one call, whatever the tile: results do not
 //! depend on how rows are split over tasks.
 
 use core::arch::x86_64::*;
 
-use bytemuck::Pod;
 use kt_core::ggml::{self, ActKind, BlockQ8K, GgmlType, QK, QK_K};
 
 use crate::act::ActQ8;
-use crate::decode::{self, Dec32, DecK};
+use crate::decode::{chunk_scales, KBlock, LBlock};
 
 /// Rows per tile.
 pub const R: usize = 4;
@@ -55,76 +55,91 @@ unsafe fn ld<T>(p: &[T]) -> __m256i {
     unsafe { _mm256_loadu_si256(p.as_ptr().cast()) }
 }
 
+/// A 256-column block decoded for several tokens.
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+pub struct DecK {
+    /// Unsigned levels (|w| for signed types).
+    v: [[u8; 32]; 8],
+    /// Signed levels (signed types only).
+    w: [[u8; 32]; 8],
+    /// Per chunk, its i16 scale lanes ([`chunk_scales`]).
+    sc: [[i16; 16]; 8],
+    /// Mins of each 16 columns.
+    mn: [i16; 16],
+    d: f32,
+    dmin: f32,
+}
+
 /// Decoded blocks of one tile, reused across calls.
 pub struct Scratch {
     k: [DecK; R],
-    l: [Dec32; R],
 }
 
 impl Scratch {
     /// Fresh buffers.
     pub fn new() -> Box<Self> {
-        Box::new(Scratch { k: [DecK::new(); R], l: [Dec32::new(); R] })
+        let z = DecK { v: [[0; 32]; 8], w: [[0; 32]; 8], sc: [[0; 16]; 8], mn: [0; 16], d: 0.0, dmin: 0.0 };
+        Box::new(Scratch { k: [z; R] })
     }
+}
+
+/// One call's operands: `R` rows (the last ones repeated when `nr < R`), `nb` blocks each,
+/// against `n` tokens' activations, results into `out[t][i]`.
+struct Tile<'a, A> {
+    rows: [&'a [u8]; R],
+    nr: usize,
+    nb: usize,
+    act: &'a [A],
+    n: usize,
 }
 
 /// `out[t][i] = row r0+i · token t` for `i < nr ≤ R`, `t < n`, `act` prepared for `w.t`.
 ///
 /// # Safety
-/// AVX2 and FMA must be present; `act` must hold `n` tokens prepared by [`crate::act`].
-pub unsafe fn dots(
-    w: &Packed,
-    r0: usize,
-    nr: usize,
-    act: &[u8],
-    n: usize,
-    out: &mut [[f32; R]],
-    scratch: &mut Scratch,
-) {
+/// AVX2, FMA and F16C must be present; `act` must hold `n` tokens prepared by [`crate::act`].
+pub unsafe fn dots(w: &Packed, r0: usize, nr: usize, act: &[u8], n: usize, out: &mut [[f32; R]], scratch: &mut Scratch) {
     debug_assert!((1..=R).contains(&nr) && r0 + nr <= w.rows);
     let rows: [&[u8]; R] = core::array::from_fn(|i| w.row(r0 + i.min(nr - 1)));
-    let (dk, d32) = (&mut scratch.k, &mut scratch.l);
     macro_rules! k {
-        ($signed:literal, $b:ty, $f:path) => {{
-            let a = bytemuck::cast_slice(act);
-            let nb = w.cols / QK_K;
+        ($b:ty) => {{
+            let tile = Tile { rows, nr, nb: w.cols / QK_K, act: bytemuck::cast_slice::<u8, BlockQ8K>(act), n };
             // SAFETY: the caller's contract; act holds [blocks][n] BlockQ8K.
             unsafe {
-                match n {
-                    1 => kquant::<$signed, 1, $b>(rows, nr, nb, a, n, out, $f, dk),
-                    2..=4 => kquant::<$signed, 4, $b>(rows, nr, nb, a, n, out, $f, dk),
-                    _ => kquant::<$signed, TC, $b>(rows, nr, nb, a, n, out, $f, dk),
+                if n == 1 {
+                    kquant1::<$b>(&tile, out)
+                } else {
+                    kquant::<$b>(&tile, out, &mut scratch.k)
                 }
             }
         }};
     }
     macro_rules! l {
-        ($signed:literal, $b:ty, $f:path) => {{
-            let a = bytemuck::cast_slice(act);
-            let nb = w.cols / QK;
+        ($b:ty) => {{
+            let tile = Tile { rows, nr, nb: w.cols / QK, act: bytemuck::cast_slice::<u8, ActQ8>(act), n };
             // SAFETY: the caller's contract; act holds [blocks][n] ActQ8.
             unsafe {
                 match n {
-                    1 => legacy::<$signed, 1, $b>(rows, nr, nb, a, n, out, $f, d32),
-                    2..=4 => legacy::<$signed, 4, $b>(rows, nr, nb, a, n, out, $f, d32),
-                    _ => legacy::<$signed, TC, $b>(rows, nr, nb, a, n, out, $f, d32),
+                    1 => legacy::<1, $b>(&tile, out),
+                    2..=4 => legacy::<4, $b>(&tile, out),
+                    _ => legacy::<TC, $b>(&tile, out),
                 }
             }
         }};
     }
     match w.t {
-        GgmlType::Q2_K => k!(false, ggml::BlockQ2K, decode::q2_k),
-        GgmlType::Q3_K => k!(false, ggml::BlockQ3K, decode::q3_k),
-        GgmlType::Q4_K => k!(false, ggml::BlockQ4K, decode::q4_k),
-        GgmlType::Q5_K => k!(false, ggml::BlockQ5K, decode::q5_k),
-        GgmlType::Q6_K => k!(false, ggml::BlockQ6K, decode::q6_k),
-        GgmlType::IQ4_XS => k!(true, ggml::BlockIq4Xs, decode::iq4_xs),
-        GgmlType::Q4_0 => l!(false, ggml::BlockQ4_0, decode::q4_0),
-        GgmlType::Q4_1 => l!(false, ggml::BlockQ4_1, decode::q4_1),
-        GgmlType::Q5_0 => l!(false, ggml::BlockQ5_0, decode::q5_0),
-        GgmlType::Q5_1 => l!(false, ggml::BlockQ5_1, decode::q5_1),
-        GgmlType::Q8_0 => l!(true, ggml::BlockQ8_0, decode::q8_0),
-        GgmlType::IQ4_NL => l!(true, ggml::BlockIq4Nl, decode::iq4_nl),
+        GgmlType::Q2_K => k!(ggml::BlockQ2K),
+        GgmlType::Q3_K => k!(ggml::BlockQ3K),
+        GgmlType::Q4_K => k!(ggml::BlockQ4K),
+        GgmlType::Q5_K => k!(ggml::BlockQ5K),
+        GgmlType::Q6_K => k!(ggml::BlockQ6K),
+        GgmlType::IQ4_XS => k!(ggml::BlockIq4Xs),
+        GgmlType::Q4_0 => l!(ggml::BlockQ4_0),
+        GgmlType::Q4_1 => l!(ggml::BlockQ4_1),
+        GgmlType::Q5_0 => l!(ggml::BlockQ5_0),
+        GgmlType::Q5_1 => l!(ggml::BlockQ5_1),
+        GgmlType::Q8_0 => l!(ggml::BlockQ8_0),
+        GgmlType::IQ4_NL => l!(ggml::BlockIq4Nl),
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
             debug_assert_eq!(w.t.act(), ActKind::F32);
             // SAFETY: the caller's contract; act holds [n][cols] f32.
@@ -133,11 +148,13 @@ pub unsafe fn dots(
     }
 }
 
-/// Prefetch the `b`-th of `nb` slices of the `len` bytes at `next` (the next tile's rows):
+/// Prefetch the `b`-th of `nb` slices of the tile after this one (its rows follow these):
 /// a tile's rows are short streams that the hardware prefetcher does not ramp up on.
 #[inline(always)]
-fn prefetch_slice(next: *const u8, len: usize, b: usize, nb: usize) {
-    let step = len.div_ceil(nb).next_multiple_of(64);
+fn prefetch_next<A>(tile: &Tile<'_, A>, b: usize) {
+    let len = R * tile.rows[0].len();
+    let next = tile.rows[0].as_ptr().wrapping_add(len);
+    let step = len.div_ceil(tile.nb).next_multiple_of(64);
     let mut off = b * step;
     while off < ((b + 1) * step).min(len) {
         // SAFETY: prefetching has no architectural effect and does not fault, whatever the
@@ -147,62 +164,113 @@ fn prefetch_slice(next: *const u8, len: usize, b: usize, nb: usize) {
     }
 }
 
-/// `maddubs` of 32 levels with 32 activations: `|w|·sign(a, w)` for signed levels.
+/// `maddubs` of levels `x` with activations `a` (|x|·sign(a, x) for signed levels).
 #[inline(always)]
-unsafe fn pair_sums<const SIGNED: bool>(v: &[u8], w: &[i8], a: __m256i) -> __m256i {
-    // SAFETY: AVX2 in every caller (target_feature functions); 32-byte chunks.
+unsafe fn pair_sums(signed: bool, x: __m256i, a: __m256i) -> __m256i {
+    // SAFETY: AVX2 in every caller (target_feature functions).
     unsafe {
-        if SIGNED {
-            _mm256_maddubs_epi16(ld(v), _mm256_sign_epi8(a, ld(w)))
+        if signed {
+            _mm256_maddubs_epi16(_mm256_abs_epi8(x), _mm256_sign_epi8(a, x))
         } else {
-            _mm256_maddubs_epi16(ld(v), a)
+            _mm256_maddubs_epi16(x, a)
         }
     }
 }
 
-#[target_feature(enable = "avx2,fma")]
-unsafe fn kquant<const SIGNED: bool, const TC: usize, B: Pod>(
-    rows: [&[u8]; R],
-    nr: usize,
-    nb: usize,
-    act: &[BlockQ8K],
-    n: usize,
-    out: &mut [[f32; R]],
-    dec_fn: unsafe fn(&B, &mut DecK),
-    dec: &mut [DecK; R],
-) {
-    let blocks: [&[B]; R] = rows.map(|r| bytemuck::cast_slice(r));
-    let (next, len) = (rows[0].as_ptr().wrapping_add(R * rows[0].len()), R * rows[0].len());
+/// K-quants for one token: every chunk decoded into registers and used at once.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn kquant1<B: KBlock>(tile: &Tile<'_, BlockQ8K>, out: &mut [[f32; R]]) {
+    let blocks: [&[B]; R] = tile.rows.map(|r| bytemuck::cast_slice(r));
+    let mut acc = [_mm256_setzero_ps(); R];
+    for b in 0..tile.nb {
+        prefetch_next(tile, b);
+        let a = &tile.act[b];
+        let da = _mm256_set1_ps(a.d);
+        // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
+        // inside the blocks' arrays.
+        let bs = unsafe { ld(&a.bsums) };
+        let mut sv = [_mm256_setzero_si256(); R];
+        let mut scale = [_mm256_setzero_ps(); R];
+        for i in 0..R {
+            let (s, mn, d, dmin) = unsafe { blocks[i][b].prep() };
+            // The mins at once (frees their register); the level sums once per block, below.
+            let mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, mn));
+            acc[i] = _mm256_fnmadd_ps(mins, _mm256_mul_ps(_mm256_set1_ps(dmin), da), acc[i]);
+            (sv[i], scale[i]) = (s, _mm256_mul_ps(_mm256_set1_ps(d), da));
+        }
+        let mut isum = [_mm256_setzero_si256(); R];
+        for c in 0..8 {
+            let av = unsafe { ld(&a.qs[32 * c..]) };
+            for i in 0..R {
+                let x = unsafe { blocks[i][b].chunk(c) };
+                let p = unsafe { pair_sums(B::SIGNED, x, av) };
+                isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p, unsafe { chunk_scales(sv[i], c) }));
+            }
+        }
+        for i in 0..R {
+            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), scale[i], acc[i]);
+        }
+    }
+    for i in 0..tile.nr {
+        // SAFETY: AVX present.
+        out[0][i] = unsafe { hsum(acc[i]) };
+    }
+}
+
+/// K-quants for several tokens: each block decoded once into [`DecK`] and dotted with
+/// [`TC`] tokens at a time.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn kquant<B: KBlock>(tile: &Tile<'_, BlockQ8K>, out: &mut [[f32; R]], dec: &mut [DecK; R]) {
+    let blocks: [&[B]; R] = tile.rows.map(|r| bytemuck::cast_slice(r));
+    let n = tile.n;
     for t0 in (0..n).step_by(TC) {
         let tn = TC.min(n - t0);
         let mut acc = [[_mm256_setzero_ps(); TC]; R];
-        for b in 0..nb {
+        for b in 0..tile.nb {
             if t0 == 0 {
-                prefetch_slice(next, len, b, nb);
+                prefetch_next(tile, b);
             }
+            // SAFETY (whole loop): as in kquant1; stores stay inside the DecK arrays.
             for i in 0..R {
-                // SAFETY: AVX2 present (this function's features).
-                unsafe { dec_fn(&blocks[i][b], &mut dec[i]) };
+                let blk = &blocks[i][b];
+                let o = &mut dec[i];
+                let (sv, mn, d, dmin) = unsafe { blk.prep() };
+                for c in 0..8 {
+                    let x = unsafe { blk.chunk(c) };
+                    unsafe {
+                        if B::SIGNED {
+                            _mm256_store_si256(o.v[c].as_mut_ptr().cast(), _mm256_abs_epi8(x));
+                            _mm256_store_si256(o.w[c].as_mut_ptr().cast(), x);
+                        } else {
+                            _mm256_store_si256(o.v[c].as_mut_ptr().cast(), x);
+                        }
+                        _mm256_store_si256(o.sc[c].as_mut_ptr().cast(), chunk_scales(sv, c));
+                    }
+                }
+                unsafe { _mm256_store_si256(o.mn.as_mut_ptr().cast(), mn) };
+                (o.d, o.dmin) = (d, dmin);
             }
             for t in 0..tn {
-                let a = &act[b * n + t0 + t];
+                let a = &tile.act[b * n + t0 + t];
                 let mut isum = [_mm256_setzero_si256(); R];
                 for c in 0..8 {
-                    // SAFETY: 32-byte chunks of 256-byte arrays.
                     let av = unsafe { ld(&a.qs[32 * c..]) };
                     for i in 0..R {
                         let d = &dec[i];
-                        // SAFETY: as above.
-                        let p = unsafe { pair_sums::<SIGNED>(&d.v[32 * c..], &d.w[32 * c..], av) };
+                        let p = unsafe {
+                            if B::SIGNED {
+                                _mm256_maddubs_epi16(ld(&d.v[c]), _mm256_sign_epi8(av, ld(&d.w[c])))
+                            } else {
+                                _mm256_maddubs_epi16(ld(&d.v[c]), av)
+                            }
+                        };
                         isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p, unsafe { ld(&d.sc[c]) }));
                     }
                 }
-                // SAFETY: 16 i16 sums.
                 let bs = unsafe { ld(&a.bsums) };
                 let da = _mm256_set1_ps(a.d);
                 for i in 0..R {
                     let d = &dec[i];
-                    // SAFETY: 16 i16 mins.
                     let mins = _mm256_madd_epi16(bs, unsafe { ld(&d.mn) });
                     let s = _mm256_mul_ps(_mm256_set1_ps(d.d), da);
                     let m = _mm256_mul_ps(_mm256_set1_ps(d.dmin), da);
@@ -212,7 +280,7 @@ unsafe fn kquant<const SIGNED: bool, const TC: usize, B: Pod>(
             }
         }
         for (t, o) in out[t0..t0 + tn].iter_mut().enumerate() {
-            for i in 0..nr {
+            for i in 0..tile.nr {
                 // SAFETY: AVX present.
                 o[i] = unsafe { hsum(acc[i][t]) };
             }
@@ -220,48 +288,36 @@ unsafe fn kquant<const SIGNED: bool, const TC: usize, B: Pod>(
     }
 }
 
-#[target_feature(enable = "avx2,fma")]
-unsafe fn legacy<const SIGNED: bool, const TC: usize, B: Pod>(
-    rows: [&[u8]; R],
-    nr: usize,
-    nb: usize,
-    act: &[ActQ8],
-    n: usize,
-    out: &mut [[f32; R]],
-    dec_fn: unsafe fn(&B, &mut Dec32),
-    dec: &mut [Dec32; R],
-) {
-    let blocks: [&[B]; R] = rows.map(|r| bytemuck::cast_slice(r));
-    let (next, len) = (rows[0].as_ptr().wrapping_add(R * rows[0].len()), R * rows[0].len());
-    let ones = _mm256_set1_epi16(1);
+/// 32-column types: each row's block decoded into a register, dotted with `TC` tokens.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn legacy<const TC: usize, B: LBlock>(tile: &Tile<'_, ActQ8>, out: &mut [[f32; R]]) {
+    let blocks: [&[B]; R] = tile.rows.map(|r| bytemuck::cast_slice(r));
+    let (n, ones) = (tile.n, _mm256_set1_epi16(1));
     for t0 in (0..n).step_by(TC) {
         let tn = TC.min(n - t0);
         let mut acc = [[_mm256_setzero_ps(); TC]; R];
         let mut offs = [[0.0f32; TC]; R];
-        for b in 0..nb {
+        for b in 0..tile.nb {
             if t0 == 0 {
-                prefetch_slice(next, len, b, nb);
+                prefetch_next(tile, b);
             }
-            for i in 0..R {
-                // SAFETY: AVX2 present (this function's features).
-                unsafe { dec_fn(&blocks[i][b], &mut dec[i]) };
-            }
+            // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads
+            // stay inside the blocks.
+            let lv: [(__m256i, f32, f32); R] = core::array::from_fn(|i| unsafe { blocks[i][b].levels() });
             for t in 0..tn {
-                let a = &act[b * n + t0 + t];
-                // SAFETY: 32 activations.
+                let a = &tile.act[b * n + t0 + t];
                 let av = unsafe { ld(&a.qs) };
                 for i in 0..R {
-                    let d = &dec[i];
-                    // SAFETY: 32-byte arrays.
-                    let p = unsafe { pair_sums::<SIGNED>(&d.v, &d.w, av) };
+                    let (x, d, m) = lv[i];
+                    let p = unsafe { pair_sums(B::SIGNED, x, av) };
                     let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-                    acc[i][t] = _mm256_fmadd_ps(s, _mm256_set1_ps(d.d * a.d), acc[i][t]);
-                    offs[i][t] += d.m * a.s;
+                    acc[i][t] = _mm256_fmadd_ps(s, _mm256_set1_ps(d * a.d), acc[i][t]);
+                    offs[i][t] += m * a.s;
                 }
             }
         }
         for (t, o) in out[t0..t0 + tn].iter_mut().enumerate() {
-            for i in 0..nr {
+            for i in 0..tile.nr {
                 // SAFETY: AVX present.
                 o[i] = unsafe { hsum(acc[i][t]) } + offs[i][t];
             }
@@ -270,7 +326,7 @@ unsafe fn legacy<const SIGNED: bool, const TC: usize, B: Pod>(
 }
 
 /// Float rows: each row converted to f32 once, then dotted with every token.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn float(t: GgmlType, rows: [&[u8]; R], nr: usize, cols: usize, act: &[f32], n: usize, out: &mut [[f32; R]]) {
     let mut buf = vec![0.0f32; nr * cols];
     for (i, b) in buf.chunks_exact_mut(cols).enumerate() {
