@@ -24,9 +24,11 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p kt-host --rele
 echo "== Python package kt_kernel: wheel, install into target/pyenv, pytest"
 bash scripts/python.sh
 (cd bindings/python/tests && ../../../target/pyenv/bin/python -m pytest -q)
-echo "== fuzz smoke (${FUZZ_SECONDS:=20} s per target; the checkpoint readers ${FUZZ_READER_SECONDS:=60} s)"
+echo "== fuzz smoke (${FUZZ_SECONDS:=20} s per target; the checkpoint and GGUF readers ${FUZZ_READER_SECONDS:=60} s)"
 for t in quantize routing; do
     (cd fuzz && cargo fuzz run -s none "$t" -- -max_total_time="$FUZZ_SECONDS")
 done
 (cd fuzz && cargo fuzz run -s none checkpoint -- -max_total_time="$FUZZ_READER_SECONDS")
+# The GGUF reader starts from a small MoE model written by gguf-py (fuzz/seeds/gguf).
+(cd fuzz && mkdir -p corpus/gguf && cargo fuzz run -s none gguf corpus/gguf seeds/gguf -- -max_total_time="$FUZZ_READER_SECONDS")
 echo "all tests passed"

@@ -234,3 +234,49 @@ fn bad_convert_arguments_are_one_line_errors() {
     }
     std::fs::remove_dir_all(&input).unwrap();
 }
+
+#[test]
+fn convert_to_gguf_loads_as_online_quantization_and_benches() {
+    let (input, out) = (tmp("gguf-in"), tmp("gguf-out"));
+    let layers = write_checkpoint(&input);
+    let (code, stdout, err) = convert(&input, &out, "q8_0", &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(stdout.contains("2 layer(s) written, 0 already complete"), "{stdout}");
+    let names: Vec<String> = files(&out).into_iter().map(|(n, _)| n).collect();
+    assert_eq!(names, ["model-00001-of-00002.gguf", "model-00002-of-00002.gguf"]);
+
+    // Every expert of layer 2 equals quantizing the same f32 weights online (same quantizer).
+    use kt_host::gguf::{load_gguf_layer, moe_config, moe_layers, GgufFile};
+    let f = GgufFile::open(&out).unwrap();
+    assert_eq!(moe_layers(&f), [1, 2]);
+    let cfg = MoeConfig { parts: 2, ..moe_config(&f).unwrap() };
+    assert_eq!((cfg.experts, cfg.hidden, cfg.intermediate), (E, H, I));
+    let opts = LayerOptions::threads(2);
+    let from_file = load_gguf_layer(&f, 2, &cfg, Slots::default(), &opts).unwrap();
+    let q8 = WeightFormat::Ggml(kt_core::ggml::GgmlType::Q8_0);
+    let online = MoeLayer::from_f32(&cfg, q8, |e| Some(layers[1][e].clone()), &opts).unwrap();
+    let x = random_input(5, H, 3);
+    let (ids, w) = random_routing(5, 2, E, 4);
+    assert_eq!(from_file.forward(&x, &ids, &w, None).unwrap(), online.forward(&x, &ids, &w, None).unwrap());
+
+    // A rerun keeps both files; kt bench runs the GGUF in its own type.
+    let (code, stdout, err) = convert(&input, &out, "q8_0", &[]);
+    assert_eq!(code, Some(0), "{err}");
+    assert!(stdout.contains("0 layer(s) written, 2 already complete"), "{stdout}");
+    let d = out.to_str().unwrap();
+    let (code, bench, err) =
+        kt(&["bench", "--weights", d, "--threads", "2", "--tokens", "1,3", "--min-time", "0", "--json"], &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(bench.trim()).unwrap();
+    let r = &v["results"][0];
+    assert_eq!((r["method"].as_str(), r["backend"].as_str()), (Some("q8_0"), Some("llamafile")), "{bench}");
+    assert!(r["rel_err"].as_f64().is_some_and(|e| e < 1e-2), "{bench}");
+    // Another method on a GGUF model is refused, naming its types.
+    let (code, _, err) = kt(&["bench", "--weights", d, "--method", "int8", "--min-time", "0"], &[]);
+    assert_eq!(code, Some(2));
+    assert!(err.contains("GGUF model in q8_0"), "{err}");
+    // A type without a quantizer here is named.
+    let (code, _, err) = convert(&input, &tmp("gguf-q6"), "q6_k", &[]);
+    assert_eq!(code, Some(2), "{err}");
+    assert!(err.contains("q6_K cannot be quantized"), "{err}");
+}

@@ -30,10 +30,15 @@ pub fn moe_config(f: &GgufFile) -> Result<MoeConfig, WeightError> {
     Ok(MoeConfig::new(e, k, h, i))
 }
 
-/// The layers that have routed experts, in order.
+/// The layers that have routed experts, in order (from the tensor names: a header's
+/// `block_count` may claim anything).
 pub fn moe_layers(f: &GgufFile) -> Vec<usize> {
-    let blocks = f.arch().ok().and_then(|a| f.meta_usize(&format!("{a}.block_count")).ok()).unwrap_or(0);
-    (0..blocks).filter(|&l| f.contains(&expert_tensor_names(l)[0])).collect()
+    let mut v: Vec<usize> = f
+        .names()
+        .filter_map(|n| n.strip_prefix("blk.")?.strip_suffix(".ffn_gate_exps.weight")?.parse().ok())
+        .collect();
+    v.sort_unstable();
+    v
 }
 
 /// The formats of layer `l`'s gate, up and down tensors.
