@@ -1,8 +1,9 @@
 //! Prepared activations, block-major so that one weight block meets every token's matching
 //! block in one place:
 //! - K-quants and IQ4_XS: `[blocks][tokens]` of [`BlockQ8K`] (as core quantizes it);
-//! - 32-column types: `[blocks][tokens]` of [`ActQ8`], Q8_0 (scale widened to f32) with `s = d·Σq`
-//!   (ggml's Q8_1: the `_1` types and the unsigned nibble decodings fold their offset with it);
+//! - 32-column types: `[groups of 8 blocks][tokens]` of [`ActG8`]: Q8_0 blocks (scales widened
+//!   to f32) with `s = d·Σq` (ggml's Q8_1: the offsets of the weights fold in with it), the
+//!   values in the pairwise order of [`crate::legacy`];
 //! - float types: `[tokens][cols]` f32.
 //!
 //! Values are quantized as core's scalar quantizers do (`d = amax/127`, ties away from zero),
@@ -14,23 +15,34 @@ use bytemuck::{Pod, Zeroable};
 use half::bf16;
 use kt_core::ggml::{ActKind, BlockQ8K, GgmlType, QK, QK_K};
 
-/// A 32-column activation block.
+use crate::legacy::G;
+
+/// 8 activation blocks of 32 columns (a group of [`crate::legacy`]); a row's last group is
+/// padded with zero blocks.
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 #[repr(C)]
-pub struct ActQ8 {
-    /// Scale.
-    pub d: f32,
-    /// `d · Σ qs`.
-    pub s: f32,
-    /// Values.
-    pub qs: [i8; 32],
+pub struct ActG8 {
+    /// Scales.
+    pub d: [f32; G],
+    /// `d · Σ qs` of each block.
+    pub s: [f32; G],
+    /// Values, pair p of blocks at `64p`: columns 0..16 of block 2p, of block 2p+1, then
+    /// columns 16..32 of each.
+    pub qs: [i8; 32 * G],
+}
+
+impl ActG8 {
+    /// Where column `j` of block `k` of the group is stored.
+    pub fn at(k: usize, j: usize) -> usize {
+        64 * (k / 2) + 32 * (j / 16) + 16 * (k % 2) + j % 16
+    }
 }
 
 /// Bytes of prepared activations for `rows` tokens of `cols` columns.
 pub fn bytes(t: GgmlType, rows: usize, cols: usize) -> usize {
     rows * match t.act() {
         ActKind::F32 => 4 * cols,
-        ActKind::Q8_0 => cols / QK * size_of::<ActQ8>(),
+        ActKind::Q8_0 => (cols / QK).div_ceil(G) * size_of::<ActG8>(),
         ActKind::Q8K => cols / QK_K * size_of::<BlockQ8K>(),
     }
 }
@@ -55,15 +67,28 @@ pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst:
                 out.copy_from_slice(&x);
             }
             ActKind::Q8_0 => {
-                let out: &mut [ActQ8] = bytemuck::cast_slice_mut(dst);
+                let out: &mut [ActG8] = bytemuck::cast_slice_mut(dst);
+                let mut q = [0i8; 32];
                 for (b, xs) in x.chunks_exact(QK).enumerate() {
-                    let a = &mut out[b * n + i];
+                    let (a, k) = (&mut out[(b / G) * n + i], b % G);
                     let d = amax(xs) / 127.0;
                     // SAFETY: AVX2 by this function's contract.
-                    let sum = unsafe { quantize(xs, d, &mut a.qs) };
+                    let sum = unsafe { quantize(xs, d, &mut q) };
                     // The scale as Q8_0 stores it (f16), so values equal core's Q8_0 blocks.
-                    a.d = half::f16::from_f32(d).to_f32();
-                    a.s = a.d * sum as f32;
+                    a.d[k] = half::f16::from_f32(d).to_f32();
+                    a.s[k] = a.d[k] * sum as f32;
+                    for (j, &v) in q.iter().enumerate() {
+                        a.qs[ActG8::at(k, j)] = v;
+                    }
+                }
+                // Padding blocks of the last group: zero.
+                let nb = cols / QK;
+                if nb % G != 0 {
+                    let a = &mut out[(nb / G) * n + i];
+                    for k in nb % G..G {
+                        (a.d[k], a.s[k]) = (0.0, 0.0);
+                        (0..QK).for_each(|j| a.qs[ActG8::at(k, j)] = 0);
+                    }
                 }
             }
             ActKind::Q8K => {
@@ -148,12 +173,14 @@ mod tests {
                         assert_eq!((g.d, g.qs, g.bsums), (want.d, want.qs, want.bsums), "block {b}");
                     }
                 } else {
-                    let got: &[ActQ8] = bytemuck::cast_slice(dst);
-                    for (b, g) in got.iter().enumerate() {
+                    let got: &[ActG8] = bytemuck::cast_slice(dst);
+                    for b in 0..512 / 32 {
+                        let (g, k) = (&got[b / G], b % G);
                         let want = BlockQ8_0::quantize(&x[32 * b..]);
-                        assert_eq!((g.qs, g.d), (want.qs, want.scale()), "block {b}");
-                        let sum: i32 = g.qs.iter().map(|&v| i32::from(v)).sum();
-                        assert_eq!(g.s, g.d * sum as f32);
+                        let q: Vec<i8> = (0..32).map(|j| g.qs[ActG8::at(k, j)]).collect();
+                        assert_eq!((&q[..], g.d[k]), (&want.qs[..], want.scale()), "block {b}");
+                        let sum: i32 = q.iter().map(|&v| i32::from(v)).sum();
+                        assert_eq!(g.s[k], g.d[k] * sum as f32);
                     }
                 }
             }

@@ -1,8 +1,7 @@
-//! Each GGML block type as the dot kernels read it, in registers:
-//! - 256-column types ([`KBlock`]): per block the scales of each 16 columns, the mins (the
-//!   integers multiplying the activation sums) and the f32 scales `d`, `dmin`; per 32-column
-//!   chunk its levels. `value = d·sc·level − dmin·mn` per 16 columns.
-//! - 32-column types ([`LBlock`]): the 32 levels, `d` and `m`: `value = d·level + m`.
+//! The 256-column GGML block types as the dot kernels read them, in registers ([`KBlock`]):
+//! per block the scales of each 16 columns, the mins (the integers multiplying the activation
+//! sums) and the f32 scales `d`, `dmin`; per 32-column chunk its levels.
+//! `value = d·sc·level − dmin·mn` per 16 columns. (The 32-column types: [`crate::legacy`].)
 //!
 //! Levels are unsigned (0..63) except for the types whose levels are signed (q8_0, iq4_*),
 //! which the kernels multiply with the sign trick of `maddubs` (|w| times the activation given
@@ -12,8 +11,7 @@ use core::arch::x86_64::*;
 
 use bytemuck::Pod;
 use kt_core::ggml::{
-    q3k_scales, BlockIq4Nl, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ4_0, BlockQ4_1, BlockQ5K, BlockQ5_0,
-    BlockQ5_1, BlockQ6K, BlockQ8_0, KVALUES_IQ4NL,
+    q3k_scales, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, KVALUES_IQ4NL,
 };
 
 /// A 256-column block type.
@@ -30,17 +28,6 @@ pub trait KBlock: Pod {
     /// # Safety
     /// As [`KBlock::prep`].
     unsafe fn chunk(&self, c: usize) -> __m256i;
-}
-
-/// A 32-column block type.
-pub trait LBlock: Pod {
-    /// Levels are signed.
-    const SIGNED: bool;
-    /// `(levels, d, m)`.
-    ///
-    /// # Safety
-    /// AVX2, FMA and F16C must be present.
-    unsafe fn levels(&self) -> (__m256i, f32, f32);
 }
 
 /// f16 → f32 with F16C.
@@ -65,18 +52,6 @@ unsafe fn nibbles16(qs: &[u8]) -> __m256i {
         let x = _mm_loadu_si128(qs.as_ptr().cast());
         let m = _mm_set1_epi8(0x0F);
         _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(x), m), _mm_and_si128(x, m))
-    }
-}
-
-/// Bit `j` of `x` as byte `j`: 0xFF where set.
-#[inline(always)]
-unsafe fn bits32(x: u32) -> __m256i {
-    // SAFETY: AVX2 by contract.
-    unsafe {
-        let shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
-        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x as i32), shuf);
-        let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
-        _mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1))
     }
 }
 
@@ -239,63 +214,5 @@ impl KBlock for BlockIq4Xs {
     #[inline(always)]
     unsafe fn chunk(&self, c: usize) -> __m256i {
         unsafe { _mm256_shuffle_epi8(iq4_lut(), nibbles16(&self.qs[16 * c..])) }
-    }
-}
-
-impl LBlock for BlockQ4_0 {
-    const SIGNED: bool = false;
-    /// `d·(q − 8)` as `d·q − 8d`.
-    #[inline(always)]
-    unsafe fn levels(&self) -> (__m256i, f32, f32) {
-        let d = unsafe { h(self.d) };
-        (unsafe { nibbles16(&self.qs) }, d, -8.0 * d)
-    }
-}
-
-impl LBlock for BlockQ4_1 {
-    const SIGNED: bool = false;
-    #[inline(always)]
-    unsafe fn levels(&self) -> (__m256i, f32, f32) {
-        unsafe { (nibbles16(&self.qs), h(self.d), h(self.m)) }
-    }
-}
-
-impl LBlock for BlockQ5_0 {
-    const SIGNED: bool = false;
-    /// `d·(q − 16)`.
-    #[inline(always)]
-    unsafe fn levels(&self) -> (__m256i, f32, f32) {
-        unsafe {
-            let hi = _mm256_and_si256(bits32(u32::from_le_bytes(self.qh)), _mm256_set1_epi8(0x10));
-            let d = h(self.d);
-            (_mm256_or_si256(nibbles16(&self.qs), hi), d, -16.0 * d)
-        }
-    }
-}
-
-impl LBlock for BlockQ5_1 {
-    const SIGNED: bool = false;
-    #[inline(always)]
-    unsafe fn levels(&self) -> (__m256i, f32, f32) {
-        unsafe {
-            let hi = _mm256_and_si256(bits32(u32::from_le_bytes(self.qh)), _mm256_set1_epi8(0x10));
-            (_mm256_or_si256(nibbles16(&self.qs), hi), h(self.d), h(self.m))
-        }
-    }
-}
-
-impl LBlock for BlockQ8_0 {
-    const SIGNED: bool = true;
-    #[inline(always)]
-    unsafe fn levels(&self) -> (__m256i, f32, f32) {
-        unsafe { (load(bytemuck::cast_slice(&self.qs)), h(self.d), 0.0) }
-    }
-}
-
-impl LBlock for BlockIq4Nl {
-    const SIGNED: bool = true;
-    #[inline(always)]
-    unsafe fn levels(&self) -> (__m256i, f32, f32) {
-        unsafe { (_mm256_shuffle_epi8(iq4_lut(), nibbles16(&self.qs)), h(self.d), 0.0) }
     }
 }

@@ -10,8 +10,9 @@ use core::arch::x86_64::*;
 
 use kt_core::ggml::{self, ActKind, BlockQ8K, GgmlType, QK, QK_K};
 
-use crate::act::ActQ8;
-use crate::decode::{chunk_scales, KBlock, LBlock};
+use crate::act::ActG8;
+use crate::legacy::{self, LGroup, Offset};
+use crate::decode::{chunk_scales, KBlock};
 
 /// Rows per tile.
 pub const R: usize = 4;
@@ -19,7 +20,8 @@ pub const R: usize = 4;
 /// registers).
 const TC: usize = 16;
 
-/// A GGML matrix as GGUF stores it: rows of whole blocks, row-major (the original bytes).
+/// A GGML matrix packed for the kernels: rows of whole blocks, row-major; the 32-column
+/// quantized types in groups of 8 blocks ([`crate::legacy`]), the others as GGUF stores them.
 #[derive(Debug)]
 pub struct Packed {
     /// Its type.
@@ -28,14 +30,36 @@ pub struct Packed {
     pub rows: usize,
     /// Input columns.
     pub cols: usize,
+    row_bytes: usize,
     /// Row-major blocks.
     pub data: Vec<u8>,
 }
 
 impl Packed {
+    /// Pack a matrix: the 32-column quantized types repacked ([`crate::legacy`]), the others
+    /// as they are.
+    pub fn new(t: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Self {
+        let row_bytes = Self::row_len(t, cols);
+        if row_bytes == t.row_bytes(cols) && t.act() != ActKind::Q8_0 {
+            return Packed { t, rows, cols, row_bytes, data: src.to_vec() };
+        }
+        let mut data = vec![0u8; rows * row_bytes];
+        for (o, s) in data.chunks_exact_mut(row_bytes.max(1)).zip(src.chunks_exact(t.row_bytes(cols).max(1))) {
+            legacy::repack_row(t, s, o);
+        }
+        Packed { t, rows, cols, row_bytes, data }
+    }
+
+    fn row_len(t: GgmlType, cols: usize) -> usize {
+        if t.act() == ActKind::Q8_0 {
+            legacy::row_bytes(t, cols)
+        } else {
+            t.row_bytes(cols)
+        }
+    }
+
     fn row(&self, r: usize) -> &[u8] {
-        let rb = self.t.row_bytes(self.cols);
-        &self.data[r * rb..(r + 1) * rb]
+        &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
     }
 }
 
@@ -116,8 +140,8 @@ pub unsafe fn dots(w: &Packed, r0: usize, nr: usize, act: &[u8], n: usize, out: 
     }
     macro_rules! l {
         ($b:ty) => {{
-            let tile = Tile { rows, nr, nb: w.cols / QK, act: bytemuck::cast_slice::<u8, ActQ8>(act), n };
-            // SAFETY: the caller's contract; act holds [blocks][n] ActQ8.
+            let tile = Tile { rows, nr, nb: (w.cols / QK).div_ceil(legacy::G), act: bytemuck::cast_slice::<u8, ActG8>(act), n };
+            // SAFETY: the caller's contract; act holds [groups][n] ActG8, rows are repacked.
             unsafe {
                 match n {
                     1 => legacy::<1, $b>(&tile, out),
@@ -134,12 +158,12 @@ pub unsafe fn dots(w: &Packed, r0: usize, nr: usize, act: &[u8], n: usize, out: 
         GgmlType::Q5_K => k!(ggml::BlockQ5K),
         GgmlType::Q6_K => k!(ggml::BlockQ6K),
         GgmlType::IQ4_XS => k!(ggml::BlockIq4Xs),
-        GgmlType::Q4_0 => l!(ggml::BlockQ4_0),
-        GgmlType::Q4_1 => l!(ggml::BlockQ4_1),
-        GgmlType::Q5_0 => l!(ggml::BlockQ5_0),
-        GgmlType::Q5_1 => l!(ggml::BlockQ5_1),
-        GgmlType::Q8_0 => l!(ggml::BlockQ8_0),
-        GgmlType::IQ4_NL => l!(ggml::BlockIq4Nl),
+        GgmlType::Q4_0 => l!(legacy::Q40),
+        GgmlType::Q4_1 => l!(legacy::Q41),
+        GgmlType::Q5_0 => l!(legacy::Q50),
+        GgmlType::Q5_1 => l!(legacy::Q51),
+        GgmlType::Q8_0 => l!(legacy::Q80),
+        GgmlType::IQ4_NL => l!(legacy::Iq4Nl),
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
             debug_assert_eq!(w.t.act(), ActKind::F32);
             // SAFETY: the caller's contract; act holds [n][cols] f32.
@@ -288,38 +312,64 @@ unsafe fn kquant<B: KBlock>(tile: &Tile<'_, BlockQ8K>, out: &mut [[f32; R]], dec
     }
 }
 
-/// 32-column types: each row's block decoded into a register, dotted with `TC` tokens.
+/// 32-column types, repacked ([`crate::legacy`]): per group of 8 blocks and token, the 8
+/// scale products at once, each pair of blocks' sums in one register's halves.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn legacy<const TC: usize, B: LBlock>(tile: &Tile<'_, ActQ8>, out: &mut [[f32; R]]) {
-    let blocks: [&[B]; R] = tile.rows.map(|r| bytemuck::cast_slice(r));
-    let (n, ones) = (tile.n, _mm256_set1_epi16(1));
+unsafe fn legacy<const TC: usize, L: LGroup>(tile: &Tile<'_, ActG8>, out: &mut [[f32; R]]) {
+    let (n, ng, ones) = (tile.n, tile.nb, _mm256_set1_epi16(1));
+    let gb = tile.rows[0].len() / ng.max(1);
+    let idx: [__m256i; 4] = core::array::from_fn(|p| {
+        let (a, b) = (2 * p as i32, 2 * p as i32 + 1);
+        _mm256_setr_epi32(a, a, a, a, b, b, b, b)
+    });
     for t0 in (0..n).step_by(TC) {
         let tn = TC.min(n - t0);
         let mut acc = [[_mm256_setzero_ps(); TC]; R];
-        let mut offs = [[0.0f32; TC]; R];
-        for b in 0..tile.nb {
+        for g in 0..ng {
             if t0 == 0 {
-                prefetch_next(tile, b);
+                prefetch_next(tile, g);
             }
-            // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads
-            // stay inside the blocks.
-            let lv: [(__m256i, f32, f32); R] = core::array::from_fn(|i| unsafe { blocks[i][b].levels() });
+            let grp: [&[u8]; R] = core::array::from_fn(|i| &tile.rows[i][g * gb..(g + 1) * gb]);
+            // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
+            // inside the groups and the activation blocks.
+            let dw: [__m256; R] = core::array::from_fn(|i| unsafe { legacy::scales(grp[i], 0) });
+            let mw: [__m256; R] = core::array::from_fn(|i| match L::OFFSET {
+                Offset::Zero => _mm256_setzero_ps(),
+                Offset::OfD(k) => _mm256_mul_ps(dw[i], _mm256_set1_ps(k)),
+                Offset::Stored => unsafe { legacy::scales(grp[i], 2 * legacy::G) },
+            });
             for t in 0..tn {
-                let a = &tile.act[b * n + t0 + t];
-                let av = unsafe { ld(&a.qs) };
-                for i in 0..R {
-                    let (x, d, m) = lv[i];
-                    let p = unsafe { pair_sums(B::SIGNED, x, av) };
-                    let s = _mm256_cvtepi32_ps(_mm256_madd_epi16(p, ones));
-                    acc[i][t] = _mm256_fmadd_ps(s, _mm256_set1_ps(d * a.d), acc[i][t]);
-                    offs[i][t] += m * a.s;
+                let a = &tile.act[g * n + t0 + t];
+                let (da, sa) = unsafe { (_mm256_loadu_ps(a.d.as_ptr()), _mm256_loadu_ps(a.s.as_ptr())) };
+                let sc: [__m256; R] = core::array::from_fn(|i| _mm256_mul_ps(dw[i], da));
+                if L::OFFSET != Offset::Zero {
+                    for i in 0..R {
+                        acc[i][t] = _mm256_fmadd_ps(mw[i], sa, acc[i][t]);
+                    }
+                }
+                for p in 0..4 {
+                    let (aa, ab) = unsafe { (ld(&a.qs[64 * p..]), ld(&a.qs[64 * p + 32..])) };
+                    for i in 0..R {
+                        let (lo, hi) = unsafe { L::pair(grp[i], p) };
+                        let s32 = if L::SIGNED {
+                            let pa = unsafe { pair_sums(true, lo, aa) };
+                            let pb = unsafe { pair_sums(true, hi, ab) };
+                            _mm256_add_epi32(_mm256_madd_epi16(pa, ones), _mm256_madd_epi16(pb, ones))
+                        } else {
+                            // Levels ≤ 31: two pair sums fit in i16 together.
+                            let s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, aa), _mm256_maddubs_epi16(hi, ab));
+                            _mm256_madd_epi16(s16, ones)
+                        };
+                        let s = _mm256_permutevar8x32_ps(sc[i], idx[p]);
+                        acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), s, acc[i][t]);
+                    }
                 }
             }
         }
         for (t, o) in out[t0..t0 + tn].iter_mut().enumerate() {
             for i in 0..tile.nr {
                 // SAFETY: AVX present.
-                o[i] = unsafe { hsum(acc[i][t]) } + offs[i][t];
+                o[i] = unsafe { hsum(acc[i][t]) };
             }
         }
     }

@@ -13,6 +13,8 @@ mod act;
 mod decode;
 #[cfg(target_arch = "x86_64")]
 mod kernels;
+#[cfg(target_arch = "x86_64")]
+mod legacy;
 
 use kt_core::Backend;
 
@@ -109,7 +111,7 @@ mod imp {
 
         fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error> {
             let t = ggml(m.format());
-            let p = Packed { t, rows: m.rows(), cols: m.cols(), data: m.data().to_vec() };
+            let p = Packed::new(t, m.rows(), m.cols(), m.data());
             Ok(PackedMatrix::new(m.format(), m.rows(), m.cols(), p.data.len(), p))
         }
 

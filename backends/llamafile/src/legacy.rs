@@ -1,0 +1,304 @@
+//! The 32-column types repacked for the kernels, 8 blocks to a group: the 8 f16 scales (and
+//! the 8 f16 offsets of the `_1` types) together, then the levels arranged so that one 32-byte
+//! load holds the first 16 columns of two blocks and the next the last 16 (nibbles: the two
+//! blocks' bytes side by side already do). Activations are laid out the same way
+//! ([`crate::act::ActG8`]), so `maddubs` then `madd` give each block's sum in its own half of
+//! the register, and the scales of 8 blocks are converted and multiplied at once.
+//! A group has the bytes of its 8 blocks; a row's last group is padded with zero blocks.
+
+use core::arch::x86_64::*;
+
+use kt_core::ggml::{GgmlType, KVALUES_IQ4NL, QK};
+
+/// Blocks per group.
+pub const G: usize = 8;
+
+/// Bytes of one group of `t`.
+pub fn group_bytes(t: GgmlType) -> usize {
+    G * t.block_bytes()
+}
+
+/// Bytes of a repacked row of `cols` columns.
+pub fn row_bytes(t: GgmlType, cols: usize) -> usize {
+    (cols / QK).div_ceil(G) * group_bytes(t)
+}
+
+/// Per block: (d, m, 16 bytes of nibbles or 32 signed levels, 5th bits).
+fn fields(t: GgmlType, b: &[u8]) -> ([u8; 2], [u8; 2], &[u8], u32) {
+    let qh = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
+    let d = [b[0], b[1]];
+    match t {
+        GgmlType::Q4_0 | GgmlType::IQ4_NL => (d, [0; 2], &b[2..18], 0),
+        GgmlType::Q4_1 => (d, [b[2], b[3]], &b[4..20], 0),
+        GgmlType::Q5_0 => (d, [0; 2], &b[6..22], qh(2)),
+        GgmlType::Q5_1 => (d, [b[2], b[3]], &b[8..24], qh(4)),
+        GgmlType::Q8_0 => (d, [0; 2], &b[2..34], 0),
+        _ => unreachable!("32-column types only"),
+    }
+}
+
+/// Repack one row (`src`: its GGUF blocks) into `out[..row_bytes]`.
+pub fn repack_row(t: GgmlType, src: &[u8], out: &mut [u8]) {
+    let (bb, gb) = (t.block_bytes(), group_bytes(t));
+    let nb = src.len() / bb;
+    out.fill(0);
+    for (g, o) in out.chunks_exact_mut(gb).enumerate() {
+        let blocks: Vec<&[u8]> = (0..G).filter_map(|k| src.get((g * G + k) * bb..(g * G + k + 1) * bb)).collect();
+        debug_assert!(g * G < nb);
+        let (mut at, mut qh) = (0, [0u32; G]);
+        for (k, b) in blocks.iter().enumerate() {
+            let (d, _, _, h) = fields(t, b);
+            put(o, &mut at, &d);
+            qh[k] = h;
+        }
+        at = 2 * G;
+        if matches!(t, GgmlType::Q4_1 | GgmlType::Q5_1) {
+            for b in &blocks {
+                put(o, &mut at, &fields(t, b).1);
+            }
+            at = 4 * G;
+        }
+        if t == GgmlType::Q8_0 {
+            // Pair p: columns 0..16 of blocks 2p and 2p+1, then their columns 16..32.
+            for p in 0..G / 2 {
+                for half in 0..2 {
+                    for k in [2 * p, 2 * p + 1] {
+                        let q = blocks.get(k).map_or(&[0u8; 32][..], |b| fields(t, b).2);
+                        put(o, &mut at, &q[16 * half..16 * half + 16]);
+                    }
+                }
+            }
+        } else {
+            for k in 0..G {
+                put(o, &mut at, blocks.get(k).map_or(&[0u8; 16][..], |b| fields(t, b).2));
+            }
+        }
+        if matches!(t, GgmlType::Q5_0 | GgmlType::Q5_1) {
+            for p in 0..G / 2 {
+                let (a, b) = (qh[2 * p], qh[2 * p + 1]);
+                put(o, &mut at, &((a & 0xFFFF) | (b << 16)).to_le_bytes());
+                put(o, &mut at, &((a >> 16) | (b & 0xFFFF_0000)).to_le_bytes());
+            }
+        }
+    }
+}
+
+fn put(o: &mut [u8], at: &mut usize, bytes: &[u8]) {
+    o[*at..*at + bytes.len()].copy_from_slice(bytes);
+    *at += bytes.len();
+}
+
+/// How a type's per-column offset `m` is found.
+#[derive(Clone, Copy, PartialEq)]
+pub enum Offset {
+    /// None (`m = 0`).
+    Zero,
+    /// `m = k·d`.
+    OfD(f32),
+    /// Stored f16 after the scales.
+    Stored,
+}
+
+/// A repacked 32-column type.
+pub trait LGroup {
+    /// Levels are signed (q8_0, iq4_nl): no two pairs' `maddubs` sums may be added in i16.
+    const SIGNED: bool;
+    /// Its offset.
+    const OFFSET: Offset;
+    /// Byte offset of the levels in a group.
+    const LEVELS: usize;
+    /// The levels of pair `p` (blocks 2p, 2p+1): (columns 0..16 of both, columns 16..32).
+    ///
+    /// # Safety
+    /// AVX2 must be present; `g` is one whole group.
+    unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i);
+}
+
+#[inline(always)]
+unsafe fn load(p: &[u8]) -> __m256i {
+    debug_assert!(p.len() >= 32);
+    // SAFETY: ≥ 32 bytes; AVX by the callers' contract.
+    unsafe { _mm256_loadu_si256(p.as_ptr().cast()) }
+}
+
+/// Nibbles of two blocks' 32 bytes: (low, high).
+#[inline(always)]
+unsafe fn nibbles(x: __m256i) -> (__m256i, __m256i) {
+    // SAFETY: AVX2 by contract.
+    unsafe {
+        let m = _mm256_set1_epi8(0x0F);
+        (_mm256_and_si256(x, m), _mm256_and_si256(_mm256_srli_epi16::<4>(x), m))
+    }
+}
+
+/// Bit `j` of `x` as 0x10 in byte `j`.
+#[inline(always)]
+unsafe fn fifth(x: u32) -> __m256i {
+    // SAFETY: AVX2 by contract.
+    unsafe {
+        let shuf = _mm256_set_epi64x(0x0303030303030303, 0x0202020202020202, 0x0101010101010101, 0);
+        let bytes = _mm256_shuffle_epi8(_mm256_set1_epi32(x as i32), shuf);
+        let bytes = _mm256_or_si256(bytes, _mm256_set1_epi64x(0x7fbfdfeff7fbfdfe));
+        _mm256_and_si256(_mm256_cmpeq_epi8(bytes, _mm256_set1_epi64x(-1)), _mm256_set1_epi8(0x10))
+    }
+}
+
+#[inline(always)]
+fn word(g: &[u8], at: usize) -> u32 {
+    u32::from_le_bytes([g[at], g[at + 1], g[at + 2], g[at + 3]])
+}
+
+/// Marker types, one per repacked format.
+pub struct Q40;
+/// q4_1.
+pub struct Q41;
+/// q5_0.
+pub struct Q50;
+/// q5_1.
+pub struct Q51;
+/// q8_0.
+pub struct Q80;
+/// iq4_nl.
+pub struct Iq4Nl;
+
+// SAFETY (every impl): AVX2 by the trait's contract; loads stay inside the group.
+impl LGroup for Q40 {
+    const SIGNED: bool = false;
+    const OFFSET: Offset = Offset::OfD(-8.0);
+    const LEVELS: usize = 2 * G;
+    #[inline(always)]
+    unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
+        unsafe { nibbles(load(&g[Self::LEVELS + 32 * p..])) }
+    }
+}
+
+impl LGroup for Q41 {
+    const SIGNED: bool = false;
+    const OFFSET: Offset = Offset::Stored;
+    const LEVELS: usize = 4 * G;
+    #[inline(always)]
+    unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
+        unsafe { nibbles(load(&g[Self::LEVELS + 32 * p..])) }
+    }
+}
+
+impl LGroup for Q50 {
+    const SIGNED: bool = false;
+    const OFFSET: Offset = Offset::OfD(-16.0);
+    const LEVELS: usize = 2 * G;
+    #[inline(always)]
+    unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
+        unsafe {
+            let (lo, hi) = nibbles(load(&g[Self::LEVELS + 32 * p..]));
+            let at = Self::LEVELS + 16 * G + 8 * p;
+            (_mm256_or_si256(lo, fifth(word(g, at))), _mm256_or_si256(hi, fifth(word(g, at + 4))))
+        }
+    }
+}
+
+impl LGroup for Q51 {
+    const SIGNED: bool = false;
+    const OFFSET: Offset = Offset::Stored;
+    const LEVELS: usize = 4 * G;
+    #[inline(always)]
+    unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
+        unsafe {
+            let (lo, hi) = nibbles(load(&g[Self::LEVELS + 32 * p..]));
+            let at = Self::LEVELS + 16 * G + 8 * p;
+            (_mm256_or_si256(lo, fifth(word(g, at))), _mm256_or_si256(hi, fifth(word(g, at + 4))))
+        }
+    }
+}
+
+impl LGroup for Q80 {
+    const SIGNED: bool = true;
+    const OFFSET: Offset = Offset::Zero;
+    const LEVELS: usize = 2 * G;
+    #[inline(always)]
+    unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
+        unsafe { (load(&g[Self::LEVELS + 64 * p..]), load(&g[Self::LEVELS + 64 * p + 32..])) }
+    }
+}
+
+impl LGroup for Iq4Nl {
+    const SIGNED: bool = true;
+    const OFFSET: Offset = Offset::Zero;
+    const LEVELS: usize = 2 * G;
+    #[inline(always)]
+    unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
+        unsafe {
+            let k: [i8; 16] = KVALUES_IQ4NL;
+            let l = _mm_loadu_si128(k.as_ptr().cast());
+            let lut = _mm256_set_m128i(l, l);
+            let (lo, hi) = nibbles(load(&g[Self::LEVELS + 32 * p..]));
+            (_mm256_shuffle_epi8(lut, lo), _mm256_shuffle_epi8(lut, hi))
+        }
+    }
+}
+
+/// The 8 scales of a group as f32 (F16C).
+#[inline(always)]
+pub unsafe fn scales(g: &[u8], at: usize) -> __m256 {
+    // SAFETY: 16 bytes at `at` inside the group; F16C by the callers' contract.
+    unsafe { _mm256_cvtph_ps(_mm_loadu_si128(g[at..at + 16].as_ptr().cast())) }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::f16;
+    use kt_core::ggml::{dequantize_row, random_matrix};
+
+    use super::*;
+
+    /// Undo the repacking in scalar code: every block's values from the repacked bytes.
+    fn unpack(t: GgmlType, row: &[u8], cols: usize) -> Vec<f32> {
+        let gb = group_bytes(t);
+        let mut out = vec![0.0f32; cols];
+        for c in 0..cols {
+            let (blk, j) = (c / QK, c % QK);
+            let (g, k) = (&row[(blk / G) * gb..][..gb], blk % G);
+            let d = f16::from_le_bytes([g[2 * k], g[2 * k + 1]]).to_f32();
+            let m = match t {
+                GgmlType::Q4_1 | GgmlType::Q5_1 => f16::from_le_bytes([g[16 + 2 * k], g[17 + 2 * k]]).to_f32(),
+                _ => 0.0,
+            };
+            let lv = if matches!(t, GgmlType::Q4_1 | GgmlType::Q5_1) { 4 * G } else { 2 * G };
+            let (p, second) = (k / 2, k % 2);
+            let q: f32 = if t == GgmlType::Q8_0 {
+                let at = lv + 64 * p + 32 * (j / 16) + 16 * second + j % 16;
+                f32::from(g[at] as i8)
+            } else {
+                let byte = g[lv + 16 * k + j % 16];
+                let mut n = if j < 16 { byte & 0xF } else { byte >> 4 };
+                if matches!(t, GgmlType::Q5_0 | GgmlType::Q5_1) {
+                    let w = word(g, lv + 16 * G + 8 * p + 4 * (j / 16));
+                    n |= (((w >> (16 * second + j % 16)) & 1) as u8) << 4;
+                }
+                match t {
+                    GgmlType::IQ4_NL => f32::from(KVALUES_IQ4NL[usize::from(n)]),
+                    GgmlType::Q4_0 => f32::from(n as i8 - 8),
+                    GgmlType::Q5_0 => f32::from(n as i8 - 16),
+                    _ => f32::from(n),
+                }
+            };
+            out[c] = q * d + m;
+        }
+        out
+    }
+
+    #[test]
+    fn repacking_keeps_every_value() {
+        for t in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL] {
+            for cols in [32, 96, 256, 320] {
+                let m = random_matrix(t, 3, cols, cols as u64);
+                for r in 0..3 {
+                    let mut packed = vec![0u8; row_bytes(t, cols)];
+                    repack_row(t, m.row_data(r), &mut packed);
+                    let mut want = vec![0.0f32; cols];
+                    dequantize_row(t, m.row_data(r), &mut want);
+                    assert_eq!(unpack(t, &packed, cols), want, "{t} cols {cols} row {r}");
+                }
+            }
+        }
+    }
+}
