@@ -80,6 +80,18 @@ impl GgmlType {
         cols / self.block_elems() * self.block_bytes()
     }
 
+    /// The type llama.cpp's quantizer uses instead of `self` for a tensor whose rows are not a
+    /// multiple of 256 columns (e.g. DeepSeek-V2-Lite's down projection, I = 1408).
+    pub fn fallback(self) -> GgmlType {
+        match self {
+            GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::IQ4_XS => GgmlType::IQ4_NL,
+            GgmlType::Q4_K => GgmlType::Q5_0,
+            GgmlType::Q5_K => GgmlType::Q5_1,
+            GgmlType::Q6_K => GgmlType::Q8_0,
+            t => t,
+        }
+    }
+
     /// Can [`super::quantize_row`] write it (so `kt convert` can produce it)?
     pub fn can_quantize(self) -> bool {
         matches!(

@@ -306,11 +306,11 @@ fn run_method(
             (None, lf) => lf.gate,
         };
         match synthetic {
-            WeightFormat::Ggml(t) if !t.can_quantize() => Ok(MoeLayer::from_quantized(
+            WeightFormat::Ggml(_) => Ok(MoeLayer::from_quantized(
                 cfg,
                 |e| {
                     pb.inc(1);
-                    Some(synth::ggml_expert(cfg, t, spec.seed, l, e))
+                    Some(synth::ggml_expert(cfg, method, spec.seed, l, e))
                 },
                 method,
                 opts,

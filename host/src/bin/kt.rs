@@ -300,6 +300,14 @@ fn run_bench(a: BenchArgs) -> ExitCode {
             a.intermediate.unwrap_or(p.intermediate),
         )
     };
+    // GGML types whose 256-column blocks do not divide a row fall back as llama.cpp's do.
+    for m in &mut methods {
+        if let WeightFormat::Ggml(t) = m.gate {
+            let fit = |cols: usize| if cols % t.block_elems() == 0 { t } else { t.fallback() };
+            let (gu, down) = (WeightFormat::Ggml(fit(cfg.hidden)), WeightFormat::Ggml(fit(cfg.intermediate)));
+            *m = LayerFormat { gate: gu, up: gu, down };
+        }
+    }
     for &m in &methods {
         if let Err(e) = cfg.validate_for(m) {
             return usage(e);
