@@ -29,6 +29,9 @@ pub fn registered() -> &'static [&'static dyn Backend] {
 
 #[cfg(target_arch = "x86_64")]
 pub use imp::{Avx2, AVX2};
+/// KT's SwiGLU on 16 lanes (also used by the llamafile backend).
+#[cfg(target_arch = "x86_64")]
+pub use kernels::swiglu16;
 
 #[cfg(target_arch = "x86_64")]
 mod imp {

@@ -133,18 +133,36 @@ mod imp {
             mut h: MatMut<'_, bf16>,
         ) {
             let (g, u) = (packed(gate), packed(up));
-            let n = h.rows();
+            let (n, nr) = (h.rows(), rows.len());
+            // Gate and up of the whole task, token-major, then SwiGLU 16 lanes at a time.
+            let (mut gs, mut us) = (vec![0.0f32; n * nr], vec![0.0f32; n * nr]);
             let mut ut = vec![[0.0f32; R]; n];
-            for_tiles(g, &rows, act, n, |r0, nr, gt, scratch| {
+            for_tiles(g, &rows, act, n, |r0, k, gt, scratch| {
                 // SAFETY: as in for_tiles.
-                unsafe { dots(u, r0, nr, act, n, &mut ut, scratch) };
+                unsafe { dots(u, r0, k, act, n, &mut ut, scratch) };
                 for t in 0..n {
-                    let out = &mut h.row_mut(t)[r0 - rows.start..r0 - rows.start + nr];
-                    for (i, o) in out.iter_mut().enumerate() {
-                        *o = swiglu(gt[t][i], ut[t][i]);
-                    }
+                    let at = t * nr + r0 - rows.start;
+                    gs[at..at + k].copy_from_slice(&gt[t][..k]);
+                    us[at..at + k].copy_from_slice(&ut[t][..k]);
                 }
             });
+            for t in 0..n {
+                let (gr, ur, out) = (&gs[t * nr..(t + 1) * nr], &us[t * nr..(t + 1) * nr], h.row_mut(t));
+                let mut c = 0;
+                while c + 16 <= nr {
+                    let mut bits = [0u16; 16];
+                    let (g16, u16s) = (gr[c..c + 16].try_into().expect("16"), ur[c..c + 16].try_into().expect("16"));
+                    // SAFETY: cpu_support (AVX2, FMA) passed before this backend was selected.
+                    unsafe { kt_backend_avx2::swiglu16(g16, u16s, &mut bits) };
+                    for (o, b) in out[c..c + 16].iter_mut().zip(bits) {
+                        *o = bf16::from_bits(b);
+                    }
+                    c += 16;
+                }
+                for j in c..nr {
+                    out[j] = swiglu(gr[j], ur[j]);
+                }
+            }
         }
 
         fn down(&self, down: &PackedMatrix, rows: Range<usize>, act: &[u8], mut y: MatMut<'_, f32>) {
