@@ -18,7 +18,9 @@ use kt_core::ggml::{
 pub trait KBlock: Pod {
     /// Levels are signed.
     const SIGNED: bool;
-    /// `(scales, mins, d, dmin)`: i16 scale and min of each 16 columns.
+    /// `(scales, mins, d, dmin)`: the i16 scales of each 16 columns, those of the first half
+    /// of each chunk in the low lane and of the second half in the high lane ([`chunk_scales`]
+    /// picks a chunk's with one shuffle), and the i16 mins of each 16 columns in order.
     ///
     /// # Safety
     /// AVX2, FMA and F16C must be present.
@@ -73,7 +75,37 @@ unsafe fn iq4_lut() -> __m256i {
     }
 }
 
-/// 8 bytes, each twice, widened to 16 i16 (per-32 values as per-16 ones).
+/// 8 per-32-column scales (bytes) as the scale vector: the same 8 in both lanes.
+#[inline(always)]
+unsafe fn per32(x: u64, signed: bool) -> __m256i {
+    // SAFETY: AVX2 by contract.
+    unsafe {
+        let b = _mm_cvtsi64_si128(x as i64);
+        let b = _mm_unpacklo_epi64(b, b);
+        if signed {
+            _mm256_cvtepi8_epi16(b)
+        } else {
+            _mm256_cvtepu8_epi16(b)
+        }
+    }
+}
+
+/// 16 per-16-column scales (bytes, in column order) as the scale vector: even groups in the
+/// low lane, odd ones in the high lane.
+#[inline(always)]
+unsafe fn per16(x: __m128i, signed: bool) -> __m256i {
+    // SAFETY: AVX2 by contract.
+    unsafe {
+        let split = _mm_shuffle_epi8(x, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
+        if signed {
+            _mm256_cvtepi8_epi16(split)
+        } else {
+            _mm256_cvtepu8_epi16(split)
+        }
+    }
+}
+
+/// 8 bytes, each twice, widened to 16 i16 (per-32 mins as per-16 ones, in column order).
 #[inline(always)]
 unsafe fn twice_u8(x: u64) -> __m256i {
     // SAFETY: AVX2 by contract.
@@ -96,15 +128,26 @@ fn k4_scales(s: &[u8; 12]) -> (u64, u64) {
     (sc, mn)
 }
 
+/// `pshufb` masks picking i16 `c` of each lane, for chunk `c`.
+static PICK: [[u8; 32]; 8] = {
+    let mut m = [[0u8; 32]; 8];
+    let mut c = 0;
+    while c < 8 {
+        let mut i = 0;
+        while i < 32 {
+            m[c][i] = (2 * c + i % 2) as u8;
+            i += 1;
+        }
+        c += 1;
+    }
+    m
+};
+
 /// The i16 lanes of chunk `c`: 8 × the scale of its first 16 columns, 8 × its second's.
 #[inline(always)]
 pub unsafe fn chunk_scales(sv: __m256i, c: usize) -> __m256i {
-    // SAFETY: AVX2 by contract.
-    unsafe {
-        let pick =
-            _mm256_setr_epi8(0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3);
-        _mm256_shuffle_epi8(_mm256_permutevar8x32_epi32(sv, _mm256_set1_epi32(c as i32)), pick)
-    }
+    // SAFETY: AVX2 by contract; PICK[c] has 32 bytes.
+    unsafe { _mm256_shuffle_epi8(sv, _mm256_loadu_si256(PICK[c].as_ptr().cast())) }
 }
 
 // SAFETY (every impl below): each unsafe fn requires AVX2/FMA/F16C (its trait's contract), and
@@ -117,9 +160,8 @@ impl KBlock for BlockQ2K {
         unsafe {
             let x = _mm_loadu_si128(self.scales.as_ptr().cast());
             let m = _mm_set1_epi8(0x0F);
-            let sv = _mm256_cvtepu8_epi16(_mm_and_si128(x, m));
             let mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(x), m));
-            (sv, mn, h(self.d), h(self.dmin))
+            (per16(_mm_and_si128(x, m), false), mn, h(self.d), h(self.dmin))
         }
     }
     #[inline(always)]
@@ -133,9 +175,9 @@ impl KBlock for BlockQ3K {
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         unsafe {
-            let sv = _mm256_cvtepi8_epi16(_mm_loadu_si128(q3k_scales(&self.scales).as_ptr().cast()));
+            let x = _mm_loadu_si128(q3k_scales(&self.scales).as_ptr().cast());
             let d = h(self.d);
-            (sv, _mm256_slli_epi16::<2>(sv), d, d)
+            (per16(x, true), _mm256_slli_epi16::<2>(_mm256_cvtepi8_epi16(x)), d, d)
         }
     }
     /// `lo2 + 4·hbit` (0..7); the value is that minus 4 (the min).
@@ -155,7 +197,7 @@ impl KBlock for BlockQ4K {
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         let (sc, mn) = k4_scales(&self.scales);
-        unsafe { (twice_u8(sc), twice_u8(mn), h(self.d), h(self.dmin)) }
+        unsafe { (per32(sc, false), twice_u8(mn), h(self.d), h(self.dmin)) }
     }
     #[inline(always)]
     unsafe fn chunk(&self, c: usize) -> __m256i {
@@ -168,7 +210,7 @@ impl KBlock for BlockQ5K {
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         let (sc, mn) = k4_scales(&self.scales);
-        unsafe { (twice_u8(sc), twice_u8(mn), h(self.d), h(self.dmin)) }
+        unsafe { (per32(sc, false), twice_u8(mn), h(self.d), h(self.dmin)) }
     }
     #[inline(always)]
     unsafe fn chunk(&self, c: usize) -> __m256i {
@@ -184,9 +226,9 @@ impl KBlock for BlockQ6K {
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         unsafe {
-            let sv = _mm256_cvtepi8_epi16(_mm_loadu_si128(self.scales.as_ptr().cast()));
+            let x = _mm_loadu_si128(self.scales.as_ptr().cast());
             let d = h(self.d);
-            (sv, _mm256_slli_epi16::<5>(sv), d, d)
+            (per16(x, true), _mm256_slli_epi16::<5>(_mm256_cvtepi8_epi16(x)), d, d)
         }
     }
     /// 6-bit levels 0..63; the value is that minus 32 (the min).
@@ -206,10 +248,7 @@ impl KBlock for BlockIq4Xs {
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         let ls: [u8; 8] = core::array::from_fn(|ib| self.scale(ib) as u8);
-        unsafe {
-            let b = _mm_cvtsi64_si128(i64::from_le_bytes(ls));
-            (_mm256_cvtepi8_epi16(_mm_unpacklo_epi8(b, b)), _mm256_setzero_si256(), h(self.d), 0.0)
-        }
+        unsafe { (per32(u64::from_le_bytes(ls), true), _mm256_setzero_si256(), h(self.d), 0.0) }
     }
     #[inline(always)]
     unsafe fn chunk(&self, c: usize) -> __m256i {
