@@ -95,28 +95,19 @@ impl Executor for NumaPool {
             .collect();
         let _one = lock(&self.serial);
         let mut panic: Option<Panic> = None;
-        let started: Vec<bool> = self
-            .pools
-            .iter()
-            .zip(&jobs)
-            .zip(&lists)
-            .enumerate()
-            .map(|(i, ((pool, job), list))| {
-                let go = i > 0 && !list.is_empty();
-                // SAFETY: every started pool is finished below, before `jobs` is dropped.
-                if go {
-                    unsafe { pool.start(job, list.len()) };
-                }
-                go
-            })
-            .collect();
+        // Sub-pools 1.. with work run on their own workers while this thread works sub-pool 0.
+        let others = || self.pools.iter().zip(&jobs).zip(&lists).skip(1).filter(|(_, list)| !list.is_empty());
+        for ((pool, job), list) in others() {
+            // SAFETY: every started pool is finished below, before `jobs` is dropped.
+            unsafe { pool.start(job, list.len()) };
+        }
         if !lists[0].is_empty() {
             // SAFETY: finished two lines below. (With no workers this only runs `help`.)
             unsafe { self.pools[0].start(&jobs[0], lists[0].len()) };
             self.pools[0].help(&jobs[0], lists[0].len());
             panic = self.pools[0].finish();
         }
-        for (pool, _) in self.pools.iter().zip(&started).filter(|(_, &s)| s) {
+        for ((pool, _), _) in others() {
             let p = pool.finish();
             panic = panic.or(p);
         }

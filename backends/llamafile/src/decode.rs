@@ -10,9 +10,7 @@
 use core::arch::x86_64::*;
 
 use bytemuck::Pod;
-use kt_core::ggml::{
-    q3k_scales, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, KVALUES_IQ4NL,
-};
+use kt_core::ggml::{q3k_scales, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, KVALUES_IQ4NL};
 
 /// A 256-column block type.
 pub trait KBlock: Pod {

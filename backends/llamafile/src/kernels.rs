@@ -6,13 +6,16 @@
 //! Every output is computed in block order by one call, whatever the tile: results do not
 //! depend on how rows are split over tasks.
 
+// Tiles index rows, tokens and blocks of several arrays with one counter; iterators would hide it.
+#![allow(clippy::needless_range_loop)]
+
 use core::arch::x86_64::*;
 
 use kt_core::ggml::{self, ActKind, BlockQ8K, GgmlType, QK, QK_K};
 
 use crate::act::ActG8;
-use crate::legacy::{self, LGroup, Offset};
 use crate::decode::{chunk_scales, KBlock};
+use crate::legacy::{self, LGroup, Offset};
 
 /// Rows per tile.
 pub const R: usize = 4;
@@ -122,7 +125,15 @@ struct Tile<'a, A> {
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be present; `act` must hold `n` tokens prepared by [`crate::act`].
-pub unsafe fn dots(w: &Packed, r0: usize, nr: usize, act: &[u8], n: usize, out: &mut [[f32; R]], scratch: &mut Scratch) {
+pub unsafe fn dots(
+    w: &Packed,
+    r0: usize,
+    nr: usize,
+    act: &[u8],
+    n: usize,
+    out: &mut [[f32; R]],
+    scratch: &mut Scratch,
+) {
     debug_assert!((1..=R).contains(&nr) && r0 + nr <= w.rows);
     let rows: [&[u8]; R] = core::array::from_fn(|i| w.row(r0 + i.min(nr - 1)));
     macro_rules! k {
@@ -140,7 +151,13 @@ pub unsafe fn dots(w: &Packed, r0: usize, nr: usize, act: &[u8], n: usize, out: 
     }
     macro_rules! l {
         ($b:ty) => {{
-            let tile = Tile { rows, nr, nb: (w.cols / QK).div_ceil(legacy::G), act: bytemuck::cast_slice::<u8, ActG8>(act), n };
+            let tile = Tile {
+                rows,
+                nr,
+                nb: (w.cols / QK).div_ceil(legacy::G),
+                act: bytemuck::cast_slice::<u8, ActG8>(act),
+                n,
+            };
             // SAFETY: the caller's contract; act holds [groups][n] ActG8, rows are repacked.
             unsafe {
                 match n {

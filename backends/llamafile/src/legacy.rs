@@ -254,7 +254,7 @@ mod tests {
     fn unpack(t: GgmlType, row: &[u8], cols: usize) -> Vec<f32> {
         let gb = group_bytes(t);
         let mut out = vec![0.0f32; cols];
-        for c in 0..cols {
+        for (c, o) in out.iter_mut().enumerate() {
             let (blk, j) = (c / QK, c % QK);
             let (g, k) = (&row[(blk / G) * gb..][..gb], blk % G);
             let d = f16::from_le_bytes([g[2 * k], g[2 * k + 1]]).to_f32();
@@ -281,7 +281,7 @@ mod tests {
                     _ => f32::from(n),
                 }
             };
-            out[c] = q * d + m;
+            *o = q * d + m;
         }
         out
     }

@@ -57,14 +57,19 @@ mod kt_kernel_ext {
     /// Tensor `name` of the GGUF model at `path`, dequantized to f32 little-endian bytes (ggml's
     /// definition of its type), and its shape outermost first.
     #[pyfunction]
-    fn gguf_dequantize(py: Python<'_>, path: std::path::PathBuf, name: &str) -> PyResult<(Vec<usize>, Py<pyo3::types::PyBytes>)> {
+    fn gguf_dequantize(
+        py: Python<'_>,
+        path: std::path::PathBuf,
+        name: &str,
+    ) -> PyResult<(Vec<usize>, Py<pyo3::types::PyBytes>)> {
         let (shape, out) = py
             .detach(|| -> Result<_, kt_host::weights::WeightError> {
                 let f = kt_host::gguf::GgufFile::open(&path)?;
                 let t = f.tensor(name)?;
                 let mut out = vec![0.0f32; t.dims.iter().product::<u64>() as usize];
                 let cols = t.dims[0] as usize;
-                for (row, o) in t.bytes.chunks_exact(t.t.row_bytes(cols).max(1)).zip(out.chunks_exact_mut(cols.max(1))) {
+                for (row, o) in t.bytes.chunks_exact(t.t.row_bytes(cols).max(1)).zip(out.chunks_exact_mut(cols.max(1)))
+                {
                     kt_core::ggml::dequantize_row(t.t, row, o);
                 }
                 Ok((t.dims.iter().rev().map(|&d| d as usize).collect(), out))

@@ -21,7 +21,13 @@ pub fn expert(cfg: &MoeConfig, seed: u64, l: usize, e: usize) -> [Vec<f32>; 3] {
 
 /// Expert `e` of layer `l` as random valid GGML blocks of the formats `lf` (GGUF models
 /// are not re-quantized here, and most K-quant and IQ types have no quantizer): `(gate, up, down)`.
-pub fn ggml_expert(cfg: &MoeConfig, lf: LayerFormat, seed: u64, l: usize, e: usize) -> (QuantMatrix, QuantMatrix, QuantMatrix) {
+pub fn ggml_expert(
+    cfg: &MoeConfig,
+    lf: LayerFormat,
+    seed: u64,
+    l: usize,
+    e: usize,
+) -> (QuantMatrix, QuantMatrix, QuantMatrix) {
     let (h, i) = (cfg.hidden, cfg.intermediate);
     let s = seed ^ (((l as u64) << 32) | e as u64).wrapping_mul(0x9E37_79B9_7F4A_7C15);
     let m = |f: WeightFormat, r, c, s| match f {

@@ -33,10 +33,8 @@ pub fn moe_config(f: &GgufFile) -> Result<MoeConfig, WeightError> {
 /// The layers that have routed experts, in order (from the tensor names: a header's
 /// `block_count` may claim anything).
 pub fn moe_layers(f: &GgufFile) -> Vec<usize> {
-    let mut v: Vec<usize> = f
-        .names()
-        .filter_map(|n| n.strip_prefix("blk.")?.strip_suffix(".ffn_gate_exps.weight")?.parse().ok())
-        .collect();
+    let mut v: Vec<usize> =
+        f.names().filter_map(|n| n.strip_prefix("blk.")?.strip_suffix(".ffn_gate_exps.weight")?.parse().ok()).collect();
     v.sort_unstable();
     v
 }

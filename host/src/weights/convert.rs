@@ -12,7 +12,7 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use kt_core::{MoeConfig, WeightFormat};
 
-use super::kt_format::{self, plan, verify_layer, write_layer};
+use super::kt_format::{plan, verify_layer, write_layer};
 use super::writer::{Planned, StreamWriter};
 use super::{expert_f32, Checkpoint, Layout, WeightError};
 use crate::pool::Pool;
@@ -77,7 +77,8 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
     let mc = ck.config()?;
     let cfg = MoeConfig { parts: spec.parts, ..MoeConfig::new(mc.experts, mc.top_k, mc.hidden, mc.intermediate) };
     cfg.validate_for(spec.format).map_err(WeightError::Layer)?;
-    kt_format::plan(&cfg, spec.format, 0)?; // packing constraints, before any work
+    // Also checks the packing constraints, before any work.
+    let layer_bytes: u64 = plan(&cfg, spec.format, 0)?.iter().map(|t| t.bytes as u64).sum();
     std::fs::create_dir_all(&spec.output).map_err(io(&spec.output))?;
     let wanted = spec.layers.clone().unwrap_or(0..=mc.layers.saturating_sub(1));
     let moe: Vec<(usize, Layout)> =
@@ -85,7 +86,6 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
     let total = moe.len() + 1;
     let shard = |i: usize| format!("model-{:05}-of-{total:05}.safetensors", i + 1);
     let pool = Pool::new(spec.threads);
-    let layer_bytes: u64 = plan(&cfg, spec.format, 0)?.iter().map(|t| t.bytes as u64).sum();
     let pb = if spec.progress { ProgressBar::new(layer_bytes * moe.len() as u64) } else { ProgressBar::hidden() };
     if let Ok(style) = ProgressStyle::with_template(
         "{spinner} {msg} [{bar:30}] {bytes}/{total_bytes} written, {bytes_per_sec}, ETA {eta}",
@@ -119,8 +119,7 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
             },
         )?;
         report.bytes_out += written;
-        report.bytes_in += moe_input_bytes(&ck, layout, &cfg);
-        layer_tensors(layout, &cfg).iter().filter_map(|n| ck.get(n)).for_each(|t| ck.release(t));
+        report.bytes_in += release_layer(&ck, layout);
         report.written.push(*layer);
         // A test hook: die as a crash would, to check that a rerun resumes.
         if abort_after == Some(report.written.len()) {
@@ -171,16 +170,12 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
     Ok(report)
 }
 
-/// The names of one layer's expert weight tensors.
-pub(super) fn layer_tensors(layout: &Layout, cfg: &MoeConfig) -> Vec<String> {
-    if layout.kind == super::ExpertLayout::Fused {
-        let (a, b) = layout.fused_tensors();
-        return vec![a, b];
-    }
-    (0..cfg.experts).flat_map(|e| (0..3).map(move |p| layout.expert_tensor(e, p, "weight"))).collect()
-}
-
-/// Bytes of one layer's expert tensors in the input.
-pub(super) fn moe_input_bytes(ck: &Checkpoint, layout: &Layout, cfg: &MoeConfig) -> u64 {
-    layer_tensors(layout, cfg).iter().filter_map(|n| ck.get(n)).map(|t| ck.bytes(t).len() as u64).sum()
+/// Drop the pages of every expert tensor of a layer (weights, scales, packed int4, ...) once it
+/// is converted; returns their bytes.
+pub(super) fn release_layer(ck: &Checkpoint, layout: &Layout) -> u64 {
+    let prefix = format!("{}.", layout.base);
+    let tensors: Vec<_> =
+        ck.names().filter(|n| n.starts_with(&prefix) && is_expert(n)).filter_map(|n| ck.get(n)).collect();
+    tensors.iter().for_each(|t| ck.release(t));
+    tensors.iter().map(|t| ck.bytes(t).len() as u64).sum()
 }

@@ -14,7 +14,7 @@ use indicatif::{ProgressBar, ProgressStyle};
 use kt_core::ggml::GgmlType;
 use kt_core::{Error, Executor, MoeConfig, QuantMatrix, WeightFormat};
 
-use super::convert::{layer_tensors, moe_input_bytes, ConvertReport, ConvertSpec};
+use super::convert::{release_layer, ConvertReport, ConvertSpec};
 use super::{expert_f32, Checkpoint, Layout, WeightError};
 use crate::gguf::expert_tensor_names;
 use crate::gguf::parse::parse;
@@ -119,8 +119,7 @@ pub fn convert_gguf(spec: &ConvertSpec, t: GgmlType) -> Result<ConvertReport, We
         }
         w.finish().map_err(io(&path))?;
         report.bytes_out += layer_bytes;
-        report.bytes_in += moe_input_bytes(&ck, layout, &cfg);
-        layer_tensors(layout, &cfg).iter().filter_map(|n| ck.get(n)).for_each(|t| ck.release(t));
+        report.bytes_in += release_layer(&ck, layout);
         report.written.push(*layer);
     }
     pb.finish_and_clear();
