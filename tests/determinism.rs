@@ -3,8 +3,12 @@
 
 use std::sync::Arc;
 
+use kt_core::ggml::GgmlType;
 use kt_core::reference::REFERENCE;
-use kt_core::testing::{conformance_failures, mean_rel_err, random_input, scenario_routing, textbook_moe, Scenario};
+use kt_core::testing::{
+    conformance_failures, ggml_conformance_failures, mean_rel_err, random_input, scenario_routing, textbook_moe,
+    Scenario,
+};
 use kt_core::Backend;
 use kt_core::Executor;
 use kt_core::{MoeConfig, WeightFormat};
@@ -38,6 +42,17 @@ fn bits(l: &MoeLayer, input: &[kt_core::bf16], ids: &[i64], w: &[f32], mask: Opt
     l.forward(input, ids, w, mask).unwrap().iter().map(|v| v.to_bits()).collect()
 }
 
+/// KT's formats and the GGML types with a quantizer here that `b` runs on this shape.
+fn formats(b: &dyn Backend, cfg: &MoeConfig) -> Vec<WeightFormat> {
+    let ggml = [GgmlType::Q4_0, GgmlType::Q8_0, GgmlType::Q4_K, GgmlType::F16].map(WeightFormat::Ggml);
+    let (h, i) = (cfg.hidden, cfg.intermediate / cfg.parts);
+    WeightFormat::ALL
+        .into_iter()
+        .chain(ggml)
+        .filter(|&f| cfg.validate_for(f).is_ok() && b.supports(f, i, h) && b.supports(f, h, i))
+        .collect()
+}
+
 /// Every backend this build registers that this CPU can run.
 fn runnable() -> Vec<&'static dyn Backend> {
     registry::registered().into_iter().filter(|b| b.cpu_support().is_ok()).collect()
@@ -48,7 +63,7 @@ fn bit_identical_for_any_thread_count() {
     let cfg = MoeConfig { max_tokens: 64, ..MoeConfig::new(12, 3, 128, 256) };
     let xs = experts(&cfg, 5);
     for b in runnable() {
-        for f in WeightFormat::ALL {
+        for f in formats(b, &cfg) {
             let layers: Vec<MoeLayer> = [1, 2, 3, 8].iter().map(|&t| layer(b, &cfg, f, t, &xs)).collect();
             for (tokens, s) in
                 [(1, Scenario::Random), (37, Scenario::Random), (29, Scenario::Skewed), (13, Scenario::Masked)]
@@ -83,6 +98,11 @@ fn every_backend_conforms_through_threaded_executors() {
         let failures = conformance_failures(b, &numa);
         assert!(failures.is_empty(), "{} on a NUMA pool: {failures:#?}", b.name());
     }
+    // The GGML formats (mixed per projection too) of the backends that run them.
+    for b in runnable().into_iter().filter(|b| b.name() != REFERENCE.name()) {
+        let failures = ggml_conformance_failures(b, &numa);
+        assert!(failures.is_empty(), "{} (GGML) on a NUMA pool: {failures:#?}", b.name());
+    }
 }
 
 #[test]
@@ -93,7 +113,9 @@ fn numa_pools_give_the_flat_pools_bits_and_match_the_reference() {
         let cfg = MoeConfig { parts, max_tokens: 40, ..MoeConfig::new(10, 3, 128, 256) };
         let xs = experts(&cfg, 31);
         for b in runnable() {
-            for f in [WeightFormat::Bf16, WeightFormat::Int8Row, WeightFormat::Int4Row] {
+            let some =
+                [WeightFormat::Bf16, WeightFormat::Int8Row, WeightFormat::Int4Row, WeightFormat::Ggml(GgmlType::Q4_0)];
+            for f in formats(b, &cfg).into_iter().filter(|f| some.contains(f)) {
                 let flat = layer(b, &cfg, f, 2, &xs);
                 let numa: Vec<MoeLayer> = [parts, parts + 1, 2 * parts]
                     .iter()
