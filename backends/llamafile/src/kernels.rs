@@ -355,6 +355,16 @@ unsafe fn legacy<const TC: usize, L: LGroup>(tile: &Tile<'_, ActG8>, out: &mut [
                 Offset::OfD(k) => _mm256_mul_ps(dw[i], _mm256_set1_ps(k)),
                 Offset::Stored => unsafe { legacy::scales(grp[i], 2 * legacy::G) },
             });
+            // With several tokens, unsigned levels (nibbles, fifth bits) are decoded once for all
+            // of them; signed ones (two loads each, and their magnitudes) cost more registers
+            // than they save, so they, and everything for one token, are decoded where used.
+            let hoist = TC > 1 && !L::SIGNED;
+            let zero = [[(_mm256_setzero_si256(), _mm256_setzero_si256()); 4]; R];
+            let lv = if hoist {
+                core::array::from_fn(|i| core::array::from_fn(|p| unsafe { L::pair(grp[i], p) }))
+            } else {
+                zero
+            };
             for t in 0..tn {
                 let a = &tile.act[g * n + t0 + t];
                 let (da, sa) = unsafe { (_mm256_loadu_ps(a.d.as_ptr()), _mm256_loadu_ps(a.s.as_ptr())) };
@@ -367,7 +377,7 @@ unsafe fn legacy<const TC: usize, L: LGroup>(tile: &Tile<'_, ActG8>, out: &mut [
                 for p in 0..4 {
                     let (aa, ab) = unsafe { (ld(&a.qs[64 * p..]), ld(&a.qs[64 * p + 32..])) };
                     for i in 0..R {
-                        let (lo, hi) = unsafe { L::pair(grp[i], p) };
+                        let (lo, hi) = if hoist { lv[i][p] } else { unsafe { L::pair(grp[i], p) } };
                         let s32 = if L::SIGNED {
                             let pa = unsafe { pair_sums(true, lo, aa) };
                             let pb = unsafe { pair_sums(true, hi, ab) };
