@@ -141,6 +141,14 @@ static PICK: [[u8; 32]; 8] = {
     m
 };
 
+/// `prep` of Q4_K and Q5_K (same scale bytes and super-scales).
+#[inline(always)]
+unsafe fn k4_prep(scales: &[u8; 12], d: [u8; 2], dmin: [u8; 2]) -> (__m256i, __m256i, f32, f32) {
+    let (sc, mn) = k4_scales(scales);
+    // SAFETY: AVX2 and F16C by contract.
+    unsafe { (per32(sc, false), twice_u8(mn), h(d), h(dmin)) }
+}
+
 /// The i16 lanes of chunk `c`: 8 × the scale of its first 16 columns, 8 × its second's.
 #[inline(always)]
 pub unsafe fn chunk_scales(sv: __m256i, c: usize) -> __m256i {
@@ -194,8 +202,7 @@ impl KBlock for BlockQ4K {
     const SIGNED: bool = false;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
-        let (sc, mn) = k4_scales(&self.scales);
-        unsafe { (per32(sc, false), twice_u8(mn), h(self.d), h(self.dmin)) }
+        unsafe { k4_prep(&self.scales, self.d, self.dmin) }
     }
     #[inline(always)]
     unsafe fn chunk(&self, c: usize) -> __m256i {
@@ -207,8 +214,7 @@ impl KBlock for BlockQ5K {
     const SIGNED: bool = false;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
-        let (sc, mn) = k4_scales(&self.scales);
-        unsafe { (per32(sc, false), twice_u8(mn), h(self.d), h(self.dmin)) }
+        unsafe { k4_prep(&self.scales, self.d, self.dmin) }
     }
     #[inline(always)]
     unsafe fn chunk(&self, c: usize) -> __m256i {

@@ -143,6 +143,17 @@ unsafe fn fifth(x: u32) -> __m256i {
     }
 }
 
+/// Nibbles plus fifth bits (stored after the 8 blocks' nibbles) of pair `p`.
+#[inline(always)]
+unsafe fn five_bits(g: &[u8], levels: usize, p: usize) -> (__m256i, __m256i) {
+    // SAFETY: AVX2 by contract; the group holds the nibbles and fifth bits.
+    unsafe {
+        let (lo, hi) = nibbles(load(&g[levels + 32 * p..]));
+        let at = levels + 16 * G + 8 * p;
+        (_mm256_or_si256(lo, fifth(word(g, at))), _mm256_or_si256(hi, fifth(word(g, at + 4))))
+    }
+}
+
 #[inline(always)]
 fn word(g: &[u8], at: usize) -> u32 {
     u32::from_le_bytes([g[at], g[at + 1], g[at + 2], g[at + 3]])
@@ -188,11 +199,7 @@ impl LGroup for Q50 {
     const LEVELS: usize = 2 * G;
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
-        unsafe {
-            let (lo, hi) = nibbles(load(&g[Self::LEVELS + 32 * p..]));
-            let at = Self::LEVELS + 16 * G + 8 * p;
-            (_mm256_or_si256(lo, fifth(word(g, at))), _mm256_or_si256(hi, fifth(word(g, at + 4))))
-        }
+        unsafe { five_bits(g, Self::LEVELS, p) }
     }
 }
 
@@ -202,11 +209,7 @@ impl LGroup for Q51 {
     const LEVELS: usize = 4 * G;
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
-        unsafe {
-            let (lo, hi) = nibbles(load(&g[Self::LEVELS + 32 * p..]));
-            let at = Self::LEVELS + 16 * G + 8 * p;
-            (_mm256_or_si256(lo, fifth(word(g, at))), _mm256_or_si256(hi, fifth(word(g, at + 4))))
-        }
+        unsafe { five_bits(g, Self::LEVELS, p) }
     }
 }
 
