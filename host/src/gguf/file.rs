@@ -171,7 +171,7 @@ impl GgufFile {
         }
         let rows = dims[1..].iter().try_fold(1u64, |a, &d| a.checked_mul(d));
         let size = rows
-            .and_then(|r| r.checked_mul(dims[0] / t.block_elems() as u64 * t.block_bytes() as u64))
+            .and_then(|r| r.checked_mul((dims[0] / t.block_elems() as u64).checked_mul(t.block_bytes() as u64)?))
             .and_then(|s| usize::try_from(s).ok())
             .ok_or_else(|| shape_err(&format!("dimensions {dims:?} overflow")))?;
         let bytes = e.start.checked_add(size).and_then(|end| map.get(e.start..end)).ok_or_else(|| {
