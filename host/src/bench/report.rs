@@ -57,8 +57,10 @@ pub fn print_table(r: &Report) {
         "roofline (same run, {} thread(s)): DRAM {:.1} GB/s, FMA {:.1} GFLOP/s, int8 {:.1} GOP/s",
         r.spec.threads, r.roofline.dram_gbps, r.roofline.fma_gflops, r.roofline.int8_gops
     );
+    // The method column fits the longest label (mixed GGML layers read "q4_K (down q5_0)").
+    let w = r.results.iter().map(|x| x.method.to_string().chars().count()).max().unwrap_or(0).max(12);
     println!(
-        "{:<12} {:<10} {:>6} {:>10} {:>10} {:>9} {:>9} {:>7} {:>8} {:>9} {:>5}",
+        "{:<w$} {:<10} {:>6} {:>10} {:>10} {:>9} {:>9} {:>7} {:>8} {:>9} {:>5}",
         "method",
         "backend",
         "tokens",
@@ -73,7 +75,7 @@ pub fn print_table(r: &Report) {
     );
     for x in &r.results {
         println!(
-            "{:<12} {:<10} {:>6} {:>10.3} {:>10.3} {:>9.2} {:>9.2} {:>7.3} {:>8.3} {:>9.2e} {:>5}",
+            "{:<w$} {:<10} {:>6} {:>10.3} {:>10.3} {:>9.2} {:>9.2} {:>7.3} {:>8.3} {:>9.2e} {:>5}",
             x.method.to_string(),
             x.backend,
             x.tokens,
