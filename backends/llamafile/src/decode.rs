@@ -225,6 +225,81 @@ impl KBlock for BlockQ5K {
     }
 }
 
+/// Q4_K with its 6-bit scales and mins unpacked to bytes at load (4 more bytes a block, no
+/// per-block unpacking in the kernel).
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct Q4KU {
+    d: [u8; 2],
+    dmin: [u8; 2],
+    sc: [u8; 8],
+    mn: [u8; 8],
+    qs: [u8; 128],
+}
+
+/// Q5_K likewise.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct Q5KU {
+    d: [u8; 2],
+    dmin: [u8; 2],
+    sc: [u8; 8],
+    mn: [u8; 8],
+    qh: [u8; 32],
+    qs: [u8; 128],
+}
+
+/// The scales and mins of Q4_K/Q5_K's 12 packed bytes, one byte each.
+fn unpack_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
+    let (sc, mn) = k4_scales(s);
+    (sc.to_le_bytes(), mn.to_le_bytes())
+}
+
+impl Q4KU {
+    /// From a GGUF block.
+    pub fn from_block(b: &BlockQ4K) -> Self {
+        let (sc, mn) = unpack_k4(&b.scales);
+        Q4KU { d: b.d, dmin: b.dmin, sc, mn, qs: b.qs }
+    }
+}
+
+impl Q5KU {
+    /// From a GGUF block.
+    pub fn from_block(b: &BlockQ5K) -> Self {
+        let (sc, mn) = unpack_k4(&b.scales);
+        Q5KU { d: b.d, dmin: b.dmin, sc, mn, qh: b.qh, qs: b.qs }
+    }
+}
+
+impl KBlock for Q4KU {
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
+        let (sc, mn) = (u64::from_le_bytes(self.sc), u64::from_le_bytes(self.mn));
+        unsafe { (per32(sc, false), twice_u8(mn), h(self.d), h(self.dmin)) }
+    }
+    #[inline(always)]
+    unsafe fn chunk(&self, c: usize) -> __m256i {
+        unsafe { bits(load(&self.qs[32 * (c / 2)..]), 4 * (c % 2), 0x0F) }
+    }
+}
+
+impl KBlock for Q5KU {
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
+        let (sc, mn) = (u64::from_le_bytes(self.sc), u64::from_le_bytes(self.mn));
+        unsafe { (per32(sc, false), twice_u8(mn), h(self.d), h(self.dmin)) }
+    }
+    #[inline(always)]
+    unsafe fn chunk(&self, c: usize) -> __m256i {
+        unsafe {
+            let lo = bits(load(&self.qs[32 * (c / 2)..]), 4 * (c % 2), 0x0F);
+            _mm256_or_si256(lo, _mm256_slli_epi16::<4>(bits(load(&self.qh), c, 1)))
+        }
+    }
+}
+
 impl KBlock for BlockQ6K {
     const SIGNED: bool = false;
     #[inline(always)]

@@ -14,7 +14,7 @@ use core::arch::x86_64::*;
 use kt_core::ggml::{self, ActKind, BlockQ8K, GgmlType, QK, QK_K};
 
 use crate::act::ActG8;
-use crate::decode::{chunk_scales, KBlock};
+use crate::decode::{chunk_scales, KBlock, Q4KU, Q5KU};
 use crate::legacy::{self, LGroup, Offset};
 
 /// Rows per tile.
@@ -43,6 +43,16 @@ impl Packed {
     /// as they are.
     pub fn new(t: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Self {
         let row_bytes = Self::row_len(t, cols);
+        if matches!(t, GgmlType::Q4_K | GgmlType::Q5_K) {
+            let data: Vec<u8> = if t == GgmlType::Q4_K {
+                let b: &[ggml::BlockQ4K] = bytemuck::cast_slice(src);
+                bytemuck::cast_slice(&b.iter().map(Q4KU::from_block).collect::<Vec<_>>()).to_vec()
+            } else {
+                let b: &[ggml::BlockQ5K] = bytemuck::cast_slice(src);
+                bytemuck::cast_slice(&b.iter().map(Q5KU::from_block).collect::<Vec<_>>()).to_vec()
+            };
+            return Packed { t, rows, cols, row_bytes, data };
+        }
         if row_bytes == t.row_bytes(cols) && t.act() != ActKind::Q8_0 {
             return Packed { t, rows, cols, row_bytes, data: src.to_vec() };
         }
@@ -54,10 +64,11 @@ impl Packed {
     }
 
     fn row_len(t: GgmlType, cols: usize) -> usize {
-        if t.act() == ActKind::Q8_0 {
-            legacy::row_bytes(t, cols)
-        } else {
-            t.row_bytes(cols)
+        match t {
+            _ if t.act() == ActKind::Q8_0 => legacy::row_bytes(t, cols),
+            GgmlType::Q4_K => cols / QK_K * size_of::<Q4KU>(),
+            GgmlType::Q5_K => cols / QK_K * size_of::<Q5KU>(),
+            _ => t.row_bytes(cols),
         }
     }
 
@@ -171,8 +182,8 @@ pub unsafe fn dots(
     match w.t {
         GgmlType::Q2_K => k!(ggml::BlockQ2K),
         GgmlType::Q3_K => k!(ggml::BlockQ3K),
-        GgmlType::Q4_K => k!(ggml::BlockQ4K),
-        GgmlType::Q5_K => k!(ggml::BlockQ5K),
+        GgmlType::Q4_K => k!(Q4KU),
+        GgmlType::Q5_K => k!(Q5KU),
         GgmlType::Q6_K => k!(ggml::BlockQ6K),
         GgmlType::IQ4_XS => k!(ggml::BlockIq4Xs),
         GgmlType::Q4_0 => l!(legacy::Q40),
