@@ -141,14 +141,6 @@ static PICK: [[u8; 32]; 8] = {
     m
 };
 
-/// `prep` of Q4_K and Q5_K (same scale bytes and super-scales).
-#[inline(always)]
-unsafe fn k4_prep(scales: &[u8; 12], d: [u8; 2], dmin: [u8; 2]) -> (__m256i, __m256i, f32, f32) {
-    let (sc, mn) = k4_scales(scales);
-    // SAFETY: AVX2 and F16C by contract.
-    unsafe { (per32(sc, false), twice_u8(mn), h(d), h(dmin)) }
-}
-
 /// The i16 lanes of chunk `c`: 8 × the scale of its first 16 columns, 8 × its second's.
 #[inline(always)]
 pub unsafe fn chunk_scales(sv: __m256i, c: usize) -> __m256i {
@@ -198,33 +190,6 @@ impl KBlock for BlockQ3K {
     }
 }
 
-impl KBlock for BlockQ4K {
-    const SIGNED: bool = false;
-    #[inline(always)]
-    unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
-        unsafe { k4_prep(&self.scales, self.d, self.dmin) }
-    }
-    #[inline(always)]
-    unsafe fn chunk(&self, c: usize) -> __m256i {
-        unsafe { bits(load(&self.qs[32 * (c / 2)..]), 4 * (c % 2), 0x0F) }
-    }
-}
-
-impl KBlock for BlockQ5K {
-    const SIGNED: bool = false;
-    #[inline(always)]
-    unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
-        unsafe { k4_prep(&self.scales, self.d, self.dmin) }
-    }
-    #[inline(always)]
-    unsafe fn chunk(&self, c: usize) -> __m256i {
-        unsafe {
-            let lo = bits(load(&self.qs[32 * (c / 2)..]), 4 * (c % 2), 0x0F);
-            _mm256_or_si256(lo, _mm256_slli_epi16::<4>(bits(load(&self.qh), c, 1)))
-        }
-    }
-}
-
 /// Q4_K with its 6-bit scales and mins unpacked to bytes at load (4 more bytes a block, no
 /// per-block unpacking in the kernel).
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
@@ -255,6 +220,14 @@ fn unpack_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     (sc.to_le_bytes(), mn.to_le_bytes())
 }
 
+/// `prep` of [`Q4KU`] and [`Q5KU`]: scales per 32 columns, mins for both 16-column halves.
+#[inline(always)]
+unsafe fn unpacked_prep(sc: [u8; 8], mn: [u8; 8], d: [u8; 2], dmin: [u8; 2]) -> (__m256i, __m256i, f32, f32) {
+    let (sc, mn) = (u64::from_le_bytes(sc), u64::from_le_bytes(mn));
+    // SAFETY: AVX2 and F16C by the callers' contract.
+    unsafe { (per32(sc, false), twice_u8(mn), h(d), h(dmin)) }
+}
+
 impl Q4KU {
     /// From a GGUF block.
     pub fn from_block(b: &BlockQ4K) -> Self {
@@ -275,8 +248,7 @@ impl KBlock for Q4KU {
     const SIGNED: bool = false;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
-        let (sc, mn) = (u64::from_le_bytes(self.sc), u64::from_le_bytes(self.mn));
-        unsafe { (per32(sc, false), twice_u8(mn), h(self.d), h(self.dmin)) }
+        unsafe { unpacked_prep(self.sc, self.mn, self.d, self.dmin) }
     }
     #[inline(always)]
     unsafe fn chunk(&self, c: usize) -> __m256i {
@@ -288,8 +260,7 @@ impl KBlock for Q5KU {
     const SIGNED: bool = false;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
-        let (sc, mn) = (u64::from_le_bytes(self.sc), u64::from_le_bytes(self.mn));
-        unsafe { (per32(sc, false), twice_u8(mn), h(self.d), h(self.dmin)) }
+        unsafe { unpacked_prep(self.sc, self.mn, self.d, self.dmin) }
     }
     #[inline(always)]
     unsafe fn chunk(&self, c: usize) -> __m256i {
