@@ -297,15 +297,12 @@ fn run_method(
     let moe_layers = source.as_ref().map_or_else(Vec::new, WeightSource::moe_layers);
     let layers = if source.is_some() { layers.min(moe_layers.len()) } else { layers };
     let build = |l: usize, opts: &LayerOptions| -> Result<MoeLayer, BenchError> {
-        let synthetic = match (&source, method) {
-            (Some(src), _) => {
-                // GGUF runs in its own types; other checkpoints in the method asked for.
-                let m = (!matches!(src, WeightSource::Gguf(_))).then_some(method.gate);
-                return Ok(src.load_layer(moe_layers[l], m, cfg, Slots::default(), opts)?);
-            }
-            (None, lf) => lf.gate,
-        };
-        match synthetic {
+        if let Some(src) = &source {
+            // GGUF runs in its own types; other checkpoints in the method asked for.
+            let m = (!matches!(src, WeightSource::Gguf(_))).then_some(method.gate);
+            return Ok(src.load_layer(moe_layers[l], m, cfg, Slots::default(), opts)?);
+        }
+        match method.gate {
             WeightFormat::Ggml(_) => Ok(MoeLayer::from_quantized(
                 cfg,
                 |e| {

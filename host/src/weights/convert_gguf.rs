@@ -31,9 +31,11 @@ fn plan(cfg: &MoeConfig, t: GgmlType, l: usize) -> Vec<PlannedTensor> {
     expert_tensor_names(l).into_iter().zip(shapes).map(|(name, shape)| PlannedTensor { name, shape, t }).collect()
 }
 
-/// Whether `path` is a complete file holding exactly `plan`.
+/// Whether `path` is a complete file holding exactly `plan` (mapped: only the header is read).
 fn complete(path: &Path, plan: &[PlannedTensor]) -> bool {
-    let Ok(bytes) = std::fs::read(path) else { return false };
+    let Ok(file) = std::fs::File::open(path) else { return false };
+    // SAFETY: mapped read-only, and only this process writes the output directory's files.
+    let Ok(bytes) = (unsafe { memmap2::Mmap::map(&file) }) else { return false };
     let Ok(h) = parse(&bytes) else { return false };
     h.tensors.len() == plan.len()
         && h.tensors.iter().zip(plan).all(|(got, want)| {
