@@ -39,6 +39,30 @@ def test_float16_in_float16_out_and_bf16_weights_by_bits(weights):
     assert rel_err(out, moe_reference(x.astype(np.float32), ids, ws, *weights)) < 0.01
 
 
+class DLPackOnly:
+    """A tensor that only speaks DLPack (as jax's or another framework's host arrays do)."""
+
+    def __init__(self, a):
+        self._a, self.shape, self.dtype = a, a.shape, a.dtype
+
+    def __dlpack__(self, **kwargs):
+        return self._a.__dlpack__(**kwargs)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_dlpack_producers_are_read_like_arrays(weights):
+    w = make(method="BF16")
+    w.load_weights_from_tensors(*(DLPackOnly(a) for a in weights), DLPackOnly(np.arange(E, dtype=np.int64)))
+    x = np.random.default_rng(8).standard_normal((3, H)).astype(np.float32)
+    ids, ws = routing(3, K, E, 8)
+    out = w.forward(DLPackOnly(x), DLPackOnly(ids), DLPackOnly(ws))
+    assert isinstance(out, np.ndarray) and out.shape == (3, H)
+    np.testing.assert_array_equal(out, w.forward(x, ids, ws))
+    assert rel_err(out, moe_reference(x, ids, ws, *weights)) < 0.01
+
+
 def test_mask_is_read_live(weights):
     w = make(method="BF16")
     w.load_weights_from_tensors(*weights)

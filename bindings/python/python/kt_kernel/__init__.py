@@ -6,8 +6,8 @@ A drop-in replacement for KT-Kernel's Python package as SGLang uses it::
 
 One native extension (``kt_kernel.kt_kernel_ext``) serves every x86-64 CPU: the backend is chosen
 at run time (``KT_KERNEL_CPU_VARIANT`` forces one, ``KT_KERNEL_DEBUG=1`` explains the choice).
-Works with torch tensors, numpy arrays or anything with ``__array_interface__``; torch is not
-required.
+Works with torch tensors, numpy arrays, anything with ``__array_interface__`` and host DLPack
+producers; torch is not required.
 """
 
 import sys

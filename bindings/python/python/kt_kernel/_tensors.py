@@ -1,5 +1,6 @@
-"""Duck-typed tensors: torch tensors (``data_ptr``/``shape``/``dtype``/``device``), numpy arrays
-and anything with ``__array_interface__``, without importing torch unless the caller passed one."""
+"""Duck-typed tensors: torch tensors (``data_ptr``/``shape``/``dtype``/``device``), numpy arrays,
+anything with ``__array_interface__`` and host DLPack producers (``__dlpack__``), without
+importing torch unless the caller passed one."""
 
 import numpy as np
 
@@ -19,6 +20,19 @@ def torch_module():
     import torch
 
     return torch
+
+
+def host(x):
+    """``x`` itself when numpy can read it (or it is a torch tensor), else a numpy view of a
+    DLPack producer (jax, cupy on the host, ...); numpy's ``asarray`` does not read DLPack."""
+    if is_torch(x) or isinstance(x, np.ndarray) or hasattr(x, "__array_interface__") or hasattr(x, "__array__"):
+        return x
+    if hasattr(x, "__dlpack__"):
+        try:
+            return np.from_dlpack(x)
+        except (BufferError, TypeError, RuntimeError) as e:
+            raise TypeError(f"{type(x).__name__}: a DLPack tensor numpy cannot read on the host ({e})") from e
+    return x
 
 
 def float_code(x):
@@ -52,7 +66,7 @@ def int_array(x, what):
     """``x`` as a 1-D/2-D int64 numpy array (for maps and ids on the host)."""
     if is_torch(x):
         x = x.detach().cpu().numpy()
-    a = np.asarray(x)
+    a = np.asarray(host(x))
     if a.dtype.kind not in "iu":
         raise TypeError(f"{what}: expected an integer tensor, got dtype {a.dtype}")
     return a.astype(np.int64, copy=False)

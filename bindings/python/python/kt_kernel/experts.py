@@ -324,7 +324,7 @@ class NativeMoEWrapper:
             return own
         own = np.zeros(e, dtype=bool)
         if mask is not None:
-            own[:] = np.asarray(mask).astype(bool)
+            own[:] = np.asarray(T.host(mask)).astype(bool)
         return own
 
     # -- weights ---------------------------------------------------------------------------
@@ -349,6 +349,7 @@ class NativeMoEWrapper:
         e, h, i = self.num_experts, self.hidden_size, self.moe_intermediate_size
         arrays, code = [], None
         for name, x, want in [("gate_proj", gate_proj, (e, i, h)), ("up_proj", up_proj, (e, i, h)), ("down_proj", down_proj, (e, h, i))]:
+            x = T.host(x)
             if T.shape(x) != want:
                 raise ValueError(f"{name} must have shape {list(want)}, got {list(T.shape(x))}")
             c = T.float_code(x)
@@ -378,6 +379,7 @@ class NativeMoEWrapper:
 
     def submit_forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=0):
         h, k = self.hidden_size, self.num_experts_per_tok
+        hidden_states, topk_ids, topk_weights = T.host(hidden_states), T.host(topk_ids), T.host(topk_weights)
         torch = T.is_torch(hidden_states)
         if not torch and not isinstance(hidden_states, np.ndarray):
             hidden_states = np.asarray(hidden_states)
