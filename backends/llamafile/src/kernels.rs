@@ -21,7 +21,7 @@ use crate::legacy::{self, LGroup, Offset};
 pub const R: usize = 4;
 /// Tokens per accumulator tile (fewer for small batches, whose accumulators then stay in
 /// registers).
-const TC: usize = 16;
+const TC: usize = 32;
 
 /// A GGML matrix packed for the kernels: rows of whole blocks, row-major; the 32-column
 /// quantized types in groups of 8 blocks ([`crate::legacy`]), the others as GGUF stores them.
@@ -130,6 +130,15 @@ struct Tile<'a, A> {
     nb: usize,
     act: &'a [A],
     n: usize,
+    /// Bytes of the next tile to prefetch per slice ([`prefetch_next`]).
+    prefetch: usize,
+}
+
+impl<'a, A> Tile<'a, A> {
+    fn new(rows: [&'a [u8]; R], nr: usize, nb: usize, act: &'a [A], n: usize) -> Self {
+        let prefetch = (R * rows[0].len()).div_ceil(nb.max(1)).next_multiple_of(64);
+        Tile { rows, nr, nb, act, n, prefetch }
+    }
 }
 
 /// `out[t][i] = row r0+i · token t` for `i < nr ≤ R`, `t < n`, `act` prepared for `w.t`.
@@ -149,7 +158,7 @@ pub unsafe fn dots(
     let rows: [&[u8]; R] = core::array::from_fn(|i| w.row(r0 + i.min(nr - 1)));
     macro_rules! k {
         ($b:ty) => {{
-            let tile = Tile { rows, nr, nb: w.cols / QK_K, act: bytemuck::cast_slice::<u8, BlockQ8K>(act), n };
+            let tile = Tile::new(rows, nr, w.cols / QK_K, bytemuck::cast_slice::<u8, BlockQ8K>(act), n);
             // SAFETY: the caller's contract; act holds [blocks][n] BlockQ8K.
             unsafe {
                 if n == 1 {
@@ -162,13 +171,8 @@ pub unsafe fn dots(
     }
     macro_rules! l {
         ($b:ty) => {{
-            let tile = Tile {
-                rows,
-                nr,
-                nb: (w.cols / QK).div_ceil(legacy::G),
-                act: bytemuck::cast_slice::<u8, ActG8>(act),
-                n,
-            };
+            let tile =
+                Tile::new(rows, nr, (w.cols / QK).div_ceil(legacy::G), bytemuck::cast_slice::<u8, ActG8>(act), n);
             // SAFETY: the caller's contract; act holds [groups][n] ActG8, rows are repacked.
             unsafe {
                 match n {
@@ -200,13 +204,20 @@ pub unsafe fn dots(
     }
 }
 
+/// Tokens per tile when `n` are split into as few tiles of at most `TC` as can be, all but
+/// the last of one size: 33 tokens are 17 + 16, not 32 + 1, whose lone token would pay a whole
+/// decode of every block.
+fn even_tiles<const TC: usize>(n: usize) -> usize {
+    n.div_ceil(n.div_ceil(TC).max(1)).max(1)
+}
+
 /// Prefetch the `b`-th of `nb` slices of the tile after this one (its rows follow these):
 /// a tile's rows are short streams that the hardware prefetcher does not ramp up on.
 #[inline(always)]
 fn prefetch_next<A>(tile: &Tile<'_, A>, b: usize) {
     let len = R * tile.rows[0].len();
     let next = tile.rows[0].as_ptr().wrapping_add(len);
-    let step = len.div_ceil(tile.nb).next_multiple_of(64);
+    let step = tile.prefetch;
     let mut off = b * step;
     while off < ((b + 1) * step).min(len) {
         // SAFETY: prefetching has no architectural effect and does not fault, whatever the
@@ -275,8 +286,9 @@ unsafe fn kquant1<B: KBlock>(tile: &Tile<'_, BlockQ8K>, out: &mut [[f32; R]]) {
 unsafe fn kquant<B: KBlock>(tile: &Tile<'_, BlockQ8K>, out: &mut [[f32; R]], dec: &mut [DecK; R]) {
     let blocks: [&[B]; R] = tile.rows.map(|r| bytemuck::cast_slice(r));
     let n = tile.n;
-    for t0 in (0..n).step_by(TC) {
-        let tn = TC.min(n - t0);
+    let step = even_tiles::<TC>(n);
+    for t0 in (0..n).step_by(step) {
+        let tn = step.min(n - t0);
         let mut acc = [[_mm256_setzero_ps(); TC]; R];
         for b in 0..tile.nb {
             if t0 == 0 {
@@ -350,14 +362,19 @@ unsafe fn legacy<const TC: usize, L: LGroup>(tile: &Tile<'_, ActG8>, out: &mut [
         let (a, b) = (2 * p as i32, 2 * p as i32 + 1);
         _mm256_setr_epi32(a, a, a, a, b, b, b, b)
     });
-    for t0 in (0..n).step_by(TC) {
-        let tn = TC.min(n - t0);
+    let step = even_tiles::<TC>(n);
+    for t0 in (0..n).step_by(step) {
+        let tn = step.min(n - t0);
         let mut acc = [[_mm256_setzero_ps(); TC]; R];
         for g in 0..ng {
             if t0 == 0 {
                 prefetch_next(tile, g);
             }
-            let grp: [&[u8]; R] = core::array::from_fn(|i| &tile.rows[i][g * gb..(g + 1) * gb]);
+            // A loop, not `from_fn`: its closure was left out of line (it lacks the features).
+            let mut grp: [&[u8]; R] = [&[]; R];
+            for i in 0..R {
+                grp[i] = &tile.rows[i][g * gb..(g + 1) * gb];
+            }
             // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
             // inside the groups and the activation blocks.
             let dw: [__m256; R] = core::array::from_fn(|i| unsafe { legacy::scales(grp[i], 0) });
@@ -370,12 +387,14 @@ unsafe fn legacy<const TC: usize, L: LGroup>(tile: &Tile<'_, ActG8>, out: &mut [
             // of them; signed ones (two loads each, and their magnitudes) cost more registers
             // than they save, so they, and everything for one token, are decoded where used.
             let hoist = TC > 1 && !L::SIGNED;
-            let zero = [[(_mm256_setzero_si256(), _mm256_setzero_si256()); 4]; R];
-            let lv = if hoist {
-                core::array::from_fn(|i| core::array::from_fn(|p| unsafe { L::pair(grp[i], p) }))
-            } else {
-                zero
-            };
+            let mut lv = [[(_mm256_setzero_si256(), _mm256_setzero_si256()); 4]; R];
+            if hoist {
+                for i in 0..R {
+                    for p in 0..4 {
+                        lv[i][p] = unsafe { L::pair(grp[i], p) };
+                    }
+                }
+            }
             for t in 0..tn {
                 let a = &tile.act[g * n + t0 + t];
                 let (da, sa) = unsafe { (_mm256_loadu_ps(a.d.as_ptr()), _mm256_loadu_ps(a.s.as_ptr())) };

@@ -1,0 +1,37 @@
+//! One projection's dots on one thread (qwen3-30b-a3b's gate: 768 × 2048), for one token
+//! (decode, weights from cache: the kernel's own cost) and for 20 and 33 (an expert's share of a
+//! 512-token prefill). Divide 2·768·2048·n by the time for GOP/s.
+//! `cargo bench -p kt-backend-llamafile --bench dots`
+
+use half::bf16;
+use kt_backend_llamafile::LLAMAFILE;
+use kt_core::ggml::{random_matrix, GgmlType};
+use kt_core::mat::MatMut;
+use kt_core::rng::SplitMix64;
+use kt_core::{Backend, WeightFormat};
+
+const ROWS: usize = 768;
+const COLS: usize = 2048;
+
+#[divan::bench(args = ["q4_K", "q6_K", "q8_0", "q4_0"], consts = [1, 20, 33])]
+fn dots<const N: usize>(bencher: divan::Bencher, name: &str) {
+    if LLAMAFILE.cpu_support().is_err() {
+        return;
+    }
+    let t = GgmlType::parse(name).expect("a GGML type");
+    let format = WeightFormat::Ggml(t);
+    let w = LLAMAFILE.pack(&random_matrix(t, ROWS, COLS, 1)).expect("packs");
+    let mut r = SplitMix64::new(2);
+    let x: Vec<bf16> = (0..N * COLS).map(|_| bf16::from_f32(r.gaussian())).collect();
+    let ids: Vec<u32> = (0..N as u32).collect();
+    let mut act = vec![0u8; LLAMAFILE.act_bytes(format, N, COLS)];
+    LLAMAFILE.quantize_act(format, COLS, &x, &ids, &mut act);
+    let mut y = vec![0.0f32; N * ROWS];
+    bencher
+        .counter(divan::counter::ItemsCount::new(2 * ROWS * COLS * N))
+        .bench_local(|| LLAMAFILE.down(&w, 0..ROWS, &act, MatMut::from_slice(&mut y, N, ROWS, ROWS)));
+}
+
+fn main() {
+    divan::main();
+}
