@@ -15,16 +15,16 @@ use bytemuck::{Pod, Zeroable};
 use half::bf16;
 use kt_core::ggml::{ActKind, BlockQ8K, GgmlType, QK, QK_K};
 
-use crate::legacy::G;
+use crate::legacy::{slot, G};
 
 /// 8 activation blocks of 32 columns (a group of [`crate::legacy`]); a row's last group is
 /// padded with zero blocks.
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 #[repr(C)]
 pub struct ActG8 {
-    /// Scales.
+    /// Scales, block `k` at [`slot`]`(k)`.
     pub d: [f32; G],
-    /// `d · Σ qs` of each block.
+    /// `d · Σ qs` of each block, in the same order.
     pub s: [f32; G],
     /// Values, pair p of blocks at `64p`: columns 0..16 of block 2p, of block 2p+1, then
     /// columns 16..32 of each.
@@ -75,8 +75,9 @@ pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst:
                     // SAFETY: AVX2 by this function's contract.
                     let sum = unsafe { quantize(xs, d, &mut q) };
                     // The scale as Q8_0 stores it (f16), so values equal core's Q8_0 blocks.
-                    a.d[k] = half::f16::from_f32(d).to_f32();
-                    a.s[k] = a.d[k] * sum as f32;
+                    let at = slot(k);
+                    a.d[at] = half::f16::from_f32(d).to_f32();
+                    a.s[at] = a.d[at] * sum as f32;
                     for (j, &v) in q.iter().enumerate() {
                         a.qs[ActG8::at(k, j)] = v;
                     }
@@ -86,7 +87,7 @@ pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst:
                 if nb % G != 0 {
                     let a = &mut out[(nb / G) * n + i];
                     for k in nb % G..G {
-                        (a.d[k], a.s[k]) = (0.0, 0.0);
+                        (a.d[slot(k)], a.s[slot(k)]) = (0.0, 0.0);
                         (0..QK).for_each(|j| a.qs[ActG8::at(k, j)] = 0);
                     }
                 }
@@ -178,9 +179,9 @@ mod tests {
                         let (g, k) = (&got[b / G], b % G);
                         let want = BlockQ8_0::quantize(&x[32 * b..]);
                         let q: Vec<i8> = (0..32).map(|j| g.qs[ActG8::at(k, j)]).collect();
-                        assert_eq!((&q[..], g.d[k]), (&want.qs[..], want.scale()), "block {b}");
+                        assert_eq!((&q[..], g.d[slot(k)]), (&want.qs[..], want.scale()), "block {b}");
                         let sum: i32 = q.iter().map(|&v| i32::from(v)).sum();
-                        assert_eq!(g.s[k], g.d[k] * sum as f32);
+                        assert_eq!(g.s[slot(k)], g.d[slot(k)] * sum as f32);
                     }
                 }
             }

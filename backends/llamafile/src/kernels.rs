@@ -352,16 +352,13 @@ unsafe fn kquant<B: KBlock>(tile: &Tile<'_, BlockQ8K>, out: &mut [[f32; R]], dec
     }
 }
 
-/// 32-column types, repacked ([`crate::legacy`]): per group of 8 blocks and token, the 8
-/// scale products at once, each pair of blocks' sums in one register's halves.
+/// 32-column types, repacked ([`crate::legacy`]): per group of 8 blocks, row and token, the 4
+/// pairs' sums gathered into one register of 8 block sums, then one multiply-add with the 8
+/// scale products.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn legacy<const TC: usize, L: LGroup>(tile: &Tile<'_, ActG8>, out: &mut [[f32; R]]) {
     let (n, ng, ones) = (tile.n, tile.nb, _mm256_set1_epi16(1));
     let gb = tile.rows[0].len() / ng.max(1);
-    let idx: [__m256i; 4] = core::array::from_fn(|p| {
-        let (a, b) = (2 * p as i32, 2 * p as i32 + 1);
-        _mm256_setr_epi32(a, a, a, a, b, b, b, b)
-    });
     let step = even_tiles::<TC>(n);
     for t0 in (0..n).step_by(step) {
         let tn = step.min(n - t0);
@@ -404,22 +401,33 @@ unsafe fn legacy<const TC: usize, L: LGroup>(tile: &Tile<'_, ActG8>, out: &mut [
                         acc[i][t] = _mm256_fmadd_ps(mw[i], sa, acc[i][t]);
                     }
                 }
-                for p in 0..4 {
-                    let (aa, ab) = unsafe { (ld(&a.qs[64 * p..]), ld(&a.qs[64 * p + 32..])) };
-                    for i in 0..R {
+                for i in 0..R {
+                    let mut parts = [_mm256_setzero_si256(); 4];
+                    for p in 0..4 {
+                        let (aa, ab) = unsafe { (ld(&a.qs[64 * p..]), ld(&a.qs[64 * p + 32..])) };
                         let (lo, hi) = if hoist { lv[i][p] } else { unsafe { L::pair(grp[i], p) } };
-                        let s32 = if L::SIGNED {
+                        parts[p] = if L::SIGNED {
                             let pa = unsafe { pair_sums(true, lo, aa) };
                             let pb = unsafe { pair_sums(true, hi, ab) };
                             _mm256_add_epi32(_mm256_madd_epi16(pa, ones), _mm256_madd_epi16(pb, ones))
                         } else {
                             // Levels ≤ 31: two pair sums fit in i16 together.
                             let s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, aa), _mm256_maddubs_epi16(hi, ab));
-                            _mm256_madd_epi16(s16, ones)
+                            if L::FOUR_BIT {
+                                s16
+                            } else {
+                                _mm256_madd_epi16(s16, ones)
+                            }
                         };
-                        let s = _mm256_permutevar8x32_ps(sc[i], idx[p]);
-                        acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), s, acc[i][t]);
                     }
+                    let v = unsafe {
+                        if L::FOUR_BIT {
+                            legacy::block_sums16(parts)
+                        } else {
+                            legacy::block_sums(parts)
+                        }
+                    };
+                    acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), sc[i], acc[i][t]);
                 }
             }
         }

@@ -3,7 +3,10 @@
 //! load holds the first 16 columns of two blocks and the next the last 16 (nibbles: the two
 //! blocks' bytes side by side already do). Activations are laid out the same way
 //! ([`crate::act::ActG8`]), so `maddubs` then `madd` give each block's sum in its own half of
-//! the register, and the scales of 8 blocks are converted and multiplied at once.
+//! the register, and the scales of 8 blocks are converted and multiplied at once. The 8 blocks'
+//! sums of one row and token are gathered into one register ([`block_sums`]) in the order
+//! 0, 2, 4, 6, 1, 3, 5, 7, which is the order the scales (and offsets) are stored in: one
+//! conversion and one multiply-add per group instead of one per pair.
 //! A group has the bytes of its 8 blocks; a row's last group is padded with zero blocks.
 
 use core::arch::x86_64::*;
@@ -12,6 +15,16 @@ use kt_core::ggml::{GgmlType, KVALUES_IQ4NL, QK};
 
 /// Blocks per group.
 pub const G: usize = 8;
+
+/// Where block `k` of a group keeps its scale and offset: slots 0..4 hold the even blocks,
+/// 4..8 the odd ones ([`block_sums`]'s order).
+pub const fn slot(k: usize) -> usize {
+    if k % 2 == 0 {
+        k / 2
+    } else {
+        4 + k / 2
+    }
+}
 
 /// Bytes of one group of `t`.
 pub fn group_bytes(t: GgmlType) -> usize {
@@ -45,19 +58,16 @@ pub fn repack_row(t: GgmlType, src: &[u8], out: &mut [u8]) {
     for (g, o) in out.chunks_exact_mut(gb).enumerate() {
         let blocks: Vec<&[u8]> = (0..G).filter_map(|k| src.get((g * G + k) * bb..(g * G + k + 1) * bb)).collect();
         debug_assert!(g * G < nb);
-        let (mut at, mut qh) = (0, [0u32; G]);
+        let mut qh = [0u32; G];
         for (k, b) in blocks.iter().enumerate() {
-            let (d, _, _, h) = fields(t, b);
-            put(o, &mut at, &d);
+            let (d, m, _, h) = fields(t, b);
+            o[2 * slot(k)..2 * slot(k) + 2].copy_from_slice(&d);
+            if matches!(t, GgmlType::Q4_1 | GgmlType::Q5_1) {
+                o[2 * G + 2 * slot(k)..2 * G + 2 * slot(k) + 2].copy_from_slice(&m);
+            }
             qh[k] = h;
         }
-        at = 2 * G;
-        if matches!(t, GgmlType::Q4_1 | GgmlType::Q5_1) {
-            for b in &blocks {
-                put(o, &mut at, &fields(t, b).1);
-            }
-            at = 4 * G;
-        }
+        let mut at = if matches!(t, GgmlType::Q4_1 | GgmlType::Q5_1) { 4 * G } else { 2 * G };
         if t == GgmlType::Q8_0 {
             // Pair p: columns 0..16 of blocks 2p and 2p+1, then their columns 16..32.
             for p in 0..G / 2 {
@@ -103,6 +113,8 @@ pub enum Offset {
 pub trait LGroup {
     /// Levels are signed (q8_0, iq4_nl): no two pairs' `maddubs` sums may be added in i16.
     const SIGNED: bool;
+    /// Levels are 0..=15: a whole block's pair sums (16 of them) still fit in i16.
+    const FOUR_BIT: bool;
     /// Its offset.
     const OFFSET: Offset;
     /// Byte offset of the levels in a group.
@@ -175,6 +187,7 @@ pub struct Iq4Nl;
 // SAFETY (every impl): AVX2 by the trait's contract; loads stay inside the group.
 impl LGroup for Q40 {
     const SIGNED: bool = false;
+    const FOUR_BIT: bool = true;
     const OFFSET: Offset = Offset::OfD(-8.0);
     const LEVELS: usize = 2 * G;
     #[inline(always)]
@@ -185,6 +198,7 @@ impl LGroup for Q40 {
 
 impl LGroup for Q41 {
     const SIGNED: bool = false;
+    const FOUR_BIT: bool = true;
     const OFFSET: Offset = Offset::Stored;
     const LEVELS: usize = 4 * G;
     #[inline(always)]
@@ -195,6 +209,7 @@ impl LGroup for Q41 {
 
 impl LGroup for Q50 {
     const SIGNED: bool = false;
+    const FOUR_BIT: bool = false;
     const OFFSET: Offset = Offset::OfD(-16.0);
     const LEVELS: usize = 2 * G;
     #[inline(always)]
@@ -205,6 +220,7 @@ impl LGroup for Q50 {
 
 impl LGroup for Q51 {
     const SIGNED: bool = false;
+    const FOUR_BIT: bool = false;
     const OFFSET: Offset = Offset::Stored;
     const LEVELS: usize = 4 * G;
     #[inline(always)]
@@ -215,6 +231,7 @@ impl LGroup for Q51 {
 
 impl LGroup for Q80 {
     const SIGNED: bool = true;
+    const FOUR_BIT: bool = false;
     const OFFSET: Offset = Offset::Zero;
     const LEVELS: usize = 2 * G;
     #[inline(always)]
@@ -225,6 +242,7 @@ impl LGroup for Q80 {
 
 impl LGroup for Iq4Nl {
     const SIGNED: bool = true;
+    const FOUR_BIT: bool = false;
     const OFFSET: Offset = Offset::Zero;
     const LEVELS: usize = 2 * G;
     #[inline(always)]
@@ -236,6 +254,34 @@ impl LGroup for Iq4Nl {
             let (lo, hi) = nibbles(load(&g[Self::LEVELS + 32 * p..]));
             (_mm256_shuffle_epi8(lut, lo), _mm256_shuffle_epi8(lut, hi))
         }
+    }
+}
+
+/// One row and token's 8 block sums of a group, from the 4 pairs' `madd` results
+/// (`[pair p: block 2p ×4 | block 2p+1 ×4]` partial sums), as `[0, 2, 4, 6 | 1, 3, 5, 7]`.
+#[inline(always)]
+pub unsafe fn block_sums(m: [__m256i; 4]) -> __m256i {
+    // SAFETY: AVX2 by the callers' contract.
+    unsafe {
+        let fold = |x, y| _mm256_add_epi32(_mm256_unpacklo_epi32(x, y), _mm256_unpackhi_epi32(x, y));
+        let (r01, r23) = (fold(m[0], m[1]), fold(m[2], m[3])); // [0 2 0 2 | 1 3 1 3], [4 6 4 6 | 5 7 5 7]
+        _mm256_add_epi32(_mm256_unpacklo_epi64(r01, r23), _mm256_unpackhi_epi64(r01, r23))
+    }
+}
+
+/// As [`block_sums`] from the 4 pairs' i16 `maddubs` sums (`[block 2p ×8 | block 2p+1 ×8]`) of
+/// 4-bit levels, folded in i16 (16 products of ≤ 15 · 127 each fit) with one `madd` at the end.
+#[inline(always)]
+pub unsafe fn block_sums16(s: [__m256i; 4]) -> __m256i {
+    // SAFETY: AVX2 by the callers' contract.
+    unsafe {
+        let fold = |x, y| _mm256_add_epi16(_mm256_unpacklo_epi16(x, y), _mm256_unpackhi_epi16(x, y));
+        let (r01, r23) = (fold(s[0], s[1]), fold(s[2], s[3])); // i16 [0 2 ×4 | 1 3 ×4], [4 6 ×4 | 5 7 ×4]
+        let q = _mm256_add_epi16(_mm256_unpacklo_epi32(r01, r23), _mm256_unpackhi_epi32(r01, r23)); // [0 2 4 6 ×2 | ..]
+        let pairs = _mm256_setr_epi8(
+            0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15, 0, 1, 8, 9, 2, 3, 10, 11, 4, 5, 12, 13, 6, 7, 14, 15,
+        );
+        _mm256_madd_epi16(_mm256_shuffle_epi8(q, pairs), _mm256_set1_epi16(1))
     }
 }
 
@@ -260,9 +306,10 @@ mod tests {
         for (c, o) in out.iter_mut().enumerate() {
             let (blk, j) = (c / QK, c % QK);
             let (g, k) = (&row[(blk / G) * gb..][..gb], blk % G);
-            let d = f16::from_le_bytes([g[2 * k], g[2 * k + 1]]).to_f32();
+            let s = 2 * slot(k);
+            let d = f16::from_le_bytes([g[s], g[s + 1]]).to_f32();
             let m = match t {
-                GgmlType::Q4_1 | GgmlType::Q5_1 => f16::from_le_bytes([g[16 + 2 * k], g[17 + 2 * k]]).to_f32(),
+                GgmlType::Q4_1 | GgmlType::Q5_1 => f16::from_le_bytes([g[16 + s], g[17 + s]]).to_f32(),
                 _ => 0.0,
             };
             let lv = if matches!(t, GgmlType::Q4_1 | GgmlType::Q5_1) { 4 * G } else { 2 * G };
