@@ -285,7 +285,7 @@ pub unsafe fn block_sums16(s: [__m256i; 4]) -> __m256i {
     }
 }
 
-/// The 8 scales of a group as f32 (F16C).
+/// The 8 scales (or offsets) of a group as f32 (F16C), in [`slot`] order.
 #[inline(always)]
 pub unsafe fn scales(g: &[u8], at: usize) -> __m256 {
     // SAFETY: 16 bytes at `at` inside the group; F16C by the callers' contract.
