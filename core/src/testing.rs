@@ -307,6 +307,9 @@ pub fn ggml_layer_formats() -> Vec<LayerFormat> {
     v.push(LayerFormat { gate: g(GgmlType::Q4_0), up: g(GgmlType::IQ4_NL), down: g(GgmlType::Q5_K) });
     v.push(LayerFormat { gate: g(GgmlType::IQ4_XS), up: g(GgmlType::Q3_K), down: g(GgmlType::Q8_0) });
     v.push(LayerFormat { gate: g(GgmlType::F16), up: g(GgmlType::BF16), down: g(GgmlType::Q2_K) });
+    // q8_0 reads its activations in a layout of its own: beside another 32-column type.
+    v.push(LayerFormat { gate: g(GgmlType::Q8_0), up: g(GgmlType::Q4_1), down: g(GgmlType::Q5_0) });
+    v.push(LayerFormat { gate: g(GgmlType::Q5_1), up: g(GgmlType::Q8_0), down: g(GgmlType::Q8_0) });
     v
 }
 

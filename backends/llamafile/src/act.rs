@@ -38,10 +38,34 @@ impl ActG8 {
     }
 }
 
+/// 8 activation blocks of 32 columns for q8_0 weights, widened to i16 and interleaved as
+/// [`crate::legacy`] lays out q8_0: column pair c of the 8 blocks, in [`slot`] order, at `16c`.
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+#[repr(C)]
+pub struct ActW8 {
+    /// Scales, block `k` at [`slot`]`(k)`.
+    pub d: [f32; G],
+    /// Values.
+    pub qs: [i16; 32 * G],
+}
+
+impl ActW8 {
+    /// Where column `j` of block `k` of the group is stored.
+    pub fn at(k: usize, j: usize) -> usize {
+        16 * (j / 2) + 2 * slot(k) + j % 2
+    }
+}
+
+/// Whether `t` reads [`ActW8`] (else [`ActG8`], for the other 32-column types).
+pub fn wide(t: GgmlType) -> bool {
+    t == GgmlType::Q8_0
+}
+
 /// Bytes of prepared activations for `rows` tokens of `cols` columns.
 pub fn bytes(t: GgmlType, rows: usize, cols: usize) -> usize {
     rows * match t.act() {
         ActKind::F32 => 4 * cols,
+        ActKind::Q8_0 if wide(t) => (cols / QK).div_ceil(G) * size_of::<ActW8>(),
         ActKind::Q8_0 => (cols / QK).div_ceil(G) * size_of::<ActG8>(),
         ActKind::Q8K => cols / QK_K * size_of::<BlockQ8K>(),
     }
@@ -65,6 +89,28 @@ pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst:
             ActKind::F32 => {
                 let out: &mut [f32] = bytemuck::cast_slice_mut(&mut dst[4 * i * cols..4 * (i + 1) * cols]);
                 out.copy_from_slice(&x);
+            }
+            ActKind::Q8_0 if wide(t) => {
+                let out: &mut [ActW8] = bytemuck::cast_slice_mut(dst);
+                let mut q = [0i8; 32];
+                for (b, xs) in x.chunks_exact(QK).enumerate() {
+                    let (a, k) = (&mut out[(b / G) * n + i], b % G);
+                    let d = amax(xs) / 127.0;
+                    // SAFETY: AVX2 by this function's contract.
+                    unsafe { quantize(xs, d, &mut q) };
+                    a.d[slot(k)] = half::f16::from_f32(d).to_f32();
+                    for (j, &v) in q.iter().enumerate() {
+                        a.qs[ActW8::at(k, j)] = i16::from(v);
+                    }
+                }
+                let nb = cols / QK;
+                if nb % G != 0 {
+                    let a = &mut out[(nb / G) * n + i];
+                    for k in nb % G..G {
+                        a.d[slot(k)] = 0.0;
+                        (0..QK).for_each(|j| a.qs[ActW8::at(k, j)] = 0);
+                    }
+                }
             }
             ActKind::Q8_0 => {
                 let out: &mut [ActG8] = bytemuck::cast_slice_mut(dst);
@@ -106,6 +152,40 @@ pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst:
             }
         }
     }
+}
+
+/// `act` (`n` tokens of `cols` columns prepared for `from`) in the layout `to` reads, when the two
+/// 32-column types read different ones (a q8_0 up beside a q4_0 gate); else `None`.
+/// The values are the same, only moved (and widened or narrowed); `u32` words for alignment.
+pub fn relayout(to: GgmlType, from: GgmlType, act: &[u8], n: usize, cols: usize) -> Option<Vec<u32>> {
+    if to.act() != ActKind::Q8_0 || wide(to) == wide(from) {
+        return None;
+    }
+    let mut words = vec![0u32; bytes(to, n, cols) / 4];
+    if wide(to) {
+        let (src, dst): (&[ActG8], &mut [ActW8]) = (bytemuck::cast_slice(act), bytemuck::cast_slice_mut(&mut words));
+        for (w, g) in dst.iter_mut().zip(src) {
+            w.d = g.d;
+            for k in 0..G {
+                (0..QK).for_each(|j| w.qs[ActW8::at(k, j)] = i16::from(g.qs[ActG8::at(k, j)]));
+            }
+        }
+    } else {
+        let (src, dst): (&[ActW8], &mut [ActG8]) = (bytemuck::cast_slice(act), bytemuck::cast_slice_mut(&mut words));
+        for (g, w) in dst.iter_mut().zip(src) {
+            g.d = w.d;
+            for k in 0..G {
+                let mut sum = 0i32;
+                for j in 0..QK {
+                    let v = w.qs[ActW8::at(k, j)];
+                    g.qs[ActG8::at(k, j)] = v as i8;
+                    sum += i32::from(v);
+                }
+                g.s[slot(k)] = g.d[slot(k)] * sum as f32;
+            }
+        }
+    }
+    Some(words)
 }
 
 fn amax(x: &[f32]) -> f32 {
@@ -161,7 +241,7 @@ mod tests {
             x[0] = 127.0;
             x[1..9].copy_from_slice(&[2.5, -2.5, 0.5, -0.5, 1.5, 3.5, -126.5, 0.0]);
             let src: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
-            for t in [GgmlType::Q4_K, GgmlType::Q8_0] {
+            for t in [GgmlType::Q4_K, GgmlType::Q4_0, GgmlType::Q8_0] {
                 // u32 storage: the blocks hold f32s and need 4-byte alignment.
                 let mut words = vec![0u32; bytes(t, 1, 512) / 4];
                 let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
@@ -172,6 +252,14 @@ mod tests {
                     for (b, g) in got.iter().enumerate() {
                         let want = BlockQ8K::quantize(&x[256 * b..]);
                         assert_eq!((g.d, g.qs, g.bsums), (want.d, want.qs, want.bsums), "block {b}");
+                    }
+                } else if wide(t) {
+                    let got: &[ActW8] = bytemuck::cast_slice(dst);
+                    for b in 0..512 / 32 {
+                        let (g, k) = (&got[b / G], b % G);
+                        let want = BlockQ8_0::quantize(&x[32 * b..]);
+                        let q: Vec<i8> = (0..32).map(|j| g.qs[ActW8::at(k, j)] as i8).collect();
+                        assert_eq!((&q[..], g.d[slot(k)]), (&want.qs[..], want.scale()), "block {b}");
                     }
                 } else {
                     let got: &[ActG8] = bytemuck::cast_slice(dst);
@@ -186,5 +274,28 @@ mod tests {
                 }
             }
         }
+    }
+
+    #[test]
+    fn relayout_gives_what_prepare_gives() {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+            return;
+        }
+        let mut r = SplitMix64::new(6);
+        // 3 tokens of 320 columns: 10 blocks, the second group padded.
+        let (n, cols) = (3, 320);
+        let src: Vec<bf16> = (0..n * cols).map(|_| bf16::from_f32(r.gaussian())).collect();
+        let prep = |t| {
+            let mut words = vec![0u32; bytes(t, n, cols) / 4];
+            // SAFETY: AVX2 and FMA checked above.
+            unsafe { prepare(t, cols, &src, &[0, 1, 2], bytemuck::cast_slice_mut(&mut words)) };
+            words
+        };
+        let (narrow, wide) = (prep(GgmlType::Q4_0), prep(GgmlType::Q8_0));
+        let b = |w: &[u32]| bytemuck::cast_slice::<u32, u8>(w).to_vec();
+        assert_eq!(relayout(GgmlType::Q8_0, GgmlType::Q4_0, &b(&narrow), n, cols), Some(wide.clone()));
+        assert_eq!(relayout(GgmlType::Q5_1, GgmlType::Q8_0, &b(&wide), n, cols), Some(narrow.clone()));
+        assert_eq!(relayout(GgmlType::Q4_1, GgmlType::Q4_0, &b(&narrow), n, cols), None);
+        assert_eq!(relayout(GgmlType::Q4_K, GgmlType::Q8_0, &b(&wide), n, cols), None);
     }
 }

@@ -13,7 +13,7 @@ use core::arch::x86_64::*;
 
 use kt_core::ggml::{self, ActKind, BlockQ8K, GgmlType, QK, QK_K};
 
-use crate::act::ActG8;
+use crate::act::{ActG8, ActW8};
 use crate::decode::{chunk_scales, KBlock, Q4KU, Q5KU};
 use crate::legacy::{self, LGroup, Offset};
 
@@ -109,16 +109,22 @@ pub struct DecK {
     dmin: f32,
 }
 
+/// One q8_0 group of one row widened to i16 ([`wide`]).
+#[derive(Clone, Copy)]
+#[repr(C, align(32))]
+struct W16([[i16; 16]; QK / 2]);
+
 /// Decoded blocks of one tile, reused across calls.
 pub struct Scratch {
     k: [DecK; R],
+    w: [W16; R],
 }
 
 impl Scratch {
     /// Fresh buffers.
     pub fn new() -> Box<Self> {
         let z = DecK { v: [[0; 32]; 8], w: [[0; 32]; 8], sc: [[0; 16]; 8], mn: [0; 16], d: 0.0, dmin: 0.0 };
-        Box::new(Scratch { k: [z; R] })
+        Box::new(Scratch { k: [z; R], w: [W16([[0; 16]; QK / 2]); R] })
     }
 }
 
@@ -194,7 +200,17 @@ pub unsafe fn dots(
         GgmlType::Q4_1 => l!(legacy::Q41),
         GgmlType::Q5_0 => l!(legacy::Q50),
         GgmlType::Q5_1 => l!(legacy::Q51),
-        GgmlType::Q8_0 => l!(legacy::Q80),
+        GgmlType::Q8_0 => {
+            let tile =
+                Tile::new(rows, nr, (w.cols / QK).div_ceil(legacy::G), bytemuck::cast_slice::<u8, ActW8>(act), n);
+            // SAFETY: the caller's contract; act holds [groups][n] ActW8, rows are repacked.
+            unsafe {
+                match n {
+                    1 => wide::<1>(&tile, out, &mut scratch.w),
+                    _ => wide::<TC>(&tile, out, &mut scratch.w),
+                }
+            }
+        }
         GgmlType::IQ4_NL => l!(legacy::Iq4Nl),
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
             debug_assert_eq!(w.t.act(), ActKind::F32);
@@ -381,7 +397,7 @@ unsafe fn legacy<const TC: usize, L: LGroup>(tile: &Tile<'_, ActG8>, out: &mut [
                 Offset::Stored => unsafe { legacy::scales(grp[i], 2 * legacy::G) },
             });
             // With several tokens, unsigned levels (nibbles, fifth bits) are decoded once for all
-            // of them; signed ones (two loads each, and their magnitudes) cost more registers
+            // of them; signed ones (iq4_nl: levels and their magnitudes) cost more registers
             // than they save, so they, and everything for one token, are decoded where used.
             let hoist = TC > 1 && !L::SIGNED;
             let mut lv = [[(_mm256_setzero_si256(), _mm256_setzero_si256()); 4]; R];
@@ -429,6 +445,102 @@ unsafe fn legacy<const TC: usize, L: LGroup>(tile: &Tile<'_, ActG8>, out: &mut [
                     };
                     acc[i][t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(v), sc[i], acc[i][t]);
                 }
+            }
+        }
+        for (t, o) in out[t0..t0 + tn].iter_mut().enumerate() {
+            for i in 0..tile.nr {
+                // SAFETY: AVX present.
+                o[i] = unsafe { hsum(acc[i][t]) };
+            }
+        }
+    }
+}
+
+/// Piece `c` (column pair c of the 8 blocks) of a q8_0 group, widened to i16.
+#[inline(always)]
+unsafe fn q8_piece(g: &[u8], c: usize) -> __m256i {
+    let at = 2 * legacy::G + 16 * c;
+    debug_assert!(g.len() >= at + 16);
+    // SAFETY: 16 bytes at `at` inside the group; AVX2 by the callers' contract.
+    unsafe { _mm256_cvtepi8_epi16(_mm_loadu_si128(g.as_ptr().add(at).cast())) }
+}
+
+/// `NT` tokens' dots with one q8_0 group of each row (`widened`: its pieces in `w16`, else
+/// widened here), added to `acc[i][t..t + NT]`.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn wide_tokens<const NT: usize, const TC: usize>(
+    grp: &[&[u8]; R],
+    w16: &[W16; R],
+    act: &[ActW8],
+    dw: &[__m256; R],
+    acc: &mut [[__m256; TC]],
+    t: usize,
+    widened: bool,
+) {
+    // SAFETY (whole function): AVX2/FMA by the callers' features; loads stay inside the
+    // groups, the scratch and the activation blocks.
+    unsafe {
+        let mut s = [[_mm256_setzero_si256(); NT]; R];
+        for c in 0..QK / 2 {
+            let av: [__m256i; NT] = core::array::from_fn(|k| ld(&act[k].qs[16 * c..]));
+            for i in 0..R {
+                let w = if widened { ld(&w16[i].0[c]) } else { q8_piece(grp[i], c) };
+                for k in 0..NT {
+                    s[i][k] = _mm256_add_epi32(s[i][k], _mm256_madd_epi16(w, av[k]));
+                }
+            }
+        }
+        for k in 0..NT {
+            let da = _mm256_loadu_ps(act[k].d.as_ptr());
+            for i in 0..R {
+                acc[i][t + k] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s[i][k]), _mm256_mul_ps(dw[i], da), acc[i][t + k]);
+            }
+        }
+    }
+}
+
+/// q8_0, repacked ([`crate::legacy`]) and with [`ActW8`] activations: levels widened to i16
+/// (once per group for all tokens when there are several), so each 16-value piece is one
+/// `madd` whose lanes are the 8 blocks' shares, summed over the group's 16 pieces: no sign
+/// trick, no gathering, one conversion and one FMA per group.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn wide<const TC: usize>(tile: &Tile<'_, ActW8>, out: &mut [[f32; R]], w16: &mut [W16; R]) {
+    const PIECES: usize = QK / 2;
+    let (n, ng) = (tile.n, tile.nb);
+    let gb = tile.rows[0].len() / ng.max(1);
+    let step = even_tiles::<TC>(n);
+    for t0 in (0..n).step_by(step) {
+        let tn = step.min(n - t0);
+        let mut acc = [[_mm256_setzero_ps(); TC]; R];
+        for g in 0..ng {
+            if t0 == 0 {
+                prefetch_next(tile, g);
+            }
+            let mut grp: [&[u8]; R] = [&[]; R];
+            for i in 0..R {
+                grp[i] = &tile.rows[i][g * gb..(g + 1) * gb];
+            }
+            // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
+            // inside the groups (16 bytes of levels per piece after the 16 of scales), the
+            // activation blocks and the scratch.
+            let dw: [__m256; R] = core::array::from_fn(|i| unsafe { legacy::scales(grp[i], 0) });
+            if TC > 1 {
+                for i in 0..R {
+                    for c in 0..PIECES {
+                        unsafe { _mm256_store_si256(w16[i].0[c].as_mut_ptr().cast(), q8_piece(grp[i], c)) };
+                    }
+                }
+            }
+            // Two tokens at a time when there are several: each widened piece, loaded once,
+            // serves both (the loop is bound by loads, not by the multiplies).
+            let mut t = 0;
+            while TC > 1 && t + 2 <= tn {
+                unsafe { wide_tokens::<2, TC>(&grp, w16, &tile.act[g * n + t0 + t..], &dw, &mut acc, t, true) };
+                t += 2;
+            }
+            if t < tn {
+                unsafe { wide_tokens::<1, TC>(&grp, w16, &tile.act[g * n + t0 + t..], &dw, &mut acc, t, TC > 1) };
             }
         }
         for (t, o) in out[t0..t0 + tn].iter_mut().enumerate() {

@@ -7,6 +7,9 @@
 //! sums of one row and token are gathered into one register ([`block_sums`]) in the order
 //! 0, 2, 4, 6, 1, 3, 5, 7, which is the order the scales (and offsets) are stored in: one
 //! conversion and one multiply-add per group instead of one per pair.
+//! q8_0 is laid out otherwise: column pair c of the 8 blocks (in that order) at `16c`, for a
+//! kernel that widens levels and activations to i16 and needs no sign trick (`vpmaddwd` alone
+//! gives each block's share in its own lane; [`crate::act::ActW8`]).
 //! A group has the bytes of its 8 blocks; a row's last group is padded with zero blocks.
 
 use core::arch::x86_64::*;
@@ -25,6 +28,9 @@ pub const fn slot(k: usize) -> usize {
         4 + k / 2
     }
 }
+
+/// The block at each slot ([`slot`]'s inverse).
+pub const ORDER: [usize; G] = [0, 2, 4, 6, 1, 3, 5, 7];
 
 /// Bytes of one group of `t`.
 pub fn group_bytes(t: GgmlType) -> usize {
@@ -69,13 +75,12 @@ pub fn repack_row(t: GgmlType, src: &[u8], out: &mut [u8]) {
         }
         let mut at = if matches!(t, GgmlType::Q4_1 | GgmlType::Q5_1) { 4 * G } else { 2 * G };
         if t == GgmlType::Q8_0 {
-            // Pair p: columns 0..16 of blocks 2p and 2p+1, then their columns 16..32.
-            for p in 0..G / 2 {
-                for half in 0..2 {
-                    for k in [2 * p, 2 * p + 1] {
-                        let q = blocks.get(k).map_or(&[0u8; 32][..], |b| fields(t, b).2);
-                        put(o, &mut at, &q[16 * half..16 * half + 16]);
-                    }
+            // Column pair c (columns 2c, 2c+1) of the 8 blocks in slot order: widened to i16,
+            // one `madd` gives each block's share in its own lane ([`crate::act::ActW8`]).
+            for c in 0..QK / 2 {
+                for k in ORDER {
+                    let q = blocks.get(k).map_or(&[0u8; 32][..], |b| fields(t, b).2);
+                    put(o, &mut at, &q[2 * c..2 * c + 2]);
                 }
             }
         } else {
@@ -179,8 +184,6 @@ pub struct Q41;
 pub struct Q50;
 /// q5_1.
 pub struct Q51;
-/// q8_0.
-pub struct Q80;
 /// iq4_nl.
 pub struct Iq4Nl;
 
@@ -226,17 +229,6 @@ impl LGroup for Q51 {
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
         unsafe { five_bits(g, Self::LEVELS, p) }
-    }
-}
-
-impl LGroup for Q80 {
-    const SIGNED: bool = true;
-    const FOUR_BIT: bool = false;
-    const OFFSET: Offset = Offset::Zero;
-    const LEVELS: usize = 2 * G;
-    #[inline(always)]
-    unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
-        unsafe { (load(&g[Self::LEVELS + 64 * p..]), load(&g[Self::LEVELS + 64 * p + 32..])) }
     }
 }
 
@@ -315,8 +307,7 @@ mod tests {
             let lv = if matches!(t, GgmlType::Q4_1 | GgmlType::Q5_1) { 4 * G } else { 2 * G };
             let (p, second) = (k / 2, k % 2);
             let q: f32 = if t == GgmlType::Q8_0 {
-                let at = lv + 64 * p + 32 * (j / 16) + 16 * second + j % 16;
-                f32::from(g[at] as i8)
+                f32::from(g[lv + 16 * (j / 2) + 2 * slot(k) + j % 2] as i8)
             } else {
                 let byte = g[lv + 16 * k + j % 16];
                 let mut n = if j < 16 { byte & 0xF } else { byte >> 4 };

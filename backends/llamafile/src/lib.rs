@@ -134,12 +134,15 @@ mod imp {
         ) {
             let (g, u) = (packed(gate), packed(up));
             let (n, nr) = (h.rows(), rows.len());
+            // The activations were prepared for gate's type; up may read another layout.
+            let moved = crate::act::relayout(u.t, g.t, act, n, g.cols);
+            let up_act: &[u8] = moved.as_deref().map_or(act, bytemuck::cast_slice);
             // Gate and up of the whole task, token-major, then SwiGLU 16 lanes at a time.
             let (mut gs, mut us) = (vec![0.0f32; n * nr], vec![0.0f32; n * nr]);
             let mut ut = vec![[0.0f32; R]; n];
             for_tiles(g, &rows, act, n, |r0, k, gt, scratch| {
                 // SAFETY: as in for_tiles.
-                unsafe { dots(u, r0, k, act, n, &mut ut, scratch) };
+                unsafe { dots(u, r0, k, up_act, n, &mut ut, scratch) };
                 for t in 0..n {
                     let at = t * nr + r0 - rows.start;
                     gs[at..at + k].copy_from_slice(&gt[t][..k]);
