@@ -220,6 +220,28 @@ pub unsafe fn dots(
     }
 }
 
+/// Group `g` (`gb` bytes) of each row of a 32-column tile.
+#[inline(always)]
+fn group<'a, A>(tile: &Tile<'a, A>, g: usize, gb: usize) -> [&'a [u8]; R] {
+    // A loop, not `from_fn`: the closure was left out of line (it lacks the caller's features).
+    let mut grp: [&[u8]; R] = [&[]; R];
+    for i in 0..R {
+        grp[i] = &tile.rows[i][g * gb..(g + 1) * gb];
+    }
+    grp
+}
+
+/// `out[t][i]` = the sum of `acc[i][t]`'s lanes, for the first `nr` rows.
+#[inline(always)]
+unsafe fn write_out<const TC: usize>(acc: &[[__m256; TC]; R], out: &mut [[f32; R]], nr: usize) {
+    for (t, o) in out.iter_mut().enumerate() {
+        for i in 0..nr {
+            // SAFETY: AVX by the callers' features.
+            o[i] = unsafe { hsum(acc[i][t]) };
+        }
+    }
+}
+
 /// Tokens per tile when `n` are split into as few tiles of at most `TC` as can be, all but
 /// the last of one size: 33 tokens are 17 + 16, not 32 + 1, whose lone token would pay a whole
 /// decode of every block.
@@ -359,12 +381,7 @@ unsafe fn kquant<B: KBlock>(tile: &Tile<'_, BlockQ8K>, out: &mut [[f32; R]], dec
                 }
             }
         }
-        for (t, o) in out[t0..t0 + tn].iter_mut().enumerate() {
-            for i in 0..tile.nr {
-                // SAFETY: AVX present.
-                o[i] = unsafe { hsum(acc[i][t]) };
-            }
-        }
+        unsafe { write_out(&acc, &mut out[t0..t0 + tn], tile.nr) };
     }
 }
 
@@ -383,11 +400,7 @@ unsafe fn legacy<const TC: usize, L: LGroup>(tile: &Tile<'_, ActG8>, out: &mut [
             if t0 == 0 {
                 prefetch_next(tile, g);
             }
-            // A loop, not `from_fn`: its closure was left out of line (it lacks the features).
-            let mut grp: [&[u8]; R] = [&[]; R];
-            for i in 0..R {
-                grp[i] = &tile.rows[i][g * gb..(g + 1) * gb];
-            }
+            let grp = group(tile, g, gb);
             // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
             // inside the groups and the activation blocks.
             let dw: [__m256; R] = core::array::from_fn(|i| unsafe { legacy::scales(grp[i], 0) });
@@ -447,12 +460,7 @@ unsafe fn legacy<const TC: usize, L: LGroup>(tile: &Tile<'_, ActG8>, out: &mut [
                 }
             }
         }
-        for (t, o) in out[t0..t0 + tn].iter_mut().enumerate() {
-            for i in 0..tile.nr {
-                // SAFETY: AVX present.
-                o[i] = unsafe { hsum(acc[i][t]) };
-            }
-        }
+        unsafe { write_out(&acc, &mut out[t0..t0 + tn], tile.nr) };
     }
 }
 
@@ -517,10 +525,7 @@ unsafe fn wide<const TC: usize>(tile: &Tile<'_, ActW8>, out: &mut [[f32; R]], w1
             if t0 == 0 {
                 prefetch_next(tile, g);
             }
-            let mut grp: [&[u8]; R] = [&[]; R];
-            for i in 0..R {
-                grp[i] = &tile.rows[i][g * gb..(g + 1) * gb];
-            }
+            let grp = group(tile, g, gb);
             // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
             // inside the groups (16 bytes of levels per piece after the 16 of scales), the
             // activation blocks and the scratch.
@@ -543,12 +548,7 @@ unsafe fn wide<const TC: usize>(tile: &Tile<'_, ActW8>, out: &mut [[f32; R]], w1
                 unsafe { wide_tokens::<1, TC>(&grp, w16, &tile.act[g * n + t0 + t..], &dw, &mut acc, t, TC > 1) };
             }
         }
-        for (t, o) in out[t0..t0 + tn].iter_mut().enumerate() {
-            for i in 0..tile.nr {
-                // SAFETY: AVX present.
-                o[i] = unsafe { hsum(acc[i][t]) };
-            }
-        }
+        unsafe { write_out(&acc, &mut out[t0..t0 + tn], tile.nr) };
     }
 }
 
