@@ -42,7 +42,9 @@ pub fn fuzz(data: &[u8]) {
         }
     }
     if let (Ok(cfg), Some(&layer)) = (moe_config(&f), moe_layers(&f).first()) {
-        if cfg.experts * cfg.hidden * cfg.intermediate <= MAX_ELEMS && cfg.validate().is_ok() {
+        // Checked: the metadata may claim any sizes (a fuzz run found this product overflowing).
+        let elems = cfg.experts.checked_mul(cfg.hidden).and_then(|x| x.checked_mul(cfg.intermediate));
+        if elems.is_some_and(|e| e <= MAX_ELEMS) && cfg.validate().is_ok() {
             let opts = LayerOptions {
                 backend: Some(&REFERENCE),
                 ..LayerOptions::executor(std::sync::Arc::new(SerialExecutor))
