@@ -90,54 +90,9 @@ pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst:
                 let out: &mut [f32] = bytemuck::cast_slice_mut(&mut dst[4 * i * cols..4 * (i + 1) * cols]);
                 out.copy_from_slice(&x);
             }
-            ActKind::Q8_0 if wide(t) => {
-                let out: &mut [ActW8] = bytemuck::cast_slice_mut(dst);
-                let mut q = [0i8; 32];
-                for (b, xs) in x.chunks_exact(QK).enumerate() {
-                    let (a, k) = (&mut out[(b / G) * n + i], b % G);
-                    let d = amax(xs) / 127.0;
-                    // SAFETY: AVX2 by this function's contract.
-                    unsafe { quantize(xs, d, &mut q) };
-                    a.d[slot(k)] = half::f16::from_f32(d).to_f32();
-                    for (j, &v) in q.iter().enumerate() {
-                        a.qs[ActW8::at(k, j)] = i16::from(v);
-                    }
-                }
-                let nb = cols / QK;
-                if nb % G != 0 {
-                    let a = &mut out[(nb / G) * n + i];
-                    for k in nb % G..G {
-                        a.d[slot(k)] = 0.0;
-                        (0..QK).for_each(|j| a.qs[ActW8::at(k, j)] = 0);
-                    }
-                }
-            }
-            ActKind::Q8_0 => {
-                let out: &mut [ActG8] = bytemuck::cast_slice_mut(dst);
-                let mut q = [0i8; 32];
-                for (b, xs) in x.chunks_exact(QK).enumerate() {
-                    let (a, k) = (&mut out[(b / G) * n + i], b % G);
-                    let d = amax(xs) / 127.0;
-                    // SAFETY: AVX2 by this function's contract.
-                    let sum = unsafe { quantize(xs, d, &mut q) };
-                    // The scale as Q8_0 stores it (f16), so values equal core's Q8_0 blocks.
-                    let at = slot(k);
-                    a.d[at] = half::f16::from_f32(d).to_f32();
-                    a.s[at] = a.d[at] * sum as f32;
-                    for (j, &v) in q.iter().enumerate() {
-                        a.qs[ActG8::at(k, j)] = v;
-                    }
-                }
-                // Padding blocks of the last group: zero.
-                let nb = cols / QK;
-                if nb % G != 0 {
-                    let a = &mut out[(nb / G) * n + i];
-                    for k in nb % G..G {
-                        (a.d[slot(k)], a.s[slot(k)]) = (0.0, 0.0);
-                        (0..QK).for_each(|j| a.qs[ActG8::at(k, j)] = 0);
-                    }
-                }
-            }
+            // SAFETY (both): AVX2 and FMA by this function's contract.
+            ActKind::Q8_0 if wide(t) => unsafe { fill::<ActW8>(bytemuck::cast_slice_mut(dst), &x, n, i) },
+            ActKind::Q8_0 => unsafe { fill::<ActG8>(bytemuck::cast_slice_mut(dst), &x, n, i) },
             ActKind::Q8K => {
                 let out: &mut [BlockQ8K] = bytemuck::cast_slice_mut(dst);
                 for (b, xs) in x.chunks_exact(QK_K).enumerate() {
@@ -163,29 +118,67 @@ pub fn relayout(to: GgmlType, from: GgmlType, act: &[u8], n: usize, cols: usize)
     }
     let mut words = vec![0u32; bytes(to, n, cols) / 4];
     if wide(to) {
-        let (src, dst): (&[ActG8], &mut [ActW8]) = (bytemuck::cast_slice(act), bytemuck::cast_slice_mut(&mut words));
-        for (w, g) in dst.iter_mut().zip(src) {
-            w.d = g.d;
-            for k in 0..G {
-                (0..QK).for_each(|j| w.qs[ActW8::at(k, j)] = i16::from(g.qs[ActG8::at(k, j)]));
-            }
-        }
+        moved::<ActG8, ActW8>(bytemuck::cast_slice(act), bytemuck::cast_slice_mut(&mut words));
     } else {
-        let (src, dst): (&[ActW8], &mut [ActG8]) = (bytemuck::cast_slice(act), bytemuck::cast_slice_mut(&mut words));
-        for (g, w) in dst.iter_mut().zip(src) {
-            g.d = w.d;
-            for k in 0..G {
-                let mut sum = 0i32;
-                for j in 0..QK {
-                    let v = w.qs[ActW8::at(k, j)];
-                    g.qs[ActG8::at(k, j)] = v as i8;
-                    sum += i32::from(v);
-                }
-                g.s[slot(k)] = g.d[slot(k)] * sum as f32;
-            }
-        }
+        moved::<ActW8, ActG8>(bytemuck::cast_slice(act), bytemuck::cast_slice_mut(&mut words));
     }
     Some(words)
+}
+
+/// A group of 8 activation blocks in one of the two 32-column layouts.
+trait Group: Pod {
+    /// Store block `k`: its scale, `Σ q` and values.
+    fn put(&mut self, k: usize, d: f32, sum: i32, q: &[i8; QK]);
+    /// Block `k`'s scale and values.
+    fn get(&self, k: usize) -> (f32, [i8; QK]);
+}
+
+impl Group for ActG8 {
+    fn put(&mut self, k: usize, d: f32, sum: i32, q: &[i8; QK]) {
+        (self.d[slot(k)], self.s[slot(k)]) = (d, d * sum as f32);
+        q.iter().enumerate().for_each(|(j, &v)| self.qs[ActG8::at(k, j)] = v);
+    }
+    fn get(&self, k: usize) -> (f32, [i8; QK]) {
+        (self.d[slot(k)], core::array::from_fn(|j| self.qs[ActG8::at(k, j)]))
+    }
+}
+
+impl Group for ActW8 {
+    fn put(&mut self, k: usize, d: f32, _sum: i32, q: &[i8; QK]) {
+        self.d[slot(k)] = d;
+        q.iter().enumerate().for_each(|(j, &v)| self.qs[ActW8::at(k, j)] = i16::from(v));
+    }
+    fn get(&self, k: usize) -> (f32, [i8; QK]) {
+        (self.d[slot(k)], core::array::from_fn(|j| self.qs[ActW8::at(k, j)] as i8))
+    }
+}
+
+/// Quantize token `i`'s row `x` into its groups of `out` (`[groups][n]`); the last group's
+/// missing blocks are zero.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fill<A: Group>(out: &mut [A], x: &[f32], n: usize, i: usize) {
+    let mut q = [0i8; QK];
+    for (b, xs) in x.chunks_exact(QK).enumerate() {
+        let d = amax(xs) / 127.0;
+        // SAFETY: AVX2 by this function's contract.
+        let sum = unsafe { quantize(xs, d, &mut q) };
+        // The scale as Q8_0 stores it (f16), so values equal core's Q8_0 blocks.
+        out[(b / G) * n + i].put(b % G, half::f16::from_f32(d).to_f32(), sum, &q);
+    }
+    let nb = x.len() / QK;
+    if nb % G != 0 {
+        (nb % G..G).for_each(|k| out[(nb / G) * n + i].put(k, 0.0, 0, &[0; QK]));
+    }
+}
+
+/// Every block of `src` put into `dst` in the other layout.
+fn moved<A: Group, B: Group>(src: &[A], dst: &mut [B]) {
+    for (to, from) in dst.iter_mut().zip(src) {
+        for k in 0..G {
+            let (d, q) = from.get(k);
+            to.put(k, d, q.iter().map(|&v| i32::from(v)).sum(), &q);
+        }
+    }
 }
 
 fn amax(x: &[f32]) -> f32 {
