@@ -1,6 +1,7 @@
 //! One projection's dots on one thread (qwen3-30b-a3b's gate: 768 × 2048), for one token
 //! (decode, weights from cache: the kernel's own cost) and for 20 and 33 (an expert's share of a
-//! 512-token prefill). Divide 2·768·2048·n by the time for GOP/s.
+//! 512-token prefill). Divide 2·768·2048·n by the time for GOP/s. `pack`: the same matrix
+//! packed at load (repacking, levels moved to the lane layout), in GGUF bytes per second.
 //! `cargo bench -p kt-backend-llamafile --bench dots`
 
 use half::bf16;
@@ -30,6 +31,13 @@ fn dots<const N: usize>(bencher: divan::Bencher, name: &str) {
     bencher
         .counter(divan::counter::ItemsCount::new(2 * ROWS * COLS * N))
         .bench_local(|| LLAMAFILE.down(&w, 0..ROWS, &act, MatMut::from_slice(&mut y, N, ROWS, ROWS)));
+}
+
+#[divan::bench(args = ["q4_K", "q6_K", "q8_0", "q4_0"])]
+fn pack(bencher: divan::Bencher, name: &str) {
+    let t = GgmlType::parse(name).expect("a GGML type");
+    let m = random_matrix(t, ROWS, COLS, 1);
+    bencher.counter(divan::counter::BytesCount::new(m.data().len())).bench_local(|| LLAMAFILE.pack(&m).expect("packs"));
 }
 
 fn main() {

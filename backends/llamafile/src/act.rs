@@ -1,6 +1,7 @@
 //! Prepared activations, block-major so that one weight block meets every token's matching
 //! block in one place:
-//! - K-quants and IQ4_XS: `[blocks][tokens]` of [`BlockQ8K`] (as core quantizes it);
+//! - K-quants and IQ4_XS: `[blocks][tokens]` of [`BlockQ8K`] (as core quantizes it, the
+//!   values then in the lane layout of [`crate::lanes`]);
 //! - 32-column types: `[groups of 8 blocks][tokens]` of [`ActG8`]: Q8_0 blocks (scales widened
 //!   to f32) with `s = d·Σq` (ggml's Q8_1: the offsets of the weights fold in with it), the
 //!   values in the pairwise order of [`crate::legacy`];
@@ -103,6 +104,7 @@ pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst:
                     for (s, q) in a.bsums.iter_mut().zip(a.qs.chunks_exact(16)) {
                         *s = q.iter().map(|&v| i16::from(v)).sum();
                     }
+                    crate::lanes::order_act(&mut a.qs);
                 }
             }
         }
@@ -243,7 +245,8 @@ mod tests {
                 if t == GgmlType::Q4_K {
                     let got: &[BlockQ8K] = bytemuck::cast_slice(dst);
                     for (b, g) in got.iter().enumerate() {
-                        let want = BlockQ8K::quantize(&x[256 * b..]);
+                        let mut want = BlockQ8K::quantize(&x[256 * b..]);
+                        crate::lanes::order_act(&mut want.qs);
                         assert_eq!((g.d, g.qs, g.bsums), (want.d, want.qs, want.bsums), "block {b}");
                     }
                 } else if wide(t) {

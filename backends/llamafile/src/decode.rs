@@ -1,13 +1,15 @@
 //! The 256-column GGML block types as the dot kernels read them, in registers ([`KBlock`]):
 //! per block the scales of each 16 columns, the mins (the integers multiplying the activation
-//! sums) and the f32 scales `d`, `dmin`; per 32-column chunk its levels.
-//! `value = d·sc·level − dmin·mn` per 16 columns. (The 32-column types: [`crate::legacy`].)
+//! sums) and the f32 scales `d`, `dmin`; 8 registers of levels in the lane layout of
+//! [`crate::lanes`] (each the levels of one 32-column chunk as GGUF stores them, after the
+//! levels were moved at load). `value = d·sc·level − dmin·mn` per 16 columns.
+//! (The 32-column types: [`crate::legacy`].)
 //!
-//! Levels are unsigned (0..63) except for the types whose levels are signed (q8_0, iq4_*),
-//! which the kernels multiply with the sign trick of `maddubs` (|w| times the activation given
-//! w's sign).
+//! Levels are unsigned (0..63) except for iq4_xs's, which are signed and which the kernels
+//! multiply with the sign trick of `maddubs` (|w| times the activation given w's sign).
 
 use core::arch::x86_64::*;
+use core::mem::offset_of;
 
 use bytemuck::Pod;
 use kt_core::ggml::{q3k_scales, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, KVALUES_IQ4NL};
@@ -16,18 +18,41 @@ use kt_core::ggml::{q3k_scales, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ
 pub trait KBlock: Pod {
     /// Levels are signed.
     const SIGNED: bool;
-    /// `(scales, mins, d, dmin)`: the i16 scales of each 16 columns, those of the first half
-    /// of each chunk in the low lane and of the second half in the high lane ([`chunk_scales`]
-    /// picks a chunk's with one shuffle), and the i16 mins of each 16 columns in order.
+    /// Registers whose `maddubs` pair sums may be added in i16 before the `madd` with the
+    /// scales: the most that cannot overflow (FOLD · 2 · max|level| · 127 ≤ 32767).
+    const FOLD: usize;
+    /// `(scales, mins, d, dmin)`: the i16 scales and the i16 mins of each 16 columns, in
+    /// column order (lane h of every register belongs to 16 columns h).
     ///
     /// # Safety
     /// AVX2, FMA and F16C must be present.
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32);
-    /// Levels of 32-column chunk `c` (0..8).
+    /// Levels of register `r` (0..8): chunk `r` as GGUF lays out its levels.
     ///
     /// # Safety
     /// As [`KBlock::prep`].
-    unsafe fn chunk(&self, c: usize) -> __m256i;
+    unsafe fn reg(&self, r: usize) -> __m256i;
+    /// Where the levels of columns `16h..16h + 16` of chunk `c` live: up to two bit fields,
+    /// low bits first, each in 16 consecutive bytes ([`crate::lanes::relevel`]).
+    fn fields(c: usize, h: usize) -> [Field; 2];
+}
+
+/// Bits `shift..shift + width` of bytes `at..at + 16` of a block, one column each (`width` 0:
+/// no field).
+#[derive(Clone, Copy)]
+pub struct Field {
+    /// Byte offset in the block.
+    pub at: usize,
+    /// First bit.
+    pub shift: u32,
+    /// Bits.
+    pub width: u32,
+}
+
+const NONE: Field = Field { at: 0, shift: 0, width: 0 };
+
+const fn field(at: usize, shift: usize, width: u32) -> Field {
+    Field { at, shift: shift as u32, width }
 }
 
 /// f16 → f32 with F16C.
@@ -73,43 +98,18 @@ unsafe fn iq4_lut() -> __m256i {
     }
 }
 
-/// 8 per-32-column scales (bytes) as the scale vector: the same 8 in both lanes.
+/// 8 bytes, each twice, widened to 16 i16 (per-32 scales or mins as per-16 ones).
 #[inline(always)]
-unsafe fn per32(x: u64, signed: bool) -> __m256i {
+unsafe fn twice(x: u64, signed: bool) -> __m256i {
     // SAFETY: AVX2 by contract.
     unsafe {
         let b = _mm_cvtsi64_si128(x as i64);
-        let b = _mm_unpacklo_epi64(b, b);
+        let b = _mm_unpacklo_epi8(b, b);
         if signed {
             _mm256_cvtepi8_epi16(b)
         } else {
             _mm256_cvtepu8_epi16(b)
         }
-    }
-}
-
-/// 16 per-16-column scales (bytes, in column order) as the scale vector: even groups in the
-/// low lane, odd ones in the high lane.
-#[inline(always)]
-unsafe fn per16(x: __m128i, signed: bool) -> __m256i {
-    // SAFETY: AVX2 by contract.
-    unsafe {
-        let split = _mm_shuffle_epi8(x, _mm_setr_epi8(0, 2, 4, 6, 8, 10, 12, 14, 1, 3, 5, 7, 9, 11, 13, 15));
-        if signed {
-            _mm256_cvtepi8_epi16(split)
-        } else {
-            _mm256_cvtepu8_epi16(split)
-        }
-    }
-}
-
-/// 8 bytes, each twice, widened to 16 i16 (per-32 mins as per-16 ones, in column order).
-#[inline(always)]
-unsafe fn twice_u8(x: u64) -> __m256i {
-    // SAFETY: AVX2 by contract.
-    unsafe {
-        let b = _mm_cvtsi64_si128(x as i64);
-        _mm256_cvtepu8_epi16(_mm_unpacklo_epi8(b, b))
     }
 }
 
@@ -126,67 +126,55 @@ fn k4_scales(s: &[u8; 12]) -> (u64, u64) {
     (sc, mn)
 }
 
-/// `pshufb` masks picking i16 `c` of each lane, for chunk `c`.
-static PICK: [[u8; 32]; 8] = {
-    let mut m = [[0u8; 32]; 8];
-    let mut c = 0;
-    while c < 8 {
-        let mut i = 0;
-        while i < 32 {
-            m[c][i] = (2 * c + i % 2) as u8;
-            i += 1;
-        }
-        c += 1;
-    }
-    m
-};
-
-/// The i16 lanes of chunk `c`: 8 × the scale of its first 16 columns, 8 × its second's.
-#[inline(always)]
-pub unsafe fn chunk_scales(sv: __m256i, c: usize) -> __m256i {
-    // SAFETY: AVX2 by contract; PICK[c] has 32 bytes.
-    unsafe { _mm256_shuffle_epi8(sv, _mm256_loadu_si256(PICK[c].as_ptr().cast())) }
-}
-
 // SAFETY (every impl below): each unsafe fn requires AVX2/FMA/F16C (its trait's contract), and
 // every load stays inside the block's own arrays.
 
 impl KBlock for BlockQ2K {
     const SIGNED: bool = false;
+    const FOLD: usize = 8;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         unsafe {
             let x = _mm_loadu_si128(self.scales.as_ptr().cast());
             let m = _mm_set1_epi8(0x0F);
             let mn = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16::<4>(x), m));
-            (per16(_mm_and_si128(x, m), false), mn, h(self.d), h(self.dmin))
+            (_mm256_cvtepu8_epi16(_mm_and_si128(x, m)), mn, h(self.d), h(self.dmin))
         }
     }
     #[inline(always)]
-    unsafe fn chunk(&self, c: usize) -> __m256i {
-        unsafe { bits(load(&self.qs[32 * (c / 4)..]), 2 * (c % 4), 3) }
+    unsafe fn reg(&self, r: usize) -> __m256i {
+        unsafe { bits(load(&self.qs[32 * (r / 4)..]), 2 * (r % 4), 3) }
+    }
+    fn fields(c: usize, h: usize) -> [Field; 2] {
+        [field(offset_of!(Self, qs) + 32 * (c / 4) + 16 * h, 2 * (c % 4), 2), NONE]
     }
 }
 
 impl KBlock for BlockQ3K {
     const SIGNED: bool = false;
+    const FOLD: usize = 8;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         unsafe {
             let x = _mm_loadu_si128(q3k_scales(&self.scales).as_ptr().cast());
             let d = h(self.d);
-            (per16(x, true), _mm256_slli_epi16::<2>(_mm256_cvtepi8_epi16(x)), d, d)
+            let s = _mm256_cvtepi8_epi16(x);
+            (s, _mm256_slli_epi16::<2>(s), d, d)
         }
     }
     /// `lo2 + 4·hbit` (0..7); the value is that minus 4 (the min).
     #[inline(always)]
-    unsafe fn chunk(&self, c: usize) -> __m256i {
+    unsafe fn reg(&self, r: usize) -> __m256i {
         unsafe {
-            let lo = bits(load(&self.qs[32 * (c / 4)..]), 2 * (c % 4), 3);
-            let bit = _mm256_set1_epi8((1u8 << c) as i8);
+            let lo = bits(load(&self.qs[32 * (r / 4)..]), 2 * (r % 4), 3);
+            let bit = _mm256_set1_epi8((1u8 << r) as i8);
             let clear = _mm256_cmpeq_epi8(_mm256_and_si256(load(&self.hmask), bit), _mm256_setzero_si256());
             _mm256_or_si256(lo, _mm256_andnot_si256(clear, _mm256_set1_epi8(4)))
         }
+    }
+    fn fields(c: usize, h: usize) -> [Field; 2] {
+        let lo = field(offset_of!(Self, qs) + 32 * (c / 4) + 16 * h, 2 * (c % 4), 2);
+        [lo, field(offset_of!(Self, hmask) + 16 * h, c, 1)]
     }
 }
 
@@ -220,12 +208,12 @@ fn unpack_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     (sc.to_le_bytes(), mn.to_le_bytes())
 }
 
-/// `prep` of [`Q4KU`] and [`Q5KU`]: scales per 32 columns, mins for both 16-column halves.
+/// `prep` of [`Q4KU`] and [`Q5KU`]: scales and mins per 32 columns, for both 16-column halves.
 #[inline(always)]
 unsafe fn unpacked_prep(sc: [u8; 8], mn: [u8; 8], d: [u8; 2], dmin: [u8; 2]) -> (__m256i, __m256i, f32, f32) {
     let (sc, mn) = (u64::from_le_bytes(sc), u64::from_le_bytes(mn));
     // SAFETY: AVX2 and F16C by the callers' contract.
-    unsafe { (per32(sc, false), twice_u8(mn), h(d), h(dmin)) }
+    unsafe { (twice(sc, false), twice(mn, false), h(d), h(dmin)) }
 }
 
 impl Q4KU {
@@ -246,62 +234,82 @@ impl Q5KU {
 
 impl KBlock for Q4KU {
     const SIGNED: bool = false;
+    const FOLD: usize = 8;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         unsafe { unpacked_prep(self.sc, self.mn, self.d, self.dmin) }
     }
     #[inline(always)]
-    unsafe fn chunk(&self, c: usize) -> __m256i {
-        unsafe { bits(load(&self.qs[32 * (c / 2)..]), 4 * (c % 2), 0x0F) }
+    unsafe fn reg(&self, r: usize) -> __m256i {
+        unsafe { bits(load(&self.qs[32 * (r / 2)..]), 4 * (r % 2), 0x0F) }
+    }
+    fn fields(c: usize, h: usize) -> [Field; 2] {
+        [field(offset_of!(Self, qs) + 32 * (c / 2) + 16 * h, 4 * (c % 2), 4), NONE]
     }
 }
 
 impl KBlock for Q5KU {
     const SIGNED: bool = false;
+    const FOLD: usize = 4;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         unsafe { unpacked_prep(self.sc, self.mn, self.d, self.dmin) }
     }
     #[inline(always)]
-    unsafe fn chunk(&self, c: usize) -> __m256i {
+    unsafe fn reg(&self, r: usize) -> __m256i {
         unsafe {
-            let lo = bits(load(&self.qs[32 * (c / 2)..]), 4 * (c % 2), 0x0F);
-            _mm256_or_si256(lo, _mm256_slli_epi16::<4>(bits(load(&self.qh), c, 1)))
+            let lo = bits(load(&self.qs[32 * (r / 2)..]), 4 * (r % 2), 0x0F);
+            _mm256_or_si256(lo, _mm256_slli_epi16::<4>(bits(load(&self.qh), r, 1)))
         }
+    }
+    fn fields(c: usize, h: usize) -> [Field; 2] {
+        let lo = field(offset_of!(Self, qs) + 32 * (c / 2) + 16 * h, 4 * (c % 2), 4);
+        [lo, field(offset_of!(Self, qh) + 16 * h, c, 1)]
     }
 }
 
 impl KBlock for BlockQ6K {
     const SIGNED: bool = false;
+    const FOLD: usize = 2;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         unsafe {
             let x = _mm_loadu_si128(self.scales.as_ptr().cast());
             let d = h(self.d);
-            (per16(x, true), _mm256_slli_epi16::<5>(_mm256_cvtepi8_epi16(x)), d, d)
+            let s = _mm256_cvtepi8_epi16(x);
+            (s, _mm256_slli_epi16::<5>(s), d, d)
         }
     }
     /// 6-bit levels 0..63; the value is that minus 32 (the min).
     #[inline(always)]
-    unsafe fn chunk(&self, c: usize) -> __m256i {
-        let (n, k) = (c / 4, c % 4);
+    unsafe fn reg(&self, r: usize) -> __m256i {
+        let (n, k) = (r / 4, r % 4);
         unsafe {
             let lo = bits(load(&self.ql[64 * n + 32 * (k % 2)..]), 4 * (k / 2), 0x0F);
             let hi = bits(load(&self.qh[32 * n..]), 2 * k, 3);
             _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hi))
         }
     }
+    fn fields(c: usize, h: usize) -> [Field; 2] {
+        let (n, k) = (c / 4, c % 4);
+        let lo = field(offset_of!(Self, ql) + 64 * n + 32 * (k % 2) + 16 * h, 4 * (k / 2), 4);
+        [lo, field(offset_of!(Self, qh) + 32 * n + 16 * h, 2 * k, 2)]
+    }
 }
 
 impl KBlock for BlockIq4Xs {
     const SIGNED: bool = true;
+    const FOLD: usize = 1;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         let ls: [u8; 8] = core::array::from_fn(|ib| self.scale(ib) as u8);
-        unsafe { (per32(u64::from_le_bytes(ls), true), _mm256_setzero_si256(), h(self.d), 0.0) }
+        unsafe { (twice(u64::from_le_bytes(ls), true), _mm256_setzero_si256(), h(self.d), 0.0) }
     }
     #[inline(always)]
-    unsafe fn chunk(&self, c: usize) -> __m256i {
-        unsafe { _mm256_shuffle_epi8(iq4_lut(), nibbles16(&self.qs[16 * c..])) }
+    unsafe fn reg(&self, r: usize) -> __m256i {
+        unsafe { _mm256_shuffle_epi8(iq4_lut(), nibbles16(&self.qs[16 * r..])) }
+    }
+    fn fields(c: usize, h: usize) -> [Field; 2] {
+        [field(offset_of!(Self, qs) + 16 * c, 4 * h, 4), NONE]
     }
 }

@@ -1,8 +1,9 @@
 //! Dot kernels: a tile of [`R`] weight rows against every token, [`TC`] tokens at a time.
 //! Each weight block is decoded once per tile ([`crate::decode`]; for one token straight into
 //! registers, for more into [`DecK`] buffers) and dotted with the matching block of each
-//! token: `maddubs` (u8 levels × i8 activations, pairs summed to i16), `madd` with the scales
-//! (K-quants) or with ones (32-column types) to i32, then f32.
+//! token: `maddubs` (u8 levels × i8 activations, pairs summed to i16), then to i32 by a
+//! `madd` with the 16-column scales (K-quants, in the lane layout of [`crate::lanes`], several
+//! registers summed in i16 first) or by gathering block sums (32-column types), then f32.
 //! Every output is computed in block order by one call, whatever the tile: results do not
 //! depend on how rows are split over tasks.
 
@@ -14,7 +15,8 @@ use core::arch::x86_64::*;
 use kt_core::ggml::{self, ActKind, BlockQ8K, GgmlType, QK, QK_K};
 
 use crate::act::{ActG8, ActW8};
-use crate::decode::{chunk_scales, KBlock, Q4KU, Q5KU};
+use crate::decode::{KBlock, Q4KU, Q5KU};
+use crate::lanes::{relevel, REGS};
 use crate::legacy::{self, LGroup, Offset};
 
 /// Rows per tile.
@@ -24,7 +26,9 @@ pub const R: usize = 4;
 const TC: usize = 32;
 
 /// A GGML matrix packed for the kernels: rows of whole blocks, row-major; the 32-column
-/// quantized types in groups of 8 blocks ([`crate::legacy`]), the others as GGUF stores them.
+/// quantized types in groups of 8 blocks ([`crate::legacy`]), the 256-column ones with their
+/// levels in the lane layout ([`crate::lanes`]; q4_K and q5_K with scales unpacked), the
+/// float types as GGUF stores them.
 #[derive(Debug)]
 pub struct Packed {
     /// Its type.
@@ -39,22 +43,19 @@ pub struct Packed {
 }
 
 impl Packed {
-    /// Pack a matrix: the 32-column quantized types repacked ([`crate::legacy`]), the others
-    /// as they are.
+    /// Pack a matrix (GGUF bytes `src`).
     pub fn new(t: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Self {
         let row_bytes = Self::row_len(t, cols);
-        if matches!(t, GgmlType::Q4_K | GgmlType::Q5_K) {
-            let data: Vec<u8> = if t == GgmlType::Q4_K {
-                let b: &[ggml::BlockQ4K] = bytemuck::cast_slice(src);
-                bytemuck::cast_slice(&b.iter().map(Q4KU::from_block).collect::<Vec<_>>()).to_vec()
-            } else {
-                let b: &[ggml::BlockQ5K] = bytemuck::cast_slice(src);
-                bytemuck::cast_slice(&b.iter().map(Q5KU::from_block).collect::<Vec<_>>()).to_vec()
-            };
-            return Packed { t, rows, cols, row_bytes, data };
-        }
-        if row_bytes == t.row_bytes(cols) && t.act() != ActKind::Q8_0 {
-            return Packed { t, rows, cols, row_bytes, data: src.to_vec() };
+        let k = |data| Packed { t, rows, cols, row_bytes, data };
+        match t {
+            GgmlType::Q2_K => return k(releveled(src, |b: &ggml::BlockQ2K| *b)),
+            GgmlType::Q3_K => return k(releveled(src, |b: &ggml::BlockQ3K| *b)),
+            GgmlType::Q4_K => return k(releveled(src, Q4KU::from_block)),
+            GgmlType::Q5_K => return k(releveled(src, Q5KU::from_block)),
+            GgmlType::Q6_K => return k(releveled(src, |b: &ggml::BlockQ6K| *b)),
+            GgmlType::IQ4_XS => return k(releveled(src, |b: &ggml::BlockIq4Xs| *b)),
+            _ if t.act() == ActKind::F32 => return k(src.to_vec()),
+            _ => {}
         }
         let mut data = vec![0u8; rows * row_bytes];
         for (o, s) in data.chunks_exact_mut(row_bytes.max(1)).zip(src.chunks_exact(t.row_bytes(cols).max(1))) {
@@ -77,6 +78,13 @@ impl Packed {
     }
 }
 
+/// GGUF blocks `src` (of type `S`) as kernel blocks `B` in the lane layout.
+fn releveled<S: bytemuck::Pod, B: KBlock>(src: &[u8], from: impl Fn(&S) -> B) -> Vec<u8> {
+    let blocks: &[S] = bytemuck::cast_slice(src);
+    let out: Vec<B> = blocks.iter().map(|b| relevel(&from(b))).collect();
+    bytemuck::cast_slice(&out).to_vec()
+}
+
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn hsum(v: __m256) -> f32 {
@@ -97,12 +105,12 @@ unsafe fn ld<T>(p: &[T]) -> __m256i {
 #[derive(Clone, Copy)]
 #[repr(C, align(32))]
 pub struct DecK {
-    /// Unsigned levels (|w| for signed types).
-    v: [[u8; 32]; 8],
+    /// Unsigned levels (|w| for signed types), per register.
+    v: [[u8; 32]; REGS],
     /// Signed levels (signed types only).
-    w: [[u8; 32]; 8],
-    /// Per chunk, its i16 scale lanes ([`chunk_scales`]).
-    sc: [[i16; 16]; 8],
+    w: [[u8; 32]; REGS],
+    /// Scales of each 16 columns.
+    sc: [i16; 16],
     /// Mins of each 16 columns.
     mn: [i16; 16],
     d: f32,
@@ -123,7 +131,7 @@ pub struct Scratch {
 impl Scratch {
     /// Fresh buffers.
     pub fn new() -> Box<Self> {
-        let z = DecK { v: [[0; 32]; 8], w: [[0; 32]; 8], sc: [[0; 16]; 8], mn: [0; 16], d: 0.0, dmin: 0.0 };
+        let z = DecK { v: [[0; 32]; REGS], w: [[0; 32]; REGS], sc: [0; 16], mn: [0; 16], d: 0.0, dmin: 0.0 };
         Box::new(Scratch { k: [z; R], w: [W16([[0; 16]; QK / 2]); R] })
     }
 }
@@ -278,7 +286,27 @@ unsafe fn pair_sums(signed: bool, x: __m256i, a: __m256i) -> __m256i {
     }
 }
 
-/// K-quants for one token: every chunk decoded into registers and used at once.
+/// One block's levels `blk` with its activations `a`, as i32 lanes already scaled per 16
+/// columns by `sc`: pair sums added in i16, [`KBlock::FOLD`] registers at a time, then one
+/// `madd` with the scales per fold.
+#[inline(always)]
+unsafe fn block_dot<B: KBlock>(blk: &B, a: &BlockQ8K, sc: __m256i) -> __m256i {
+    // SAFETY: AVX2 in every caller (target_feature functions); loads inside the blocks.
+    unsafe {
+        let mut sum = _mm256_setzero_si256();
+        for f in (0..REGS).step_by(B::FOLD) {
+            let mut p = pair_sums(B::SIGNED, blk.reg(f), ld(&a.qs[32 * f..]));
+            for r in f + 1..f + B::FOLD {
+                p = _mm256_add_epi16(p, pair_sums(B::SIGNED, blk.reg(r), ld(&a.qs[32 * r..])));
+            }
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, sc));
+        }
+        sum
+    }
+}
+
+/// K-quants for one token: every register decoded in place and used at once, a row at a time
+/// ([`block_dot`]; measured faster than a register at a time for all rows).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn kquant1<B: KBlock>(tile: &Tile<'_, BlockQ8K>, out: &mut [[f32; R]]) {
     let blocks: [&[B]; R] = tile.rows.map(|r| bytemuck::cast_slice(r));
@@ -290,26 +318,13 @@ unsafe fn kquant1<B: KBlock>(tile: &Tile<'_, BlockQ8K>, out: &mut [[f32; R]]) {
         // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
         // inside the blocks' arrays.
         let bs = unsafe { ld(&a.bsums) };
-        let mut sv = [_mm256_setzero_si256(); R];
-        let mut scale = [_mm256_setzero_ps(); R];
         for i in 0..R {
-            let (s, mn, d, dmin) = unsafe { blocks[i][b].prep() };
-            // The mins at once (frees their register); the level sums once per block, below.
+            let blk = &blocks[i][b];
+            let (sc, mn, d, dmin) = unsafe { blk.prep() };
             let mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, mn));
+            let dots = _mm256_cvtepi32_ps(unsafe { block_dot(blk, a, sc) });
             acc[i] = _mm256_fnmadd_ps(mins, _mm256_mul_ps(_mm256_set1_ps(dmin), da), acc[i]);
-            (sv[i], scale[i]) = (s, _mm256_mul_ps(_mm256_set1_ps(d), da));
-        }
-        let mut isum = [_mm256_setzero_si256(); R];
-        for c in 0..8 {
-            let av = unsafe { ld(&a.qs[32 * c..]) };
-            for i in 0..R {
-                let x = unsafe { blocks[i][b].chunk(c) };
-                let p = unsafe { pair_sums(B::SIGNED, x, av) };
-                isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p, unsafe { chunk_scales(sv[i], c) }));
-            }
-        }
-        for i in 0..R {
-            acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), scale[i], acc[i]);
+            acc[i] = _mm256_fmadd_ps(dots, _mm256_mul_ps(_mm256_set1_ps(d), da), acc[i]);
         }
     }
     for i in 0..tile.nr {
@@ -336,37 +351,45 @@ unsafe fn kquant<B: KBlock>(tile: &Tile<'_, BlockQ8K>, out: &mut [[f32; R]], dec
             for i in 0..R {
                 let blk = &blocks[i][b];
                 let o = &mut dec[i];
-                let (sv, mn, d, dmin) = unsafe { blk.prep() };
-                for c in 0..8 {
-                    let x = unsafe { blk.chunk(c) };
+                let (sc, mn, d, dmin) = unsafe { blk.prep() };
+                for r in 0..REGS {
+                    let x = unsafe { blk.reg(r) };
                     unsafe {
                         if B::SIGNED {
-                            _mm256_store_si256(o.v[c].as_mut_ptr().cast(), _mm256_abs_epi8(x));
-                            _mm256_store_si256(o.w[c].as_mut_ptr().cast(), x);
+                            _mm256_store_si256(o.v[r].as_mut_ptr().cast(), _mm256_abs_epi8(x));
+                            _mm256_store_si256(o.w[r].as_mut_ptr().cast(), x);
                         } else {
-                            _mm256_store_si256(o.v[c].as_mut_ptr().cast(), x);
+                            _mm256_store_si256(o.v[r].as_mut_ptr().cast(), x);
                         }
-                        _mm256_store_si256(o.sc[c].as_mut_ptr().cast(), chunk_scales(sv, c));
                     }
                 }
-                unsafe { _mm256_store_si256(o.mn.as_mut_ptr().cast(), mn) };
+                unsafe {
+                    _mm256_store_si256(o.sc.as_mut_ptr().cast(), sc);
+                    _mm256_store_si256(o.mn.as_mut_ptr().cast(), mn);
+                }
                 (o.d, o.dmin) = (d, dmin);
             }
             for t in 0..tn {
                 let a = &tile.act[b * n + t0 + t];
                 let mut isum = [_mm256_setzero_si256(); R];
-                for c in 0..8 {
-                    let av = unsafe { ld(&a.qs[32 * c..]) };
+                for f in (0..REGS).step_by(B::FOLD) {
+                    let mut p = [_mm256_setzero_si256(); R];
+                    for r in f..f + B::FOLD {
+                        let av = unsafe { ld(&a.qs[32 * r..]) };
+                        for i in 0..R {
+                            let d = &dec[i];
+                            let s = unsafe {
+                                if B::SIGNED {
+                                    _mm256_maddubs_epi16(ld(&d.v[r]), _mm256_sign_epi8(av, ld(&d.w[r])))
+                                } else {
+                                    _mm256_maddubs_epi16(ld(&d.v[r]), av)
+                                }
+                            };
+                            p[i] = _mm256_add_epi16(p[i], s);
+                        }
+                    }
                     for i in 0..R {
-                        let d = &dec[i];
-                        let p = unsafe {
-                            if B::SIGNED {
-                                _mm256_maddubs_epi16(ld(&d.v[c]), _mm256_sign_epi8(av, ld(&d.w[c])))
-                            } else {
-                                _mm256_maddubs_epi16(ld(&d.v[c]), av)
-                            }
-                        };
-                        isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p, unsafe { ld(&d.sc[c]) }));
+                        isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p[i], unsafe { ld(&dec[i].sc) }));
                     }
                 }
                 let bs = unsafe { ld(&a.bsums) };

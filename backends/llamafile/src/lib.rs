@@ -14,6 +14,8 @@ mod decode;
 #[cfg(target_arch = "x86_64")]
 mod kernels;
 #[cfg(target_arch = "x86_64")]
+mod lanes;
+#[cfg(target_arch = "x86_64")]
 mod legacy;
 
 use kt_core::Backend;

@@ -1,0 +1,151 @@
+//! The lane layout of the 256-column blocks: register `r` (0..8) of a block holds, in its
+//! i16 lane `h` (bytes 2h and 2h + 1), columns `16h + 2r` and `16h + 2r + 1`. Every lane of
+//! every register then belongs to one 16-column group, so the `maddubs` pair sums of several
+//! registers add up in i16 and one `madd` with the 16 group scales serves them all
+//! ([`crate::decode::KBlock::FOLD`]), where chunk-ordered registers each need their scales
+//! shuffled into place and a `madd` of their own.
+//!
+//! Weights are put in this order at load by moving each level inside the block's own bit
+//! fields ([`relevel`]), so a register decodes as a chunk of the GGUF layout does; activations
+//! when they are quantized ([`order_act`]). Scales, mins and the activations' 16-column sums
+//! keep their column order.
+
+use kt_core::ggml::QK_K;
+
+use crate::decode::{Field, KBlock};
+
+/// Registers per block.
+pub const REGS: usize = 8;
+
+/// The column of byte `b` of register `r`.
+pub const fn column(r: usize, b: usize) -> usize {
+    16 * (b / 2) + 2 * r + b % 2
+}
+
+/// An activation block's values from column order into the lane layout.
+pub fn order_act(qs: &mut [i8; QK_K]) {
+    let src = *qs;
+    for r in 0..REGS {
+        for b in 0..32 {
+            qs[32 * r + b] = src[column(r, b)];
+        }
+    }
+}
+
+/// `blk` with its levels in the lane layout: the level of chunk `r`, column `b` (GGUF's
+/// addressing) becomes that of column [`column`]`(r, b)`. Levels move 16 columns at a time
+/// (loops the compiler vectorizes): a few hundred ns a block.
+pub fn relevel<B: KBlock>(blk: &B) -> B {
+    let src = bytemuck::bytes_of(blk);
+    // Levels in column order, 16 columns a row.
+    let mut lv = [[0u8; 16]; QK_K / 16];
+    for (g, l) in lv.iter_mut().enumerate() {
+        let mut at = 0;
+        for f in B::fields(g / 2, g % 2) {
+            let m = mask(f);
+            for (v, &b) in l.iter_mut().zip(&src[f.at..f.at + 16]) {
+                *v |= ((b >> f.shift) & m) << at;
+            }
+            at += f.width;
+        }
+    }
+    let mut out = *blk;
+    let dst = bytemuck::bytes_of_mut(&mut out);
+    for r in 0..REGS {
+        for h in 0..2 {
+            let mut v: [u8; 16] = core::array::from_fn(|k| {
+                let c = column(r, 16 * h + k);
+                lv[c / 16][c % 16]
+            });
+            for f in B::fields(r, h) {
+                let m = mask(f);
+                for (o, x) in dst[f.at..f.at + 16].iter_mut().zip(&mut v) {
+                    *o = (*o & !(m << f.shift)) | ((*x & m) << f.shift);
+                    *x = x.checked_shr(f.width).unwrap_or(0);
+                }
+            }
+        }
+    }
+    out
+}
+
+fn mask(f: Field) -> u8 {
+    ((1u16 << f.width) - 1) as u8
+}
+
+#[cfg(test)]
+mod tests {
+    use kt_core::ggml::{self, GgmlType};
+
+    use super::*;
+    use crate::decode::{Q4KU, Q5KU};
+
+    #[test]
+    fn every_column_is_placed_once() {
+        let mut seen = [false; QK_K];
+        for r in 0..REGS {
+            for b in 0..32 {
+                assert!(!std::mem::replace(&mut seen[column(r, b)], true));
+                assert_eq!(column(r, b) / 16, b / 2, "lane h holds 16 columns h");
+            }
+        }
+    }
+
+    /// The registers of a releveled block, as the kernels decode them, hold each column's
+    /// level as the GGUF layout stores it (the fields of chunk c/32, column c%32), and no bit
+    /// outside the levels changed.
+    fn check<B: KBlock>(t: GgmlType, from: impl Fn(&[u8]) -> B) {
+        let m = ggml::random_matrix(t, 1, QK_K, 7);
+        let blk = from(m.data());
+        let moved = relevel(&blk);
+        let (a, b) = (bytemuck::bytes_of(&blk), bytemuck::bytes_of(&moved));
+        for r in 0..REGS {
+            let mut reg = [0u8; 32];
+            // SAFETY: AVX2, FMA and F16C checked by the caller.
+            unsafe { core::arch::x86_64::_mm256_storeu_si256(reg.as_mut_ptr().cast(), moved.reg(r)) };
+            for (j, &got) in reg.iter().enumerate() {
+                let c = column(r, j);
+                let level = level(a, B::fields(c / 32, (c % 32) / 16), c % 16);
+                let want = if B::SIGNED { ggml::KVALUES_IQ4NL[usize::from(level)] as u8 } else { level };
+                assert_eq!(got, want, "{t:?} register {r} byte {j}");
+            }
+        }
+        let mut level_bits = vec![0u8; a.len()];
+        for c in 0..REGS {
+            for h in 0..2 {
+                for f in B::fields(c, h) {
+                    level_bits[f.at..f.at + 16].iter_mut().for_each(|b| *b |= mask(f) << f.shift);
+                }
+            }
+        }
+        for (i, m) in level_bits.iter().enumerate() {
+            assert_eq!(a[i] & !m, b[i] & !m, "{t:?} byte {i} outside the levels changed");
+        }
+    }
+
+    /// The level of column `k` of 16 described by `fields`, bit by bit.
+    fn level(bytes: &[u8], fields: [Field; 2], k: usize) -> u8 {
+        let (mut v, mut at) = (0, 0);
+        for f in fields {
+            v |= ((bytes[f.at + k] >> f.shift) & mask(f)) << at;
+            at += f.width;
+        }
+        v
+    }
+
+    #[test]
+    fn relevel_moves_each_level_to_its_column() {
+        if kt_core::Backend::cpu_support(&crate::LLAMAFILE).is_err() {
+            return;
+        }
+        fn cast<B: KBlock>(d: &[u8]) -> B {
+            *bytemuck::from_bytes(d)
+        }
+        check::<ggml::BlockQ2K>(GgmlType::Q2_K, cast);
+        check::<ggml::BlockQ3K>(GgmlType::Q3_K, cast);
+        check::<ggml::BlockQ6K>(GgmlType::Q6_K, cast);
+        check::<ggml::BlockIq4Xs>(GgmlType::IQ4_XS, cast);
+        check::<Q4KU>(GgmlType::Q4_K, |d| Q4KU::from_block(bytemuck::from_bytes(d)));
+        check::<Q5KU>(GgmlType::Q5_K, |d| Q5KU::from_block(bytemuck::from_bytes(d)));
+    }
+}
