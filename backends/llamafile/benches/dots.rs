@@ -6,6 +6,7 @@
 
 use half::bf16;
 use kt_backend_llamafile::LLAMAFILE;
+use kt_core::aligned::AlignedBuf;
 use kt_core::ggml::{random_matrix, GgmlType};
 use kt_core::mat::MatMut;
 use kt_core::rng::SplitMix64;
@@ -25,12 +26,14 @@ fn dots<const N: usize>(bencher: divan::Bencher, name: &str) {
     let mut r = SplitMix64::new(2);
     let x: Vec<bf16> = (0..N * COLS).map(|_| bf16::from_f32(r.gaussian())).collect();
     let ids: Vec<u32> = (0..N as u32).collect();
-    let mut act = vec![0u8; LLAMAFILE.act_bytes(format, N, COLS)];
-    LLAMAFILE.quantize_act(format, COLS, &x, &ids, &mut act);
+    // 64-byte aligned, as the forward pass's workspace is.
+    let mut act = AlignedBuf::zeroed(LLAMAFILE.act_bytes(format, N, COLS));
+    let act = act.as_mut_slice();
+    LLAMAFILE.quantize_act(format, COLS, &x, &ids, act);
     let mut y = vec![0.0f32; N * ROWS];
     bencher
         .counter(divan::counter::ItemsCount::new(2 * ROWS * COLS * N))
-        .bench_local(|| LLAMAFILE.down(&w, 0..ROWS, &act, MatMut::from_slice(&mut y, N, ROWS, ROWS)));
+        .bench_local(|| LLAMAFILE.down(&w, 0..ROWS, act, MatMut::from_slice(&mut y, N, ROWS, ROWS)));
 }
 
 #[divan::bench(args = ["q4_K", "q6_K", "q8_0", "q4_0"])]

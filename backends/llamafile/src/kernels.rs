@@ -19,6 +19,19 @@ use crate::decode::{KBlock, Q4KU, Q5KU};
 use crate::lanes::{relevel, REGS};
 use crate::legacy::{self, LGroup, Offset};
 
+/// `[e(0), …, e(n - 1)]` (`init` fills first), built by a loop: `core::array::from_fn`'s and
+/// `map`'s closures lack the caller's target features and were compiled out of line, a call per
+/// element inside the kernels.
+macro_rules! array {
+    ($init:expr; $n:expr, |$i:ident| $e:expr) => {{
+        let mut a = [$init; $n];
+        for $i in 0..$n {
+            a[$i] = $e;
+        }
+        a
+    }};
+}
+
 /// Rows per tile.
 pub const R: usize = 4;
 /// Tokens per accumulator tile (fewer for small batches, whose accumulators then stay in
@@ -38,6 +51,10 @@ pub struct Packed {
     /// Input columns.
     pub cols: usize,
     row_bytes: usize,
+    /// Blocks (256-column types) or groups (32-column ones) per row: a kernel's slices.
+    slices: usize,
+    /// Bytes of the next tile to prefetch per slice ([`prefetch_next`]).
+    prefetch: usize,
     /// Row-major blocks.
     pub data: Vec<u8>,
 }
@@ -46,7 +63,9 @@ impl Packed {
     /// Pack a matrix (GGUF bytes `src`).
     pub fn new(t: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Self {
         let row_bytes = Self::row_len(t, cols);
-        let k = |data| Packed { t, rows, cols, row_bytes, data };
+        let slices = if t.act() == ActKind::Q8_0 { (cols / QK).div_ceil(legacy::G) } else { cols / QK_K };
+        let prefetch = (R * row_bytes).div_ceil(slices.max(1)).next_multiple_of(64);
+        let k = |data| Packed { t, rows, cols, row_bytes, slices, prefetch, data };
         match t {
             GgmlType::Q2_K => return k(releveled(src, |b: &ggml::BlockQ2K| *b)),
             GgmlType::Q3_K => return k(releveled(src, |b: &ggml::BlockQ3K| *b)),
@@ -61,7 +80,7 @@ impl Packed {
         for (o, s) in data.chunks_exact_mut(row_bytes.max(1)).zip(src.chunks_exact(t.row_bytes(cols).max(1))) {
             legacy::repack_row(t, s, o);
         }
-        Packed { t, rows, cols, row_bytes, data }
+        k(data)
     }
 
     fn row_len(t: GgmlType, cols: usize) -> usize {
@@ -148,10 +167,9 @@ struct Tile<'a, A> {
     prefetch: usize,
 }
 
-impl<'a, A> Tile<'a, A> {
-    fn new(rows: [&'a [u8]; R], nr: usize, nb: usize, act: &'a [A], n: usize) -> Self {
-        let prefetch = (R * rows[0].len()).div_ceil(nb.max(1)).next_multiple_of(64);
-        Tile { rows, nr, nb, act, n, prefetch }
+impl<'a, A: bytemuck::Pod> Tile<'a, A> {
+    fn new(w: &Packed, rows: [&'a [u8]; R], nr: usize, act: &'a [u8], n: usize) -> Self {
+        Tile { rows, nr, nb: w.slices, act: bytemuck::cast_slice(act), n, prefetch: w.prefetch }
     }
 }
 
@@ -172,7 +190,7 @@ pub unsafe fn dots(
     let rows: [&[u8]; R] = core::array::from_fn(|i| w.row(r0 + i.min(nr - 1)));
     macro_rules! k {
         ($b:ty) => {{
-            let tile = Tile::new(rows, nr, w.cols / QK_K, bytemuck::cast_slice::<u8, BlockQ8K>(act), n);
+            let tile = Tile::<BlockQ8K>::new(w, rows, nr, act, n);
             // SAFETY: the caller's contract; act holds [blocks][n] BlockQ8K.
             unsafe {
                 if n == 1 {
@@ -185,8 +203,7 @@ pub unsafe fn dots(
     }
     macro_rules! l {
         ($b:ty) => {{
-            let tile =
-                Tile::new(rows, nr, (w.cols / QK).div_ceil(legacy::G), bytemuck::cast_slice::<u8, ActG8>(act), n);
+            let tile = Tile::<ActG8>::new(w, rows, nr, act, n);
             // SAFETY: the caller's contract; act holds [groups][n] ActG8, rows are repacked.
             unsafe {
                 match n {
@@ -209,8 +226,7 @@ pub unsafe fn dots(
         GgmlType::Q5_0 => l!(legacy::Q50),
         GgmlType::Q5_1 => l!(legacy::Q51),
         GgmlType::Q8_0 => {
-            let tile =
-                Tile::new(rows, nr, (w.cols / QK).div_ceil(legacy::G), bytemuck::cast_slice::<u8, ActW8>(act), n);
+            let tile = Tile::<ActW8>::new(w, rows, nr, act, n);
             // SAFETY: the caller's contract; act holds [groups][n] ActW8, rows are repacked.
             unsafe {
                 match n {
@@ -231,12 +247,7 @@ pub unsafe fn dots(
 /// Group `g` (`gb` bytes) of each row of a 32-column tile.
 #[inline(always)]
 fn group<'a, A>(tile: &Tile<'a, A>, g: usize, gb: usize) -> [&'a [u8]; R] {
-    // A loop, not `from_fn`: the closure was left out of line (it lacks the caller's features).
-    let mut grp: [&[u8]; R] = [&[]; R];
-    for i in 0..R {
-        grp[i] = &tile.rows[i][g * gb..(g + 1) * gb];
-    }
-    grp
+    array!(&[][..]; R, |i| &tile.rows[i][g * gb..(g + 1) * gb])
 }
 
 /// `out[t][i]` = the sum of `acc[i][t]`'s lanes, for the first `nr` rows.
@@ -309,7 +320,7 @@ unsafe fn block_dot<B: KBlock>(blk: &B, a: &BlockQ8K, sc: __m256i) -> __m256i {
 /// ([`block_dot`]; measured faster than a register at a time for all rows).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn kquant1<B: KBlock>(tile: &Tile<'_, BlockQ8K>, out: &mut [[f32; R]]) {
-    let blocks: [&[B]; R] = tile.rows.map(|r| bytemuck::cast_slice(r));
+    let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.rows[i]));
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..tile.nb {
         prefetch_next(tile, b);
@@ -337,7 +348,7 @@ unsafe fn kquant1<B: KBlock>(tile: &Tile<'_, BlockQ8K>, out: &mut [[f32; R]]) {
 /// [`TC`] tokens at a time.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn kquant<B: KBlock>(tile: &Tile<'_, BlockQ8K>, out: &mut [[f32; R]], dec: &mut [DecK; R]) {
-    let blocks: [&[B]; R] = tile.rows.map(|r| bytemuck::cast_slice(r));
+    let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.rows[i]));
     let n = tile.n;
     let step = even_tiles::<TC>(n);
     for t0 in (0..n).step_by(step) {
@@ -426,8 +437,8 @@ unsafe fn legacy<const TC: usize, L: LGroup>(tile: &Tile<'_, ActG8>, out: &mut [
             let grp = group(tile, g, gb);
             // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
             // inside the groups and the activation blocks.
-            let dw: [__m256; R] = core::array::from_fn(|i| unsafe { legacy::scales(grp[i], 0) });
-            let mw: [__m256; R] = core::array::from_fn(|i| match L::OFFSET {
+            let dw = array!(_mm256_setzero_ps(); R, |i| unsafe { legacy::scales(grp[i], 0) });
+            let mw = array!(_mm256_setzero_ps(); R, |i| match L::OFFSET {
                 Offset::Zero => _mm256_setzero_ps(),
                 Offset::OfD(k) => _mm256_mul_ps(dw[i], _mm256_set1_ps(k)),
                 Offset::Stored => unsafe { legacy::scales(grp[i], 2 * legacy::G) },
@@ -447,7 +458,7 @@ unsafe fn legacy<const TC: usize, L: LGroup>(tile: &Tile<'_, ActG8>, out: &mut [
             for t in 0..tn {
                 let a = &tile.act[g * n + t0 + t];
                 let (da, sa) = unsafe { (_mm256_loadu_ps(a.d.as_ptr()), _mm256_loadu_ps(a.s.as_ptr())) };
-                let sc: [__m256; R] = core::array::from_fn(|i| _mm256_mul_ps(dw[i], da));
+                let sc = array!(_mm256_setzero_ps(); R, |i| _mm256_mul_ps(dw[i], da));
                 if L::OFFSET != Offset::Zero {
                     for i in 0..R {
                         acc[i][t] = _mm256_fmadd_ps(mw[i], sa, acc[i][t]);
@@ -513,8 +524,10 @@ unsafe fn wide_tokens<const NT: usize, const TC: usize>(
     // groups, the scratch and the activation blocks.
     unsafe {
         let mut s = [[_mm256_setzero_si256(); NT]; R];
-        for c in 0..QK / 2 {
-            let av: [__m256i; NT] = core::array::from_fn(|k| ld(&act[k].qs[16 * c..]));
+        // An opaque trip count keeps this a loop: unrolled, LLVM regrouped the adds into one
+        // tree per accumulator, kept all 16 pieces live and spilled them to the stack.
+        for c in 0..core::hint::black_box(QK / 2) {
+            let av = array!(_mm256_setzero_si256(); NT, |k| ld(&act[k].qs[16 * c..]));
             for i in 0..R {
                 let w = if widened { ld(&w16[i].0[c]) } else { q8_piece(grp[i], c) };
                 for k in 0..NT {
@@ -552,7 +565,7 @@ unsafe fn wide<const TC: usize>(tile: &Tile<'_, ActW8>, out: &mut [[f32; R]], w1
             // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
             // inside the groups (16 bytes of levels per piece after the 16 of scales), the
             // activation blocks and the scratch.
-            let dw: [__m256; R] = core::array::from_fn(|i| unsafe { legacy::scales(grp[i], 0) });
+            let dw = array!(_mm256_setzero_ps(); R, |i| unsafe { legacy::scales(grp[i], 0) });
             if TC > 1 {
                 for i in 0..R {
                     for c in 0..PIECES {

@@ -65,6 +65,17 @@ mod imp {
         }
     }
 
+    /// `dst[..nr] = src[..nr]`; a whole tile as one fixed-size move (a call to `memmove`
+    /// for 16 bytes otherwise, per tile and token).
+    #[inline(always)]
+    fn put(dst: &mut [f32], src: &[f32; R], nr: usize) {
+        if nr == R {
+            dst[..R].copy_from_slice(src);
+        } else {
+            dst[..nr].copy_from_slice(&src[..nr]);
+        }
+    }
+
     /// `emit(r0, nr, results, scratch)` for each tile of up to `R` rows of `rows`, results
     /// `[n][R]`.
     fn for_tiles(
@@ -147,8 +158,8 @@ mod imp {
                 unsafe { dots(u, r0, k, up_act, n, &mut ut, scratch) };
                 for t in 0..n {
                     let at = t * nr + r0 - rows.start;
-                    gs[at..at + k].copy_from_slice(&gt[t][..k]);
-                    us[at..at + k].copy_from_slice(&ut[t][..k]);
+                    put(&mut gs[at..], &gt[t], k);
+                    put(&mut us[at..], &ut[t], k);
                 }
             });
             for t in 0..n {
@@ -175,7 +186,7 @@ mod imp {
             let n = y.rows();
             for_tiles(d, &rows, act, n, |r0, nr, res, _| {
                 for (t, r) in res.iter().enumerate() {
-                    y.row_mut(t)[r0 - rows.start..r0 - rows.start + nr].copy_from_slice(&r[..nr]);
+                    put(&mut y.row_mut(t)[r0 - rows.start..], r, nr);
                 }
             });
         }
