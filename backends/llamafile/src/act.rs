@@ -1,7 +1,7 @@
 //! Prepared activations, block-major so that one weight block meets every token's matching
 //! block in one place:
-//! - K-quants and IQ4_XS: `[blocks][tokens]` of [`BlockQ8K`] (as core quantizes it, the
-//!   values then in the lane layout of [`crate::lanes`]);
+//! - K-quants and IQ4_XS: `[blocks][tokens]` of [`ActK`] (Q8_K as core quantizes it, the
+//!   values in the lane layout of [`crate::lanes`]);
 //! - 32-column types: `[groups of 8 blocks][tokens]` of [`ActG8`]: Q8_0 blocks (scales widened
 //!   to f32) with `s = d·Σq` (ggml's Q8_1: the offsets of the weights fold in with it), the
 //!   values in the pairwise order of [`crate::legacy`];
@@ -14,9 +14,24 @@ use core::arch::x86_64::*;
 
 use bytemuck::{Pod, Zeroable};
 use half::bf16;
-use kt_core::ggml::{ActKind, BlockQ8K, GgmlType, QK, QK_K};
+use kt_core::ggml::{ActKind, GgmlType, QK, QK_K};
 
 use crate::legacy::{slot, G};
+
+/// One Q8_K activation block laid out for aligned loads: values first and 320 bytes, so in a
+/// 64-byte aligned buffer (the forward pass's) no 32-byte load of them splits a cache line
+/// (Q8_K's own layout puts them at offset 4: every other load split two lines).
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+#[repr(C)]
+pub struct ActK {
+    /// Values, in the lane layout.
+    pub qs: [i8; QK_K],
+    /// Sums of each 16 columns (in column order).
+    pub bsums: [i16; 16],
+    /// Scale.
+    pub d: f32,
+    pad: [u8; 28],
+}
 
 /// 8 activation blocks of 32 columns (a group of [`crate::legacy`]); a row's last group is
 /// padded with zero blocks.
@@ -68,7 +83,7 @@ pub fn bytes(t: GgmlType, rows: usize, cols: usize) -> usize {
         ActKind::F32 => 4 * cols,
         ActKind::Q8_0 if wide(t) => (cols / QK).div_ceil(G) * size_of::<ActW8>(),
         ActKind::Q8_0 => (cols / QK).div_ceil(G) * size_of::<ActG8>(),
-        ActKind::Q8K => cols / QK_K * size_of::<BlockQ8K>(),
+        ActKind::Q8K => cols / QK_K * size_of::<ActK>(),
     }
 }
 
@@ -95,7 +110,7 @@ pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst:
             ActKind::Q8_0 if wide(t) => unsafe { fill::<ActW8>(bytemuck::cast_slice_mut(dst), &x, n, i) },
             ActKind::Q8_0 => unsafe { fill::<ActG8>(bytemuck::cast_slice_mut(dst), &x, n, i) },
             ActKind::Q8K => {
-                let out: &mut [BlockQ8K] = bytemuck::cast_slice_mut(dst);
+                let out: &mut [ActK] = bytemuck::cast_slice_mut(dst);
                 for (b, xs) in x.chunks_exact(QK_K).enumerate() {
                     let a = &mut out[b * n + i];
                     a.d = amax(xs) / 127.0;
@@ -243,7 +258,7 @@ mod tests {
                 // SAFETY: AVX2 and FMA checked above.
                 unsafe { prepare(t, 512, &src, &[0], dst) };
                 if t == GgmlType::Q4_K {
-                    let got: &[BlockQ8K] = bytemuck::cast_slice(dst);
+                    let got: &[ActK] = bytemuck::cast_slice(dst);
                     for (b, g) in got.iter().enumerate() {
                         let mut want = BlockQ8K::quantize(&x[256 * b..]);
                         crate::lanes::order_act(&mut want.qs);

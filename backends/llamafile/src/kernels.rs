@@ -12,9 +12,9 @@
 
 use core::arch::x86_64::*;
 
-use kt_core::ggml::{self, ActKind, BlockQ8K, GgmlType, QK, QK_K};
+use kt_core::ggml::{self, ActKind, GgmlType, QK, QK_K};
 
-use crate::act::{ActG8, ActW8};
+use crate::act::{ActG8, ActK, ActW8};
 use crate::decode::{KBlock, Q4KU, Q5KU};
 use crate::lanes::{relevel, REGS};
 use crate::legacy::{self, LGroup, Offset};
@@ -190,8 +190,8 @@ pub unsafe fn dots(
     let rows: [&[u8]; R] = core::array::from_fn(|i| w.row(r0 + i.min(nr - 1)));
     macro_rules! k {
         ($b:ty) => {{
-            let tile = Tile::<BlockQ8K>::new(w, rows, nr, act, n);
-            // SAFETY: the caller's contract; act holds [blocks][n] BlockQ8K.
+            let tile = Tile::<ActK>::new(w, rows, nr, act, n);
+            // SAFETY: the caller's contract; act holds [blocks][n] ActK.
             unsafe {
                 if n == 1 {
                     kquant1::<$b>(&tile, out)
@@ -301,7 +301,7 @@ unsafe fn pair_sums(signed: bool, x: __m256i, a: __m256i) -> __m256i {
 /// columns by `sc`: pair sums added in i16, [`KBlock::FOLD`] registers at a time, then one
 /// `madd` with the scales per fold.
 #[inline(always)]
-unsafe fn block_dot<B: KBlock>(blk: &B, a: &BlockQ8K, sc: __m256i) -> __m256i {
+unsafe fn block_dot<B: KBlock>(blk: &B, a: &ActK, sc: __m256i) -> __m256i {
     // SAFETY: AVX2 in every caller (target_feature functions); loads inside the blocks.
     unsafe {
         let mut sum = _mm256_setzero_si256();
@@ -319,7 +319,7 @@ unsafe fn block_dot<B: KBlock>(blk: &B, a: &BlockQ8K, sc: __m256i) -> __m256i {
 /// K-quants for one token: every register decoded in place and used at once, a row at a time
 /// ([`block_dot`]; measured faster than a register at a time for all rows).
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kquant1<B: KBlock>(tile: &Tile<'_, BlockQ8K>, out: &mut [[f32; R]]) {
+unsafe fn kquant1<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
     let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.rows[i]));
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..tile.nb {
@@ -347,7 +347,7 @@ unsafe fn kquant1<B: KBlock>(tile: &Tile<'_, BlockQ8K>, out: &mut [[f32; R]]) {
 /// K-quants for several tokens: each block decoded once into [`DecK`] and dotted with
 /// [`TC`] tokens at a time.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kquant<B: KBlock>(tile: &Tile<'_, BlockQ8K>, out: &mut [[f32; R]], dec: &mut [DecK; R]) {
+unsafe fn kquant<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]], dec: &mut [DecK; R]) {
     let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.rows[i]));
     let n = tile.n;
     let step = even_tiles::<TC>(n);
