@@ -53,6 +53,8 @@ pub struct Packed {
     row_bytes: usize,
     /// Blocks (256-column types) or groups (32-column ones) per row: a kernel's slices.
     slices: usize,
+    /// Bytes of one slice.
+    slice_bytes: usize,
     /// Bytes of the next tile to prefetch per slice ([`prefetch_next`]).
     prefetch: usize,
     /// Row-major blocks.
@@ -64,8 +66,9 @@ impl Packed {
     pub fn new(t: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Self {
         let row_bytes = Self::row_len(t, cols);
         let slices = if t.act() == ActKind::Q8_0 { (cols / QK).div_ceil(legacy::G) } else { cols / QK_K };
+        let slice_bytes = row_bytes / slices.max(1);
         let prefetch = (R * row_bytes).div_ceil(slices.max(1)).next_multiple_of(64);
-        let k = |data| Packed { t, rows, cols, row_bytes, slices, prefetch, data };
+        let k = |data| Packed { t, rows, cols, row_bytes, slices, slice_bytes, prefetch, data };
         match t {
             GgmlType::Q2_K => return k(releveled(src, |b: &ggml::BlockQ2K| *b)),
             GgmlType::Q3_K => return k(releveled(src, |b: &ggml::BlockQ3K| *b)),
@@ -100,8 +103,11 @@ impl Packed {
 /// GGUF blocks `src` (of type `S`) as kernel blocks `B` in the lane layout.
 fn releveled<S: bytemuck::Pod, B: KBlock>(src: &[u8], from: impl Fn(&S) -> B) -> Vec<u8> {
     let blocks: &[S] = bytemuck::cast_slice(src);
-    let out: Vec<B> = blocks.iter().map(|b| relevel(&from(b))).collect();
-    bytemuck::cast_slice(&out).to_vec()
+    let mut out = vec![0u8; blocks.len() * size_of::<B>()];
+    for (o, b) in out.chunks_exact_mut(size_of::<B>()).zip(blocks) {
+        o.copy_from_slice(bytemuck::bytes_of(&relevel(&from(b))));
+    }
+    out
 }
 
 #[inline]
@@ -163,13 +169,16 @@ struct Tile<'a, A> {
     nb: usize,
     act: &'a [A],
     n: usize,
+    /// Bytes of one slice of a row.
+    slice_bytes: usize,
     /// Bytes of the next tile to prefetch per slice ([`prefetch_next`]).
     prefetch: usize,
 }
 
 impl<'a, A: bytemuck::Pod> Tile<'a, A> {
     fn new(w: &Packed, rows: [&'a [u8]; R], nr: usize, act: &'a [u8], n: usize) -> Self {
-        Tile { rows, nr, nb: w.slices, act: bytemuck::cast_slice(act), n, prefetch: w.prefetch }
+        let (nb, slice_bytes, prefetch) = (w.slices, w.slice_bytes, w.prefetch);
+        Tile { rows, nr, nb, act: bytemuck::cast_slice(act), n, slice_bytes, prefetch }
     }
 }
 
@@ -244,9 +253,10 @@ pub unsafe fn dots(
     }
 }
 
-/// Group `g` (`gb` bytes) of each row of a 32-column tile.
+/// Group `g` of each row of a 32-column tile.
 #[inline(always)]
-fn group<'a, A>(tile: &Tile<'a, A>, g: usize, gb: usize) -> [&'a [u8]; R] {
+fn group<'a, A>(tile: &Tile<'a, A>, g: usize) -> [&'a [u8]; R] {
+    let gb = tile.slice_bytes;
     array!(&[][..]; R, |i| &tile.rows[i][g * gb..(g + 1) * gb])
 }
 
@@ -425,7 +435,6 @@ unsafe fn kquant<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]], dec: &m
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn legacy<const TC: usize, L: LGroup>(tile: &Tile<'_, ActG8>, out: &mut [[f32; R]]) {
     let (n, ng, ones) = (tile.n, tile.nb, _mm256_set1_epi16(1));
-    let gb = tile.rows[0].len() / ng.max(1);
     let step = even_tiles::<TC>(n);
     for t0 in (0..n).step_by(step) {
         let tn = step.min(n - t0);
@@ -434,7 +443,7 @@ unsafe fn legacy<const TC: usize, L: LGroup>(tile: &Tile<'_, ActG8>, out: &mut [
             if t0 == 0 {
                 prefetch_next(tile, g);
             }
-            let grp = group(tile, g, gb);
+            let grp = group(tile, g);
             // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
             // inside the groups and the activation blocks.
             let dw = array!(_mm256_setzero_ps(); R, |i| unsafe { legacy::scales(grp[i], 0) });
@@ -552,7 +561,6 @@ unsafe fn wide_tokens<const NT: usize, const TC: usize>(
 unsafe fn wide<const TC: usize>(tile: &Tile<'_, ActW8>, out: &mut [[f32; R]], w16: &mut [W16; R]) {
     const PIECES: usize = QK / 2;
     let (n, ng) = (tile.n, tile.nb);
-    let gb = tile.rows[0].len() / ng.max(1);
     let step = even_tiles::<TC>(n);
     for t0 in (0..n).step_by(step) {
         let tn = step.min(n - t0);
@@ -561,7 +569,7 @@ unsafe fn wide<const TC: usize>(tile: &Tile<'_, ActW8>, out: &mut [[f32; R]], w1
             if t0 == 0 {
                 prefetch_next(tile, g);
             }
-            let grp = group(tile, g, gb);
+            let grp = group(tile, g);
             // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
             // inside the groups (16 bytes of levels per piece after the 16 of scales), the
             // activation blocks and the scratch.
