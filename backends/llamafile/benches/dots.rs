@@ -15,7 +15,7 @@ use kt_core::{Backend, WeightFormat};
 const ROWS: usize = 768;
 const COLS: usize = 2048;
 
-#[divan::bench(args = ["q4_K", "q6_K", "q8_0", "q4_0"], consts = [1, 20, 33])]
+#[divan::bench(args = ["q4_K", "q6_K", "q8_0", "q4_0", "q5_0"], consts = [1, 20, 33])]
 fn dots<const N: usize>(bencher: divan::Bencher, name: &str) {
     if LLAMAFILE.cpu_support().is_err() {
         return;
