@@ -113,9 +113,9 @@ unsafe fn twice(x: u64, signed: bool) -> __m256i {
     }
 }
 
-/// Q4_K/Q5_K's 12 scale bytes as (8 scales, 8 mins), ggml's word-wise unpacking.
-#[inline(always)]
-fn k4_scales(s: &[u8; 12]) -> (u64, u64) {
+/// Q4_K/Q5_K's 12 packed scale bytes as 8 scales and 8 mins, one byte each (ggml's word-wise
+/// unpacking).
+fn unpack_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
     let w = |i: usize| u32::from_le_bytes([s[4 * i], s[4 * i + 1], s[4 * i + 2], s[4 * i + 3]]);
     const M1: u32 = 0x3f3f_3f3f;
     const M2: u32 = 0x0f0f_0f0f;
@@ -123,7 +123,7 @@ fn k4_scales(s: &[u8; 12]) -> (u64, u64) {
     let (u0, u1, u2) = (w(0), w(1), w(2));
     let sc = u64::from(u0 & M1) | (u64::from((u2 & M2) | (((u0 >> 6) & M3) << 4)) << 32);
     let mn = u64::from(u1 & M1) | (u64::from(((u2 >> 4) & M2) | (((u1 >> 6) & M3) << 4)) << 32);
-    (sc, mn)
+    (sc.to_le_bytes(), mn.to_le_bytes())
 }
 
 // SAFETY (every impl below): each unsafe fn requires AVX2/FMA/F16C (its trait's contract), and
@@ -200,12 +200,6 @@ pub struct Q5KU {
     mn: [u8; 8],
     qh: [u8; 32],
     qs: [u8; 128],
-}
-
-/// The scales and mins of Q4_K/Q5_K's 12 packed bytes, one byte each.
-fn unpack_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
-    let (sc, mn) = k4_scales(s);
-    (sc.to_le_bytes(), mn.to_le_bytes())
 }
 
 /// `prep` of [`Q4KU`] and [`Q5KU`]: scales and mins per 32 columns, for both 16-column halves.

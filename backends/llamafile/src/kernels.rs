@@ -582,7 +582,8 @@ unsafe fn wide<const TC: usize>(tile: &Tile<'_, ActW8>, out: &mut [[f32; R]], w1
                 }
             }
             // Two tokens at a time when there are several: each widened piece, loaded once,
-            // serves both (the loop is bound by loads, not by the multiplies).
+            // serves both (half the weight loads per `madd`; 4 rows × 2 tokens is what fits in
+            // the registers).
             let mut t = 0;
             while TC > 1 && t + 2 <= tn {
                 unsafe { wide_tokens::<2, TC>(&grp, w16, &tile.act[g * n + t0 + t..], &dw, &mut acc, t, true) };
