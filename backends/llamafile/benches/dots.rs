@@ -1,7 +1,8 @@
 //! One projection's dots on one thread (qwen3-30b-a3b's gate: 768 × 2048), for one token
 //! (decode, weights from cache: the kernel's own cost) and for 20 and 33 (an expert's share of a
-//! 512-token prefill). Divide 2·768·2048·n by the time for GOP/s. `pack`: the same matrix
-//! packed at load (repacking, levels moved to the lane layout), in GGUF bytes per second.
+//! 512-token prefill); `down`: its down projection's shape (2048 × 768). Divide 2·768·2048·n
+//! by the time for GOP/s. `pack`: the gate matrix packed at load (repacking, levels moved to
+//! the lane layout), in GGUF bytes per second.
 //! `cargo bench -p kt-backend-llamafile --bench dots`
 
 use half::bf16;
@@ -17,23 +18,34 @@ const COLS: usize = 2048;
 
 #[divan::bench(args = ["q4_K", "q6_K", "q8_0", "q4_0", "q5_0"], consts = [1, 20, 33])]
 fn dots<const N: usize>(bencher: divan::Bencher, name: &str) {
+    run::<N>(bencher, name, ROWS, COLS);
+}
+
+/// The down projection's shape (2048 × 768): a third of the columns, so per-tile costs
+/// (accumulators, horizontal sums, stores) weigh three times as much.
+#[divan::bench(args = ["q4_K", "q8_0", "q4_0"], consts = [20, 33])]
+fn down<const N: usize>(bencher: divan::Bencher, name: &str) {
+    run::<N>(bencher, name, COLS, ROWS);
+}
+
+fn run<const N: usize>(bencher: divan::Bencher, name: &str, rows: usize, cols: usize) {
     if LLAMAFILE.cpu_support().is_err() {
         return;
     }
     let t = GgmlType::parse(name).expect("a GGML type");
     let format = WeightFormat::Ggml(t);
-    let w = LLAMAFILE.pack(&random_matrix(t, ROWS, COLS, 1)).expect("packs");
+    let w = LLAMAFILE.pack(&random_matrix(t, rows, cols, 1)).expect("packs");
     let mut r = SplitMix64::new(2);
-    let x: Vec<bf16> = (0..N * COLS).map(|_| bf16::from_f32(r.gaussian())).collect();
+    let x: Vec<bf16> = (0..N * cols).map(|_| bf16::from_f32(r.gaussian())).collect();
     let ids: Vec<u32> = (0..N as u32).collect();
     // 64-byte aligned, as the forward pass's workspace is.
-    let mut act = AlignedBuf::zeroed(LLAMAFILE.act_bytes(format, N, COLS));
+    let mut act = AlignedBuf::zeroed(LLAMAFILE.act_bytes(format, N, cols));
     let act = act.as_mut_slice();
-    LLAMAFILE.quantize_act(format, COLS, &x, &ids, act);
-    let mut y = vec![0.0f32; N * ROWS];
+    LLAMAFILE.quantize_act(format, cols, &x, &ids, act);
+    let mut y = vec![0.0f32; N * rows];
     bencher
-        .counter(divan::counter::ItemsCount::new(2 * ROWS * COLS * N))
-        .bench_local(|| LLAMAFILE.down(&w, 0..ROWS, act, MatMut::from_slice(&mut y, N, ROWS, ROWS)));
+        .counter(divan::counter::ItemsCount::new(2 * rows * cols * N))
+        .bench_local(|| LLAMAFILE.down(&w, 0..rows, act, MatMut::from_slice(&mut y, N, rows, rows)));
 }
 
 #[divan::bench(args = ["q4_K", "q6_K", "q8_0", "q4_0"])]

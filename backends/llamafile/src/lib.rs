@@ -205,4 +205,50 @@ mod tests {
         let failures = kt_core::testing::ggml_conformance_failures(&crate::LLAMAFILE, &kt_core::SerialExecutor);
         assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
     }
+
+    /// Every tile shape of the kernels (one token; 2-4; 5-32; 33-64 in one tile; more in
+    /// several; a last tile of fewer than `R` rows; a 32-column type's last group part padding)
+    /// against the reference backend's dots of the same weights and activations.
+    #[test]
+    fn tiles_match_the_reference_at_every_token_count() {
+        use half::bf16;
+        use kt_core::aligned::AlignedBuf;
+        use kt_core::ggml::{random_matrix, GgmlType};
+        use kt_core::mat::MatMut;
+        use kt_core::reference::REFERENCE;
+        use kt_core::rng::SplitMix64;
+        use kt_core::{Backend, WeightFormat};
+
+        let ours = &crate::LLAMAFILE;
+        if ours.cpu_support().is_err() {
+            return;
+        }
+        let rows = 6;
+        let mut failures = Vec::new();
+        for &t in GgmlType::ALL {
+            let format = WeightFormat::Ggml(t);
+            let cols = if format.col_multiple() == 256 { 512 } else { 288 };
+            let m = random_matrix(t, rows, cols, 3);
+            for n in [1, 2, 4, 5, 32, 33, 64, 65, 130] {
+                let mut r = SplitMix64::new(n as u64);
+                let x: Vec<bf16> = (0..n * cols).map(|_| bf16::from_f32(r.gaussian())).collect();
+                let ids: Vec<u32> = (0..n as u32).collect();
+                let y = |b: &dyn Backend| {
+                    let w = b.pack(&m).expect("packs");
+                    let mut act = AlignedBuf::zeroed(b.act_bytes(format, n, cols));
+                    b.quantize_act(format, cols, &x, &ids, act.as_mut_slice());
+                    let mut y = vec![0.0f32; n * rows];
+                    b.down(&w, 0..rows, act.as_mut_slice(), MatMut::from_slice(&mut y, n, rows, rows));
+                    y
+                };
+                let (got, want) = (y(ours), y(&REFERENCE));
+                let scale = want.iter().fold(0.0f32, |a, v| a.max(v.abs())).max(1e-30);
+                let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs() / scale).fold(0.0f32, f32::max);
+                if worst.is_nan() || worst > 1e-5 {
+                    failures.push(format!("{t:?} n{n}: max error {worst:.2e} of the largest output"));
+                }
+            }
+        }
+        assert!(failures.is_empty(), "{}", failures.join("\n"));
+    }
 }
