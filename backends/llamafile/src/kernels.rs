@@ -276,11 +276,12 @@ unsafe fn write_out<const TC: usize>(acc: &[[__m256; TC]; R], out: &mut [[f32; R
     }
 }
 
-/// Tokens per tile when `n` are split into as few tiles of at most `TC` as can be, all but
-/// the last of one size: 33 tokens are 17 + 16, not 32 + 1, whose lone token would pay a whole
-/// decode of every block.
-fn even_tiles<const TC: usize>(n: usize) -> usize {
-    n.div_ceil(n.div_ceil(TC).max(1)).max(1)
+/// The token tiles `(first, count)` of `n` tokens: as few tiles of at most `TC` as can be, all
+/// but the last of one size: 33 tokens are 17 + 16, not 32 + 1, whose lone token would pay a
+/// whole decode of every block.
+fn token_tiles<const TC: usize>(n: usize) -> impl Iterator<Item = (usize, usize)> {
+    let step = n.div_ceil(n.div_ceil(TC).max(1)).max(1);
+    (0..n).step_by(step).map(move |t0| (t0, step.min(n - t0)))
 }
 
 /// Prefetch the `b`-th of `nb` slices of the tile after this one (its rows follow these):
@@ -365,9 +366,7 @@ unsafe fn kquant1<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
 unsafe fn kquant<const TC: usize, B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]], dec: &mut [DecK; R]) {
     let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.rows[i]));
     let n = tile.n;
-    let step = even_tiles::<TC>(n);
-    for t0 in (0..n).step_by(step) {
-        let tn = step.min(n - t0);
+    for (t0, tn) in token_tiles::<TC>(n) {
         let mut acc = [[_mm256_setzero_ps(); TC]; R];
         for b in 0..tile.nb {
             if t0 == 0 {
@@ -440,9 +439,7 @@ unsafe fn kquant<const TC: usize, B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn legacy<const TC: usize, L: LGroup>(tile: &Tile<'_, ActG8>, out: &mut [[f32; R]]) {
     let (n, ng, ones) = (tile.n, tile.nb, _mm256_set1_epi16(1));
-    let step = even_tiles::<TC>(n);
-    for t0 in (0..n).step_by(step) {
-        let tn = step.min(n - t0);
+    for (t0, tn) in token_tiles::<TC>(n) {
         let mut acc = [[_mm256_setzero_ps(); TC]; R];
         for g in 0..ng {
             if t0 == 0 {
@@ -566,9 +563,7 @@ unsafe fn wide_tokens<const NT: usize, const TC: usize>(
 unsafe fn wide<const TC: usize>(tile: &Tile<'_, ActW8>, out: &mut [[f32; R]], w16: &mut [W16; R]) {
     const PIECES: usize = QK / 2;
     let (n, ng) = (tile.n, tile.nb);
-    let step = even_tiles::<TC>(n);
-    for t0 in (0..n).step_by(step) {
-        let tn = step.min(n - t0);
+    for (t0, tn) in token_tiles::<TC>(n) {
         let mut acc = [[_mm256_setzero_ps(); TC]; R];
         for g in 0..ng {
             if t0 == 0 {
