@@ -121,13 +121,13 @@ fn weight_buffer(len: usize) -> AlignedBuf {
     if len < HUGE / 2 {
         return AlignedBuf::zeroed(len);
     }
-    let mut b = AlignedBuf::zeroed_aligned(len, HUGE);
-    #[cfg(target_os = "linux")]
-    // SAFETY: the range is exactly the buffer's own allocation; madvise only sets a hint.
-    unsafe {
-        libc::madvise(b.as_mut_slice().as_mut_ptr().cast(), len.next_multiple_of(HUGE).min(len), libc::MADV_HUGEPAGE);
-    }
-    b
+    AlignedBuf::zeroed_advised(len, HUGE, |p, len| {
+        #[cfg(target_os = "linux")]
+        // SAFETY: the range lies inside the buffer's own allocation; madvise only sets a hint.
+        unsafe {
+            libc::madvise(p.cast(), len, libc::MADV_HUGEPAGE);
+        }
+    })
 }
 
 /// The signed int4 weight of column c of a row: KT int4's n (value 16·n·d) or K-group q.
