@@ -111,7 +111,7 @@ impl Default for AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if self.len != 0 {
-            // SAFETY: allocated in `zeroed_aligned` with this exact layout.
+            // SAFETY: allocated in `zeroed_aligned` or `zeroed_advised` with this exact layout.
             unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len, self.align)) }
         }
     }
