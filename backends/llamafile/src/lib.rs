@@ -243,7 +243,14 @@ mod tests {
                 };
                 let (got, want) = (y(ours), y(&REFERENCE));
                 let scale = want.iter().fold(0.0f32, |a, v| a.max(v.abs())).max(1e-30);
-                let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs() / scale).fold(0.0f32, f32::max);
+                // `f32::max` would drop a NaN error; this fold keeps it, and the check sees it.
+                let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs() / scale).fold(0.0f32, |a, e| {
+                    if e.is_nan() || e > a {
+                        e
+                    } else {
+                        a
+                    }
+                });
                 if worst.is_nan() || worst > 1e-5 {
                     failures.push(format!("{t:?} n{n}: max error {worst:.2e} of the largest output"));
                 }
