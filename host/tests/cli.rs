@@ -79,9 +79,13 @@ fn bench_json_has_the_documented_schema() {
     ]);
     assert_eq!(code, 0, "{err}");
     let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object on stdout");
+    let roof = &v["roofline"];
     for k in ["dram_gbps", "fma_gflops", "int8_gops"] {
-        assert!(v["roofline"][k].as_f64().is_some_and(|x| x > 0.0), "roofline.{k}");
+        assert!(roof[k].as_f64().is_some_and(|x| x > 0.0), "roofline.{k}");
+        // The best reading over the probes, the lowest beside it.
+        assert!(roof["low"][k].as_f64().is_some_and(|x| x > 0.0 && x <= roof[k].as_f64().unwrap()), "roofline.low.{k}");
     }
+    assert_eq!(roof["probes"], 3, "one probe before the cases, one after each of the 2 methods");
     assert!(v["machine"]["cpu"].is_string());
     let results = v["results"].as_array().unwrap();
     assert_eq!(results.len(), 4);
@@ -96,6 +100,13 @@ fn bench_json_has_the_documented_schema() {
             assert!(r[k].as_f64().is_some_and(|x| x.is_finite() && x >= 0.0), "{k} = {}", r[k]);
         }
         assert!(r["ms_best"].as_f64() <= r["ms_median"].as_f64());
+        // Ratios are to the best probe readings (bf16 against FMA, int4 against int8).
+        let f = |k: &str| r[k].as_f64().unwrap();
+        let peak = if r["method"] == "bf16" { roof["fma_gflops"].as_f64() } else { roof["int8_gops"].as_f64() };
+        assert!(
+            (f("dram_ratio") - f("weight_gbps") / roof["dram_gbps"].as_f64().unwrap()).abs() <= 1e-9 * f("dram_ratio")
+        );
+        assert!((f("compute_ratio") - f("gflops") / peak.unwrap()).abs() <= 1e-9 * f("compute_ratio"));
     }
     assert_eq!(results[1]["tokens"], 3);
     assert_eq!(results[2]["method"], "int4-g32");

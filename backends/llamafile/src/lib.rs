@@ -46,7 +46,7 @@ mod imp {
     use kt_core::swiglu::swiglu;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
 
-    use crate::kernels::{dots, Packed, Scratch, R};
+    use crate::kernels::{dots, gemv, Packed, Scratch, R};
 
     /// The GGML backend.
     #[derive(Debug)]
@@ -78,7 +78,7 @@ mod imp {
     }
 
     /// `emit(r0, nr, results, scratch)` for each tile of up to `R` rows of `rows`, results
-    /// `[n][R]`.
+    /// `[n][R]`, for two tokens or more (one goes to [`gemv`]).
     fn for_tiles(
         w: &Packed,
         rows: &Range<usize>,
@@ -153,16 +153,24 @@ mod imp {
             let up_act: &[u8] = moved.as_deref().map_or(act, bytemuck::cast_slice);
             // Gate and up of the whole task, token-major, then SwiGLU 16 lanes at a time.
             let (mut gs, mut us) = (vec![0.0f32; n * nr], vec![0.0f32; n * nr]);
-            let mut ut = vec![[0.0f32; R]; n];
-            for_tiles(g, &rows, act, n, |r0, k, gt, scratch| {
+            if n == 1 {
                 // SAFETY: as in for_tiles.
-                unsafe { dots(u, r0, k, up_act, n, &mut ut, scratch) };
-                for t in 0..n {
-                    let at = t * nr + r0 - rows.start;
-                    put(&mut gs[at..], &gt[t], k);
-                    put(&mut us[at..], &ut[t], k);
+                unsafe {
+                    gemv(g, rows.clone(), act, &mut gs);
+                    gemv(u, rows.clone(), up_act, &mut us);
                 }
-            });
+            } else {
+                let mut ut = vec![[0.0f32; R]; n];
+                for_tiles(g, &rows, act, n, |r0, k, gt, scratch| {
+                    // SAFETY: as in for_tiles.
+                    unsafe { dots(u, r0, k, up_act, n, &mut ut, scratch) };
+                    for t in 0..n {
+                        let at = t * nr + r0 - rows.start;
+                        put(&mut gs[at..], &gt[t], k);
+                        put(&mut us[at..], &ut[t], k);
+                    }
+                });
+            }
             for t in 0..n {
                 let (gr, ur, out) = (&gs[t * nr..(t + 1) * nr], &us[t * nr..(t + 1) * nr], h.row_mut(t));
                 let mut c = 0;
@@ -185,6 +193,11 @@ mod imp {
         fn down(&self, down: &PackedMatrix, rows: Range<usize>, act: &[u8], mut y: MatMut<'_, f32>) {
             let d = packed(down);
             let n = y.rows();
+            if n == 1 {
+                // SAFETY: as in for_tiles.
+                unsafe { gemv(d, rows.clone(), act, y.row_mut(0)) };
+                return;
+            }
             for_tiles(d, &rows, act, n, |r0, nr, res, _| {
                 for (t, r) in res.iter().enumerate() {
                     put(&mut y.row_mut(t)[r0 - rows.start..], r, nr);

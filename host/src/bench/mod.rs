@@ -102,7 +102,7 @@ pub struct CaseResult {
     pub gflops: f64,
     /// Distinct experts' bytes / best time.
     pub weight_gbps: f64,
-    /// weight_gbps / roofline DRAM bandwidth.
+    /// weight_gbps / roofline DRAM bandwidth (the run's best reading).
     pub dram_ratio: f64,
     /// gflops / FMA peak (bf16, fp8) or int8 peak (int formats).
     pub compute_ratio: f64,
@@ -128,8 +128,12 @@ pub struct Machine {
 pub struct Report {
     /// Where it ran.
     pub machine: Machine,
-    /// The roofline of this run.
+    /// The roofline of this run: the best reading of each limit over its probes.
     pub roofline: Roofline,
+    /// The lowest reading of each limit over the same probes.
+    pub roofline_low: Roofline,
+    /// Probes taken: one before the cases and one after each method.
+    pub probes: usize,
     /// Layers rotated.
     pub layers: usize,
     /// The seed used.
@@ -227,6 +231,23 @@ fn bar(progress: bool, len: u64, template: &str) -> ProgressBar {
     pb
 }
 
+/// One reading of the roofline with `spec.threads` threads on `cpus` (the pool's), a spinner
+/// saying which part runs.
+fn probe(spec: &BenchSpec, cpus: &[usize], dram_bytes: usize, when: &str) -> Roofline {
+    let th = roofline::Threads { n: spec.threads, cpus };
+    let spin = bar(spec.progress, 3, &format!("{{spinner}} measuring the roofline {when} ({{pos}}/{{len}}) {{msg}}"));
+    spin.set_message("DRAM read");
+    let dram_gbps = roofline::dram_gbps(th, dram_bytes);
+    spin.inc(1);
+    spin.set_message("FMA peak");
+    let fma_gflops = roofline::fma_gflops(th);
+    spin.inc(1);
+    spin.set_message("int8 peak");
+    let int8_gops = roofline::int8_gops(th);
+    spin.finish_and_clear();
+    Roofline { dram_gbps, fma_gflops, int8_gops }
+}
+
 /// Run the benchmark.
 pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
     let cfg = &spec.cfg;
@@ -251,36 +272,43 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
         }
         plans.push((m, layers));
     }
-    let spin = bar(spec.progress, 3, "{spinner} measuring the roofline ({pos}/{len}) {msg}");
     let dram_bytes = (8 * machine.topology.l3_bytes).max(512 << 20);
-    spin.set_message("DRAM read");
-    let dram = roofline::dram_gbps(spec.threads, dram_bytes);
-    spin.inc(1);
-    spin.set_message("FMA peak");
-    let fma = roofline::fma_gflops(spec.threads);
-    spin.inc(1);
-    spin.set_message("int8 peak");
-    let int8 = roofline::int8_gops(spec.threads);
-    spin.finish_and_clear();
-    let roof = Roofline { dram_gbps: dram, fma_gflops: fma, int8_gops: int8 };
+    let cpus: Vec<usize> = machine.placement.subpools.iter().flat_map(|p| p.cpus.iter().copied()).collect();
+    let mut probes = vec![probe(spec, &cpus, dram_bytes, "before the cases")];
     // This thread is worker 0 of sub-pool 0: keep it on its CPU, off the pinned workers' ones
-    // (after the roofline, whose threads would inherit the pinning).
+    // (the probes pin their own threads).
     pool.pin_caller();
 
     let mut results = Vec::new();
     let mut layers_used = 0;
     for (method, layers) in plans {
         layers_used = layers_used.max(layers);
-        results.extend(run_method(spec, method, layers, &roof, pool.clone())?);
+        results.extend(run_method(spec, method, layers, pool.clone())?);
+        probes.push(probe(spec, &cpus, dram_bytes, &format!("after {method}")));
     }
-    Ok(Report { machine, roofline: roof, layers: layers_used, seed: spec.seed, spec: spec.clone(), results })
+    let roof = probes.iter().copied().reduce(Roofline::max).expect("probed before the cases");
+    let roofline_low = probes.iter().copied().reduce(Roofline::min).expect("probed before the cases");
+    for r in &mut results {
+        let peak = if r.method.gate.int_dot() { roof.int8_gops } else { roof.fma_gflops };
+        r.dram_ratio = r.weight_gbps / roof.dram_gbps;
+        r.compute_ratio = r.gflops / peak;
+    }
+    Ok(Report {
+        machine,
+        roofline: roof,
+        roofline_low,
+        probes: probes.len(),
+        layers: layers_used,
+        seed: spec.seed,
+        spec: spec.clone(),
+        results,
+    })
 }
 
 fn run_method(
     spec: &BenchSpec,
     method: LayerFormat,
     layers: usize,
-    roof: &Roofline,
     pool: std::sync::Arc<NumaPool>,
 ) -> Result<Vec<CaseResult>, BenchError> {
     let cfg = &MoeConfig { max_tokens: spec.tokens.iter().copied().max().unwrap_or(1), ..spec.cfg.clone() };
@@ -341,7 +369,7 @@ fn run_method(
     let mut out = Vec::new();
     for &n in &spec.tokens {
         cases.set_message(format!("{method} on {}, {n} token(s)", backend.name()));
-        out.push(run_case(spec, cfg, &built, oracle.as_ref().unwrap_or(&built[0]), n, roof)?);
+        out.push(run_case(spec, cfg, &built, oracle.as_ref().unwrap_or(&built[0]), n)?);
         cases.inc(1);
     }
     cases.finish_and_clear();
@@ -354,7 +382,6 @@ fn run_case(
     layers: &[MoeLayer],
     oracle: &MoeLayer,
     n: usize,
-    roof: &Roofline,
 ) -> Result<CaseResult, BenchError> {
     const ROUTINGS: usize = 8;
     let (h, k) = (cfg.hidden, cfg.top_k);
@@ -388,7 +415,6 @@ fn run_case(
     let flops = 2.0 * 3.0 * (h * cfg.intermediate * k * n) as f64;
     let gflops = flops / best.0 / 1e9;
     let weight_gbps = best.1 as f64 / best.0 / 1e9;
-    let peak = if layers[0].format().gate.int_dot() { roof.int8_gops } else { roof.fma_gflops };
 
     // Accuracy: the first ≤16 tokens of layer 0 against the reference backend.
     let m = n.min(16);
@@ -407,8 +433,9 @@ fn run_case(
         ms_median: median * 1e3,
         gflops,
         weight_gbps,
-        dram_ratio: weight_gbps / roof.dram_gbps,
-        compute_ratio: gflops / peak,
+        // Set by `run` against the best of all the run's probes.
+        dram_ratio: f64::NAN,
+        compute_ratio: f64::NAN,
         rel_err: if den > 0.0 { num / den } else { num },
         reps: times.len(),
     })

@@ -26,6 +26,12 @@ pub fn to_json(r: &Report) -> Value {
             "dram_gbps": r.roofline.dram_gbps,
             "fma_gflops": r.roofline.fma_gflops,
             "int8_gops": r.roofline.int8_gops,
+            "probes": r.probes,
+            "low": {
+                "dram_gbps": r.roofline_low.dram_gbps,
+                "fma_gflops": r.roofline_low.fma_gflops,
+                "int8_gops": r.roofline_low.int8_gops,
+            },
         },
         "results": r.results.iter().map(|c| json!({
             "preset": c.preset,
@@ -53,9 +59,14 @@ pub fn print_table(r: &Report) {
     );
     println!("CPU: {} ({})", r.machine.cpu.model, r.machine.cpu.kt_variant());
     print!("pool:\n{}", r.machine.placement);
+    let (hi, lo) = (&r.roofline, &r.roofline_low);
     println!(
-        "roofline (same run, {} thread(s)): DRAM {:.1} GB/s, FMA {:.1} GFLOP/s, int8 {:.1} GOP/s",
-        r.spec.threads, r.roofline.dram_gbps, r.roofline.fma_gflops, r.roofline.int8_gops
+        "roofline (same run, {} thread(s), best of {} probes): DRAM {:.1} GB/s, FMA {:.1} GFLOP/s, int8 {:.1} GOP/s",
+        r.spec.threads, r.probes, hi.dram_gbps, hi.fma_gflops, hi.int8_gops
+    );
+    println!(
+        "  lowest probe readings:  DRAM {:.1} GB/s, FMA {:.1} GFLOP/s, int8 {:.1} GOP/s",
+        lo.dram_gbps, lo.fma_gflops, lo.int8_gops
     );
     // The method column fits the longest label (mixed GGML layers read "q4_K (down q5_0)").
     let w = r.results.iter().map(|x| x.method.to_string().chars().count()).max().unwrap_or(0).max(12);
@@ -90,5 +101,6 @@ pub fn print_table(r: &Report) {
         );
     }
     println!("GFLOP/s = 2·3·H·I·k·n / best time; GB/s = bytes of the distinct experts touched / best time;");
-    println!("DRAM× and compute× are ratios to the roofline above (compute: FMA peak for bf16/fp8, int8 peak for int formats).");
+    println!("DRAM× and compute× are ratios to the roofline's best readings (compute: FMA peak for bf16/fp8, int8 peak for int formats);");
+    println!("the roofline was probed before the cases and after each method.");
 }

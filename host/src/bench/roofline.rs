@@ -1,5 +1,9 @@
 //! The machine's roofline, measured in the same run as the kernels it judges: DRAM read
-//! bandwidth, FP32 FMA peak and int8-dot peak, each with `threads` threads, best of a few tries.
+//! bandwidth, FP32 FMA peak and int8-dot peak, each with the pool's threads on the pool's CPUs,
+//! best of a few tries. `kt bench` probes before and after each method and keeps the best
+//! reading of each limit ([`Roofline::max`]): one early probe on a shared machine read from
+//! 15 to 30 GB/s, and a kernel's best over thousands of reps set against a low reading gave
+//! ratios above 1.
 //!
 //! The compute loops are inline asm so the compiler cannot hoist their loop-invariant work.
 
@@ -18,14 +22,60 @@ pub struct Roofline {
     pub int8_gops: f64,
 }
 
-/// Run `f(thread)` on `threads` threads started together; seconds until the last finishes.
-fn timed_threads(threads: usize, f: impl Fn(usize) + Sync) -> f64 {
-    let start = Barrier::new(threads + 1);
-    let end = Barrier::new(threads + 1);
+impl Roofline {
+    /// The higher reading of each limit.
+    pub fn max(self, o: Roofline) -> Roofline {
+        Roofline {
+            dram_gbps: self.dram_gbps.max(o.dram_gbps),
+            fma_gflops: self.fma_gflops.max(o.fma_gflops),
+            int8_gops: self.int8_gops.max(o.int8_gops),
+        }
+    }
+
+    /// The lower reading of each limit (the spread of a run's probes, for the report).
+    pub fn min(self, o: Roofline) -> Roofline {
+        Roofline {
+            dram_gbps: self.dram_gbps.min(o.dram_gbps),
+            fma_gflops: self.fma_gflops.min(o.fma_gflops),
+            int8_gops: self.int8_gops.min(o.int8_gops),
+        }
+    }
+}
+
+/// The probe's threads: `n` of them, thread `t` pinned to `cpus[t]` where listed (the pool's
+/// CPUs). Pinned explicitly, they do not inherit the pinning of a caller that is itself a pool
+/// worker, which would stack them all on its one CPU.
+#[derive(Clone, Copy, Debug)]
+pub struct Threads<'a> {
+    /// How many.
+    pub n: usize,
+    /// OS CPU of each; shorter (or empty) leaves the rest where the OS puts them.
+    pub cpus: &'a [usize],
+}
+
+impl Threads<'_> {
+    /// `n` threads wherever the OS puts them.
+    pub fn unpinned(n: usize) -> Threads<'static> {
+        Threads { n, cpus: &[] }
+    }
+
+    fn pin(&self, t: usize) {
+        if let Some(&cpu) = self.cpus.get(t) {
+            // Best effort: an unpinned probe still measures, only less like the pool.
+            crate::pool::pin_current_thread(cpu);
+        }
+    }
+}
+
+/// Run `f(thread)` on `th`'s threads started together; seconds until the last finishes.
+fn timed_threads(th: Threads<'_>, f: impl Fn(usize) + Sync) -> f64 {
+    let start = Barrier::new(th.n + 1);
+    let end = Barrier::new(th.n + 1);
     std::thread::scope(|s| {
-        for t in 0..threads {
+        for t in 0..th.n {
             let (start, end, f) = (&start, &end, &f);
             s.spawn(move || {
+                th.pin(t);
                 start.wait();
                 f(t);
                 end.wait();
@@ -39,32 +89,26 @@ fn timed_threads(threads: usize, f: impl Fn(usize) + Sync) -> f64 {
 }
 
 /// Fastest of `tries` runs of [`timed_threads`], seconds.
-fn best_seconds(tries: usize, threads: usize, f: impl Fn(usize) + Sync) -> f64 {
-    (0..tries).map(|_| timed_threads(threads, &f)).fold(f64::INFINITY, f64::min)
+fn best_seconds(tries: usize, th: Threads<'_>, f: impl Fn(usize) + Sync) -> f64 {
+    (0..tries).map(|_| timed_threads(th, &f)).fold(f64::INFINITY, f64::min)
 }
 
-/// Measure all three. `dram_bytes` is the array read for bandwidth (≥ 8× the L3 size).
-pub fn measure(threads: usize, dram_bytes: usize) -> Roofline {
-    Roofline {
-        dram_gbps: dram_gbps(threads, dram_bytes),
-        fma_gflops: fma_gflops(threads),
-        int8_gops: int8_gops(threads),
-    }
-}
-
-/// Read bandwidth over a `bytes`-long array split among `threads` threads, best of 5 passes.
-pub fn dram_gbps(threads: usize, bytes: usize) -> f64 {
-    let words = (bytes / 8).next_multiple_of(32 * threads);
+/// Read bandwidth over a `bytes`-long array split among `th`'s threads, best of 5 passes.
+pub fn dram_gbps(th: Threads<'_>, bytes: usize) -> f64 {
+    let words = (bytes / 8).next_multiple_of(32 * th.n);
     let mut buf = vec![0u64; words];
-    // Fault the pages in from the threads that will read them (first touch).
-    let chunk = words / threads;
+    // Fault the pages in from the threads that will read them (first touch, on their nodes).
+    let chunk = words / th.n;
     std::thread::scope(|s| {
-        for part in buf.chunks_mut(chunk) {
-            s.spawn(move || part.iter_mut().enumerate().for_each(|(i, w)| *w = i as u64));
+        for (t, part) in buf.chunks_mut(chunk).enumerate() {
+            s.spawn(move || {
+                th.pin(t);
+                part.iter_mut().enumerate().for_each(|(i, w)| *w = i as u64);
+            });
         }
     });
     let parts: Vec<&[u64]> = buf.chunks(chunk).collect();
-    let best = best_seconds(5, threads, |t| {
+    let best = best_seconds(5, th, |t| {
         black_box(read_sum(parts[t]));
     });
     (words * 8) as f64 / best / 1e9
@@ -106,17 +150,17 @@ unsafe fn read_sum_avx2(xs: &[u64]) -> u64 {
 const ITERS: u64 = 20_000_000;
 
 /// FP32 FMA peak: 12 independent `vfmadd231ps ymm` chains per thread, best of 3.
-pub fn fma_gflops(threads: usize) -> f64 {
-    let best = best_seconds(3, threads, |_| fma_loop(ITERS));
+pub fn fma_gflops(th: Threads<'_>) -> f64 {
+    let best = best_seconds(3, th, |_| fma_loop(ITERS));
     // 12 FMAs × 8 lanes × 2 flops per iteration.
-    (threads as u64 * ITERS * 12 * 8 * 2) as f64 / best / 1e9
+    (th.n as u64 * ITERS * 12 * 8 * 2) as f64 / best / 1e9
 }
 
 /// int8 dot peak: 8 independent `vpmaddubsw → vpmaddwd → vpaddd` chains per thread, best of 3.
-pub fn int8_gops(threads: usize) -> f64 {
-    let best = best_seconds(3, threads, |_| int8_loop(ITERS));
+pub fn int8_gops(th: Threads<'_>) -> f64 {
+    let best = best_seconds(3, th, |_| int8_loop(ITERS));
     // 8 × vpmaddubsw of 32 byte pairs, 2 ops per multiply-add.
-    (threads as u64 * ITERS * 8 * 32 * 2) as f64 / best / 1e9
+    (th.n as u64 * ITERS * 8 * 32 * 2) as f64 / best / 1e9
 }
 
 fn fma_loop(iters: u64) {
@@ -227,7 +271,41 @@ mod tests {
         fma_loop(1000);
         int8_loop(1000);
         assert_eq!(read_sum(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]), 153);
-        let bw = dram_gbps(1, 1 << 20);
+        let bw = dram_gbps(Threads::unpinned(1), 1 << 20);
         assert!(bw.is_finite() && bw > 0.0);
+    }
+
+    #[test]
+    fn max_and_min_take_each_limit_on_its_own() {
+        let a = Roofline { dram_gbps: 20.0, fma_gflops: 150.0, int8_gops: 310.0 };
+        let b = Roofline { dram_gbps: 25.0, fma_gflops: 140.0, int8_gops: 300.0 };
+        let (hi, lo) = (a.max(b), a.min(b));
+        assert_eq!((hi.dram_gbps, hi.fma_gflops, hi.int8_gops), (25.0, 150.0, 310.0));
+        assert_eq!((lo.dram_gbps, lo.fma_gflops, lo.int8_gops), (20.0, 140.0, 300.0));
+    }
+
+    /// A probe started by a caller pinned to one CPU (as `kt bench`'s main thread is, once the
+    /// pool runs) still runs its threads on the CPUs it is given.
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn probe_threads_run_on_their_cpus_not_the_callers() {
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        if cpus < 2 {
+            eprintln!("skipped: one CPU");
+            return;
+        }
+        std::thread::spawn(move || {
+            assert!(crate::pool::pin_current_thread(0), "pins the caller");
+            let seen: Vec<std::sync::atomic::AtomicI32> = (0..2).map(|_| (-1).into()).collect();
+            let want = [cpus - 1, cpus - 1];
+            timed_threads(Threads { n: 2, cpus: &want }, |t| {
+                // SAFETY: sched_getcpu takes no arguments and only reads the calling thread's state.
+                seen[t].store(unsafe { libc::sched_getcpu() }, std::sync::atomic::Ordering::Relaxed);
+            });
+            let seen: Vec<i32> = seen.iter().map(|c| c.load(std::sync::atomic::Ordering::Relaxed)).collect();
+            assert_eq!(seen, [want[0] as i32, want[1] as i32]);
+        })
+        .join()
+        .expect("the probe thread's assertions hold");
     }
 }
