@@ -263,6 +263,21 @@ pub unsafe fn dots(
     }
 }
 
+/// The body of a one-token kernel over rows `$rows` of `$w`: each tile (activations `$A`) into
+/// `$tile` and its results' slot `$res` for `$call`, whose row results go to `$out`.
+macro_rules! one_token_tiles {
+    ($w:expr, $rows:expr, $act:expr, $out:expr, $A:ty, |$tile:ident, $res:ident| $call:expr) => {{
+        let (w, rows, out) = ($w, $rows, $out);
+        let mut $res = [[0.0f32; R]; 1];
+        for r0 in rows.clone().step_by(R) {
+            let nr = R.min(rows.end - r0);
+            let $tile = Tile::<$A>::new(w, w.tile_rows(r0, nr), nr, $act, 1);
+            $call;
+            out[r0 - rows.start..][..nr].copy_from_slice(&$res[0][..nr]);
+        }
+    }};
+}
+
 /// `out[i] = row rows.start+i · the one token` for the rows `rows` of `w`, `act` prepared for
 /// `w.t` with one token: every tile in one call. A call per tile (type dispatch, tile setup, a
 /// closure per result) was 6.5% of decode's samples; one call per task runs 1-9% fewer
@@ -288,30 +303,12 @@ pub unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) 
             GgmlType::IQ4_NL => legacy1::<legacy::Iq4Nl>(w, rows, act, out),
             GgmlType::Q8_0 => wide1(w, rows, act, out),
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
-                let mut res = [[0.0f32; R]; 1];
-                for r0 in rows.clone().step_by(R) {
-                    let nr = R.min(rows.end - r0);
-                    float(w.t, w.tile_rows(r0, nr), nr, w.cols, bytemuck::cast_slice(act), 1, &mut res);
-                    out[r0 - rows.start..][..nr].copy_from_slice(&res[0][..nr]);
-                }
+                one_token_tiles!(w, rows, act, out, f32, |tile, res| float(
+                    w.t, tile.rows, tile.nr, w.cols, tile.act, 1, &mut res
+                ))
             }
         }
     }
-}
-
-/// The body of a one-token kernel over rows `$rows` of `$w`: each tile (activations `$A`) into
-/// `$tile` and its results' slot `$res` for `$call`, whose row results go to `$out`.
-macro_rules! one_token_tiles {
-    ($w:expr, $rows:expr, $act:expr, $out:expr, $A:ty, |$tile:ident, $res:ident| $call:expr) => {{
-        let (w, rows, out) = ($w, $rows, $out);
-        let mut $res = [[0.0f32; R]; 1];
-        for r0 in rows.clone().step_by(R) {
-            let nr = R.min(rows.end - r0);
-            let $tile = Tile::<$A>::new(w, w.tile_rows(r0, nr), nr, $act, 1);
-            $call;
-            out[r0 - rows.start..][..nr].copy_from_slice(&$res[0][..nr]);
-        }
-    }};
 }
 
 /// [`legacy`] for one token, rows `rows` ([`gemv`]).
