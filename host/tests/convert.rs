@@ -277,7 +277,11 @@ fn convert_to_gguf_loads_as_online_quantization_and_benches() {
     assert_eq!(code, Some(2));
     assert!(err.contains("GGUF model in q8_0"), "{err}");
     // A type without a quantizer here is named.
-    let (code, _, err) = convert(&input, &tmp("gguf-q6"), "q6_k", &[]);
+    let q6 = tmp("gguf-q6");
+    let (code, _, err) = convert(&input, &q6, "q6_k", &[]);
     assert_eq!(code, Some(2), "{err}");
     assert!(err.contains("q6_K cannot be quantized"), "{err}");
+    assert!(!q6.exists(), "a refused conversion leaves no output folder");
+    std::fs::remove_dir_all(&input).unwrap();
+    std::fs::remove_dir_all(&out).unwrap();
 }

@@ -220,7 +220,8 @@ mod tests {
     }
 
     /// Every tile shape of the kernels (one token; 2-4; 5-32; 33-64 in one tile; more in
-    /// several; a last tile of fewer than `R` rows; a 32-column type's last group part padding)
+    /// several; a last tile of fewer than `R` rows; a row range starting inside the matrix;
+    /// a 32-column type's last group part padding)
     /// against the reference backend's dots of the same weights and activations.
     #[test]
     fn tiles_match_the_reference_at_every_token_count() {
@@ -246,12 +247,17 @@ mod tests {
                 let mut r = SplitMix64::new(n as u64);
                 let x: Vec<bf16> = (0..n * cols).map(|_| bf16::from_f32(r.gaussian())).collect();
                 let ids: Vec<u32> = (0..n as u32).collect();
+                // Rows in two calls, as the plan's row blocks (granularity 1): the second
+                // starts at row 3, inside a tile's worth of rows.
                 let y = |b: &dyn Backend| {
                     let w = b.pack(&m).expect("packs");
                     let mut act = AlignedBuf::zeroed(b.act_bytes(format, n, cols));
                     b.quantize_act(format, cols, &x, &ids, act.as_mut_slice());
                     let mut y = vec![0.0f32; n * rows];
-                    b.down(&w, 0..rows, act.as_mut_slice(), MatMut::from_slice(&mut y, n, rows, rows));
+                    for part in [0..3, 3..rows] {
+                        let view = MatMut::from_slice(&mut y[part.start..], n, part.len(), rows);
+                        b.down(&w, part, act.as_mut_slice(), view);
+                    }
                     y
                 };
                 let (got, want) = (y(ours), y(&REFERENCE));

@@ -24,10 +24,17 @@ pub fn fuzz(data: &[u8]) {
         dequantize_row(t, &data[..blocks * t.block_bytes()], &mut out);
     }
     let path = std::env::temp_dir().join(format!("kt-fuzz-{}.gguf", std::process::id()));
-    if std::fs::write(&path, data).is_err() {
-        return;
+    if std::fs::write(&path, data).is_ok() {
+        read_file(&path);
     }
-    let Ok(f) = GgufFile::open(&path) else { return };
+    // Not left behind when the run ends.
+    let _ = std::fs::remove_file(&path);
+}
+
+/// Every tensor of the GGUF file at `path`, and its first MoE layer when the metadata
+/// describes a small one.
+fn read_file(path: &std::path::Path) {
+    let Ok(f) = GgufFile::open(path) else { return };
     let names: Vec<String> = f.names().map(str::to_string).collect();
     for n in &names {
         if let Ok(t) = f.tensor(n) {

@@ -16,10 +16,17 @@ pub fn fuzz(data: &[u8]) {
     let _ = ModelConfig::parse(&String::from_utf8_lossy(data));
     let _ = from_kt(WeightFormat::Int4Row, 32, 128, data, vec![1.0; 32]);
     let dir = std::env::temp_dir().join(format!("kt-fuzz-{}", std::process::id()));
-    if std::fs::create_dir_all(&dir).is_err() || std::fs::write(dir.join("model.safetensors"), data).is_err() {
-        return;
+    if std::fs::create_dir_all(&dir).is_ok() && std::fs::write(dir.join("model.safetensors"), data).is_ok() {
+        read_checkpoint(&dir);
     }
-    let Ok(ck) = Checkpoint::open(&dir) else { return };
+    // Not left behind when the run ends.
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The checkpoint in `dir`: layout detection and decoding of two layers' experts, and KT's
+/// converted formats.
+fn read_checkpoint(dir: &std::path::Path) {
+    let Ok(ck) = Checkpoint::open(dir) else { return };
     for layer in 0..2 {
         if let Ok(l) = Layout::detect(&ck, layer) {
             for e in 0..2 {
