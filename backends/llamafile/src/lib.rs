@@ -247,14 +247,14 @@ mod tests {
                 let mut r = SplitMix64::new(n as u64);
                 let x: Vec<bf16> = (0..n * cols).map(|_| bf16::from_f32(r.gaussian())).collect();
                 let ids: Vec<u32> = (0..n as u32).collect();
-                // Rows in two calls, as the plan's row blocks (granularity 1): the second
-                // starts at row 3, inside a tile's worth of rows.
+                // Rows in two calls, as the plan's row blocks (granularity 1): a full tile
+                // and a 1-row one, then a call starting at row 5, not a multiple of `R`.
                 let y = |b: &dyn Backend| {
                     let w = b.pack(&m).expect("packs");
                     let mut act = AlignedBuf::zeroed(b.act_bytes(format, n, cols));
                     b.quantize_act(format, cols, &x, &ids, act.as_mut_slice());
                     let mut y = vec![0.0f32; n * rows];
-                    for part in [0..3, 3..rows] {
+                    for part in [0..5, 5..rows] {
                         let view = MatMut::from_slice(&mut y[part.start..], n, part.len(), rows);
                         b.down(&w, part, act.as_mut_slice(), view);
                     }
