@@ -90,8 +90,8 @@ pub fn bytes(t: GgmlType, rows: usize, cols: usize) -> usize {
 /// Prepare rows `rows` of `src` (`[*, cols]` bf16) into `dst`.
 ///
 /// # Safety
-/// AVX2 and FMA must be present.
-#[target_feature(enable = "avx2,fma")]
+/// AVX2, FMA and F16C must be present.
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst: &mut [u8]) {
     let n = rows.len();
     let dst = &mut dst[..bytes(t, n, cols)];
@@ -106,14 +106,15 @@ pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst:
                 let out: &mut [f32] = bytemuck::cast_slice_mut(&mut dst[4 * i * cols..4 * (i + 1) * cols]);
                 out.copy_from_slice(&x);
             }
-            // SAFETY (both): AVX2 and FMA by this function's contract.
+            // SAFETY (both): AVX2, FMA and F16C by this function's contract.
             ActKind::Q8_0 if wide(t) => unsafe { fill::<ActW8>(bytemuck::cast_slice_mut(dst), &x, n, i) },
             ActKind::Q8_0 => unsafe { fill::<ActG8>(bytemuck::cast_slice_mut(dst), &x, n, i) },
             ActKind::Q8K => {
                 let out: &mut [ActK] = bytemuck::cast_slice_mut(dst);
                 for (b, xs) in x.chunks_exact(QK_K).enumerate() {
                     let a = &mut out[b * n + i];
-                    a.d = amax(xs) / 127.0;
+                    // SAFETY: AVX2 by this function's contract.
+                    a.d = unsafe { amax8(xs) } / 127.0;
                     // SAFETY: AVX2 by this function's contract.
                     unsafe { quantize(xs, a.d, &mut a.qs) };
                     for (s, q) in a.bsums.iter_mut().zip(a.qs.chunks_exact(16)) {
@@ -163,7 +164,12 @@ impl Group for ActG8 {
 impl Group for ActW8 {
     fn put(&mut self, k: usize, d: f32, _sum: i32, q: &[i8; QK]) {
         self.d[slot(k)] = d;
-        q.iter().enumerate().for_each(|(j, &v)| self.qs[ActW8::at(k, j)] = i16::from(v));
+        // Columns 2c and 2c+1 are one 32-bit word of lane `slot(k)` ([`ActW8::at`]).
+        let words: &mut [u32] = bytemuck::cast_slice_mut(&mut self.qs);
+        for c in 0..QK / 2 {
+            let (lo, hi) = (i16::from(q[2 * c]) as u16, i16::from(q[2 * c + 1]) as u16);
+            words[8 * c + slot(k)] = u32::from(lo) | u32::from(hi) << 16;
+        }
     }
     fn get(&self, k: usize) -> (f32, [i8; QK]) {
         (self.d[slot(k)], core::array::from_fn(|j| self.qs[ActW8::at(k, j)] as i8))
@@ -172,15 +178,17 @@ impl Group for ActW8 {
 
 /// Quantize token `i`'s row `x` into its groups of `out` (`[groups][n]`); the last group's
 /// missing blocks are zero.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn fill<A: Group>(out: &mut [A], x: &[f32], n: usize, i: usize) {
     let mut q = [0i8; QK];
     for (b, xs) in x.chunks_exact(QK).enumerate() {
-        let d = amax(xs) / 127.0;
-        // SAFETY: AVX2 by this function's contract.
+        // SAFETY (both): AVX2 and F16C by this function's contract.
+        let d = unsafe { amax8(xs) } / 127.0;
         let sum = unsafe { quantize(xs, d, &mut q) };
-        // The scale as Q8_0 stores it (f16), so values equal core's Q8_0 blocks.
-        out[(b / G) * n + i].put(b % G, half::f16::from_f32(d).to_f32(), sum, &q);
+        // The scale as Q8_0 stores it (f16, rounded to nearest even as `half` and F16C do),
+        // so values equal core's Q8_0 blocks; F16C's conversion, not `half`'s software one.
+        let d16 = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(d));
+        out[(b / G) * n + i].put(b % G, _mm_cvtss_f32(_mm_cvtph_ps(d16)), sum, &q);
     }
     let nb = x.len() / QK;
     if nb % G != 0 {
@@ -198,8 +206,21 @@ fn moved<A: Group, B: Group>(src: &[A], dst: &mut [B]) {
     }
 }
 
-fn amax(x: &[f32]) -> f32 {
-    x.iter().fold(0.0f32, |m, v| m.max(v.abs()))
+/// The largest `|x|` of a multiple of 8 values, as core's quantizers fold it with `f32::max`,
+/// 8 lanes at a time: `max_ps` returns its second operand when either is NaN, so a NaN value
+/// is skipped as `f32::max` skips it.
+#[target_feature(enable = "avx2")]
+unsafe fn amax8(x: &[f32]) -> f32 {
+    let mut m = _mm256_setzero_ps();
+    for c in x.chunks_exact(8) {
+        // SAFETY: 8 floats.
+        let v = _mm256_andnot_ps(_mm256_set1_ps(-0.0), unsafe { _mm256_loadu_ps(c.as_ptr()) });
+        m = _mm256_max_ps(v, m);
+    }
+    let mut lanes = [0.0f32; 8];
+    // SAFETY: 8 lanes into an [f32; 8].
+    unsafe { _mm256_storeu_ps(lanes.as_mut_ptr(), m) };
+    lanes.iter().fold(0.0f32, |a, &v| a.max(v))
 }
 
 /// `q = roundf(x / d)` (ties away from zero) for a multiple of 32 values; returns `Σ q`.
@@ -241,7 +262,7 @@ mod tests {
 
     #[test]
     fn matches_core_quantizers_bit_for_bit() {
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")) {
             return;
         }
         let mut r = SplitMix64::new(5);
@@ -255,7 +276,7 @@ mod tests {
                 // u32 storage: the blocks hold f32s and need 4-byte alignment.
                 let mut words = vec![0u32; bytes(t, 1, 512) / 4];
                 let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
-                // SAFETY: AVX2 and FMA checked above.
+                // SAFETY: AVX2, FMA and F16C checked above.
                 unsafe { prepare(t, 512, &src, &[0], dst) };
                 if t == GgmlType::Q4_K {
                     let got: &[ActK] = bytemuck::cast_slice(dst);
@@ -289,7 +310,7 @@ mod tests {
 
     #[test]
     fn relayout_gives_what_prepare_gives() {
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma")) {
+        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")) {
             return;
         }
         let mut r = SplitMix64::new(6);
@@ -298,7 +319,7 @@ mod tests {
         let src: Vec<bf16> = (0..n * cols).map(|_| bf16::from_f32(r.gaussian())).collect();
         let prep = |t| {
             let mut words = vec![0u32; bytes(t, n, cols) / 4];
-            // SAFETY: AVX2 and FMA checked above.
+            // SAFETY: AVX2, FMA and F16C checked above.
             unsafe { prepare(t, cols, &src, &[0, 1, 2], bytemuck::cast_slice_mut(&mut words)) };
             words
         };
