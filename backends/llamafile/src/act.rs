@@ -16,7 +16,7 @@ use bytemuck::{Pod, Zeroable};
 use half::bf16;
 use kt_core::ggml::{ActKind, GgmlType, QK, QK_K};
 
-use crate::legacy::{slot, G};
+use crate::legacy::{slot, G, ORDER};
 
 /// One Q8_K activation block laid out for aligned loads: values first and 320 bytes, so in a
 /// 64-byte aligned buffer (the forward pass's) no 32-byte load of them splits a cache line
@@ -107,7 +107,7 @@ pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst:
                 out.copy_from_slice(&x);
             }
             // SAFETY (both): AVX2, FMA and F16C by this function's contract.
-            ActKind::Q8_0 if wide(t) => unsafe { fill::<ActW8>(bytemuck::cast_slice_mut(dst), &x, n, i) },
+            ActKind::Q8_0 if wide(t) => unsafe { fill_wide(bytemuck::cast_slice_mut(dst), &x, n, i) },
             ActKind::Q8_0 => unsafe { fill::<ActG8>(bytemuck::cast_slice_mut(dst), &x, n, i) },
             ActKind::Q8K => {
                 let out: &mut [ActK] = bytemuck::cast_slice_mut(dst);
@@ -185,15 +185,92 @@ unsafe fn fill<A: Group>(out: &mut [A], x: &[f32], n: usize, i: usize) {
         // SAFETY (both): AVX2 and F16C by this function's contract.
         let d = unsafe { amax8(xs) } / 127.0;
         let sum = unsafe { quantize(xs, d, &mut q) };
-        // The scale as Q8_0 stores it (f16, rounded to nearest even as `half` and F16C do),
-        // so values equal core's Q8_0 blocks; F16C's conversion, not `half`'s software one.
-        let d16 = _mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(d));
-        out[(b / G) * n + i].put(b % G, _mm_cvtss_f32(_mm_cvtph_ps(d16)), sum, &q);
+        // The scale as Q8_0 stores it, so values equal core's Q8_0 blocks.
+        out[(b / G) * n + i].put(b % G, unsafe { f16_rounded(d) }, sum, &q);
     }
     let nb = x.len() / QK;
     if nb % G != 0 {
         (nb % G..G).for_each(|k| out[(nb / G) * n + i].put(k, 0.0, 0, &[0; QK]));
     }
+}
+
+/// [`fill`] for [`ActW8`], a group at a time and in registers: each block's 16 column-pair
+/// words (levels saturated to i8 as [`quantize`] stores them, then widened), then per half
+/// an 8 × 8 transpose of words, so that block `k` lands in lane [`slot`]`(k)` of each pair's
+/// register. [`ActW8::put`]'s word stores, one per pair and block, were most of the Gather.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fill_wide(out: &mut [ActW8], x: &[f32], n: usize, i: usize) {
+    let nb = x.len() / QK;
+    let (lo8, hi8) = (_mm256_set1_epi16(-128), _mm256_set1_epi16(127));
+    for g in 0..nb.div_ceil(G) {
+        let grp = &mut out[g * n + i];
+        // Per slot, the block's words of pairs 0..8 and 8..16; a missing block stays zero.
+        let mut words = [[_mm256_setzero_si256(); 2]; G];
+        for (s, &k) in ORDER.iter().enumerate() {
+            let b = g * G + k;
+            if b >= nb {
+                grp.d[s] = 0.0;
+                continue;
+            }
+            let xs = &x[b * QK..(b + 1) * QK];
+            // SAFETY (all three): AVX2, FMA and F16C by this function's contract.
+            let d = unsafe { amax8(xs) } / 127.0;
+            let v = unsafe { round32(xs, _mm256_set1_ps(inverse(d))) };
+            grp.d[s] = unsafe { f16_rounded(d) };
+            for h in 0..2 {
+                // i16 columns in order (`packs` interleaves the 128-bit halves), clamped to i8.
+                let p = _mm256_permute4x64_epi64::<0b11_01_10_00>(_mm256_packs_epi32(v[2 * h], v[2 * h + 1]));
+                words[s][h] = _mm256_max_epi16(lo8, _mm256_min_epi16(hi8, p));
+            }
+        }
+        for h in 0..2 {
+            let mut half = [_mm256_setzero_si256(); G];
+            for (x, w) in half.iter_mut().zip(&words) {
+                *x = w[h];
+            }
+            // SAFETY: AVX2 by this function's contract.
+            let t = unsafe { transpose8(half) };
+            for (c, t) in t.iter().enumerate() {
+                // SAFETY: register `8h + c` of the 16 in `qs` (512 bytes).
+                unsafe { _mm256_storeu_si256(grp.qs.as_mut_ptr().add(16 * (8 * h + c)).cast(), *t) };
+            }
+        }
+    }
+}
+
+/// The 8 × 8 transpose of 32-bit words: word `c` of register `r` to word `r` of register `c`.
+/// (Loops, not closures: closures lack the caller's target features.)
+#[inline]
+#[target_feature(enable = "avx2")]
+unsafe fn transpose8(r: [__m256i; G]) -> [__m256i; G] {
+    let mut t = [_mm256_setzero_si256(); G];
+    for p in 0..G / 2 {
+        // Words 0, 1, 4, 5 (lo) and 2, 3, 6, 7 (hi) of rows 2p and 2p + 1, interleaved.
+        t[2 * p] = _mm256_unpacklo_epi32(r[2 * p], r[2 * p + 1]);
+        t[2 * p + 1] = _mm256_unpackhi_epi32(r[2 * p], r[2 * p + 1]);
+    }
+    let mut u = [_mm256_setzero_si256(); G];
+    for q in 0..2 {
+        for m in 0..2 {
+            // Words (2m, 2m + 4) and (2m + 1, 2m + 5) of rows 4q..4q + 4.
+            let (a, b) = (t[4 * q + m], t[4 * q + m + 2]);
+            u[4 * q + 2 * m] = _mm256_unpacklo_epi64(a, b);
+            u[4 * q + 2 * m + 1] = _mm256_unpackhi_epi64(a, b);
+        }
+    }
+    let mut out = [_mm256_setzero_si256(); G];
+    for c in 0..G / 2 {
+        out[c] = _mm256_permute2x128_si256::<0x20>(u[c], u[4 + c]);
+        out[c + 4] = _mm256_permute2x128_si256::<0x31>(u[c], u[4 + c]);
+    }
+    out
+}
+
+/// `d` rounded to f16 and back (Q8_0 stores its scale as f16; F16C and `half` both round to
+/// nearest even).
+#[target_feature(enable = "f16c")]
+unsafe fn f16_rounded(d: f32) -> f32 {
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(d))))
 }
 
 /// Every block of `src` put into `dst` in the other layout.
@@ -223,26 +300,45 @@ unsafe fn amax8(x: &[f32]) -> f32 {
     lanes.iter().fold(0.0f32, |a, &v| a.max(v))
 }
 
+/// `1/d` to multiply by (0 for a zero scale: its block quantizes to zeros).
+fn inverse(d: f32) -> f32 {
+    if d != 0.0 {
+        1.0 / d
+    } else {
+        0.0
+    }
+}
+
+/// `roundf(x · id)` (ties away from zero) of 32 values, as i32 lanes, 8 columns a register.
+#[inline]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn round32(xs: &[f32], id: __m256) -> [__m256i; 4] {
+    assert!(xs.len() >= 32);
+    let sign = _mm256_set1_ps(-0.0);
+    let (half, one) = (_mm256_set1_ps(0.5), _mm256_set1_ps(1.0));
+    let mut i = [_mm256_setzero_si256(); 4];
+    for (k, i) in i.iter_mut().enumerate() {
+        // SAFETY: 8·k + 8 ≤ 32 floats, checked above.
+        let v = _mm256_mul_ps(unsafe { _mm256_loadu_ps(xs.as_ptr().add(8 * k)) }, id);
+        let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
+        let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(v, t));
+        let away = _mm256_or_ps(_mm256_and_ps(v, sign), one);
+        let r = _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, half), away));
+        *i = _mm256_cvtps_epi32(r);
+    }
+    i
+}
+
 /// `q = roundf(x / d)` (ties away from zero) for a multiple of 32 values; returns `Σ q`.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn quantize(x: &[f32], d: f32, q: &mut [i8]) -> i32 {
-    let id = _mm256_set1_ps(if d != 0.0 { 1.0 / d } else { 0.0 });
-    let sign = _mm256_set1_ps(-0.0);
-    let (half, one) = (_mm256_set1_ps(0.5), _mm256_set1_ps(1.0));
+    let id = _mm256_set1_ps(inverse(d));
     let perm = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
     let mut sum = _mm256_setzero_si256();
     for (xs, qs) in x.chunks_exact(32).zip(q.chunks_exact_mut(32)) {
-        let mut i = [_mm256_setzero_si256(); 4];
-        for (k, i) in i.iter_mut().enumerate() {
-            // SAFETY: xs has 32 floats; 8·k + 8 ≤ 32.
-            let v = _mm256_mul_ps(unsafe { _mm256_loadu_ps(xs.as_ptr().add(8 * k)) }, id);
-            let t = _mm256_round_ps::<{ _MM_FROUND_TO_ZERO | _MM_FROUND_NO_EXC }>(v);
-            let frac = _mm256_andnot_ps(sign, _mm256_sub_ps(v, t));
-            let away = _mm256_or_ps(_mm256_and_ps(v, sign), one);
-            let r = _mm256_add_ps(t, _mm256_and_ps(_mm256_cmp_ps::<_CMP_GE_OQ>(frac, half), away));
-            *i = _mm256_cvtps_epi32(r);
-            sum = _mm256_add_epi32(sum, *i);
-        }
+        // SAFETY: AVX2 and FMA by this function's contract.
+        let i = unsafe { round32(xs, id) };
+        i.iter().for_each(|&v| sum = _mm256_add_epi32(sum, v));
         let p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
         // SAFETY: qs has 32 bytes.
         unsafe { _mm256_storeu_si256(qs.as_mut_ptr().cast(), _mm256_permutevar8x32_epi32(p, perm)) };
