@@ -159,7 +159,7 @@ struct W16([[i16; 16]; QK / 2]);
 
 /// Accumulators of one tile of up to `2·TC` tokens ([`wide`], [`legacy`]), set by the tile's
 /// first group rather than zeroed per call (a `memset` of up to 8 KiB a tile: q8_0's down
-/// shape 3-5% slower in alternated `dots` runs). A matrix of no columns never sets them; its
+/// shape 3-7% slower in alternated `dots` runs). A matrix of no columns never sets them; its
 /// tiles then read the zeros of [`Scratch::new`], made afresh for each task.
 type Acc = [[__m256; 2 * TC]; R];
 
@@ -632,7 +632,7 @@ unsafe fn q8_piece(g: &[u8], c: usize) -> __m256i {
 /// into an accumulator stay one after another. Without it the piece loop was unrolled, its adds
 /// regrouped into one tree per accumulator, all 16 pieces kept live and spilled; with an opaque
 /// trip count instead (the earlier remedy) it kept a loop with a counter of its own, 24 µops a
-/// piece where this loop has 23 (q8_0 tiles 1-7% faster in alternated `dots` runs).
+/// piece where this loop has 23 (q8_0 tiles 1-4% faster in alternated `dots` runs).
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn in_order(mut x: __m256i) -> __m256i {
