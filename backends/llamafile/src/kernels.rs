@@ -157,7 +157,7 @@ pub struct DecK {
 #[repr(C, align(32))]
 struct W16([[i16; 16]; QK / 2]);
 
-/// Accumulators of one tile of up to `2·TC` tokens ([`wide`], [`legacy`]), set by the tile's
+/// Accumulators of one tile of up to `2·TC` tokens ([`wide`], [`legacy`](fn@legacy)), set by the tile's
 /// first group rather than zeroed per call (a `memset` of up to 8 KiB a tile: q8_0's down
 /// shape 3-7% slower in alternated `dots` runs). A matrix of no columns never sets them; its
 /// tiles then read the zeros of [`Scratch::new`], made afresh for each task.
@@ -320,7 +320,7 @@ pub unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) 
     }
 }
 
-/// [`legacy`] for one token, rows `rows` ([`gemv`]).
+/// [`legacy`](fn@legacy) for one token, rows `rows` ([`gemv`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn legacy1<L: LGroup>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
     // SAFETY: this function's features; the caller's contract.

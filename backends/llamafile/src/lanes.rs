@@ -34,11 +34,13 @@ pub fn order_act(qs: &mut [i8; QK_K]) {
     }
 }
 
-/// [`order_act`] in registers: the block is 16 rows of 16 columns, i.e. of 8 two-column words,
-/// and register `r` is word `r` of every row, a transpose. Rows `j` and `j + 8` share register
-/// `j`, so an 8 × 8 word transpose within each 128-bit half gives rows 0..8 of word `r` in the
-/// low half of register `r` and rows 8..16 in the high one. (Byte by byte, as the tests'
-/// definition does it, was over a third of the Q8_K activations' preparation.)
+/// An activation block's values from column order into the lane layout
+/// ([`column`](fn@column)), in registers: the block is 16 rows of 16 columns, i.e. of 8
+/// two-column words, and register `r` is word `r` of every row, a transpose. Rows `j` and
+/// `j + 8` share register `j`, so an 8 × 8 word transpose within each 128-bit half gives rows
+/// 0..8 of word `r` in the low half of register `r` and rows 8..16 in the high one. (Byte by
+/// byte, as the tests' definition does it, was over a third of the Q8_K activations'
+/// preparation.)
 ///
 /// # Safety
 /// AVX2 must be present.
@@ -77,7 +79,7 @@ pub unsafe fn order_act_avx2(qs: &mut [i8; QK_K]) {
 }
 
 /// `blk` with its levels in the lane layout: the level of chunk `r`, column `b` (GGUF's
-/// addressing) becomes that of column [`column`]`(r, b)`. Levels move 16 columns at a time
+/// addressing) becomes that of column [`column`](fn@column)`(r, b)`. Levels move 16 columns at a time
 /// (loops the compiler vectorizes): a few hundred ns a block.
 pub fn relevel<B: KBlock>(blk: &B) -> B {
     let src = bytemuck::bytes_of(blk);
