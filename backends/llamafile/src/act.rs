@@ -113,14 +113,12 @@ pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst:
                 let out: &mut [ActK] = bytemuck::cast_slice_mut(dst);
                 for (b, xs) in x.chunks_exact(QK_K).enumerate() {
                     let a = &mut out[b * n + i];
-                    // SAFETY: AVX2 by this function's contract.
+                    // SAFETY (all three): AVX2 and FMA by this function's contract.
                     a.d = unsafe { amax8(xs) } / 127.0;
-                    // SAFETY: AVX2 by this function's contract.
                     unsafe { quantize(xs, a.d, &mut a.qs) };
                     for (s, q) in a.bsums.iter_mut().zip(a.qs.chunks_exact(16)) {
                         *s = q.iter().map(|&v| i16::from(v)).sum();
                     }
-                    // SAFETY: AVX2 by this function's contract.
                     unsafe { crate::lanes::order_act_avx2(&mut a.qs) };
                 }
             }
@@ -165,12 +163,7 @@ impl Group for ActG8 {
 impl Group for ActW8 {
     fn put(&mut self, k: usize, d: f32, _sum: i32, q: &[i8; QK]) {
         self.d[slot(k)] = d;
-        // Columns 2c and 2c+1 are one 32-bit word of lane `slot(k)` ([`ActW8::at`]).
-        let words: &mut [u32] = bytemuck::cast_slice_mut(&mut self.qs);
-        for c in 0..QK / 2 {
-            let (lo, hi) = (i16::from(q[2 * c]) as u16, i16::from(q[2 * c + 1]) as u16);
-            words[8 * c + slot(k)] = u32::from(lo) | u32::from(hi) << 16;
-        }
+        q.iter().enumerate().for_each(|(j, &v)| self.qs[ActW8::at(k, j)] = i16::from(v));
     }
     fn get(&self, k: usize) -> (f32, [i8; QK]) {
         (self.d[slot(k)], core::array::from_fn(|j| self.qs[ActW8::at(k, j)] as i8))
@@ -183,7 +176,7 @@ impl Group for ActW8 {
 unsafe fn fill<A: Group>(out: &mut [A], x: &[f32], n: usize, i: usize) {
     let mut q = [0i8; QK];
     for (b, xs) in x.chunks_exact(QK).enumerate() {
-        // SAFETY (both): AVX2 and F16C by this function's contract.
+        // SAFETY (all three): AVX2, FMA and F16C by this function's contract.
         let d = unsafe { amax8(xs) } / 127.0;
         let sum = unsafe { quantize(xs, d, &mut q) };
         // The scale as Q8_0 stores it, so values equal core's Q8_0 blocks.
@@ -198,7 +191,8 @@ unsafe fn fill<A: Group>(out: &mut [A], x: &[f32], n: usize, i: usize) {
 /// [`fill`] for [`ActW8`], a group at a time and in registers: each block's 16 column-pair
 /// words (levels saturated to i8 as [`quantize`] stores them, then widened), then per half
 /// an 8 × 8 transpose of words, so that block `k` lands in lane [`slot`]`(k)` of each pair's
-/// register. [`ActW8::put`]'s word stores, one per pair and block, were most of the Gather.
+/// register. Storing each value on its own, as [`ActW8::put`] (kept for [`relayout`]) does, was
+/// most of the Gather.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn fill_wide(out: &mut [ActW8], x: &[f32], n: usize, i: usize) {
     let nb = x.len() / QK;
