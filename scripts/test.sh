@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Every test: formatting, lints (all features and reference-only), the no_std core built alone,
-# the workspace tests, loom model checks, the Python package (wheel built with maturin, installed
-# in a venv, pytest), and short fuzz smoke runs. CI runs exactly this (.ci/run).
+# Every test: formatting, lints (all features and reference-only), rustdoc's link checks, the
+# no_std core built alone, the workspace tests, loom model checks, the Python package (wheel
+# built with maturin, installed in a venv, pytest), and short fuzz smoke runs. CI runs exactly
+# this (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh --test
@@ -14,6 +15,8 @@ echo "== clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 CARGO_TARGET_DIR=target cargo clippy --manifest-path bindings/python/Cargo.toml -- -D warnings
 cargo clippy -p kt-host --no-default-features --all-targets -- -D warnings
+echo "== rustdoc (broken or private intra-doc links fail)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 echo "== no_std core, built alone"
 cargo build -p kt-core
 echo "== tests"

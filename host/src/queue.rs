@@ -3,7 +3,7 @@
 //! tasks are left; the first error or panic of a task since the last `sync` is returned by it,
 //! and the queue stays usable. Dropping the queue runs what is queued, then joins its thread.
 //!
-//! All synchronisation goes through [`crate::sync`], so loom model-checks it (tests/loom.rs).
+//! All synchronisation goes through the crate's `sync` module, so loom model-checks it (tests/loom.rs).
 
 use std::collections::VecDeque;
 use std::fmt;

@@ -2,7 +2,7 @@
 //! KT int4, K-group int4, fp8 block and per-channel), for CPUs without AVX-512: AMD Zen2/Zen3,
 //! consumer Intel. Registered when the CPU has AVX2 and FMA (checked at run time).
 //!
-//! Weights are packed into 16-row panels ([`pack`]); one microkernel family ([`kernels`])
+//! Weights are packed into 16-row panels (`pack`); one microkernel family (`kernels`)
 //! serves decode (tiles of 1-5 tokens) and prefill (6×16 tiles, 4×16 for int formats).
 
 #[cfg(target_arch = "x86_64")]

@@ -3,10 +3,10 @@
 //! projection, with AVX2 kernels. It is named for KT-Kernel's LLAMAFILE method, which it
 //! replaces; nothing of llamafile is used. Registered when the CPU has AVX2, FMA and F16C.
 //!
-//! Weights keep their GGUF values, rearranged at load ([`kernels::Packed`]: 32-column types in
-//! groups of 8 blocks, 256-column ones with their levels in the lane layout of [`lanes`]);
+//! Weights keep their GGUF values, rearranged at load (`kernels::Packed`: 32-column types in
+//! groups of 8 blocks, 256-column ones with their levels in the lane layout of `lanes`);
 //! activations are quantized per token to the type's `vec_dot_type` (Q8_K for 256-column types,
-//! Q8_0 with sums for 32-column ones, f32 for float types) in a block-major layout ([`act`]).
+//! Q8_0 with sums for 32-column ones, f32 for float types) in a block-major layout (`act`).
 
 #[cfg(target_arch = "x86_64")]
 mod act;
