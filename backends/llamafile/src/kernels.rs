@@ -345,6 +345,22 @@ fn group<'a, A>(tile: &Tile<'a, A>, g: usize) -> [&'a [u8]; R] {
     array!(&[][..]; R, |i| &tile.rows[i][g * gb..(g + 1) * gb])
 }
 
+/// Group `g` of each row of a 32-column tile and the group's 8 scales per row, for the token
+/// tile starting at `t0`; the first token tile also prefetches the next tile's share.
+///
+/// # Safety
+/// AVX2 and F16C must be present (inlined into the kernels, whose features they are).
+#[inline(always)]
+unsafe fn open_group<'a, A>(tile: &Tile<'a, A>, t0: usize, g: usize) -> ([&'a [u8]; R], [__m256; R]) {
+    if t0 == 0 {
+        prefetch_next(tile, g);
+    }
+    let grp = group(tile, g);
+    // SAFETY: the caller's contract; each group starts with its 8 f16 scales.
+    let dw = array!(unsafe { _mm256_setzero_ps() }; R, |i| unsafe { legacy::scales(grp[i], 0) });
+    (grp, dw)
+}
+
 /// `out[t][i]` = the sum of `acc[i][t]`'s lanes, for the first `nr` rows.
 #[inline(always)]
 unsafe fn write_out<const TC: usize>(acc: &[[__m256; TC]; R], out: &mut [[f32; R]], nr: usize) {
@@ -551,13 +567,9 @@ unsafe fn legacy<const TC: usize, const A: usize, L: LGroup>(
         for g in 0..ng {
             // `A` = 1 (one token): the caller's zeroed registers, added to; else group 0 sets them.
             let first = A > 1 && g == 0;
-            if t0 == 0 {
-                prefetch_next(tile, g);
-            }
-            let grp = group(tile, g);
             // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
             // inside the groups and the activation blocks.
-            let dw = array!(_mm256_setzero_ps(); R, |i| unsafe { legacy::scales(grp[i], 0) });
+            let (grp, dw) = unsafe { open_group(tile, t0, g) };
             let mw = array!(_mm256_setzero_ps(); R, |i| match L::OFFSET {
                 Offset::Zero => _mm256_setzero_ps(),
                 Offset::OfD(k) => _mm256_mul_ps(dw[i], _mm256_set1_ps(k)),
@@ -700,14 +712,10 @@ unsafe fn wide<const TC: usize, const A: usize>(
         for g in 0..ng {
             // `A` = 1 (one token): the caller's zeroed registers, added to; else group 0 sets them.
             let first = A > 1 && g == 0;
-            if t0 == 0 {
-                prefetch_next(tile, g);
-            }
-            let grp = group(tile, g);
             // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
             // inside the groups (16 bytes of levels per piece after the 16 of scales), the
             // activation blocks and the scratch.
-            let dw = array!(_mm256_setzero_ps(); R, |i| unsafe { legacy::scales(grp[i], 0) });
+            let (grp, dw) = unsafe { open_group(tile, t0, g) };
             if TC > 1 {
                 for i in 0..R {
                     for c in 0..PIECES {
