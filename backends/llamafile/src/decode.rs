@@ -5,14 +5,17 @@
 //! levels were moved at load). `value = d·sc·level − dmin·mn` per 16 columns.
 //! (The 32-column types: [`crate::legacy`].)
 //!
-//! Levels are unsigned (0..63) except for iq4_xs's, which are signed and which the kernels
-//! multiply with the sign trick of `maddubs` (|w| times the activation given w's sign).
+//! Levels are unsigned (0..63) except for iq4_xs's and the lattice types' ([`crate::lattice`]),
+//! which are signed and which the kernels multiply with the sign trick of `maddubs` (|w| times
+//! the activation given w's sign).
 
 use core::arch::x86_64::*;
 use core::mem::offset_of;
 
 use bytemuck::Pod;
 use kt_core::ggml::{q3k_scales, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, KVALUES_IQ4NL};
+
+use crate::lanes::REGS;
 
 /// A 256-column block type.
 pub trait KBlock: Pod {
@@ -32,9 +35,42 @@ pub trait KBlock: Pod {
     /// # Safety
     /// As [`KBlock::prep`].
     unsafe fn reg(&self, r: usize) -> __m256i;
+    /// The kernels take every register at once from [`KBlock::regs`] instead of calling
+    /// [`KBlock::reg`] for each: the lattice types' levels are table lookups put in the lane
+    /// layout by one transpose of all 8 registers ([`crate::lattice`]).
+    const WHOLE: bool = false;
+    /// Every register's levels (the default, register by register, is for completeness: the
+    /// kernels call it only for [`KBlock::WHOLE`] types, which implement it).
+    ///
+    /// # Safety
+    /// As [`KBlock::prep`].
+    #[inline(always)]
+    unsafe fn regs(&self) -> [__m256i; REGS] {
+        // SAFETY: the caller's contract.
+        unsafe { [0, 1, 2, 3, 4, 5, 6, 7].map(|r| self.reg(r)) }
+    }
+}
+
+/// A block type whose levels are bit fields moved into the lane layout at load
+/// ([`crate::lanes::relevel`]).
+pub trait Relevel: KBlock {
     /// Where the levels of columns `16h..16h + 16` of chunk `c` live: up to two bit fields,
-    /// low bits first, each in 16 consecutive bytes ([`crate::lanes::relevel`]).
+    /// low bits first, each in 16 consecutive bytes.
     fn fields(c: usize, h: usize) -> [Field; 2];
+}
+
+/// Register `r` of `blk`, from `whole` (its [`KBlock::regs`]) for a [`KBlock::WHOLE`] type.
+///
+/// # Safety
+/// As [`KBlock::reg`].
+#[inline(always)]
+pub unsafe fn reg_of<B: KBlock>(blk: &B, whole: &[__m256i; REGS], r: usize) -> __m256i {
+    if B::WHOLE {
+        whole[r]
+    } else {
+        // SAFETY: the caller's contract (as KBlock::reg).
+        unsafe { blk.reg(r) }
+    }
 }
 
 /// Bits `shift..shift + width` of bytes `at..at + 16` of a block, one column each (`width` 0:
@@ -145,6 +181,9 @@ impl KBlock for BlockQ2K {
     unsafe fn reg(&self, r: usize) -> __m256i {
         unsafe { bits(load(&self.qs[32 * (r / 4)..]), 2 * (r % 4), 3) }
     }
+}
+
+impl Relevel for BlockQ2K {
     fn fields(c: usize, h: usize) -> [Field; 2] {
         [field(offset_of!(Self, qs) + 32 * (c / 4) + 16 * h, 2 * (c % 4), 2), NONE]
     }
@@ -172,6 +211,9 @@ impl KBlock for BlockQ3K {
             _mm256_or_si256(lo, _mm256_andnot_si256(clear, _mm256_set1_epi8(4)))
         }
     }
+}
+
+impl Relevel for BlockQ3K {
     fn fields(c: usize, h: usize) -> [Field; 2] {
         let lo = field(offset_of!(Self, qs) + 32 * (c / 4) + 16 * h, 2 * (c % 4), 2);
         [lo, field(offset_of!(Self, hmask) + 16 * h, c, 1)]
@@ -237,6 +279,9 @@ impl KBlock for Q4KU {
     unsafe fn reg(&self, r: usize) -> __m256i {
         unsafe { bits(load(&self.qs[32 * (r / 2)..]), 4 * (r % 2), 0x0F) }
     }
+}
+
+impl Relevel for Q4KU {
     fn fields(c: usize, h: usize) -> [Field; 2] {
         [field(offset_of!(Self, qs) + 32 * (c / 2) + 16 * h, 4 * (c % 2), 4), NONE]
     }
@@ -256,6 +301,9 @@ impl KBlock for Q5KU {
             _mm256_or_si256(lo, _mm256_slli_epi16::<4>(bits(load(&self.qh), r, 1)))
         }
     }
+}
+
+impl Relevel for Q5KU {
     fn fields(c: usize, h: usize) -> [Field; 2] {
         let lo = field(offset_of!(Self, qs) + 32 * (c / 2) + 16 * h, 4 * (c % 2), 4);
         [lo, field(offset_of!(Self, qh) + 16 * h, c, 1)]
@@ -284,6 +332,9 @@ impl KBlock for BlockQ6K {
             _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hi))
         }
     }
+}
+
+impl Relevel for BlockQ6K {
     fn fields(c: usize, h: usize) -> [Field; 2] {
         let (n, k) = (c / 4, c % 4);
         let lo = field(offset_of!(Self, ql) + 64 * n + 32 * (k % 2) + 16 * h, 4 * (k / 2), 4);
@@ -303,6 +354,9 @@ impl KBlock for BlockIq4Xs {
     unsafe fn reg(&self, r: usize) -> __m256i {
         unsafe { _mm256_shuffle_epi8(iq4_lut(), nibbles16(&self.qs[16 * r..])) }
     }
+}
+
+impl Relevel for BlockIq4Xs {
     fn fields(c: usize, h: usize) -> [Field; 2] {
         [field(offset_of!(Self, qs) + 16 * c, 4 * h, 4), NONE]
     }

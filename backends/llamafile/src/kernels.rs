@@ -16,7 +16,7 @@ use core::ops::Range;
 use kt_core::ggml::{self, ActKind, GgmlType, QK, QK_K};
 
 use crate::act::{ActG8, ActK, ActW8};
-use crate::decode::{KBlock, Q4KU, Q5KU};
+use crate::decode::{reg_of, KBlock, Relevel, Q4KU, Q5KU};
 use crate::lanes::{relevel, REGS};
 use crate::legacy::{self, LGroup, Offset};
 
@@ -80,6 +80,7 @@ impl Packed {
             GgmlType::Q5_K => return k(releveled(src, Q5KU::from_block)),
             GgmlType::Q6_K => return k(releveled(src, |b: &ggml::BlockQ6K| *b)),
             GgmlType::IQ4_XS => return k(releveled(src, |b: &ggml::BlockIq4Xs| *b)),
+            _ if t.is_lattice() => return k(src.to_vec()),
             _ if t.act() == ActKind::F32 => return k(src.to_vec()),
             _ => {}
         }
@@ -111,7 +112,7 @@ impl Packed {
 }
 
 /// GGUF blocks `src` (of type `S`) as kernel blocks `B` in the lane layout.
-fn releveled<S: bytemuck::Pod, B: KBlock>(src: &[u8], from: impl Fn(&S) -> B) -> Vec<u8> {
+fn releveled<S: bytemuck::Pod, B: Relevel>(src: &[u8], from: impl Fn(&S) -> B) -> Vec<u8> {
     let blocks: &[S] = bytemuck::cast_slice(src);
     let mut out = vec![0u8; blocks.len() * size_of::<B>()];
     for (o, b) in out.chunks_exact_mut(size_of::<B>()).zip(blocks) {
@@ -249,6 +250,13 @@ pub unsafe fn dots(
         GgmlType::Q5_K => k!(Q5KU),
         GgmlType::Q6_K => k!(ggml::BlockQ6K),
         GgmlType::IQ4_XS => k!(ggml::BlockIq4Xs),
+        GgmlType::IQ1_S => k!(ggml::BlockIq1S),
+        GgmlType::IQ1_M => k!(ggml::BlockIq1M),
+        GgmlType::IQ2_XXS => k!(ggml::BlockIq2Xxs),
+        GgmlType::IQ2_XS => k!(ggml::BlockIq2Xs),
+        GgmlType::IQ2_S => k!(ggml::BlockIq2S),
+        GgmlType::IQ3_XXS => k!(ggml::BlockIq3Xxs),
+        GgmlType::IQ3_S => k!(ggml::BlockIq3S),
         GgmlType::Q4_0 => l!(legacy::Q40),
         GgmlType::Q4_1 => l!(legacy::Q41),
         GgmlType::Q5_0 => l!(legacy::Q50),
@@ -305,6 +313,13 @@ pub unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) 
             GgmlType::Q5_K => kquant1::<Q5KU>(w, rows, act, out),
             GgmlType::Q6_K => kquant1::<ggml::BlockQ6K>(w, rows, act, out),
             GgmlType::IQ4_XS => kquant1::<ggml::BlockIq4Xs>(w, rows, act, out),
+            GgmlType::IQ1_S => kquant1::<ggml::BlockIq1S>(w, rows, act, out),
+            GgmlType::IQ1_M => kquant1::<ggml::BlockIq1M>(w, rows, act, out),
+            GgmlType::IQ2_XXS => kquant1::<ggml::BlockIq2Xxs>(w, rows, act, out),
+            GgmlType::IQ2_XS => kquant1::<ggml::BlockIq2Xs>(w, rows, act, out),
+            GgmlType::IQ2_S => kquant1::<ggml::BlockIq2S>(w, rows, act, out),
+            GgmlType::IQ3_XXS => kquant1::<ggml::BlockIq3Xxs>(w, rows, act, out),
+            GgmlType::IQ3_S => kquant1::<ggml::BlockIq3S>(w, rows, act, out),
             GgmlType::Q4_0 => legacy1::<legacy::Q40>(w, rows, act, out),
             GgmlType::Q4_1 => legacy1::<legacy::Q41>(w, rows, act, out),
             GgmlType::Q5_0 => legacy1::<legacy::Q50>(w, rows, act, out),
@@ -431,10 +446,11 @@ unsafe fn block_dot<B: KBlock>(blk: &B, a: &ActK, sc: __m256i) -> __m256i {
     // SAFETY: AVX2 in every caller (target_feature functions); loads inside the blocks.
     unsafe {
         let mut sum = _mm256_setzero_si256();
+        let whole = if B::WHOLE { blk.regs() } else { [sum; REGS] };
         for f in (0..REGS).step_by(B::FOLD) {
-            let mut p = pair_sums(B::SIGNED, blk.reg(f), ld(&a.qs[32 * f..]));
+            let mut p = pair_sums(B::SIGNED, reg_of(blk, &whole, f), ld(&a.qs[32 * f..]));
             for r in f + 1..f + B::FOLD {
-                p = _mm256_add_epi16(p, pair_sums(B::SIGNED, blk.reg(r), ld(&a.qs[32 * r..])));
+                p = _mm256_add_epi16(p, pair_sums(B::SIGNED, reg_of(blk, &whole, r), ld(&a.qs[32 * r..])));
             }
             sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, sc));
         }
@@ -495,8 +511,9 @@ unsafe fn kquant<const TC: usize, B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[
                 let blk = &blocks[i][b];
                 let o = &mut dec[i];
                 let (sc, mn, d, dmin) = unsafe { blk.prep() };
+                let whole = if B::WHOLE { unsafe { blk.regs() } } else { [sc; REGS] };
                 for r in 0..REGS {
-                    let x = unsafe { blk.reg(r) };
+                    let x = unsafe { reg_of(blk, &whole, r) };
                     unsafe {
                         if B::SIGNED {
                             _mm256_store_si256(o.v[r].as_mut_ptr().cast(), _mm256_abs_epi8(x));

@@ -7,12 +7,13 @@
 //!
 //! Weights are put in this order at load by moving each level inside the block's own bit
 //! fields ([`relevel`]), so a register decodes as a chunk of the GGUF layout does; activations
-//! when they are quantized ([`order_act_avx2`]). Scales, mins and the activations' 16-column sums
+//! when they are quantized ([`order_act_avx2`]); the lattice types' levels, looked up from
+//! tables, as they are decoded ([`transpose`]). Scales, mins and the activations' 16-column sums
 //! keep their column order.
 
 use kt_core::ggml::QK_K;
 
-use crate::decode::{Field, KBlock};
+use crate::decode::{Field, Relevel};
 
 /// Registers per block.
 pub const REGS: usize = 8;
@@ -54,34 +55,50 @@ pub unsafe fn order_act_avx2(qs: &mut [i8; QK_K]) {
     for (j, y) in y.iter_mut().enumerate() {
         *y = unsafe { _mm256_loadu2_m128i(p.add(16 * (j + 8)).cast(), p.add(16 * j).cast()) };
     }
-    let mut a = [_mm256_setzero_si256(); 8];
-    for k in 0..4 {
-        a[2 * k] = _mm256_unpacklo_epi16(y[2 * k], y[2 * k + 1]);
-        a[2 * k + 1] = _mm256_unpackhi_epi16(y[2 * k], y[2 * k + 1]);
-    }
-    let mut b = [_mm256_setzero_si256(); 8];
-    for q in 0..2 {
-        for m in 0..2 {
-            let (lo, hi) = (a[4 * q + m], a[4 * q + m + 2]);
-            b[4 * q + 2 * m] = _mm256_unpacklo_epi32(lo, hi);
-            b[4 * q + 2 * m + 1] = _mm256_unpackhi_epi32(lo, hi);
-        }
-    }
     let out = qs.as_mut_ptr();
-    for m in 0..4 {
-        // b[m] and b[4 + m] hold words 2m and 2m + 1 of rows 0..4 and 4..8 (per half).
-        let (w0, w1) = (_mm256_unpacklo_epi64(b[m], b[4 + m]), _mm256_unpackhi_epi64(b[m], b[4 + m]));
-        unsafe {
-            _mm256_storeu_si256(out.add(32 * (2 * m)).cast(), w0);
-            _mm256_storeu_si256(out.add(32 * (2 * m + 1)).cast(), w1);
+    // SAFETY: AVX2, this function's feature.
+    for (r, v) in unsafe { transpose(y) }.into_iter().enumerate() {
+        unsafe { _mm256_storeu_si256(out.add(32 * r).cast(), v) };
+    }
+}
+
+/// The registers of a block in the lane layout from its 16-column rows: `y[j]` holds row `j`
+/// in its low half and row `j + 8` in its high one ([`order_act_avx2`]).
+///
+/// # Safety
+/// AVX2 must be present (inlined into callers with the feature).
+#[inline(always)]
+pub unsafe fn transpose(y: [core::arch::x86_64::__m256i; 8]) -> [core::arch::x86_64::__m256i; REGS] {
+    use core::arch::x86_64::*;
+    // SAFETY: register operations only; AVX2 by the caller's contract.
+    unsafe {
+        let mut a = [_mm256_setzero_si256(); 8];
+        for k in 0..4 {
+            a[2 * k] = _mm256_unpacklo_epi16(y[2 * k], y[2 * k + 1]);
+            a[2 * k + 1] = _mm256_unpackhi_epi16(y[2 * k], y[2 * k + 1]);
         }
+        let mut b = [_mm256_setzero_si256(); 8];
+        for q in 0..2 {
+            for m in 0..2 {
+                let (lo, hi) = (a[4 * q + m], a[4 * q + m + 2]);
+                b[4 * q + 2 * m] = _mm256_unpacklo_epi32(lo, hi);
+                b[4 * q + 2 * m + 1] = _mm256_unpackhi_epi32(lo, hi);
+            }
+        }
+        let mut out = [_mm256_setzero_si256(); REGS];
+        for m in 0..4 {
+            // b[m] and b[4 + m] hold words 2m and 2m + 1 of rows 0..4 and 4..8 (per half).
+            out[2 * m] = _mm256_unpacklo_epi64(b[m], b[4 + m]);
+            out[2 * m + 1] = _mm256_unpackhi_epi64(b[m], b[4 + m]);
+        }
+        out
     }
 }
 
 /// `blk` with its levels in the lane layout: the level of chunk `r`, column `b` (GGUF's
 /// addressing) becomes that of column [`column`](fn@column)`(r, b)`. Levels move 16 columns at a time
 /// (loops the compiler vectorizes): a few hundred ns a block.
-pub fn relevel<B: KBlock>(blk: &B) -> B {
+pub fn relevel<B: Relevel>(blk: &B) -> B {
     let src = bytemuck::bytes_of(blk);
     // Levels in column order, 16 columns a row.
     let mut lv = [[0u8; 16]; QK_K / 16];
@@ -156,7 +173,7 @@ mod tests {
     /// The registers of a releveled block, as the kernels decode them, hold each column's
     /// level as the GGUF layout stores it (the fields of chunk c/32, column c%32), and no bit
     /// outside the levels changed.
-    fn check<B: KBlock>(t: GgmlType, from: impl Fn(&[u8]) -> B) {
+    fn check<B: Relevel>(t: GgmlType, from: impl Fn(&[u8]) -> B) {
         let m = ggml::random_matrix(t, 1, QK_K, 7);
         let blk = from(m.data());
         let moved = relevel(&blk);
@@ -200,7 +217,7 @@ mod tests {
         if kt_core::Backend::cpu_support(&crate::LLAMAFILE).is_err() {
             return;
         }
-        fn cast<B: KBlock>(d: &[u8]) -> B {
+        fn cast<B: Relevel>(d: &[u8]) -> B {
             *bytemuck::from_bytes(d)
         }
         check::<ggml::BlockQ2K>(GgmlType::Q2_K, cast);

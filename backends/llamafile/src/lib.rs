@@ -1,10 +1,12 @@
 //! kt-kernel-rs backend `llamafile`: GGML's block formats as GGUF files store them (f32, f16,
-//! bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K…q6_K, iq4_nl, iq4_xs), any mix of them per
+//! bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K…q6_K, iq4_nl, iq4_xs and the lattice types iq1_s,
+//! iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s), any mix of them per
 //! projection, with AVX2 kernels. It is named for KT-Kernel's LLAMAFILE method, which it
 //! replaces; nothing of llamafile is used. Registered when the CPU has AVX2, FMA and F16C.
 //!
 //! Weights keep their GGUF values, rearranged at load (`kernels::Packed`: 32-column types in
-//! groups of 8 blocks, 256-column ones with their levels in the lane layout of `lanes`);
+//! groups of 8 blocks, 256-column ones with their levels in the lane layout of `lanes`, the
+//! lattice types as stored, put in that layout as they are decoded);
 //! activations are quantized per token to the type's `vec_dot_type` (Q8_K for 256-column types,
 //! Q8_0 with sums for 32-column ones, f32 for float types) in a block-major layout (`act`).
 
@@ -16,6 +18,8 @@ mod decode;
 mod kernels;
 #[cfg(target_arch = "x86_64")]
 mod lanes;
+#[cfg(target_arch = "x86_64")]
+mod lattice;
 #[cfg(target_arch = "x86_64")]
 mod legacy;
 

@@ -12,11 +12,15 @@ from gguf import GGMLQuantizationType as Q  # noqa: E402
 from conftest import bf16_bits, make, moe_reference, rel_err, routing  # noqa: E402
 from kt_kernel import kt_kernel_ext as ext  # noqa: E402
 
-TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"]
-# Byte offsets of each block's f16 scales (d, then m / dmin).
-SCALES = {"Q4_1": [0, 2], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q2_K": [80, 82], "Q3_K": [108], "Q6_K": [208]}
+LATTICE = ["IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"]
+TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"] + LATTICE
+# Byte offsets of each block's f16 scales (d, then m / dmin); IQ1_M's d is spread over the top
+# nibbles of the bytes at IQ1M_D.
+SCALES = {"Q4_1": [0, 2], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q2_K": [80, 82], "Q3_K": [108], "Q6_K": [208], "IQ1_M": []}
+IQ1M_D = [49, 51, 53, 55]
 # Typical |level x sub-scale| and the offset (in units of d) that centres the levels.
 TYPICAL = {"Q4_0": 8, "Q4_1": 8, "Q5_0": 8, "Q5_1": 8, "Q8_0": 64, "IQ4_NL": 64, "IQ4_XS": 1024, "Q6_K": 2048, "Q2_K": 16, "Q3_K": 64, "Q4_K": 256, "Q5_K": 256}
+TYPICAL |= {"IQ1_S": 6, "IQ1_M": 6, "IQ2_XXS": 50, "IQ2_XS": 50, "IQ2_S": 50, "IQ3_XXS": 132, "IQ3_S": 128}
 CENTRE = {"Q4_1": -7.5, "Q5_1": -15.5, "Q2_K": 1.5, "Q4_K": 7.5, "Q5_K": 15.5}
 ARCH = "qwen3moe"
 
@@ -46,6 +50,10 @@ def random_tensor(name, shape, rng, centred=False):
     vals = [d, d * CENTRE.get(name, 0.0) if centred else d * (rng.random(nb) - 0.5)]
     for off, v in zip(offs, vals):
         raw[:, off : off + 2] = v.astype(np.float16).view(np.uint8).reshape(nb, 2)
+    if name == "IQ1_M":
+        bits = d.astype(np.float16).view(np.uint16)
+        for k, at in enumerate(IQ1M_D):
+            raw[:, at] = (raw[:, at] & 0x0F) | (((bits >> (4 * k)) & 0xF) << 4).astype(np.uint8)
     return raw.reshape(*shape[:-1], cols // blk * size)
 
 
@@ -69,7 +77,10 @@ def deq(name, raw):
 @pytest.mark.parametrize("name", TYPES)
 def test_dequantization_is_bit_exact_with_gguf_py(tmp_path, name):
     rng = np.random.default_rng(TYPES.index(name))
-    tensors = {f"t.{name}.{i}": (name, random_tensor(name, shape, rng)) for i, shape in enumerate([(3, 512), (5, 256), (2, 2, 768)])}
+    shapes = [(3, 512), (5, 256), (2, 2, 768)]
+    if name in LATTICE:
+        shapes.append((128, 2048))  # 32 768 lookups: each entry of the 2048-entry grid all but surely
+    tensors = {f"t.{name}.{i}": (name, random_tensor(name, shape, rng)) for i, shape in enumerate(shapes)}
     path = tmp_path / "t.gguf"
     write(path, tensors)
     for n, (t, raw) in tensors.items():
@@ -102,6 +113,7 @@ def moe_tensors(types, layer, rng, e=E, h=H, i=I):
 
 
 MIXES = [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q8_0"), ("Q4_0", "IQ4_NL", "Q5_K"), ("IQ4_XS", "Q3_K", "Q8_0"), ("F16", "BF16", "Q2_K"), ("Q5_0", "Q5_1", "Q4_1")]
+MIXES += [("IQ1_S", "IQ1_M", "IQ2_XXS"), ("IQ2_XS", "IQ2_S", "IQ3_XXS"), ("IQ2_XXS", "IQ2_XXS", "IQ3_S")]
 
 
 @pytest.mark.parametrize("types", MIXES, ids=["-".join(m) for m in MIXES])
@@ -175,12 +187,12 @@ def test_bad_files_are_clear_errors(tmp_path):
     assert "shape" in load_error(good, i=256)
     # An unsupported type, named.
     t = moe_tensors(("Q4_K", "Q4_K", "Q6_K"), 0, rng)
-    raw = rng.integers(0, 256, size=(E, I, H // 256 * 66), dtype=np.uint8)  # iq2_xxs: 66 bytes / 256
-    t["blk.0.ffn_up_exps.weight"] = ("IQ2_XXS", raw)
-    bad = tmp_path / "iq2.gguf"
+    raw = rng.integers(0, 256, size=(E, I, H // 256 * 66), dtype=np.uint8)  # tq2_0: 66 bytes / 256
+    t["blk.0.ffn_up_exps.weight"] = ("TQ2_0", raw)
+    bad = tmp_path / "tq2.gguf"
     write(bad, t, moe_meta(blocks=1))
     msg = load_error(bad)
-    assert "iq2_xxs" in msg and "blk.0.ffn_up_exps.weight" in msg
+    assert "tq2_0" in msg and "blk.0.ffn_up_exps.weight" in msg
     # A tensor offset past the end of the file (patched in the tensor-info table).
     off = data.index(b"blk.0.ffn_down_exps.weight") + len("blk.0.ffn_down_exps.weight") + 4 + 3 * 8 + 4
     patched = bytearray(data)

@@ -92,7 +92,7 @@ impl WeightFormat {
 
     /// The names [`WeightFormat::parse`] accepts, for error messages.
     pub const NAMES: &'static str =
-        "bf16, int8, int4, int4-g32, int4-g64, int4-g128, fp8, fp8-channel (or KT's BF16, AMXINT8, AMXINT4, RAWINT4, FP8, FP8_PERCHANNEL), or a GGML type: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs";
+        "bf16, int8, int4, int4-g32, int4-g64, int4-g128, fp8, fp8-channel (or KT's BF16, AMXINT8, AMXINT4, RAWINT4, FP8, FP8_PERCHANNEL), or a GGML type: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s";
 
     /// Activations are quantized to int8 per token for this format.
     pub fn int_activations(self) -> bool {

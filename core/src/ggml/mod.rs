@@ -12,10 +12,14 @@
 //! | iq4_nl | 32 | 18 | `d·K[q]` | Q8_0 |
 //! | q2_K…q6_K | 256 | 84, 110, 144, 176, 210 | sub-block scales (and mins) | Q8_K |
 //! | iq4_xs | 256 | 136 | `d·(ls-32)·K[q]` | Q8_K |
+//! | iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s | 256 | 50, 56, 66, 74, 82, 98, 110 | `d·m·L/2^k`, `L` from a grid | Q8_K |
 #![forbid(unsafe_code)]
 
+#[rustfmt::skip]
+mod grids;
 mod iq4;
 mod kquants;
+mod lattice;
 mod legacy;
 mod synth;
 mod types;
@@ -24,6 +28,7 @@ pub use iq4::{BlockIq4Nl, BlockIq4Xs, KVALUES_IQ4NL};
 pub use kquants::{
     pack_scale_min_k4, q3k_scales, scale_min_k4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K,
 };
+pub use lattice::{BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, Lattice};
 pub use legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
 pub use synth::random_matrix;
 pub use types::{id_name, ActKind, GgmlType};
@@ -87,6 +92,13 @@ pub fn dequantize_row(t: GgmlType, src: &[u8], out: &mut [f32]) {
         GgmlType::Q5_K => blocks(src, out, QK_K, BlockQ5K::dequantize),
         GgmlType::Q6_K => blocks(src, out, QK_K, BlockQ6K::dequantize),
         GgmlType::IQ4_XS => blocks(src, out, QK_K, BlockIq4Xs::dequantize),
+        GgmlType::IQ1_S => blocks(src, out, QK_K, BlockIq1S::dequantize),
+        GgmlType::IQ1_M => blocks(src, out, QK_K, BlockIq1M::dequantize),
+        GgmlType::IQ2_XXS => blocks(src, out, QK_K, BlockIq2Xxs::dequantize),
+        GgmlType::IQ2_XS => blocks(src, out, QK_K, BlockIq2Xs::dequantize),
+        GgmlType::IQ2_S => blocks(src, out, QK_K, BlockIq2S::dequantize),
+        GgmlType::IQ3_XXS => blocks(src, out, QK_K, BlockIq3Xxs::dequantize),
+        GgmlType::IQ3_S => blocks(src, out, QK_K, BlockIq3S::dequantize),
     }
 }
 

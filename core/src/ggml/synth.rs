@@ -14,6 +14,7 @@ fn ggml_scale_offsets(t: GgmlType) -> &'static [usize] {
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],
         GgmlType::Q6_K => &[208],
+        GgmlType::IQ1_M => &[],
         _ => &[0],
     }
 }
@@ -41,6 +42,11 @@ pub fn random_matrix(t: GgmlType, rows: usize, cols: usize, seed: u64) -> QuantM
                 GgmlType::Q6_K => 32.0 * 64.0,
                 GgmlType::Q2_K => 2.0 * 8.0,
                 GgmlType::Q3_K => 4.0 * 16.0,
+                // Lattice types: mean scale times mean |level|, over 2^SHIFT.
+                GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S => 16.0 * 25.0 / 8.0,
+                GgmlType::IQ3_XXS => 16.0 * 33.0 / 4.0,
+                GgmlType::IQ3_S => 16.0 * 8.0,
+                GgmlType::IQ1_S | GgmlType::IQ1_M => 8.0 * 5.7 / 8.0,
                 _ => 8.0 * 32.0,
             };
             // The offset (m, or dmin times the 6-bit mins) that centres the levels, as
@@ -67,6 +73,14 @@ pub fn random_matrix(t: GgmlType, rows: usize, cols: usize, seed: u64) -> QuantM
                 let d = std / typical * (0.5 + r.next_f32());
                 for (&at, v) in ggml_scale_offsets(t).iter().zip([d, d * centre]) {
                     block[at..at + 2].copy_from_slice(&half::f16::from_f32(v).to_le_bytes());
+                }
+                if t == GgmlType::IQ1_M {
+                    // Its f16 `d` is the top nibbles of the four scale words (bytes 49, 51, 53, 55).
+                    let bits = half::f16::from_f32(d).to_bits();
+                    for k in 0..4 {
+                        let b = &mut block[49 + 2 * k];
+                        *b = (*b & 0x0F) | (((bits >> (4 * k)) & 0xF) as u8) << 4;
+                    }
                 }
             }
             data

@@ -113,6 +113,13 @@ fn block_structs_have_ggml_sizes() {
         (GgmlType::Q6_K, size_of::<BlockQ6K>()),
         (GgmlType::IQ4_NL, size_of::<BlockIq4Nl>()),
         (GgmlType::IQ4_XS, size_of::<BlockIq4Xs>()),
+        (GgmlType::IQ1_S, size_of::<BlockIq1S>()),
+        (GgmlType::IQ1_M, size_of::<BlockIq1M>()),
+        (GgmlType::IQ2_XXS, size_of::<BlockIq2Xxs>()),
+        (GgmlType::IQ2_XS, size_of::<BlockIq2Xs>()),
+        (GgmlType::IQ2_S, size_of::<BlockIq2S>()),
+        (GgmlType::IQ3_XXS, size_of::<BlockIq3Xxs>()),
+        (GgmlType::IQ3_S, size_of::<BlockIq3S>()),
     ] {
         assert_eq!(t.block_bytes(), size, "{t}");
     }

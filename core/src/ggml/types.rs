@@ -9,7 +9,7 @@ pub enum ActKind {
     F32,
     /// [`super::BlockQ8_0`] per 32 columns (for the legacy 32-column types and IQ4_NL).
     Q8_0,
-    /// [`super::BlockQ8K`] per 256 columns (for the K-quants and IQ4_XS).
+    /// [`super::BlockQ8K`] per 256 columns (for the K-quants, IQ4_XS and the lattice types).
     Q8K,
 }
 
@@ -63,6 +63,13 @@ ggml_types! {
     Q6_K = 14, "q6_K", 256, 210, Q8K;
     IQ4_NL = 20, "iq4_nl", 32, 18, Q8_0;
     IQ4_XS = 23, "iq4_xs", 256, 136, Q8K;
+    IQ2_XXS = 16, "iq2_xxs", 256, 66, Q8K;
+    IQ2_XS = 17, "iq2_xs", 256, 74, Q8K;
+    IQ3_XXS = 18, "iq3_xxs", 256, 98, Q8K;
+    IQ1_S = 19, "iq1_s", 256, 50, Q8K;
+    IQ3_S = 21, "iq3_s", 256, 110, Q8K;
+    IQ2_S = 22, "iq2_s", 256, 82, Q8K;
+    IQ1_M = 29, "iq1_m", 256, 56, Q8K;
     BF16 = 30, "bf16", 1, 2, F32;
 }
 
@@ -85,11 +92,18 @@ impl GgmlType {
     pub fn fallback(self) -> GgmlType {
         match self {
             GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::IQ4_XS => GgmlType::IQ4_NL,
+            t if t.is_lattice() => GgmlType::IQ4_NL,
             GgmlType::Q4_K => GgmlType::Q5_0,
             GgmlType::Q5_K => GgmlType::Q5_1,
             GgmlType::Q6_K => GgmlType::Q8_0,
             t => t,
         }
+    }
+
+    /// A lattice type ([`super::Lattice`]: iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s).
+    pub fn is_lattice(self) -> bool {
+        use GgmlType::*;
+        matches!(self, IQ1_S | IQ1_M | IQ2_XXS | IQ2_XS | IQ2_S | IQ3_XXS | IQ3_S)
     }
 
     /// Can [`super::quantize_row`] write it (so `kt convert` can produce it)?
@@ -108,18 +122,11 @@ pub fn id_name(id: u32) -> &'static str {
         None => match id {
             9 => "q8_1",
             15 => "q8_K",
-            16 => "iq2_xxs",
-            17 => "iq2_xs",
-            18 => "iq3_xxs",
-            19 => "iq1_s",
-            21 => "iq3_s",
-            22 => "iq2_s",
             24 => "i8",
             25 => "i16",
             26 => "i32",
             27 => "i64",
             28 => "f64",
-            29 => "iq1_m",
             34 => "tq1_0",
             35 => "tq2_0",
             39 => "mxfp4",
