@@ -80,8 +80,8 @@ impl Packed {
             GgmlType::Q5_K => return k(releveled(src, Q5KU::from_block)),
             GgmlType::Q6_K => return k(releveled(src, |b: &ggml::BlockQ6K| *b)),
             GgmlType::IQ4_XS => return k(releveled(src, |b: &ggml::BlockIq4Xs| *b)),
-            _ if t.is_lattice() => return k(src.to_vec()),
-            _ if t.act() == ActKind::F32 => return k(src.to_vec()),
+            // The lattice and float types run as GGUF stores them.
+            _ if t.is_lattice() || t.act() == ActKind::F32 => return k(src.to_vec()),
             _ => {}
         }
         let mut data = vec![0u8; rows * row_bytes];

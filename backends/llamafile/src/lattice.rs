@@ -3,9 +3,9 @@
 //! put in the lane layout of [`crate::lanes`] as they are decoded: each 16-column row of the
 //! block is two 8-column grid entries, a row and the row 8 below fill a register (four u64
 //! lookups, their sign bits applied in one `psignb` or iq1's shift in one `paddb`), and one
-//! [`transpose`] gives the
-//! registers. Levels are signed; scales are the types' integers `m` per 16 columns and
-//! `d·2^-SHIFT` the block's f32 scale, as core's [`Lattice`] defines the values.
+//! [`transpose`] gives the registers. Levels are signed; scales are the types' integers `m`
+//! per 16 columns and `d·2^-SHIFT` the block's f32 scale, as core's [`Lattice`] defines the
+//! values.
 
 use core::arch::x86_64::*;
 
