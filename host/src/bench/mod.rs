@@ -383,25 +383,24 @@ fn run_case(
     oracle: &MoeLayer,
     n: usize,
 ) -> Result<CaseResult, BenchError> {
-    const ROUTINGS: usize = 8;
     let (h, k) = (cfg.hidden, cfg.top_k);
     let input = synth::input(n, h, spec.seed ^ 0xA11CE);
-    let routings: Vec<(Vec<i64>, Vec<f32>)> =
-        (0..ROUTINGS).map(|r| synth::routing(n, k, cfg.experts, spec.seed ^ (r as u64 + 1) << 8)).collect();
+    let routings = synth::routings(n, k, cfg.experts, spec.seed);
     let touched = |l: &MoeLayer, ids: &[i64]| -> u64 {
         let mut seen = vec![false; cfg.experts];
         ids.iter().for_each(|&e| seen[e as usize] = true);
         seen.iter().enumerate().filter(|(_, &s)| s).map(|(e, _)| l.expert_bytes(e) as u64).sum()
     };
     let mut out = vec![bf16::ZERO; n * h];
-    // Warm-up grows the workspace; then time reps rotating layers and routings.
+    // Warm-up grows the workspace; then time reps rotating layers and, once every layer has
+    // had one, routings: a cycle visits each pair of layer and routing once.
     layers[0].forward_into(&input, &routings[0].0, &routings[0].1, None, &mut out)?;
     let mut times = Vec::new();
     let mut best = (f64::INFINITY, 0u64);
     let start = Instant::now();
     while times.len() < 3 || (start.elapsed().as_secs_f64() < spec.min_seconds && times.len() < 10_000) {
         let i = times.len();
-        let (layer, (ids, w)) = (&layers[i % layers.len()], &routings[i % ROUTINGS]);
+        let (layer, (ids, w)) = (&layers[i % layers.len()], &routings[i / layers.len() % routings.len()]);
         let t0 = Instant::now();
         layer.forward_into(&input, ids, w, None, &mut out)?;
         let t = t0.elapsed().as_secs_f64();
