@@ -17,7 +17,7 @@ use half::bf16;
 
 use crate::aligned::{round_up, AlignedBuf};
 use crate::mat::SharedMut;
-use crate::plan::{Plan, StageKind, Task, SKIPPED};
+use crate::plan::{target_tasks, Plan, StageKind, Task, SKIPPED};
 use crate::{Backend, Error, Executor, LayerFormat, MoeConfig, PackedMatrix, QuantMatrix, Routing};
 
 /// One expert's packed matrices for one part: gate/up `[I_p, H]`, down `[H, I_p]`.
@@ -219,7 +219,8 @@ pub fn forward(
         return Err(Error::ShapeMismatch { what: "output", expected: n * hd, found: out.len() });
     }
     let part_rows: Vec<usize> = w.parts.iter().map(|p| p.range.len()).collect();
-    let plan = Plan::build(cfg, routing, &part_rows, backend.row_granularity(fmt), backend.row_granularity(down_fmt))?;
+    let grans = (backend.row_granularity(fmt), backend.row_granularity(down_fmt));
+    let plan = Plan::build(cfg, routing, &part_rows, grans.0, grans.1, target_tasks(exec.workers()))?;
     for a in &plan.experts {
         if w.parts.iter().any(|p| p.experts.get(a.id).is_none_or(Option::is_none)) {
             return Err(Error::ExpertNotLoaded { expert: a.id });
