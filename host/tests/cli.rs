@@ -85,6 +85,10 @@ fn bench_json_has_the_documented_schema() {
         // The best reading over the probes, the lowest beside it.
         assert!(roof["low"][k].as_f64().is_some_and(|x| x > 0.0 && x <= roof[k].as_f64().unwrap()), "roofline.low.{k}");
     }
+    // Present where the CPU has VNNI, null elsewhere; never anything else.
+    let vnni = &roof["vnni_gops"];
+    assert!(vnni.is_null() || vnni.as_f64().is_some_and(|x| x > 0.0), "roofline.vnni_gops: {vnni}");
+    assert_eq!(vnni.is_null(), roof["low"]["vnni_gops"].is_null());
     assert_eq!(roof["probes"], 3, "one probe before the cases, one after each of the 2 methods");
     assert!(v["machine"]["cpu"].is_string());
     let results = v["results"].as_array().unwrap();

@@ -235,7 +235,7 @@ fn bar(progress: bool, len: u64, template: &str) -> ProgressBar {
 /// saying which part runs.
 fn probe(spec: &BenchSpec, cpus: &[usize], dram_bytes: usize, when: &str) -> Roofline {
     let th = roofline::Threads { n: spec.threads, cpus };
-    let spin = bar(spec.progress, 3, &format!("{{spinner}} measuring the roofline {when} ({{pos}}/{{len}}) {{msg}}"));
+    let spin = bar(spec.progress, 4, &format!("{{spinner}} measuring the roofline {when} ({{pos}}/{{len}}) {{msg}}"));
     spin.set_message("DRAM read");
     let dram_gbps = roofline::dram_gbps(th, dram_bytes);
     spin.inc(1);
@@ -244,8 +244,11 @@ fn probe(spec: &BenchSpec, cpus: &[usize], dram_bytes: usize, when: &str) -> Roo
     spin.inc(1);
     spin.set_message("int8 peak");
     let int8_gops = roofline::int8_gops(th);
+    spin.inc(1);
+    spin.set_message("VNNI int8 peak");
+    let vnni_gops = roofline::vnni_gops(th);
     spin.finish_and_clear();
-    Roofline { dram_gbps, fma_gflops, int8_gops }
+    Roofline { dram_gbps, fma_gflops, int8_gops, vnni_gops }
 }
 
 /// Run the benchmark.

@@ -26,11 +26,13 @@ pub fn to_json(r: &Report) -> Value {
             "dram_gbps": r.roofline.dram_gbps,
             "fma_gflops": r.roofline.fma_gflops,
             "int8_gops": r.roofline.int8_gops,
+            "vnni_gops": r.roofline.vnni_gops,
             "probes": r.probes,
             "low": {
                 "dram_gbps": r.roofline_low.dram_gbps,
                 "fma_gflops": r.roofline_low.fma_gflops,
                 "int8_gops": r.roofline_low.int8_gops,
+                "vnni_gops": r.roofline_low.vnni_gops,
             },
         },
         "results": r.results.iter().map(|c| json!({
@@ -68,6 +70,12 @@ pub fn print_table(r: &Report) {
         "  lowest probe readings:  DRAM {:.1} GB/s, FMA {:.1} GFLOP/s, int8 {:.1} GOP/s",
         lo.dram_gbps, lo.fma_gflops, lo.int8_gops
     );
+    if let (Some(v), Some(v_lo)) = (hi.vnni_gops, lo.vnni_gops) {
+        println!(
+            "  VNNI int8 peak {v:.1} GOP/s (lowest {v_lo:.1}), {:.1}× the int8 figure: no kernel here uses VNNI yet, so int ratios are to the AVX2 peak",
+            v / hi.int8_gops
+        );
+    }
     // The method column fits the longest label (mixed GGML layers read "q4_K (down q5_0)").
     let w = r.results.iter().map(|x| x.method.to_string().chars().count()).max().unwrap_or(0).max(12);
     println!(

@@ -6,6 +6,8 @@
 //! ratios above 1.
 //!
 //! The compute loops are inline asm so the compiler cannot hoist their loop-invariant work.
+//! The int8 peak is the AVX2 loop the kernels' instructions come from; where the CPU has VNNI,
+//! its `vpdpbusd` peak is read as well, to say how far that is (no kernel uses it yet).
 
 use std::hint::black_box;
 use std::sync::Barrier;
@@ -20,6 +22,8 @@ pub struct Roofline {
     pub fma_gflops: f64,
     /// int8 dot peak, GOP/s (`vpmaddubsw` multiply-adds, 2 ops each).
     pub int8_gops: f64,
+    /// VNNI int8 dot peak, GOP/s (`vpdpbusd` ymm), where the CPU has AVX-VNNI or AVX512-VNNI.
+    pub vnni_gops: Option<f64>,
 }
 
 impl Roofline {
@@ -29,6 +33,7 @@ impl Roofline {
             dram_gbps: self.dram_gbps.max(o.dram_gbps),
             fma_gflops: self.fma_gflops.max(o.fma_gflops),
             int8_gops: self.int8_gops.max(o.int8_gops),
+            vnni_gops: either(self.vnni_gops, o.vnni_gops, f64::max),
         }
     }
 
@@ -38,7 +43,16 @@ impl Roofline {
             dram_gbps: self.dram_gbps.min(o.dram_gbps),
             fma_gflops: self.fma_gflops.min(o.fma_gflops),
             int8_gops: self.int8_gops.min(o.int8_gops),
+            vnni_gops: either(self.vnni_gops, o.vnni_gops, f64::min),
         }
+    }
+}
+
+/// `f` of both readings, or the one there is.
+fn either(a: Option<f64>, b: Option<f64>, f: fn(f64, f64) -> f64) -> Option<f64> {
+    match (a, b) {
+        (Some(x), Some(y)) => Some(f(x, y)),
+        (x, y) => x.or(y),
     }
 }
 
@@ -163,6 +177,81 @@ pub fn int8_gops(th: Threads<'_>) -> f64 {
     (th.n as u64 * ITERS * 8 * 32 * 2) as f64 / best / 1e9
 }
 
+/// VNNI int8 dot peak: 14 independent `vpdpbusd` ymm chains per thread (its 5-cycle latency
+/// needs 10 to fill two ports), best of 3; `None` without AVX-VNNI or AVX512-VNNI with VL.
+pub fn vnni_gops(th: Threads<'_>) -> Option<f64> {
+    let form = vnni_form()?;
+    let best = best_seconds(3, th, |_| vnni_loop(form, ITERS));
+    // 14 × vpdpbusd of 32 byte pairs, 2 ops per multiply-add.
+    Some((th.n as u64 * ITERS * 14 * 32 * 2) as f64 / best / 1e9)
+}
+
+/// Which encoding of `vpdpbusd` ymm this CPU runs.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum VnniForm {
+    /// AVX-VNNI (VEX).
+    Vex,
+    /// AVX512-VNNI with AVX512VL (EVEX).
+    Evex,
+}
+
+fn vnni_form() -> Option<VnniForm> {
+    #[cfg(target_arch = "x86_64")]
+    {
+        if std::arch::is_x86_feature_detected!("avxvnni") {
+            return Some(VnniForm::Vex);
+        }
+        if std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512vl") {
+            return Some(VnniForm::Evex);
+        }
+    }
+    None
+}
+
+/// `$iters` rounds of one `$op` (`vpdpbusd` with its encoding prefix) per ymm accumulator.
+macro_rules! vnni_asm {
+    ($iters:expr, $op:literal) => {
+        std::arch::asm!(
+            "vpxor ymm0, ymm0, ymm0", "vpxor ymm1, ymm1, ymm1", "vpxor ymm2, ymm2, ymm2",
+            "vpxor ymm3, ymm3, ymm3", "vpxor ymm4, ymm4, ymm4", "vpxor ymm5, ymm5, ymm5",
+            "vpxor ymm6, ymm6, ymm6", "vpxor ymm7, ymm7, ymm7", "vpxor ymm10, ymm10, ymm10",
+            "vpxor ymm11, ymm11, ymm11", "vpxor ymm12, ymm12, ymm12", "vpxor ymm13, ymm13, ymm13",
+            "vpxor ymm14, ymm14, ymm14", "vpxor ymm15, ymm15, ymm15",
+            "vpcmpeqb ymm8, ymm8, ymm8", "vpabsb ymm8, ymm8", "vmovdqa ymm9, ymm8",
+            "2:",
+            concat!($op, " ymm0, ymm8, ymm9"), concat!($op, " ymm1, ymm8, ymm9"),
+            concat!($op, " ymm2, ymm8, ymm9"), concat!($op, " ymm3, ymm8, ymm9"),
+            concat!($op, " ymm4, ymm8, ymm9"), concat!($op, " ymm5, ymm8, ymm9"),
+            concat!($op, " ymm6, ymm8, ymm9"), concat!($op, " ymm7, ymm8, ymm9"),
+            concat!($op, " ymm10, ymm8, ymm9"), concat!($op, " ymm11, ymm8, ymm9"),
+            concat!($op, " ymm12, ymm8, ymm9"), concat!($op, " ymm13, ymm8, ymm9"),
+            concat!($op, " ymm14, ymm8, ymm9"), concat!($op, " ymm15, ymm8, ymm9"),
+            "dec {n}",
+            "jnz 2b",
+            "vzeroupper",
+            n = inout(reg) $iters => _,
+            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _, out("ymm5") _,
+            out("ymm6") _, out("ymm7") _, out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
+            out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
+            options(nostack, nomem),
+        )
+    };
+}
+
+fn vnni_loop(form: VnniForm, iters: u64) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: register-only arithmetic; every register used is declared clobbered; `form` is
+    // an encoding the CPU runs ([`vnni_form`]).
+    unsafe {
+        match form {
+            VnniForm::Vex => vnni_asm!(iters, "{{vex}} vpdpbusd"),
+            VnniForm::Evex => vnni_asm!(iters, "{{evex}} vpdpbusd"),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (form, iters);
+}
+
 fn fma_loop(iters: u64) {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
@@ -270,6 +359,14 @@ mod tests {
         // Correctness of the harness only (no timing assertion): finite, positive numbers.
         fma_loop(1000);
         int8_loop(1000);
+        if let Some(form) = vnni_form() {
+            vnni_loop(form, 1000);
+            assert!(vnni_gops(Threads::unpinned(1)).is_some_and(|g| g.is_finite() && g > 0.0));
+        }
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512vl") {
+            vnni_loop(VnniForm::Evex, 1000); // the form a CPU with both encodings never probes
+        }
         assert_eq!(read_sum(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]), 153);
         let bw = dram_gbps(Threads::unpinned(1), 1 << 20);
         assert!(bw.is_finite() && bw > 0.0);
@@ -277,11 +374,14 @@ mod tests {
 
     #[test]
     fn max_and_min_take_each_limit_on_its_own() {
-        let a = Roofline { dram_gbps: 20.0, fma_gflops: 150.0, int8_gops: 310.0 };
-        let b = Roofline { dram_gbps: 25.0, fma_gflops: 140.0, int8_gops: 300.0 };
+        let a = Roofline { dram_gbps: 20.0, fma_gflops: 150.0, int8_gops: 310.0, vnni_gops: Some(700.0) };
+        let b = Roofline { dram_gbps: 25.0, fma_gflops: 140.0, int8_gops: 300.0, vnni_gops: Some(650.0) };
         let (hi, lo) = (a.max(b), a.min(b));
-        assert_eq!((hi.dram_gbps, hi.fma_gflops, hi.int8_gops), (25.0, 150.0, 310.0));
-        assert_eq!((lo.dram_gbps, lo.fma_gflops, lo.int8_gops), (20.0, 140.0, 300.0));
+        assert_eq!((hi.dram_gbps, hi.fma_gflops, hi.int8_gops, hi.vnni_gops), (25.0, 150.0, 310.0, Some(700.0)));
+        assert_eq!((lo.dram_gbps, lo.fma_gflops, lo.int8_gops, lo.vnni_gops), (20.0, 140.0, 300.0, Some(650.0)));
+        let none = Roofline { vnni_gops: None, ..a };
+        assert_eq!(none.max(b).vnni_gops, Some(650.0));
+        assert_eq!(none.min(none).vnni_gops, None);
     }
 
     /// A probe started by a caller pinned to one CPU (as `kt bench`'s main thread is, once the
