@@ -219,8 +219,8 @@ pub fn forward(
         return Err(Error::ShapeMismatch { what: "output", expected: n * hd, found: out.len() });
     }
     let part_rows: Vec<usize> = w.parts.iter().map(|p| p.range.len()).collect();
-    let grans = (backend.row_granularity(fmt), backend.row_granularity(down_fmt));
-    let plan = Plan::build(cfg, routing, &part_rows, grans.0, grans.1, target_tasks(exec.workers()))?;
+    let (gran_i, gran_h) = (backend.row_granularity(fmt), backend.row_granularity(down_fmt));
+    let plan = Plan::build(cfg, routing, &part_rows, gran_i, gran_h, target_tasks(exec.workers()))?;
     for a in &plan.experts {
         if w.parts.iter().any(|p| p.experts.get(a.id).is_none_or(Option::is_none)) {
             return Err(Error::ExpertNotLoaded { expert: a.id });

@@ -212,7 +212,7 @@ impl Plan {
                 }
             }
         }
-        let stages = Self::stages(&experts, n, cfg.hidden, part_rows, (gran_i, gran_h), tasks);
+        let stages = Self::stages(&experts, n, cfg.hidden, part_rows, gran_i, gran_h, tasks);
         Ok(Plan { tokens: n, k, experts, row_tokens, slot_rows, stages })
     }
 
@@ -221,7 +221,8 @@ impl Plan {
         n: usize,
         hidden: usize,
         part_rows: &[usize],
-        (gran_i, gran_h): (usize, usize),
+        gran_i: usize,
+        gran_h: usize,
         tasks: usize,
     ) -> Vec<Stage> {
         let active = experts.len();

@@ -64,14 +64,20 @@ pub fn random_routing(tokens: usize, k: usize, experts: usize, seed: u64) -> (Ve
     let mut w = Vec::with_capacity(tokens * k);
     for _ in 0..tokens {
         let mut pool: Vec<i64> = (0..experts as i64).collect();
-        let ws: Vec<f32> = (0..k).map(|_| 0.1 + r.next_f32()).collect();
-        let sum: f32 = ws.iter().sum();
-        for (j, wj) in ws.iter().enumerate() {
+        let ws = routing_weights(&mut r, k);
+        for (j, wj) in ws.into_iter().enumerate() {
             let pick = j + r.below(experts - j);
             pool.swap(j, pick);
             ids.push(pool[j]);
-            w.push(wj / sum);
+            w.push(wj);
         }
     }
     (ids, w)
+}
+
+/// One token's `k` routing weights drawn from `r`: each above 0, summing to 1.
+pub fn routing_weights(r: &mut SplitMix64, k: usize) -> Vec<f32> {
+    let ws: Vec<f32> = (0..k).map(|_| 0.1 + r.next_f32()).collect();
+    let sum: f32 = ws.iter().sum();
+    ws.iter().map(|x| x / sum).collect()
 }

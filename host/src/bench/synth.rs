@@ -1,10 +1,11 @@
 //! Synthetic layers: uniform weights with std 1/sqrt(fan_in) (GGML formats: random valid
-//! blocks of about that size), unit-std inputs, distinct top-k routing (random, or a sweep of all experts for decode). Every expert has
-//! its own seeded stream, so generation runs in parallel and the same seed gives the same layer.
+//! blocks of about that size), unit-std inputs, distinct top-k routing (random, or for decode a
+//! sweep of all experts). Every expert has its own seeded stream, so generation runs in
+//! parallel and the same seed gives the same layer.
 
 use half::bf16;
 use kt_core::ggml::random_matrix;
-use kt_core::rng::SplitMix64;
+use kt_core::rng::{routing_weights, SplitMix64};
 use kt_core::{LayerFormat, MoeConfig, QuantMatrix, WeightFormat};
 
 /// Expert `e` of layer `l`: `[gate [I,H], up [I,H], down [H,I]]`.
@@ -68,12 +69,7 @@ pub fn routings(n: usize, k: usize, experts: usize, seed: u64) -> Vec<(Vec<i64>,
         .map(|c| {
             // Consecutive positions mod `experts`, k ≤ experts of them per token: distinct.
             let ids: Vec<i64> = (0..rows).map(|j| order[(c * rows + j) % experts]).collect();
-            let mut w = Vec::with_capacity(rows);
-            for _ in 0..n {
-                let ws: Vec<f32> = (0..k).map(|_| 0.1 + r.next_f32()).collect();
-                let sum: f32 = ws.iter().sum();
-                w.extend(ws.iter().map(|x| x / sum));
-            }
+            let w: Vec<f32> = (0..n).flat_map(|_| routing_weights(&mut r, k)).collect();
             (ids, w)
         })
         .collect()
