@@ -68,7 +68,7 @@ fn bench_json_has_the_documented_schema() {
         "--tokens",
         "1,3",
         "--method",
-        "bf16,int4-g32",
+        "bf16,int4-g32,q8_0",
         "--layers",
         "1",
         "--min-time",
@@ -89,10 +89,10 @@ fn bench_json_has_the_documented_schema() {
     let vnni = &roof["vnni_gops"];
     assert!(vnni.is_null() || vnni.as_f64().is_some_and(|x| x > 0.0), "roofline.vnni_gops: {vnni}");
     assert_eq!(vnni.is_null(), roof["low"]["vnni_gops"].is_null());
-    assert_eq!(roof["probes"], 3, "one probe before the cases, one after each of the 2 methods");
+    assert_eq!(roof["probes"], 4, "one probe before the cases, one after each of the 3 methods");
     assert!(v["machine"]["cpu"].is_string());
     let results = v["results"].as_array().unwrap();
-    assert_eq!(results.len(), 4);
+    assert_eq!(results.len(), 6);
     for r in results {
         for k in ["preset", "method", "backend"] {
             assert!(r[k].is_string(), "{k}");
@@ -104,9 +104,18 @@ fn bench_json_has_the_documented_schema() {
             assert!(r[k].as_f64().is_some_and(|x| x.is_finite() && x >= 0.0), "{k} = {}", r[k]);
         }
         assert!(r["ms_best"].as_f64() <= r["ms_median"].as_f64());
-        // Ratios are to the best probe readings (bf16 against FMA, int4 against int8).
+        // Ratios are to the best probe readings (bf16 against FMA, int4 against int8, q8_0
+        // with several tokens an expert against VNNI's where its kernels ran on VNNI: where
+        // the CPU has it, the llamafile backend is built in and rustc was 1.89 or later).
         let f = |k: &str| r[k].as_f64().unwrap();
-        let peak = if r["method"] == "bf16" { roof["fma_gflops"].as_f64() } else { roof["int8_gops"].as_f64() };
+        let on_vnni = r["vnni"].as_bool().expect("vnni: a bool");
+        let q8_prefill = r["method"] == "q8_0" && r["tokens"] == 3 && r["backend"] == "llamafile";
+        assert!(!on_vnni || (q8_prefill && !vnni.is_null()), "{r}");
+        let peak = match (r["method"] == "bf16", on_vnni) {
+            (true, _) => roof["fma_gflops"].as_f64(),
+            (false, true) => vnni.as_f64(),
+            (false, false) => roof["int8_gops"].as_f64(),
+        };
         assert!(
             (f("dram_ratio") - f("weight_gbps") / roof["dram_gbps"].as_f64().unwrap()).abs() <= 1e-9 * f("dram_ratio")
         );

@@ -2,11 +2,12 @@
 //! (decode, weights from cache: the kernel's own cost) and for 20 and 33 (an expert's share of a
 //! 512-token prefill); `down`: its down projection's shape (2048 × 768). Divide 2·768·2048·n
 //! by the time for GOP/s. `pack`: the gate matrix packed at load (repacking, levels moved to
-//! the lane layout), in GGUF bytes per second.
+//! the lane layout), in GGUF bytes per second. `/avx2`: the AVX2 kernels where the CPU would
+//! run VNNI ones (`LLAMAFILE_AVX2`).
 //! `cargo bench -p kt-backend-llamafile --bench dots`
 
 use half::bf16;
-use kt_backend_llamafile::LLAMAFILE;
+use kt_backend_llamafile::{Llamafile, LLAMAFILE, LLAMAFILE_AVX2};
 use kt_core::aligned::AlignedBuf;
 use kt_core::ggml::{random_matrix, GgmlType};
 use kt_core::mat::MatMut;
@@ -16,14 +17,14 @@ use kt_core::{Backend, WeightFormat};
 const ROWS: usize = 768;
 const COLS: usize = 2048;
 
-#[divan::bench(args = ["q4_K", "q6_K", "q8_0", "q4_0", "q5_0"], consts = [1, 20, 33])]
+#[divan::bench(args = ["q4_K", "q6_K", "q8_0", "q8_0/avx2", "q4_0", "q5_0"], consts = [1, 20, 33])]
 fn dots<const N: usize>(bencher: divan::Bencher, name: &str) {
     run::<N>(bencher, name, ROWS, COLS);
 }
 
 /// The down projection's shape (2048 × 768): a third of the columns, so per-tile costs
 /// (accumulators, horizontal sums, stores) weigh three times as much.
-#[divan::bench(args = ["q4_K", "q8_0", "q4_0"], consts = [20, 33])]
+#[divan::bench(args = ["q4_K", "q8_0", "q8_0/avx2", "q4_0"], consts = [20, 33])]
 fn down<const N: usize>(bencher: divan::Bencher, name: &str) {
     run::<N>(bencher, name, COLS, ROWS);
 }
@@ -32,20 +33,24 @@ fn run<const N: usize>(bencher: divan::Bencher, name: &str, rows: usize, cols: u
     if LLAMAFILE.cpu_support().is_err() {
         return;
     }
+    let (name, b): (_, &Llamafile) = match name.strip_suffix("/avx2") {
+        Some(name) => (name, &LLAMAFILE_AVX2),
+        None => (name, &LLAMAFILE),
+    };
     let t = GgmlType::parse(name).expect("a GGML type");
     let format = WeightFormat::Ggml(t);
-    let w = LLAMAFILE.pack(&random_matrix(t, rows, cols, 1)).expect("packs");
+    let w = b.pack(&random_matrix(t, rows, cols, 1)).expect("packs");
     let mut r = SplitMix64::new(2);
     let x: Vec<bf16> = (0..N * cols).map(|_| bf16::from_f32(r.gaussian())).collect();
     let ids: Vec<u32> = (0..N as u32).collect();
     // 64-byte aligned, as the forward pass's workspace is.
-    let mut act = AlignedBuf::zeroed(LLAMAFILE.act_bytes(format, N, cols));
+    let mut act = AlignedBuf::zeroed(b.act_bytes(format, N, cols));
     let act = act.as_mut_slice();
-    LLAMAFILE.quantize_act(format, cols, &x, &ids, act);
+    b.quantize_act(format, cols, &x, &ids, act);
     let mut y = vec![0.0f32; N * rows];
     bencher
         .counter(divan::counter::ItemsCount::new(2 * rows * cols * N))
-        .bench_local(|| LLAMAFILE.down(&w, 0..rows, act, MatMut::from_slice(&mut y, N, rows, rows)));
+        .bench_local(|| b.down(&w, 0..rows, act, MatMut::from_slice(&mut y, N, rows, rows)));
 }
 
 #[divan::bench(args = ["q4_K", "q6_K", "q8_0", "q4_0"])]

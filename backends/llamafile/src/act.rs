@@ -4,7 +4,8 @@
 //!   values in the lane layout of [`crate::lanes`]);
 //! - 32-column types: `[groups of 8 blocks][tokens]` of [`ActG8`]: Q8_0 blocks (scales widened
 //!   to f32) with `s = d·Σq` (ggml's Q8_1: the offsets of the weights fold in with it), the
-//!   values in the pairwise order of [`crate::legacy`];
+//!   values in the pairwise order of [`crate::legacy`]; for q8_0 [`ActW8`] (widened to i16),
+//!   or with several tokens on a VNNI CPU [`ActV8`] ([`layout`]);
 //! - float types: `[tokens][cols]` f32.
 //!
 //! Values are quantized as core's scalar quantizers do (`d = amax/127`, ties away from zero),
@@ -72,29 +73,74 @@ impl ActW8 {
     }
 }
 
-/// Whether `t` reads [`ActW8`] (else [`ActG8`], for the other 32-column types).
-pub fn wide(t: GgmlType) -> bool {
-    t == GgmlType::Q8_0
+/// 8 activation blocks of 32 columns for q8_0 weights on VNNI (`vpdpbusd`, several tokens):
+/// 32-byte register `j = 2m + h` holds in its i32 lane [`slot`]`(k)` columns `8m + 2h` + 0, 1,
+/// 4, 5 of block `k`, the order in which two `unpack`s and a lane swap put the weights' column
+/// pairs ([`crate::legacy`]; the kernel's `u8_quads`).
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+#[repr(C)]
+pub struct ActV8 {
+    /// Scales, block `k` at [`slot`]`(k)`.
+    pub d: [f32; G],
+    /// `-128·Σq` of each block, in the same order: the weights' levels are offset by 128 to
+    /// make them unsigned, and this takes the offset's products back out.
+    pub neg: [i32; G],
+    /// Values.
+    pub qs: [i8; 32 * G],
+}
+
+impl ActV8 {
+    /// Where column `j` of block `k` of the group is stored.
+    pub fn at(k: usize, j: usize) -> usize {
+        let (m, r) = (j / 8, j % 8);
+        32 * (2 * m + r / 2 % 2) + 4 * slot(k) + r % 2 + 2 * (r / 4)
+    }
+}
+
+/// The layout of a 32-column type's activations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Layout {
+    /// [`ActG8`].
+    G8,
+    /// [`ActW8`].
+    W8,
+    /// [`ActV8`].
+    V8,
+}
+
+/// The layout 32-column type `t` reads with `n` tokens (`vnni`: its VNNI kernels may run).
+pub fn layout(t: GgmlType, n: usize, vnni: bool) -> Layout {
+    match t {
+        GgmlType::Q8_0 if vnni && n > 1 => Layout::V8,
+        GgmlType::Q8_0 => Layout::W8,
+        _ => Layout::G8,
+    }
 }
 
 /// Bytes of prepared activations for `rows` tokens of `cols` columns.
-pub fn bytes(t: GgmlType, rows: usize, cols: usize) -> usize {
+pub fn bytes(t: GgmlType, rows: usize, cols: usize, vnni: bool) -> usize {
     rows * match t.act() {
         ActKind::F32 => 4 * cols,
-        ActKind::Q8_0 if wide(t) => (cols / QK).div_ceil(G) * size_of::<ActW8>(),
-        ActKind::Q8_0 => (cols / QK).div_ceil(G) * size_of::<ActG8>(),
+        ActKind::Q8_0 => {
+            (cols / QK).div_ceil(G)
+                * match layout(t, rows, vnni) {
+                    Layout::G8 => size_of::<ActG8>(),
+                    Layout::W8 => size_of::<ActW8>(),
+                    Layout::V8 => size_of::<ActV8>(),
+                }
+        }
         ActKind::Q8K => cols / QK_K * size_of::<ActK>(),
     }
 }
 
-/// Prepare rows `rows` of `src` (`[*, cols]` bf16) into `dst`.
+/// Prepare rows `rows` of `src` (`[*, cols]` bf16) into `dst` (`vnni`: as for [`layout`]).
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be present.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst: &mut [u8]) {
+pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst: &mut [u8], vnni: bool) {
     let n = rows.len();
-    let dst = &mut dst[..bytes(t, n, cols)];
+    let dst = &mut dst[..bytes(t, n, cols, vnni)];
     let mut x = vec![0.0f32; cols];
     for (i, &r) in rows.iter().enumerate() {
         let row = &src[r as usize * cols..(r as usize + 1) * cols];
@@ -106,9 +152,12 @@ pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst:
                 let out: &mut [f32] = bytemuck::cast_slice_mut(&mut dst[4 * i * cols..4 * (i + 1) * cols]);
                 out.copy_from_slice(&x);
             }
-            // SAFETY (both): AVX2, FMA and F16C by this function's contract.
-            ActKind::Q8_0 if wide(t) => unsafe { fill_wide(bytemuck::cast_slice_mut(dst), &x, n, i) },
-            ActKind::Q8_0 => unsafe { fill::<ActG8>(bytemuck::cast_slice_mut(dst), &x, n, i) },
+            // SAFETY (all three): AVX2, FMA and F16C by this function's contract.
+            ActKind::Q8_0 => match layout(t, n, vnni) {
+                Layout::G8 => unsafe { fill::<ActG8>(bytemuck::cast_slice_mut(dst), &x, n, i) },
+                Layout::W8 => unsafe { fill_wide(bytemuck::cast_slice_mut(dst), &x, n, i) },
+                Layout::V8 => unsafe { fill_v8(bytemuck::cast_slice_mut(dst), &x, n, i) },
+            },
             ActKind::Q8K => {
                 let out: &mut [ActK] = bytemuck::cast_slice_mut(dst);
                 for (b, xs) in x.chunks_exact(QK_K).enumerate() {
@@ -129,20 +178,32 @@ pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst:
 /// `act` (`n` tokens of `cols` columns prepared for `from`) in the layout `to` reads, when the two
 /// 32-column types read different ones (a q8_0 up beside a q4_0 gate); else `None`.
 /// The values are the same, only moved (and widened or narrowed); `u32` words for alignment.
-pub fn relayout(to: GgmlType, from: GgmlType, act: &[u8], n: usize, cols: usize) -> Option<Vec<u32>> {
-    if to.act() != ActKind::Q8_0 || wide(to) == wide(from) {
+pub fn relayout(to: GgmlType, from: GgmlType, act: &[u8], n: usize, cols: usize, vnni: bool) -> Option<Vec<u32>> {
+    let (want, have) = (layout(to, n, vnni), layout(from, n, vnni));
+    if to.act() != ActKind::Q8_0 || want == have {
         return None;
     }
-    let mut words = vec![0u32; bytes(to, n, cols) / 4];
-    if wide(to) {
-        moved::<ActG8, ActW8>(bytemuck::cast_slice(act), bytemuck::cast_slice_mut(&mut words));
-    } else {
-        moved::<ActW8, ActG8>(bytemuck::cast_slice(act), bytemuck::cast_slice_mut(&mut words));
+    let mut words = vec![0u32; bytes(to, n, cols, vnni) / 4];
+    let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
+    match have {
+        Layout::G8 => moved_to::<ActG8>(act, want, dst),
+        Layout::W8 => moved_to::<ActW8>(act, want, dst),
+        Layout::V8 => moved_to::<ActV8>(act, want, dst),
     }
     Some(words)
 }
 
-/// A group of 8 activation blocks in one of the two 32-column layouts.
+/// Every group of `src` (layout `A`) put into `dst` in layout `to`.
+fn moved_to<A: Group>(src: &[u8], to: Layout, dst: &mut [u8]) {
+    let src: &[A] = bytemuck::cast_slice(src);
+    match to {
+        Layout::G8 => moved(src, bytemuck::cast_slice_mut::<u8, ActG8>(dst)),
+        Layout::W8 => moved(src, bytemuck::cast_slice_mut::<u8, ActW8>(dst)),
+        Layout::V8 => moved(src, bytemuck::cast_slice_mut::<u8, ActV8>(dst)),
+    }
+}
+
+/// A group of 8 activation blocks in one of the 32-column layouts.
 trait Group: Pod {
     /// Store block `k`: its scale, `Σ q` and values.
     fn put(&mut self, k: usize, d: f32, sum: i32, q: &[i8; QK]);
@@ -167,6 +228,16 @@ impl Group for ActW8 {
     }
     fn get(&self, k: usize) -> (f32, [i8; QK]) {
         (self.d[slot(k)], core::array::from_fn(|j| self.qs[ActW8::at(k, j)] as i8))
+    }
+}
+
+impl Group for ActV8 {
+    fn put(&mut self, k: usize, d: f32, sum: i32, q: &[i8; QK]) {
+        (self.d[slot(k)], self.neg[slot(k)]) = (d, -128 * sum);
+        q.iter().enumerate().for_each(|(j, &v)| self.qs[ActV8::at(k, j)] = v);
+    }
+    fn get(&self, k: usize) -> (f32, [i8; QK]) {
+        (self.d[slot(k)], core::array::from_fn(|j| self.qs[ActV8::at(k, j)]))
     }
 }
 
@@ -229,6 +300,44 @@ unsafe fn fill_wide(out: &mut [ActW8], x: &[f32], n: usize, i: usize) {
                 // SAFETY: register `8h + c` of the 16 in `qs` (512 bytes).
                 unsafe { _mm256_storeu_si256(grp.qs.as_mut_ptr().add(16 * (8 * h + c)).cast(), *t) };
             }
+        }
+    }
+}
+
+/// [`fill`] for [`ActV8`], a group at a time: each block quantized in column order, its bytes
+/// shuffled so that word `j` holds its 4 columns of register `j`, then an 8 × 8 transpose of
+/// words puts block `k` in lane [`slot`]`(k)` of each register (with a store per value, as
+/// [`ActV8::put`] does, preparing them took a tenth of a q8_0 prefill's samples, now a
+/// twentieth).
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn fill_v8(out: &mut [ActV8], x: &[f32], n: usize, i: usize) {
+    let nb = x.len() / QK;
+    // Per 16 columns (one 128-bit half): columns 0, 1, 4, 5, then 2, 3, 6, 7, then the same
+    // of 8..16: words 2m, 2m + 1 of the half's m = 0, 1.
+    let order = _mm256_setr_epi8(
+        0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15,
+    );
+    let mut q = [0i8; QK];
+    for g in 0..nb.div_ceil(G) {
+        let grp = &mut out[g * n + i];
+        let mut words = [_mm256_setzero_si256(); G];
+        for (s, &k) in ORDER.iter().enumerate() {
+            let b = g * G + k;
+            if b >= nb {
+                (grp.d[s], grp.neg[s]) = (0.0, 0);
+                continue;
+            }
+            let xs = &x[b * QK..(b + 1) * QK];
+            // SAFETY (all four): AVX2, FMA and F16C by this function's contract; q is 32 bytes.
+            let d = unsafe { amax8(xs) } / 127.0;
+            let sum = unsafe { quantize(xs, d, &mut q) };
+            (grp.d[s], grp.neg[s]) = (unsafe { f16_rounded(d) }, -128 * sum);
+            words[s] = _mm256_shuffle_epi8(unsafe { _mm256_loadu_si256(q.as_ptr().cast()) }, order);
+        }
+        // SAFETY: AVX2 by this function's contract.
+        for (j, t) in unsafe { transpose8(words) }.iter().enumerate() {
+            // SAFETY: register j of the 8 in `qs` (256 bytes).
+            unsafe { _mm256_storeu_si256(grp.qs.as_mut_ptr().add(32 * j).cast(), *t) };
         }
     }
 }
@@ -363,12 +472,13 @@ mod tests {
             x[0] = 127.0;
             x[1..9].copy_from_slice(&[2.5, -2.5, 0.5, -0.5, 1.5, 3.5, -126.5, 0.0]);
             let src: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
-            for t in [GgmlType::Q4_K, GgmlType::Q4_0, GgmlType::Q8_0] {
+            // q8_0 twice: one token (ActW8), two (ActV8, the token prepared twice).
+            for (t, n) in [(GgmlType::Q4_K, 1), (GgmlType::Q4_0, 1), (GgmlType::Q8_0, 1), (GgmlType::Q8_0, 2)] {
                 // u32 storage: the blocks hold f32s and need 4-byte alignment.
-                let mut words = vec![0u32; bytes(t, 1, 512) / 4];
+                let mut words = vec![0u32; bytes(t, n, 512, true) / 4];
                 let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
                 // SAFETY: AVX2, FMA and F16C checked above.
-                unsafe { prepare(t, 512, &src, &[0], dst) };
+                unsafe { prepare(t, 512, &src, &vec![0; n], dst, true) };
                 if t == GgmlType::Q4_K {
                     let got: &[ActK] = bytemuck::cast_slice(dst);
                     for (b, g) in got.iter().enumerate() {
@@ -376,7 +486,17 @@ mod tests {
                         crate::lanes::order_act(&mut want.qs);
                         assert_eq!((g.d, g.qs, g.bsums), (want.d, want.qs, want.bsums), "block {b}");
                     }
-                } else if wide(t) {
+                } else if layout(t, n, true) == Layout::V8 {
+                    let got: &[ActV8] = bytemuck::cast_slice(dst);
+                    for b in 0..512 / 32 {
+                        // Group b / G of token 1 (groups are [group][token]).
+                        let (g, k) = (&got[(b / G) * n + 1], b % G);
+                        let want = BlockQ8_0::quantize(&x[32 * b..]);
+                        let q: Vec<i8> = (0..32).map(|j| g.qs[ActV8::at(k, j)]).collect();
+                        assert_eq!((&q[..], g.d[slot(k)]), (&want.qs[..], want.scale()), "block {b}");
+                        assert_eq!(g.neg[slot(k)], -128 * q.iter().map(|&v| i32::from(v)).sum::<i32>());
+                    }
+                } else if layout(t, n, true) == Layout::W8 {
                     let got: &[ActW8] = bytemuck::cast_slice(dst);
                     for b in 0..512 / 32 {
                         let (g, k) = (&got[b / G], b % G);
@@ -408,17 +528,21 @@ mod tests {
         // 3 tokens of 320 columns: 10 blocks, the second group padded.
         let (n, cols) = (3, 320);
         let src: Vec<bf16> = (0..n * cols).map(|_| bf16::from_f32(r.gaussian())).collect();
-        let prep = |t| {
-            let mut words = vec![0u32; bytes(t, n, cols) / 4];
+        let prep = |t, vnni| {
+            let mut words = vec![0u32; bytes(t, n, cols, vnni) / 4];
             // SAFETY: AVX2, FMA and F16C checked above.
-            unsafe { prepare(t, cols, &src, &[0, 1, 2], bytemuck::cast_slice_mut(&mut words)) };
+            unsafe { prepare(t, cols, &src, &[0, 1, 2], bytemuck::cast_slice_mut(&mut words), vnni) };
             words
         };
-        let (narrow, wide) = (prep(GgmlType::Q4_0), prep(GgmlType::Q8_0));
         let b = |w: &[u32]| bytemuck::cast_slice::<u32, u8>(w).to_vec();
-        assert_eq!(relayout(GgmlType::Q8_0, GgmlType::Q4_0, &b(&narrow), n, cols), Some(wide.clone()));
-        assert_eq!(relayout(GgmlType::Q5_1, GgmlType::Q8_0, &b(&wide), n, cols), Some(narrow.clone()));
-        assert_eq!(relayout(GgmlType::Q4_1, GgmlType::Q4_0, &b(&narrow), n, cols), None);
-        assert_eq!(relayout(GgmlType::Q4_K, GgmlType::Q8_0, &b(&wide), n, cols), None);
+        // q8_0 reads ActW8 without VNNI, ActV8 with it: each way, and back.
+        for vnni in [false, true] {
+            let (narrow, q8) = (prep(GgmlType::Q4_0, vnni), prep(GgmlType::Q8_0, vnni));
+            assert_eq!(relayout(GgmlType::Q8_0, GgmlType::Q4_0, &b(&narrow), n, cols, vnni), Some(q8.clone()));
+            assert_eq!(relayout(GgmlType::Q5_1, GgmlType::Q8_0, &b(&q8), n, cols, vnni), Some(narrow.clone()));
+            assert_eq!(relayout(GgmlType::Q4_1, GgmlType::Q4_0, &b(&narrow), n, cols, vnni), None);
+            assert_eq!(relayout(GgmlType::Q4_K, GgmlType::Q8_0, &b(&q8), n, cols, vnni), None);
+            assert_eq!(relayout(GgmlType::Q8_0, GgmlType::Q8_0, &b(&q8), n, cols, vnni), None);
+        }
     }
 }

@@ -19,6 +19,7 @@ use crate::act::{ActG8, ActK, ActW8};
 use crate::decode::{reg_of, KBlock, Relevel, Q4KU, Q5KU};
 use crate::lanes::{relevel, REGS};
 use crate::legacy::{self, LGroup, Offset};
+use crate::vnni::Vnni;
 
 /// `[e(0), …, e(n - 1)]` (`init` fills first), built by a loop: `core::array::from_fn`'s and
 /// `map`'s closures lack the caller's target features and were compiled out of line, a call per
@@ -32,6 +33,10 @@ macro_rules! array {
         a
     }};
 }
+
+// After `array!`, which it uses.
+#[cfg(vnni_intrinsics)]
+mod q8_vnni;
 
 /// Rows per tile.
 pub const R: usize = 4;
@@ -99,16 +104,6 @@ impl Packed {
             _ => t.row_bytes(cols),
         }
     }
-
-    fn row(&self, r: usize) -> &[u8] {
-        &self.data[r * self.row_bytes..(r + 1) * self.row_bytes]
-    }
-
-    /// The rows of the tile at `r0` of `nr ≤ R` rows, the last repeated to fill `R`.
-    #[inline(always)]
-    fn tile_rows(&self, r0: usize, nr: usize) -> [&[u8]; R] {
-        array!(&[][..]; R, |i| self.row(r0 + i.min(nr - 1)))
-    }
 }
 
 /// GGUF blocks `src` (of type `S`) as kernel blocks `B` in the lane layout.
@@ -168,6 +163,8 @@ type Acc = [[__m256; 2 * TC]; R];
 pub struct Scratch {
     k: [DecK; R],
     w: [W16; R],
+    #[cfg(vnni_intrinsics)]
+    u: [q8_vnni::U8G; R],
     acc: Acc,
 }
 
@@ -177,14 +174,26 @@ impl Scratch {
         let z = DecK { v: [[0; 32]; REGS], w: [[0; 32]; REGS], sc: [0; 16], mn: [0; 16], d: 0.0, dmin: 0.0 };
         // SAFETY: an `__m256` is 32 bytes of plain data, for which all zeros are 0.0 lanes.
         let acc: Acc = unsafe { core::mem::zeroed() };
-        Box::new(Scratch { k: [z; R], w: [W16([[0; 16]; QK / 2]); R], acc })
+        Box::new(Scratch {
+            k: [z; R],
+            w: [W16([[0; 16]; QK / 2]); R],
+            #[cfg(vnni_intrinsics)]
+            u: [q8_vnni::U8G::ZERO; R],
+            acc,
+        })
     }
 }
 
 /// One call's operands: `R` rows (the last ones repeated when `nr < R`), `nb` blocks each,
 /// against `n` tokens' activations, results into `out[t][i]`.
+/// The rows are kept as one slice, not as `R` slices: an array of slices, built with 8-byte
+/// stores and copied with 32-byte loads, could not be forwarded from the store buffer, so each
+/// call waited for the previous one's result stores (scattered over rows of `y`) to drain;
+/// `perf` put a tenth of a q8_0 prefill's kernel samples on that copy.
 struct Tile<'a, A> {
-    rows: [&'a [u8]; R],
+    /// Rows `r0..r0 + nr`.
+    data: &'a [u8],
+    row_bytes: usize,
     nr: usize,
     nb: usize,
     act: &'a [A],
@@ -196,17 +205,37 @@ struct Tile<'a, A> {
 }
 
 impl<'a, A: bytemuck::Pod> Tile<'a, A> {
-    fn new(w: &Packed, rows: [&'a [u8]; R], nr: usize, act: &'a [u8], n: usize) -> Self {
-        let (nb, slice_bytes, prefetch) = (w.slices, w.slice_bytes, w.prefetch);
-        Tile { rows, nr, nb, act: bytemuck::cast_slice(act), n, slice_bytes, prefetch }
+    /// Rows `r0..r0 + nr` of `w` (`nr ≤ R`).
+    fn new(w: &'a Packed, r0: usize, nr: usize, act: &'a [u8], n: usize) -> Self {
+        let (nb, slice_bytes, prefetch, row_bytes) = (w.slices, w.slice_bytes, w.prefetch, w.row_bytes);
+        let data = &w.data[r0 * row_bytes..(r0 + nr) * row_bytes];
+        Tile { data, row_bytes, nr, nb, act: bytemuck::cast_slice(act), n, slice_bytes, prefetch }
+    }
+}
+
+impl<'a, A> Tile<'a, A> {
+    /// Row `i` of the tile (its last row for `i ≥ nr`).
+    #[inline(always)]
+    fn row(&self, i: usize) -> &'a [u8] {
+        &self.data[i.min(self.nr - 1) * self.row_bytes..][..self.row_bytes]
+    }
+
+    /// Its `R` rows.
+    #[inline(always)]
+    fn rows(&self) -> [&'a [u8]; R] {
+        array!(&[][..]; R, |i| self.row(i))
     }
 }
 
 /// `out[t][i] = row r0+i · token t` for `i < nr ≤ R`, `t < n`, `act` prepared for `w.t`;
-/// for two tokens or more ([`gemv`] serves one).
+/// for two tokens or more ([`gemv`] serves one). `vnni`: the encoding q8_0's kernel uses, if
+/// any (its activations then in [`ActV8`]).
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be present; `act` must hold `n` tokens prepared by [`crate::act`].
+/// AVX2, FMA and F16C must be present, and `vnni`'s features; `act` must hold `n` tokens
+/// prepared by [`crate::act`] (with VNNI as `vnni` says).
+#[allow(clippy::too_many_arguments)]
+#[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dots(
     w: &Packed,
     r0: usize,
@@ -215,12 +244,12 @@ pub unsafe fn dots(
     n: usize,
     out: &mut [[f32; R]],
     scratch: &mut Scratch,
+    vnni: Option<Vnni>,
 ) {
     debug_assert!((1..=R).contains(&nr) && r0 + nr <= w.rows && n != 1);
-    let rows = w.tile_rows(r0, nr);
     macro_rules! k {
         ($b:ty) => {{
-            let tile = Tile::<ActK>::new(w, rows, nr, act, n);
+            let tile = Tile::<ActK>::new(w, r0, nr, act, n);
             // SAFETY: the caller's contract; act holds [blocks][n] ActK.
             unsafe {
                 match n {
@@ -232,7 +261,7 @@ pub unsafe fn dots(
     }
     macro_rules! l {
         ($b:ty) => {{
-            let tile = Tile::<ActG8>::new(w, rows, nr, act, n);
+            let tile = Tile::<ActG8>::new(w, r0, nr, act, n);
             // SAFETY: the caller's contract; act holds [groups][n] ActG8, rows are repacked.
             unsafe {
                 match n {
@@ -261,21 +290,32 @@ pub unsafe fn dots(
         GgmlType::Q4_1 => l!(legacy::Q41),
         GgmlType::Q5_0 => l!(legacy::Q50),
         GgmlType::Q5_1 => l!(legacy::Q51),
-        GgmlType::Q8_0 => {
-            let tile = Tile::<ActW8>::new(w, rows, nr, act, n);
-            // SAFETY: the caller's contract; act holds [groups][n] ActW8, rows are repacked.
-            unsafe {
-                match n {
-                    ..=TC => wide::<TC, { 2 * TC }>(&tile, out, &mut scratch.w, &mut scratch.acc),
-                    _ => wide::<{ 2 * TC }, { 2 * TC }>(&tile, out, &mut scratch.w, &mut scratch.acc),
+        GgmlType::Q8_0 => match vnni {
+            #[cfg(vnni_intrinsics)]
+            Some(v) => {
+                let tile = Tile::<crate::act::ActV8>::new(w, r0, nr, act, n);
+                // SAFETY: the caller's contract; act holds [groups][n] ActV8, rows are repacked.
+                unsafe { q8_vnni::dots(v, &tile, out, &mut scratch.u, &mut scratch.acc) }
+            }
+            #[cfg(not(vnni_intrinsics))]
+            Some(v) => unreachable!("no VNNI kernels in this build, so vnni::detect finds none ({v:?})"),
+            None => {
+                let tile = Tile::<ActW8>::new(w, r0, nr, act, n);
+                // SAFETY: the caller's contract; act holds [groups][n] ActW8, rows are repacked.
+                unsafe {
+                    match n {
+                        ..=TC => wide::<TC, { 2 * TC }>(&tile, out, &mut scratch.w, &mut scratch.acc),
+                        _ => wide::<{ 2 * TC }, { 2 * TC }>(&tile, out, &mut scratch.w, &mut scratch.acc),
+                    }
                 }
             }
-        }
+        },
         GgmlType::IQ4_NL => l!(legacy::Iq4Nl),
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
             debug_assert_eq!(w.t.act(), ActKind::F32);
             // SAFETY: the caller's contract; act holds [n][cols] f32.
-            unsafe { float(w.t, rows, nr, w.cols, bytemuck::cast_slice(act), n, out) }
+            let tile = Tile::<f32>::new(w, r0, nr, act, n);
+            unsafe { float(w.t, tile.rows(), nr, w.cols, tile.act, n, out) }
         }
     }
 }
@@ -288,7 +328,7 @@ macro_rules! one_token_tiles {
         let mut $res = [[0.0f32; R]; 1];
         for r0 in rows.clone().step_by(R) {
             let nr = R.min(rows.end - r0);
-            let $tile = Tile::<$A>::new(w, w.tile_rows(r0, nr), nr, $act, 1);
+            let $tile = Tile::<$A>::new(w, r0, nr, $act, 1);
             $call;
             out[r0 - rows.start..][..nr].copy_from_slice(&$res[0][..nr]);
         }
@@ -328,7 +368,13 @@ pub unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) 
             GgmlType::Q8_0 => wide1(w, rows, act, out),
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
                 one_token_tiles!(w, rows, act, out, f32, |tile, res| float(
-                    w.t, tile.rows, tile.nr, w.cols, tile.act, 1, &mut res
+                    w.t,
+                    tile.rows(),
+                    tile.nr,
+                    w.cols,
+                    tile.act,
+                    1,
+                    &mut res
                 ))
             }
         }
@@ -357,7 +403,7 @@ unsafe fn wide1(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
 #[inline(always)]
 fn group<'a, A>(tile: &Tile<'a, A>, g: usize) -> [&'a [u8]; R] {
     let gb = tile.slice_bytes;
-    array!(&[][..]; R, |i| &tile.rows[i][g * gb..(g + 1) * gb])
+    array!(&[][..]; R, |i| &tile.row(i)[g * gb..(g + 1) * gb])
 }
 
 /// Group `g` of each row of a 32-column tile and the group's 8 scales per row, for the token
@@ -376,14 +422,27 @@ unsafe fn open_group<'a, A>(tile: &Tile<'a, A>, t0: usize, g: usize) -> ([&'a [u
     (grp, dw)
 }
 
-/// `out[t][i]` = the sum of `acc[i][t]`'s lanes, for the first `nr` rows.
+/// `out[t][i]` = the sum of `acc[i][t]`'s lanes, for every row of the tile (those past its
+/// `nr` repeat its last, and callers read only the first `nr`).
 #[inline(always)]
-unsafe fn write_out<const TC: usize>(acc: &[[__m256; TC]; R], out: &mut [[f32; R]], nr: usize) {
+unsafe fn write_out<const TC: usize>(acc: &[[__m256; TC]; R], out: &mut [[f32; R]]) {
     for (t, o) in out.iter_mut().enumerate() {
-        for i in 0..nr {
-            // SAFETY: AVX by the callers' features.
-            o[i] = unsafe { hsum(acc[i][t]) };
-        }
+        // SAFETY: AVX by the callers' features.
+        *o = unsafe { hsum4([acc[0][t], acc[1][t], acc[2][t], acc[3][t]]) };
+    }
+}
+
+/// The lane sums of a tile's `R` = 4 rows' accumulators, three `hadd`s putting the four side
+/// by side: 5 instructions a token where [`hsum`] on each row takes 24.
+#[inline(always)]
+unsafe fn hsum4(v: [__m256; R]) -> [f32; R] {
+    const { assert!(R == 4) };
+    // SAFETY: AVX by the callers' features.
+    unsafe {
+        let s = _mm256_hadd_ps(_mm256_hadd_ps(v[0], v[1]), _mm256_hadd_ps(v[2], v[3]));
+        let mut out = [0.0f32; R];
+        _mm_storeu_ps(out.as_mut_ptr(), _mm_add_ps(_mm256_castps256_ps128(s), _mm256_extractf128_ps::<1>(s)));
+        out
     }
 }
 
@@ -417,8 +476,8 @@ fn token_tiles<const TC: usize>(n: usize) -> impl Iterator<Item = (usize, usize)
 /// no better: past its rows are the first of the task another thread is starting.
 #[inline(always)]
 fn prefetch_next<A>(tile: &Tile<'_, A>, b: usize) {
-    let len = R * tile.rows[0].len();
-    let next = tile.rows[0].as_ptr().wrapping_add(len);
+    let len = R * tile.row_bytes;
+    let next = tile.data.as_ptr().wrapping_add(len);
     let step = tile.prefetch;
     let mut off = b * step;
     while off < ((b + 1) * step).min(len) {
@@ -477,7 +536,7 @@ unsafe fn kquant1<B: KBlock>(w: &Packed, rows: Range<usize>, act: &[u8], out: &m
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn kquant1_tile<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
-    let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.rows[i]));
+    let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
     let mut acc = [_mm256_setzero_ps(); R];
     for b in 0..tile.nb {
         prefetch_next(tile, b);
@@ -495,17 +554,15 @@ unsafe fn kquant1_tile<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
             acc[i] = _mm256_fmadd_ps(dots, _mm256_mul_ps(_mm256_set1_ps(d), da), acc[i]);
         }
     }
-    for i in 0..tile.nr {
-        // SAFETY: AVX present.
-        out[0][i] = unsafe { hsum(acc[i]) };
-    }
+    // SAFETY: AVX present.
+    out[0] = unsafe { hsum4(acc) };
 }
 
 /// K-quants for several tokens: each block decoded once into [`DecK`] and dotted with
 /// `TC` tokens at a time.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn kquant<const TC: usize, B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]], dec: &mut [DecK; R]) {
-    let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.rows[i]));
+    let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
     let n = tile.n;
     for (t0, tn) in token_tiles::<TC>(n) {
         let mut acc = [[_mm256_setzero_ps(); TC]; R];
@@ -571,7 +628,7 @@ unsafe fn kquant<const TC: usize, B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[
                 }
             }
         }
-        unsafe { write_out(&acc, &mut out[t0..t0 + tn], tile.nr) };
+        unsafe { write_out(&acc, &mut out[t0..t0 + tn]) };
     }
 }
 
@@ -651,7 +708,7 @@ unsafe fn legacy<const TC: usize, const A: usize, L: LGroup>(
                 }
             }
         }
-        unsafe { write_out(acc, &mut out[t0..t0 + tn], tile.nr) };
+        unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
     }
 }
 
@@ -759,7 +816,7 @@ unsafe fn wide<const TC: usize, const A: usize>(
                 unsafe { wide_tokens::<1, A>(&grp, w16, &tile.act[g * n + t0 + t..], &dw, acc, t, TC > 1, first) };
             }
         }
-        unsafe { write_out(acc, &mut out[t0..t0 + tn], tile.nr) };
+        unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
     }
 }
 

@@ -9,7 +9,8 @@
 //! conversion and one multiply-add per group instead of one per pair.
 //! q8_0 is laid out otherwise: column pair c of the 8 blocks (in that order) at `16c`, for a
 //! kernel that widens levels and activations to i16 and needs no sign trick (`vpmaddwd` alone
-//! gives each block's share in its own lane; [`crate::act::ActW8`]).
+//! gives each block's share in its own lane; [`crate::act::ActW8`]); the VNNI kernel moves
+//! each group's pairs into [`crate::act::ActV8`]'s order as it reads it.
 //! q5_0's and q5_1's fifth bits follow the nibbles as one 32-byte bit plane ([`plane`]): a
 //! shift and a mask give each register's, where GGUF's per-block words needed a broadcast, a
 //! shuffle and a compare (q5_0 decode measured 1.9× faster).

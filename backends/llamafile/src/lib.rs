@@ -9,6 +9,8 @@
 //! lattice types as stored, put in that layout as they are decoded);
 //! activations are quantized per token to the type's `vec_dot_type` (Q8_K for 256-column types,
 //! Q8_0 with sums for 32-column ones, f32 for float types) in a block-major layout (`act`).
+//! Where the CPU has VNNI (AVX-VNNI or AVX512-VNNI), q8_0 with several tokens runs on
+//! `vpdpbusd` (`vnni`), with the same results bit for bit.
 
 #[cfg(target_arch = "x86_64")]
 mod act;
@@ -22,6 +24,8 @@ mod lanes;
 mod lattice;
 #[cfg(target_arch = "x86_64")]
 mod legacy;
+#[cfg(target_arch = "x86_64")]
+mod vnni;
 
 use kt_core::Backend;
 
@@ -39,7 +43,7 @@ pub fn registered() -> &'static [&'static dyn Backend] {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub use imp::{Llamafile, LLAMAFILE};
+pub use imp::{Llamafile, LLAMAFILE, LLAMAFILE_AVX2};
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
@@ -50,14 +54,31 @@ mod imp {
     use kt_core::swiglu::swiglu;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
 
+    use kt_core::ggml::ActKind;
+
+    use crate::act::Layout;
     use crate::kernels::{dots, gemv, Packed, Scratch, R};
+    use crate::vnni::{self, Vnni};
 
     /// The GGML backend.
     #[derive(Debug)]
-    pub struct Llamafile;
+    pub struct Llamafile {
+        /// Whether kernels with VNNI run where the CPU has it.
+        vnni: bool,
+    }
 
-    /// The one instance.
-    pub static LLAMAFILE: Llamafile = Llamafile;
+    /// The instance the host registers: VNNI kernels where the CPU has VNNI.
+    pub static LLAMAFILE: Llamafile = Llamafile { vnni: true };
+
+    /// AVX2 kernels only, whatever the CPU: for comparing the two on a VNNI CPU (tests, benches).
+    pub static LLAMAFILE_AVX2: Llamafile = Llamafile { vnni: false };
+
+    impl Llamafile {
+        /// The VNNI encoding this instance's kernels use on this CPU.
+        fn vnni(&self) -> Option<Vnni> {
+            self.vnni.then(vnni::detect).flatten()
+        }
+    }
 
     fn packed(m: &PackedMatrix) -> &Packed {
         m.get::<Packed>().expect("matrix packed by the llamafile backend")
@@ -88,22 +109,27 @@ mod imp {
         rows: &Range<usize>,
         act: &[u8],
         n: usize,
+        vnni: Option<Vnni>,
         mut emit: impl FnMut(usize, usize, &[[f32; R]], &mut Scratch),
     ) {
         let mut out = vec![[0.0f32; R]; n];
         let mut scratch = Scratch::new();
         for r0 in rows.clone().step_by(R) {
             let nr = R.min(rows.end - r0);
-            // SAFETY: selected only where cpu_support passed (AVX2, FMA, F16C); act was
-            // prepared by quantize_act for this matrix's type with n tokens.
-            unsafe { dots(w, r0, nr, act, n, &mut out, &mut scratch) };
+            // SAFETY: selected only where cpu_support passed (AVX2, FMA, F16C), `vnni` as
+            // detected; act was prepared by quantize_act for this matrix's type with n tokens.
+            unsafe { dots(w, r0, nr, act, n, &mut out, &mut scratch, vnni) };
             emit(r0, nr, &out, &mut scratch);
         }
     }
 
     impl Backend for Llamafile {
         fn name(&self) -> &'static str {
-            "llamafile"
+            if self.vnni {
+                "llamafile"
+            } else {
+                "llamafile-avx2"
+            }
         }
 
         fn priority(&self) -> u32 {
@@ -134,12 +160,12 @@ mod imp {
         }
 
         fn act_bytes(&self, format: WeightFormat, rows: usize, cols: usize) -> usize {
-            crate::act::bytes(ggml(format), rows, cols)
+            crate::act::bytes(ggml(format), rows, cols, self.vnni().is_some())
         }
 
         fn quantize_act(&self, format: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &mut [u8]) {
             // SAFETY: cpu_support passed before this backend was selected.
-            unsafe { crate::act::prepare(ggml(format), cols, src, rows, dst) }
+            unsafe { crate::act::prepare(ggml(format), cols, src, rows, dst, self.vnni().is_some()) }
         }
 
         fn gate_up(
@@ -153,7 +179,8 @@ mod imp {
             let (g, u) = (packed(gate), packed(up));
             let (n, nr) = (h.rows(), rows.len());
             // The activations were prepared for gate's type; up may read another layout.
-            let moved = crate::act::relayout(u.t, g.t, act, n, g.cols);
+            let vnni = self.vnni();
+            let moved = crate::act::relayout(u.t, g.t, act, n, g.cols, vnni.is_some());
             let up_act: &[u8] = moved.as_deref().map_or(act, bytemuck::cast_slice);
             // Gate and up of the whole task, token-major, then SwiGLU 16 lanes at a time.
             let (mut gs, mut us) = (vec![0.0f32; n * nr], vec![0.0f32; n * nr]);
@@ -165,9 +192,9 @@ mod imp {
                 }
             } else {
                 let mut ut = vec![[0.0f32; R]; n];
-                for_tiles(g, &rows, act, n, |r0, k, gt, scratch| {
+                for_tiles(g, &rows, act, n, vnni, |r0, k, gt, scratch| {
                     // SAFETY: as in for_tiles.
-                    unsafe { dots(u, r0, k, up_act, n, &mut ut, scratch) };
+                    unsafe { dots(u, r0, k, up_act, n, &mut ut, scratch, vnni) };
                     for t in 0..n {
                         let at = t * nr + r0 - rows.start;
                         put(&mut gs[at..], &gt[t], k);
@@ -194,6 +221,11 @@ mod imp {
             }
         }
 
+        fn uses_vnni(&self, format: WeightFormat, tokens: usize) -> bool {
+            let t = ggml(format);
+            self.vnni().is_some() && t.act() == ActKind::Q8_0 && crate::act::layout(t, tokens, true) == Layout::V8
+        }
+
         fn down(&self, down: &PackedMatrix, rows: Range<usize>, act: &[u8], mut y: MatMut<'_, f32>) {
             let d = packed(down);
             let n = y.rows();
@@ -202,7 +234,7 @@ mod imp {
                 unsafe { gemv(d, rows.clone(), act, y.row_mut(0)) };
                 return;
             }
-            for_tiles(d, &rows, act, n, |r0, nr, res, _| {
+            for_tiles(d, &rows, act, n, self.vnni(), |r0, nr, res, _| {
                 for (t, r) in res.iter().enumerate() {
                     put(&mut y.row_mut(t)[r0 - rows.start..], r, nr);
                 }
@@ -213,20 +245,48 @@ mod imp {
 
 #[cfg(all(test, target_arch = "x86_64"))]
 mod tests {
+    use super::*;
+
+    /// Both instances where this CPU has VNNI (the AVX2 kernels and the VNNI ones), else one.
+    fn instances() -> Vec<&'static Llamafile> {
+        if crate::vnni::detect().is_some() {
+            vec![&LLAMAFILE, &LLAMAFILE_AVX2]
+        } else {
+            eprintln!("this CPU has no VNNI: its kernels are not tested here");
+            vec![&LLAMAFILE]
+        }
+    }
+
+    /// VNNI where it runs: q8_0 with several tokens, the registered instance, a VNNI CPU.
+    #[test]
+    fn uses_vnni_names_the_kernels_that_run_on_it() {
+        use kt_core::ggml::GgmlType;
+        use kt_core::{Backend, WeightFormat};
+        let (q8, q4) = (WeightFormat::Ggml(GgmlType::Q8_0), WeightFormat::Ggml(GgmlType::Q4_0));
+        let here = crate::vnni::detect().is_some();
+        assert_eq!(LLAMAFILE.uses_vnni(q8, 3), here);
+        assert!(!LLAMAFILE.uses_vnni(q8, 1), "one token runs the AVX2 kernel");
+        assert!(!LLAMAFILE.uses_vnni(q4, 3));
+        assert!(!LLAMAFILE_AVX2.uses_vnni(q8, 3));
+    }
+
     #[test]
     fn conformance() {
         if let Err(missing) = kt_core::Backend::cpu_support(&crate::LLAMAFILE) {
             eprintln!("conformance skipped: this CPU lacks {missing}");
             return;
         }
-        let failures = kt_core::testing::ggml_conformance_failures(&crate::LLAMAFILE, &kt_core::SerialExecutor);
-        assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+        for b in instances() {
+            let failures = kt_core::testing::ggml_conformance_failures(b, &kt_core::SerialExecutor);
+            assert!(failures.is_empty(), "{}: {} failures:\n{}", b.name(), failures.len(), failures.join("\n"));
+        }
     }
 
     /// Every tile shape of the kernels (one token; 2-4; 5-32; 33-64 in one tile; more in
     /// several; a last tile of fewer than `R` rows; a row range starting inside the matrix;
     /// a 32-column type's last group part padding)
-    /// against the reference backend's dots of the same weights and activations.
+    /// against the reference backend's dots of the same weights and activations; the VNNI
+    /// kernels, where they run, bit for bit against the AVX2 ones.
     #[test]
     fn tiles_match_the_reference_at_every_token_count() {
         use half::bf16;
@@ -237,8 +297,7 @@ mod tests {
         use kt_core::rng::SplitMix64;
         use kt_core::{Backend, WeightFormat};
 
-        let ours = &crate::LLAMAFILE;
-        if ours.cpu_support().is_err() {
+        if LLAMAFILE.cpu_support().is_err() {
             return;
         }
         let rows = 6;
@@ -264,18 +323,28 @@ mod tests {
                     }
                     y
                 };
-                let (got, want) = (y(ours), y(&REFERENCE));
+                let want = y(&REFERENCE);
                 let scale = want.iter().fold(0.0f32, |a, v| a.max(v.abs())).max(1e-30);
-                // `f32::max` would drop a NaN error; this fold keeps it, and the check sees it.
-                let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs() / scale).fold(0.0f32, |a, e| {
-                    if e.is_nan() || e > a {
-                        e
-                    } else {
-                        a
+                let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<_>>();
+                let mut first: Option<Vec<u32>> = None;
+                for b in instances() {
+                    let got = y(b);
+                    // `f32::max` would drop a NaN error; this fold keeps it, and the check sees it.
+                    let worst = got.iter().zip(&want).map(|(g, w)| (g - w).abs() / scale).fold(0.0f32, |a, e| {
+                        if e.is_nan() || e > a {
+                            e
+                        } else {
+                            a
+                        }
+                    });
+                    if worst.is_nan() || worst > 1e-5 {
+                        failures.push(format!("{} {t:?} n{n}: max error {worst:.2e} of the largest output", b.name()));
                     }
-                });
-                if worst.is_nan() || worst > 1e-5 {
-                    failures.push(format!("{t:?} n{n}: max error {worst:.2e} of the largest output"));
+                    match &first {
+                        Some(f) if *f != bits(&got) => failures.push(format!("{} {t:?} n{n}: bits differ", b.name())),
+                        Some(_) => {}
+                        None => first = Some(bits(&got)),
+                    }
                 }
             }
         }

@@ -104,8 +104,10 @@ pub struct CaseResult {
     pub weight_gbps: f64,
     /// weight_gbps / roofline DRAM bandwidth (the run's best reading).
     pub dram_ratio: f64,
-    /// gflops / FMA peak (bf16, fp8) or int8 peak (int formats).
+    /// gflops / FMA peak (bf16, fp8) or int8 peak (int formats: the VNNI one where `vnni`).
     pub compute_ratio: f64,
+    /// The int8 kernels ran on VNNI (`Backend::uses_vnni` for the gate's format).
+    pub vnni: bool,
     /// mean |out − ref| / mean |ref| against the reference backend, ≤ 16 tokens.
     pub rel_err: f64,
     /// Reps timed.
@@ -292,7 +294,11 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
     let roof = probes.iter().copied().reduce(Roofline::max).expect("probed before the cases");
     let roofline_low = probes.iter().copied().reduce(Roofline::min).expect("probed before the cases");
     for r in &mut results {
-        let peak = if r.method.gate.int_dot() { roof.int8_gops } else { roof.fma_gflops };
+        let peak = match (r.method.gate.int_dot(), r.vnni) {
+            (true, true) => roof.vnni_gops.unwrap_or(roof.int8_gops),
+            (true, false) => roof.int8_gops,
+            (false, _) => roof.fma_gflops,
+        };
         r.dram_ratio = r.weight_gbps / roof.dram_gbps;
         r.compute_ratio = r.gflops / peak;
     }
@@ -389,10 +395,13 @@ fn run_case(
     let (h, k) = (cfg.hidden, cfg.top_k);
     let input = synth::input(n, h, spec.seed ^ 0xA11CE);
     let routings = synth::routings(n, k, cfg.experts, spec.seed);
-    let touched = |l: &MoeLayer, ids: &[i64]| -> u64 {
+    let seen = |ids: &[i64]| {
         let mut seen = vec![false; cfg.experts];
         ids.iter().for_each(|&e| seen[e as usize] = true);
-        seen.iter().enumerate().filter(|(_, &s)| s).map(|(e, _)| l.expert_bytes(e) as u64).sum()
+        seen
+    };
+    let touched = |l: &MoeLayer, ids: &[i64]| -> u64 {
+        seen(ids).iter().enumerate().filter(|(_, &s)| s).map(|(e, _)| l.expert_bytes(e) as u64).sum()
     };
     let mut out = vec![bf16::ZERO; n * h];
     // Warm-up grows the workspace; then time reps rotating layers and, once every layer has
@@ -429,6 +438,11 @@ fn run_case(
         preset: spec.preset.clone(),
         method: layers[0].format(),
         backend: layers[0].backend().name(),
+        // An active expert's tokens, on average, say which kernels ran.
+        vnni: {
+            let active = seen(&routings[0].0).iter().filter(|&&s| s).count();
+            layers[0].backend().uses_vnni(layers[0].format().gate, (n * k).div_ceil(active.max(1)))
+        },
         threads: spec.threads,
         tokens: n,
         ms_best: best.0 * 1e3,

@@ -47,6 +47,7 @@ pub fn to_json(r: &Report) -> Value {
             "weight_gbps": c.weight_gbps,
             "dram_ratio": c.dram_ratio,
             "compute_ratio": c.compute_ratio,
+            "vnni": c.vnni,
             "rel_err": c.rel_err,
         })).collect::<Vec<_>>(),
     })
@@ -72,14 +73,14 @@ pub fn print_table(r: &Report) {
     );
     if let (Some(v), Some(v_lo)) = (hi.vnni_gops, lo.vnni_gops) {
         println!(
-            "  VNNI int8 peak {v:.1} GOP/s (lowest {v_lo:.1}), {:.1}× the int8 figure: no kernel here uses VNNI yet, so int ratios are to the AVX2 peak",
+            "  VNNI int8 peak {v:.1} GOP/s (lowest {v_lo:.1}), {:.1}× the int8 figure: compute× of kernels that ran on VNNI (marked *) is to it",
             v / hi.int8_gops
         );
     }
     // The method column fits the longest label (mixed GGML layers read "q4_K (down q5_0)").
     let w = r.results.iter().map(|x| x.method.to_string().chars().count()).max().unwrap_or(0).max(12);
     println!(
-        "{:<w$} {:<10} {:>6} {:>10} {:>10} {:>9} {:>9} {:>7} {:>8} {:>9} {:>5}",
+        "{:<w$} {:<14} {:>6} {:>10} {:>10} {:>9} {:>9} {:>7} {:>9} {:>9} {:>5}",
         "method",
         "backend",
         "tokens",
@@ -94,7 +95,7 @@ pub fn print_table(r: &Report) {
     );
     for x in &r.results {
         println!(
-            "{:<w$} {:<10} {:>6} {:>10.3} {:>10.3} {:>9.2} {:>9.2} {:>7.3} {:>8.3} {:>9.2e} {:>5}",
+            "{:<w$} {:<14} {:>6} {:>10.3} {:>10.3} {:>9.2} {:>9.2} {:>7.3} {:>8.3}{} {:>9.2e} {:>5}",
             x.method.to_string(),
             x.backend,
             x.tokens,
@@ -104,11 +105,13 @@ pub fn print_table(r: &Report) {
             x.weight_gbps,
             x.dram_ratio,
             x.compute_ratio,
+            if x.vnni { "*" } else { " " },
             x.rel_err,
             x.reps
         );
     }
     println!("GFLOP/s = 2·3·H·I·k·n / best time; GB/s = bytes of the distinct experts touched / best time;");
-    println!("DRAM× and compute× are ratios to the roofline's best readings (compute: FMA peak for bf16/fp8, int8 peak for int formats);");
+    println!("DRAM× and compute× are ratios to the roofline's best readings (compute: FMA peak for bf16/fp8, int8 peak for int formats,");
+    println!("the VNNI peak where marked *: the kernels ran on VNNI);");
     println!("the roofline was probed before the cases and after each method.");
 }

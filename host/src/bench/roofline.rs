@@ -7,7 +7,8 @@
 //!
 //! The compute loops are inline asm so the compiler cannot hoist their loop-invariant work.
 //! The int8 peak is the AVX2 loop the kernels' instructions come from; where the CPU has VNNI,
-//! its `vpdpbusd` peak is read as well, to say how far that is (no kernel uses it yet).
+//! its `vpdpbusd` peak is read as well: kernels that run on it (`Backend::uses_vnni`) are set
+//! against that one.
 
 use std::hint::black_box;
 use std::sync::Barrier;
