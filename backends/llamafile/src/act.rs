@@ -5,7 +5,7 @@
 //! - 32-column types: `[groups of 8 blocks][tokens]` of [`ActG8`]: Q8_0 blocks (scales widened
 //!   to f32) with `s = d·Σq` (ggml's Q8_1: the offsets of the weights fold in with it), the
 //!   values in the pairwise order of [`crate::legacy`]; for q8_0 [`ActW8`] (widened to i16),
-//!   or with several tokens on a VNNI CPU [`ActV8`] ([`layout`]);
+//!   or on a VNNI CPU [`ActV8`] ([`layout`]);
 //! - float types: `[tokens][cols]` f32.
 //!
 //! Values are quantized as core's scalar quantizers do (`d = amax/127`, ties away from zero),
@@ -17,7 +17,7 @@ use bytemuck::{Pod, Zeroable};
 use half::bf16;
 use kt_core::ggml::{ActKind, GgmlType, QK, QK_K};
 
-use crate::legacy::{slot, G, ORDER};
+use crate::legacy::{quad_at, slot, G, ORDER};
 
 /// One Q8_K activation block laid out for aligned loads: values first and 320 bytes, so in a
 /// 64-byte aligned buffer (the forward pass's) no 32-byte load of them splits a cache line
@@ -73,10 +73,9 @@ impl ActW8 {
     }
 }
 
-/// 8 activation blocks of 32 columns for q8_0 weights on VNNI (`vpdpbusd`, several tokens):
-/// 32-byte register `j = 2m + h` holds in its i32 lane [`slot`]`(k)` columns `8m + 2h` + 0, 1,
-/// 4, 5 of block `k`, the order in which two `unpack`s and a lane swap put the weights' column
-/// pairs ([`crate::legacy`]; the kernel's `u8_quads`).
+/// 8 activation blocks of 32 columns for q8_0 weights on VNNI (`vpdpbusd`), laid out as the
+/// weights' levels are for it ([`quad_at`]): 32-byte register `j` holds in its i32 lane
+/// [`slot`]`(k)` 4 columns of block `k`.
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 #[repr(C)]
 pub struct ActV8 {
@@ -92,8 +91,7 @@ pub struct ActV8 {
 impl ActV8 {
     /// Where column `j` of block `k` of the group is stored.
     pub fn at(k: usize, j: usize) -> usize {
-        let (m, r) = (j / 8, j % 8);
-        32 * (2 * m + r / 2 % 2) + 4 * slot(k) + r % 2 + 2 * (r / 4)
+        quad_at(k, j)
     }
 }
 
@@ -108,10 +106,10 @@ pub enum Layout {
     V8,
 }
 
-/// The layout 32-column type `t` reads with `n` tokens (`vnni`: its VNNI kernels may run).
-pub fn layout(t: GgmlType, n: usize, vnni: bool) -> Layout {
+/// The layout 32-column type `t` reads (`vnni`: its VNNI kernels run).
+pub fn layout(t: GgmlType, vnni: bool) -> Layout {
     match t {
-        GgmlType::Q8_0 if vnni && n > 1 => Layout::V8,
+        GgmlType::Q8_0 if vnni => Layout::V8,
         GgmlType::Q8_0 => Layout::W8,
         _ => Layout::G8,
     }
@@ -123,7 +121,7 @@ pub fn bytes(t: GgmlType, rows: usize, cols: usize, vnni: bool) -> usize {
         ActKind::F32 => 4 * cols,
         ActKind::Q8_0 => {
             (cols / QK).div_ceil(G)
-                * match layout(t, rows, vnni) {
+                * match layout(t, vnni) {
                     Layout::G8 => size_of::<ActG8>(),
                     Layout::W8 => size_of::<ActW8>(),
                     Layout::V8 => size_of::<ActV8>(),
@@ -153,7 +151,7 @@ pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst:
                 out.copy_from_slice(&x);
             }
             // SAFETY (all three): AVX2, FMA and F16C by this function's contract.
-            ActKind::Q8_0 => match layout(t, n, vnni) {
+            ActKind::Q8_0 => match layout(t, vnni) {
                 Layout::G8 => unsafe { fill::<ActG8>(bytemuck::cast_slice_mut(dst), &x, n, i) },
                 Layout::W8 => unsafe { fill_wide(bytemuck::cast_slice_mut(dst), &x, n, i) },
                 Layout::V8 => unsafe { fill_v8(bytemuck::cast_slice_mut(dst), &x, n, i) },
@@ -179,7 +177,7 @@ pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst:
 /// 32-column types read different ones (a q8_0 up beside a q4_0 gate); else `None`.
 /// The values are the same, only moved (and widened or narrowed); `u32` words for alignment.
 pub fn relayout(to: GgmlType, from: GgmlType, act: &[u8], n: usize, cols: usize, vnni: bool) -> Option<Vec<u32>> {
-    let (want, have) = (layout(to, n, vnni), layout(from, n, vnni));
+    let (want, have) = (layout(to, vnni), layout(from, vnni));
     if to.act() != ActKind::Q8_0 || want == have {
         return None;
     }
@@ -472,13 +470,16 @@ mod tests {
             x[0] = 127.0;
             x[1..9].copy_from_slice(&[2.5, -2.5, 0.5, -0.5, 1.5, 3.5, -126.5, 0.0]);
             let src: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
-            // q8_0 twice: one token (ActW8), two (ActV8, the token prepared twice).
-            for (t, n) in [(GgmlType::Q4_K, 1), (GgmlType::Q4_0, 1), (GgmlType::Q8_0, 1), (GgmlType::Q8_0, 2)] {
+            // q8_0 twice: ActW8, ActV8 (two tokens, the same row twice).
+            for (t, vnni) in
+                [(GgmlType::Q4_K, false), (GgmlType::Q4_0, false), (GgmlType::Q8_0, false), (GgmlType::Q8_0, true)]
+            {
+                let n = 1 + usize::from(vnni);
                 // u32 storage: the blocks hold f32s and need 4-byte alignment.
-                let mut words = vec![0u32; bytes(t, n, 512, true) / 4];
+                let mut words = vec![0u32; bytes(t, n, 512, vnni) / 4];
                 let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
                 // SAFETY: AVX2, FMA and F16C checked above.
-                unsafe { prepare(t, 512, &src, &vec![0; n], dst, true) };
+                unsafe { prepare(t, 512, &src, &vec![0; n], dst, vnni) };
                 if t == GgmlType::Q4_K {
                     let got: &[ActK] = bytemuck::cast_slice(dst);
                     for (b, g) in got.iter().enumerate() {
@@ -486,7 +487,7 @@ mod tests {
                         crate::lanes::order_act(&mut want.qs);
                         assert_eq!((g.d, g.qs, g.bsums), (want.d, want.qs, want.bsums), "block {b}");
                     }
-                } else if layout(t, n, true) == Layout::V8 {
+                } else if layout(t, vnni) == Layout::V8 {
                     let got: &[ActV8] = bytemuck::cast_slice(dst);
                     for b in 0..512 / 32 {
                         // Group b / G of token 1 (groups are [group][token]).
@@ -496,7 +497,7 @@ mod tests {
                         assert_eq!((&q[..], g.d[slot(k)]), (&want.qs[..], want.scale()), "block {b}");
                         assert_eq!(g.neg[slot(k)], -128 * q.iter().map(|&v| i32::from(v)).sum::<i32>());
                     }
-                } else if layout(t, n, true) == Layout::W8 {
+                } else if layout(t, vnni) == Layout::W8 {
                     let got: &[ActW8] = bytemuck::cast_slice(dst);
                     for b in 0..512 / 32 {
                         let (g, k) = (&got[b / G], b % G);

@@ -3,8 +3,8 @@
 //! registers, for more into [`DecK`] buffers) and dotted with the matching block of each
 //! token: `maddubs` (u8 levels × i8 activations, pairs summed to i16), then to i32 by a
 //! `madd` with the 16-column scales (K-quants, in the lane layout of [`crate::lanes`], several
-//! registers summed in i16 first) or by gathering block sums (32-column types), then f32.
-//! Every output is computed in block order by one call, whatever the tile: results do not
+//! registers summed in i16 first) or by gathering block sums (32-column types), then f32;
+//! q8_0 on VNNI by `vpdpbusd` ([`q8_vnni`]). Every output is computed in block order by one call, whatever the tile: results do not
 //! depend on how rows are split over tasks.
 
 // Tiles index rows, tokens and blocks of several arrays with one counter; iterators would hide it.
@@ -34,10 +34,6 @@ macro_rules! array {
     }};
 }
 
-// After `array!`, which it uses.
-#[cfg(vnni_intrinsics)]
-mod q8_vnni;
-
 /// Rows per tile.
 pub const R: usize = 4;
 /// Tokens per accumulator tile for up to `TC` tokens, `2·TC` above (fewer for small batches,
@@ -48,9 +44,9 @@ pub const R: usize = 4;
 const TC: usize = 32;
 
 /// A GGML matrix packed for the kernels: rows of whole blocks, row-major; the 32-column
-/// quantized types in groups of 8 blocks ([`crate::legacy`]), the 256-column ones with their
-/// levels in the lane layout ([`crate::lanes`]; q4_K and q5_K with scales unpacked), the
-/// float types as GGUF stores them.
+/// quantized types in groups of 8 blocks ([`crate::legacy`]; q8_0 for VNNI in 4-column
+/// lanes), the 256-column ones with their levels in the lane layout ([`crate::lanes`]; q4_K
+/// and q5_K with scales unpacked), the float types as GGUF stores them.
 #[derive(Debug)]
 pub struct Packed {
     /// Its type.
@@ -66,18 +62,21 @@ pub struct Packed {
     slice_bytes: usize,
     /// Bytes of the next tile to prefetch per slice ([`prefetch_next`]).
     prefetch: usize,
+    /// The VNNI encoding q8_0 was packed for ([`legacy::to_quads`]; `None` for other types).
+    vnni: Option<Vnni>,
     /// Row-major blocks.
     pub data: Vec<u8>,
 }
 
 impl Packed {
-    /// Pack a matrix (GGUF bytes `src`).
-    pub fn new(t: GgmlType, rows: usize, cols: usize, src: &[u8]) -> Self {
+    /// Pack a matrix (GGUF bytes `src`); q8_0 for the VNNI kernel where `vnni` names its encoding.
+    pub fn new(t: GgmlType, rows: usize, cols: usize, src: &[u8], vnni: Option<Vnni>) -> Self {
         let row_bytes = Self::row_len(t, cols);
         let slices = if t.act() == ActKind::Q8_0 { (cols / QK).div_ceil(legacy::G) } else { cols / QK_K };
         let slice_bytes = row_bytes / slices.max(1);
         let prefetch = (R * row_bytes).div_ceil(slices.max(1)).next_multiple_of(64);
-        let k = |data| Packed { t, rows, cols, row_bytes, slices, slice_bytes, prefetch, data };
+        let vnni = vnni.filter(|_| t == GgmlType::Q8_0);
+        let k = |data| Packed { t, rows, cols, row_bytes, slices, slice_bytes, prefetch, vnni, data };
         match t {
             GgmlType::Q2_K => return k(releveled(src, |b: &ggml::BlockQ2K| *b)),
             GgmlType::Q3_K => return k(releveled(src, |b: &ggml::BlockQ3K| *b)),
@@ -92,6 +91,9 @@ impl Packed {
         let mut data = vec![0u8; rows * row_bytes];
         for (o, s) in data.chunks_exact_mut(row_bytes.max(1)).zip(src.chunks_exact(t.row_bytes(cols).max(1))) {
             legacy::repack_row(t, s, o);
+            if vnni.is_some() {
+                legacy::to_quads(o);
+            }
         }
         k(data)
     }
@@ -163,8 +165,6 @@ type Acc = [[__m256; 2 * TC]; R];
 pub struct Scratch {
     k: [DecK; R],
     w: [W16; R],
-    #[cfg(vnni_intrinsics)]
-    u: [q8_vnni::U8G; R],
     acc: Acc,
 }
 
@@ -174,13 +174,7 @@ impl Scratch {
         let z = DecK { v: [[0; 32]; REGS], w: [[0; 32]; REGS], sc: [0; 16], mn: [0; 16], d: 0.0, dmin: 0.0 };
         // SAFETY: an `__m256` is 32 bytes of plain data, for which all zeros are 0.0 lanes.
         let acc: Acc = unsafe { core::mem::zeroed() };
-        Box::new(Scratch {
-            k: [z; R],
-            w: [W16([[0; 16]; QK / 2]); R],
-            #[cfg(vnni_intrinsics)]
-            u: [q8_vnni::U8G::ZERO; R],
-            acc,
-        })
+        Box::new(Scratch { k: [z; R], w: [W16([[0; 16]; QK / 2]); R], acc })
     }
 }
 
@@ -228,13 +222,11 @@ impl<'a, A> Tile<'a, A> {
 }
 
 /// `out[t][i] = row r0+i · token t` for `i < nr ≤ R`, `t < n`, `act` prepared for `w.t`;
-/// for two tokens or more ([`gemv`] serves one). `vnni`: the encoding q8_0's kernel uses, if
-/// any (its activations then in [`ActV8`]).
+/// for two tokens or more ([`gemv`] serves one).
 ///
 /// # Safety
-/// AVX2, FMA and F16C must be present, and `vnni`'s features; `act` must hold `n` tokens
-/// prepared by [`crate::act`] (with VNNI as `vnni` says).
-#[allow(clippy::too_many_arguments)]
+/// AVX2, FMA and F16C must be present, and the features of the VNNI encoding `w` was packed
+/// for; `act` must hold `n` tokens prepared by [`crate::act`] (for VNNI as `w` was).
 #[target_feature(enable = "avx2,fma,f16c")]
 pub unsafe fn dots(
     w: &Packed,
@@ -244,7 +236,6 @@ pub unsafe fn dots(
     n: usize,
     out: &mut [[f32; R]],
     scratch: &mut Scratch,
-    vnni: Option<Vnni>,
 ) {
     debug_assert!((1..=R).contains(&nr) && r0 + nr <= w.rows && n != 1);
     macro_rules! k {
@@ -290,12 +281,12 @@ pub unsafe fn dots(
         GgmlType::Q4_1 => l!(legacy::Q41),
         GgmlType::Q5_0 => l!(legacy::Q50),
         GgmlType::Q5_1 => l!(legacy::Q51),
-        GgmlType::Q8_0 => match vnni {
+        GgmlType::Q8_0 => match w.vnni {
             #[cfg(vnni_intrinsics)]
             Some(v) => {
                 let tile = Tile::<crate::act::ActV8>::new(w, r0, nr, act, n);
-                // SAFETY: the caller's contract; act holds [groups][n] ActV8, rows are repacked.
-                unsafe { q8_vnni::dots(v, &tile, out, &mut scratch.u, &mut scratch.acc) }
+                // SAFETY: the caller's contract; act holds [groups][n] ActV8, rows are in quads.
+                unsafe { q8_vnni::dots(v, &tile, out, &mut scratch.acc) }
             }
             #[cfg(not(vnni_intrinsics))]
             Some(v) => unreachable!("no VNNI kernels in this build, so vnni::detect finds none ({v:?})"),
@@ -335,6 +326,10 @@ macro_rules! one_token_tiles {
     }};
 }
 
+// After `array!` and `one_token_tiles!`, which it uses.
+#[cfg(vnni_intrinsics)]
+mod q8_vnni;
+
 /// `out[i] = row rows.start+i · the one token` for the rows `rows` of `w`, `act` prepared for
 /// `w.t` with one token: every tile in one call. A call per tile (type dispatch, tile setup, a
 /// closure per result) was 6.5% of decode's samples; one call per task runs 1-9% fewer
@@ -365,7 +360,13 @@ pub unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) 
             GgmlType::Q5_0 => legacy1::<legacy::Q50>(w, rows, act, out),
             GgmlType::Q5_1 => legacy1::<legacy::Q51>(w, rows, act, out),
             GgmlType::IQ4_NL => legacy1::<legacy::Iq4Nl>(w, rows, act, out),
-            GgmlType::Q8_0 => wide1(w, rows, act, out),
+            GgmlType::Q8_0 => match w.vnni {
+                #[cfg(vnni_intrinsics)]
+                Some(v) => q8_vnni::gemv(v, w, rows, act, out),
+                #[cfg(not(vnni_intrinsics))]
+                Some(v) => unreachable!("no VNNI kernels in this build, so vnni::detect finds none ({v:?})"),
+                None => wide1(w, rows, act, out),
+            },
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
                 one_token_tiles!(w, rows, act, out, f32, |tile, res| float(
                     w.t,

@@ -9,8 +9,8 @@
 //! lattice types as stored, put in that layout as they are decoded);
 //! activations are quantized per token to the type's `vec_dot_type` (Q8_K for 256-column types,
 //! Q8_0 with sums for 32-column ones, f32 for float types) in a block-major layout (`act`).
-//! Where the CPU has VNNI (AVX-VNNI or AVX512-VNNI), q8_0 with several tokens runs on
-//! `vpdpbusd` (`vnni`), with the same results bit for bit.
+//! Where the CPU has VNNI (AVX-VNNI or AVX512-VNNI), q8_0 is packed for and runs on
+//! `vpdpbusd` (`vnni`, `kernels::q8_vnni`), with the same results bit for bit.
 
 #[cfg(target_arch = "x86_64")]
 mod act;
@@ -53,8 +53,6 @@ mod imp {
     use kt_core::mat::MatMut;
     use kt_core::swiglu::swiglu;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
-
-    use kt_core::ggml::ActKind;
 
     use crate::act::Layout;
     use crate::kernels::{dots, gemv, Packed, Scratch, R};
@@ -109,16 +107,15 @@ mod imp {
         rows: &Range<usize>,
         act: &[u8],
         n: usize,
-        vnni: Option<Vnni>,
         mut emit: impl FnMut(usize, usize, &[[f32; R]], &mut Scratch),
     ) {
         let mut out = vec![[0.0f32; R]; n];
         let mut scratch = Scratch::new();
         for r0 in rows.clone().step_by(R) {
             let nr = R.min(rows.end - r0);
-            // SAFETY: selected only where cpu_support passed (AVX2, FMA, F16C), `vnni` as
+            // SAFETY: selected only where cpu_support passed (AVX2, FMA, F16C), VNNI where
             // detected; act was prepared by quantize_act for this matrix's type with n tokens.
-            unsafe { dots(w, r0, nr, act, n, &mut out, &mut scratch, vnni) };
+            unsafe { dots(w, r0, nr, act, n, &mut out, &mut scratch) };
             emit(r0, nr, &out, &mut scratch);
         }
     }
@@ -155,7 +152,7 @@ mod imp {
 
         fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error> {
             let t = ggml(m.format());
-            let p = Packed::new(t, m.rows(), m.cols(), m.data());
+            let p = Packed::new(t, m.rows(), m.cols(), m.data(), self.vnni());
             Ok(PackedMatrix::new(m.format(), m.rows(), m.cols(), p.data.len(), p))
         }
 
@@ -179,8 +176,7 @@ mod imp {
             let (g, u) = (packed(gate), packed(up));
             let (n, nr) = (h.rows(), rows.len());
             // The activations were prepared for gate's type; up may read another layout.
-            let vnni = self.vnni();
-            let moved = crate::act::relayout(u.t, g.t, act, n, g.cols, vnni.is_some());
+            let moved = crate::act::relayout(u.t, g.t, act, n, g.cols, self.vnni().is_some());
             let up_act: &[u8] = moved.as_deref().map_or(act, bytemuck::cast_slice);
             // Gate and up of the whole task, token-major, then SwiGLU 16 lanes at a time.
             let (mut gs, mut us) = (vec![0.0f32; n * nr], vec![0.0f32; n * nr]);
@@ -192,9 +188,9 @@ mod imp {
                 }
             } else {
                 let mut ut = vec![[0.0f32; R]; n];
-                for_tiles(g, &rows, act, n, vnni, |r0, k, gt, scratch| {
+                for_tiles(g, &rows, act, n, |r0, k, gt, scratch| {
                     // SAFETY: as in for_tiles.
-                    unsafe { dots(u, r0, k, up_act, n, &mut ut, scratch, vnni) };
+                    unsafe { dots(u, r0, k, up_act, n, &mut ut, scratch) };
                     for t in 0..n {
                         let at = t * nr + r0 - rows.start;
                         put(&mut gs[at..], &gt[t], k);
@@ -221,9 +217,8 @@ mod imp {
             }
         }
 
-        fn uses_vnni(&self, format: WeightFormat, tokens: usize) -> bool {
-            let t = ggml(format);
-            self.vnni().is_some() && t.act() == ActKind::Q8_0 && crate::act::layout(t, tokens, true) == Layout::V8
+        fn uses_vnni(&self, format: WeightFormat, _tokens: usize) -> bool {
+            self.vnni().is_some() && crate::act::layout(ggml(format), true) == Layout::V8
         }
 
         fn down(&self, down: &PackedMatrix, rows: Range<usize>, act: &[u8], mut y: MatMut<'_, f32>) {
@@ -234,7 +229,7 @@ mod imp {
                 unsafe { gemv(d, rows.clone(), act, y.row_mut(0)) };
                 return;
             }
-            for_tiles(d, &rows, act, n, self.vnni(), |r0, nr, res, _| {
+            for_tiles(d, &rows, act, n, |r0, nr, res, _| {
                 for (t, r) in res.iter().enumerate() {
                     put(&mut y.row_mut(t)[r0 - rows.start..], r, nr);
                 }
@@ -257,7 +252,7 @@ mod tests {
         }
     }
 
-    /// VNNI where it runs: q8_0 with several tokens, the registered instance, a VNNI CPU.
+    /// VNNI where it runs: q8_0, the registered instance, a VNNI CPU.
     #[test]
     fn uses_vnni_names_the_kernels_that_run_on_it() {
         use kt_core::ggml::GgmlType;
@@ -265,7 +260,7 @@ mod tests {
         let (q8, q4) = (WeightFormat::Ggml(GgmlType::Q8_0), WeightFormat::Ggml(GgmlType::Q4_0));
         let here = crate::vnni::detect().is_some();
         assert_eq!(LLAMAFILE.uses_vnni(q8, 3), here);
-        assert!(!LLAMAFILE.uses_vnni(q8, 1), "one token runs the AVX2 kernel");
+        assert_eq!(LLAMAFILE.uses_vnni(q8, 1), here);
         assert!(!LLAMAFILE.uses_vnni(q4, 3));
         assert!(!LLAMAFILE_AVX2.uses_vnni(q8, 3));
     }
