@@ -21,6 +21,11 @@ fn info_reports_cpu_and_backends() {
     if std::arch::is_x86_feature_detected!("avx2") {
         assert!(out.lines().any(|l| l.starts_with("ISA:") && l.contains("avx2")), "{out}");
     }
+    // Kernels said to run on VNNI only where the CPU has it, and then q8_0's among them.
+    if let Some(l) = out.lines().find(|l| l.contains("on VNNI:")) {
+        assert!(out.lines().any(|l| l.starts_with("ISA:") && l.contains("vnni")), "{out}");
+        assert!(l.contains("q8_0"), "{out}");
+    }
 }
 
 #[test]

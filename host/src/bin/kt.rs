@@ -204,7 +204,20 @@ fn info(pool: &PoolArgs) -> ExitCode {
     for name in &compiled {
         let line = match registered.iter().find(|b| b.name() == *name) {
             Some(b) => match b.cpu_support() {
-                Ok(()) => format!("available (priority {})", b.priority()),
+                Ok(()) => {
+                    // The GGML formats whose kernels run on VNNI here (several tokens an expert).
+                    let on_vnni: Vec<String> = kt_core::ggml::GgmlType::ALL
+                        .iter()
+                        .map(|&t| WeightFormat::Ggml(t))
+                        .filter(|&f| b.uses_vnni(f, 2))
+                        .map(|f| f.to_string())
+                        .collect();
+                    if on_vnni.is_empty() {
+                        format!("available (priority {})", b.priority())
+                    } else {
+                        format!("available (priority {}; on VNNI: {})", b.priority(), on_vnni.join(", "))
+                    }
+                }
                 Err(missing) => format!("unavailable: this CPU lacks {missing}"),
             },
             None => "compiled in, no kernels registered yet".to_string(),
