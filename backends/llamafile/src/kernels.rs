@@ -4,8 +4,9 @@
 //! token: `maddubs` (u8 levels × i8 activations, pairs summed to i16), then to i32 by a
 //! `madd` with the 16-column scales (K-quants, in the lane layout of [`crate::lanes`], several
 //! registers summed in i16 first) or by gathering block sums (32-column types), then f32;
-//! q8_0 on VNNI by `vpdpbusd` ([`q8_vnni`]). Every output is computed in block order by one call, whatever the tile: results do not
-//! depend on how rows are split over tasks.
+//! q8_0 and the unsigned 32-column types on VNNI by `vpdpbusd` ([`on_vnni`]). Every output
+//! is computed in block order by one call, whatever the tile: results do not depend on how
+//! rows are split over tasks.
 
 // Tiles index rows, tokens and blocks of several arrays with one counter; iterators would hide it.
 #![allow(clippy::needless_range_loop)]
@@ -19,7 +20,7 @@ use crate::act::{ActG8, ActK, ActW8};
 use crate::decode::{reg_of, KBlock, Relevel, Q4KU, Q5KU};
 use crate::lanes::{relevel, REGS};
 use crate::legacy::{self, LGroup, Offset};
-use crate::vnni::Vnni;
+use crate::vnni::{self, Vnni};
 
 /// `[e(0), …, e(n - 1)]` (`init` fills first), built by a loop: `core::array::from_fn`'s and
 /// `map`'s closures lack the caller's target features and were compiled out of line, a call per
@@ -62,7 +63,9 @@ pub struct Packed {
     slice_bytes: usize,
     /// Bytes of the next tile to prefetch per slice ([`prefetch_next`]).
     prefetch: usize,
-    /// The VNNI encoding q8_0 was packed for ([`legacy::to_quads`]; `None` for other types).
+    /// The VNNI encoding its kernels use ([`on_vnni`]: q8_0, packed for it by
+    /// [`legacy::to_quads`], and the unsigned 32-column types); `None` for the others.
+    #[cfg_attr(not(vnni_intrinsics), allow(dead_code))] // Always `None` there.
     vnni: Option<Vnni>,
     /// Row-major blocks.
     pub data: Vec<u8>,
@@ -75,7 +78,7 @@ impl Packed {
         let slices = if t.act() == ActKind::Q8_0 { (cols / QK).div_ceil(legacy::G) } else { cols / QK_K };
         let slice_bytes = row_bytes / slices.max(1);
         let prefetch = (R * row_bytes).div_ceil(slices.max(1)).next_multiple_of(64);
-        let vnni = vnni.filter(|_| t == GgmlType::Q8_0);
+        let vnni = vnni.filter(|_| vnni::runs(t));
         let k = |data| Packed { t, rows, cols, row_bytes, slices, slice_bytes, prefetch, vnni, data };
         match t {
             GgmlType::Q2_K => return k(releveled(src, |b: &ggml::BlockQ2K| *b)),
@@ -91,7 +94,7 @@ impl Packed {
         let mut data = vec![0u8; rows * row_bytes];
         for (o, s) in data.chunks_exact_mut(row_bytes.max(1)).zip(src.chunks_exact(t.row_bytes(cols).max(1))) {
             legacy::repack_row(t, s, o);
-            if vnni.is_some() {
+            if vnni.is_some() && t == GgmlType::Q8_0 {
                 legacy::to_quads(o);
             }
         }
@@ -238,6 +241,11 @@ pub unsafe fn dots(
     scratch: &mut Scratch,
 ) {
     debug_assert!((1..=R).contains(&nr) && r0 + nr <= w.rows && n != 1);
+    #[cfg(vnni_intrinsics)]
+    if let Some(v) = w.vnni {
+        // SAFETY: the caller's contract.
+        return unsafe { on_vnni::dots(v, w, r0, nr, act, n, out, scratch) };
+    }
     macro_rules! k {
         ($b:ty) => {{
             let tile = Tile::<ActK>::new(w, r0, nr, act, n);
@@ -252,15 +260,8 @@ pub unsafe fn dots(
     }
     macro_rules! l {
         ($b:ty) => {{
-            let tile = Tile::<ActG8>::new(w, r0, nr, act, n);
             // SAFETY: the caller's contract; act holds [groups][n] ActG8, rows are repacked.
-            unsafe {
-                match n {
-                    ..=4 => legacy::<4, 4, $b>(&tile, out, &mut [[_mm256_setzero_ps(); 4]; R]),
-                    5..=TC => legacy::<TC, { 2 * TC }, $b>(&tile, out, &mut scratch.acc),
-                    _ => legacy::<{ 2 * TC }, { 2 * TC }, $b>(&tile, out, &mut scratch.acc),
-                }
-            }
+            unsafe { legacy_tiles::<$b, Maddubs>(w, r0, nr, act, n, out, scratch) }
         }};
     }
     match w.t {
@@ -281,26 +282,16 @@ pub unsafe fn dots(
         GgmlType::Q4_1 => l!(legacy::Q41),
         GgmlType::Q5_0 => l!(legacy::Q50),
         GgmlType::Q5_1 => l!(legacy::Q51),
-        GgmlType::Q8_0 => match w.vnni {
-            #[cfg(vnni_intrinsics)]
-            Some(v) => {
-                let tile = Tile::<crate::act::ActV8>::new(w, r0, nr, act, n);
-                // SAFETY: the caller's contract; act holds [groups][n] ActV8, rows are in quads.
-                unsafe { q8_vnni::dots(v, &tile, out, &mut scratch.acc) }
-            }
-            #[cfg(not(vnni_intrinsics))]
-            Some(v) => unreachable!("no VNNI kernels in this build, so vnni::detect finds none ({v:?})"),
-            None => {
-                let tile = Tile::<ActW8>::new(w, r0, nr, act, n);
-                // SAFETY: the caller's contract; act holds [groups][n] ActW8, rows are repacked.
-                unsafe {
-                    match n {
-                        ..=TC => wide::<TC, { 2 * TC }>(&tile, out, &mut scratch.w, &mut scratch.acc),
-                        _ => wide::<{ 2 * TC }, { 2 * TC }>(&tile, out, &mut scratch.w, &mut scratch.acc),
-                    }
+        GgmlType::Q8_0 => {
+            let tile = Tile::<ActW8>::new(w, r0, nr, act, n);
+            // SAFETY: the caller's contract; act holds [groups][n] ActW8, rows are repacked.
+            unsafe {
+                match n {
+                    ..=TC => wide::<TC, { 2 * TC }>(&tile, out, &mut scratch.w, &mut scratch.acc),
+                    _ => wide::<{ 2 * TC }, { 2 * TC }>(&tile, out, &mut scratch.w, &mut scratch.acc),
                 }
             }
-        },
+        }
         GgmlType::IQ4_NL => l!(legacy::Iq4Nl),
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
             debug_assert_eq!(w.t.act(), ActKind::F32);
@@ -328,7 +319,7 @@ macro_rules! one_token_tiles {
 
 // After `array!` and `one_token_tiles!`, which it uses.
 #[cfg(vnni_intrinsics)]
-mod q8_vnni;
+mod on_vnni;
 
 /// `out[i] = row rows.start+i · the one token` for the rows `rows` of `w`, `act` prepared for
 /// `w.t` with one token: every tile in one call. A call per tile (type dispatch, tile setup, a
@@ -339,6 +330,11 @@ mod q8_vnni;
 /// AVX2, FMA and F16C must be present; `act` must hold one token prepared by [`crate::act`].
 pub unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
     debug_assert!(rows.end <= w.rows && out.len() >= rows.len());
+    #[cfg(vnni_intrinsics)]
+    if let Some(v) = w.vnni {
+        // SAFETY: the caller's contract.
+        return unsafe { on_vnni::gemv(v, w, rows, act, out) };
+    }
     // SAFETY (every arm): the caller's contract; act holds one token in `w.t`'s layout.
     unsafe {
         match w.t {
@@ -360,13 +356,7 @@ pub unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) 
             GgmlType::Q5_0 => legacy1::<legacy::Q50>(w, rows, act, out),
             GgmlType::Q5_1 => legacy1::<legacy::Q51>(w, rows, act, out),
             GgmlType::IQ4_NL => legacy1::<legacy::Iq4Nl>(w, rows, act, out),
-            GgmlType::Q8_0 => match w.vnni {
-                #[cfg(vnni_intrinsics)]
-                Some(v) => q8_vnni::gemv(v, w, rows, act, out),
-                #[cfg(not(vnni_intrinsics))]
-                Some(v) => unreachable!("no VNNI kernels in this build, so vnni::detect finds none ({v:?})"),
-                None => wide1(w, rows, act, out),
-            },
+            GgmlType::Q8_0 => wide1(w, rows, act, out),
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
                 one_token_tiles!(w, rows, act, out, f32, |tile, res| float(
                     w.t,
@@ -633,9 +623,57 @@ unsafe fn kquant<const TC: usize, B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[
     }
 }
 
-/// 32-column types, repacked ([`crate::legacy`]): per group of 8 blocks, row and token, the 4
-/// pairs' sums gathered into one register of 8 block sums, then one multiply-add with the 8
-/// scale products, into `acc` ([`Acc`]).
+/// The 32-column types for several tokens: [`legacy_with`] in the accumulator tile that fits `n`.
+///
+/// # Safety
+/// As [`dots`]; `P`'s features present (inlined into functions that enable them).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn legacy_tiles<L: LGroup, P: PairSums>(
+    w: &Packed,
+    r0: usize,
+    nr: usize,
+    act: &[u8],
+    n: usize,
+    out: &mut [[f32; R]],
+    scratch: &mut Scratch,
+) {
+    let tile = Tile::<ActG8>::new(w, r0, nr, act, n);
+    // SAFETY: the caller's contract.
+    unsafe {
+        match n {
+            ..=4 => legacy_with::<4, 4, L, P>(&tile, out, &mut [[_mm256_setzero_ps(); 4]; R]),
+            5..=TC => legacy_with::<TC, { 2 * TC }, L, P>(&tile, out, &mut scratch.acc),
+            _ => legacy_with::<{ 2 * TC }, { 2 * TC }, L, P>(&tile, out, &mut scratch.acc),
+        }
+    }
+}
+
+/// How the 32-column kernel sums the products of a pair of blocks with unsigned levels
+/// (`lo`, `hi`: columns 0..16 and 16..32 of both) and their activations (`aa`, `ab`).
+trait PairSums {
+    /// The sums come out in i32 lanes (4 columns each), else in i16 (column pairs).
+    const I32: bool;
+    /// The sums.
+    ///
+    /// # Safety
+    /// The implementation's features must be present (inlined into kernels that enable them).
+    unsafe fn sums(lo: __m256i, aa: __m256i, hi: __m256i, ab: __m256i) -> __m256i;
+}
+
+/// AVX2: `maddubs` on each half, the halves added in i16 (levels ≤ 31: no overflow).
+struct Maddubs;
+
+impl PairSums for Maddubs {
+    const I32: bool = false;
+    #[inline(always)]
+    unsafe fn sums(lo: __m256i, aa: __m256i, hi: __m256i, ab: __m256i) -> __m256i {
+        // SAFETY: AVX2 by the caller's contract.
+        unsafe { _mm256_add_epi16(_mm256_maddubs_epi16(lo, aa), _mm256_maddubs_epi16(hi, ab)) }
+    }
+}
+
+/// [`legacy_with`] on AVX2.
 /// (Inlined into [`legacy1`], whose features are the same.)
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
@@ -644,72 +682,98 @@ unsafe fn legacy<const TC: usize, const A: usize, L: LGroup>(
     out: &mut [[f32; R]],
     acc: &mut [[__m256; A]; R],
 ) {
-    let (n, ng, ones) = (tile.n, tile.nb, _mm256_set1_epi16(1));
-    for (t0, tn) in token_tiles::<TC>(n) {
-        for g in 0..ng {
-            // `A` = 1 (one token): the caller's zeroed registers, added to; else group 0 sets them.
-            let first = A > 1 && g == 0;
-            // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
-            // inside the groups and the activation blocks.
-            let (grp, dw) = unsafe { open_group(tile, t0, g) };
-            let mw = array!(_mm256_setzero_ps(); R, |i| match L::OFFSET {
-                Offset::Zero => _mm256_setzero_ps(),
-                Offset::OfD(k) => _mm256_mul_ps(dw[i], _mm256_set1_ps(k)),
-                Offset::Stored => unsafe { legacy::scales(grp[i], 2 * legacy::G) },
-            });
-            // With several tokens, unsigned levels (nibbles, fifth bits) are decoded once for all
-            // of them; signed ones (iq4_nl: levels and their magnitudes) cost more registers
-            // than they save, so they, and everything for one token, are decoded where used.
-            let hoist = TC > 1 && !L::SIGNED;
-            let mut lv = [[(_mm256_setzero_si256(), _mm256_setzero_si256()); 4]; R];
-            if hoist {
-                for i in 0..R {
-                    for p in 0..4 {
-                        lv[i][p] = unsafe { L::pair(grp[i], p) };
-                    }
-                }
-            }
-            for t in 0..tn {
-                let a = &tile.act[g * n + t0 + t];
-                let (da, sa) = unsafe { (_mm256_loadu_ps(a.d.as_ptr()), _mm256_loadu_ps(a.s.as_ptr())) };
-                let sc = array!(_mm256_setzero_ps(); R, |i| _mm256_mul_ps(dw[i], da));
-                let offset = L::OFFSET != Offset::Zero;
-                if offset {
+    // SAFETY: this function's features; the caller's contract.
+    unsafe { legacy_with::<TC, A, L, Maddubs>(tile, out, acc) }
+}
+
+/// 32-column types, repacked ([`crate::legacy`]): per group of 8 blocks, row and token, the 4
+/// pairs' sums (`P`; signed levels always by `maddubs` and the sign trick) gathered into one
+/// register of 8 block sums, then one multiply-add with the 8 scale products, into `acc`
+/// ([`Acc`]). The block sums are exact integers whichever `P`: the results do not depend on it.
+///
+/// # Safety
+/// AVX2, FMA, F16C and `P`'s features must be present (inlined into functions that enable
+/// them); the tile's activations are `ActG8` for its type.
+#[inline(always)]
+#[allow(unused_unsafe)] // It runs inlined: one block for the intrinsics, the inner ones for their notes.
+unsafe fn legacy_with<const TC: usize, const A: usize, L: LGroup, P: PairSums>(
+    tile: &Tile<'_, ActG8>,
+    out: &mut [[f32; R]],
+    acc: &mut [[__m256; A]; R],
+) {
+    // SAFETY (whole body, its inner blocks noting what each relies on): AVX2, FMA, F16C and
+    // `P`'s features by the caller's contract; loads stay inside the groups and the activation
+    // blocks.
+    unsafe {
+        let (n, ng, ones) = (tile.n, tile.nb, _mm256_set1_epi16(1));
+        for (t0, tn) in token_tiles::<TC>(n) {
+            for g in 0..ng {
+                // `A` = 1 (one token): the caller's zeroed registers, added to; else group 0 sets them.
+                let first = A > 1 && g == 0;
+                // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
+                // inside the groups and the activation blocks.
+                let (grp, dw) = unsafe { open_group(tile, t0, g) };
+                let mw = array!(_mm256_setzero_ps(); R, |i| match L::OFFSET {
+                    Offset::Zero => _mm256_setzero_ps(),
+                    Offset::OfD(k) => _mm256_mul_ps(dw[i], _mm256_set1_ps(k)),
+                    Offset::Stored => unsafe { legacy::scales(grp[i], 2 * legacy::G) },
+                });
+                // With several tokens, unsigned levels (nibbles, fifth bits) are decoded once for all
+                // of them; signed ones (iq4_nl: levels and their magnitudes) cost more registers
+                // than they save, so they, and everything for one token, are decoded where used.
+                let hoist = TC > 1 && !L::SIGNED;
+                let mut lv = [[(_mm256_setzero_si256(), _mm256_setzero_si256()); 4]; R];
+                if hoist {
                     for i in 0..R {
-                        acc[i][t] = add_product(first, mw[i], sa, acc[i][t]);
+                        for p in 0..4 {
+                            lv[i][p] = unsafe { L::pair(grp[i], p) };
+                        }
                     }
                 }
-                for i in 0..R {
-                    let mut parts = [_mm256_setzero_si256(); 4];
-                    for p in 0..4 {
-                        let (aa, ab) = unsafe { (ld(&a.qs[64 * p..]), ld(&a.qs[64 * p + 32..])) };
-                        let (lo, hi) = if hoist { lv[i][p] } else { unsafe { L::pair(grp[i], p) } };
-                        parts[p] = if L::SIGNED {
-                            let pa = unsafe { pair_sums(true, lo, aa) };
-                            let pb = unsafe { pair_sums(true, hi, ab) };
-                            _mm256_add_epi32(_mm256_madd_epi16(pa, ones), _mm256_madd_epi16(pb, ones))
-                        } else {
-                            // Levels ≤ 31: two pair sums fit in i16 together.
-                            let s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo, aa), _mm256_maddubs_epi16(hi, ab));
-                            if L::FOUR_BIT {
-                                s16
+                for t in 0..tn {
+                    let a = &tile.act[g * n + t0 + t];
+                    let (da, sa) = unsafe { (_mm256_loadu_ps(a.d.as_ptr()), _mm256_loadu_ps(a.s.as_ptr())) };
+                    let sc = array!(_mm256_setzero_ps(); R, |i| _mm256_mul_ps(dw[i], da));
+                    let offset = L::OFFSET != Offset::Zero;
+                    if offset {
+                        for i in 0..R {
+                            acc[i][t] = add_product(first, mw[i], sa, acc[i][t]);
+                        }
+                    }
+                    for i in 0..R {
+                        let mut parts = [_mm256_setzero_si256(); 4];
+                        for p in 0..4 {
+                            let (aa, ab) = unsafe { (ld(&a.qs[64 * p..]), ld(&a.qs[64 * p + 32..])) };
+                            let (lo, hi) = if hoist { lv[i][p] } else { unsafe { L::pair(grp[i], p) } };
+                            parts[p] = if L::SIGNED {
+                                let pa = unsafe { pair_sums(true, lo, aa) };
+                                let pb = unsafe { pair_sums(true, hi, ab) };
+                                _mm256_add_epi32(_mm256_madd_epi16(pa, ones), _mm256_madd_epi16(pb, ones))
+                            } else if P::I32 {
+                                unsafe { P::sums(lo, aa, hi, ab) }
                             } else {
-                                _mm256_madd_epi16(s16, ones)
+                                // Levels ≤ 31: two pair sums fit in i16 together.
+                                let s16 = unsafe { P::sums(lo, aa, hi, ab) };
+                                if L::FOUR_BIT {
+                                    s16
+                                } else {
+                                    _mm256_madd_epi16(s16, ones)
+                                }
+                            };
+                        }
+                        let v = unsafe {
+                            if L::FOUR_BIT && !P::I32 {
+                                legacy::block_sums16(parts)
+                            } else {
+                                legacy::block_sums(parts)
                             }
                         };
+                        acc[i][t] = add_product(first && !offset, _mm256_cvtepi32_ps(v), sc[i], acc[i][t]);
                     }
-                    let v = unsafe {
-                        if L::FOUR_BIT {
-                            legacy::block_sums16(parts)
-                        } else {
-                            legacy::block_sums(parts)
-                        }
-                    };
-                    acc[i][t] = add_product(first && !offset, _mm256_cvtepi32_ps(v), sc[i], acc[i][t]);
                 }
             }
+            unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
         }
-        unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
     }
 }
 

@@ -9,8 +9,8 @@
 //! lattice types as stored, put in that layout as they are decoded);
 //! activations are quantized per token to the type's `vec_dot_type` (Q8_K for 256-column types,
 //! Q8_0 with sums for 32-column ones, f32 for float types) in a block-major layout (`act`).
-//! Where the CPU has VNNI (AVX-VNNI or AVX512-VNNI), q8_0 is packed for and runs on
-//! `vpdpbusd` (`vnni`, `kernels::q8_vnni`), with the same results bit for bit.
+//! Where the CPU has VNNI (AVX-VNNI or AVX512-VNNI), q8_0 (packed for it) and q4_0, q4_1,
+//! q5_0, q5_1 run on `vpdpbusd` (`vnni`, `kernels::on_vnni`), with the same results bit for bit.
 
 #[cfg(target_arch = "x86_64")]
 mod act;
@@ -54,7 +54,6 @@ mod imp {
     use kt_core::swiglu::swiglu;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
 
-    use crate::act::Layout;
     use crate::kernels::{dots, gemv, Packed, Scratch, R};
     use crate::vnni::{self, Vnni};
 
@@ -218,7 +217,7 @@ mod imp {
         }
 
         fn uses_vnni(&self, format: WeightFormat, _tokens: usize) -> bool {
-            self.vnni().is_some() && crate::act::layout(ggml(format), true) == Layout::V8
+            self.vnni().is_some() && vnni::runs(ggml(format))
         }
 
         fn down(&self, down: &PackedMatrix, rows: Range<usize>, act: &[u8], mut y: MatMut<'_, f32>) {
@@ -252,7 +251,8 @@ mod tests {
         }
     }
 
-    /// VNNI where it runs: q8_0, the registered instance, a VNNI CPU.
+    /// VNNI where it runs: q8_0 and the unsigned 32-column types, the registered instance, a
+    /// VNNI CPU.
     #[test]
     fn uses_vnni_names_the_kernels_that_run_on_it() {
         use kt_core::ggml::GgmlType;
@@ -261,7 +261,9 @@ mod tests {
         let here = crate::vnni::detect().is_some();
         assert_eq!(LLAMAFILE.uses_vnni(q8, 3), here);
         assert_eq!(LLAMAFILE.uses_vnni(q8, 1), here);
-        assert!(!LLAMAFILE.uses_vnni(q4, 3));
+        assert_eq!(LLAMAFILE.uses_vnni(q4, 3), here);
+        assert!(!LLAMAFILE.uses_vnni(WeightFormat::Ggml(GgmlType::IQ4_NL), 3));
+        assert!(!LLAMAFILE.uses_vnni(WeightFormat::Ggml(GgmlType::Q4_K), 3));
         assert!(!LLAMAFILE_AVX2.uses_vnni(q8, 3));
     }
 

@@ -9,6 +9,8 @@
 use core::arch::x86_64::*;
 use std::sync::OnceLock;
 
+use kt_core::ggml::GgmlType;
+
 /// The encoding a kernel is built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Vnni {
@@ -32,6 +34,12 @@ pub fn detect() -> Option<Vnni> {
             None
         }
     })
+}
+
+/// Whether `t` has VNNI kernels: q8_0 and the 32-column types with unsigned levels (the
+/// signed iq4_nl keeps AVX2's sign trick).
+pub fn runs(t: GgmlType) -> bool {
+    matches!(t, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1)
 }
 
 /// `vpdpbusd` in one encoding.

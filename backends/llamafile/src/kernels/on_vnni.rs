@@ -1,0 +1,251 @@
+//! Kernels on VNNI ([`crate::vnni`]). q8_0: weights packed with their levels + 128 in 4-column
+//! lanes ([`legacy::to_quads`]), activations in the same order ([`ActV8`]), 8 `vpdpbusd` a
+//! row, token and group, `NT` tokens at a time. q4_0, q4_1, q5_0, q5_1: the 32-column kernel
+//! as on AVX2, each pair of blocks summed by two `vpdpbusd` (levels are unsigned already)
+//! where `maddubs` took two `vpmaddubsw` and an add, then a fold of i16 sums. Built from rustc
+//! 1.89 only (`build.rs`).
+
+// Tiles index rows, tokens and blocks of several arrays with one counter; iterators would hide it.
+#![allow(clippy::needless_range_loop)]
+#![allow(clippy::incompatible_msrv)]
+
+use core::arch::x86_64::*;
+use core::marker::PhantomData;
+use core::ops::Range;
+
+use kt_core::ggml::{GgmlType, QK};
+
+use super::{
+    add_product, ld, legacy_tiles, legacy_with, open_group, token_tiles, write_out, Packed, PairSums, Scratch, Tile, R,
+    TC,
+};
+use crate::act::{ActG8, ActV8};
+use crate::legacy;
+use crate::vnni::{self, Dp, Vnni};
+
+/// `NT` tokens' dots with one group of each row (`grp`), added to `acc[i][t..t + NT]`: 8
+/// `vpdpbusd` a row and token give the 8 blocks' sums in their lanes, started from the
+/// activations' `-128·Σq` so that they are exactly the sums of the levels as GGUF stores them.
+#[inline(always)]
+unsafe fn vnni_tokens<D: Dp, const NT: usize, const A: usize>(
+    grp: &[&[u8]; R],
+    act: &[ActV8],
+    dw: &[__m256; R],
+    acc: &mut [[__m256; A]; R],
+    t: usize,
+    first: bool,
+) {
+    // SAFETY (whole function): AVX2/FMA and `D`'s features by the callers' contract; loads
+    // stay inside the groups (8 registers of levels after the 16 bytes of scales) and the
+    // activation blocks.
+    unsafe {
+        let mut s = [[_mm256_setzero_si256(); NT]; R];
+        for k in 0..NT {
+            let neg = ld(&act[k].neg);
+            for i in 0..R {
+                s[i][k] = neg;
+            }
+        }
+        for j in 0..QK / 4 {
+            let a = array!(_mm256_setzero_si256(); NT, |k| ld(&act[k].qs[32 * j..]));
+            for i in 0..R {
+                let w = ld(&grp[i][2 * legacy::G + 32 * j..]);
+                for k in 0..NT {
+                    s[i][k] = D::dp(s[i][k], w, a[k]);
+                }
+            }
+        }
+        for k in 0..NT {
+            let da = _mm256_loadu_ps(act[k].d.as_ptr());
+            for i in 0..R {
+                let sc = _mm256_mul_ps(dw[i], da);
+                acc[i][t + k] = add_product(first, _mm256_cvtepi32_ps(s[i][k]), sc, acc[i][t + k]);
+            }
+        }
+    }
+}
+
+/// One tile: `NT` tokens at a time share each register of a group's rows, the rest one at a
+/// time. The block sums are the integers [`super::wide`] finds, and what follows is the same:
+/// the results are bit for bit those of the AVX2 kernels. `TC`, `A`: as [`super::wide`]'s.
+#[inline(always)]
+unsafe fn vnni_q8<D: Dp, const NT: usize, const TC: usize, const A: usize>(
+    tile: &Tile<'_, ActV8>,
+    out: &mut [[f32; R]],
+    acc: &mut [[__m256; A]; R],
+) {
+    let (n, ng) = (tile.n, tile.nb);
+    for (t0, tn) in token_tiles::<TC>(n) {
+        for g in 0..ng {
+            // `A` = 1 (one token): the caller's zeroed registers, added to; else group 0 sets them.
+            let first = A > 1 && g == 0;
+            // SAFETY (whole loop): AVX2/FMA/F16C and `D`'s features by the callers' contract;
+            // loads stay inside the groups and the activation blocks.
+            let (grp, dw) = unsafe { open_group(tile, t0, g) };
+            let act = &tile.act[g * n + t0..g * n + t0 + tn];
+            let mut t = 0;
+            while t + NT <= tn {
+                unsafe { vnni_tokens::<D, NT, A>(&grp, &act[t..], &dw, acc, t, first) };
+                t += NT;
+            }
+            while t < tn {
+                unsafe { vnni_tokens::<D, 1, A>(&grp, &act[t..], &dw, acc, t, first) };
+                t += 1;
+            }
+        }
+        unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
+    }
+}
+
+/// `vpdpbusd` for the 32-column kernel: both halves of a pair into i32 lanes of 4 columns.
+struct Dpbusd<D>(PhantomData<D>);
+
+impl<D: Dp> PairSums for Dpbusd<D> {
+    const I32: bool = true;
+    #[inline(always)]
+    unsafe fn sums(lo: __m256i, aa: __m256i, hi: __m256i, ab: __m256i) -> __m256i {
+        // SAFETY: `D`'s features by the caller's contract.
+        unsafe { D::dp(D::dp(_mm256_setzero_si256(), lo, aa), hi, ab) }
+    }
+}
+
+/// [`super::dots`] for a matrix packed for VNNI encoding `v`.
+///
+/// # Safety
+/// As [`super::dots`].
+#[allow(clippy::too_many_arguments)]
+pub(super) unsafe fn dots(
+    v: Vnni,
+    w: &Packed,
+    r0: usize,
+    nr: usize,
+    act: &[u8],
+    n: usize,
+    out: &mut [[f32; R]],
+    scratch: &mut Scratch,
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match v {
+            Vnni::Evex => dots_evex(w, r0, nr, act, n, out, scratch),
+            Vnni::Vex => dots_vex(w, r0, nr, act, n, out, scratch),
+        }
+    }
+}
+
+/// Each type's kernel in encoding `D`, `NT` q8_0 tokens at a time.
+///
+/// # Safety
+/// As [`super::dots`], `D`'s features present (inlined into functions that enable them).
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dots_in<D: Dp, const NT: usize>(
+    w: &Packed,
+    r0: usize,
+    nr: usize,
+    act: &[u8],
+    n: usize,
+    out: &mut [[f32; R]],
+    scratch: &mut Scratch,
+) {
+    // SAFETY (every arm): the caller's contract; act was prepared for this type on VNNI.
+    unsafe {
+        match w.t {
+            GgmlType::Q8_0 => {
+                let tile = Tile::<ActV8>::new(w, r0, nr, act, n);
+                vnni_q8::<D, NT, { 2 * TC }, { 2 * TC }>(&tile, out, &mut scratch.acc)
+            }
+            GgmlType::Q4_0 => legacy_tiles::<legacy::Q40, Dpbusd<D>>(w, r0, nr, act, n, out, scratch),
+            GgmlType::Q4_1 => legacy_tiles::<legacy::Q41, Dpbusd<D>>(w, r0, nr, act, n, out, scratch),
+            GgmlType::Q5_0 => legacy_tiles::<legacy::Q50, Dpbusd<D>>(w, r0, nr, act, n, out, scratch),
+            GgmlType::Q5_1 => legacy_tiles::<legacy::Q51, Dpbusd<D>>(w, r0, nr, act, n, out, scratch),
+            t => unreachable!("{t} has no VNNI kernel (vnni::runs)"),
+        }
+    }
+}
+
+/// [`dots_in`] with AVX512-VNNI (EVEX: 32 registers, 6 q8_0 tokens at a time).
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dots_evex(
+    w: &Packed,
+    r0: usize,
+    nr: usize,
+    act: &[u8],
+    n: usize,
+    out: &mut [[f32; R]],
+    scratch: &mut Scratch,
+) {
+    // SAFETY: this function's features; the caller's contract.
+    unsafe { dots_in::<vnni::Evex, 6>(w, r0, nr, act, n, out, scratch) }
+}
+
+/// [`dots_in`] with AVX-VNNI (VEX: 16 registers, 2 q8_0 tokens at a time).
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+#[allow(clippy::too_many_arguments)]
+unsafe fn dots_vex(
+    w: &Packed,
+    r0: usize,
+    nr: usize,
+    act: &[u8],
+    n: usize,
+    out: &mut [[f32; R]],
+    scratch: &mut Scratch,
+) {
+    // SAFETY: this function's features; the caller's contract.
+    unsafe { dots_in::<vnni::Vex, 2>(w, r0, nr, act, n, out, scratch) }
+}
+
+/// [`super::gemv`] for a matrix packed for VNNI encoding `v`.
+///
+/// # Safety
+/// As [`super::gemv`].
+pub(super) unsafe fn gemv(v: Vnni, w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match v {
+            Vnni::Evex => gemv_evex(w, rows, act, out),
+            Vnni::Vex => gemv_vex(w, rows, act, out),
+        }
+    }
+}
+
+/// Each type's one-token kernel in encoding `D`.
+///
+/// # Safety
+/// As [`super::gemv`], `D`'s features present (inlined into functions that enable them).
+#[inline(always)]
+unsafe fn gemv_in<D: Dp>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
+    macro_rules! l {
+        ($b:ty) => {
+            one_token_tiles!(w, rows, act, out, ActG8, |tile, res| unsafe {
+                legacy_with::<1, 1, $b, Dpbusd<D>>(&tile, &mut res, &mut [[_mm256_setzero_ps(); 1]; R])
+            })
+        };
+    }
+    // SAFETY (every arm): the caller's contract; act was prepared for this type on VNNI.
+    match w.t {
+        GgmlType::Q8_0 => one_token_tiles!(w, rows, act, out, ActV8, |tile, res| unsafe {
+            vnni_q8::<D, 1, 1, 1>(&tile, &mut res, &mut [[_mm256_setzero_ps(); 1]; R])
+        }),
+        GgmlType::Q4_0 => l!(legacy::Q40),
+        GgmlType::Q4_1 => l!(legacy::Q41),
+        GgmlType::Q5_0 => l!(legacy::Q50),
+        GgmlType::Q5_1 => l!(legacy::Q51),
+        t => unreachable!("{t} has no VNNI kernel (vnni::runs)"),
+    }
+}
+
+/// [`gemv_in`] with AVX512-VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+unsafe fn gemv_evex(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
+    // SAFETY: this function's features; the caller's contract.
+    unsafe { gemv_in::<vnni::Evex>(w, rows, act, out) }
+}
+
+/// [`gemv_in`] with AVX-VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avxvnni")]
+unsafe fn gemv_vex(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
+    // SAFETY: this function's features; the caller's contract.
+    unsafe { gemv_in::<vnni::Vex>(w, rows, act, out) }
+}
