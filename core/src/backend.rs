@@ -94,9 +94,9 @@ pub trait Backend: Send + Sync + Debug {
     /// `y[t][r - rows.start] = down row r · activation row t`, in f32.
     fn down(&self, down: &PackedMatrix, rows: Range<usize>, act: &[u8], y: MatMut<'_, f32>);
 
-    /// Whether the int8 dot kernels for `format` with `tokens` tokens an expert run on VNNI's
-    /// `vpdpbusd` on this CPU: a benchmark then sets them against the VNNI peak, not the AVX2 one.
-    fn uses_vnni(&self, _format: WeightFormat, _tokens: usize) -> bool {
+    /// Whether the int8 dot kernels for `format` run on VNNI's `vpdpbusd` on this CPU: a
+    /// benchmark then sets them against the VNNI peak, not the AVX2 one.
+    fn uses_vnni(&self, _format: WeightFormat) -> bool {
         false
     }
 }

@@ -216,7 +216,7 @@ mod imp {
             }
         }
 
-        fn uses_vnni(&self, format: WeightFormat, _tokens: usize) -> bool {
+        fn uses_vnni(&self, format: WeightFormat) -> bool {
             self.vnni().is_some() && vnni::runs(ggml(format))
         }
 
@@ -259,12 +259,11 @@ mod tests {
         use kt_core::{Backend, WeightFormat};
         let (q8, q4) = (WeightFormat::Ggml(GgmlType::Q8_0), WeightFormat::Ggml(GgmlType::Q4_0));
         let here = crate::vnni::detect().is_some();
-        assert_eq!(LLAMAFILE.uses_vnni(q8, 3), here);
-        assert_eq!(LLAMAFILE.uses_vnni(q8, 1), here);
-        assert_eq!(LLAMAFILE.uses_vnni(q4, 3), here);
-        assert!(!LLAMAFILE.uses_vnni(WeightFormat::Ggml(GgmlType::IQ4_NL), 3));
-        assert!(!LLAMAFILE.uses_vnni(WeightFormat::Ggml(GgmlType::Q4_K), 3));
-        assert!(!LLAMAFILE_AVX2.uses_vnni(q8, 3));
+        assert_eq!(LLAMAFILE.uses_vnni(q8), here);
+        assert_eq!(LLAMAFILE.uses_vnni(q4), here);
+        assert!(!LLAMAFILE.uses_vnni(WeightFormat::Ggml(GgmlType::IQ4_NL)));
+        assert!(!LLAMAFILE.uses_vnni(WeightFormat::Ggml(GgmlType::Q4_K)));
+        assert!(!LLAMAFILE_AVX2.uses_vnni(q8));
     }
 
     #[test]

@@ -395,13 +395,10 @@ fn run_case(
     let (h, k) = (cfg.hidden, cfg.top_k);
     let input = synth::input(n, h, spec.seed ^ 0xA11CE);
     let routings = synth::routings(n, k, cfg.experts, spec.seed);
-    let seen = |ids: &[i64]| {
+    let touched = |l: &MoeLayer, ids: &[i64]| -> u64 {
         let mut seen = vec![false; cfg.experts];
         ids.iter().for_each(|&e| seen[e as usize] = true);
-        seen
-    };
-    let touched = |l: &MoeLayer, ids: &[i64]| -> u64 {
-        seen(ids).iter().enumerate().filter(|(_, &s)| s).map(|(e, _)| l.expert_bytes(e) as u64).sum()
+        seen.iter().enumerate().filter(|(_, &s)| s).map(|(e, _)| l.expert_bytes(e) as u64).sum()
     };
     let mut out = vec![bf16::ZERO; n * h];
     // Warm-up grows the workspace; then time reps rotating layers and, once every layer has
@@ -438,11 +435,7 @@ fn run_case(
         preset: spec.preset.clone(),
         method: layers[0].format(),
         backend: layers[0].backend().name(),
-        // An active expert's tokens, on average, say which kernels ran.
-        vnni: {
-            let active = seen(&routings[0].0).iter().filter(|&&s| s).count();
-            layers[0].backend().uses_vnni(layers[0].format().gate, (n * k).div_ceil(active.max(1)))
-        },
+        vnni: layers[0].backend().uses_vnni(layers[0].format().gate),
         threads: spec.threads,
         tokens: n,
         ms_best: best.0 * 1e3,

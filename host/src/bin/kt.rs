@@ -205,11 +205,11 @@ fn info(pool: &PoolArgs) -> ExitCode {
         let line = match registered.iter().find(|b| b.name() == *name) {
             Some(b) => match b.cpu_support() {
                 Ok(()) => {
-                    // The GGML formats whose kernels run on VNNI here (several tokens an expert).
+                    // The GGML formats whose kernels run on VNNI here.
                     let on_vnni: Vec<String> = kt_core::ggml::GgmlType::ALL
                         .iter()
                         .map(|&t| WeightFormat::Ggml(t))
-                        .filter(|&f| b.uses_vnni(f, 2))
+                        .filter(|&f| b.uses_vnni(f))
                         .map(|f| f.to_string())
                         .collect();
                     if on_vnni.is_empty() {
