@@ -188,6 +188,8 @@ impl Scratch {
 /// call waited for the previous one's result stores (scattered over rows of `y`) to drain;
 /// `perf` put a tenth of a q8_0 prefill's kernel samples on that copy.
 struct Tile<'a, A> {
+    /// The matrix's type.
+    t: GgmlType,
     /// Rows `r0..r0 + nr`.
     data: &'a [u8],
     row_bytes: usize,
@@ -206,7 +208,13 @@ impl<'a, A: bytemuck::Pod> Tile<'a, A> {
     fn new(w: &'a Packed, r0: usize, nr: usize, act: &'a [u8], n: usize) -> Self {
         let (nb, slice_bytes, prefetch, row_bytes) = (w.slices, w.slice_bytes, w.prefetch, w.row_bytes);
         let data = &w.data[r0 * row_bytes..(r0 + nr) * row_bytes];
-        Tile { data, row_bytes, nr, nb, act: bytemuck::cast_slice(act), n, slice_bytes, prefetch }
+        Tile { t: w.t, data, row_bytes, nr, nb, act: bytemuck::cast_slice(act), n, slice_bytes, prefetch }
+    }
+
+    /// The same tile with its activations read as `B` (the layout its type's kernel reads).
+    fn cast<B: bytemuck::Pod>(&self) -> Tile<'a, B> {
+        let Tile { t, data, row_bytes, nr, nb, act, n, slice_bytes, prefetch } = *self;
+        Tile { t, data, row_bytes, nr, nb, act: bytemuck::cast_slice(act), n, slice_bytes, prefetch }
     }
 }
 
@@ -241,14 +249,16 @@ pub unsafe fn dots(
     scratch: &mut Scratch,
 ) {
     debug_assert!((1..=R).contains(&nr) && r0 + nr <= w.rows && n != 1);
+    // The activations as bytes; each kernel reads them in its type's layout (`cast`).
+    let raw = Tile::<u8>::new(w, r0, nr, act, n);
     #[cfg(vnni_intrinsics)]
     if let Some(v) = w.vnni {
         // SAFETY: the caller's contract.
-        return unsafe { on_vnni::dots(v, w, r0, nr, act, n, out, scratch) };
+        return unsafe { on_vnni::dots(v, &raw, out, scratch) };
     }
     macro_rules! k {
         ($b:ty) => {{
-            let tile = Tile::<ActK>::new(w, r0, nr, act, n);
+            let tile = raw.cast::<ActK>();
             // SAFETY: the caller's contract; act holds [blocks][n] ActK.
             unsafe {
                 match n {
@@ -261,7 +271,7 @@ pub unsafe fn dots(
     macro_rules! l {
         ($b:ty) => {{
             // SAFETY: the caller's contract; act holds [groups][n] ActG8, rows are repacked.
-            unsafe { legacy_tiles::<$b, Maddubs>(w, r0, nr, act, n, out, scratch) }
+            unsafe { legacy_tiles::<$b, Maddubs>(&raw, out, scratch) }
         }};
     }
     match w.t {
@@ -283,7 +293,7 @@ pub unsafe fn dots(
         GgmlType::Q5_0 => l!(legacy::Q50),
         GgmlType::Q5_1 => l!(legacy::Q51),
         GgmlType::Q8_0 => {
-            let tile = Tile::<ActW8>::new(w, r0, nr, act, n);
+            let tile = raw.cast::<ActW8>();
             // SAFETY: the caller's contract; act holds [groups][n] ActW8, rows are repacked.
             unsafe {
                 match n {
@@ -296,7 +306,7 @@ pub unsafe fn dots(
         GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
             debug_assert_eq!(w.t.act(), ActKind::F32);
             // SAFETY: the caller's contract; act holds [n][cols] f32.
-            let tile = Tile::<f32>::new(w, r0, nr, act, n);
+            let tile = raw.cast::<f32>();
             unsafe { float(w.t, tile.rows(), nr, w.cols, tile.act, n, out) }
         }
     }
@@ -628,20 +638,11 @@ unsafe fn kquant<const TC: usize, B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[
 /// # Safety
 /// As [`dots`]; `P`'s features present (inlined into functions that enable them).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn legacy_tiles<L: LGroup, P: PairSums>(
-    w: &Packed,
-    r0: usize,
-    nr: usize,
-    act: &[u8],
-    n: usize,
-    out: &mut [[f32; R]],
-    scratch: &mut Scratch,
-) {
-    let tile = Tile::<ActG8>::new(w, r0, nr, act, n);
+unsafe fn legacy_tiles<L: LGroup, P: PairSums>(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
+    let tile = raw.cast::<ActG8>();
     // SAFETY: the caller's contract.
     unsafe {
-        match n {
+        match tile.n {
             ..=4 => legacy_with::<4, 4, L, P>(&tile, out, &mut [[_mm256_setzero_ps(); 4]; R]),
             5..=TC => legacy_with::<TC, { 2 * TC }, L, P>(&tile, out, &mut scratch.acc),
             _ => legacy_with::<{ 2 * TC }, { 2 * TC }, L, P>(&tile, out, &mut scratch.acc),

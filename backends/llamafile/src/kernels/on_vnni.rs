@@ -113,22 +113,12 @@ impl<D: Dp> PairSums for Dpbusd<D> {
 ///
 /// # Safety
 /// As [`super::dots`].
-#[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn dots(
-    v: Vnni,
-    w: &Packed,
-    r0: usize,
-    nr: usize,
-    act: &[u8],
-    n: usize,
-    out: &mut [[f32; R]],
-    scratch: &mut Scratch,
-) {
+pub(super) unsafe fn dots(v: Vnni, raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
     // SAFETY: the caller's contract.
     unsafe {
         match v {
-            Vnni::Evex => dots_evex(w, r0, nr, act, n, out, scratch),
-            Vnni::Vex => dots_vex(w, r0, nr, act, n, out, scratch),
+            Vnni::Evex => dots_evex(raw, out, scratch),
+            Vnni::Vex => dots_vex(raw, out, scratch),
         }
     }
 }
@@ -138,27 +128,15 @@ pub(super) unsafe fn dots(
 /// # Safety
 /// As [`super::dots`], `D`'s features present (inlined into functions that enable them).
 #[inline(always)]
-#[allow(clippy::too_many_arguments)]
-unsafe fn dots_in<D: Dp, const NT: usize>(
-    w: &Packed,
-    r0: usize,
-    nr: usize,
-    act: &[u8],
-    n: usize,
-    out: &mut [[f32; R]],
-    scratch: &mut Scratch,
-) {
+unsafe fn dots_in<D: Dp, const NT: usize>(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
     // SAFETY (every arm): the caller's contract; act was prepared for this type on VNNI.
     unsafe {
-        match w.t {
-            GgmlType::Q8_0 => {
-                let tile = Tile::<ActV8>::new(w, r0, nr, act, n);
-                vnni_q8::<D, NT, { 2 * TC }, { 2 * TC }>(&tile, out, &mut scratch.acc)
-            }
-            GgmlType::Q4_0 => legacy_tiles::<legacy::Q40, Dpbusd<D>>(w, r0, nr, act, n, out, scratch),
-            GgmlType::Q4_1 => legacy_tiles::<legacy::Q41, Dpbusd<D>>(w, r0, nr, act, n, out, scratch),
-            GgmlType::Q5_0 => legacy_tiles::<legacy::Q50, Dpbusd<D>>(w, r0, nr, act, n, out, scratch),
-            GgmlType::Q5_1 => legacy_tiles::<legacy::Q51, Dpbusd<D>>(w, r0, nr, act, n, out, scratch),
+        match raw.t {
+            GgmlType::Q8_0 => vnni_q8::<D, NT, { 2 * TC }, { 2 * TC }>(&raw.cast(), out, &mut scratch.acc),
+            GgmlType::Q4_0 => legacy_tiles::<legacy::Q40, Dpbusd<D>>(raw, out, scratch),
+            GgmlType::Q4_1 => legacy_tiles::<legacy::Q41, Dpbusd<D>>(raw, out, scratch),
+            GgmlType::Q5_0 => legacy_tiles::<legacy::Q50, Dpbusd<D>>(raw, out, scratch),
+            GgmlType::Q5_1 => legacy_tiles::<legacy::Q51, Dpbusd<D>>(raw, out, scratch),
             t => unreachable!("{t} has no VNNI kernel (vnni::runs)"),
         }
     }
@@ -166,34 +144,16 @@ unsafe fn dots_in<D: Dp, const NT: usize>(
 
 /// [`dots_in`] with AVX512-VNNI (EVEX: 32 registers, 6 q8_0 tokens at a time).
 #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn dots_evex(
-    w: &Packed,
-    r0: usize,
-    nr: usize,
-    act: &[u8],
-    n: usize,
-    out: &mut [[f32; R]],
-    scratch: &mut Scratch,
-) {
+unsafe fn dots_evex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
     // SAFETY: this function's features; the caller's contract.
-    unsafe { dots_in::<vnni::Evex, 6>(w, r0, nr, act, n, out, scratch) }
+    unsafe { dots_in::<vnni::Evex, 6>(raw, out, scratch) }
 }
 
 /// [`dots_in`] with AVX-VNNI (VEX: 16 registers, 2 q8_0 tokens at a time).
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-#[allow(clippy::too_many_arguments)]
-unsafe fn dots_vex(
-    w: &Packed,
-    r0: usize,
-    nr: usize,
-    act: &[u8],
-    n: usize,
-    out: &mut [[f32; R]],
-    scratch: &mut Scratch,
-) {
+unsafe fn dots_vex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
     // SAFETY: this function's features; the caller's contract.
-    unsafe { dots_in::<vnni::Vex, 2>(w, r0, nr, act, n, out, scratch) }
+    unsafe { dots_in::<vnni::Vex, 2>(raw, out, scratch) }
 }
 
 /// [`super::gemv`] for a matrix packed for VNNI encoding `v`.
