@@ -17,14 +17,14 @@ use kt_core::{Backend, WeightFormat};
 const ROWS: usize = 768;
 const COLS: usize = 2048;
 
-#[divan::bench(args = ["q4_K", "q6_K", "q8_0", "q8_0/avx2", "q4_0", "q4_0/avx2", "q5_0", "q5_0/avx2"], consts = [1, 20, 33])]
+#[divan::bench(args = ["q4_K", "q4_K/avx2", "q5_K", "q5_K/avx2", "q6_K", "q8_0", "q8_0/avx2", "q4_0", "q4_0/avx2", "q5_0", "q5_0/avx2"], consts = [1, 20, 33])]
 fn dots<const N: usize>(bencher: divan::Bencher, name: &str) {
     run::<N>(bencher, name, ROWS, COLS);
 }
 
 /// The down projection's shape (2048 × 768): a third of the columns, so per-tile costs
 /// (accumulators, horizontal sums, stores) weigh three times as much.
-#[divan::bench(args = ["q4_K", "q8_0", "q8_0/avx2", "q4_0", "q4_0/avx2"], consts = [20, 33])]
+#[divan::bench(args = ["q4_K", "q4_K/avx2", "q8_0", "q8_0/avx2", "q4_0", "q4_0/avx2"], consts = [20, 33])]
 fn down<const N: usize>(bencher: divan::Bencher, name: &str) {
     run::<N>(bencher, name, COLS, ROWS);
 }

@@ -49,6 +49,22 @@ pub trait KBlock: Pod {
         // SAFETY: the caller's contract.
         unsafe { [0, 1, 2, 3, 4, 5, 6, 7].map(|r| self.reg(r)) }
     }
+    /// Scales and mins cover 32 columns (q4_K, q5_K). In the lane layout i32 lane `l` of every
+    /// register holds columns of 32-column part `l` only, so the kernels sum each part's
+    /// products in i32 unscaled (a `madd` with ones, or `vpdpbusd`) and scale them in f32 by
+    /// [`KBlock::prep32`] ([`crate::kernels`]' `per32`): two fewer multiplies per row, token
+    /// and block than a `madd` with the scales and one with the mins, and the same
+    /// arithmetic for the AVX2 and the VNNI kernels.
+    const PER32: bool = false;
+    /// `(d·scale, dmin·min)` of each 32 columns in f32, exact (an f16 times 6 bits), for
+    /// [`KBlock::PER32`] types (the default, never called, is for the others).
+    ///
+    /// # Safety
+    /// As [`KBlock::prep`].
+    #[inline(always)]
+    unsafe fn prep32(&self) -> (__m256, __m256) {
+        unreachable!("prep32 of a block type whose scales cover 16 columns")
+    }
 }
 
 /// A block type whose levels are bit fields moved into the lane layout at load
@@ -252,6 +268,16 @@ unsafe fn unpacked_prep(sc: [u8; 8], mn: [u8; 8], d: [u8; 2], dmin: [u8; 2]) -> 
     unsafe { (twice(sc, false), twice(mn, false), h(d), h(dmin)) }
 }
 
+/// `prep32` of [`Q4KU`] and [`Q5KU`].
+#[inline(always)]
+unsafe fn unpacked_prep32(sc: [u8; 8], mn: [u8; 8], d: [u8; 2], dmin: [u8; 2]) -> (__m256, __m256) {
+    // SAFETY: AVX2 and F16C by the callers' contract.
+    unsafe {
+        let f = |x: [u8; 8]| _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(x))));
+        (_mm256_mul_ps(_mm256_set1_ps(h(d)), f(sc)), _mm256_mul_ps(_mm256_set1_ps(h(dmin)), f(mn)))
+    }
+}
+
 impl Q4KU {
     /// From a GGUF block.
     pub fn from_block(b: &BlockQ4K) -> Self {
@@ -271,9 +297,14 @@ impl Q5KU {
 impl KBlock for Q4KU {
     const SIGNED: bool = false;
     const FOLD: usize = 8;
+    const PER32: bool = true;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         unsafe { unpacked_prep(self.sc, self.mn, self.d, self.dmin) }
+    }
+    #[inline(always)]
+    unsafe fn prep32(&self) -> (__m256, __m256) {
+        unsafe { unpacked_prep32(self.sc, self.mn, self.d, self.dmin) }
     }
     #[inline(always)]
     unsafe fn reg(&self, r: usize) -> __m256i {
@@ -290,9 +321,14 @@ impl Relevel for Q4KU {
 impl KBlock for Q5KU {
     const SIGNED: bool = false;
     const FOLD: usize = 4;
+    const PER32: bool = true;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         unsafe { unpacked_prep(self.sc, self.mn, self.d, self.dmin) }
+    }
+    #[inline(always)]
+    unsafe fn prep32(&self) -> (__m256, __m256) {
+        unsafe { unpacked_prep32(self.sc, self.mn, self.d, self.dmin) }
     }
     #[inline(always)]
     unsafe fn reg(&self, r: usize) -> __m256i {

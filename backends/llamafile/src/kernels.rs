@@ -149,6 +149,9 @@ pub struct DecK {
     sc: [i16; 16],
     /// Mins of each 16 columns.
     mn: [i16; 16],
+    /// [`KBlock::prep32`] for [`KBlock::PER32`] types.
+    dsc: [f32; 8],
+    dmn: [f32; 8],
     d: f32,
     dmin: f32,
 }
@@ -158,7 +161,7 @@ pub struct DecK {
 #[repr(C, align(32))]
 struct W16([[i16; 16]; QK / 2]);
 
-/// Accumulators of one tile of up to `2·TC` tokens ([`wide`], [`legacy`](fn@legacy)), set by the tile's
+/// Accumulators of one tile of up to `2·TC` tokens ([`wide`], [`legacy`](fn@legacy), [`kquant`]), set by the tile's
 /// first group rather than zeroed per call (a `memset` of up to 8 KiB a tile: q8_0's down
 /// shape 3-7% slower in alternated `dots` runs). A matrix of no columns never sets them; its
 /// tiles then read the zeros of [`Scratch::new`], made afresh for each task.
@@ -174,7 +177,16 @@ pub struct Scratch {
 impl Scratch {
     /// Fresh buffers.
     pub fn new() -> Box<Self> {
-        let z = DecK { v: [[0; 32]; REGS], w: [[0; 32]; REGS], sc: [0; 16], mn: [0; 16], d: 0.0, dmin: 0.0 };
+        let z = DecK {
+            v: [[0; 32]; REGS],
+            w: [[0; 32]; REGS],
+            sc: [0; 16],
+            mn: [0; 16],
+            dsc: [0.0; 8],
+            dmn: [0.0; 8],
+            d: 0.0,
+            dmin: 0.0,
+        };
         // SAFETY: an `__m256` is 32 bytes of plain data, for which all zeros are 0.0 lanes.
         let acc: Acc = unsafe { core::mem::zeroed() };
         Box::new(Scratch { k: [z; R], w: [W16([[0; 16]; QK / 2]); R], acc })
@@ -262,8 +274,8 @@ pub unsafe fn dots(
             // SAFETY: the caller's contract; act holds [blocks][n] ActK.
             unsafe {
                 match n {
-                    ..=TC => kquant::<TC, $b>(&tile, out, &mut scratch.k),
-                    _ => kquant::<{ 2 * TC }, $b>(&tile, out, &mut scratch.k),
+                    ..=TC => kquant::<TC, $b>(&tile, out, &mut scratch.k, &mut scratch.acc),
+                    _ => kquant::<{ 2 * TC }, $b>(&tile, out, &mut scratch.k, &mut scratch.acc),
                 }
             }
         }};
@@ -525,6 +537,39 @@ unsafe fn block_dot<B: KBlock>(blk: &B, a: &ActK, sc: __m256i) -> __m256i {
     }
 }
 
+/// A [`KBlock::PER32`] block's step for one row and token: `acc·keep + s·(d·scale)·da −
+/// (dmin·min)·(da·Σa)` per 32-column part, `keep` all ones but for a tile's first block
+/// (zeros: [`keep`]), `s` the parts' sums of levels times activations, `sc` the block's
+/// [`KBlock::prep32`], `(da, m)` the token's [`act32`].
+#[inline(always)]
+unsafe fn per32(keep: __m256, acc: __m256, s: __m256i, (dsc, dmn): (__m256, __m256), da: __m256, m: __m256) -> __m256 {
+    // SAFETY: AVX and FMA in every caller (target_feature functions).
+    unsafe {
+        let x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dsc, da), _mm256_and_ps(acc, keep));
+        _mm256_fnmadd_ps(dmn, m, x)
+    }
+}
+
+/// [`per32`]'s mask for block `b`: the accumulators are not zeroed per tile ([`Acc`]), so the
+/// first block clears what they held, as a mask rather than a branch (with `add_product`'s
+/// branch LLVM no longer unrolled the VNNI kernel's token loop and spilled its sums).
+#[inline(always)]
+fn keep(b: usize) -> __m256 {
+    // SAFETY: AVX in every caller (target_feature functions).
+    unsafe { _mm256_castsi256_ps(_mm256_set1_epi32(-i32::from(b != 0))) }
+}
+
+/// An activation block's scale and `da·Σa` of each 32 columns, for [`per32`].
+#[inline(always)]
+unsafe fn act32(a: &ActK) -> (__m256, __m256) {
+    // SAFETY: AVX2 in every caller (target_feature functions); the sums are 32 bytes.
+    unsafe {
+        let da = _mm256_set1_ps(a.d);
+        let sums = _mm256_madd_epi16(ld(&a.bsums), _mm256_set1_epi16(1));
+        (da, _mm256_mul_ps(_mm256_cvtepi32_ps(sums), da))
+    }
+}
+
 /// K-quants for one token, rows `rows` ([`gemv`]).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn kquant1<B: KBlock>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
@@ -545,6 +590,15 @@ unsafe fn kquant1_tile<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
         let da = _mm256_set1_ps(a.d);
         // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
         // inside the blocks' arrays.
+        if B::PER32 {
+            let (da, m) = unsafe { act32(a) };
+            for i in 0..R {
+                let blk = &blocks[i][b];
+                let s = unsafe { block_dot(blk, a, _mm256_set1_epi16(1)) };
+                acc[i] = unsafe { per32(keep(b), acc[i], s, blk.prep32(), da, m) };
+            }
+            continue;
+        }
         let bs = unsafe { ld(&a.bsums) };
         for i in 0..R {
             let blk = &blocks[i][b];
@@ -562,12 +616,18 @@ unsafe fn kquant1_tile<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
 /// K-quants for several tokens: each block decoded once into [`DecK`] and dotted with
 /// `TC` tokens at a time.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn kquant<const TC: usize, B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]], dec: &mut [DecK; R]) {
+unsafe fn kquant<const TC: usize, B: KBlock>(
+    tile: &Tile<'_, ActK>,
+    out: &mut [[f32; R]],
+    dec: &mut [DecK; R],
+    acc: &mut Acc,
+) {
     let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
     let n = tile.n;
     for (t0, tn) in token_tiles::<TC>(n) {
-        let mut acc = [[_mm256_setzero_ps(); TC]; R];
         for b in 0..tile.nb {
+            // Block 0 sets the accumulators ([`Acc`]).
+            let first = b == 0;
             if t0 == 0 {
                 prefetch_next(tile, b);
             }
@@ -589,8 +649,14 @@ unsafe fn kquant<const TC: usize, B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[
                     }
                 }
                 unsafe {
-                    _mm256_store_si256(o.sc.as_mut_ptr().cast(), sc);
-                    _mm256_store_si256(o.mn.as_mut_ptr().cast(), mn);
+                    if B::PER32 {
+                        let (dsc, dmn) = blk.prep32();
+                        _mm256_store_ps(o.dsc.as_mut_ptr(), dsc);
+                        _mm256_store_ps(o.dmn.as_mut_ptr(), dmn);
+                    } else {
+                        _mm256_store_si256(o.sc.as_mut_ptr().cast(), sc);
+                        _mm256_store_si256(o.mn.as_mut_ptr().cast(), mn);
+                    }
                 }
                 (o.d, o.dmin) = (d, dmin);
             }
@@ -614,8 +680,19 @@ unsafe fn kquant<const TC: usize, B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[
                         }
                     }
                     for i in 0..R {
-                        isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p[i], unsafe { ld(&dec[i].sc) }));
+                        // PER32 types' parts are summed unscaled, and scaled in f32 by `per32`.
+                        let sc = if B::PER32 { _mm256_set1_epi16(1) } else { unsafe { ld(&dec[i].sc) } };
+                        isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p[i], sc));
                     }
+                }
+                if B::PER32 {
+                    let (da, m) = unsafe { act32(a) };
+                    for i in 0..R {
+                        let d = &dec[i];
+                        let sc = unsafe { (_mm256_load_ps(d.dsc.as_ptr()), _mm256_load_ps(d.dmn.as_ptr())) };
+                        acc[i][t] = unsafe { per32(keep(b), acc[i][t], isum[i], sc, da, m) };
+                    }
+                    continue;
                 }
                 let bs = unsafe { ld(&a.bsums) };
                 let da = _mm256_set1_ps(a.d);
@@ -624,12 +701,12 @@ unsafe fn kquant<const TC: usize, B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[
                     let mins = _mm256_madd_epi16(bs, unsafe { ld(&d.mn) });
                     let s = _mm256_mul_ps(_mm256_set1_ps(d.d), da);
                     let m = _mm256_mul_ps(_mm256_set1_ps(d.dmin), da);
-                    let x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum[i]), s, acc[i][t]);
+                    let x = add_product(first, _mm256_cvtepi32_ps(isum[i]), s, acc[i][t]);
                     acc[i][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), m, x);
                 }
             }
         }
-        unsafe { write_out(&acc, &mut out[t0..t0 + tn]) };
+        unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
     }
 }
 

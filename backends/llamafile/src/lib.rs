@@ -251,7 +251,7 @@ mod tests {
         }
     }
 
-    /// VNNI where it runs: q8_0 and the unsigned 32-column types, the registered instance, a
+    /// VNNI where it runs: q8_0, the unsigned 32-column types and q4_K/q5_K, the registered instance, a
     /// VNNI CPU.
     #[test]
     fn uses_vnni_names_the_kernels_that_run_on_it() {
@@ -262,7 +262,8 @@ mod tests {
         assert_eq!(LLAMAFILE.uses_vnni(q8), here);
         assert_eq!(LLAMAFILE.uses_vnni(q4), here);
         assert!(!LLAMAFILE.uses_vnni(WeightFormat::Ggml(GgmlType::IQ4_NL)));
-        assert!(!LLAMAFILE.uses_vnni(WeightFormat::Ggml(GgmlType::Q4_K)));
+        assert_eq!(LLAMAFILE.uses_vnni(WeightFormat::Ggml(GgmlType::Q4_K)), here);
+        assert!(!LLAMAFILE.uses_vnni(WeightFormat::Ggml(GgmlType::Q6_K)));
         assert!(!LLAMAFILE_AVX2.uses_vnni(q8));
     }
 

@@ -36,10 +36,12 @@ pub fn detect() -> Option<Vnni> {
     })
 }
 
-/// Whether `t` has VNNI kernels: q8_0 and the 32-column types with unsigned levels (the
-/// signed iq4_nl keeps AVX2's sign trick).
+/// Whether `t` has VNNI kernels: q8_0, the 32-column types with unsigned levels (the signed
+/// iq4_nl keeps AVX2's sign trick), and the K-quants whose scales cover 32 columns (those of
+/// 16 columns would split `vpdpbusd`'s 4-column lanes between two scales).
 pub fn runs(t: GgmlType) -> bool {
-    matches!(t, GgmlType::Q8_0 | GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1)
+    use GgmlType::*;
+    matches!(t, Q8_0 | Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q4_K | Q5_K)
 }
 
 /// `vpdpbusd` in one encoding.

@@ -16,12 +16,37 @@ use core::ops::Range;
 use kt_core::ggml::{GgmlType, QK};
 
 use super::{
-    add_product, ld, legacy_tiles, legacy_with, open_group, token_tiles, write_out, Packed, PairSums, Scratch, Tile, R,
-    TC,
+    act32, add_product, keep, ld, legacy_tiles, legacy_with, open_group, per32, prefetch_next, token_tiles, write_out, DecK,
+    Packed, PairSums, Scratch, Tile, R, TC,
 };
-use crate::act::{ActG8, ActV8};
+use crate::act::{ActG8, ActK, ActV8};
+use crate::decode::{KBlock, Q4KU, Q5KU};
+use crate::lanes::REGS;
 use crate::legacy;
 use crate::vnni::{self, Dp, Vnni};
+
+/// `$call` for the groups of `$tn` tokens, `$nt` at a time (a constant of at most 6), then the
+/// rest in one group: `K` is a group's size, a constant, and `t` its first token. (Six tokens
+/// and a tail of one at a time paid a pass over every weight register per token of the tail:
+/// three of the 33 tokens.)
+macro_rules! groups {
+    ($nt:expr, $tn:expr, |$K:ident, $t:ident| $call:expr) => {{
+        const { assert!($nt <= 6) };
+        let mut $t = 0;
+        while $t < $tn {
+            let k = ($tn - $t).min($nt);
+            match k {
+                6 if $nt >= 6 => { const $K: usize = 6; $call }
+                5 if $nt >= 5 => { const $K: usize = 5; $call }
+                4 if $nt >= 4 => { const $K: usize = 4; $call }
+                3 if $nt >= 3 => { const $K: usize = 3; $call }
+                2 if $nt >= 2 => { const $K: usize = 2; $call }
+                _ => { const $K: usize = 1; $call }
+            }
+            $t += k;
+        }
+    }};
+}
 
 /// `NT` tokens' dots with one group of each row (`grp`), added to `acc[i][t..t + NT]`: 8
 /// `vpdpbusd` a row and token give the 8 blocks' sums in their lanes, started from the
@@ -83,16 +108,111 @@ unsafe fn vnni_q8<D: Dp, const NT: usize, const TC: usize, const A: usize>(
             // loads stay inside the groups and the activation blocks.
             let (grp, dw) = unsafe { open_group(tile, t0, g) };
             let act = &tile.act[g * n + t0..g * n + t0 + tn];
-            let mut t = 0;
-            while t + NT <= tn {
-                unsafe { vnni_tokens::<D, NT, A>(&grp, &act[t..], &dw, acc, t, first) };
-                t += NT;
-            }
-            while t < tn {
-                unsafe { vnni_tokens::<D, 1, A>(&grp, &act[t..], &dw, acc, t, first) };
-                t += 1;
+            groups!(NT, tn, |K, t| unsafe { vnni_tokens::<D, K, A>(&grp, &act[t..], &dw, acc, t, first) });
+        }
+        unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
+    }
+}
+
+/// `NT` tokens' dots with one block of each row of a [`KBlock::PER32`] type (`blk`, whose
+/// [`KBlock::prep32`] is `sc`; its levels decoded into `dec` when several tokens share them,
+/// else decoded here), added to `acc[i][t..t + NT]`: 8 `vpdpbusd` a row and token give the
+/// 32-column parts' sums in their lanes (the lane layout keeps each i32 lane in one part),
+/// the integers [`super::kquant`] finds with `maddubs` and a `madd` with ones; then the same
+/// f32 step ([`per32`]).
+#[inline(always)]
+unsafe fn k32_tokens<D: Dp, B: KBlock, const NT: usize, const A: usize>(
+    blk: &[&B; R],
+    dec: Option<&[DecK; R]>,
+    sc: &[(__m256, __m256); R],
+    act: &[ActK],
+    acc: &mut [[__m256; A]; R],
+    t: usize,
+    keep: __m256,
+) {
+    // SAFETY (whole function): AVX2/FMA/F16C and `D`'s features by the callers' contract;
+    // loads stay inside the blocks, the decoded levels and the activation blocks.
+    unsafe {
+        // Levels read afresh by each group: seeing that they do not change, LLVM loaded all 32
+        // registers once before the groups and spilled them to the stack, a store and a load
+        // more each (q4_K 1.1x slower than reading them here).
+        let dec = dec.map(|d| &*fresh(d));
+        // Registers in pairs, for one token into two chains a row (even and odd registers:
+        // else each row waits on a chain of 8 `vpdpbusd` per block).
+        let (mut s, mut odd) = ([[_mm256_setzero_si256(); NT]; R], [[_mm256_setzero_si256(); NT]; R]);
+        for p in 0..REGS / 2 {
+            for r in [2 * p, 2 * p + 1] {
+                let w = array!(_mm256_setzero_si256(); R, |i| match dec {
+                    Some(d) => ld(&d[i].v[r]),
+                    None => blk[i].reg(r),
+                });
+                let s = if NT == 1 && r % 2 == 1 { &mut odd } else { &mut s };
+                for k in 0..NT {
+                    let a = ld(&act[k].qs[32 * r..]);
+                    for i in 0..R {
+                        s[i][k] = D::dp(s[i][k], w[i], a);
+                    }
+                }
             }
         }
+        if NT == 1 {
+            for i in 0..R {
+                s[i][0] = _mm256_add_epi32(s[i][0], odd[i][0]);
+            }
+        }
+        for k in 0..NT {
+            let (da, m) = act32(&act[k]);
+            for i in 0..R {
+                acc[i][t + k] = per32(keep, acc[i][t + k], s[i][k], sc[i], da, m);
+            }
+        }
+    }
+}
+
+/// `p`, through an `asm` statement that LLVM must assume has effects, so that what is read
+/// through it is read where the caller reads it, not hoisted out of a loop.
+#[inline(always)]
+fn fresh<T>(p: *const T) -> *const T {
+    // The address as an integer (its provenance exposed, and taken back below).
+    let mut a = p as usize;
+    // SAFETY: an empty statement; it reads and writes only `a`'s register.
+    unsafe { core::arch::asm!("/* {0} */", inout(reg) a, options(nomem, nostack, preserves_flags)) };
+    a as *const T
+}
+
+/// One tile of a [`KBlock::PER32`] type: `NT` tokens at a time share each register of a
+/// block's rows (decoded once per token tile into `dec`, or where used for one token), the
+/// rest in one group ([`groups`]); accumulators set by the first block and added to in block
+/// order as [`super::kquant`] does: the results are bit for bit those of the AVX2 kernels.
+#[inline(always)]
+unsafe fn vnni_k32<D: Dp, B: KBlock, const NT: usize, const TC: usize, const A: usize>(
+    tile: &Tile<'_, ActK>,
+    out: &mut [[f32; R]],
+    mut dec: Option<&mut [DecK; R]>,
+    acc: &mut [[__m256; A]; R],
+) {
+    let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
+    let n = tile.n;
+    for (t0, tn) in token_tiles::<TC>(n) {
+        for b in 0..tile.nb {
+            if t0 == 0 {
+                prefetch_next(tile, b);
+            }
+            let blk = array!(&blocks[0][0]; R, |i| &blocks[i][b]);
+            // SAFETY (whole loop): the callers' contract, as above.
+            let sc = array!(unsafe { (_mm256_setzero_ps(), _mm256_setzero_ps()) }; R, |i| unsafe { blk[i].prep32() });
+            if let Some(d) = dec.as_deref_mut() {
+                for i in 0..R {
+                    for r in 0..REGS {
+                        unsafe { _mm256_store_si256(d[i].v[r].as_mut_ptr().cast(), blk[i].reg(r)) };
+                    }
+                }
+            }
+            let (act, dec) = (&tile.act[b * n + t0..b * n + t0 + tn], dec.as_deref());
+            let keep = keep(b);
+            groups!(NT, tn, |K, t| unsafe { k32_tokens::<D, B, K, A>(&blk, dec, &sc, &act[t..], acc, t, keep) });
+        }
+        // SAFETY: AVX by the callers' contract.
         unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
     }
 }
@@ -137,6 +257,12 @@ unsafe fn dots_in<D: Dp, const NT: usize>(raw: &Tile<'_, u8>, out: &mut [[f32; R
             GgmlType::Q4_1 => legacy_tiles::<legacy::Q41, Dpbusd<D>>(raw, out, scratch),
             GgmlType::Q5_0 => legacy_tiles::<legacy::Q50, Dpbusd<D>>(raw, out, scratch),
             GgmlType::Q5_1 => legacy_tiles::<legacy::Q51, Dpbusd<D>>(raw, out, scratch),
+            GgmlType::Q4_K => {
+                vnni_k32::<D, Q4KU, NT, { 2 * TC }, { 2 * TC }>(&raw.cast(), out, Some(&mut scratch.k), &mut scratch.acc)
+            }
+            GgmlType::Q5_K => {
+                vnni_k32::<D, Q5KU, NT, { 2 * TC }, { 2 * TC }>(&raw.cast(), out, Some(&mut scratch.k), &mut scratch.acc)
+            }
             t => unreachable!("{t} has no VNNI kernel (vnni::runs)"),
         }
     }
@@ -183,6 +309,13 @@ unsafe fn gemv_in<D: Dp>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [
             })
         };
     }
+    macro_rules! k {
+        ($b:ty) => {
+            one_token_tiles!(w, rows, act, out, ActK, |tile, res| unsafe {
+                vnni_k32::<D, $b, 1, 1, 1>(&tile, &mut res, None, &mut [[_mm256_setzero_ps(); 1]; R])
+            })
+        };
+    }
     // SAFETY (every arm): the caller's contract; act was prepared for this type on VNNI.
     match w.t {
         GgmlType::Q8_0 => one_token_tiles!(w, rows, act, out, ActV8, |tile, res| unsafe {
@@ -192,6 +325,8 @@ unsafe fn gemv_in<D: Dp>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [
         GgmlType::Q4_1 => l!(legacy::Q41),
         GgmlType::Q5_0 => l!(legacy::Q50),
         GgmlType::Q5_1 => l!(legacy::Q51),
+        GgmlType::Q4_K => k!(Q4KU),
+        GgmlType::Q5_K => k!(Q5KU),
         t => unreachable!("{t} has no VNNI kernel (vnni::runs)"),
     }
 }
