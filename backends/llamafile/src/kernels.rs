@@ -4,7 +4,8 @@
 //! token: `maddubs` (u8 levels × i8 activations, pairs summed to i16), then to i32 by a
 //! `madd` with the 16-column scales (K-quants, in the lane layout of [`crate::lanes`], several
 //! registers summed in i16 first) or by gathering block sums (32-column types), then f32;
-//! q8_0 and the unsigned 32-column types on VNNI by `vpdpbusd` ([`on_vnni`]). Every output
+//! q8_0, the unsigned 32-column types, q4_K and q5_K on VNNI by `vpdpbusd` ([`on_vnni`];
+//! q4_K and q5_K with AVX512-VNNI in 512-bit registers, [`on_zmm`]). Every output
 //! is computed in block order by one call, whatever the tile: results do not depend on how
 //! rows are split over tasks.
 
@@ -64,7 +65,8 @@ pub struct Packed {
     /// Bytes of the next tile to prefetch per slice ([`prefetch_next`]).
     prefetch: usize,
     /// The VNNI encoding its kernels use ([`on_vnni`]: q8_0, packed for it by
-    /// [`legacy::to_quads`], and the unsigned 32-column types); `None` for the others.
+    /// [`legacy::to_quads`], the unsigned 32-column types, q4_K and q5_K); `None` for the
+    /// others.
     #[cfg_attr(not(vnni_intrinsics), allow(dead_code))] // Always `None` there.
     vnni: Option<Vnni>,
     /// Row-major blocks.
@@ -167,11 +169,15 @@ struct W16([[i16; 16]; QK / 2]);
 /// tiles then read the zeros of [`Scratch::new`], made afresh for each task.
 type Acc = [[__m256; 2 * TC]; R];
 
-/// Decoded blocks and accumulators of one tile, reused across calls.
+/// Decoded blocks and accumulators of one tile, reused across calls; the accumulators first
+/// and 64-byte aligned, for 512-bit loads ([`on_zmm`]).
+#[repr(C, align(64))]
 pub struct Scratch {
+    acc: Acc,
     k: [DecK; R],
     w: [W16; R],
-    acc: Acc,
+    #[cfg(vnni_intrinsics)]
+    pairs: on_zmm::Pairs,
 }
 
 impl Scratch {
@@ -189,7 +195,13 @@ impl Scratch {
         };
         // SAFETY: an `__m256` is 32 bytes of plain data, for which all zeros are 0.0 lanes.
         let acc: Acc = unsafe { core::mem::zeroed() };
-        Box::new(Scratch { k: [z; R], w: [W16([[0; 16]; QK / 2]); R], acc })
+        Box::new(Scratch {
+            acc,
+            k: [z; R],
+            w: [W16([[0; 16]; QK / 2]); R],
+            #[cfg(vnni_intrinsics)]
+            pairs: on_zmm::Pairs::ZERO,
+        })
     }
 }
 
@@ -339,9 +351,73 @@ macro_rules! one_token_tiles {
     }};
 }
 
-// After `array!` and `one_token_tiles!`, which it uses.
+/// `$call` for the groups of `$tn` tokens, `$nt` at a time (a constant of at most 8), then the
+/// rest in one group: `K` is a group's size, a constant, and `t` its first token. (Six tokens
+/// and a tail of one at a time paid a pass over every weight register per token of the tail:
+/// three of the 33 tokens.) For the VNNI kernels.
+#[cfg_attr(not(vnni_intrinsics), allow(unused_macros))]
+macro_rules! groups {
+    ($nt:expr, $tn:expr, |$K:ident, $t:ident| $call:expr) => {{
+        const { assert!($nt <= 8) };
+        let mut $t = 0;
+        while $t < $tn {
+            let k = ($tn - $t).min($nt);
+            match k {
+                8 if $nt >= 8 => {
+                    const $K: usize = 8;
+                    $call
+                }
+                7 if $nt >= 7 => {
+                    const $K: usize = 7;
+                    $call
+                }
+                6 if $nt >= 6 => {
+                    const $K: usize = 6;
+                    $call
+                }
+                5 if $nt >= 5 => {
+                    const $K: usize = 5;
+                    $call
+                }
+                4 if $nt >= 4 => {
+                    const $K: usize = 4;
+                    $call
+                }
+                3 if $nt >= 3 => {
+                    const $K: usize = 3;
+                    $call
+                }
+                2 if $nt >= 2 => {
+                    const $K: usize = 2;
+                    $call
+                }
+                _ => {
+                    const $K: usize = 1;
+                    $call
+                }
+            }
+            $t += k;
+        }
+    }};
+}
+
+/// `p`, through an `asm` statement that LLVM must assume has effects, so that what is read
+/// through it is read where the caller reads it, not hoisted out of a loop.
+#[cfg_attr(not(vnni_intrinsics), allow(dead_code))]
+#[inline(always)]
+fn fresh<T>(p: *const T) -> *const T {
+    // The address as an integer (its provenance exposed, and taken back below).
+    let mut a = p as usize;
+    // SAFETY: an empty statement; it reads and writes only `a`'s register.
+    unsafe { core::arch::asm!("/* {0} */", inout(reg) a, options(nomem, nostack, preserves_flags)) };
+    a as *const T
+}
+
+// After the macros, which they use.
 #[cfg(vnni_intrinsics)]
 mod on_vnni;
+#[cfg(vnni_intrinsics)]
+mod on_zmm;
 
 /// `out[i] = row rows.start+i · the one token` for the rows `rows` of `w`, `act` prepared for
 /// `w.t` with one token: every tile in one call. A call per tile (type dispatch, tile setup, a

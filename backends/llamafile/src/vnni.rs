@@ -14,7 +14,8 @@ use kt_core::ggml::GgmlType;
 /// The encoding a kernel is built for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Vnni {
-    /// AVX512-VNNI with AVX512VL: EVEX, 32 vector registers.
+    /// AVX512-VNNI with AVX512F, BW and VL (every CPU with it has them): EVEX, 32 vector
+    /// registers, 512-bit ones where a kernel uses them.
     Evex,
     /// AVX-VNNI: VEX, 16 vector registers.
     Vex,
@@ -26,7 +27,11 @@ pub fn detect() -> Option<Vnni> {
     *FOUND.get_or_init(|| {
         if !cfg!(vnni_intrinsics) {
             None
-        } else if is_x86_feature_detected!("avx512vnni") && is_x86_feature_detected!("avx512vl") {
+        } else if is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl")
+            && is_x86_feature_detected!("avx512vnni")
+        {
             Some(Vnni::Evex)
         } else if is_x86_feature_detected!("avxvnni") {
             Some(Vnni::Vex)

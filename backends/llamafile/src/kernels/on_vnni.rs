@@ -2,8 +2,10 @@
 //! lanes ([`legacy::to_quads`]), activations in the same order ([`ActV8`]), 8 `vpdpbusd` a
 //! row, token and group, `NT` tokens at a time. q4_0, q4_1, q5_0, q5_1: the 32-column kernel
 //! as on AVX2, each pair of blocks summed by two `vpdpbusd` (levels are unsigned already)
-//! where `maddubs` took two `vpmaddubsw` and an add, then a fold of i16 sums. Built from rustc
-//! 1.89 only (`build.rs`).
+//! where `maddubs` took two `vpmaddubsw` and an add, then a fold of i16 sums. q4_K and q5_K
+//! ([`KBlock::PER32`]): 8 `vpdpbusd` a row, token and block give the 32-column parts' sums (in
+//! 512-bit registers with AVX512-VNNI, [`super::on_zmm`]; here for AVX-VNNI and for one
+//! token). Built from rustc 1.89 only (`build.rs`).
 
 // Tiles index rows, tokens and blocks of several arrays with one counter; iterators would hide it.
 #![allow(clippy::needless_range_loop)]
@@ -16,37 +18,14 @@ use core::ops::Range;
 use kt_core::ggml::{GgmlType, QK};
 
 use super::{
-    act32, add_product, keep, ld, legacy_tiles, legacy_with, open_group, per32, prefetch_next, token_tiles, write_out, DecK,
-    Packed, PairSums, Scratch, Tile, R, TC,
+    act32, add_product, fresh, keep, ld, legacy_tiles, legacy_with, on_zmm, open_group, per32, prefetch_next,
+    token_tiles, write_out, DecK, Packed, PairSums, Scratch, Tile, R, TC,
 };
 use crate::act::{ActG8, ActK, ActV8};
 use crate::decode::{KBlock, Q4KU, Q5KU};
 use crate::lanes::REGS;
 use crate::legacy;
 use crate::vnni::{self, Dp, Vnni};
-
-/// `$call` for the groups of `$tn` tokens, `$nt` at a time (a constant of at most 6), then the
-/// rest in one group: `K` is a group's size, a constant, and `t` its first token. (Six tokens
-/// and a tail of one at a time paid a pass over every weight register per token of the tail:
-/// three of the 33 tokens.)
-macro_rules! groups {
-    ($nt:expr, $tn:expr, |$K:ident, $t:ident| $call:expr) => {{
-        const { assert!($nt <= 6) };
-        let mut $t = 0;
-        while $t < $tn {
-            let k = ($tn - $t).min($nt);
-            match k {
-                6 if $nt >= 6 => { const $K: usize = 6; $call }
-                5 if $nt >= 5 => { const $K: usize = 5; $call }
-                4 if $nt >= 4 => { const $K: usize = 4; $call }
-                3 if $nt >= 3 => { const $K: usize = 3; $call }
-                2 if $nt >= 2 => { const $K: usize = 2; $call }
-                _ => { const $K: usize = 1; $call }
-            }
-            $t += k;
-        }
-    }};
-}
 
 /// `NT` tokens' dots with one group of each row (`grp`), added to `acc[i][t..t + NT]`: 8
 /// `vpdpbusd` a row and token give the 8 blocks' sums in their lanes, started from the
@@ -169,17 +148,6 @@ unsafe fn k32_tokens<D: Dp, B: KBlock, const NT: usize, const A: usize>(
     }
 }
 
-/// `p`, through an `asm` statement that LLVM must assume has effects, so that what is read
-/// through it is read where the caller reads it, not hoisted out of a loop.
-#[inline(always)]
-fn fresh<T>(p: *const T) -> *const T {
-    // The address as an integer (its provenance exposed, and taken back below).
-    let mut a = p as usize;
-    // SAFETY: an empty statement; it reads and writes only `a`'s register.
-    unsafe { core::arch::asm!("/* {0} */", inout(reg) a, options(nomem, nostack, preserves_flags)) };
-    a as *const T
-}
-
 /// One tile of a [`KBlock::PER32`] type: `NT` tokens at a time share each register of a
 /// block's rows (decoded once per token tile into `dec`, or where used for one token), the
 /// rest in one group ([`groups`]); accumulators set by the first block and added to in block
@@ -257,22 +225,35 @@ unsafe fn dots_in<D: Dp, const NT: usize>(raw: &Tile<'_, u8>, out: &mut [[f32; R
             GgmlType::Q4_1 => legacy_tiles::<legacy::Q41, Dpbusd<D>>(raw, out, scratch),
             GgmlType::Q5_0 => legacy_tiles::<legacy::Q50, Dpbusd<D>>(raw, out, scratch),
             GgmlType::Q5_1 => legacy_tiles::<legacy::Q51, Dpbusd<D>>(raw, out, scratch),
-            GgmlType::Q4_K => {
-                vnni_k32::<D, Q4KU, NT, { 2 * TC }, { 2 * TC }>(&raw.cast(), out, Some(&mut scratch.k), &mut scratch.acc)
-            }
-            GgmlType::Q5_K => {
-                vnni_k32::<D, Q5KU, NT, { 2 * TC }, { 2 * TC }>(&raw.cast(), out, Some(&mut scratch.k), &mut scratch.acc)
-            }
+            GgmlType::Q4_K => vnni_k32::<D, Q4KU, NT, { 2 * TC }, { 2 * TC }>(
+                &raw.cast(),
+                out,
+                Some(&mut scratch.k),
+                &mut scratch.acc,
+            ),
+            GgmlType::Q5_K => vnni_k32::<D, Q5KU, NT, { 2 * TC }, { 2 * TC }>(
+                &raw.cast(),
+                out,
+                Some(&mut scratch.k),
+                &mut scratch.acc,
+            ),
             t => unreachable!("{t} has no VNNI kernel (vnni::runs)"),
         }
     }
 }
 
-/// [`dots_in`] with AVX512-VNNI (EVEX: 32 registers, 6 q8_0 tokens at a time).
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+/// [`dots_in`] with AVX512-VNNI (EVEX: 32 registers, 6 q8_0 tokens at a time); q4_K and
+/// q5_K in 512-bit registers ([`super::on_zmm`]).
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
 unsafe fn dots_evex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
     // SAFETY: this function's features; the caller's contract.
-    unsafe { dots_in::<vnni::Evex, 6>(raw, out, scratch) }
+    unsafe {
+        match raw.t {
+            GgmlType::Q4_K => on_zmm::dots::<Q4KU>(&raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
+            GgmlType::Q5_K => on_zmm::dots::<Q5KU>(&raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
+            _ => dots_in::<vnni::Evex, 6>(raw, out, scratch),
+        }
+    }
 }
 
 /// [`dots_in`] with AVX-VNNI (VEX: 16 registers, 2 q8_0 tokens at a time).
