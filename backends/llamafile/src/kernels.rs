@@ -362,42 +362,22 @@ macro_rules! groups {
         let mut $t = 0;
         while $t < $tn {
             let k = ($tn - $t).min($nt);
-            match k {
-                8 if $nt >= 8 => {
-                    const $K: usize = 8;
-                    $call
-                }
-                7 if $nt >= 7 => {
-                    const $K: usize = 7;
-                    $call
-                }
-                6 if $nt >= 6 => {
-                    const $K: usize = 6;
-                    $call
-                }
-                5 if $nt >= 5 => {
-                    const $K: usize = 5;
-                    $call
-                }
-                4 if $nt >= 4 => {
-                    const $K: usize = 4;
-                    $call
-                }
-                3 if $nt >= 3 => {
-                    const $K: usize = 3;
-                    $call
-                }
-                2 if $nt >= 2 => {
-                    const $K: usize = 2;
-                    $call
-                }
-                _ => {
-                    const $K: usize = 1;
-                    $call
-                }
-            }
+            groups!(@size k, $nt, $K, $call; 8, 7, 6, 5, 4, 3, 2);
             $t += k;
         }
+    }};
+    // `$call` with `$K` = `$k` if it is one of the sizes (those above `$nt` compiled out), else 1.
+    (@size $k:ident, $nt:expr, $K:ident, $call:expr; $n:literal $(, $rest:literal)*) => {
+        if $nt >= $n && $k == $n {
+            const $K: usize = $n;
+            $call
+        } else {
+            groups!(@size $k, $nt, $K, $call; $($rest),*)
+        }
+    };
+    (@size $k:ident, $nt:expr, $K:ident, $call:expr;) => {{
+        const $K: usize = 1;
+        $call
     }};
 }
 

@@ -222,9 +222,14 @@ fn vnni_form() -> Option<VnniForm> {
     None
 }
 
-/// `$iters` rounds of one `$op` (`vpdpbusd` with its encoding prefix) per ymm accumulator.
+/// `$iters` rounds of one `$op` (`vpdpbusd` with its encoding prefix) per accumulator, on
+/// registers `$r` ("ymm" or "zmm"). The registers are set up and declared clobbered by their
+/// ymm names (a VEX write clears the rest of a zmm): zmm operands would need the `avx512f`
+/// target feature, stable only from rustc 1.89 (the workspace builds from 1.85), and the
+/// function running it never inlines and keeps nothing in the upper halves the zmm loop
+/// overwrites (`vzeroupper` clears them after).
 macro_rules! vnni_asm {
-    ($iters:expr, $op:literal) => {
+    ($iters:expr, $op:literal, $r:literal) => {
         std::arch::asm!(
             "vpxor ymm0, ymm0, ymm0", "vpxor ymm1, ymm1, ymm1", "vpxor ymm2, ymm2, ymm2",
             "vpxor ymm3, ymm3, ymm3", "vpxor ymm4, ymm4, ymm4", "vpxor ymm5, ymm5, ymm5",
@@ -233,13 +238,13 @@ macro_rules! vnni_asm {
             "vpxor ymm14, ymm14, ymm14", "vpxor ymm15, ymm15, ymm15",
             "vpcmpeqb ymm8, ymm8, ymm8", "vpabsb ymm8, ymm8", "vmovdqa ymm9, ymm8",
             "2:",
-            concat!($op, " ymm0, ymm8, ymm9"), concat!($op, " ymm1, ymm8, ymm9"),
-            concat!($op, " ymm2, ymm8, ymm9"), concat!($op, " ymm3, ymm8, ymm9"),
-            concat!($op, " ymm4, ymm8, ymm9"), concat!($op, " ymm5, ymm8, ymm9"),
-            concat!($op, " ymm6, ymm8, ymm9"), concat!($op, " ymm7, ymm8, ymm9"),
-            concat!($op, " ymm10, ymm8, ymm9"), concat!($op, " ymm11, ymm8, ymm9"),
-            concat!($op, " ymm12, ymm8, ymm9"), concat!($op, " ymm13, ymm8, ymm9"),
-            concat!($op, " ymm14, ymm8, ymm9"), concat!($op, " ymm15, ymm8, ymm9"),
+            concat!($op, " ", $r, "0, ", $r, "8, ", $r, "9"), concat!($op, " ", $r, "1, ", $r, "8, ", $r, "9"),
+            concat!($op, " ", $r, "2, ", $r, "8, ", $r, "9"), concat!($op, " ", $r, "3, ", $r, "8, ", $r, "9"),
+            concat!($op, " ", $r, "4, ", $r, "8, ", $r, "9"), concat!($op, " ", $r, "5, ", $r, "8, ", $r, "9"),
+            concat!($op, " ", $r, "6, ", $r, "8, ", $r, "9"), concat!($op, " ", $r, "7, ", $r, "8, ", $r, "9"),
+            concat!($op, " ", $r, "10, ", $r, "8, ", $r, "9"), concat!($op, " ", $r, "11, ", $r, "8, ", $r, "9"),
+            concat!($op, " ", $r, "12, ", $r, "8, ", $r, "9"), concat!($op, " ", $r, "13, ", $r, "8, ", $r, "9"),
+            concat!($op, " ", $r, "14, ", $r, "8, ", $r, "9"), concat!($op, " ", $r, "15, ", $r, "8, ", $r, "9"),
             "dec {n}",
             "jnz 2b",
             "vzeroupper",
@@ -252,53 +257,17 @@ macro_rules! vnni_asm {
     };
 }
 
-/// `iters` rounds of one `vpdpbusd` per zmm accumulator. The clobbers are declared by their
-/// ymm names: zmm operands need the `avx512f` target feature, stable only from rustc 1.89
-/// (the workspace builds from 1.85), and this function, which never inlines, keeps nothing in
-/// the upper halves the loop overwrites (`vzeroupper` clears them after).
-///
-/// # Safety
-/// AVX512F, AVX512BW and AVX512-VNNI must be present.
-#[cfg(target_arch = "x86_64")]
 #[inline(never)]
-unsafe fn vnni_zmm(iters: u64) {
-    // SAFETY: register-only arithmetic on zmm0-15, declared clobbered (their ymm halves; see
-    // above); the caller's contract for the instructions.
-    unsafe {
-        std::arch::asm!(
-            "vpxord zmm0, zmm0, zmm0", "vpxord zmm1, zmm1, zmm1", "vpxord zmm2, zmm2, zmm2",
-            "vpxord zmm3, zmm3, zmm3", "vpxord zmm4, zmm4, zmm4", "vpxord zmm5, zmm5, zmm5",
-            "vpxord zmm6, zmm6, zmm6", "vpxord zmm7, zmm7, zmm7", "vpxord zmm10, zmm10, zmm10",
-            "vpxord zmm11, zmm11, zmm11", "vpxord zmm12, zmm12, zmm12", "vpxord zmm13, zmm13, zmm13",
-            "vpxord zmm14, zmm14, zmm14", "vpxord zmm15, zmm15, zmm15",
-            "vpternlogd zmm8, zmm8, zmm8, 0xff", "vpabsb zmm8, zmm8", "vmovdqa64 zmm9, zmm8",
-            "2:",
-            "vpdpbusd zmm0, zmm8, zmm9", "vpdpbusd zmm1, zmm8, zmm9", "vpdpbusd zmm2, zmm8, zmm9",
-            "vpdpbusd zmm3, zmm8, zmm9", "vpdpbusd zmm4, zmm8, zmm9", "vpdpbusd zmm5, zmm8, zmm9",
-            "vpdpbusd zmm6, zmm8, zmm9", "vpdpbusd zmm7, zmm8, zmm9", "vpdpbusd zmm10, zmm8, zmm9",
-            "vpdpbusd zmm11, zmm8, zmm9", "vpdpbusd zmm12, zmm8, zmm9", "vpdpbusd zmm13, zmm8, zmm9",
-            "vpdpbusd zmm14, zmm8, zmm9", "vpdpbusd zmm15, zmm8, zmm9",
-            "dec {n}",
-            "jnz 2b",
-            "vzeroupper",
-            n = inout(reg) iters => _,
-            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _, out("ymm5") _,
-            out("ymm6") _, out("ymm7") _, out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
-            out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
-            options(nostack, nomem),
-        )
-    }
-}
-
 fn vnni_loop(form: VnniForm, iters: u64) {
     #[cfg(target_arch = "x86_64")]
-    // SAFETY: register-only arithmetic; every register used is declared clobbered; `form` is
-    // an encoding the CPU runs ([`vnni_form`]).
+    // SAFETY: register-only arithmetic; every register used is declared clobbered (the zmm
+    // ones by their ymm names, `vnni_asm`'s note); `form` is an encoding the CPU runs
+    // ([`vnni_form`]).
     unsafe {
         match form {
-            VnniForm::Vex => vnni_asm!(iters, "{{vex}} vpdpbusd"),
-            VnniForm::Evex => vnni_asm!(iters, "{{evex}} vpdpbusd"),
-            VnniForm::Zmm => vnni_zmm(iters),
+            VnniForm::Vex => vnni_asm!(iters, "{{vex}} vpdpbusd", "ymm"),
+            VnniForm::Evex => vnni_asm!(iters, "{{evex}} vpdpbusd", "ymm"),
+            VnniForm::Zmm => vnni_asm!(iters, "vpdpbusd", "zmm"),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
