@@ -325,3 +325,61 @@ unsafe fn gemv_vex(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) 
     // SAFETY: this function's features; the caller's contract.
     unsafe { gemv_in::<vnni::Vex>(w, rows, act, out) }
 }
+
+#[cfg(test)]
+mod tests {
+    use half::bf16;
+    use kt_core::aligned::AlignedBuf;
+    use kt_core::ggml::{random_matrix, GgmlType};
+    use kt_core::rng::SplitMix64;
+
+    use super::super::{dots, gemv, Packed, Scratch, R};
+    use crate::vnni::{self, Vnni};
+
+    /// The AVX-VNNI (VEX) kernels, which a CPU that also has AVX512-VNNI never selects, bit
+    /// for bit against the AVX2 ones, at one token and several (a full group, a rest, several
+    /// token tiles), on a tile of fewer than `R` rows too.
+    #[test]
+    fn vex_kernels_match_avx2_bit_for_bit() {
+        if !is_x86_feature_detected!("avxvnni") || !is_x86_feature_detected!("f16c") {
+            eprintln!("this CPU has no AVX-VNNI: its kernels are not tested here");
+            return;
+        }
+        let (rows, cols) = (6, 512);
+        for &t in GgmlType::ALL.iter().filter(|&&t| vnni::runs(t)) {
+            let m = random_matrix(t, rows, cols, 5);
+            for n in [1, 2, 3, 7, 70] {
+                let mut r = SplitMix64::new(n as u64);
+                let x: Vec<bf16> = (0..n * cols).map(|_| bf16::from_f32(r.gaussian())).collect();
+                let ids: Vec<u32> = (0..n as u32).collect();
+                let y = |v: Option<Vnni>| {
+                    let w = Packed::new(t, rows, cols, m.data(), v);
+                    let mut act = AlignedBuf::zeroed(crate::act::bytes(t, n, cols, v.is_some()));
+                    let mut y = vec![0u32; n * rows];
+                    // SAFETY: AVX2/FMA/F16C and AVX-VNNI checked above; act prepared for w.
+                    unsafe {
+                        crate::act::prepare(t, cols, &x, &ids, act.as_mut_slice(), v.is_some());
+                        if n == 1 {
+                            let mut out = vec![0.0f32; rows];
+                            gemv(&w, 0..rows, act.as_mut_slice(), &mut out);
+                            y.iter_mut().zip(&out).for_each(|(y, o)| *y = o.to_bits());
+                        } else {
+                            let (mut out, mut scratch) = (vec![[0.0f32; R]; n], Scratch::new());
+                            for r0 in (0..rows).step_by(R) {
+                                let nr = R.min(rows - r0);
+                                dots(&w, r0, nr, act.as_mut_slice(), n, &mut out, &mut scratch);
+                                for (tok, o) in out.iter().enumerate() {
+                                    for i in 0..nr {
+                                        y[tok * rows + r0 + i] = o[i].to_bits();
+                                    }
+                                }
+                            }
+                        }
+                    }
+                    y
+                };
+                assert_eq!(y(Some(Vnni::Vex)), y(None), "{t:?} n{n}");
+            }
+        }
+    }
+}
