@@ -74,7 +74,8 @@ pub struct Packed {
 }
 
 impl Packed {
-    /// Pack a matrix (GGUF bytes `src`); q8_0 for the VNNI kernel where `vnni` names its encoding.
+    /// Pack a matrix (GGUF bytes `src`) for the kernels of VNNI encoding `vnni` where its type
+    /// has them ([`vnni::runs`]; q8_0 then in 4-column lanes), else for the AVX2 ones.
     pub fn new(t: GgmlType, rows: usize, cols: usize, src: &[u8], vnni: Option<Vnni>) -> Self {
         let row_bytes = Self::row_len(t, cols);
         let slices = if t.act() == ActKind::Q8_0 { (cols / QK).div_ceil(legacy::G) } else { cols / QK_K };
