@@ -47,10 +47,12 @@ fn run<const N: usize>(bencher: divan::Bencher, name: &str, rows: usize, cols: u
     let mut act = AlignedBuf::zeroed(b.act_bytes(format, N, cols));
     let act = act.as_mut_slice();
     b.quantize_act(format, cols, &x, &ids, act);
-    let mut y = vec![0.0f32; N * rows];
+    // Rows as far apart as the forward pass puts them (one line more than a row).
+    let stride = kt_core::forward::y_stride(rows);
+    let mut y = vec![0.0f32; N * stride];
     bencher
         .counter(divan::counter::ItemsCount::new(2 * rows * cols * N))
-        .bench_local(|| b.down(&w, 0..rows, act, MatMut::from_slice(&mut y, N, rows, rows)));
+        .bench_local(|| b.down(&w, 0..rows, act, MatMut::from_slice(&mut y, N, rows, stride)));
 }
 
 #[divan::bench(args = ["q4_K", "q6_K", "q8_0", "q4_0"])]

@@ -13,6 +13,7 @@
 #![allow(clippy::needless_range_loop)]
 
 use core::arch::x86_64::*;
+use core::marker::PhantomData;
 use core::ops::Range;
 
 use kt_core::ggml::{self, ActKind, GgmlType, QK, QK_K};
@@ -207,11 +208,15 @@ impl Scratch {
 }
 
 /// One call's operands: `R` rows (the last ones repeated when `nr < R`), `nb` blocks each,
-/// against `n` tokens' activations, results into `out[t][i]`.
-/// The rows are kept as one slice, not as `R` slices: an array of slices, built with 8-byte
-/// stores and copied with 32-byte loads, could not be forwarded from the store buffer, so each
-/// call waited for the previous one's result stores (scattered over rows of `y`) to drain;
-/// `perf` put a tenth of a q8_0 prefill's kernel samples on that copy.
+/// against `n` tokens' activations (bytes, read as `A` by [`Tile::act`]), results into
+/// `out[t][i]`.
+/// Nothing is copied on its way to a kernel: the rows are one slice, and [`Tile::cast`]
+/// reinterprets the reference. A copy loaded with 32-byte loads from fields stored 8 bytes at a
+/// time cannot be forwarded from the store buffer and waits for it to drain; `perf` put a fifth
+/// of a q4_K down projection's samples on such a copy, though the cost was the drain itself
+/// (result stores thrashing one L1 set, see `y_stride` in core's forward pass): without the copy
+/// the time stayed and the samples spread.
+#[repr(C)]
 struct Tile<'a, A> {
     /// The matrix's type.
     t: GgmlType,
@@ -220,12 +225,13 @@ struct Tile<'a, A> {
     row_bytes: usize,
     nr: usize,
     nb: usize,
-    act: &'a [A],
+    act: &'a [u8],
     n: usize,
     /// Bytes of one slice of a row.
     slice_bytes: usize,
     /// Bytes of the next tile to prefetch per slice ([`prefetch_next`]).
     prefetch: usize,
+    layout: PhantomData<&'a [A]>,
 }
 
 impl<'a, A: bytemuck::Pod> Tile<'a, A> {
@@ -233,13 +239,19 @@ impl<'a, A: bytemuck::Pod> Tile<'a, A> {
     fn new(w: &'a Packed, r0: usize, nr: usize, act: &'a [u8], n: usize) -> Self {
         let (nb, slice_bytes, prefetch, row_bytes) = (w.slices, w.slice_bytes, w.prefetch, w.row_bytes);
         let data = &w.data[r0 * row_bytes..(r0 + nr) * row_bytes];
-        Tile { t: w.t, data, row_bytes, nr, nb, act: bytemuck::cast_slice(act), n, slice_bytes, prefetch }
+        Tile { t: w.t, data, row_bytes, nr, nb, act, n, slice_bytes, prefetch, layout: PhantomData }
     }
 
     /// The same tile with its activations read as `B` (the layout its type's kernel reads).
-    fn cast<B: bytemuck::Pod>(&self) -> Tile<'a, B> {
-        let Tile { t, data, row_bytes, nr, nb, act, n, slice_bytes, prefetch } = *self;
-        Tile { t, data, row_bytes, nr, nb, act: bytemuck::cast_slice(act), n, slice_bytes, prefetch }
+    fn cast<B: bytemuck::Pod>(&self) -> &Tile<'a, B> {
+        // SAFETY: `repr(C)` and `A` only in a zero-sized field: both types have one layout.
+        unsafe { &*(self as *const Self).cast() }
+    }
+
+    /// The activations, `[blocks][n]` (one token's: `[blocks]`).
+    #[inline(always)]
+    fn act(&self) -> &'a [A] {
+        bytemuck::cast_slice(self.act)
     }
 }
 
@@ -322,8 +334,8 @@ pub unsafe fn dots(
             // SAFETY: the caller's contract; act holds [groups][n] ActW8, rows are repacked.
             unsafe {
                 match n {
-                    ..=TC => wide::<TC, { 2 * TC }>(&tile, out, &mut scratch.w, &mut scratch.acc),
-                    _ => wide::<{ 2 * TC }, { 2 * TC }>(&tile, out, &mut scratch.w, &mut scratch.acc),
+                    ..=TC => wide::<TC, { 2 * TC }>(tile, out, &mut scratch.w, &mut scratch.acc),
+                    _ => wide::<{ 2 * TC }, { 2 * TC }>(tile, out, &mut scratch.w, &mut scratch.acc),
                 }
             }
         }
@@ -332,7 +344,7 @@ pub unsafe fn dots(
             debug_assert_eq!(w.t.act(), ActKind::F32);
             // SAFETY: the caller's contract; act holds [n][cols] f32.
             let tile = raw.cast::<f32>();
-            unsafe { float(w.t, tile.rows(), nr, w.cols, tile.act, n, out) }
+            unsafe { float(w.t, tile.rows(), nr, w.cols, tile.act(), n, out) }
         }
     }
 }
@@ -442,7 +454,7 @@ pub unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) 
                     tile.rows(),
                     tile.nr,
                     w.cols,
-                    tile.act,
+                    tile.act(),
                     1,
                     &mut res
                 ))
@@ -640,10 +652,10 @@ unsafe fn kquant1<B: KBlock>(w: &Packed, rows: Range<usize>, act: &[u8], out: &m
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn kquant1_tile<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
     let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
-    let mut acc = [_mm256_setzero_ps(); R];
+    let (mut acc, acts) = ([_mm256_setzero_ps(); R], tile.act());
     for b in 0..tile.nb {
         prefetch_next(tile, b);
-        let a = &tile.act[b];
+        let a = &acts[b];
         let da = _mm256_set1_ps(a.d);
         // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
         // inside the blocks' arrays.
@@ -680,7 +692,7 @@ unsafe fn kquant<const TC: usize, B: KBlock>(
     acc: &mut Acc,
 ) {
     let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
-    let n = tile.n;
+    let (n, acts) = (tile.n, tile.act());
     for (t0, tn) in token_tiles::<TC>(n) {
         for b in 0..tile.nb {
             // Block 0 sets the accumulators ([`Acc`]).
@@ -718,7 +730,7 @@ unsafe fn kquant<const TC: usize, B: KBlock>(
                 (o.d, o.dmin) = (d, dmin);
             }
             for t in 0..tn {
-                let a = &tile.act[b * n + t0 + t];
+                let a = &acts[b * n + t0 + t];
                 let mut isum = [_mm256_setzero_si256(); R];
                 for f in (0..REGS).step_by(B::FOLD) {
                     let mut p = [_mm256_setzero_si256(); R];
@@ -777,9 +789,9 @@ unsafe fn legacy_tiles<L: LGroup, P: PairSums>(raw: &Tile<'_, u8>, out: &mut [[f
     // SAFETY: the caller's contract.
     unsafe {
         match tile.n {
-            ..=4 => legacy_with::<4, 4, L, P>(&tile, out, &mut [[_mm256_setzero_ps(); 4]; R]),
-            5..=TC => legacy_with::<TC, { 2 * TC }, L, P>(&tile, out, &mut scratch.acc),
-            _ => legacy_with::<{ 2 * TC }, { 2 * TC }, L, P>(&tile, out, &mut scratch.acc),
+            ..=4 => legacy_with::<4, 4, L, P>(tile, out, &mut [[_mm256_setzero_ps(); 4]; R]),
+            5..=TC => legacy_with::<TC, { 2 * TC }, L, P>(tile, out, &mut scratch.acc),
+            _ => legacy_with::<{ 2 * TC }, { 2 * TC }, L, P>(tile, out, &mut scratch.acc),
         }
     }
 }
@@ -840,7 +852,7 @@ unsafe fn legacy_with<const TC: usize, const A: usize, L: LGroup, P: PairSums>(
     // `P`'s features by the caller's contract; loads stay inside the groups and the activation
     // blocks.
     unsafe {
-        let (n, ng, ones) = (tile.n, tile.nb, _mm256_set1_epi16(1));
+        let (n, ng, ones, acts) = (tile.n, tile.nb, _mm256_set1_epi16(1), tile.act());
         for (t0, tn) in token_tiles::<TC>(n) {
             for g in 0..ng {
                 // `A` = 1 (one token): the caller's zeroed registers, added to; else group 0 sets them.
@@ -866,7 +878,7 @@ unsafe fn legacy_with<const TC: usize, const A: usize, L: LGroup, P: PairSums>(
                     }
                 }
                 for t in 0..tn {
-                    let a = &tile.act[g * n + t0 + t];
+                    let a = &acts[g * n + t0 + t];
                     let (da, sa) = unsafe { (_mm256_loadu_ps(a.d.as_ptr()), _mm256_loadu_ps(a.s.as_ptr())) };
                     let sc = array!(_mm256_setzero_ps(); R, |i| _mm256_mul_ps(dw[i], da));
                     let offset = L::OFFSET != Offset::Zero;
@@ -988,7 +1000,7 @@ unsafe fn wide<const TC: usize, const A: usize>(
     acc: &mut [[__m256; A]; R],
 ) {
     const PIECES: usize = QK / 2;
-    let (n, ng) = (tile.n, tile.nb);
+    let (n, ng, acts) = (tile.n, tile.nb, tile.act());
     for (t0, tn) in token_tiles::<TC>(n) {
         for g in 0..ng {
             // `A` = 1 (one token): the caller's zeroed registers, added to; else group 0 sets them.
@@ -1009,11 +1021,11 @@ unsafe fn wide<const TC: usize, const A: usize>(
             // the registers).
             let mut t = 0;
             while TC > 1 && t + 2 <= tn {
-                unsafe { wide_tokens::<2, A>(&grp, w16, &tile.act[g * n + t0 + t..], &dw, acc, t, true, first) };
+                unsafe { wide_tokens::<2, A>(&grp, w16, &acts[g * n + t0 + t..], &dw, acc, t, true, first) };
                 t += 2;
             }
             if t < tn {
-                unsafe { wide_tokens::<1, A>(&grp, w16, &tile.act[g * n + t0 + t..], &dw, acc, t, TC > 1, first) };
+                unsafe { wide_tokens::<1, A>(&grp, w16, &acts[g * n + t0 + t..], &dw, acc, t, TC > 1, first) };
             }
         }
         unsafe { write_out(acc, &mut out[t0..t0 + tn]) };

@@ -1,6 +1,7 @@
 //! Kernels on VNNI ([`crate::vnni`]). q8_0: weights packed with their levels + 128 in 4-column
 //! lanes ([`legacy::to_quads`]), activations in the same order ([`ActV8`]), 8 `vpdpbusd` a
-//! row, token and group, `NT` tokens at a time. q4_0, q4_1, q5_0, q5_1: the 32-column kernel
+//! row, token and group, `NT` tokens at a time (several tokens with AVX512-VNNI: in 512-bit
+//! registers, [`super::on_zmm`]). q4_0, q4_1, q5_0, q5_1: the 32-column kernel
 //! as on AVX2, each pair of blocks summed by two `vpdpbusd` (levels are unsigned already)
 //! where `maddubs` took two `vpmaddubsw` and an add, then a fold of i16 sums. q4_K and q5_K
 //! ([`KBlock::PER32`]): 8 `vpdpbusd` a row, token and block give the 32-column parts' sums (in
@@ -78,7 +79,7 @@ unsafe fn vnni_q8<D: Dp, const NT: usize, const TC: usize, const A: usize>(
     out: &mut [[f32; R]],
     acc: &mut [[__m256; A]; R],
 ) {
-    let (n, ng) = (tile.n, tile.nb);
+    let (n, ng, acts) = (tile.n, tile.nb, tile.act());
     for (t0, tn) in token_tiles::<TC>(n) {
         for g in 0..ng {
             // `A` = 1 (one token): the caller's zeroed registers, added to; else group 0 sets them.
@@ -86,7 +87,7 @@ unsafe fn vnni_q8<D: Dp, const NT: usize, const TC: usize, const A: usize>(
             // SAFETY (whole loop): AVX2/FMA/F16C and `D`'s features by the callers' contract;
             // loads stay inside the groups and the activation blocks.
             let (grp, dw) = unsafe { open_group(tile, t0, g) };
-            let act = &tile.act[g * n + t0..g * n + t0 + tn];
+            let act = &acts[g * n + t0..g * n + t0 + tn];
             groups!(NT, tn, |K, t| unsafe { vnni_tokens::<D, K, A>(&grp, &act[t..], &dw, acc, t, first) });
         }
         unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
@@ -160,7 +161,7 @@ unsafe fn vnni_k32<D: Dp, B: KBlock, const NT: usize, const TC: usize, const A: 
     acc: &mut [[__m256; A]; R],
 ) {
     let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
-    let n = tile.n;
+    let (n, acts) = (tile.n, tile.act());
     for (t0, tn) in token_tiles::<TC>(n) {
         for b in 0..tile.nb {
             if t0 == 0 {
@@ -176,7 +177,7 @@ unsafe fn vnni_k32<D: Dp, B: KBlock, const NT: usize, const TC: usize, const A: 
                     }
                 }
             }
-            let (act, dec) = (&tile.act[b * n + t0..b * n + t0 + tn], dec.as_deref());
+            let (act, dec) = (&acts[b * n + t0..b * n + t0 + tn], dec.as_deref());
             let keep = keep(b);
             groups!(NT, tn, |K, t| unsafe { k32_tokens::<D, B, K, A>(&blk, dec, &sc, &act[t..], acc, t, keep) });
         }
@@ -220,37 +221,32 @@ unsafe fn dots_in<D: Dp, const NT: usize>(raw: &Tile<'_, u8>, out: &mut [[f32; R
     // SAFETY (every arm): the caller's contract; act was prepared for this type on VNNI.
     unsafe {
         match raw.t {
-            GgmlType::Q8_0 => vnni_q8::<D, NT, { 2 * TC }, { 2 * TC }>(&raw.cast(), out, &mut scratch.acc),
+            GgmlType::Q8_0 => vnni_q8::<D, NT, { 2 * TC }, { 2 * TC }>(raw.cast(), out, &mut scratch.acc),
             GgmlType::Q4_0 => legacy_tiles::<legacy::Q40, Dpbusd<D>>(raw, out, scratch),
             GgmlType::Q4_1 => legacy_tiles::<legacy::Q41, Dpbusd<D>>(raw, out, scratch),
             GgmlType::Q5_0 => legacy_tiles::<legacy::Q50, Dpbusd<D>>(raw, out, scratch),
             GgmlType::Q5_1 => legacy_tiles::<legacy::Q51, Dpbusd<D>>(raw, out, scratch),
-            GgmlType::Q4_K => vnni_k32::<D, Q4KU, NT, { 2 * TC }, { 2 * TC }>(
-                &raw.cast(),
-                out,
-                Some(&mut scratch.k),
-                &mut scratch.acc,
-            ),
-            GgmlType::Q5_K => vnni_k32::<D, Q5KU, NT, { 2 * TC }, { 2 * TC }>(
-                &raw.cast(),
-                out,
-                Some(&mut scratch.k),
-                &mut scratch.acc,
-            ),
+            GgmlType::Q4_K => {
+                vnni_k32::<D, Q4KU, NT, { 2 * TC }, { 2 * TC }>(raw.cast(), out, Some(&mut scratch.k), &mut scratch.acc)
+            }
+            GgmlType::Q5_K => {
+                vnni_k32::<D, Q5KU, NT, { 2 * TC }, { 2 * TC }>(raw.cast(), out, Some(&mut scratch.k), &mut scratch.acc)
+            }
             t => unreachable!("{t} has no VNNI kernel (vnni::runs)"),
         }
     }
 }
 
-/// [`dots_in`] with AVX512-VNNI (EVEX: 32 registers, 6 q8_0 tokens at a time); q4_K and
-/// q5_K in 512-bit registers ([`super::on_zmm`]).
+/// [`dots_in`] with AVX512-VNNI (EVEX: 32 registers); q4_K, q5_K and q8_0 in 512-bit
+/// registers ([`super::on_zmm`]).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
 unsafe fn dots_evex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
     // SAFETY: this function's features; the caller's contract.
     unsafe {
         match raw.t {
-            GgmlType::Q4_K => on_zmm::dots::<Q4KU>(&raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
-            GgmlType::Q5_K => on_zmm::dots::<Q5KU>(&raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
+            GgmlType::Q4_K => on_zmm::dots::<Q4KU>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
+            GgmlType::Q5_K => on_zmm::dots::<Q5KU>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
+            GgmlType::Q8_0 => on_zmm::q8(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
             _ => dots_in::<vnni::Evex, 6>(raw, out, scratch),
         }
     }
