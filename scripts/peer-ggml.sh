@@ -33,7 +33,7 @@ g++ -O2 -std=c++17 "$here/peers/ggml_moe.cpp" -I"$ggml/include" -L"$lib" -lggml 
     -Wl,-rpath,"$lib" -o "$bin"
 echo "ggml $(git -C "$ggml" rev-parse --short HEAD), $threads thread(s), $n tokens, E=$E k=$K H=$H I=$I"
 
-# Best milliseconds of one run, or nothing when the run failed (no such repacking for the type).
+# Best milliseconds of one run, or nothing when it failed (ggml aborts on a type it cannot repack).
 best() { "$bin" "$@" 2> /dev/null | tee /dev/stderr | sed -n 's/.*best \([0-9.]*\) ms.*/\1/p' || true; }
 for t in "${types[@]}"; do
     for buft in CPU CPU_REPACK; do
@@ -44,7 +44,7 @@ for t in "${types[@]}"; do
                 ms = 2 * g + d
                 printf "%s %s layer (2 x gate + down): %.3f ms, %.1f GOP/s\n", t, b, ms, 6 * h * i * k * n / ms / 1e6 }'
         else
-            echo "$t $buft: not run (ggml has no such buffer for the type)"
+            echo "$t $buft: not run (ggml failed: no such repacking for the type on this CPU)"
         fi
     done
 done

@@ -61,6 +61,28 @@ unsafe fn join(lo: __m256, hi: __m256) -> __m512 {
     }
 }
 
+/// `s[p][k]` plus the 8 `vpdpbusd` of pair `p`'s levels in `lv` with token `k`'s values
+/// (`qs(&act[k])`, each register's 32 bytes broadcast to both halves), for `K` tokens.
+#[inline(always)]
+unsafe fn dp_pairs<A, const K: usize>(lv: &Pairs, act: &[A], qs: impl Fn(&A) -> &[i8], s: &mut [[__m512i; K]; R / 2]) {
+    // SAFETY (whole function): AVX512F/VNNI by the callers' contract; loads stay inside the
+    // levels and the `K` activation blocks.
+    unsafe {
+        for r in 0..REGS {
+            // Each register's levels and activations read where used ([`fresh`]): LLVM otherwise
+            // broadcast every token's activations for all 8 registers first, and spilled them.
+            let (lv, act) = (&*fresh(lv), &*core::ptr::slice_from_raw_parts(fresh(act.as_ptr()), K));
+            let w = array!(_mm512_setzero_si512(); R / 2, |p| _mm512_load_si512(lv.0[p][r].as_ptr().cast()));
+            for k in 0..K {
+                let a = _mm512_broadcast_i64x4(ld(&qs(&act[k])[32 * r..]));
+                for p in 0..R / 2 {
+                    s[p][k] = _mm512_dpbusd_epi32(s[p][k], w[p], a);
+                }
+            }
+        }
+    }
+}
+
 /// `K` tokens' dots with one block of the tile's rows (levels `lv`, [`KBlock::prep32`] in
 /// pairs `sc`), added to `acc[p][t..t + K]`, or setting them for a tile's `FIRST` block (an
 /// FMA with a zero register, as [`super::per32`] does with its mask, without loading them).
@@ -75,19 +97,8 @@ unsafe fn tokens<const K: usize, const FIRST: bool>(
     // SAFETY (whole function): AVX2/FMA/AVX512F/VNNI by the callers' contract; loads stay
     // inside the levels, the activation blocks and the accumulators.
     unsafe {
-        // Each register's levels and activations read where used ([`fresh`]): LLVM otherwise
-        // broadcast every token's activations for all 8 registers first, and spilled them.
         let mut s = [[_mm512_setzero_si512(); K]; R / 2];
-        for r in 0..REGS {
-            let (lv, act) = (&*fresh(lv), &*core::ptr::slice_from_raw_parts(fresh(act.as_ptr()), K));
-            let w = array!(_mm512_setzero_si512(); R / 2, |p| _mm512_load_si512(lv.0[p][r].as_ptr().cast()));
-            for k in 0..K {
-                let a = _mm512_broadcast_i64x4(ld(&act[k].qs[32 * r..]));
-                for p in 0..R / 2 {
-                    s[p][k] = _mm512_dpbusd_epi32(s[p][k], w[p], a);
-                }
-            }
-        }
+        dp_pairs(lv, act, |a| &a.qs, &mut s);
         for k in 0..K {
             let (da, m) = act32(&act[k]);
             let (da, m) = (join(da, da), join(m, m));
@@ -175,17 +186,7 @@ unsafe fn q8_tokens<const K: usize, const FIRST: bool>(
                 s[p][k] = neg;
             }
         }
-        for r in 0..REGS {
-            // As in [`tokens`]: read where used.
-            let (lv, act) = (&*fresh(lv), &*core::ptr::slice_from_raw_parts(fresh(act.as_ptr()), K));
-            let w = array!(_mm512_setzero_si512(); R / 2, |p| _mm512_load_si512(lv.0[p][r].as_ptr().cast()));
-            for k in 0..K {
-                let a = _mm512_broadcast_i64x4(ld(&act[k].qs[32 * r..]));
-                for p in 0..R / 2 {
-                    s[p][k] = _mm512_dpbusd_epi32(s[p][k], w[p], a);
-                }
-            }
-        }
+        dp_pairs(lv, act, |a| &a.qs, &mut s);
         for k in 0..K {
             let da = _mm512_castsi512_ps(_mm512_broadcast_i64x4(ld(&act[k].d)));
             for p in 0..R / 2 {
