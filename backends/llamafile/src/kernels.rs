@@ -4,10 +4,10 @@
 //! token: `maddubs` (u8 levels × i8 activations, pairs summed to i16), then to i32 by a
 //! `madd` with the 16-column scales (K-quants, in the lane layout of [`crate::lanes`], several
 //! registers summed in i16 first) or by gathering block sums (32-column types), then f32;
-//! q8_0, the unsigned 32-column types, q4_K and q5_K on VNNI by `vpdpbusd` ([`on_vnni`];
-//! q4_K and q5_K with AVX512-VNNI in 512-bit registers, [`on_zmm`]). Every output
-//! is computed in block order by one call, whatever the tile: results do not depend on how
-//! rows are split over tasks.
+//! q8_0, the unsigned 32-column types, q4_K and q5_K on VNNI by `vpdpbusd` ([`on_vnni`]; with
+//! AVX512-VNNI q4_K, q5_K and q8_0 for several tokens in 512-bit registers, [`on_zmm`]). Every
+//! output is computed in block order by one call, whatever the tile: results do not depend on
+//! how rows are split over tasks.
 
 // Tiles index rows, tokens and blocks of several arrays with one counter; iterators would hide it.
 #![allow(clippy::needless_range_loop)]
@@ -857,7 +857,7 @@ unsafe fn legacy_with<const TC: usize, const A: usize, L: LGroup, P: PairSums>(
             for g in 0..ng {
                 // `A` = 1 (one token): the caller's zeroed registers, added to; else group 0 sets them.
                 let first = A > 1 && g == 0;
-                // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
+                // SAFETY (whole loop): AVX2/FMA/F16C present (the caller's contract); loads stay
                 // inside the groups and the activation blocks.
                 let (grp, dw) = unsafe { open_group(tile, t0, g) };
                 let mw = array!(_mm256_setzero_ps(); R, |i| match L::OFFSET {

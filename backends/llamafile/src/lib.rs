@@ -9,8 +9,9 @@
 //! lattice types as stored, put in that layout as they are decoded);
 //! activations are quantized per token to the type's `vec_dot_type` (Q8_K for 256-column types,
 //! Q8_0 with sums for 32-column ones, f32 for float types) in a block-major layout (`act`).
-//! Where the CPU has VNNI (AVX-VNNI or AVX512-VNNI), q8_0 (packed for it) and q4_0, q4_1,
-//! q5_0, q5_1 run on `vpdpbusd` (`vnni`, `kernels::on_vnni`), with the same results bit for bit.
+//! Where the CPU has VNNI (AVX-VNNI or AVX512-VNNI), q8_0 (packed for it), q4_0, q4_1, q5_0,
+//! q5_1, q4_K and q5_K run on `vpdpbusd` (`vnni`, `kernels::on_vnni`, `kernels::on_zmm`), with
+//! the same results bit for bit.
 
 #[cfg(target_arch = "x86_64")]
 mod act;

@@ -212,33 +212,27 @@ pub(super) unsafe fn dots(v: Vnni, raw: &Tile<'_, u8>, out: &mut [[f32; R]], scr
     }
 }
 
-/// Each type's kernel in encoding `D`, `NT` q8_0 tokens at a time.
+/// The 32-column types with unsigned levels in encoding `D`: the AVX2 kernel's structure,
+/// its pair sums by `vpdpbusd`.
 ///
 /// # Safety
 /// As [`super::dots`], `D`'s features present (inlined into functions that enable them).
 #[inline(always)]
-unsafe fn dots_in<D: Dp, const NT: usize>(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
+unsafe fn legacy_dots<D: Dp>(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
     // SAFETY (every arm): the caller's contract; act was prepared for this type on VNNI.
     unsafe {
         match raw.t {
-            GgmlType::Q8_0 => vnni_q8::<D, NT, { 2 * TC }, { 2 * TC }>(raw.cast(), out, &mut scratch.acc),
             GgmlType::Q4_0 => legacy_tiles::<legacy::Q40, Dpbusd<D>>(raw, out, scratch),
             GgmlType::Q4_1 => legacy_tiles::<legacy::Q41, Dpbusd<D>>(raw, out, scratch),
             GgmlType::Q5_0 => legacy_tiles::<legacy::Q50, Dpbusd<D>>(raw, out, scratch),
             GgmlType::Q5_1 => legacy_tiles::<legacy::Q51, Dpbusd<D>>(raw, out, scratch),
-            GgmlType::Q4_K => {
-                vnni_k32::<D, Q4KU, NT, { 2 * TC }, { 2 * TC }>(raw.cast(), out, Some(&mut scratch.k), &mut scratch.acc)
-            }
-            GgmlType::Q5_K => {
-                vnni_k32::<D, Q5KU, NT, { 2 * TC }, { 2 * TC }>(raw.cast(), out, Some(&mut scratch.k), &mut scratch.acc)
-            }
             t => unreachable!("{t} has no VNNI kernel (vnni::runs)"),
         }
     }
 }
 
-/// [`dots_in`] with AVX512-VNNI (EVEX: 32 registers); q4_K, q5_K and q8_0 in 512-bit
-/// registers ([`super::on_zmm`]).
+/// Each type's kernel with AVX512-VNNI: q4_K, q5_K and q8_0 in 512-bit registers
+/// ([`super::on_zmm`]), the other 32-column types in 256-bit ones ([`legacy_dots`]).
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
 unsafe fn dots_evex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
     // SAFETY: this function's features; the caller's contract.
@@ -247,16 +241,35 @@ unsafe fn dots_evex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scra
             GgmlType::Q4_K => on_zmm::dots::<Q4KU>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
             GgmlType::Q5_K => on_zmm::dots::<Q5KU>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
             GgmlType::Q8_0 => on_zmm::q8(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
-            _ => dots_in::<vnni::Evex, 6>(raw, out, scratch),
+            _ => legacy_dots::<vnni::Evex>(raw, out, scratch),
         }
     }
 }
 
-/// [`dots_in`] with AVX-VNNI (VEX: 16 registers, 2 q8_0 tokens at a time).
+/// Each type's kernel with AVX-VNNI (VEX: 16 registers, 2 tokens a group).
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 unsafe fn dots_vex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
-    // SAFETY: this function's features; the caller's contract.
-    unsafe { dots_in::<vnni::Vex, 2>(raw, out, scratch) }
+    use vnni::Vex;
+    const NT: usize = 2;
+    // SAFETY (every arm): this function's features; the caller's contract.
+    unsafe {
+        match raw.t {
+            GgmlType::Q8_0 => vnni_q8::<Vex, NT, { 2 * TC }, { 2 * TC }>(raw.cast(), out, &mut scratch.acc),
+            GgmlType::Q4_K => vnni_k32::<Vex, Q4KU, NT, { 2 * TC }, { 2 * TC }>(
+                raw.cast(),
+                out,
+                Some(&mut scratch.k),
+                &mut scratch.acc,
+            ),
+            GgmlType::Q5_K => vnni_k32::<Vex, Q5KU, NT, { 2 * TC }, { 2 * TC }>(
+                raw.cast(),
+                out,
+                Some(&mut scratch.k),
+                &mut scratch.acc,
+            ),
+            _ => legacy_dots::<Vex>(raw, out, scratch),
+        }
+    }
 }
 
 /// [`super::gemv`] for a matrix packed for VNNI encoding `v`.
