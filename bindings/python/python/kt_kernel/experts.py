@@ -226,10 +226,12 @@ class _Staging:
     def ptr(x):
         return int(x.data_ptr()) if T.is_torch(x) else int(x.ctypes.data)
 
-    def put(self, dst, src):
-        """Copy ``src`` into the staging buffer ``dst`` (converting dtype; non-blocking for torch)."""
+    def put(self, dst, src, stream):
+        """Copy ``src`` into the staging buffer ``dst`` (converting dtype). A torch copy from the
+        GPU is non-blocking only with a stream: the task then runs after it as a host function
+        on that stream; without one, the CPU task reads ``dst`` as soon as it is queued."""
         if self.torch:
-            dst.copy_(src.reshape(dst.shape), non_blocking=True)
+            dst.copy_(src.reshape(dst.shape), non_blocking=bool(stream))
         elif T.is_torch(src):
             np.copyto(dst, src.detach().cpu().numpy().reshape(dst.shape), casting="unsafe")
         else:
@@ -408,22 +410,22 @@ class NativeMoEWrapper:
         cls = NativeMoEWrapper
         if cls._last_layer is None or self.layer_idx <= cls._last_layer:
             cls._pending, cls._ordinal = None, 0  # a new pass: nothing carries over
+        stream = int(cuda_stream or 0)
         st = _Staging.get(n, h, k, hidden_states, torch)
         # Alternate slots by KT-layer order in the pass (KT uses layer_idx % 2, which hands a
         # layer the slot whose deferred task may still be reading when a dense layer sits between).
         slot = st.slots[cls._ordinal % 2]
-        st.put(slot.input, hidden_states)
-        st.put(slot.weights, topk_weights)
+        st.put(slot.input, hidden_states, stream)
+        st.put(slot.weights, topk_weights, stream)
         d = min(self.max_deferred_experts_per_token, k)
         if d > 0:
             imm, dfr = select_deferred_experts(topk_ids, topk_weights, k - d)
-            st.put(slot.ids, imm)
-            st.put(slot.ids_deferred, dfr)
+            st.put(slot.ids, imm, stream)
+            st.put(slot.ids_deferred, dfr, stream)
         else:
-            st.put(slot.ids, topk_ids)
+            st.put(slot.ids, topk_ids, stream)
 
         addend = st.deferred_at if cls._pending is st else 0
-        stream = int(cuda_stream or 0)
         x_at, ids_at, dfr_at, w_at, out_at = slot.at
         self.moe.submit_forward(self.cpu_infer, stream, st.bsz_at, x_at, st.code, ids_at, w_at, out_at, st.code, addend)
         if d > 0:
