@@ -2,7 +2,8 @@
 //! per block the scales of each 16 columns, the mins (the integers multiplying the activation
 //! sums) and the f32 scales `d`, `dmin`; 8 registers of levels in the lane layout of
 //! [`crate::lanes`] (each the levels of one 32-column chunk as GGUF stores them, after the
-//! levels were moved at load). `value = d·sc·level − dmin·mn` per 16 columns.
+//! levels were moved at load; q6_K's in planes of its own, [`Q6KP`]).
+//! `value = d·sc·level − dmin·mn` per 16 columns.
 //! (The 32-column types: [`crate::legacy`].)
 //!
 //! Levels are unsigned (0..63) except for iq4_xs's and the lattice types' ([`crate::lattice`]),
@@ -49,6 +50,10 @@ pub trait KBlock: Pod {
         // SAFETY: the caller's contract.
         unsafe { [0, 1, 2, 3, 4, 5, 6, 7].map(|r| self.reg(r)) }
     }
+    /// The mins are in units of `d` (`dmin == d`: q3_K, q6_K), so the one-token kernel
+    /// subtracts them from the dots in i32 (exact: both stay far below 2³¹) and converts and
+    /// scales once.
+    const MINS_IN_D: bool = false;
     /// Scales and mins cover 32 columns (q4_K, q5_K). In the lane layout i32 lane `l` of every
     /// register holds columns of 32-column part `l` only, so the kernels sum each part's
     /// products in i32 unscaled (a `madd` with ones, or `vpdpbusd`) and scale them in f32 by
@@ -67,13 +72,17 @@ pub trait KBlock: Pod {
     }
 }
 
-/// A block type whose levels are bit fields moved into the lane layout at load
-/// ([`crate::lanes::relevel`]).
-pub trait Relevel: KBlock {
-    /// Where the levels of columns `16h..16h + 16` of chunk `c` live: up to two bit fields,
+/// A block type whose levels are bit fields: moved into the lane layout at load
+/// ([`crate::lanes::relevel`]), or from one type's fields into another's
+/// ([`crate::lanes::refield`]).
+pub trait Relevel: Pod {
+    /// Where the levels of columns `16h..16h + 16` of chunk `c` live: up to three bit fields,
     /// low bits first, each in 16 consecutive bytes.
-    fn fields(c: usize, h: usize) -> [Field; 2];
+    fn fields(c: usize, h: usize) -> Fields;
 }
+
+/// A level's bit fields, low bits first ([`NONE`] pads).
+pub type Fields = [Field; 3];
 
 /// Register `r` of `blk`, from `whole` (its [`KBlock::regs`]) for a [`KBlock::WHOLE`] type.
 ///
@@ -101,7 +110,7 @@ pub struct Field {
     pub width: u32,
 }
 
-const NONE: Field = Field { at: 0, shift: 0, width: 0 };
+pub const NONE: Field = Field { at: 0, shift: 0, width: 0 };
 
 const fn field(at: usize, shift: usize, width: u32) -> Field {
     Field { at, shift: shift as u32, width }
@@ -200,14 +209,15 @@ impl KBlock for BlockQ2K {
 }
 
 impl Relevel for BlockQ2K {
-    fn fields(c: usize, h: usize) -> [Field; 2] {
-        [field(offset_of!(Self, qs) + 32 * (c / 4) + 16 * h, 2 * (c % 4), 2), NONE]
+    fn fields(c: usize, h: usize) -> Fields {
+        [field(offset_of!(Self, qs) + 32 * (c / 4) + 16 * h, 2 * (c % 4), 2), NONE, NONE]
     }
 }
 
 impl KBlock for BlockQ3K {
     const SIGNED: bool = false;
     const FOLD: usize = 8;
+    const MINS_IN_D: bool = true;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         unsafe {
@@ -230,9 +240,9 @@ impl KBlock for BlockQ3K {
 }
 
 impl Relevel for BlockQ3K {
-    fn fields(c: usize, h: usize) -> [Field; 2] {
+    fn fields(c: usize, h: usize) -> Fields {
         let lo = field(offset_of!(Self, qs) + 32 * (c / 4) + 16 * h, 2 * (c % 4), 2);
-        [lo, field(offset_of!(Self, hmask) + 16 * h, c, 1)]
+        [lo, field(offset_of!(Self, hmask) + 16 * h, c, 1), NONE]
     }
 }
 
@@ -313,8 +323,8 @@ impl KBlock for Q4KU {
 }
 
 impl Relevel for Q4KU {
-    fn fields(c: usize, h: usize) -> [Field; 2] {
-        [field(offset_of!(Self, qs) + 32 * (c / 2) + 16 * h, 4 * (c % 2), 4), NONE]
+    fn fields(c: usize, h: usize) -> Fields {
+        [field(offset_of!(Self, qs) + 32 * (c / 2) + 16 * h, 4 * (c % 2), 4), NONE, NONE]
     }
 }
 
@@ -340,15 +350,37 @@ impl KBlock for Q5KU {
 }
 
 impl Relevel for Q5KU {
-    fn fields(c: usize, h: usize) -> [Field; 2] {
+    fn fields(c: usize, h: usize) -> Fields {
         let lo = field(offset_of!(Self, qs) + 32 * (c / 2) + 16 * h, 4 * (c % 2), 4);
-        [lo, field(offset_of!(Self, qh) + 16 * h, c, 1)]
+        [lo, field(offset_of!(Self, qh) + 16 * h, c, 1), NONE]
     }
 }
 
-impl KBlock for BlockQ6K {
+/// Q6_K with its levels in three 6-bit planes: of each 4 chunks, chunks 0..3 are the low 6
+/// bits of a plane's bytes and the fourth chunk's level lies in their top 2 bits (2 bits a
+/// plane). Three registers of four then decode in one `and`, the fourth in eight operations:
+/// 11 for four where GGUF's nibble and 2-bit planes take 17 (q6_K decoding was throughput
+/// bound on these). Same size as GGUF's block.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct Q6KP {
+    /// The planes of chunks 0..4 and 4..8.
+    q: [[u8; 96]; 2],
+    scales: [i8; 16],
+    d: [u8; 2],
+}
+
+impl Q6KP {
+    /// From a GGUF block.
+    pub fn from_block(b: &BlockQ6K) -> Self {
+        crate::lanes::refield(b, Q6KP { q: [[0; 96]; 2], scales: b.scales, d: b.d })
+    }
+}
+
+impl KBlock for Q6KP {
     const SIGNED: bool = false;
     const FOLD: usize = 2;
+    const MINS_IN_D: bool = true;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         unsafe {
@@ -361,20 +393,41 @@ impl KBlock for BlockQ6K {
     /// 6-bit levels 0..63; the value is that minus 32 (the min).
     #[inline(always)]
     unsafe fn reg(&self, r: usize) -> __m256i {
-        let (n, k) = (r / 4, r % 4);
+        let (m, j) = (r / 4, r % 4);
+        // SAFETY: AVX2 by contract; plane j is 32 of the 96 bytes.
         unsafe {
-            let lo = bits(load(&self.ql[64 * n + 32 * (k % 2)..]), 4 * (k / 2), 0x0F);
-            let hi = bits(load(&self.qh[32 * n..]), 2 * k, 3);
-            _mm256_or_si256(lo, _mm256_slli_epi16::<4>(hi))
+            let plane = |j: usize| load(&self.q[m][32 * j..]);
+            if j < 3 {
+                return _mm256_and_si256(plane(j), _mm256_set1_epi8(0x3F));
+            }
+            // Plane j's top bits are bits 2j..2j + 2 of the level (shifts in 16-bit lanes:
+            // the bits a byte takes from its neighbour are masked off).
+            let lo = _mm256_and_si256(_mm256_srli_epi16::<6>(plane(0)), _mm256_set1_epi8(0x03));
+            let mid = _mm256_and_si256(_mm256_srli_epi16::<4>(plane(1)), _mm256_set1_epi8(0x0C));
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<2>(plane(2)), _mm256_set1_epi8(0x30));
+            _mm256_or_si256(_mm256_or_si256(lo, mid), hi)
         }
     }
 }
 
+impl Relevel for Q6KP {
+    fn fields(c: usize, h: usize) -> Fields {
+        let (m, j) = (c / 4, c % 4);
+        let at = |j: usize| offset_of!(Self, q) + 96 * m + 32 * j + 16 * h;
+        if j < 3 {
+            [field(at(j), 0, 6), NONE, NONE]
+        } else {
+            [field(at(0), 6, 2), field(at(1), 6, 2), field(at(2), 6, 2)]
+        }
+    }
+}
+
+/// GGUF's q6_K layout: what [`Q6KP::from_block`] reads.
 impl Relevel for BlockQ6K {
-    fn fields(c: usize, h: usize) -> [Field; 2] {
+    fn fields(c: usize, h: usize) -> Fields {
         let (n, k) = (c / 4, c % 4);
         let lo = field(offset_of!(Self, ql) + 64 * n + 32 * (k % 2) + 16 * h, 4 * (k / 2), 4);
-        [lo, field(offset_of!(Self, qh) + 32 * n + 16 * h, 2 * k, 2)]
+        [lo, field(offset_of!(Self, qh) + 32 * n + 16 * h, 2 * k, 2), NONE]
     }
 }
 
@@ -393,7 +446,7 @@ impl KBlock for BlockIq4Xs {
 }
 
 impl Relevel for BlockIq4Xs {
-    fn fields(c: usize, h: usize) -> [Field; 2] {
-        [field(offset_of!(Self, qs) + 16 * c, 4 * h, 4), NONE]
+    fn fields(c: usize, h: usize) -> Fields {
+        [field(offset_of!(Self, qs) + 16 * c, 4 * h, 4), NONE, NONE]
     }
 }

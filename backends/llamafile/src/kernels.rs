@@ -19,7 +19,7 @@ use core::ops::Range;
 use kt_core::ggml::{self, ActKind, GgmlType, QK, QK_K};
 
 use crate::act::{ActG8, ActK, ActW8};
-use crate::decode::{reg_of, KBlock, Relevel, Q4KU, Q5KU};
+use crate::decode::{reg_of, KBlock, Relevel, Q4KU, Q5KU, Q6KP};
 use crate::lanes::{relevel, REGS};
 use crate::legacy::{self, LGroup, Offset};
 use crate::vnni::{self, Vnni};
@@ -49,7 +49,8 @@ const TC: usize = 32;
 /// A GGML matrix packed for the kernels: rows of whole blocks, row-major; the 32-column
 /// quantized types in groups of 8 blocks ([`crate::legacy`]; q8_0 for VNNI in 4-column
 /// lanes), the 256-column ones with their levels in the lane layout ([`crate::lanes`]; q4_K
-/// and q5_K with scales unpacked), the float types as GGUF stores them.
+/// and q5_K with scales unpacked, q6_K's levels in 6-bit planes), the float types as GGUF
+/// stores them.
 #[derive(Debug)]
 pub struct Packed {
     /// Its type.
@@ -89,7 +90,7 @@ impl Packed {
             GgmlType::Q3_K => return k(releveled(src, |b: &ggml::BlockQ3K| *b)),
             GgmlType::Q4_K => return k(releveled(src, Q4KU::from_block)),
             GgmlType::Q5_K => return k(releveled(src, Q5KU::from_block)),
-            GgmlType::Q6_K => return k(releveled(src, |b: &ggml::BlockQ6K| *b)),
+            GgmlType::Q6_K => return k(releveled(src, Q6KP::from_block)),
             GgmlType::IQ4_XS => return k(releveled(src, |b: &ggml::BlockIq4Xs| *b)),
             // The lattice and float types run as GGUF stores them.
             _ if t.is_lattice() || t.act() == ActKind::F32 => return k(src.to_vec()),
@@ -316,7 +317,7 @@ pub unsafe fn dots(
         GgmlType::Q3_K => k!(ggml::BlockQ3K),
         GgmlType::Q4_K => k!(Q4KU),
         GgmlType::Q5_K => k!(Q5KU),
-        GgmlType::Q6_K => k!(ggml::BlockQ6K),
+        GgmlType::Q6_K => k!(Q6KP),
         GgmlType::IQ4_XS => k!(ggml::BlockIq4Xs),
         GgmlType::IQ1_S => k!(ggml::BlockIq1S),
         GgmlType::IQ1_M => k!(ggml::BlockIq1M),
@@ -433,7 +434,7 @@ pub unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) 
             GgmlType::Q3_K => kquant1::<ggml::BlockQ3K>(w, rows, act, out),
             GgmlType::Q4_K => kquant1::<Q4KU>(w, rows, act, out),
             GgmlType::Q5_K => kquant1::<Q5KU>(w, rows, act, out),
-            GgmlType::Q6_K => kquant1::<ggml::BlockQ6K>(w, rows, act, out),
+            GgmlType::Q6_K => kquant1::<Q6KP>(w, rows, act, out),
             GgmlType::IQ4_XS => kquant1::<ggml::BlockIq4Xs>(w, rows, act, out),
             GgmlType::IQ1_S => kquant1::<ggml::BlockIq1S>(w, rows, act, out),
             GgmlType::IQ1_M => kquant1::<ggml::BlockIq1M>(w, rows, act, out),
@@ -672,8 +673,13 @@ unsafe fn kquant1_tile<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
         for i in 0..R {
             let blk = &blocks[i][b];
             let (sc, mn, d, dmin) = unsafe { blk.prep() };
-            let mins = _mm256_cvtepi32_ps(_mm256_madd_epi16(bs, mn));
-            let dots = _mm256_cvtepi32_ps(unsafe { block_dot(blk, a, sc) });
+            let (mins, dots) = (_mm256_madd_epi16(bs, mn), unsafe { block_dot(blk, a, sc) });
+            if B::MINS_IN_D {
+                let x = _mm256_cvtepi32_ps(_mm256_sub_epi32(dots, mins));
+                acc[i] = _mm256_fmadd_ps(x, _mm256_mul_ps(_mm256_set1_ps(d), da), acc[i]);
+                continue;
+            }
+            let (mins, dots) = (_mm256_cvtepi32_ps(mins), _mm256_cvtepi32_ps(dots));
             acc[i] = _mm256_fnmadd_ps(mins, _mm256_mul_ps(_mm256_set1_ps(dmin), da), acc[i]);
             acc[i] = _mm256_fmadd_ps(dots, _mm256_mul_ps(_mm256_set1_ps(d), da), acc[i]);
         }

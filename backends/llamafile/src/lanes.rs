@@ -13,7 +13,7 @@
 
 use kt_core::ggml::QK_K;
 
-use crate::decode::{Field, Relevel};
+use crate::decode::{Field, Fields, Relevel};
 
 /// Registers per block.
 pub const REGS: usize = 8;
@@ -101,35 +101,55 @@ pub unsafe fn transpose(y: [core::arch::x86_64::__m256i; 8]) -> [core::arch::x86
 pub fn relevel<B: Relevel>(blk: &B) -> B {
     let src = bytemuck::bytes_of(blk);
     // Levels in column order, 16 columns a row.
-    let mut lv = [[0u8; 16]; QK_K / 16];
-    for (g, l) in lv.iter_mut().enumerate() {
-        let mut at = 0;
-        for f in B::fields(g / 2, g % 2) {
-            let m = mask(f);
-            for (v, &b) in l.iter_mut().zip(&src[f.at..f.at + 16]) {
-                *v |= ((b >> f.shift) & m) << at;
-            }
-            at += f.width;
-        }
-    }
+    let lv: [[u8; 16]; QK_K / 16] = core::array::from_fn(|g| read(src, B::fields(g / 2, g % 2)));
     let mut out = *blk;
     let dst = bytemuck::bytes_of_mut(&mut out);
     for r in 0..REGS {
         for h in 0..2 {
-            let mut v: [u8; 16] = core::array::from_fn(|k| {
+            let v: [u8; 16] = core::array::from_fn(|k| {
                 let c = column(r, 16 * h + k);
                 lv[c / 16][c % 16]
             });
-            for f in B::fields(r, h) {
-                let m = mask(f);
-                for (o, x) in dst[f.at..f.at + 16].iter_mut().zip(&mut v) {
-                    *o = (*o & !(m << f.shift)) | ((*x & m) << f.shift);
-                    *x = x.checked_shr(f.width).unwrap_or(0);
-                }
-            }
+            write(dst, B::fields(r, h), v);
         }
     }
     out
+}
+
+/// `dst` with the levels of `src`, chunk by chunk in GGUF's addressing, moved from `S`'s bit
+/// fields into `D`'s (the other bytes of `dst` as given).
+pub fn refield<S: Relevel, D: Relevel>(src: &S, mut dst: D) -> D {
+    let (a, b) = (bytemuck::bytes_of(src), bytemuck::bytes_of_mut(&mut dst));
+    for c in 0..REGS {
+        for h in 0..2 {
+            write(b, D::fields(c, h), read(a, S::fields(c, h)));
+        }
+    }
+    dst
+}
+
+/// The 16 levels that `fields` describe.
+fn read(bytes: &[u8], fields: Fields) -> [u8; 16] {
+    let (mut lv, mut at) = ([0u8; 16], 0);
+    for f in fields {
+        let m = mask(f);
+        for (v, &b) in lv.iter_mut().zip(&bytes[f.at..f.at + 16]) {
+            *v |= ((b >> f.shift) & m) << at;
+        }
+        at += f.width;
+    }
+    lv
+}
+
+/// Put the 16 levels `v` in `fields`, leaving their bytes' other bits.
+fn write(bytes: &mut [u8], fields: Fields, mut v: [u8; 16]) {
+    for f in fields {
+        let m = mask(f);
+        for (o, x) in bytes[f.at..f.at + 16].iter_mut().zip(&mut v) {
+            *o = (*o & !(m << f.shift)) | ((*x & m) << f.shift);
+            *x = x.checked_shr(f.width).unwrap_or(0);
+        }
+    }
 }
 
 fn mask(f: Field) -> u8 {
@@ -141,7 +161,7 @@ mod tests {
     use kt_core::ggml::{self, GgmlType};
 
     use super::*;
-    use crate::decode::{Q4KU, Q5KU};
+    use crate::decode::{KBlock, Q4KU, Q5KU, Q6KP};
 
     #[test]
     fn order_act_avx2_is_order_act() {
@@ -173,7 +193,7 @@ mod tests {
     /// The registers of a releveled block, as the kernels decode them, hold each column's
     /// level as the GGUF layout stores it (the fields of chunk c/32, column c%32), and no bit
     /// outside the levels changed.
-    fn check<B: Relevel>(t: GgmlType, from: impl Fn(&[u8]) -> B) {
+    fn check<B: Relevel + KBlock>(t: GgmlType, from: impl Fn(&[u8]) -> B) {
         let m = ggml::random_matrix(t, 1, QK_K, 7);
         let blk = from(m.data());
         let moved = relevel(&blk);
@@ -203,7 +223,7 @@ mod tests {
     }
 
     /// The level of column `k` of 16 described by `fields`, bit by bit.
-    fn level(bytes: &[u8], fields: [Field; 2], k: usize) -> u8 {
+    fn level(bytes: &[u8], fields: Fields, k: usize) -> u8 {
         let (mut v, mut at) = (0, 0);
         for f in fields {
             v |= ((bytes[f.at + k] >> f.shift) & mask(f)) << at;
@@ -217,14 +237,43 @@ mod tests {
         if kt_core::Backend::cpu_support(&crate::LLAMAFILE).is_err() {
             return;
         }
-        fn cast<B: Relevel>(d: &[u8]) -> B {
+        fn cast<B: Relevel + KBlock>(d: &[u8]) -> B {
             *bytemuck::from_bytes(d)
         }
         check::<ggml::BlockQ2K>(GgmlType::Q2_K, cast);
         check::<ggml::BlockQ3K>(GgmlType::Q3_K, cast);
-        check::<ggml::BlockQ6K>(GgmlType::Q6_K, cast);
+        check::<Q6KP>(GgmlType::Q6_K, |d| Q6KP::from_block(bytemuck::from_bytes(d)));
         check::<ggml::BlockIq4Xs>(GgmlType::IQ4_XS, cast);
         check::<Q4KU>(GgmlType::Q4_K, |d| Q4KU::from_block(bytemuck::from_bytes(d)));
         check::<Q5KU>(GgmlType::Q5_K, |d| Q5KU::from_block(bytemuck::from_bytes(d)));
+    }
+
+    /// q6_K's planes hold every level of the GGUF block, chunk by chunk, and use each bit of
+    /// their 192 bytes once.
+    #[test]
+    fn q6k_planes_keep_every_level() {
+        let m = ggml::random_matrix(GgmlType::Q6_K, 4, QK_K, 11);
+        for src in m.data().chunks_exact(size_of::<ggml::BlockQ6K>()) {
+            let gguf: &ggml::BlockQ6K = bytemuck::from_bytes(src);
+            let p = Q6KP::from_block(gguf);
+            let (a, b) = (bytemuck::bytes_of(gguf), bytemuck::bytes_of(&p));
+            let mut used = [0u8; 192];
+            for c in 0..REGS {
+                for h in 0..2 {
+                    for k in 0..16 {
+                        let (want, got) = (level(a, ggml::BlockQ6K::fields(c, h), k), level(b, Q6KP::fields(c, h), k));
+                        assert_eq!(got, want, "chunk {c} column {}", 16 * h + k);
+                    }
+                    for f in Q6KP::fields(c, h).into_iter().filter(|f| f.width > 0) {
+                        for u in &mut used[f.at..f.at + 16] {
+                            assert_eq!(*u & (mask(f) << f.shift), 0, "a bit used twice");
+                            *u |= mask(f) << f.shift;
+                        }
+                    }
+                }
+            }
+            assert!(used.iter().all(|&u| u == 0xFF), "every bit of the planes holds a level's");
+            assert_eq!(&b[192..], &a[192..], "scales and d as GGUF's");
+        }
     }
 }
