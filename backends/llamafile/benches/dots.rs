@@ -17,7 +17,7 @@ use kt_core::{Backend, WeightFormat};
 const ROWS: usize = 768;
 const COLS: usize = 2048;
 
-#[divan::bench(args = ["q4_K", "q4_K/avx2", "q5_K", "q5_K/avx2", "q6_K", "q8_0", "q8_0/avx2", "q4_0", "q4_0/avx2", "q5_0", "q5_0/avx2"], consts = [1, 20, 33])]
+#[divan::bench(args = ["q2_K", "q3_K", "q4_K", "q4_K/avx2", "q5_K", "q5_K/avx2", "q6_K", "iq4_xs", "q8_0", "q8_0/avx2", "q4_0", "q4_0/avx2", "q5_0", "q5_0/avx2"], consts = [1, 20, 33])]
 fn dots<const N: usize>(bencher: divan::Bencher, name: &str) {
     run::<N>(bencher, name, ROWS, COLS);
 }
@@ -55,7 +55,7 @@ fn run<const N: usize>(bencher: divan::Bencher, name: &str, rows: usize, cols: u
         .bench_local(|| b.down(&w, 0..rows, act, MatMut::from_slice(&mut y, N, rows, stride)));
 }
 
-#[divan::bench(args = ["q4_K", "q6_K", "q8_0", "q4_0"])]
+#[divan::bench(args = ["q3_K", "q4_K", "q5_K", "q6_K", "q8_0", "q4_0"])]
 fn pack(bencher: divan::Bencher, name: &str) {
     let t = GgmlType::parse(name).expect("a GGML type");
     let m = random_matrix(t, ROWS, COLS, 1);

@@ -81,7 +81,7 @@ pub trait Relevel: Pod {
     fn fields(c: usize, h: usize) -> Fields;
 }
 
-/// A level's bit fields, low bits first ([`NONE`] pads).
+/// A level's bit fields, low bits first, [`NONE`] after the last.
 pub type Fields = [Field; 3];
 
 /// Register `r` of `blk`, from `whole` (its [`KBlock::regs`]) for a [`KBlock::WHOLE`] type.
@@ -130,18 +130,8 @@ unsafe fn load(p: &[u8]) -> __m256i {
     unsafe { _mm256_loadu_si256(p.as_ptr().cast()) }
 }
 
-/// Low nibbles of 16 bytes then their high nibbles, as 32 bytes (the 32-column nibble order).
-#[inline(always)]
-unsafe fn nibbles16(qs: &[u8]) -> __m256i {
-    // SAFETY: 16 bytes (callers pass a block's 16-byte field); AVX2 by contract.
-    unsafe {
-        let x = _mm_loadu_si128(qs.as_ptr().cast());
-        let m = _mm_set1_epi8(0x0F);
-        _mm256_set_m128i(_mm_and_si128(_mm_srli_epi16::<4>(x), m), _mm_and_si128(x, m))
-    }
-}
-
-/// Bytes of `x` shifted right by `s` bits (s < 8), masked to `m`.
+/// Bytes of `x` shifted right by `s` bits (s < 8), masked to `m` (the shift is of 16-bit
+/// lanes: `m` must clear the bits a byte takes from its neighbour).
 #[inline(always)]
 unsafe fn bits(x: __m256i, s: usize, m: i8) -> __m256i {
     // SAFETY: AVX2 by contract.
@@ -214,31 +204,67 @@ impl Relevel for BlockQ2K {
     }
 }
 
-impl KBlock for BlockQ3K {
+/// Q3_K with its 16 scales unpacked to bytes at load (4 more bytes a block: the scalar
+/// unpacking per block, row and token was most of its one-token kernel) and its levels in three
+/// 3-bit planes: chunks 0..3 are the low 3 bits of a plane's bytes, chunks 3..6 the next 3,
+/// chunks 6 and 7 the top 2 bits of planes 0 and 1 with their third bit in plane 2's. 19
+/// operations decode a block where GGUF's 2-bit planes and bit mask take about 48.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct Q3KU {
+    q: [[u8; 32]; 3],
+    sc: [i8; 16],
+    d: [u8; 2],
+}
+
+impl Q3KU {
+    /// From a GGUF block.
+    pub fn from_block(b: &BlockQ3K) -> Self {
+        crate::lanes::refield(b, Q3KU { q: [[0; 32]; 3], sc: q3k_scales(&b.scales), d: b.d })
+    }
+}
+
+impl KBlock for Q3KU {
     const SIGNED: bool = false;
     const FOLD: usize = 8;
     const MINS_IN_D: bool = true;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         unsafe {
-            let x = _mm_loadu_si128(q3k_scales(&self.scales).as_ptr().cast());
+            let s = _mm256_cvtepi8_epi16(_mm_loadu_si128(self.sc.as_ptr().cast()));
             let d = h(self.d);
-            let s = _mm256_cvtepi8_epi16(x);
             (s, _mm256_slli_epi16::<2>(s), d, d)
         }
     }
-    /// `lo2 + 4·hbit` (0..7); the value is that minus 4 (the min).
+    /// Levels 0..7; the value is that minus 4 (the min).
     #[inline(always)]
     unsafe fn reg(&self, r: usize) -> __m256i {
+        // SAFETY: AVX2 by contract; each plane is 32 bytes.
         unsafe {
-            let lo = bits(load(&self.qs[32 * (r / 4)..]), 2 * (r % 4), 3);
-            let bit = _mm256_set1_epi8((1u8 << r) as i8);
-            let clear = _mm256_cmpeq_epi8(_mm256_and_si256(load(&self.hmask), bit), _mm256_setzero_si256());
-            _mm256_or_si256(lo, _mm256_andnot_si256(clear, _mm256_set1_epi8(4)))
+            let at = |j: usize, shift: usize, m: i8| bits(load(&self.q[j]), shift, m);
+            match r {
+                0..3 => at(r, 0, 0x07),
+                3..6 => at(r - 3, 3, 0x07),
+                6 => _mm256_or_si256(at(0, 6, 0x03), at(2, 4, 0x04)),
+                _ => _mm256_or_si256(at(1, 6, 0x03), at(2, 5, 0x04)),
+            }
         }
     }
 }
 
+impl Relevel for Q3KU {
+    fn fields(c: usize, h: usize) -> Fields {
+        let at = |j: usize| offset_of!(Self, q) + 32 * j + 16 * h;
+        match c {
+            0..3 => [field(at(c), 0, 3), NONE, NONE],
+            3..6 => [field(at(c - 3), 3, 3), NONE, NONE],
+            6 => [field(at(0), 6, 2), field(at(2), 6, 1), NONE],
+            _ => [field(at(1), 6, 2), field(at(2), 7, 1), NONE],
+        }
+    }
+}
+
+/// GGUF's q3_K layout: what [`Q3KU::from_block`] reads.
 impl Relevel for BlockQ3K {
     fn fields(c: usize, h: usize) -> Fields {
         let lo = field(offset_of!(Self, qs) + 32 * (c / 4) + 16 * h, 2 * (c % 4), 2);
@@ -258,7 +284,10 @@ pub struct Q4KU {
     qs: [u8; 128],
 }
 
-/// Q5_K likewise.
+/// Q5_K likewise, with its levels in five 5-bit planes: chunks 0..5 are the low 5 bits of a
+/// plane's bytes, chunks 5..8 lie in their top 3 bits (chunk 5 in planes 0 and 1, 6 in 1..4,
+/// 7 in 3 and 4). Five registers then decode in one `and`, the other three in 5, 8 and 5
+/// operations: 23 for a block where GGUF's nibbles and bit plane take about 36.
 #[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
 #[repr(C)]
 pub struct Q5KU {
@@ -266,8 +295,7 @@ pub struct Q5KU {
     dmin: [u8; 2],
     sc: [u8; 8],
     mn: [u8; 8],
-    qh: [u8; 32],
-    qs: [u8; 128],
+    q: [[u8; 32]; 5],
 }
 
 /// `prep` of [`Q4KU`] and [`Q5KU`]: scales and mins per 32 columns, for both 16-column halves.
@@ -300,7 +328,7 @@ impl Q5KU {
     /// From a GGUF block.
     pub fn from_block(b: &BlockQ5K) -> Self {
         let (sc, mn) = unpack_k4(&b.scales);
-        Q5KU { d: b.d, dmin: b.dmin, sc, mn, qh: b.qh, qs: b.qs }
+        crate::lanes::refield(b, Q5KU { d: b.d, dmin: b.dmin, sc, mn, q: [[0; 32]; 5] })
     }
 }
 
@@ -342,14 +370,33 @@ impl KBlock for Q5KU {
     }
     #[inline(always)]
     unsafe fn reg(&self, r: usize) -> __m256i {
+        // SAFETY: AVX2 by contract; each plane is 32 bytes.
         unsafe {
-            let lo = bits(load(&self.qs[32 * (r / 2)..]), 4 * (r % 2), 0x0F);
-            _mm256_or_si256(lo, _mm256_slli_epi16::<4>(bits(load(&self.qh), r, 1)))
+            let at = |j: usize, shift: usize, m: i8| bits(load(&self.q[j]), shift, m);
+            match r {
+                0..5 => at(r, 0, 0x1F),
+                5 => _mm256_or_si256(at(0, 5, 0x07), at(1, 2, 0x18)),
+                6 => _mm256_or_si256(_mm256_or_si256(at(1, 7, 0x01), at(2, 4, 0x0E)), at(3, 1, 0x10)),
+                _ => _mm256_or_si256(at(3, 6, 0x03), at(4, 3, 0x1C)),
+            }
         }
     }
 }
 
 impl Relevel for Q5KU {
+    fn fields(c: usize, h: usize) -> Fields {
+        let at = |j: usize| offset_of!(Self, q) + 32 * j + 16 * h;
+        match c {
+            0..5 => [field(at(c), 0, 5), NONE, NONE],
+            5 => [field(at(0), 5, 3), field(at(1), 5, 2), NONE],
+            6 => [field(at(1), 7, 1), field(at(2), 5, 3), field(at(3), 5, 1)],
+            _ => [field(at(3), 6, 2), field(at(4), 5, 3), NONE],
+        }
+    }
+}
+
+/// GGUF's q5_K layout: what [`Q5KU::from_block`] reads.
+impl Relevel for BlockQ5K {
     fn fields(c: usize, h: usize) -> Fields {
         let lo = field(offset_of!(Self, qs) + 32 * (c / 2) + 16 * h, 4 * (c % 2), 4);
         [lo, field(offset_of!(Self, qh) + 16 * h, c, 1), NONE]
@@ -393,19 +440,16 @@ impl KBlock for Q6KP {
     /// 6-bit levels 0..63; the value is that minus 32 (the min).
     #[inline(always)]
     unsafe fn reg(&self, r: usize) -> __m256i {
-        let (m, j) = (r / 4, r % 4);
+        let (half, j) = (r / 4, r % 4);
         // SAFETY: AVX2 by contract; plane j is 32 of the 96 bytes.
         unsafe {
-            let plane = |j: usize| load(&self.q[m][32 * j..]);
+            let at = |j: usize, shift: usize, m: i8| bits(load(&self.q[half][32 * j..]), shift, m);
             if j < 3 {
-                return _mm256_and_si256(plane(j), _mm256_set1_epi8(0x3F));
+                return at(j, 0, 0x3F);
             }
-            // Plane j's top bits are bits 2j..2j + 2 of the level (shifts in 16-bit lanes:
-            // the bits a byte takes from its neighbour are masked off).
-            let lo = _mm256_and_si256(_mm256_srli_epi16::<6>(plane(0)), _mm256_set1_epi8(0x03));
-            let mid = _mm256_and_si256(_mm256_srli_epi16::<4>(plane(1)), _mm256_set1_epi8(0x0C));
-            let hi = _mm256_and_si256(_mm256_srli_epi16::<2>(plane(2)), _mm256_set1_epi8(0x30));
-            _mm256_or_si256(_mm256_or_si256(lo, mid), hi)
+            // Plane j's top bits are bits 2j..2j + 2 of the level ([`bits`] shifts 16-bit
+            // lanes: the bits a byte takes from its neighbour are masked off).
+            _mm256_or_si256(_mm256_or_si256(at(0, 6, 0x03), at(1, 4, 0x0C)), at(2, 2, 0x30))
         }
     }
 }
@@ -431,20 +475,46 @@ impl Relevel for BlockQ6K {
     }
 }
 
-impl KBlock for BlockIq4Xs {
+/// IQ4_XS with its 8 scales unpacked to bytes at load (2 more bytes a block: the scalar
+/// unpacking per block, row and token was most of its one-token kernel) and its nibbles paired
+/// as Q4_K's: a 32-byte load gives two registers (an `and`, or a shift and an `and`) where
+/// GGUF's 16 bytes a chunk take a load, two operations and an insert each.
+#[derive(Clone, Copy, bytemuck::Pod, bytemuck::Zeroable)]
+#[repr(C)]
+pub struct Iq4XsU {
+    d: [u8; 2],
+    sc: [u8; 8],
+    qs: [u8; 128],
+}
+
+impl Iq4XsU {
+    /// From a GGUF block.
+    pub fn from_block(b: &BlockIq4Xs) -> Self {
+        let sc = core::array::from_fn(|ib| b.scale(ib) as u8);
+        crate::lanes::refield(b, Iq4XsU { d: b.d, sc, qs: [0; 128] })
+    }
+}
+
+impl KBlock for Iq4XsU {
     const SIGNED: bool = true;
     const FOLD: usize = 1;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
-        let ls: [u8; 8] = core::array::from_fn(|ib| self.scale(ib) as u8);
-        unsafe { (twice(u64::from_le_bytes(ls), true), _mm256_setzero_si256(), h(self.d), 0.0) }
+        unsafe { (twice(u64::from_le_bytes(self.sc), true), _mm256_setzero_si256(), h(self.d), 0.0) }
     }
     #[inline(always)]
     unsafe fn reg(&self, r: usize) -> __m256i {
-        unsafe { _mm256_shuffle_epi8(iq4_lut(), nibbles16(&self.qs[16 * r..])) }
+        unsafe { _mm256_shuffle_epi8(iq4_lut(), bits(load(&self.qs[32 * (r / 2)..]), 4 * (r % 2), 0x0F)) }
     }
 }
 
+impl Relevel for Iq4XsU {
+    fn fields(c: usize, h: usize) -> Fields {
+        [field(offset_of!(Self, qs) + 32 * (c / 2) + 16 * h, 4 * (c % 2), 4), NONE, NONE]
+    }
+}
+
+/// GGUF's iq4_xs layout: what [`Iq4XsU::from_block`] reads.
 impl Relevel for BlockIq4Xs {
     fn fields(c: usize, h: usize) -> Fields {
         [field(offset_of!(Self, qs) + 16 * c, 4 * h, 4), NONE, NONE]

@@ -19,7 +19,7 @@ use core::ops::Range;
 use kt_core::ggml::{self, ActKind, GgmlType, QK, QK_K};
 
 use crate::act::{ActG8, ActK, ActW8};
-use crate::decode::{reg_of, KBlock, Relevel, Q4KU, Q5KU, Q6KP};
+use crate::decode::{reg_of, Iq4XsU, KBlock, Relevel, Q3KU, Q4KU, Q5KU, Q6KP};
 use crate::lanes::{relevel, REGS};
 use crate::legacy::{self, LGroup, Offset};
 use crate::vnni::{self, Vnni};
@@ -48,9 +48,9 @@ const TC: usize = 32;
 
 /// A GGML matrix packed for the kernels: rows of whole blocks, row-major; the 32-column
 /// quantized types in groups of 8 blocks ([`crate::legacy`]; q8_0 for VNNI in 4-column
-/// lanes), the 256-column ones with their levels in the lane layout ([`crate::lanes`]; q4_K
-/// and q5_K with scales unpacked, q6_K's levels in 6-bit planes), the float types as GGUF
-/// stores them.
+/// lanes), the 256-column ones with their levels in the lane layout ([`crate::lanes`]; q3_K,
+/// q4_K, q5_K and iq4_xs with scales unpacked, q3_K's, q5_K's and q6_K's levels in planes of
+/// their own), the float types as GGUF stores them.
 #[derive(Debug)]
 pub struct Packed {
     /// Its type.
@@ -87,11 +87,11 @@ impl Packed {
         let k = |data| Packed { t, rows, cols, row_bytes, slices, slice_bytes, prefetch, vnni, data };
         match t {
             GgmlType::Q2_K => return k(releveled(src, |b: &ggml::BlockQ2K| *b)),
-            GgmlType::Q3_K => return k(releveled(src, |b: &ggml::BlockQ3K| *b)),
+            GgmlType::Q3_K => return k(releveled(src, Q3KU::from_block)),
             GgmlType::Q4_K => return k(releveled(src, Q4KU::from_block)),
             GgmlType::Q5_K => return k(releveled(src, Q5KU::from_block)),
             GgmlType::Q6_K => return k(releveled(src, Q6KP::from_block)),
-            GgmlType::IQ4_XS => return k(releveled(src, |b: &ggml::BlockIq4Xs| *b)),
+            GgmlType::IQ4_XS => return k(releveled(src, Iq4XsU::from_block)),
             // The lattice and float types run as GGUF stores them.
             _ if t.is_lattice() || t.act() == ActKind::F32 => return k(src.to_vec()),
             _ => {}
@@ -109,8 +109,10 @@ impl Packed {
     fn row_len(t: GgmlType, cols: usize) -> usize {
         match t {
             _ if t.act() == ActKind::Q8_0 => legacy::row_bytes(t, cols),
+            GgmlType::Q3_K => cols / QK_K * size_of::<Q3KU>(),
             GgmlType::Q4_K => cols / QK_K * size_of::<Q4KU>(),
             GgmlType::Q5_K => cols / QK_K * size_of::<Q5KU>(),
+            GgmlType::IQ4_XS => cols / QK_K * size_of::<Iq4XsU>(),
             _ => t.row_bytes(cols),
         }
     }
@@ -314,11 +316,11 @@ pub unsafe fn dots(
     }
     match w.t {
         GgmlType::Q2_K => k!(ggml::BlockQ2K),
-        GgmlType::Q3_K => k!(ggml::BlockQ3K),
+        GgmlType::Q3_K => k!(Q3KU),
         GgmlType::Q4_K => k!(Q4KU),
         GgmlType::Q5_K => k!(Q5KU),
         GgmlType::Q6_K => k!(Q6KP),
-        GgmlType::IQ4_XS => k!(ggml::BlockIq4Xs),
+        GgmlType::IQ4_XS => k!(Iq4XsU),
         GgmlType::IQ1_S => k!(ggml::BlockIq1S),
         GgmlType::IQ1_M => k!(ggml::BlockIq1M),
         GgmlType::IQ2_XXS => k!(ggml::BlockIq2Xxs),
@@ -431,11 +433,11 @@ pub unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) 
     unsafe {
         match w.t {
             GgmlType::Q2_K => kquant1::<ggml::BlockQ2K>(w, rows, act, out),
-            GgmlType::Q3_K => kquant1::<ggml::BlockQ3K>(w, rows, act, out),
+            GgmlType::Q3_K => kquant1::<Q3KU>(w, rows, act, out),
             GgmlType::Q4_K => kquant1::<Q4KU>(w, rows, act, out),
             GgmlType::Q5_K => kquant1::<Q5KU>(w, rows, act, out),
             GgmlType::Q6_K => kquant1::<Q6KP>(w, rows, act, out),
-            GgmlType::IQ4_XS => kquant1::<ggml::BlockIq4Xs>(w, rows, act, out),
+            GgmlType::IQ4_XS => kquant1::<Iq4XsU>(w, rows, act, out),
             GgmlType::IQ1_S => kquant1::<ggml::BlockIq1S>(w, rows, act, out),
             GgmlType::IQ1_M => kquant1::<ggml::BlockIq1M>(w, rows, act, out),
             GgmlType::IQ2_XXS => kquant1::<ggml::BlockIq2Xxs>(w, rows, act, out),

@@ -131,7 +131,7 @@ pub fn refield<S: Relevel, D: Relevel>(src: &S, mut dst: D) -> D {
 /// The 16 levels that `fields` describe.
 fn read(bytes: &[u8], fields: Fields) -> [u8; 16] {
     let (mut lv, mut at) = ([0u8; 16], 0);
-    for f in fields {
+    for f in fields.into_iter().take_while(|f| f.width > 0) {
         let m = mask(f);
         for (v, &b) in lv.iter_mut().zip(&bytes[f.at..f.at + 16]) {
             *v |= ((b >> f.shift) & m) << at;
@@ -143,7 +143,7 @@ fn read(bytes: &[u8], fields: Fields) -> [u8; 16] {
 
 /// Put the 16 levels `v` in `fields`, leaving their bytes' other bits.
 fn write(bytes: &mut [u8], fields: Fields, mut v: [u8; 16]) {
-    for f in fields {
+    for f in fields.into_iter().take_while(|f| f.width > 0) {
         let m = mask(f);
         for (o, x) in bytes[f.at..f.at + 16].iter_mut().zip(&mut v) {
             *o = (*o & !(m << f.shift)) | ((*x & m) << f.shift);
@@ -158,10 +158,12 @@ fn mask(f: Field) -> u8 {
 
 #[cfg(test)]
 mod tests {
+    use core::ops::Range;
+
     use kt_core::ggml::{self, GgmlType};
 
     use super::*;
-    use crate::decode::{KBlock, Q4KU, Q5KU, Q6KP};
+    use crate::decode::{Iq4XsU, KBlock, Q3KU, Q4KU, Q5KU, Q6KP};
 
     #[test]
     fn order_act_avx2_is_order_act() {
@@ -241,39 +243,45 @@ mod tests {
             *bytemuck::from_bytes(d)
         }
         check::<ggml::BlockQ2K>(GgmlType::Q2_K, cast);
-        check::<ggml::BlockQ3K>(GgmlType::Q3_K, cast);
+        check::<Q3KU>(GgmlType::Q3_K, |d| Q3KU::from_block(bytemuck::from_bytes(d)));
         check::<Q6KP>(GgmlType::Q6_K, |d| Q6KP::from_block(bytemuck::from_bytes(d)));
-        check::<ggml::BlockIq4Xs>(GgmlType::IQ4_XS, cast);
+        check::<Iq4XsU>(GgmlType::IQ4_XS, |d| Iq4XsU::from_block(bytemuck::from_bytes(d)));
         check::<Q4KU>(GgmlType::Q4_K, |d| Q4KU::from_block(bytemuck::from_bytes(d)));
         check::<Q5KU>(GgmlType::Q5_K, |d| Q5KU::from_block(bytemuck::from_bytes(d)));
     }
 
-    /// q6_K's planes hold every level of the GGUF block, chunk by chunk, and use each bit of
-    /// their 192 bytes once.
-    #[test]
-    fn q6k_planes_keep_every_level() {
-        let m = ggml::random_matrix(GgmlType::Q6_K, 4, QK_K, 11);
-        for src in m.data().chunks_exact(size_of::<ggml::BlockQ6K>()) {
-            let gguf: &ggml::BlockQ6K = bytemuck::from_bytes(src);
-            let p = Q6KP::from_block(gguf);
-            let (a, b) = (bytemuck::bytes_of(gguf), bytemuck::bytes_of(&p));
-            let mut used = [0u8; 192];
+    /// `D`'s fields hold every level of `S`'s (a GGUF block), chunk by chunk, and use each bit
+    /// of its bytes `planes` once.
+    fn keeps_every_level<S: Relevel, D: Relevel>(t: GgmlType, from: impl Fn(&S) -> D, planes: Range<usize>) {
+        let m = ggml::random_matrix(t, 4, QK_K, 11);
+        for src in m.data().chunks_exact(size_of::<S>()) {
+            let gguf: &S = bytemuck::from_bytes(src);
+            let (a, packed) = (bytemuck::bytes_of(gguf), from(gguf));
+            let b = bytemuck::bytes_of(&packed);
+            let mut used = vec![0u8; b.len()];
             for c in 0..REGS {
                 for h in 0..2 {
                     for k in 0..16 {
-                        let (want, got) = (level(a, ggml::BlockQ6K::fields(c, h), k), level(b, Q6KP::fields(c, h), k));
-                        assert_eq!(got, want, "chunk {c} column {}", 16 * h + k);
+                        let (want, got) = (level(a, S::fields(c, h), k), level(b, D::fields(c, h), k));
+                        assert_eq!(got, want, "{t:?} chunk {c} column {}", 16 * h + k);
                     }
-                    for f in Q6KP::fields(c, h).into_iter().filter(|f| f.width > 0) {
+                    for f in D::fields(c, h).into_iter().filter(|f| f.width > 0) {
                         for u in &mut used[f.at..f.at + 16] {
-                            assert_eq!(*u & (mask(f) << f.shift), 0, "a bit used twice");
+                            assert_eq!(*u & (mask(f) << f.shift), 0, "{t:?}: a bit used twice");
                             *u |= mask(f) << f.shift;
                         }
                     }
                 }
             }
-            assert!(used.iter().all(|&u| u == 0xFF), "every bit of the planes holds a level's");
-            assert_eq!(&b[192..], &a[192..], "scales and d as GGUF's");
+            assert!(used[planes.clone()].iter().all(|&u| u == 0xFF), "{t:?}: every bit of the planes holds a level's");
         }
+    }
+
+    #[test]
+    fn planes_keep_every_level() {
+        keeps_every_level(GgmlType::Q6_K, Q6KP::from_block, 0..192);
+        keeps_every_level(GgmlType::Q5_K, Q5KU::from_block, 20..180);
+        keeps_every_level(GgmlType::Q3_K, Q3KU::from_block, 0..96);
+        keeps_every_level(GgmlType::IQ4_XS, Iq4XsU::from_block, 10..138);
     }
 }
