@@ -2,7 +2,8 @@
 //! per block the scales of each 16 columns, the mins (the integers multiplying the activation
 //! sums) and the f32 scales `d`, `dmin`; 8 registers of levels in the lane layout of
 //! [`crate::lanes`] (each the levels of one 32-column chunk as GGUF stores them, after the
-//! levels were moved at load; q6_K's in planes of its own, [`Q6KP`]).
+//! levels were moved at load; q3_K's, q5_K's and q6_K's in planes of whole levels, [`Q3KU`],
+//! [`Q5KU`], [`Q6KP`]).
 //! `value = d·sc·level − dmin·mn` per 16 columns.
 //! (The 32-column types: [`crate::legacy`].)
 //!

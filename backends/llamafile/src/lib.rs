@@ -5,8 +5,9 @@
 //! replaces; nothing of llamafile is used. Registered when the CPU has AVX2, FMA and F16C.
 //!
 //! Weights keep their GGUF values, rearranged at load (`kernels::Packed`: 32-column types in
-//! groups of 8 blocks, 256-column ones with their levels in the lane layout of `lanes`, the
-//! lattice types as stored, put in that layout as they are decoded);
+//! groups of 8 blocks, 256-column ones with their levels in the lane layout of `lanes`, q3_K's,
+//! q5_K's and q6_K's first gathered into planes of whole levels and some types' scales
+//! unpacked, the lattice types as stored, put in that layout as they are decoded);
 //! activations are quantized per token to the type's `vec_dot_type` (Q8_K for 256-column types,
 //! Q8_0 with sums for 32-column ones, f32 for float types) in a block-major layout (`act`).
 //! Where the CPU has VNNI (AVX-VNNI or AVX512-VNNI), q8_0 (packed for it), q4_0, q4_1, q5_0,
