@@ -55,7 +55,7 @@ pub trait KBlock: Pod {
     /// subtracts them from the dots in i32 (exact: both stay far below 2³¹) and converts and
     /// scales once.
     const MINS_IN_D: bool = false;
-    /// Scales and mins cover 32 columns (q4_K, q5_K). In the lane layout i32 lane `l` of every
+    /// Scales and mins cover 32 columns (q4_K, q5_K; iq4_xs, which has no mins). In the lane layout i32 lane `l` of every
     /// register holds columns of 32-column part `l` only, so the kernels sum each part's
     /// products in i32 unscaled (a `madd` with ones, or `vpdpbusd`) and scale them in f32 by
     /// [`KBlock::prep32`] ([`crate::kernels`]' `per32`): two fewer multiplies per row, token
@@ -499,9 +499,17 @@ impl Iq4XsU {
 impl KBlock for Iq4XsU {
     const SIGNED: bool = true;
     const FOLD: usize = 1;
+    const PER32: bool = true;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         unsafe { (twice(u64::from_le_bytes(self.sc), true), _mm256_setzero_si256(), h(self.d), 0.0) }
+    }
+    #[inline(always)]
+    unsafe fn prep32(&self) -> (__m256, __m256) {
+        unsafe {
+            let sc = _mm256_cvtepi8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(self.sc)));
+            (_mm256_mul_ps(_mm256_set1_ps(h(self.d)), _mm256_cvtepi32_ps(sc)), _mm256_setzero_ps())
+        }
     }
     #[inline(always)]
     unsafe fn reg(&self, r: usize) -> __m256i {

@@ -11,8 +11,8 @@
 //! activations are quantized per token to the type's `vec_dot_type` (Q8_K for 256-column types,
 //! Q8_0 with sums for 32-column ones, f32 for float types) in a block-major layout (`act`).
 //! Where the CPU has VNNI (AVX-VNNI or AVX512-VNNI), q8_0 (packed for it), q4_0, q4_1, q5_0,
-//! q5_1, q4_K and q5_K run on `vpdpbusd` (`vnni`, `kernels::on_vnni`, `kernels::on_zmm`), with
-//! the same results bit for bit.
+//! q5_1, q4_K, q5_K and iq4_xs run on `vpdpbusd` (`vnni`, `kernels::on_vnni`,
+//! `kernels::on_zmm`), with the same results bit for bit.
 
 #[cfg(target_arch = "x86_64")]
 mod act;
@@ -253,8 +253,8 @@ mod tests {
         }
     }
 
-    /// VNNI where it runs: q8_0, the unsigned 32-column types and q4_K/q5_K, the registered instance, a
-    /// VNNI CPU.
+    /// VNNI where it runs: q8_0, the unsigned 32-column types and q4_K/q5_K/iq4_xs, the
+    /// registered instance, a VNNI CPU.
     #[test]
     fn uses_vnni_names_the_kernels_that_run_on_it() {
         use kt_core::ggml::GgmlType;
@@ -265,6 +265,7 @@ mod tests {
         assert_eq!(LLAMAFILE.uses_vnni(q4), here);
         assert!(!LLAMAFILE.uses_vnni(WeightFormat::Ggml(GgmlType::IQ4_NL)));
         assert_eq!(LLAMAFILE.uses_vnni(WeightFormat::Ggml(GgmlType::Q4_K)), here);
+        assert_eq!(LLAMAFILE.uses_vnni(WeightFormat::Ggml(GgmlType::IQ4_XS)), here);
         assert!(!LLAMAFILE.uses_vnni(WeightFormat::Ggml(GgmlType::Q6_K)));
         assert!(!LLAMAFILE_AVX2.uses_vnni(q8));
     }

@@ -3,10 +3,12 @@
 //! row, token and group, `NT` tokens at a time (several tokens with AVX512-VNNI: in 512-bit
 //! registers, [`super::on_zmm`]). q4_0, q4_1, q5_0, q5_1: the 32-column kernel
 //! as on AVX2, each pair of blocks summed by two `vpdpbusd` (levels are unsigned already)
-//! where `maddubs` took two `vpmaddubsw` and an add, then a fold of i16 sums. q4_K and q5_K
-//! ([`KBlock::PER32`]): 8 `vpdpbusd` a row, token and block give the 32-column parts' sums (in
-//! 512-bit registers with AVX512-VNNI, [`super::on_zmm`]; here for AVX-VNNI and for one
-//! token). Built from rustc 1.89 only (`build.rs`).
+//! where `maddubs` took two `vpmaddubsw` and an add, then a fold of i16 sums. q4_K, q5_K and
+//! iq4_xs ([`KBlock::PER32`]): 8 `vpdpbusd` a row, token and block give the 32-column parts'
+//! sums (q4_K and q5_K in 512-bit registers with AVX512-VNNI, [`super::on_zmm`]; here for
+//! AVX-VNNI, for one token and for iq4_xs, whose signed levels go in + 128 and come out less
+//! 128·Σa, in i32: the same integers as AVX2's sign trick). Built from rustc 1.89 only
+//! (`build.rs`).
 
 // Tiles index rows, tokens and blocks of several arrays with one counter; iterators would hide it.
 #![allow(clippy::needless_range_loop)]
@@ -23,7 +25,7 @@ use super::{
     token_tiles, write_out, DecK, Packed, PairSums, Scratch, Tile, R, TC,
 };
 use crate::act::{ActG8, ActK, ActV8};
-use crate::decode::{KBlock, Q4KU, Q5KU};
+use crate::decode::{Iq4XsU, KBlock, Q4KU, Q5KU};
 use crate::lanes::REGS;
 use crate::legacy;
 use crate::vnni::{self, Dp, Vnni};
@@ -124,7 +126,7 @@ unsafe fn k32_tokens<D: Dp, B: KBlock, const NT: usize, const A: usize>(
             for r in [2 * p, 2 * p + 1] {
                 let w = array!(_mm256_setzero_si256(); R, |i| match dec {
                     Some(d) => ld(&d[i].v[r]),
-                    None => blk[i].reg(r),
+                    None => unsigned_reg(blk[i], r),
                 });
                 let s = if NT == 1 && r % 2 == 1 { &mut odd } else { &mut s };
                 for k in 0..NT {
@@ -142,9 +144,33 @@ unsafe fn k32_tokens<D: Dp, B: KBlock, const NT: usize, const A: usize>(
         }
         for k in 0..NT {
             let (da, m) = act32(&act[k]);
+            // Signed levels went in + 128: take 128·Σa of each 32-column part off.
+            let off = if B::SIGNED {
+                _mm256_slli_epi32::<7>(_mm256_madd_epi16(ld(&act[k].bsums), _mm256_set1_epi16(1)))
+            } else {
+                _mm256_setzero_si256()
+            };
             for i in 0..R {
-                acc[i][t + k] = per32(keep, acc[i][t + k], s[i][k], sc[i], da, m);
+                let s = if B::SIGNED { _mm256_sub_epi32(s[i][k], off) } else { s[i][k] };
+                acc[i][t + k] = per32(keep, acc[i][t + k], s, sc[i], da, m);
             }
+        }
+    }
+}
+
+/// Register `r` of `blk` as `vpdpbusd`'s unsigned operand: signed levels + 128.
+///
+/// # Safety
+/// AVX2 (inlined into kernels that enable it).
+#[inline(always)]
+unsafe fn unsigned_reg<B: KBlock>(blk: &B, r: usize) -> __m256i {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let x = blk.reg(r);
+        if B::SIGNED {
+            _mm256_xor_si256(x, _mm256_set1_epi8(i8::MIN))
+        } else {
+            x
         }
     }
 }
@@ -173,7 +199,7 @@ unsafe fn vnni_k32<D: Dp, B: KBlock, const NT: usize, const TC: usize, const A: 
             if let Some(d) = dec.as_deref_mut() {
                 for i in 0..R {
                     for r in 0..REGS {
-                        unsafe { _mm256_store_si256(d[i].v[r].as_mut_ptr().cast(), blk[i].reg(r)) };
+                        unsafe { _mm256_store_si256(d[i].v[r].as_mut_ptr().cast(), unsigned_reg(blk[i], r)) };
                     }
                 }
             }
@@ -241,6 +267,12 @@ unsafe fn dots_evex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scra
             GgmlType::Q4_K => on_zmm::dots::<Q4KU>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
             GgmlType::Q5_K => on_zmm::dots::<Q5KU>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
             GgmlType::Q8_0 => on_zmm::q8(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
+            GgmlType::IQ4_XS => vnni_k32::<vnni::Evex, Iq4XsU, 6, { 2 * TC }, { 2 * TC }>(
+                raw.cast(),
+                out,
+                Some(&mut scratch.k),
+                &mut scratch.acc,
+            ),
             _ => legacy_dots::<vnni::Evex>(raw, out, scratch),
         }
     }
@@ -262,6 +294,12 @@ unsafe fn dots_vex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scrat
                 &mut scratch.acc,
             ),
             GgmlType::Q5_K => vnni_k32::<Vex, Q5KU, NT, { 2 * TC }, { 2 * TC }>(
+                raw.cast(),
+                out,
+                Some(&mut scratch.k),
+                &mut scratch.acc,
+            ),
+            GgmlType::IQ4_XS => vnni_k32::<Vex, Iq4XsU, NT, { 2 * TC }, { 2 * TC }>(
                 raw.cast(),
                 out,
                 Some(&mut scratch.k),
@@ -317,6 +355,7 @@ unsafe fn gemv_in<D: Dp>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [
         GgmlType::Q5_1 => l!(legacy::Q51),
         GgmlType::Q4_K => k!(Q4KU),
         GgmlType::Q5_K => k!(Q5KU),
+        GgmlType::IQ4_XS => k!(Iq4XsU),
         t => unreachable!("{t} has no VNNI kernel (vnni::runs)"),
     }
 }
