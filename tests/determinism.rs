@@ -49,7 +49,7 @@ fn formats(b: &dyn Backend, cfg: &MoeConfig) -> Vec<WeightFormat> {
     WeightFormat::ALL
         .into_iter()
         .chain(ggml)
-        .filter(|&f| cfg.validate_for(f).is_ok() && b.supports(f, i, h) && b.supports(f, h, i))
+        .filter(|&f| cfg.validate_for(f).is_ok() && b.serves(f, i, h) && b.serves(f, h, i))
         .collect()
 }
 

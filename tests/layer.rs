@@ -1,6 +1,7 @@
 //! The `MoeLayer` API: building from f32 and from quantized matrices, GPU-resident experts,
 //! and clear errors for bad input.
 
+use kt_core::ggml::GgmlType;
 use kt_core::reference::REFERENCE;
 use kt_core::testing::{random_input, random_routing};
 use kt_core::{Error, MoeConfig, QuantMatrix, WeightFormat};
@@ -34,8 +35,14 @@ fn from_quantized_equals_from_f32() {
         .unwrap();
         let input = random_input(5, h, 2);
         let (ids, w) = random_routing(5, 2, 6, 3);
-        assert_eq!(a1.forward(&input, &ids, &w, None).unwrap(), b1.forward(&input, &ids, &w, None).unwrap(), "{f}");
-        assert!(a.forward(&input, &ids, &w, None).is_ok());
+        let one_part = a1.forward(&input, &ids, &w, None).unwrap();
+        assert_eq!(one_part, b1.forward(&input, &ids, &w, None).unwrap(), "{f}");
+        // Two parts: down quantized per part slice and the parts summed; close to one part.
+        let two = a.forward(&input, &ids, &w, None).unwrap();
+        let f32s = |v: &[half::bf16]| v.iter().map(|x| x.to_f32()).collect::<Vec<_>>();
+        let want: Vec<f64> = f32s(&one_part).iter().map(|&x| f64::from(x)).collect();
+        let err = kt_core::testing::mean_rel_err(&f32s(&two), &want);
+        assert!(err < 0.05, "{f}: two parts differ from one by {err}");
     }
 }
 
@@ -47,9 +54,12 @@ fn gpu_resident_experts_are_not_loaded_and_cost_no_memory() {
     assert_eq!(layer.expert_bytes(1), 0);
     assert!(layer.expert_bytes(0) > 0);
     let input = random_input(2, 32, 1);
-    // Routed to expert 1 while it is masked: fine, it is skipped.
+    // Routed to expert 1 while it is masked: skipped, as a layer holding every expert skips it.
     let mask = [false, true, false, true];
-    assert!(layer.forward(&input, &[0, 1, 2, 3], &[0.5; 4], Some(&mask)).is_ok());
+    let all = MoeLayer::from_f32(&cfg, WeightFormat::Int8Row, owned(&xs, &[]), &opts()).unwrap();
+    let want = all.forward(&input, &[0, 1, 2, 3], &[0.5; 4], Some(&mask)).unwrap();
+    assert_eq!(layer.forward(&input, &[0, 1, 2, 3], &[0.5; 4], Some(&mask)).unwrap(), want);
+    assert!(all.bytes() > layer.bytes());
     // Routed to expert 1 with no mask: a clear error naming the expert.
     let e = layer.forward(&input, &[0, 1, 2, 0], &[0.5; 4], None).unwrap_err();
     assert_eq!(e, Error::ExpertNotLoaded { expert: 1 });
@@ -95,12 +105,49 @@ fn bad_input_gives_errors_naming_the_problem() {
     assert!(e.contains("non-finite"), "{e}");
 }
 
+/// Every format runs on the best backend for it here (our formats on avx2, GGML types on
+/// llamafile, where the CPU has AVX2+FMA) and gives the reference backend's results.
 #[test]
-fn automatic_backend_selection_serves_every_format() {
-    let cfg = MoeConfig::new(4, 2, 128, 128);
+fn automatic_selection_runs_each_format_on_its_backend() {
+    let cfg = MoeConfig::new(4, 2, 256, 256);
     let xs = experts(&cfg, 3);
-    for f in WeightFormat::ALL {
-        let layer = MoeLayer::from_f32(&cfg, f, owned(&xs, &[]), &LayerOptions::threads(2)).unwrap();
-        assert!(kt_host::registry::registered().iter().any(|b| b.name() == layer.backend().name()));
+    let simd = kt_host::cpu::CpuInfo::detect();
+    let simd = simd.has("avx2") && simd.has("fma") && simd.has("f16c");
+    if !simd {
+        eprintln!("this CPU lacks AVX2/FMA/F16C: every format runs on the reference backend");
     }
+    let ggml = [GgmlType::Q4_K, GgmlType::Q8_0].map(WeightFormat::Ggml);
+    let input = random_input(7, cfg.hidden, 5);
+    let (ids, w) = random_routing(7, 2, 4, 6);
+    for f in WeightFormat::ALL.into_iter().chain(ggml) {
+        let auto = MoeLayer::from_f32(&cfg, f, owned(&xs, &[]), &LayerOptions::threads(2)).unwrap();
+        let want_backend = match (simd, f) {
+            (false, _) => "reference",
+            (true, WeightFormat::Ggml(_)) => "llamafile",
+            (true, _) => "avx2",
+        };
+        assert_eq!(auto.backend().name(), want_backend, "{f}");
+        let oracle = MoeLayer::from_f32(&cfg, f, owned(&xs, &[]), &opts()).unwrap();
+        let got: Vec<f32> = auto.forward(&input, &ids, &w, None).unwrap().iter().map(|v| v.to_f32()).collect();
+        let want: Vec<f64> = oracle.forward(&input, &ids, &w, None).unwrap().iter().map(|v| v.to_f64()).collect();
+        let err = kt_core::testing::mean_rel_err(&got, &want);
+        assert!(err < 1e-2, "{f} on {}: {err}", auto.backend().name());
+    }
+}
+
+/// A backend given explicitly that does not run the format: an error naming the format and
+/// the backends that do, not a fallback.
+#[test]
+fn a_given_backend_that_declines_the_format_is_an_error() {
+    let cfg = MoeConfig::new(4, 2, 256, 256);
+    let q4k = WeightFormat::Ggml(GgmlType::Q4_K);
+    let Some(avx2) = kt_host::registry::registered().into_iter().find(|b| b.name() == "avx2") else {
+        eprintln!("skipped: no avx2 backend in this build");
+        return;
+    };
+    let opts = LayerOptions { backend: Some(avx2), ..LayerOptions::threads(1) };
+    let e = MoeLayer::from_f32(&cfg, q4k, |_| None, &opts).unwrap_err();
+    assert!(matches!(e, Error::FormatNotServed { format, .. } if format == q4k), "{e:?}");
+    let msg = e.to_string();
+    assert!(msg.contains("avx2") && msg.contains("q4_K") && msg.contains("reference"), "{msg}");
 }

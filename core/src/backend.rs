@@ -1,9 +1,19 @@
 //! The `Backend` trait: what a compute backend (reference, AVX2, AVX-512, AMX, llamafile...)
-//! provides. A backend's life cycle for one matrix: `supports` → `pack` (at load, in parallel
-//! across experts) → `act_bytes`/`quantize_act` (per forward) → `gate_up`/`down` (per task).
+//! provides, and its life cycle for one layer:
 //!
-//! Backends *must* compute each output element in a fixed order that does not depend on the
-//! row range or thread they run on, so that a forward is bit-identical for any thread count.
+//! ```text
+//!  load:     serves(format, rows, cols)?  ->  pack(matrix)            (once, in parallel)
+//!  forward:  scratch_bytes(...)           ->  the executor gives each worker that much, once
+//!            act_layout / act_bytes       ->  quantize_act            (once per layout and expert)
+//!            gate_up / down                                           (per task, worker's scratch)
+//! ```
+//!
+//! **For backend authors.** A backend *must* compute each output element in a fixed order that
+//! does not depend on the row range or thread it runs on (results are bit-identical for any
+//! thread count), *must not* allocate in `quantize_act`, `gate_up` or `down` (ask for scratch
+//! instead: a forward after warm-up performs no heap allocation), and *must not* panic on
+//! shapes it said it serves. Kernels are chosen per format inside the backend; a format it
+//! does not serve is simply not claimed, and another backend runs it.
 
 use alloc::boxed::Box;
 use core::any::Any;
@@ -13,11 +23,12 @@ use core::ops::Range;
 use half::bf16;
 
 use crate::mat::MatMut;
-use crate::{Error, QuantMatrix, WeightFormat};
+use crate::{Error, LayerFormat, QuantMatrix, WeightFormat};
 
 /// A matrix in a backend's own layout. The backend that packed it is the only one that reads
-/// `inner`; everyone else sees the shape and the byte count.
+/// `inner`; everyone else sees the shape, the byte count and which backend packed it.
 pub struct PackedMatrix {
+    packed_by: &'static str,
     format: WeightFormat,
     rows: usize,
     cols: usize,
@@ -26,9 +37,22 @@ pub struct PackedMatrix {
 }
 
 impl PackedMatrix {
-    /// Wrap a backend's packed representation of a `rows × cols` matrix taking `bytes` bytes.
-    pub fn new<T: Any + Send + Sync>(format: WeightFormat, rows: usize, cols: usize, bytes: usize, inner: T) -> Self {
-        PackedMatrix { format, rows, cols, bytes, inner: Box::new(inner) }
+    /// Wrap the representation backend `packed_by` (its [`Backend::name`]) made of a
+    /// `rows × cols` matrix taking `bytes` bytes.
+    pub fn new<T: Any + Send + Sync>(
+        packed_by: &'static str,
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        bytes: usize,
+        inner: T,
+    ) -> Self {
+        PackedMatrix { packed_by, format, rows, cols, bytes, inner: Box::new(inner) }
+    }
+    /// The backend that packed it: [`crate::forward::LayerWeights`] accepts it only into a
+    /// layer of that backend, so every kernel is handed its own layout.
+    pub fn packed_by(&self) -> &'static str {
+        self.packed_by
     }
     /// The format it was packed from.
     pub fn format(&self) -> WeightFormat {
@@ -54,49 +78,109 @@ impl PackedMatrix {
 
 impl Debug for PackedMatrix {
     fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
-        write!(f, "PackedMatrix({} {}x{}, {} bytes)", self.format, self.rows, self.cols, self.bytes)
+        write!(f, "PackedMatrix({} {}x{}, {} bytes, {})", self.format, self.rows, self.cols, self.bytes, self.packed_by)
     }
+}
+
+/// The instruction family a format's inner loop runs on: a description of the kernel, from
+/// which a benchmark picks the peak to judge it against.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Instructions {
+    /// Plain scalar code (the reference backend).
+    Scalar,
+    /// f32 fused multiply-add on vectors (bf16/fp8/f16 weights widened to f32).
+    FmaF32,
+    /// int8 products summed by pairs (`vpmaddubsw`/`vpmaddwd`, AVX2).
+    Int8Pairs,
+    /// int8 products summed by fours into i32 (`vpdpbusd`, AVX-VNNI or AVX512-VNNI).
+    Int8Vnni,
+}
+
+/// Which prepared-activation layout a backend's kernels for a format read. Two formats with the
+/// same layout share one prepared copy; a forward prepares each distinct layout once per expert.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ActLayout(pub u32);
+
+/// What one forward asks of a backend's scratch: its largest task.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TaskShape {
+    /// The layer's formats.
+    pub format: LayerFormat,
+    /// Most tokens (rows of activations) one task sees.
+    pub tokens: usize,
+    /// Most weight rows one `gate_up` or `down` task computes (a forward passes the most any
+    /// routing could give it: a part's intermediate rows or `hidden`).
+    pub rows: usize,
+    /// Widest activation row one task reads (hidden, or a part's intermediate size).
+    pub cols: usize,
 }
 
 /// A compute backend. Object-safe; used as `&'static dyn Backend`.
 pub trait Backend: Send + Sync + Debug {
-    /// Short name, also its `KT_KERNEL_CPU_VARIANT` value: `reference`, `avx2`, `avx512`, `amx`.
+    /// Short name, unique among backends; also its `KT_KERNEL_CPU_VARIANT` value.
     fn name(&self) -> &'static str;
-
-    /// Higher is preferred when several can run.
-    fn priority(&self) -> u32;
 
     /// `Ok` if this CPU can run the backend, else the missing feature.
     fn cpu_support(&self) -> Result<(), &'static str>;
 
-    /// Can it run `format` on a `rows × cols` matrix? Declining is fine: the next backend serves.
-    fn supports(&self, format: WeightFormat, rows: usize, cols: usize) -> bool;
+    /// Whether it runs `format` on a `rows × cols` matrix. This is the whole of selection: the
+    /// best backend of the registry that serves every matrix of a layer runs it.
+    fn serves(&self, format: WeightFormat, rows: usize, cols: usize) -> bool;
 
     /// Row blocks handed to `gate_up`/`down` start at multiples of this (a microkernel's tile).
     fn row_granularity(&self, _format: WeightFormat) -> usize {
         1
     }
 
-    /// Pack one logical matrix into the backend's layout (at load time).
+    /// Pack one logical matrix into the backend's layout (at load time). The result names this
+    /// backend ([`PackedMatrix::packed_by`]).
     fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error>;
 
+    /// The activation layout `format`'s kernels read.
+    fn act_layout(&self, format: WeightFormat) -> ActLayout;
+
     /// Bytes of prepared activations for `rows` tokens of width `cols` (scratch is 64-aligned).
+    /// *Must* be at most linear in `rows` up to 64 bytes: the forward sizes its buffers by
+    /// `act_bytes(all rows) + 64` per expert, whatever the routing.
     fn act_bytes(&self, format: WeightFormat, rows: usize, cols: usize) -> usize;
+
+    /// Bytes of scratch one task may use at most, for tasks up to `shape`. Each worker owns a
+    /// buffer this large (64-byte aligned), allocated once and handed to every task it runs.
+    fn scratch_bytes(&self, _shape: TaskShape) -> usize {
+        0
+    }
 
     /// Prepare activations: row `i` of the result is `src[rows[i]·cols ..][..cols]`, converted
     /// (bf16 kept, or int8 per token with scales) into `dst[..act_bytes(format, rows.len(), cols)]`.
-    fn quantize_act(&self, format: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &mut [u8]);
+    fn quantize_act(
+        &self,
+        format: WeightFormat,
+        cols: usize,
+        src: &[bf16],
+        rows: &[u32],
+        dst: &mut [u8],
+        scratch: &mut [u8],
+    );
 
     /// `h[t][r - rows.start] = bf16(silu(bf16(g)) · bf16(u))` with `g`, `u` the gate and up rows
-    /// `r` applied to activation row `t`, for `t < h.rows()`.
-    fn gate_up(&self, gate: &PackedMatrix, up: &PackedMatrix, rows: Range<usize>, act: &[u8], h: MatMut<'_, bf16>);
+    /// `r` applied to activation row `t`, for `t < h.rows()`. `act_gate` and `act_up` are
+    /// prepared for each one's format (the same slice when their layouts agree).
+    #[allow(clippy::too_many_arguments)]
+    fn gate_up(
+        &self,
+        gate: &PackedMatrix,
+        up: &PackedMatrix,
+        rows: Range<usize>,
+        act_gate: &[u8],
+        act_up: &[u8],
+        h: MatMut<'_, bf16>,
+        scratch: &mut [u8],
+    );
 
     /// `y[t][r - rows.start] = down row r · activation row t`, in f32.
-    fn down(&self, down: &PackedMatrix, rows: Range<usize>, act: &[u8], y: MatMut<'_, f32>);
+    fn down(&self, down: &PackedMatrix, rows: Range<usize>, act: &[u8], y: MatMut<'_, f32>, scratch: &mut [u8]);
 
-    /// Whether the int8 dot kernels for `format` run on VNNI's `vpdpbusd` on this CPU: a
-    /// benchmark then sets them against the VNNI peak, not the AVX2 one.
-    fn uses_vnni(&self, _format: WeightFormat) -> bool {
-        false
-    }
+    /// The instruction family `format`'s kernels run on, on this CPU.
+    fn instructions(&self, format: WeightFormat) -> Instructions;
 }

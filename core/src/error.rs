@@ -73,12 +73,47 @@ pub enum Error {
         /// Why each candidate declined.
         detail: String,
     },
-    /// `KT_KERNEL_CPU_VARIANT` (or an explicit choice) names no known variant.
+    /// `KT_KERNEL_CPU_VARIANT` (or an explicit choice) names no backend with kernels in this build.
     UnknownVariant {
         /// The value given.
         value: String,
-        /// The accepted values.
-        valid: &'static [&'static str],
+        /// The accepted values in this build, comma-separated.
+        valid: String,
+    },
+    /// The backend chosen for a layer (forced, or given explicitly) does not run its format.
+    FormatNotServed {
+        /// The backend.
+        backend: &'static str,
+        /// How it was chosen, e.g. `KT_KERNEL_CPU_VARIANT=avx2`.
+        chosen_by: String,
+        /// The format it declines.
+        format: WeightFormat,
+        /// The backends of this build that run it on this CPU, comma-separated.
+        serving: String,
+    },
+    /// A format that a file layout or an operation does not have (KT's packed files hold
+    /// AMXINT8 and AMXINT4 only, for one).
+    UnsupportedFormat {
+        /// The format.
+        format: WeightFormat,
+        /// Where it is not supported, and what is.
+        context: &'static str,
+    },
+    /// A packed matrix offered to a layer run by another backend than the one that packed it.
+    PackedByOther {
+        /// The layer's backend.
+        layer: &'static str,
+        /// The backend that packed the matrix.
+        packed_by: &'static str,
+    },
+    /// An expert's matrices are not in the formats the layer was declared with.
+    FormatMismatch {
+        /// The expert.
+        expert: usize,
+        /// The layer's formats.
+        expected: crate::LayerFormat,
+        /// The expert's.
+        found: crate::LayerFormat,
     },
     /// A known variant that this build or this CPU cannot run.
     VariantUnavailable {
@@ -122,17 +157,30 @@ impl fmt::Display for Error {
             ),
             Error::IncompatibleFormats { formats } => write!(
                 f,
-                "formats {formats} cannot run in one layer: gate and up must read the same activations (both \
-                 K-quants or iq4_xs, both 32-column GGML types, or both float) and KT formats cannot be mixed"
+                "formats {formats} cannot run in one layer: only GGML types may differ between gate, up and \
+                 down; KT's formats are one per layer"
             ),
             Error::NoBackend { format, detail } => {
                 write!(f, "no available backend can run format {format}: {detail}")
             }
             Error::UnknownVariant { value, valid } => write!(
                 f,
-                "unknown CPU variant {value:?} (KT_KERNEL_CPU_VARIANT); valid values: {}",
-                valid.join(", ")
+                "unknown CPU variant {value:?} (KT_KERNEL_CPU_VARIANT): no backend of that name has kernels in \
+                 this build; valid values: {valid}"
             ),
+            Error::FormatNotServed { backend, chosen_by, format, serving } => write!(
+                f,
+                "backend {backend} ({chosen_by}) does not run format {format}; backends of this build that do on \
+                 this CPU: {serving}"
+            ),
+            Error::UnsupportedFormat { format, context } => write!(f, "format {format} is not supported {context}"),
+            Error::PackedByOther { layer, packed_by } => write!(
+                f,
+                "a matrix packed by backend {packed_by} cannot join a layer run by backend {layer}: pack it with {layer}"
+            ),
+            Error::FormatMismatch { expert, expected, found } => {
+                write!(f, "expert {expert} has formats {found}, but the layer was declared {expected}")
+            }
             Error::VariantUnavailable { variant, reason } => {
                 write!(f, "CPU variant {variant:?} cannot be used: {reason}")
             }

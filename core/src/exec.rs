@@ -5,8 +5,9 @@
 /// Runs `n_tasks` independent tasks and returns when all are done.
 pub trait Executor: Send + Sync {
     /// Call `f(task, worker)` once for every `task < n_tasks`, on up to [`Executor::workers`]
-    /// threads (`worker < workers()`), and return after the last call has returned. Everything
-    /// the tasks wrote happens-before the return.
+    /// threads (`worker < workers()`), and return after the last call has returned. Two calls
+    /// with the same `worker` never overlap (a worker's scratch is handed to each of its tasks
+    /// in turn). Everything the tasks wrote happens-before the return.
     fn parallel_for(&self, n_tasks: usize, f: &(dyn Fn(usize, usize) + Sync));
 
     /// Threads that may run tasks at once.

@@ -1,9 +1,12 @@
-//! Runs a [`Plan`] on a backend and an executor: the one forward pass every caller uses.
+//! Runs a [`Plan`] on a layer's backend and an executor: the one forward pass every caller uses.
+//! Every buffer lives in the [`Workspace`] and only grows, so a forward after warm-up (a call
+//! with at least as many tokens) performs no heap allocation.
 //!
 //! Scratch layout (all token-major, experts' rows contiguous in plan order):
 //!
 //! ```text
-//!  act_x : per active expert, backend-prepared x rows          (64-byte aligned blocks)
+//!  act_x : per active expert, x rows prepared for gate's layout, then for up's if it differs
+//!  scratch: per worker, what the backend asks for its largest task (Backend::scratch_bytes)
 //!  h     : per part p, [rows_total × I_p] bf16                  GateUp writes column blocks
 //!  act_h : per part, per expert, prepared h rows               (64-byte aligned blocks)
 //!  y     : per part, [rows_total × H] f32                       Down writes column blocks
@@ -12,10 +15,12 @@
 
 use alloc::vec::Vec;
 use core::ops::Range;
+use core::sync::atomic::{AtomicBool, Ordering};
 
 use half::bf16;
 
 use crate::aligned::{round_up, AlignedBuf};
+use crate::backend::TaskShape;
 use crate::mat::SharedMut;
 use crate::plan::{target_tasks, Plan, StageKind, Task, SKIPPED};
 use crate::{Backend, Error, Executor, LayerFormat, MoeConfig, PackedMatrix, QuantMatrix, Routing};
@@ -47,9 +52,11 @@ pub struct PartWeights {
     pub experts: Vec<Option<ExpertWeights>>,
 }
 
-/// All packed weights of one layer.
+/// All packed weights of one layer and the backend that packed them, which is the backend
+/// that runs it: a matrix packed by another is refused when it is installed.
 #[derive(Debug)]
 pub struct LayerWeights {
+    backend: &'static dyn Backend,
     /// The formats the matrices were packed from.
     pub format: LayerFormat,
     /// One entry per NUMA part.
@@ -57,8 +64,12 @@ pub struct LayerWeights {
 }
 
 impl LayerWeights {
-    /// A layer with no expert loaded yet.
-    pub fn empty(cfg: &MoeConfig, format: impl Into<LayerFormat>) -> Result<Self, Error> {
+    /// A layer run by `backend` with no expert loaded yet.
+    pub fn empty(
+        cfg: &MoeConfig,
+        format: impl Into<LayerFormat>,
+        backend: &'static dyn Backend,
+    ) -> Result<Self, Error> {
         let format = format.into();
         cfg.validate_for(format)?;
         let parts = cfg
@@ -66,14 +77,41 @@ impl LayerWeights {
             .into_iter()
             .map(|range| PartWeights { range, experts: (0..cfg.experts).map(|_| None).collect() })
             .collect();
-        Ok(LayerWeights { format, parts })
+        Ok(LayerWeights { backend, format, parts })
     }
 
-    /// Install expert `e` (one [`ExpertWeights`] per part, as [`pack_expert`] returns).
-    pub fn set_expert(&mut self, e: usize, per_part: Vec<ExpertWeights>) {
+    /// The backend that packed the weights and runs the layer.
+    pub fn backend(&self) -> &'static dyn Backend {
+        self.backend
+    }
+
+    /// Install expert `e` (one [`ExpertWeights`] per part, as [`pack_expert`] returns). Its
+    /// matrices must have been packed by the layer's backend from the layer's formats.
+    pub fn set_expert(&mut self, e: usize, per_part: Vec<ExpertWeights>) -> Result<(), Error> {
+        if e >= self.parts.first().map_or(0, |p| p.experts.len()) {
+            let expected = self.parts.first().map_or(0, |p| p.experts.len());
+            return Err(Error::ShapeMismatch { what: "expert id (below the layer's experts)", expected, found: e });
+        }
+        if per_part.len() != self.parts.len() {
+            return Err(Error::ShapeMismatch {
+                what: "parts of an expert",
+                expected: self.parts.len(),
+                found: per_part.len(),
+            });
+        }
+        for w in &per_part {
+            let found = LayerFormat { gate: w.gate.format(), up: w.up.format(), down: w.down.format() };
+            if found != self.format {
+                return Err(Error::FormatMismatch { expert: e, expected: self.format, found });
+            }
+            if let Some(m) = [&w.gate, &w.up, &w.down].into_iter().find(|m| m.packed_by() != self.backend.name()) {
+                return Err(Error::PackedByOther { layer: self.backend.name(), packed_by: m.packed_by() });
+            }
+        }
         for (p, w) in self.parts.iter_mut().zip(per_part) {
             p.experts[e] = Some(w);
         }
+        Ok(())
     }
 
     /// Bytes of expert `e` over all parts (0 if not loaded).
@@ -171,6 +209,7 @@ pub fn pack_part(
 /// Scratch reused across forwards; grows to the largest call and stays.
 #[derive(Debug, Default)]
 pub struct Workspace {
+    plan: Plan,
     act_x: AlignedBuf,
     act_h: AlignedBuf,
     h: Vec<bf16>,
@@ -178,6 +217,17 @@ pub struct Workspace {
     y: Vec<f32>,
     out_parts: Vec<f32>,
     ident: Vec<u32>,
+    /// The workers' scratch, [`Workspace::scratch_stride`] bytes each.
+    scratch: AlignedBuf,
+    /// Per active expert, where its gate and its up activations are in `act_x`.
+    x_blocks: Vec<[Range<usize>; 2]>,
+    /// Per part and active expert, where its down activations are in `act_h`.
+    h_blocks: Vec<Range<usize>>,
+    part_rows: Vec<usize>,
+    h_base: Vec<usize>,
+    /// Per worker: whether a task of it holds its scratch. `Executor` promises one task at a
+    /// time per worker; this checks it (one atomic swap a task) instead of trusting it.
+    busy: Vec<AtomicBool>,
 }
 
 /// The row stride of the down projection's results `y` (`hidden` floats a row): one cache line
@@ -199,21 +249,22 @@ fn grow<T: Copy + Default>(v: &mut Vec<T>, len: usize) {
     }
 }
 
-/// Prefix offsets of 64-byte rounded blocks: `off[i]..off[i] + len[i]` for each block.
-fn offsets(lens: impl Iterator<Item = usize>) -> (Vec<usize>, Vec<usize>, usize) {
-    let (mut off, mut len, mut at) = (Vec::new(), Vec::new(), 0);
+/// Lay blocks of the given lengths one after another, each at a 64-byte boundary, into `out`;
+/// returns the bytes they span.
+fn lay_out(out: &mut Vec<Range<usize>>, bound: usize, lens: impl Iterator<Item = usize>) -> usize {
+    out.clear();
+    out.reserve(bound);
+    let mut at = 0;
     for l in lens {
-        off.push(at);
-        len.push(l);
+        out.push(at..at + l);
         at += round_up(l);
     }
-    (off, len, at)
+    at
 }
 
-/// `out[n,H] = Σ_j w[t,j] · expert_{ids[t,j]}(input[t])` over the CPU-resident experts.
-#[allow(clippy::too_many_arguments)]
+/// `out[n,H] = Σ_j w[t,j] · expert_{ids[t,j]}(input[t])` over the CPU-resident experts, on the
+/// backend that packed `w`.
 pub fn forward(
-    backend: &dyn Backend,
     exec: &dyn Executor,
     cfg: &MoeConfig,
     w: &LayerWeights,
@@ -222,16 +273,21 @@ pub fn forward(
     out: &mut [bf16],
     ws: &mut Workspace,
 ) -> Result<(), Error> {
-    let (n, hd, k, fmt, down_fmt) = (routing.tokens, cfg.hidden, routing.k, w.format.gate, w.format.down);
+    let backend = w.backend;
+    let (n, hd, k) = (routing.tokens, cfg.hidden, routing.k);
+    let LayerFormat { gate: gate_fmt, up: up_fmt, down: down_fmt } = w.format;
     if input.len() != n * hd {
         return Err(Error::ShapeMismatch { what: "hidden_states", expected: n * hd, found: input.len() });
     }
     if out.len() != n * hd {
         return Err(Error::ShapeMismatch { what: "output", expected: n * hd, found: out.len() });
     }
-    let part_rows: Vec<usize> = w.parts.iter().map(|p| p.range.len()).collect();
-    let (gran_i, gran_h) = (backend.row_granularity(fmt), backend.row_granularity(down_fmt));
-    let plan = Plan::build(cfg, routing, &part_rows, gran_i, gran_h, target_tasks(exec.workers()))?;
+    ws.part_rows.clear();
+    ws.part_rows.reserve(w.parts.len());
+    ws.part_rows.extend(w.parts.iter().map(|p| p.range.len()));
+    let (gran_i, gran_h) = (backend.row_granularity(gate_fmt), backend.row_granularity(down_fmt));
+    ws.plan.rebuild(cfg, routing, &ws.part_rows, gran_i, gran_h, target_tasks(exec.workers()))?;
+    let (plan, part_rows) = (&ws.plan, &ws.part_rows[..]);
     for a in &plan.experts {
         if w.parts.iter().any(|p| p.experts.get(a.id).is_none_or(Option::is_none)) {
             return Err(Error::ExpertNotLoaded { expert: a.id });
@@ -239,75 +295,126 @@ pub fn forward(
     }
     let (rows_total, ys) = (plan.row_tokens.len(), y_stride(hd));
     let parts = w.parts.len();
-    let (x_off, x_len, x_total) = offsets(plan.experts.iter().map(|a| backend.act_bytes(fmt, a.rows, hd)));
-    let (ah_off, ah_len, ah_total) = offsets(
+    // Per active expert, its gate activations and, where up's kernels read another layout,
+    // its up activations (else up reads gate's).
+    let own_up = backend.act_layout(up_fmt) != backend.act_layout(gate_fmt);
+    ws.x_blocks.clear();
+    ws.x_blocks.reserve(cfg.experts);
+    let mut x_total = 0;
+    let mut block = |bytes: usize| {
+        let r = x_total..x_total + bytes;
+        x_total += round_up(bytes);
+        r
+    };
+    for a in &plan.experts {
+        let g = block(backend.act_bytes(gate_fmt, a.rows, hd));
+        let u = if own_up { block(backend.act_bytes(up_fmt, a.rows, hd)) } else { g.clone() };
+        ws.x_blocks.push([g, u]);
+    }
+    let ah_total = lay_out(
+        &mut ws.h_blocks,
+        parts * cfg.experts,
         part_rows.iter().flat_map(|&ip| plan.experts.iter().map(move |a| backend.act_bytes(down_fmt, a.rows, ip))),
     );
-    let h_base: Vec<usize> =
-        part_rows.iter().scan(0, |at, &ip| Some(core::mem::replace(at, *at + rows_total * ip))).collect();
+    ws.h_base.clear();
+    ws.h_base.reserve(parts);
+    ws.h_base.extend(part_rows.iter().scan(0, |at, &ip| Some(core::mem::replace(at, *at + rows_total * ip))));
+    // Buffers are sized by bounds that depend on the token count, not on how the tokens are
+    // routed, so a forward after one of at least as many tokens allocates nothing. Blocks of
+    // prepared activations each start on a 64-byte boundary: the sum of an expert's blocks is at
+    // most the bytes of all rows at once plus 64 per expert and layout.
     let max_rows = plan.experts.iter().map(|a| a.rows).max().unwrap_or(0);
-    ws.act_x.ensure(x_total);
-    ws.act_h.ensure(ah_total);
+    let blocks = cfg.experts.min(rows_total) * 2 * crate::aligned::ALIGN;
+    let up_bytes = if own_up { backend.act_bytes(up_fmt, rows_total, hd) } else { 0 };
+    let x_bound = backend.act_bytes(gate_fmt, rows_total, hd) + up_bytes + blocks;
+    let ah_bound = part_rows.iter().map(|&ip| backend.act_bytes(down_fmt, rows_total, ip) + blocks).sum::<usize>();
+    // Scratch for the largest task any routing of `n` tokens makes: an expert holds at most `n`
+    // rows (more only where a token names it twice), a task at most a part's rows or `hidden`.
+    let cols = part_rows.iter().fold(hd, |m, &ip| m.max(ip));
+    let shape = TaskShape { format: w.format, tokens: max_rows.max(n), rows: cols, cols };
+    let stride = round_up(backend.scratch_bytes(shape));
+    ws.scratch.ensure(stride * exec.workers());
+    ws.act_x.ensure(x_total.max(x_bound));
+    ws.act_h.ensure(ah_total.max(ah_bound));
     grow(&mut ws.h, rows_total * cfg.intermediate);
     grow(&mut ws.y, parts * rows_total * ys);
     grow(&mut ws.out_parts, parts * n * hd);
-    if ws.ident.len() < max_rows {
-        ws.ident = (0..max_rows as u32).collect();
+    if ws.ident.len() < rows_total {
+        ws.ident = (0..rows_total as u32).collect();
     }
+    let (x_blocks, h_blocks, h_base) = (&ws.x_blocks[..], &ws.h_blocks[..], &ws.h_base[..]);
     let active = plan.experts.len();
     let expert = |p: usize, e: usize| w.parts[p].experts[plan.experts[e].id].as_ref().expect("checked above");
-    // Part tasks go to their part's sub-pool; Gather and Merge tasks are spread over all.
-    let run = |tasks: &[Task], f: &(dyn Fn(&Task) + Sync)| {
-        exec.parallel_for_grouped(tasks.len(), &|i| tasks[i].part().unwrap_or(i), &|i, _| f(&tasks[i]))
+    if ws.busy.len() < exec.workers() {
+        ws.busy = (0..exec.workers()).map(|_| AtomicBool::new(false)).collect();
+    }
+    let (scratch, busy) = (SharedMut::new(ws.scratch.as_mut_slice()), &ws.busy[..]);
+    // Part tasks go to their part's sub-pool; Gather and Merge tasks are spread over all. Each
+    // task gets its worker's scratch.
+    let run = |tasks: &[Task], f: &(dyn Fn(&Task, &mut [u8]) + Sync)| {
+        exec.parallel_for_grouped(tasks.len(), &|i| tasks[i].part().unwrap_or(i), &|i, worker| {
+            let claim = &busy[worker];
+            assert!(!claim.swap(true, Ordering::Acquire), "executor ran two tasks at once as worker {worker}");
+            // SAFETY: workers' blocks are disjoint, and the claim above makes this task the only
+            // holder of its worker's block until it is released below.
+            f(&tasks[i], unsafe { scratch.slice_mut(worker * stride..(worker + 1) * stride) });
+            claim.store(false, Ordering::Release);
+        })
     };
 
     for stage in &plan.stages {
         match stage.kind {
             StageKind::Gather => {
                 let dst = SharedMut::new(ws.act_x.as_mut_slice());
-                run(&stage.tasks, &|t| {
+                run(&stage.tasks, &|t, scratch| {
                     let Task::Gather { expert: e } = *t else { unreachable!() };
-                    // SAFETY: each active expert's act_x block is written by its one Gather task.
-                    let d = unsafe { dst.slice_mut(x_off[e]..x_off[e] + x_len[e]) };
-                    backend.quantize_act(fmt, hd, input, &plan.row_tokens[plan.experts[e].row_range()], d);
+                    let tokens = &plan.row_tokens[plan.experts[e].row_range()];
+                    let [g, u] = &x_blocks[e];
+                    // SAFETY: each active expert's act_x blocks are written by its one Gather task.
+                    backend.quantize_act(gate_fmt, hd, input, tokens, unsafe { dst.slice_mut(g.clone()) }, scratch);
+                    if own_up {
+                        // SAFETY: as above.
+                        backend.quantize_act(up_fmt, hd, input, tokens, unsafe { dst.slice_mut(u.clone()) }, scratch);
+                    }
                 });
             }
             StageKind::GateUp => {
                 let (act_x, h) = (ws.act_x.as_slice(), SharedMut::new(&mut ws.h[..]));
-                run(&stage.tasks, &|t| {
+                run(&stage.tasks, &|t, scratch| {
                     let Task::GateUp { part: p, expert: e, ref rows } = *t else { unreachable!() };
                     let (a, ip) = (&plan.experts[e], part_rows[p]);
                     // SAFETY: GateUp tasks of one (part, expert) own disjoint column blocks of its rows.
                     let view = unsafe { h.mat_mut(h_base[p] + a.first_row * ip + rows.start, a.rows, rows.len(), ip) };
-                    let ew = expert(p, e);
-                    backend.gate_up(&ew.gate, &ew.up, rows.clone(), &act_x[x_off[e]..x_off[e] + x_len[e]], view);
+                    let (ew, [g, u]) = (expert(p, e), &x_blocks[e]);
+                    let (ag, au) = (&act_x[g.clone()], &act_x[u.clone()]);
+                    backend.gate_up(&ew.gate, &ew.up, rows.clone(), ag, au, view, scratch);
                 });
             }
             StageKind::PrepareDown => {
                 let (h, ident, dst) = (&ws.h[..], &ws.ident[..], SharedMut::new(ws.act_h.as_mut_slice()));
-                run(&stage.tasks, &|t| {
+                run(&stage.tasks, &|t, scratch| {
                     let Task::PrepareDown { part: p, expert: e } = *t else { unreachable!() };
                     let (a, ip, i) = (&plan.experts[e], part_rows[p], p * active + e);
                     let src = &h[h_base[p] + a.first_row * ip..h_base[p] + (a.first_row + a.rows) * ip];
                     // SAFETY: one PrepareDown task per (part, expert) block.
-                    let d = unsafe { dst.slice_mut(ah_off[i]..ah_off[i] + ah_len[i]) };
-                    backend.quantize_act(down_fmt, ip, src, &ident[..a.rows], d);
+                    let d = unsafe { dst.slice_mut(h_blocks[i].clone()) };
+                    backend.quantize_act(down_fmt, ip, src, &ident[..a.rows], d, scratch);
                 });
             }
             StageKind::Down => {
                 let (act_h, y) = (ws.act_h.as_slice(), SharedMut::new(&mut ws.y[..]));
-                run(&stage.tasks, &|t| {
+                run(&stage.tasks, &|t, scratch| {
                     let Task::Down { part: p, expert: e, ref rows } = *t else { unreachable!() };
                     let (a, i) = (&plan.experts[e], p * active + e);
                     let at = (p * rows_total + a.first_row) * ys + rows.start;
                     // SAFETY: Down tasks of one (part, expert) own disjoint column blocks of its rows.
                     let view = unsafe { y.mat_mut(at, a.rows, rows.len(), ys) };
-                    backend.down(&expert(p, e).down, rows.clone(), &act_h[ah_off[i]..ah_off[i] + ah_len[i]], view);
+                    backend.down(&expert(p, e).down, rows.clone(), &act_h[h_blocks[i].clone()], view, scratch);
                 });
             }
             StageKind::Reduce => {
                 let (y, dst) = (&ws.y[..], SharedMut::new(&mut ws.out_parts[..]));
-                run(&stage.tasks, &|t| {
+                run(&stage.tasks, &|t, _| {
                     let Task::Reduce { part: p, ref tokens } = *t else { unreachable!() };
                     // SAFETY: Reduce tasks of one part own disjoint token chunks.
                     let acc = unsafe { dst.slice_mut((p * n + tokens.start) * hd..(p * n + tokens.end) * hd) };
@@ -329,7 +436,7 @@ pub fn forward(
             }
             StageKind::Merge => {
                 let (parts_out, dst) = (&ws.out_parts[..], SharedMut::new(&mut out[..]));
-                run(&stage.tasks, &|t| {
+                run(&stage.tasks, &|t, _| {
                     let Task::Merge { ref tokens } = *t else { unreachable!() };
                     // SAFETY: Merge tasks own disjoint token chunks of the output.
                     let o = unsafe { dst.slice_mut(tokens.start * hd..tokens.end * hd) };
@@ -343,4 +450,32 @@ pub fn forward(
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::reference::REFERENCE;
+    use crate::testing::{random_experts, OnlyFormat};
+    use crate::WeightFormat;
+
+    static OTHER: OnlyFormat = OnlyFormat { name: "other", format: WeightFormat::Bf16, cpu: Ok(()) };
+
+    #[test]
+    fn a_layer_takes_only_matrices_its_backend_packed_in_its_formats() {
+        let cfg = MoeConfig::new(2, 1, 32, 32);
+        let [g, u, d] = &random_experts(&cfg, 1)[0];
+        let x = ExpertF32 { gate: g, up: u, down: d };
+        let mut layer = LayerWeights::empty(&cfg, WeightFormat::Bf16, &OTHER).unwrap();
+        let by_reference = pack_expert_f32(&REFERENCE, &cfg, WeightFormat::Bf16, x).unwrap();
+        let e = layer.set_expert(0, by_reference).unwrap_err();
+        assert_eq!(e, Error::PackedByOther { layer: "other", packed_by: "reference" });
+        let int8 = pack_expert_f32(&OTHER, &cfg, WeightFormat::Int8Row, x).unwrap();
+        assert!(matches!(layer.set_expert(0, int8).unwrap_err(), Error::FormatMismatch { expert: 0, .. }));
+        let own = || pack_expert_f32(&OTHER, &cfg, WeightFormat::Bf16, x).unwrap();
+        assert!(matches!(layer.set_expert(2, own()).unwrap_err(), Error::ShapeMismatch { .. }));
+        layer.set_expert(1, own()).unwrap();
+        assert_eq!(layer.expert_bytes(0), 0);
+        assert!(layer.expert_bytes(1) > 0);
+    }
 }

@@ -10,6 +10,10 @@
 //! of a task by itself in a fixed order (the task graph relies on that for results that are
 //! bit-identical for any thread count), *must not* panic on shapes it declared it supports, and
 //! runs the conformance suite of `kt_core::testing` (feature `test-util`) with one line.
+//! The trait's life cycle, selection by formats and the per-worker scratch are described in
+//! [`backend`] and the repository's `docs/architecture.md`.
+//!
+//! **Must not** use `std`, threads or files (the host's job), nor hold a backend's kernels.
 #![no_std]
 #![warn(missing_docs)]
 

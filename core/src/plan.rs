@@ -16,7 +16,6 @@
 //! an element, never how.
 #![forbid(unsafe_code)]
 
-use alloc::vec;
 use alloc::vec::Vec;
 use core::ops::Range;
 
@@ -143,7 +142,8 @@ pub struct Stage {
     pub tasks: Vec<Task>,
 }
 
-/// The plan of one forward.
+/// The plan of one forward. [`Plan::rebuild`] reuses the vectors of the previous plan, so a
+/// forward after warm-up plans without allocating.
 #[derive(Clone, Debug)]
 pub struct Plan {
     /// Tokens.
@@ -158,13 +158,41 @@ pub struct Plan {
     pub slot_rows: Vec<u32>,
     /// Stages in execution order.
     pub stages: Vec<Stage>,
+    /// Per expert id: rows routed to it, then its index in `experts` or `usize::MAX`.
+    counts: Vec<usize>,
+    /// Per active expert: the next row to fill.
+    fill: Vec<usize>,
 }
 
 /// Split `len` rows into about `pieces` blocks whose starts are multiples of `gran`.
-pub fn blocks(len: usize, pieces: usize, gran: usize) -> Vec<Range<usize>> {
+pub fn blocks(len: usize, pieces: usize, gran: usize) -> impl Iterator<Item = Range<usize>> + Clone {
     let gran = gran.max(1);
     let size = len.div_ceil(pieces.max(1)).div_ceil(gran).max(1) * gran;
-    (0..len).step_by(size).map(|s| s..(s + size).min(len)).collect()
+    (0..len).step_by(size).map(move |s| s..(s + size).min(len))
+}
+
+const KINDS: [StageKind; 6] = [
+    StageKind::Gather,
+    StageKind::GateUp,
+    StageKind::PrepareDown,
+    StageKind::Down,
+    StageKind::Reduce,
+    StageKind::Merge,
+];
+
+impl Default for Plan {
+    fn default() -> Self {
+        Plan {
+            tokens: 0,
+            k: 0,
+            experts: Vec::new(),
+            row_tokens: Vec::new(),
+            slot_rows: Vec::new(),
+            stages: KINDS.iter().map(|&kind| Stage { kind, tasks: Vec::new() }).collect(),
+            counts: Vec::new(),
+            fill: Vec::new(),
+        }
+    }
 }
 
 impl Plan {
@@ -179,9 +207,26 @@ impl Plan {
         gran_h: usize,
         tasks: usize,
     ) -> Result<Plan, Error> {
+        let mut p = Plan::default();
+        p.rebuild(cfg, routing, part_rows, gran_i, gran_h, tasks)?;
+        Ok(p)
+    }
+
+    /// [`Plan::build`] into `self`, reusing its vectors.
+    pub fn rebuild(
+        &mut self,
+        cfg: &MoeConfig,
+        routing: &Routing<'_>,
+        part_rows: &[usize],
+        gran_i: usize,
+        gran_h: usize,
+        tasks: usize,
+    ) -> Result<(), Error> {
         routing.validate(cfg)?;
         let (n, k, e_count) = (routing.tokens, routing.k, cfg.experts);
-        let mut counts = vec![0usize; e_count];
+        let counts = &mut self.counts;
+        counts.clear();
+        counts.resize(e_count, 0);
         for t in 0..n {
             for j in 0..k {
                 if let Some(e) = routing.expert(t, j, e_count) {
@@ -189,87 +234,91 @@ impl Plan {
                 }
             }
         }
-        let mut experts = Vec::new();
-        let mut index_of = vec![usize::MAX; e_count];
+        self.experts.clear();
+        self.experts.reserve(e_count);
+        self.fill.clear();
+        self.fill.reserve(e_count);
         let mut first = 0;
-        for (e, &c) in counts.iter().enumerate() {
-            if c > 0 {
-                index_of[e] = experts.len();
-                experts.push(ActiveExpert { id: e, first_row: first, rows: c });
-                first += c;
+        for (e, c) in counts.iter_mut().enumerate() {
+            if *c > 0 {
+                self.experts.push(ActiveExpert { id: e, first_row: first, rows: *c });
+                self.fill.push(first);
+                first += *c;
+                *c = self.experts.len() - 1;
+            } else {
+                *c = usize::MAX;
             }
         }
-        let mut fill: Vec<usize> = experts.iter().map(|a| a.first_row).collect();
-        let mut row_tokens = vec![0u32; first];
-        let mut slot_rows = vec![SKIPPED; n * k];
+        self.row_tokens.clear();
+        self.row_tokens.resize(first, 0);
+        self.slot_rows.clear();
+        self.slot_rows.resize(n * k, SKIPPED);
         for t in 0..n {
             for j in 0..k {
                 if let Some(e) = routing.expert(t, j, e_count) {
-                    let a = index_of[e];
-                    row_tokens[fill[a]] = t as u32;
-                    slot_rows[t * k + j] = fill[a] as u32;
-                    fill[a] += 1;
+                    let a = counts[e];
+                    self.row_tokens[self.fill[a]] = t as u32;
+                    self.slot_rows[t * k + j] = self.fill[a] as u32;
+                    self.fill[a] += 1;
                 }
             }
         }
-        let stages = Self::stages(&experts, n, cfg.hidden, part_rows, gran_i, gran_h, tasks);
-        Ok(Plan { tokens: n, k, experts, row_tokens, slot_rows, stages })
+        (self.tokens, self.k) = (n, k);
+        self.fill_stages(n, cfg.hidden, part_rows, gran_i, gran_h, tasks);
+        Ok(())
     }
 
-    fn stages(
-        experts: &[ActiveExpert],
+    fn fill_stages(
+        &mut self,
         n: usize,
         hidden: usize,
         part_rows: &[usize],
         gran_i: usize,
         gran_h: usize,
         tasks: usize,
-    ) -> Vec<Stage> {
-        let active = experts.len();
+    ) {
+        let active = self.experts.len();
         let per_expert = tasks.div_ceil(active.max(1));
-        let stage = |kind, tasks| Stage { kind, tasks };
-        let parts = 0..part_rows.len();
-        let each = |f: &dyn Fn(usize, usize) -> Vec<Task>| -> Vec<Task> {
-            parts.clone().flat_map(|p| (0..active).flat_map(move |e| f(p, e))).collect()
-        };
+        let parts = part_rows.len();
+        if self.stages.len() != KINDS.len() {
+            self.stages = Plan::default().stages;
+        }
+        // Capacity for the most tasks any routing of this size makes (`blocks` yields at most
+        // `pieces` blocks), so a later forward of no more tokens plans without allocating.
+        let e_max = self.counts.len();
+        let per_part = tasks + e_max;
+        let bounds = [e_max, parts * per_part, parts * e_max, parts * per_part, parts * tasks, tasks];
+        for (s, bound) in self.stages.iter_mut().zip(bounds) {
+            s.tasks.clear();
+            s.tasks.reserve(bound);
+        }
+        let [gather, gate_up, prep, down, reduce, merge] = &mut self.stages[..] else { unreachable!("six stages") };
+        gather.tasks.extend((0..active).map(|expert| Task::Gather { expert }));
+        for (part, &rows_p) in part_rows.iter().enumerate() {
+            for expert in 0..active {
+                let b = blocks(rows_p, per_expert, gran_i);
+                gate_up.tasks.extend(b.map(|rows| Task::GateUp { part, expert, rows }));
+                prep.tasks.push(Task::PrepareDown { part, expert });
+                down.tasks.extend(blocks(hidden, per_expert, gran_h).map(|rows| Task::Down { part, expert, rows }));
+            }
+        }
         let token_chunks = blocks(n, tasks, 1);
-        vec![
-            stage(StageKind::Gather, (0..active).map(|expert| Task::Gather { expert }).collect()),
-            stage(
-                StageKind::GateUp,
-                each(&|part, expert| {
-                    let b = blocks(part_rows[part], per_expert, gran_i);
-                    b.into_iter().map(|rows| Task::GateUp { part, expert, rows }).collect()
-                }),
-            ),
-            stage(StageKind::PrepareDown, each(&|part, expert| vec![Task::PrepareDown { part, expert }])),
-            stage(
-                StageKind::Down,
-                each(&|part, expert| {
-                    let b = blocks(hidden, per_expert, gran_h);
-                    b.into_iter().map(|rows| Task::Down { part, expert, rows }).collect()
-                }),
-            ),
-            stage(
-                StageKind::Reduce,
-                parts
-                    .clone()
-                    .flat_map(|part| token_chunks.iter().map(move |t| Task::Reduce { part, tokens: t.clone() }))
-                    .collect(),
-            ),
-            stage(StageKind::Merge, token_chunks.iter().map(|t| Task::Merge { tokens: t.clone() }).collect()),
-        ]
+        for part in 0..parts {
+            reduce.tasks.extend(token_chunks.clone().map(|tokens| Task::Reduce { part, tokens }));
+        }
+        merge.tasks.extend(token_chunks.map(|tokens| Task::Merge { tokens }));
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use alloc::vec;
 
     #[test]
     fn blocks_cover_exactly() {
         for (len, pieces, gran) in [(768, 8, 1), (768, 8, 16), (7, 64, 4), (1, 3, 8), (1000, 3, 32), (0, 4, 1)] {
-            let b = blocks(len, pieces, gran);
+            let b: Vec<_> = blocks(len, pieces, gran).collect();
             let mut next = 0;
             for r in &b {
                 assert_eq!(r.start, next);

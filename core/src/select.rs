@@ -1,28 +1,21 @@
-//! Backend selection: the best compiled-in backend this CPU supports, unless
-//! `KT_KERNEL_CPU_VARIANT` forces one; per format, fall back to the next best that serves it.
+//! Backend selection by formats. The registry lists the backends with kernels in this build,
+//! best first (the host orders it); a layer runs on the first backend this CPU can run that
+//! serves all three of its matrices ([`Backend::serves`]). `KT_KERNEL_CPU_VARIANT` forces one
+//! by name (KT's `avx512_*` variant strings are accepted for our `avx512`); a forced backend
+//! that does not run a layer's format is an error naming the format and the backends that do.
 //! Pure logic: the host reads the environment and passes the values in.
 #![forbid(unsafe_code)]
 
 use alloc::format;
 use alloc::string::String;
+use alloc::vec::Vec;
 use core::fmt::Write;
 
-use crate::{Backend, Error, LayerFormat, WeightFormat};
+use crate::{Backend, Error, WeightFormat};
 
-/// Values `KT_KERNEL_CPU_VARIANT` accepts: KT's six variant strings, plus `avx512` and ours.
-pub const VARIANTS: &[&str] =
-    &["amx", "avx512_bf16", "avx512_vbmi", "avx512_vnni", "avx512_base", "avx512", "avx2", "reference"];
-
-/// The backend name a variant string selects.
-pub fn backend_for_variant(v: &str) -> Option<&'static str> {
-    Some(match v {
-        "amx" => "amx",
-        "avx512_bf16" | "avx512_vbmi" | "avx512_vnni" | "avx512_base" | "avx512" => "avx512",
-        "avx2" => "avx2",
-        "reference" => "reference",
-        _ => return None,
-    })
-}
+/// KT's variant strings that name one of our backends.
+pub const ALIASES: &[(&str, &str)] =
+    &[("avx512_bf16", "avx512"), ("avx512_vbmi", "avx512"), ("avx512_vnni", "avx512"), ("avx512_base", "avx512")];
 
 /// The chosen backend and, for `KT_KERNEL_DEBUG`, why.
 #[derive(Debug)]
@@ -33,102 +26,171 @@ pub struct Selection {
     pub explanation: String,
 }
 
-/// Choose among `registry` (the backends with kernels in this build). `forced` is
-/// `KT_KERNEL_CPU_VARIANT` if set; `compiled` names the backend crates compiled in, so a forced
-/// variant whose crate is compiled but registers no backend yet gets a precise message.
-pub fn select(registry: &[&'static dyn Backend], forced: Option<&str>, compiled: &[&str]) -> Result<Selection, Error> {
-    let mut why = String::new();
-    if let Some(v) = forced.map(str::trim).filter(|v| !v.is_empty()) {
-        let v = v.to_ascii_lowercase();
-        let name =
-            backend_for_variant(&v).ok_or_else(|| Error::UnknownVariant { value: v.clone(), valid: VARIANTS })?;
-        let Some(b) = registry.iter().copied().find(|b| b.name() == name) else {
-            let reason = if compiled.contains(&name) {
-                format!("backend {name} has no kernels registered in this build yet")
-            } else {
-                format!("this build does not include it (Cargo feature \"{name}\")")
-            };
-            return Err(Error::VariantUnavailable { variant: v, reason });
-        };
-        if let Err(missing) = b.cpu_support() {
-            return Err(Error::VariantUnavailable { variant: v, reason: format!("this CPU lacks {missing}") });
-        }
-        let _ = writeln!(why, "{name}: forced by KT_KERNEL_CPU_VARIANT={v}");
-        return Ok(Selection { backend: b, explanation: why });
+/// The values `KT_KERNEL_CPU_VARIANT` accepts with this registry: every backend's name and
+/// each alias of one of them.
+pub fn variants(registry: &[&'static dyn Backend]) -> Vec<&'static str> {
+    let mut v: Vec<&'static str> = registry.iter().map(|b| b.name()).collect();
+    v.extend(ALIASES.iter().filter(|(_, to)| registry.iter().any(|b| b.name() == *to)).map(|&(a, _)| a));
+    v
+}
+
+/// The backend `forced` names (`KT_KERNEL_CPU_VARIANT`, case and spaces ignored), or `None`
+/// when it is unset or empty. A name of no backend in `registry`, or one this CPU cannot run,
+/// is an error.
+pub fn forced_backend(
+    registry: &[&'static dyn Backend],
+    forced: Option<&str>,
+) -> Result<Option<&'static dyn Backend>, Error> {
+    let Some(v) = forced.map(str::trim).filter(|v| !v.is_empty()) else { return Ok(None) };
+    let v = v.to_ascii_lowercase();
+    let name = ALIASES.iter().find(|(a, _)| *a == v).map_or(v.as_str(), |(_, to)| to);
+    let Some(&b) = registry.iter().find(|b| b.name() == name) else {
+        return Err(Error::UnknownVariant { value: v.clone(), valid: variants(registry).join(", ") });
+    };
+    if let Err(missing) = b.cpu_support() {
+        return Err(Error::VariantUnavailable { variant: v, reason: format!("this CPU lacks {missing}") });
     }
-    let mut best: Option<&'static dyn Backend> = None;
+    Ok(Some(b))
+}
+
+/// The default backend: the forced one, else the first of `registry` this CPU runs.
+pub fn select(registry: &[&'static dyn Backend], forced: Option<&str>) -> Result<Selection, Error> {
+    if let Some(b) = forced_backend(registry, forced)? {
+        let explanation = format!("{}: forced by KT_KERNEL_CPU_VARIANT\n", b.name());
+        return Ok(Selection { backend: b, explanation });
+    }
+    let mut why = String::new();
+    let mut best = None;
     for &b in registry {
         match b.cpu_support() {
+            Ok(()) if best.is_none() => {
+                let _ = writeln!(why, "{}: available, selected", b.name());
+                best = Some(b);
+            }
             Ok(()) => {
-                let _ = writeln!(why, "{}: available (priority {})", b.name(), b.priority());
-                if best.is_none_or(|cur| b.priority() > cur.priority()) {
-                    best = Some(b);
-                }
+                let _ = writeln!(why, "{}: available", b.name());
             }
             Err(missing) => {
                 let _ = writeln!(why, "{}: skipped, CPU lacks {missing}", b.name());
             }
         }
     }
-    for &c in compiled {
-        if !registry.iter().any(|b| b.name() == c) {
-            let _ = writeln!(why, "{c}: compiled in, no kernels registered yet");
-        }
-    }
     let backend = best.ok_or_else(|| Error::NoBackend { format: WeightFormat::Bf16, detail: why.clone() })?;
-    let _ = writeln!(why, "selected {}", backend.name());
     Ok(Selection { backend, explanation: why })
 }
 
-/// The backend that runs `format`, matrices of the given `(format, rows, cols)`: `preferred`
-/// if it can, else the highest-priority available backend of `registry` that can.
-pub fn for_format(
+/// Whether `b` runs on this CPU and serves every `(format, rows, cols)` of `shapes`.
+pub fn serves_all(b: &dyn Backend, shapes: &[(WeightFormat, usize, usize)]) -> bool {
+    b.cpu_support().is_ok() && shapes.iter().all(|&(f, r, c)| b.serves(f, r, c))
+}
+
+/// The names of the backends of `registry` that run `shapes` on this CPU, comma-separated.
+pub fn serving(registry: &[&'static dyn Backend], shapes: &[(WeightFormat, usize, usize)]) -> String {
+    let names: Vec<&str> = registry.iter().filter(|b| serves_all(**b, shapes)).map(|b| b.name()).collect();
+    if names.is_empty() {
+        "none".into()
+    } else {
+        names.join(", ")
+    }
+}
+
+/// `Ok` if `b` (chosen as `chosen_by` says) runs `shapes`, else [`Error::FormatNotServed`]
+/// naming the first format it declines and the backends of `registry` that run them all.
+pub fn check_serves(
+    b: &'static dyn Backend,
+    chosen_by: &str,
     registry: &[&'static dyn Backend],
-    preferred: &'static dyn Backend,
-    format: LayerFormat,
+    shapes: &[(WeightFormat, usize, usize)],
+) -> Result<(), Error> {
+    match shapes.iter().find(|&&(f, r, c)| !b.serves(f, r, c)) {
+        None if b.cpu_support().is_ok() => Ok(()),
+        None => Err(Error::VariantUnavailable {
+            variant: b.name().into(),
+            reason: format!("this CPU lacks {}", b.cpu_support().err().unwrap_or("a feature")),
+        }),
+        Some(&(format, ..)) => Err(Error::FormatNotServed {
+            backend: b.name(),
+            chosen_by: chosen_by.into(),
+            format,
+            serving: serving(registry, shapes),
+        }),
+    }
+}
+
+/// The backend for a layer whose matrices are `shapes`: the forced one if it serves them (an
+/// error if not), else the first of `registry` that this CPU runs and that serves them.
+pub fn for_layer(
+    registry: &[&'static dyn Backend],
+    forced: Option<&str>,
     shapes: &[(WeightFormat, usize, usize)],
 ) -> Result<Selection, Error> {
-    let serves = |b: &dyn Backend| b.cpu_support().is_ok() && shapes.iter().all(|&(f, r, c)| b.supports(f, r, c));
-    if serves(preferred) {
-        return Ok(Selection { backend: preferred, explanation: format!("{} runs {format}\n", preferred.name()) });
+    if let Some(b) = forced_backend(registry, forced)? {
+        let v = forced.unwrap_or_default().trim();
+        check_serves(b, &format!("forced by KT_KERNEL_CPU_VARIANT={v}"), registry, shapes)?;
+        return Ok(Selection { backend: b, explanation: format!("{}: forced, runs {shapes:?}\n", b.name()) });
     }
-    let mut explanation = format!("{} declines {format} on shapes {shapes:?}\n", preferred.name());
-    let mut best: Option<&'static dyn Backend> = None;
+    let mut why = String::new();
     for &b in registry {
-        if serves(b) && best.is_none_or(|cur| b.priority() > cur.priority()) {
-            best = Some(b);
+        if let Err(missing) = b.cpu_support() {
+            let _ = writeln!(why, "{}: skipped, CPU lacks {missing}", b.name());
+        } else if let Some((f, ..)) = shapes.iter().find(|&&(f, r, c)| !b.serves(f, r, c)) {
+            let _ = writeln!(why, "{}: does not run {f}", b.name());
+        } else {
+            let _ = writeln!(why, "{}: runs it, selected", b.name());
+            return Ok(Selection { backend: b, explanation: why });
         }
     }
-    match best {
-        Some(b) => {
-            let _ = writeln!(explanation, "falling back to {} for {format}", b.name());
-            Ok(Selection { backend: b, explanation })
-        }
-        None => Err(Error::NoBackend { format: format.gate, detail: explanation }),
-    }
+    let format = shapes.first().map_or(WeightFormat::Bf16, |s| s.0);
+    Err(Error::NoBackend { format, detail: why })
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ggml::GgmlType;
     use crate::reference::REFERENCE;
+    use crate::testing::OnlyFormat;
+
+    static BF16_ONLY: OnlyFormat = OnlyFormat { name: "bf16-only", format: WeightFormat::Bf16, cpu: Ok(()) };
+    static NO_CPU: OnlyFormat = OnlyFormat { name: "avx512", format: WeightFormat::Bf16, cpu: Err("avx512f") };
+    const Q4K: WeightFormat = WeightFormat::Ggml(GgmlType::Q4_K);
 
     #[test]
-    fn default_picks_best_available() {
-        let s = select(&[&REFERENCE], None, &["avx2"]).unwrap();
+    fn a_layer_runs_on_the_first_backend_that_serves_it() {
+        let reg: [&'static dyn Backend; 3] = [&NO_CPU, &BF16_ONLY, &REFERENCE];
+        let bf16 = [(WeightFormat::Bf16, 16, 256)];
+        let s = for_layer(&reg, None, &bf16).unwrap();
+        assert_eq!(s.backend.name(), "bf16-only");
+        assert!(s.explanation.contains("avx512: skipped, CPU lacks avx512f"), "{}", s.explanation);
+        let s = for_layer(&reg, None, &[(Q4K, 16, 256)]).unwrap();
         assert_eq!(s.backend.name(), "reference");
-        assert!(s.explanation.contains("avx2: compiled in, no kernels registered yet"));
+        assert!(s.explanation.contains("bf16-only: does not run q4_K"), "{}", s.explanation);
+        assert_eq!(select(&reg, None).unwrap().backend.name(), "bf16-only");
     }
 
     #[test]
-    fn forced_values() {
-        assert_eq!(select(&[&REFERENCE], Some("reference"), &[]).unwrap().backend.name(), "reference");
-        let e = select(&[&REFERENCE], Some("sse9"), &[]).unwrap_err();
+    fn a_forced_backend_that_declines_names_the_format_and_who_serves_it() {
+        let reg: [&'static dyn Backend; 2] = [&BF16_ONLY, &REFERENCE];
+        let e = for_layer(&reg, Some(" BF16-only "), &[(Q4K, 16, 256)]).unwrap_err();
+        let msg = alloc::format!("{e}");
+        assert!(matches!(e, Error::FormatNotServed { format: Q4K, .. }), "{e:?}");
+        assert!(msg.contains("KT_KERNEL_CPU_VARIANT=BF16-only") && msg.contains("do on this CPU: reference"), "{msg}");
+        assert_eq!(for_layer(&reg, Some("reference"), &[(Q4K, 16, 256)]).unwrap().backend.name(), "reference");
+    }
+
+    #[test]
+    fn forced_values_are_names_of_this_build() {
+        let reg: [&'static dyn Backend; 3] = [&NO_CPU, &BF16_ONLY, &REFERENCE];
+        let e = select(&reg, Some("sse9")).unwrap_err();
         assert!(matches!(e, Error::UnknownVariant { .. }));
-        assert!(alloc::format!("{e}").contains("avx2"), "lists valid values: {e}");
-        let e = select(&[&REFERENCE], Some("avx2"), &["avx2"]).unwrap_err();
-        assert!(alloc::format!("{e}").contains("no kernels registered"), "{e}");
-        let e = select(&[&REFERENCE], Some("AMX"), &[]).unwrap_err();
-        assert!(alloc::format!("{e}").contains("Cargo feature \"amx\""), "{e}");
+        let msg = alloc::format!("{e}");
+        assert!(msg.contains("avx512, bf16-only, reference, avx512_bf16"), "{msg}");
+        // KT's alias of a backend this CPU cannot run: the missing feature is named.
+        let e = select(&reg, Some("avx512_vnni")).unwrap_err();
+        assert!(alloc::format!("{e}").contains("lacks avx512f"), "{e}");
+        // Without an avx512 backend in the registry, KT's aliases are not valid either.
+        let e = select(&[&REFERENCE], Some("avx512_bf16")).unwrap_err();
+        assert!(alloc::format!("{e}").contains("valid values: reference"), "{e}");
+        assert_eq!(select(&reg, Some("")).unwrap().backend.name(), "bf16-only");
     }
 }

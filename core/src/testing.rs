@@ -13,11 +13,15 @@ use alloc::vec::Vec;
 
 use half::bf16;
 
+use crate::backend::{ActLayout, Instructions, TaskShape};
 use crate::forward::{forward, pack_expert_f32, ExpertF32, LayerWeights, Workspace};
 use crate::ggml::GgmlType;
+use crate::mat::MatMut;
 use crate::reference::REFERENCE;
 use crate::rng::SplitMix64;
-use crate::{Backend, Executor, LayerFormat, MoeConfig, QuantMatrix, Routing, SerialExecutor, WeightFormat};
+use crate::{
+    Backend, Error, Executor, LayerFormat, MoeConfig, PackedMatrix, QuantMatrix, Routing, SerialExecutor, WeightFormat,
+};
 
 /// One expert in f32: gate `[I,H]`, up `[I,H]`, down `[H,I]`.
 pub type Expert = [Vec<f32>; 3];
@@ -46,11 +50,16 @@ pub fn random_input(tokens: usize, hidden: usize, seed: u64) -> Vec<bf16> {
 pub use crate::rng::random_routing;
 
 /// Quantize and pack every expert with `backend` (serially).
-pub fn build_layer(backend: &dyn Backend, cfg: &MoeConfig, format: WeightFormat, experts: &[Expert]) -> LayerWeights {
-    let mut layer = LayerWeights::empty(cfg, format).expect("valid test config");
+pub fn build_layer(
+    backend: &'static dyn Backend,
+    cfg: &MoeConfig,
+    format: WeightFormat,
+    experts: &[Expert],
+) -> LayerWeights {
+    let mut layer = LayerWeights::empty(cfg, format, backend).expect("valid test config");
     for (e, [g, u, d]) in experts.iter().enumerate() {
         let packed = pack_expert_f32(backend, cfg, format, ExpertF32 { gate: g, up: u, down: d }).expect("pack");
-        layer.set_expert(e, packed);
+        layer.set_expert(e, packed).expect("packed by the layer's backend");
     }
     layer
 }
@@ -119,9 +128,8 @@ pub fn mean_rel_err(out: &[f32], reference: &[f64]) -> f64 {
     }
 }
 
-/// Run one forward and return the output as f32.
+/// Run one forward on the layer's backend and return the output as f32.
 pub fn run(
-    backend: &dyn Backend,
     exec: &dyn Executor,
     cfg: &MoeConfig,
     layer: &LayerWeights,
@@ -129,7 +137,7 @@ pub fn run(
     routing: &Routing<'_>,
 ) -> Vec<f32> {
     let mut out = vec![bf16::ZERO; routing.tokens * cfg.hidden];
-    forward(backend, exec, cfg, layer, input, routing, &mut out, &mut Workspace::default()).expect("forward");
+    forward(exec, cfg, layer, input, routing, &mut out, &mut Workspace::default()).expect("forward");
     out.iter().map(|v| v.to_f32()).collect()
 }
 
@@ -188,7 +196,7 @@ pub fn shapes(format: WeightFormat) -> Vec<(usize, usize, usize, usize)> {
 /// Compare `backend` with the reference backend on every supported format, shape, token count
 /// and scenario, with 1 and 2 parts. Panics listing the failing cases; returns `Err(missing ISA)`
 /// without running anything if this CPU cannot run the backend.
-pub fn conformance(backend: &dyn Backend) -> Result<(), &'static str> {
+pub fn conformance(backend: &'static dyn Backend) -> Result<(), &'static str> {
     backend.cpu_support()?;
     let mut failures = conformance_failures(backend, &SerialExecutor);
     failures.extend(ggml_conformance_failures(backend, &SerialExecutor));
@@ -214,7 +222,7 @@ pub const ACCURACY_LIMITS: [(WeightFormat, f64); 7] = [
 
 /// `(format, error, limit)` of `backend` against an unquantized MoE computed in f64 (E=8, k=2,
 /// H=256, I=512, 16 tokens, Gaussian weights and inputs), for every format it supports.
-pub fn accuracy_failures(backend: &dyn Backend, exec: &dyn Executor) -> Vec<(WeightFormat, f64, f64)> {
+pub fn accuracy_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<(WeightFormat, f64, f64)> {
     let cfg = MoeConfig { max_tokens: 16, ..MoeConfig::new(8, 2, 256, 512) };
     let experts = random_experts(&cfg, 42);
     let input = random_input(16, cfg.hidden, 43);
@@ -224,11 +232,11 @@ pub fn accuracy_failures(backend: &dyn Backend, exec: &dyn Executor) -> Vec<(Wei
     ACCURACY_LIMITS
         .iter()
         .filter(|(f, _)| {
-            backend.supports(*f, cfg.intermediate, cfg.hidden) && backend.supports(*f, cfg.hidden, cfg.intermediate)
+            backend.serves(*f, cfg.intermediate, cfg.hidden) && backend.serves(*f, cfg.hidden, cfg.intermediate)
         })
         .map(|&(f, limit)| {
             let layer = build_layer(backend, &cfg, f, &experts);
-            (f, mean_rel_err(&run(backend, exec, &cfg, &layer, &input, &r), &exact), limit)
+            (f, mean_rel_err(&run(exec, &cfg, &layer, &input, &r), &exact), limit)
         })
         .collect()
 }
@@ -248,7 +256,7 @@ macro_rules! conformance_suite {
 }
 
 /// The failing cases of [`conformance`], each as a line (empty when the backend conforms).
-pub fn conformance_failures(backend: &dyn Backend, exec: &dyn Executor) -> Vec<String> {
+pub fn conformance_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<String> {
     let mut failures = Vec::new();
     let scenarios = [Scenario::Random, Scenario::Skewed, Scenario::InvalidIds, Scenario::Masked, Scenario::AllMasked];
     for format in WeightFormat::ALL {
@@ -256,8 +264,8 @@ pub fn conformance_failures(backend: &dyn Backend, exec: &dyn Executor) -> Vec<S
             for parts in [1, 2] {
                 let cfg = MoeConfig { parts, max_tokens: 64, ..MoeConfig::new(e, k, h, i) };
                 if cfg.validate_for(format).is_err()
-                    || !backend.supports(format, i, h)
-                    || !backend.supports(format, h, i / parts)
+                    || !backend.serves(format, i, h)
+                    || !backend.serves(format, h, i / parts)
                 {
                     continue;
                 }
@@ -269,8 +277,8 @@ pub fn conformance_failures(backend: &dyn Backend, exec: &dyn Executor) -> Vec<S
                     for s in scenarios {
                         let (ids, w, mask) = scenario_routing(s, tokens, &cfg, 7 * tokens as u64);
                         let r = Routing { tokens, k, ids: &ids, weights: &w, gpu_mask: mask.as_deref() };
-                        let got = run(backend, exec, &cfg, &ours, &input, &r);
-                        let want = run(&REFERENCE, &SerialExecutor, &cfg, &oracle, &input, &r);
+                        let got = run(exec, &cfg, &ours, &input, &r);
+                        let want = run(&SerialExecutor, &cfg, &oracle, &input, &r);
                         let want64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
                         let err = mean_rel_err(&got, &want64);
                         let exact_zero = matches!(s, Scenario::AllMasked) && got.iter().any(|&v| v != 0.0);
@@ -310,22 +318,26 @@ pub fn ggml_layer_formats() -> Vec<LayerFormat> {
     // q8_0 reads its activations in a layout of its own: beside another 32-column type.
     v.push(LayerFormat { gate: g(GgmlType::Q8_0), up: g(GgmlType::Q4_1), down: g(GgmlType::Q5_0) });
     v.push(LayerFormat { gate: g(GgmlType::Q5_1), up: g(GgmlType::Q8_0), down: g(GgmlType::Q8_0) });
+    // gate and up reading different activation kinds (Q8_K, Q8_0, f32): each prepared once.
+    v.push(LayerFormat { gate: g(GgmlType::Q4_K), up: g(GgmlType::Q8_0), down: g(GgmlType::F16) });
+    v.push(LayerFormat { gate: g(GgmlType::F32), up: g(GgmlType::IQ4_XS), down: g(GgmlType::Q4_0) });
     v
 }
 
 /// Build a layer of random GGML experts packed by `backend`; also returns the experts
 /// dequantized (what an fp32 MoE on the same weights reads).
 pub fn build_ggml_layer(
-    backend: &dyn Backend,
+    backend: &'static dyn Backend,
     cfg: &MoeConfig,
     lf: LayerFormat,
     seed: u64,
 ) -> (LayerWeights, Vec<Expert>) {
-    let mut layer = LayerWeights::empty(cfg, lf).expect("valid test config");
+    let mut layer = LayerWeights::empty(cfg, lf, backend).expect("valid test config");
     let mut deq = Vec::new();
     for e in 0..cfg.experts {
         let [g, u, d] = random_ggml_expert(cfg, lf, seed + e as u64);
-        layer.set_expert(e, crate::forward::pack_expert(backend, cfg, &g, &u, &d).expect("pack"));
+        let packed = crate::forward::pack_expert(backend, cfg, &g, &u, &d).expect("pack");
+        layer.set_expert(e, packed).expect("packed by the layer's backend");
         deq.push([g.dequantize(), u.dequantize(), d.dequantize()]);
     }
     (layer, deq)
@@ -335,7 +347,18 @@ pub fn build_ggml_layer(
 /// that `backend` supports, on 1 and 2 parts, odd token counts and every routing scenario,
 /// the backend against the reference backend (mean relative error ≤ 1e-2) and against an
 /// fp32 MoE on the dequantized weights (≤ 0.03).
-pub fn ggml_conformance_failures(backend: &dyn Backend, exec: &dyn Executor) -> Vec<String> {
+pub fn ggml_conformance_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<String> {
+    ggml_failures(backend, exec, true)
+}
+
+/// The fp32 half of [`ggml_conformance_failures`] alone: `backend` against an fp32 MoE on the
+/// dequantized weights (≤ 0.03), on the same layers, shapes and routings (for the reference
+/// backend itself, which the other half would compare with itself).
+pub fn ggml_accuracy_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<String> {
+    ggml_failures(backend, exec, false)
+}
+
+fn ggml_failures(backend: &'static dyn Backend, exec: &dyn Executor, against_reference: bool) -> Vec<String> {
     let mut failures = Vec::new();
     let scenarios = [Scenario::Random, Scenario::Skewed, Scenario::InvalidIds, Scenario::Masked, Scenario::AllMasked];
     for (li, lf) in ggml_layer_formats().into_iter().enumerate() {
@@ -346,25 +369,26 @@ pub fn ggml_conformance_failures(backend: &dyn Backend, exec: &dyn Executor) -> 
             if cfg.validate_for(lf).is_err()
                 || ![(lf.gate, ip, h), (lf.up, ip, h), (lf.down, h, ip)]
                     .iter()
-                    .all(|&(f, r, c)| backend.supports(f, r, c))
+                    .all(|&(f, r, c)| backend.serves(f, r, c))
             {
                 continue;
             }
             let seed = 77 + li as u64 * 1000 + h as u64;
             let (ours, deq) = build_ggml_layer(backend, &cfg, lf, seed);
-            let (oracle, _) = build_ggml_layer(&REFERENCE, &cfg, lf, seed);
+            let oracle = against_reference.then(|| build_ggml_layer(&REFERENCE, &cfg, lf, seed).0);
             for tokens in [1, 7, 33] {
                 let input = random_input(tokens, h, tokens as u64);
                 for s in scenarios {
                     let (ids, w, mask) = scenario_routing(s, tokens, &cfg, 5 * tokens as u64);
                     let r = Routing { tokens, k, ids: &ids, weights: &w, gpu_mask: mask.as_deref() };
-                    let got = run(backend, exec, &cfg, &ours, &input, &r);
-                    let want: Vec<f64> = run(&REFERENCE, &SerialExecutor, &cfg, &oracle, &input, &r)
-                        .iter()
-                        .map(|&v| f64::from(v))
-                        .collect();
+                    let got = run(exec, &cfg, &ours, &input, &r);
+                    let err = oracle.as_ref().map_or(0.0, |oracle| {
+                        let want: Vec<f64> =
+                            run(&SerialExecutor, &cfg, oracle, &input, &r).iter().map(|&v| f64::from(v)).collect();
+                        mean_rel_err(&got, &want)
+                    });
                     let fp32 = textbook_moe(&cfg, &deq, &input, &r);
-                    let (err, err32) = (mean_rel_err(&got, &want), mean_rel_err(&got, &fp32));
+                    let err32 = mean_rel_err(&got, &fp32);
                     let bad_zero = matches!(s, Scenario::AllMasked) && got.iter().any(|&v| v != 0.0);
                     if err > 1e-2 || err32 > 0.03 || bad_zero || got.iter().any(|v| !v.is_finite()) {
                         failures.push(format!(
@@ -378,4 +402,62 @@ pub fn ggml_conformance_failures(backend: &dyn Backend, exec: &dyn Executor) -> 
         }
     }
     failures
+}
+
+/// The reference backend under another name, serving one format, on a CPU that may lack it:
+/// a second backend for tests of selection and of layers. Matrices it packs carry its name.
+#[derive(Debug)]
+pub struct OnlyFormat {
+    /// Its name.
+    pub name: &'static str,
+    /// The one format it serves.
+    pub format: WeightFormat,
+    /// What `cpu_support` answers.
+    pub cpu: Result<(), &'static str>,
+}
+
+impl Backend for OnlyFormat {
+    fn name(&self) -> &'static str {
+        self.name
+    }
+    fn cpu_support(&self) -> Result<(), &'static str> {
+        self.cpu
+    }
+    fn serves(&self, format: WeightFormat, rows: usize, cols: usize) -> bool {
+        format == self.format && REFERENCE.serves(format, rows, cols)
+    }
+    fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error> {
+        let bytes = REFERENCE.pack(m)?.bytes();
+        Ok(PackedMatrix::new(self.name, m.format(), m.rows(), m.cols(), bytes, m.clone()))
+    }
+    fn act_layout(&self, format: WeightFormat) -> ActLayout {
+        REFERENCE.act_layout(format)
+    }
+    fn act_bytes(&self, format: WeightFormat, rows: usize, cols: usize) -> usize {
+        REFERENCE.act_bytes(format, rows, cols)
+    }
+    fn scratch_bytes(&self, shape: TaskShape) -> usize {
+        REFERENCE.scratch_bytes(shape)
+    }
+    fn quantize_act(&self, f: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &mut [u8], s: &mut [u8]) {
+        REFERENCE.quantize_act(f, cols, src, rows, dst, s)
+    }
+    fn gate_up(
+        &self,
+        gate: &PackedMatrix,
+        up: &PackedMatrix,
+        rows: core::ops::Range<usize>,
+        ag: &[u8],
+        au: &[u8],
+        h: MatMut<'_, bf16>,
+        s: &mut [u8],
+    ) {
+        REFERENCE.gate_up(gate, up, rows, ag, au, h, s)
+    }
+    fn down(&self, d: &PackedMatrix, rows: core::ops::Range<usize>, a: &[u8], y: MatMut<'_, f32>, s: &mut [u8]) {
+        REFERENCE.down(d, rows, a, y, s)
+    }
+    fn instructions(&self, format: WeightFormat) -> Instructions {
+        REFERENCE.instructions(format)
+    }
 }

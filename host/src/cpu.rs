@@ -54,57 +54,12 @@ impl CpuInfo {
 
 #[cfg(target_arch = "x86_64")]
 fn flags() -> Vec<(&'static str, bool)> {
-    let amx = amx_flags();
-    vec![
-        ("avx2", std::arch::is_x86_feature_detected!("avx2")),
-        ("fma", std::arch::is_x86_feature_detected!("fma")),
-        ("f16c", std::arch::is_x86_feature_detected!("f16c")),
-        ("avx_vnni", std::arch::is_x86_feature_detected!("avxvnni")),
-        ("avx512f", std::arch::is_x86_feature_detected!("avx512f")),
-        ("avx512bw", std::arch::is_x86_feature_detected!("avx512bw")),
-        ("avx512vl", std::arch::is_x86_feature_detected!("avx512vl")),
-        ("avx512_vnni", std::arch::is_x86_feature_detected!("avx512vnni")),
-        ("avx512_vbmi", std::arch::is_x86_feature_detected!("avx512vbmi")),
-        ("avx512_bf16", std::arch::is_x86_feature_detected!("avx512bf16")),
-        ("avx512_fp16", std::arch::is_x86_feature_detected!("avx512fp16")),
-        ("amx_tile", amx[0]),
-        ("amx_int8", amx[1]),
-        ("amx_bf16", amx[2]),
-    ]
+    kt_x86::isa::flags()
 }
 
 #[cfg(not(target_arch = "x86_64"))]
 fn flags() -> Vec<(&'static str, bool)> {
     Vec::new()
-}
-
-/// AMX tile/int8/bf16: CPUID.7.0:EDX bits 24/25/22 and the OS enabling tile state (XCR0 17+18).
-/// `is_x86_feature_detected!` for AMX is unstable, hence by hand.
-#[cfg(target_arch = "x86_64")]
-fn amx_flags() -> [bool; 3] {
-    use std::arch::x86_64::{__cpuid, __cpuid_count};
-    let max_leaf = __cpuid(0).eax;
-    if max_leaf < 7 {
-        return [false; 3];
-    }
-    let edx = __cpuid_count(7, 0).edx;
-    let osxsave = __cpuid(1).ecx & (1 << 27) != 0;
-    let tiles_enabled = osxsave && {
-        // SAFETY: XGETBV is available when OSXSAVE is set (checked).
-        let xcr0 = unsafe { xgetbv0() };
-        xcr0 & (0b11 << 17) == (0b11 << 17)
-    };
-    let bit = |b: u32| edx & (1 << b) != 0 && tiles_enabled;
-    [bit(24), bit(25), bit(22)]
-}
-
-/// # Safety
-/// The CPU must support XGETBV (CPUID.1:ECX.OSXSAVE).
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "xsave")]
-unsafe fn xgetbv0() -> u64 {
-    // SAFETY: guaranteed by the caller.
-    unsafe { std::arch::x86_64::_xgetbv(0) }
 }
 
 fn model_name() -> String {
@@ -152,11 +107,39 @@ mod tests {
         assert_eq!(c.kt_variant(), "amx");
     }
 
+    /// The brand string is what the kernel reports as the model name.
     #[test]
-    fn detects_this_machine() {
-        let c = CpuInfo::detect();
-        assert!(!c.model.is_empty());
-        #[cfg(target_arch = "x86_64")]
-        assert_eq!(c.has("avx2"), std::arch::is_x86_feature_detected!("avx2"));
+    fn model_matches_proc_cpuinfo() {
+        let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+            eprintln!("skipped: no /proc/cpuinfo");
+            return;
+        };
+        let Some(name) = info.lines().find(|l| l.starts_with("model name")).and_then(|l| l.split(':').nth(1)) else {
+            eprintln!("skipped: /proc/cpuinfo has no model name");
+            return;
+        };
+        assert_eq!(CpuInfo::detect().model, name.trim());
+    }
+
+    /// Each detected flag agrees with the kernel's own list (`/proc/cpuinfo` flags) where the
+    /// kernel reports it; the OS may hide a flag the CPU has, never the other way round.
+    #[test]
+    fn flags_agree_with_proc_cpuinfo() {
+        let Some(listed) = std::fs::read_to_string("/proc/cpuinfo")
+            .ok()
+            .and_then(|t| t.lines().find(|l| l.starts_with("flags")).map(|l| l.to_string()))
+        else {
+            eprintln!("skipped: no flags line in /proc/cpuinfo");
+            return;
+        };
+        let listed: Vec<&str> = listed.split(':').nth(1).unwrap_or("").split_whitespace().collect();
+        for (flag, on) in CpuInfo::detect().flags {
+            if on {
+                assert!(listed.contains(&flag), "{flag} detected but not in /proc/cpuinfo");
+            } else if flag != "avx_vnni" {
+                // The kernel lists every other flag we read whenever the CPU has it.
+                assert!(!listed.contains(&flag), "{flag} in /proc/cpuinfo but not detected");
+            }
+        }
     }
 }

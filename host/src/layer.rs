@@ -53,7 +53,7 @@ impl LayerOptions {
 /// One MoE layer ready to run.
 pub struct MoeLayer {
     cfg: MoeConfig,
-    backend: &'static dyn Backend,
+    /// The packed experts and the backend that packed (and runs) them.
     weights: LayerWeights,
     executor: Arc<dyn Executor>,
     workspace: Mutex<Workspace>,
@@ -61,7 +61,7 @@ pub struct MoeLayer {
 
 impl std::fmt::Debug for MoeLayer {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "MoeLayer({:?}, {} on {})", self.cfg, self.weights.format, self.backend.name())
+        write!(f, "MoeLayer({:?}, {} on {})", self.cfg, self.weights.format, self.backend().name())
     }
 }
 
@@ -71,12 +71,8 @@ fn backend_for(cfg: &MoeConfig, format: LayerFormat, opts: &LayerOptions) -> Res
     let h = cfg.hidden;
     let shapes = [(format.gate, part, h), (format.up, part, h), (format.down, h, part)];
     match opts.backend {
-        Some(b) if b.cpu_support().is_ok() && shapes.iter().all(|&(f, r, c)| b.supports(f, r, c)) => Ok(b),
-        Some(b) => Err(Error::NoBackend {
-            format: format.gate,
-            detail: format!("backend {} cannot run {format} on this CPU or these shapes", b.name()),
-        }),
-        None => registry::select_for(format, &shapes),
+        Some(b) => registry::check_given(b, &shapes).map(|()| b),
+        None => registry::select_for(&shapes),
     }
 }
 
@@ -148,8 +144,9 @@ impl MoeLayer {
         let ranges = cfg.part_ranges(format)?;
         let packed = pack_parts(cfg.experts, &ranges, &*opts.executor, |e, _, r| -> Packed<Error> {
             let Some((g, u, d)) = expert(e) else { return Ok(None) };
-            if (LayerFormat { gate: g.format(), up: u.format(), down: d.format() }) != format {
-                return Err(Error::NoBackend { format: g.format(), detail: format!("expert {e} is not {format}") });
+            let found = LayerFormat { gate: g.format(), up: u.format(), down: d.format() };
+            if found != format {
+                return Err(Error::FormatMismatch { expert: e, expected: format, found });
             }
             Ok(Some(forward::pack_part(backend, cfg, &g, &u, &d, r)?))
         });
@@ -195,18 +192,17 @@ impl MoeLayer {
         packed: Vec<Packed<E>>,
         opts: &LayerOptions,
     ) -> Result<Self, E> {
-        let mut weights = LayerWeights::empty(cfg, format)?;
+        let mut weights = LayerWeights::empty(cfg, format, backend)?;
         let parts = weights.parts.len();
         let mut packed = packed.into_iter();
         for e in 0..cfg.experts {
             let per_part: Vec<_> = packed.by_ref().take(parts).collect::<Result<_, _>>()?;
             if let Some(per_part) = per_part.into_iter().collect::<Option<Vec<_>>>() {
-                weights.set_expert(e, per_part);
+                weights.set_expert(e, per_part)?;
             }
         }
         Ok(MoeLayer {
             cfg: cfg.clone(),
-            backend,
             weights,
             executor: opts.executor.clone(),
             workspace: Mutex::new(Workspace::default()),
@@ -220,7 +216,7 @@ impl MoeLayer {
 
     /// The backend running it.
     pub fn backend(&self) -> &'static dyn Backend {
-        self.backend
+        self.weights.backend()
     }
 
     /// The formats of its weights.
@@ -272,6 +268,6 @@ impl MoeLayer {
         }
         let routing = Routing { tokens: input.len() / h, k: self.cfg.top_k, ids, weights, gpu_mask };
         let mut ws = self.workspace.lock().unwrap_or_else(|e| e.into_inner());
-        forward::forward(self.backend, &*self.executor, &self.cfg, &self.weights, input, &routing, out, &mut ws)
+        forward::forward(&*self.executor, &self.cfg, &self.weights, input, &routing, out, &mut ws)
     }
 }

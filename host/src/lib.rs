@@ -1,12 +1,20 @@
 //! # kt-host
 //!
-//! The std half of kt-kernel-rs: CPU and topology detection, backend registry and selection,
-//! an executor, [`MoeLayer`] (the layer API), and the benchmark behind `kt bench`.
+//! The std half of kt-kernel-rs: CPU and topology detection, the backend registry (best
+//! first, selection by formats), the NUMA pool and task queue, [`MoeLayer`] (the layer API),
+//! weights IO ([`weights`] for checkpoints and KT's files, [`gguf`], both opened through
+//! [`source::WeightSource`]), conversion ([`convert`]) and the benchmark behind `kt bench`.
+//!
+//! **Must not** compute: every kernel runs in a backend, through `kt_core::forward`. The
+//! `weights` and `gguf` modules do not import each other ([`error`] and [`slots`] are theirs
+//! to share).
 #![doc = "\n\nSee the repository README for the command line."]
 #![warn(missing_docs)]
 
 pub mod bench;
+pub mod convert;
 pub mod cpu;
+pub mod error;
 pub mod exec;
 pub mod gguf;
 pub mod layer;
@@ -15,6 +23,8 @@ pub mod placement;
 pub mod pool;
 pub mod queue;
 pub mod registry;
+pub mod slots;
+pub mod source;
 mod sync;
 pub mod topology;
 pub mod weights;

@@ -18,9 +18,13 @@ pub struct NumaPool {
     /// Worker number of each sub-pool's first thread.
     first_worker: Vec<usize>,
     placement: Placement,
-    /// One job at a time, whoever calls.
-    serial: Mutex<()>,
+    /// One job at a time, whoever calls; under it, each sub-pool's task list of the current
+    /// job, kept between jobs so that a stage after warm-up allocates nothing.
+    serial: Mutex<Vec<Vec<usize>>>,
 }
+
+/// Sub-pools whose jobs are built on the stack (more are built in a `Vec`).
+const STACK_SUBPOOLS: usize = 16;
 
 impl std::fmt::Debug for NumaPool {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -35,7 +39,7 @@ impl NumaPool {
         let pools: Vec<Pool> =
             placement.subpools.iter().enumerate().map(|(i, s)| Pool::pinned(&s.cpus, i == 0)).collect();
         let first_worker = pools.iter().scan(0, |at, p| Some(std::mem::replace(at, *at + p.threads()))).collect();
-        Ok(NumaPool { pools, first_worker, placement, serial: Mutex::new(()) })
+        Ok(NumaPool { pools, first_worker, placement, serial: Mutex::new(Vec::new()) })
     }
 
     /// `threads` threads in `parts` sub-pools on the running machine ([`PoolConfig::split`]).
@@ -84,19 +88,33 @@ impl Executor for NumaPool {
         if self.pools.len() == 1 {
             return self.pools[0].parallel_for(n_tasks, f);
         }
-        let mut lists: Vec<Vec<usize>> = vec![Vec::new(); self.pools.len()];
-        for t in 0..n_tasks {
-            lists[group(t) % self.pools.len()].push(t);
+        let n = self.pools.len();
+        let mut lists = lock(&self.serial);
+        lists.resize_with(n, Vec::new);
+        for list in lists.iter_mut() {
+            list.clear();
+            // Room for every task of this job, at least 256 (a stage of a forward has up to
+            // 4 tasks a thread plus one per active expert): only a larger job allocates, once.
+            list.reserve(n_tasks.next_power_of_two().max(256));
         }
-        let jobs: Vec<_> = lists
-            .iter()
-            .zip(&self.first_worker)
-            .map(|(list, &base)| move |i: usize, w: usize| f(list[i], base + w))
-            .collect();
-        let _one = lock(&self.serial);
+        for t in 0..n_tasks {
+            lists[group(t) % n].push(t);
+        }
+        let (lists, first) = (&*lists, &self.first_worker);
+        // One job per sub-pool (each a closure of the same type), on the stack when few.
+        let job = |p: usize| move |i: usize, w: usize| f(lists[p][i], first[p] + w);
+        let (on_stack, on_heap);
+        let jobs: &[_] = if n <= STACK_SUBPOOLS {
+            on_stack = core::array::from_fn::<_, STACK_SUBPOOLS, _>(job);
+            &on_stack[..n]
+        } else {
+            on_heap = (0..n).map(job).collect::<Vec<_>>();
+            &on_heap
+        };
         let mut panic: Option<Panic> = None;
         // Sub-pools 1.. with work run on their own workers while this thread works sub-pool 0.
-        let others = || self.pools.iter().zip(&jobs).zip(&lists).skip(1).filter(|(_, list)| !list.is_empty());
+        let others =
+            || self.pools.iter().zip(jobs.iter()).zip(lists.iter()).skip(1).filter(|(_, list)| !list.is_empty());
         for ((pool, job), list) in others() {
             // SAFETY: every started pool is finished below, before `jobs` is dropped.
             unsafe { pool.start(job, list.len()) };

@@ -32,6 +32,7 @@ fn info_reports_cpu_and_backends() {
 fn info_shows_the_pool_for_planned_machines() {
     // hwloc reads HWLOC_SYNTHETIC; without the hwloc feature the running machine is shown.
     if !cfg!(feature = "hwloc") {
+        eprintln!("skipped: built without the hwloc feature, which reads HWLOC_SYNTHETIC");
         return;
     }
     let run = |topo: &str, args: &[&str]| {
@@ -56,6 +57,29 @@ fn forced_unknown_variant_is_a_clear_error() {
     assert_eq!(out.status.code(), Some(2));
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("sse9") && err.contains("avx2") && err.contains("reference"), "{err}");
+}
+
+/// A forced backend that does not run the method: an error naming the format and the backends
+/// that do, exit status 2 (no silent fallback to another backend).
+#[test]
+fn forced_backend_that_declines_the_format_is_a_clear_error() {
+    let has_avx2 = Command::new(env!("CARGO_BIN_EXE_kt")).arg("info").output().unwrap();
+    if !String::from_utf8_lossy(&has_avx2.stdout)
+        .lines()
+        .any(|l| l.trim_start().starts_with("avx2") && l.contains("available;"))
+    {
+        eprintln!("skipped the avx2 half: no avx2 backend runs here");
+        return;
+    }
+    let out = Command::new(env!("CARGO_BIN_EXE_kt"))
+        .args(["bench", "--experts", "4", "--top-k", "2", "--hidden", "256", "--intermediate", "256"])
+        .args(["--method", "q4_k", "--tokens", "1", "--min-time", "0", "--layers", "1"])
+        .env("KT_KERNEL_CPU_VARIANT", "avx2")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("avx2") && err.contains("q4_K") && err.contains("llamafile"), "{err}");
 }
 
 #[test]

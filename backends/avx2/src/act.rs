@@ -30,7 +30,24 @@ pub fn bytes(f: WeightFormat, rows: usize, cols: usize) -> usize {
     }
 }
 
-pub fn prepare(f: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &mut [u8]) {
+/// The layout `f`'s kernels read: f32 rows for the float formats; int8 rows padded to the
+/// format's unit, plain for int8 and +128 for int4, with one scale per token or per K-group.
+pub fn layout(f: WeightFormat) -> u32 {
+    match f {
+        WeightFormat::Int8Row => 1,
+        WeightFormat::Int4Row => 2,
+        WeightFormat::Int4Group { group } => 1000 + u32::from(group),
+        _ => 0,
+    }
+}
+
+/// Scratch [`prepare`] needs: one token row in f32.
+pub fn scratch_bytes(cols: usize) -> usize {
+    4 * cols
+}
+
+/// Prepare rows `rows` of `src` for format `f` into `dst`; `scratch` holds [`scratch_bytes`].
+pub fn prepare(f: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &mut [u8], scratch: &mut [u8]) {
     let row = |i: usize| &src[rows[i] as usize * cols..(rows[i] as usize + 1) * cols];
     if !f.int_activations() {
         let d: &mut [f32] = bytemuck::cast_slice_mut(&mut dst[..4 * rows.len() * cols]);
@@ -46,7 +63,7 @@ pub fn prepare(f: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &m
     let q_end = (rows.len() * kp).next_multiple_of(4);
     let (q, rest) = dst.split_at_mut(q_end);
     let scales: &mut [f32] = bytemuck::cast_slice_mut(&mut rest[..4 * rows.len() * g]);
-    let mut x = vec![0.0f32; cols];
+    let x: &mut [f32] = bytemuck::cast_slice_mut(&mut scratch[..4 * cols]);
     for i in 0..rows.len() {
         for (o, v) in x.iter_mut().zip(row(i)) {
             *o = v.to_f32();

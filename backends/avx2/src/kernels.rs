@@ -31,12 +31,8 @@ const PREFETCH: usize = 1536;
 const PREFETCH_L2: usize = 3 * PREFETCH;
 
 #[inline(always)]
-unsafe fn prefetch(p: *const u8) {
-    // SAFETY: prefetch never faults, even past the end of an allocation.
-    unsafe {
-        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(PREFETCH).cast());
-        _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(PREFETCH_L2).cast());
-    }
+fn prefetch(p: *const u8) {
+    kt_x86::prefetch::ahead(p, PREFETCH, PREFETCH_L2);
 }
 
 /// Most tokens in one tile (6 × 2 accumulators + 2 weights + 1 broadcast = 15 ymm).
@@ -55,6 +51,8 @@ pub const MAX_NT_INT: usize = 4;
 /// Results of a tile: `[token][row in panel]`.
 pub type Tile = [[f32; PANEL]; MAX_NT];
 
+/// # Safety
+/// The CPU has AVX2 and FMA, and the slices hold what the doc says.
 #[inline(always)]
 unsafe fn load_bf16(p: *const u8) -> (__m256, __m256) {
     // SAFETY (all loads below): the caller passes a pointer to a whole k-slice of the panel.
@@ -66,6 +64,9 @@ unsafe fn load_bf16(p: *const u8) -> (__m256, __m256) {
 }
 
 /// e4m3 → f32 · 2^-120 by bit placement (exact, subnormals included); the 2^120 is in the scale.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA, and the slices hold what the doc says.
 #[inline(always)]
 unsafe fn load_fp8(p: *const u8) -> (__m256, __m256) {
     unsafe {
@@ -78,6 +79,8 @@ unsafe fn load_fp8(p: *const u8) -> (__m256, __m256) {
     }
 }
 
+/// # Safety
+/// The CPU has AVX2 and FMA, and the slices hold what the doc says.
 #[inline(always)]
 unsafe fn load_w<const BF16: bool>(panel: *const u8, k: usize) -> (__m256, __m256) {
     // SAFETY: the caller passes k inside the panel.
@@ -142,6 +145,8 @@ unsafe fn float_tile<const N: usize, const BF16: bool>(
     }
 }
 
+/// # Safety
+/// The CPU has AVX2 and FMA, and the slices hold what the doc says.
 #[inline(always)]
 unsafe fn int8_step<const N: usize>(
     w0: __m256i,
@@ -227,6 +232,9 @@ unsafe fn int4_tile<const N: usize>(
 }
 
 /// 16 consecutive f32 (one value per panel row) as two ymm.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA, and the slices hold what the doc says.
 #[inline(always)]
 unsafe fn load16(p: *const f32) -> (__m256, __m256) {
     // SAFETY: the caller passes 16 readable floats.
@@ -234,6 +242,9 @@ unsafe fn load16(p: *const f32) -> (__m256, __m256) {
 }
 
 /// Write the accumulators of a tile to `out`.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA, and the slices hold what the doc says.
 #[inline(always)]
 unsafe fn store_tile<const N: usize>(acc: &[[__m256; 2]; N], out: &mut Tile) {
     for (o, a) in out.iter_mut().zip(acc) {
@@ -255,11 +266,16 @@ struct IntAct<'a> {
 }
 
 /// `acc[t] - 128·Σw` as f32, for the int4 kernels' unsigned activations.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA, and the slices hold what the doc says.
 #[inline(always)]
 unsafe fn unbias(acc: __m256i, rowsum: *const i32) -> __m256 {
     unsafe { _mm256_cvtepi32_ps(_mm256_sub_epi32(acc, _mm256_slli_epi32(_mm256_loadu_si256(rowsum.cast()), 7))) }
 }
 
+/// # Safety
+/// The CPU has AVX2 and FMA, and the slices hold what the doc says.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn float_panel<const N: usize>(w: &Packed, p: usize, x: &[f32], cols: usize, t0: usize, out: &mut Tile) {
     let panel = w.panel(p).as_ptr();
@@ -293,6 +309,8 @@ unsafe fn float_panel<const N: usize>(w: &Packed, p: usize, x: &[f32], cols: usi
     }
 }
 
+/// # Safety
+/// The CPU has AVX2 and FMA, and the slices hold what the doc says.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn int_panel<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: usize, out: &mut Tile) {
     let panel = w.panel(p).as_ptr();
@@ -370,60 +388,5 @@ pub unsafe fn panel_tile(w: &Packed, p: usize, act: &Act<'_>, t0: usize, nt: usi
             Act::Float { x, cols } => by_n!(float_panel, w, p, x, cols, t0, out),
             Act::Int { q, kp, scales, groups } => by_n!(int_panel, w, p, IntAct { q, kp, scales, groups }, t0, out),
         }
-    }
-}
-
-/// Round 8 f32 to bf16 (nearest, ties to even), returned as f32 with the low 16 bits clear.
-#[inline(always)]
-unsafe fn round_bf16(x: __m256) -> __m256 {
-    unsafe {
-        let b = _mm256_castps_si256(x);
-        let lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
-        let r = _mm256_add_epi32(_mm256_add_epi32(b, _mm256_set1_epi32(0x7FFF)), lsb);
-        _mm256_castsi256_ps(_mm256_and_si256(r, _mm256_set1_epi32(0xFFFF_0000u32 as i32)))
-    }
-}
-
-/// e^x for x ≤ 88 (Cephes `expf`: range reduction by ln 2 in two parts, degree-5 polynomial;
-/// about 1e-7 relative error). Inputs below -87.3 flush to 0.
-#[inline(always)]
-unsafe fn exp8(x: __m256) -> __m256 {
-    unsafe {
-        let x = _mm256_max_ps(x, _mm256_set1_ps(-87.3));
-        let fx = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
-            x,
-            _mm256_set1_ps(core::f32::consts::LOG2_E),
-        ));
-        let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(0.693_359_4), x);
-        let r = _mm256_fnmadd_ps(fx, _mm256_set1_ps(-2.121_944_4e-4), r);
-        let mut p = _mm256_set1_ps(1.987_569_1e-4);
-        for c in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_001e-1] {
-            p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(c));
-        }
-        let p = _mm256_fmadd_ps(_mm256_mul_ps(p, r), r, _mm256_add_ps(r, _mm256_set1_ps(1.0)));
-        let e = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
-        _mm256_mul_ps(p, _mm256_castsi256_ps(e))
-    }
-}
-
-/// `bf16(silu(bf16(g)) · bf16(u))` for 16 rows, as bf16 bits: the SwiGLU of `kt_core::swiglu`
-/// with a polynomial exp.
-///
-/// # Safety
-/// The CPU supports AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
-pub unsafe fn swiglu16(g: &[f32; PANEL], u: &[f32; PANEL], out: &mut [u16; PANEL]) {
-    // SAFETY: 16-element arrays, AVX2+FMA enabled here.
-    unsafe {
-        let one = _mm256_set1_ps(1.0);
-        let half = |i: usize| {
-            let gv = round_bf16(_mm256_loadu_ps(g.as_ptr().add(i)));
-            let uv = round_bf16(_mm256_loadu_ps(u.as_ptr().add(i)));
-            let e = exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv), _mm256_set1_ps(88.0)));
-            let h = round_bf16(_mm256_mul_ps(_mm256_div_ps(gv, _mm256_add_ps(one, e)), uv));
-            _mm256_srli_epi32(_mm256_castps_si256(h), 16)
-        };
-        let packed = _mm256_permute4x64_epi64::<0xD8>(_mm256_packus_epi32(half(0), half(8)));
-        _mm256_storeu_si256(out.as_mut_ptr().cast(), packed);
     }
 }

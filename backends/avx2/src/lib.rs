@@ -2,8 +2,16 @@
 //! KT int4, K-group int4, fp8 block and per-channel), for CPUs without AVX-512: AMD Zen2/Zen3,
 //! consumer Intel. Registered when the CPU has AVX2 and FMA (checked at run time).
 //!
-//! Weights are packed into 16-row panels (`pack`); one microkernel family (`kernels`)
-//! serves decode (tiles of 1-5 tokens) and prefill (6×16 tiles, 4×16 for int formats).
+//! Weights are packed into 16-row panels (`pack`); activations prepared per token (`act`);
+//! one microkernel family (`kernels`) serves decode (tiles of 1-5 tokens) and prefill (6×16
+//! tiles, 4×16 for int formats).
+//!
+//! **Must not** depend on another backend crate (what the x86 backends share is `kt-x86`'s),
+//! nor serve GGML formats (the `llamafile` backend's).
+//!
+//! # Safety
+//! Every `unsafe fn` here needs AVX2 and FMA (checked once by `cpu_support` before the backend
+//! is selected) and slices as long as its doc says.
 
 #[cfg(target_arch = "x86_64")]
 mod act;
@@ -29,20 +37,20 @@ pub fn registered() -> &'static [&'static dyn Backend] {
 
 #[cfg(target_arch = "x86_64")]
 pub use imp::{Avx2, AVX2};
-/// KT's SwiGLU on 16 lanes (also used by the llamafile backend).
-#[cfg(target_arch = "x86_64")]
-pub use kernels::swiglu16;
 
 #[cfg(target_arch = "x86_64")]
 mod imp {
     use core::ops::Range;
 
     use half::bf16;
+    use kt_core::backend::{ActLayout, Instructions, TaskShape};
     use kt_core::mat::MatMut;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
+    use kt_x86::swiglu::swiglu16;
+    use kt_x86::tiles::{row_tiles, token_tiles, RowTile};
 
     use crate::act::{self, Act};
-    use crate::kernels::{panel_tile, swiglu16, Tile, MAX_NT, MAX_NT_INT};
+    use crate::kernels::{panel_tile, Tile, MAX_NT, MAX_NT_INT};
     use crate::pack::{self, Packed, PANEL};
 
     /// The AVX2 backend.
@@ -53,7 +61,7 @@ mod imp {
     pub static AVX2: Avx2 = Avx2;
 
     fn packed(m: &PackedMatrix) -> &Packed {
-        m.get::<Packed>().expect("matrix packed by the avx2 backend")
+        m.get::<Packed>().expect("a layer hands a backend only the matrices it packed")
     }
 
     /// Run every (panel, token tile) of `rows` of `w` and hand each tile to `emit`.
@@ -62,19 +70,16 @@ mod imp {
         rows: &Range<usize>,
         act: &Act<'_>,
         n: usize,
-        mut emit: impl FnMut(usize, usize, usize, &Tile),
+        mut emit: impl FnMut(&RowTile, usize, usize, &Tile),
     ) {
         let max_nt = if matches!(act, Act::Int { .. }) { MAX_NT_INT } else { MAX_NT };
         let mut tile: Tile = [[0.0; PANEL]; MAX_NT];
-        for p in rows.start / PANEL..rows.end.div_ceil(PANEL) {
-            let mut t0 = 0;
-            while t0 < n {
-                let nt = (n - t0).min(max_nt);
+        for panel in row_tiles(rows.clone(), PANEL) {
+            for (t0, nt) in token_tiles(n, max_nt) {
                 // SAFETY: the backend is only selected when AVX2+FMA are present (cpu_support),
                 // and `act` was prepared by this backend for w's format and K with n rows.
-                unsafe { panel_tile(w, p, act, t0, nt, &mut tile) };
-                emit(p, t0, nt, &tile);
-                t0 += nt;
+                unsafe { panel_tile(w, panel.index, act, t0, nt, &mut tile) };
+                emit(&panel, t0, nt, &tile);
             }
         }
     }
@@ -84,19 +89,11 @@ mod imp {
             "avx2"
         }
 
-        fn priority(&self) -> u32 {
-            10
-        }
-
         fn cpu_support(&self) -> Result<(), &'static str> {
-            if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-                Ok(())
-            } else {
-                Err("avx2+fma")
-            }
+            kt_x86::isa::avx2_fma()
         }
 
-        fn supports(&self, format: WeightFormat, _rows: usize, cols: usize) -> bool {
+        fn serves(&self, format: WeightFormat, _rows: usize, cols: usize) -> bool {
             let known = matches!(
                 format,
                 WeightFormat::Bf16
@@ -115,15 +112,31 @@ mod imp {
 
         fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error> {
             let p = pack::pack(m);
-            Ok(PackedMatrix::new(m.format(), m.rows(), m.cols(), p.bytes(), p))
+            Ok(PackedMatrix::new(self.name(), m.format(), m.rows(), m.cols(), p.bytes(), p))
+        }
+
+        fn act_layout(&self, format: WeightFormat) -> ActLayout {
+            ActLayout(act::layout(format))
         }
 
         fn act_bytes(&self, format: WeightFormat, rows: usize, cols: usize) -> usize {
             act::bytes(format, rows, cols)
         }
 
-        fn quantize_act(&self, format: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &mut [u8]) {
-            act::prepare(format, cols, src, rows, dst)
+        fn scratch_bytes(&self, shape: TaskShape) -> usize {
+            act::scratch_bytes(shape.cols)
+        }
+
+        fn quantize_act(
+            &self,
+            format: WeightFormat,
+            cols: usize,
+            src: &[bf16],
+            rows: &[u32],
+            dst: &mut [u8],
+            scratch: &mut [u8],
+        ) {
+            act::prepare(format, cols, src, rows, dst, scratch)
         }
 
         fn gate_up(
@@ -131,41 +144,50 @@ mod imp {
             gate: &PackedMatrix,
             up: &PackedMatrix,
             rows: Range<usize>,
-            a: &[u8],
+            act_gate: &[u8],
+            act_up: &[u8],
             mut h: MatMut<'_, bf16>,
+            _scratch: &mut [u8],
         ) {
             let (g, u) = (packed(gate), packed(up));
             let n = h.rows();
-            let act = Act::parse(g.format, g.cols, n, a);
+            let (ag, au) = (Act::parse(g.format, g.cols, n, act_gate), Act::parse(u.format, u.cols, n, act_up));
             let mut ut: Tile = [[0.0; PANEL]; MAX_NT];
             let mut hv = [0u16; PANEL];
             // Each up tile is paired with the gate tile of the same panel and tokens.
-            for_tiles(g, &rows, &act, n, |p, t0, nt, gt| {
+            for_tiles(g, &rows, &ag, n, |panel, t0, nt, gt| {
                 // SAFETY: as in for_tiles.
-                unsafe { panel_tile(u, p, &act, t0, nt, &mut ut) };
-                let (r0, r1) = ((p * PANEL).max(rows.start), ((p + 1) * PANEL).min(rows.end));
+                unsafe { panel_tile(u, panel.index, &au, t0, nt, &mut ut) };
+                let (at, within) = (panel.rows.start - rows.start, panel.in_tile(PANEL));
                 for t in 0..nt {
                     // SAFETY: cpu_support guarantees AVX2+FMA before this backend is used.
                     unsafe { swiglu16(&gt[t], &ut[t], &mut hv) };
-                    let out = &mut h.row_mut(t0 + t)[r0 - rows.start..r1 - rows.start];
-                    for (o, &v) in out.iter_mut().zip(&hv[r0 - p * PANEL..r1 - p * PANEL]) {
+                    let out = &mut h.row_mut(t0 + t)[at..at + within.len()];
+                    for (o, &v) in out.iter_mut().zip(&hv[within.clone()]) {
                         *o = bf16::from_bits(v);
                     }
                 }
             });
         }
 
-        fn down(&self, down: &PackedMatrix, rows: Range<usize>, a: &[u8], mut y: MatMut<'_, f32>) {
+        fn down(&self, down: &PackedMatrix, rows: Range<usize>, a: &[u8], mut y: MatMut<'_, f32>, _scratch: &mut [u8]) {
             let d = packed(down);
             let n = y.rows();
             let act = Act::parse(d.format, d.cols, n, a);
-            for_tiles(d, &rows, &act, n, |p, t0, nt, tile| {
-                let (r0, r1) = ((p * PANEL).max(rows.start), ((p + 1) * PANEL).min(rows.end));
+            for_tiles(d, &rows, &act, n, |panel, t0, nt, tile| {
+                let (at, within) = (panel.rows.start - rows.start, panel.in_tile(PANEL));
                 for (t, res) in tile.iter().enumerate().take(nt) {
-                    y.row_mut(t0 + t)[r0 - rows.start..r1 - rows.start]
-                        .copy_from_slice(&res[r0 - p * PANEL..r1 - p * PANEL]);
+                    y.row_mut(t0 + t)[at..at + within.len()].copy_from_slice(&res[within.clone()]);
                 }
             });
+        }
+
+        fn instructions(&self, format: WeightFormat) -> Instructions {
+            if format.int_activations() {
+                Instructions::Int8Pairs
+            } else {
+                Instructions::FmaF32
+            }
         }
     }
 }
@@ -178,38 +200,6 @@ mod tests {
     use crate::pack;
 
     kt_core::conformance_suite!(&crate::AVX2);
-
-    #[test]
-    fn swiglu16_matches_the_scalar_definition() {
-        if !(std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma")) {
-            return;
-        }
-        let mut r = SplitMix64::new(9);
-        let mut worst = 0.0f32;
-        for round in 0..2000 {
-            let scale = [0.1, 1.0, 10.0, 100.0][round % 4];
-            let g: [f32; 16] = core::array::from_fn(|_| r.uniform(scale));
-            let u: [f32; 16] = core::array::from_fn(|_| r.uniform(scale));
-            let mut out = [0u16; 16];
-            // SAFETY: AVX2 and FMA checked above.
-            unsafe { crate::kernels::swiglu16(&g, &u, &mut out) };
-            for i in 0..16 {
-                let want = kt_core::swiglu::swiglu(g[i], u[i]).to_f32();
-                let got = half::bf16::from_bits(out[i]).to_f32();
-                // The polynomial exp may move a result across a bf16 rounding boundary: one ulp.
-                let ulp = want.abs().max(f32::MIN_POSITIVE) / 128.0;
-                assert!((got - want).abs() <= ulp, "g={} u={} got={got} want={want}", g[i], u[i]);
-                worst = worst.max((got - want).abs() / ulp);
-            }
-        }
-        assert!(worst <= 1.0);
-        let mut out = [0u16; 16];
-        // Extremes: very negative g gives ~0, very positive g gives g·u.
-        unsafe { crate::kernels::swiglu16(&[-1000.0; 16], &[3.0; 16], &mut out) };
-        assert!(half::bf16::from_bits(out[0]).to_f32().abs() < 1e-30);
-        unsafe { crate::kernels::swiglu16(&[1000.0; 16], &[2.0; 16], &mut out) };
-        assert_eq!(half::bf16::from_bits(out[0]).to_f32(), 2000.0);
-    }
 
     #[test]
     fn packing_keeps_every_weight() {

@@ -1,7 +1,10 @@
-//! kt-kernel-rs backend crate `avx512`: AVX-512F/BW/VNNI/BF16 kernels.
+//! kt-kernel-rs backend crate `avx512`: AVX-512F/BW/VNNI/BF16 kernels for our formats (its issue:
+//! the AVX-512 backend).
 //!
-//! No kernels are registered yet: [`registered`] is empty, so this backend is never selected
-//! (forcing it with `KT_KERNEL_CPU_VARIANT` reports that it has no kernels in this build).
+//! No kernels yet: [`registered`] is empty, and the host builds it only with its Cargo feature
+//! `avx512` (off by default), so `KT_KERNEL_CPU_VARIANT=avx512` is an unknown value in a default
+//! build. When its kernels land it follows the other backends' shape (`pack`, `act`, `kernels`, the
+//! conformance suite in one line) and depends on no other backend crate.
 
 use kt_core::Backend;
 

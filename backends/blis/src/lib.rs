@@ -1,7 +1,9 @@
 //! kt-kernel-rs backend crate `blis`: BLIS/AOCL GEMM for AMD hosts (needs the system BLIS library).
 //!
-//! No kernels are registered yet: [`registered`] is empty, so this backend is never selected
-//! (forcing it with `KT_KERNEL_CPU_VARIANT` reports that it has no kernels in this build).
+//! No kernels yet: [`registered`] is empty, and the host builds it only with its Cargo feature
+//! `blis` (off by default), so `KT_KERNEL_CPU_VARIANT=blis` is an unknown value in a default build.
+//! When its kernels land it follows the other backends' shape (`pack`, `act`, `kernels`, the
+//! conformance suite in one line) and depends on no other backend crate.
 
 use kt_core::Backend;
 

@@ -9,6 +9,7 @@
 use half::bf16;
 use kt_backend_llamafile::{Llamafile, LLAMAFILE, LLAMAFILE_AVX2};
 use kt_core::aligned::AlignedBuf;
+use kt_core::backend::TaskShape;
 use kt_core::ggml::{random_matrix, GgmlType};
 use kt_core::mat::MatMut;
 use kt_core::rng::SplitMix64;
@@ -46,13 +47,16 @@ fn run<const N: usize>(bencher: divan::Bencher, name: &str, rows: usize, cols: u
     // 64-byte aligned, as the forward pass's workspace is.
     let mut act = AlignedBuf::zeroed(b.act_bytes(format, N, cols));
     let act = act.as_mut_slice();
-    b.quantize_act(format, cols, &x, &ids, act);
+    let shape = TaskShape { format: format.into(), tokens: N, rows, cols };
+    let mut scratch = AlignedBuf::zeroed(b.scratch_bytes(shape));
+    let scratch = scratch.as_mut_slice();
+    b.quantize_act(format, cols, &x, &ids, act, scratch);
     // Rows as far apart as the forward pass puts them (one line more than a row).
     let stride = kt_core::forward::y_stride(rows);
     let mut y = vec![0.0f32; N * stride];
     bencher
         .counter(divan::counter::ItemsCount::new(2 * rows * cols * N))
-        .bench_local(|| b.down(&w, 0..rows, act, MatMut::from_slice(&mut y, N, rows, stride)));
+        .bench_local(|| b.down(&w, 0..rows, act, MatMut::from_slice(&mut y, N, rows, stride), scratch));
 }
 
 #[divan::bench(args = ["q3_K", "q4_K", "q5_K", "q6_K", "q8_0", "q4_0"])]

@@ -131,15 +131,28 @@ pub fn bytes(t: GgmlType, rows: usize, cols: usize, vnni: bool) -> usize {
     }
 }
 
+/// Scratch [`prepare`] needs: one token row in f32.
+pub fn scratch_bytes(cols: usize) -> usize {
+    4 * cols
+}
+
 /// Prepare rows `rows` of `src` (`[*, cols]` bf16) into `dst` (`vnni`: as for [`layout`]).
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be present.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst: &mut [u8], vnni: bool) {
+pub unsafe fn prepare(
+    t: GgmlType,
+    cols: usize,
+    src: &[bf16],
+    rows: &[u32],
+    dst: &mut [u8],
+    vnni: bool,
+    scratch: &mut [u8],
+) {
     let n = rows.len();
     let dst = &mut dst[..bytes(t, n, cols, vnni)];
-    let mut x = vec![0.0f32; cols];
+    let x: &mut [f32] = bytemuck::cast_slice_mut(&mut scratch[..scratch_bytes(cols)]);
     for (i, &r) in rows.iter().enumerate() {
         let row = &src[r as usize * cols..(r as usize + 1) * cols];
         for (o, v) in x.iter_mut().zip(row) {
@@ -148,13 +161,13 @@ pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst:
         match t.act() {
             ActKind::F32 => {
                 let out: &mut [f32] = bytemuck::cast_slice_mut(&mut dst[4 * i * cols..4 * (i + 1) * cols]);
-                out.copy_from_slice(&x);
+                out.copy_from_slice(x);
             }
             // SAFETY (all three): AVX2, FMA and F16C by this function's contract.
             ActKind::Q8_0 => match layout(t, vnni) {
-                Layout::G8 => unsafe { fill::<ActG8>(bytemuck::cast_slice_mut(dst), &x, n, i) },
-                Layout::W8 => unsafe { fill_wide(bytemuck::cast_slice_mut(dst), &x, n, i) },
-                Layout::V8 => unsafe { fill_v8(bytemuck::cast_slice_mut(dst), &x, n, i) },
+                Layout::G8 => unsafe { fill::<ActG8>(bytemuck::cast_slice_mut(dst), x, n, i) },
+                Layout::W8 => unsafe { fill_wide(bytemuck::cast_slice_mut(dst), x, n, i) },
+                Layout::V8 => unsafe { fill_v8(bytemuck::cast_slice_mut(dst), x, n, i) },
             },
             ActKind::Q8K => {
                 let out: &mut [ActK] = bytemuck::cast_slice_mut(dst);
@@ -173,49 +186,16 @@ pub unsafe fn prepare(t: GgmlType, cols: usize, src: &[bf16], rows: &[u32], dst:
     }
 }
 
-/// `act` (`n` tokens of `cols` columns prepared for `from`) in the layout `to` reads, when the two
-/// 32-column types read different ones (a q8_0 up beside a q4_0 gate); else `None`.
-/// The values are the same, only moved (and widened or narrowed); `u32` words for alignment.
-pub fn relayout(to: GgmlType, from: GgmlType, act: &[u8], n: usize, cols: usize, vnni: bool) -> Option<Vec<u32>> {
-    let (want, have) = (layout(to, vnni), layout(from, vnni));
-    if to.act() != ActKind::Q8_0 || want == have {
-        return None;
-    }
-    let mut words = vec![0u32; bytes(to, n, cols, vnni) / 4];
-    let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
-    match have {
-        Layout::G8 => moved_to::<ActG8>(act, want, dst),
-        Layout::W8 => moved_to::<ActW8>(act, want, dst),
-        Layout::V8 => moved_to::<ActV8>(act, want, dst),
-    }
-    Some(words)
-}
-
-/// Every group of `src` (layout `A`) put into `dst` in layout `to`.
-fn moved_to<A: Group>(src: &[u8], to: Layout, dst: &mut [u8]) {
-    let src: &[A] = bytemuck::cast_slice(src);
-    match to {
-        Layout::G8 => moved(src, bytemuck::cast_slice_mut::<u8, ActG8>(dst)),
-        Layout::W8 => moved(src, bytemuck::cast_slice_mut::<u8, ActW8>(dst)),
-        Layout::V8 => moved(src, bytemuck::cast_slice_mut::<u8, ActV8>(dst)),
-    }
-}
-
 /// A group of 8 activation blocks in one of the 32-column layouts.
 trait Group: Pod {
     /// Store block `k`: its scale, `Σ q` and values.
     fn put(&mut self, k: usize, d: f32, sum: i32, q: &[i8; QK]);
-    /// Block `k`'s scale and values.
-    fn get(&self, k: usize) -> (f32, [i8; QK]);
 }
 
 impl Group for ActG8 {
     fn put(&mut self, k: usize, d: f32, sum: i32, q: &[i8; QK]) {
         (self.d[slot(k)], self.s[slot(k)]) = (d, d * sum as f32);
         q.iter().enumerate().for_each(|(j, &v)| self.qs[ActG8::at(k, j)] = v);
-    }
-    fn get(&self, k: usize) -> (f32, [i8; QK]) {
-        (self.d[slot(k)], core::array::from_fn(|j| self.qs[ActG8::at(k, j)]))
     }
 }
 
@@ -224,9 +204,6 @@ impl Group for ActW8 {
         self.d[slot(k)] = d;
         q.iter().enumerate().for_each(|(j, &v)| self.qs[ActW8::at(k, j)] = i16::from(v));
     }
-    fn get(&self, k: usize) -> (f32, [i8; QK]) {
-        (self.d[slot(k)], core::array::from_fn(|j| self.qs[ActW8::at(k, j)] as i8))
-    }
 }
 
 impl Group for ActV8 {
@@ -234,13 +211,13 @@ impl Group for ActV8 {
         (self.d[slot(k)], self.neg[slot(k)]) = (d, -128 * sum);
         q.iter().enumerate().for_each(|(j, &v)| self.qs[ActV8::at(k, j)] = v);
     }
-    fn get(&self, k: usize) -> (f32, [i8; QK]) {
-        (self.d[slot(k)], core::array::from_fn(|j| self.qs[ActV8::at(k, j)]))
-    }
 }
 
 /// Quantize token `i`'s row `x` into its groups of `out` (`[groups][n]`); the last group's
 /// missing blocks are zero.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn fill<A: Group>(out: &mut [A], x: &[f32], n: usize, i: usize) {
     let mut q = [0i8; QK];
@@ -260,8 +237,11 @@ unsafe fn fill<A: Group>(out: &mut [A], x: &[f32], n: usize, i: usize) {
 /// [`fill`] for [`ActW8`], a group at a time and in registers: each block's 16 column-pair
 /// words (levels saturated to i8 as [`quantize`] stores them, then widened), then per half
 /// an 8 × 8 transpose of words, so that block `k` lands in lane [`slot`]`(k)` of each pair's
-/// register. Storing each value on its own, as [`ActW8::put`] (kept for [`relayout`]) does, was
+/// register. Storing each value on its own, as [`fill`] does for [`ActG8`], was
 /// most of the Gather.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn fill_wide(out: &mut [ActW8], x: &[f32], n: usize, i: usize) {
     let nb = x.len() / QK;
@@ -307,6 +287,9 @@ unsafe fn fill_wide(out: &mut [ActW8], x: &[f32], n: usize, i: usize) {
 /// words puts block `k` in lane [`slot`]`(k)` of each register (with a store per value, as
 /// [`ActV8::put`] does, preparing them took a tenth of a q8_0 prefill's samples, now a
 /// twentieth).
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn fill_v8(out: &mut [ActV8], x: &[f32], n: usize, i: usize) {
     let nb = x.len() / QK;
@@ -342,6 +325,9 @@ unsafe fn fill_v8(out: &mut [ActV8], x: &[f32], n: usize, i: usize) {
 
 /// The 8 × 8 transpose of 32-bit words: word `c` of register `r` to word `r` of register `c`.
 /// (Loops, not closures: closures lack the caller's target features.)
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline]
 #[target_feature(enable = "avx2")]
 unsafe fn transpose8(r: [__m256i; G]) -> [__m256i; G] {
@@ -370,24 +356,20 @@ unsafe fn transpose8(r: [__m256i; G]) -> [__m256i; G] {
 
 /// `d` rounded to f16 and back (Q8_0 stores its scale as f16; F16C and `half` both round to
 /// nearest even).
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[target_feature(enable = "f16c")]
 unsafe fn f16_rounded(d: f32) -> f32 {
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtps_ph::<_MM_FROUND_TO_NEAREST_INT>(_mm_set_ss(d))))
 }
 
-/// Every block of `src` put into `dst` in the other layout.
-fn moved<A: Group, B: Group>(src: &[A], dst: &mut [B]) {
-    for (to, from) in dst.iter_mut().zip(src) {
-        for k in 0..G {
-            let (d, q) = from.get(k);
-            to.put(k, d, q.iter().map(|&v| i32::from(v)).sum(), &q);
-        }
-    }
-}
-
 /// The largest `|x|` of a multiple of 8 values, as core's quantizers fold it with `f32::max`,
 /// 8 lanes at a time: `max_ps` returns its second operand when either is NaN, so a NaN value
 /// is skipped as `f32::max` skips it.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[target_feature(enable = "avx2")]
 unsafe fn amax8(x: &[f32]) -> f32 {
     let mut m = _mm256_setzero_ps();
@@ -412,6 +394,9 @@ fn inverse(d: f32) -> f32 {
 }
 
 /// `roundf(x · id)` (ties away from zero) of 32 values, as i32 lanes, 8 columns a register.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn round32(xs: &[f32], id: __m256) -> [__m256i; 4] {
@@ -432,6 +417,9 @@ unsafe fn round32(xs: &[f32], id: __m256) -> [__m256i; 4] {
 }
 
 /// `q = roundf(x / d)` (ties away from zero) for a multiple of 32 values; returns `Σ q`.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[target_feature(enable = "avx2,fma")]
 unsafe fn quantize(x: &[f32], d: f32, q: &mut [i8]) -> i32 {
     let id = _mm256_set1_ps(inverse(d));
@@ -461,6 +449,7 @@ mod tests {
     #[test]
     fn matches_core_quantizers_bit_for_bit() {
         if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")) {
+            eprintln!("skipped: this CPU lacks AVX2, FMA or F16C");
             return;
         }
         let mut r = SplitMix64::new(5);
@@ -479,7 +468,7 @@ mod tests {
                 let mut words = vec![0u32; bytes(t, n, 512, vnni) / 4];
                 let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
                 // SAFETY: AVX2, FMA and F16C checked above.
-                unsafe { prepare(t, 512, &src, &vec![0; n], dst, vnni) };
+                unsafe { prepare(t, 512, &src, &vec![0; n], dst, vnni, &mut vec![0; scratch_bytes(512)]) };
                 if t == GgmlType::Q4_K {
                     let got: &[ActK] = bytemuck::cast_slice(dst);
                     for (b, g) in got.iter().enumerate() {
@@ -517,33 +506,6 @@ mod tests {
                     }
                 }
             }
-        }
-    }
-
-    #[test]
-    fn relayout_gives_what_prepare_gives() {
-        if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")) {
-            return;
-        }
-        let mut r = SplitMix64::new(6);
-        // 3 tokens of 320 columns: 10 blocks, the second group padded.
-        let (n, cols) = (3, 320);
-        let src: Vec<bf16> = (0..n * cols).map(|_| bf16::from_f32(r.gaussian())).collect();
-        let prep = |t, vnni| {
-            let mut words = vec![0u32; bytes(t, n, cols, vnni) / 4];
-            // SAFETY: AVX2, FMA and F16C checked above.
-            unsafe { prepare(t, cols, &src, &[0, 1, 2], bytemuck::cast_slice_mut(&mut words), vnni) };
-            words
-        };
-        let b = |w: &[u32]| bytemuck::cast_slice::<u32, u8>(w).to_vec();
-        // q8_0 reads ActW8 without VNNI, ActV8 with it: each way, and back.
-        for vnni in [false, true] {
-            let (narrow, q8) = (prep(GgmlType::Q4_0, vnni), prep(GgmlType::Q8_0, vnni));
-            assert_eq!(relayout(GgmlType::Q8_0, GgmlType::Q4_0, &b(&narrow), n, cols, vnni), Some(q8.clone()));
-            assert_eq!(relayout(GgmlType::Q5_1, GgmlType::Q8_0, &b(&q8), n, cols, vnni), Some(narrow.clone()));
-            assert_eq!(relayout(GgmlType::Q4_1, GgmlType::Q4_0, &b(&narrow), n, cols, vnni), None);
-            assert_eq!(relayout(GgmlType::Q4_K, GgmlType::Q8_0, &b(&q8), n, cols, vnni), None);
-            assert_eq!(relayout(GgmlType::Q8_0, GgmlType::Q8_0, &b(&q8), n, cols, vnni), None);
         }
     }
 }

@@ -17,7 +17,7 @@ use core::mem::offset_of;
 use bytemuck::Pod;
 use kt_core::ggml::{q3k_scales, BlockIq4Xs, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, KVALUES_IQ4NL};
 
-use crate::lanes::REGS;
+use crate::lanes::{field, Fields, Relevel, NONE, REGS};
 
 /// A 256-column block type.
 pub trait KBlock: Pod {
@@ -73,18 +73,6 @@ pub trait KBlock: Pod {
     }
 }
 
-/// A block type whose levels are bit fields: moved into the lane layout at load
-/// ([`crate::lanes::relevel`]), or from one type's fields into another's
-/// ([`crate::lanes::refield`]).
-pub trait Relevel: Pod {
-    /// Where the levels of columns `16h..16h + 16` of chunk `c` live: up to three bit fields,
-    /// low bits first, each in 16 consecutive bytes.
-    fn fields(c: usize, h: usize) -> Fields;
-}
-
-/// A level's bit fields, low bits first, [`NONE`] after the last.
-pub type Fields = [Field; 3];
-
 /// Register `r` of `blk`, from `whole` (its [`KBlock::regs`]) for a [`KBlock::WHOLE`] type.
 ///
 /// # Safety
@@ -99,31 +87,18 @@ pub unsafe fn reg_of<B: KBlock>(blk: &B, whole: &[__m256i; REGS], r: usize) -> _
     }
 }
 
-/// Bits `shift..shift + width` of bytes `at..at + 16` of a block, one column each (`width` 0:
-/// no field).
-#[derive(Clone, Copy)]
-pub struct Field {
-    /// Byte offset in the block.
-    pub at: usize,
-    /// First bit.
-    pub shift: u32,
-    /// Bits.
-    pub width: u32,
-}
-
-pub const NONE: Field = Field { at: 0, shift: 0, width: 0 };
-
-const fn field(at: usize, shift: usize, width: u32) -> Field {
-    Field { at, shift: shift as u32, width }
-}
-
 /// f16 → f32 with F16C.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn h(b: [u8; 2]) -> f32 {
     // SAFETY: F16C by the callers' contract.
     unsafe { _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16::from_le_bytes(b))))) }
 }
 
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn load(p: &[u8]) -> __m256i {
     debug_assert!(p.len() >= 32);
@@ -133,6 +108,9 @@ unsafe fn load(p: &[u8]) -> __m256i {
 
 /// Bytes of `x` shifted right by `s` bits (s < 8), masked to `m` (the shift is of 16-bit
 /// lanes: `m` must clear the bits a byte takes from its neighbour).
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn bits(x: __m256i, s: usize, m: i8) -> __m256i {
     // SAFETY: AVX2 by contract.
@@ -140,6 +118,9 @@ unsafe fn bits(x: __m256i, s: usize, m: i8) -> __m256i {
 }
 
 /// The 16 iq4 levels in both 128-bit lanes, for `pshufb`.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn iq4_lut() -> __m256i {
     let k: [i8; 16] = KVALUES_IQ4NL;
@@ -151,6 +132,9 @@ unsafe fn iq4_lut() -> __m256i {
 }
 
 /// 8 bytes, each twice, widened to 16 i16 (per-32 scales or mins as per-16 ones).
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn twice(x: u64, signed: bool) -> __m256i {
     // SAFETY: AVX2 by contract.
@@ -300,6 +284,9 @@ pub struct Q5KU {
 }
 
 /// `prep` of [`Q4KU`] and [`Q5KU`]: scales and mins per 32 columns, for both 16-column halves.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn unpacked_prep(sc: [u8; 8], mn: [u8; 8], d: [u8; 2], dmin: [u8; 2]) -> (__m256i, __m256i, f32, f32) {
     let (sc, mn) = (u64::from_le_bytes(sc), u64::from_le_bytes(mn));
@@ -308,6 +295,9 @@ unsafe fn unpacked_prep(sc: [u8; 8], mn: [u8; 8], d: [u8; 2], dmin: [u8; 2]) -> 
 }
 
 /// `prep32` of [`Q4KU`] and [`Q5KU`].
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn unpacked_prep32(sc: [u8; 8], mn: [u8; 8], d: [u8; 2], dmin: [u8; 2]) -> (__m256, __m256) {
     // SAFETY: AVX2 and F16C by the callers' contract.

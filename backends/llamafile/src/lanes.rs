@@ -11,12 +11,42 @@
 //! tables, as they are decoded ([`transpose`]). Scales, mins and the activations' 16-column sums
 //! keep their column order.
 
+use bytemuck::Pod;
 use kt_core::ggml::QK_K;
-
-use crate::decode::{Field, Fields, Relevel};
 
 /// Registers per block.
 pub const REGS: usize = 8;
+
+/// A block type whose levels are bit fields: moved into the lane layout at load
+/// ([`relevel`]), or from one type's fields into another's ([`refield`]).
+pub trait Relevel: Pod {
+    /// Where the levels of columns `16h..16h + 16` of chunk `c` live: up to three bit fields,
+    /// low bits first, each in 16 consecutive bytes.
+    fn fields(c: usize, h: usize) -> Fields;
+}
+
+/// A level's bit fields, low bits first, [`NONE`] after the last.
+pub type Fields = [Field; 3];
+
+/// Bits `shift..shift + width` of bytes `at..at + 16` of a block, one column each (`width` 0:
+/// no field).
+#[derive(Clone, Copy)]
+pub struct Field {
+    /// Byte offset in the block.
+    pub at: usize,
+    /// First bit.
+    pub shift: u32,
+    /// Bits.
+    pub width: u32,
+}
+
+/// No field.
+pub const NONE: Field = Field { at: 0, shift: 0, width: 0 };
+
+/// Bits `shift..shift + width` of bytes `at..`.
+pub const fn field(at: usize, shift: usize, width: u32) -> Field {
+    Field { at, shift: shift as u32, width }
+}
 
 /// The column of byte `b` of register `r`.
 pub const fn column(r: usize, b: usize) -> usize {
@@ -168,6 +198,7 @@ mod tests {
     #[test]
     fn order_act_avx2_is_order_act() {
         if !is_x86_feature_detected!("avx2") {
+            eprintln!("skipped: this CPU lacks AVX2");
             return;
         }
         let mut r = kt_core::rng::SplitMix64::new(9);
@@ -236,7 +267,8 @@ mod tests {
 
     #[test]
     fn relevel_moves_each_level_to_its_column() {
-        if kt_core::Backend::cpu_support(&crate::LLAMAFILE).is_err() {
+        if let Err(missing) = kt_core::Backend::cpu_support(&crate::LLAMAFILE) {
+            eprintln!("skipped: this CPU lacks {missing}");
             return;
         }
         fn cast<B: Relevel + KBlock>(d: &[u8]) -> B {

@@ -26,6 +26,9 @@ const fn fold(max_level: u8) -> usize {
 
 /// Byte `k` of `s` (a byte of each of a register's four 8-column groups: low half 0, 1; high
 /// half 2, 3) in each byte of its group.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn spread(s: u32) -> __m256i {
     // SAFETY: register operations; AVX2 by the callers' contract.
@@ -39,6 +42,9 @@ unsafe fn spread(s: u32) -> __m256i {
 
 /// ±1 per byte: -1 for the columns whose bit is set in their group's sign byte in `s`
 /// ([`spread`]).
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn sign_vector(s: u32) -> __m256i {
     // SAFETY: register operations; AVX2 by the callers' contract.
@@ -51,6 +57,9 @@ unsafe fn sign_vector(s: u32) -> __m256i {
 }
 
 /// The block's registers in the lane layout ([`KBlock::regs`]).
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn regs<L: Lattice>(b: &L) -> [__m256i; REGS] {
     let (mut lv, mut sg) = ([0u64; 32], [0u8; 32]);
@@ -70,6 +79,9 @@ unsafe fn regs<L: Lattice>(b: &L) -> [__m256i; REGS] {
 }
 
 /// `(scales, no mins, d·2^-SHIFT, 0)` ([`KBlock::prep`]).
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn prep<L: Lattice>(b: &L) -> (__m256i, __m256i, f32, f32) {
     let mut m = [0u8; 16];
@@ -92,14 +104,20 @@ macro_rules! lattice_blocks {
             const SIGNED: bool = true;
             const FOLD: usize = fold(<$b as Lattice>::MAX_LEVEL);
             const WHOLE: bool = true;
+            /// # Safety
+            /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
             #[inline(always)]
             unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
                 unsafe { prep(self) }
             }
+            /// # Safety
+            /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
             #[inline(always)]
             unsafe fn reg(&self, r: usize) -> __m256i {
                 unsafe { regs(self)[r] }
             }
+            /// # Safety
+            /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
             #[inline(always)]
             unsafe fn regs(&self) -> [__m256i; REGS] {
                 unsafe { regs(self) }
@@ -152,7 +170,8 @@ mod tests {
 
     #[test]
     fn registers_hold_each_columns_signed_level_in_the_lane_layout() {
-        if kt_core::Backend::cpu_support(&crate::LLAMAFILE).is_err() {
+        if let Err(missing) = kt_core::Backend::cpu_support(&crate::LLAMAFILE) {
+            eprintln!("skipped: this CPU lacks {missing}");
             return;
         }
         check::<BlockIq1S>(GgmlType::IQ1_S);

@@ -174,6 +174,8 @@ pub trait LGroup {
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i);
 }
 
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn load(p: &[u8]) -> __m256i {
     debug_assert!(p.len() >= 32);
@@ -182,6 +184,9 @@ unsafe fn load(p: &[u8]) -> __m256i {
 }
 
 /// Nibbles of two blocks' 32 bytes: (low, high).
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn nibbles(x: __m256i) -> (__m256i, __m256i) {
     // SAFETY: AVX2 by contract.
@@ -192,6 +197,9 @@ unsafe fn nibbles(x: __m256i) -> (__m256i, __m256i) {
 }
 
 /// Bit `i` of every byte of `plane` as 0x10 (`i` a constant once the callers' loops unroll).
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn bit4(plane: __m256i, i: usize) -> __m256i {
     // SAFETY: AVX2 by contract. 16-bit shifts move no bit across a byte into bit 4 or 12.
@@ -211,6 +219,9 @@ unsafe fn bit4(plane: __m256i, i: usize) -> __m256i {
 }
 
 /// Nibbles plus fifth bits (their [`plane`] after the 8 blocks' nibbles) of pair `p`.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn five_bits(g: &[u8], levels: usize, p: usize) -> (__m256i, __m256i) {
     // SAFETY: AVX2 by contract; the group holds the nibbles and the plane.
@@ -296,6 +307,9 @@ impl LGroup for Iq4Nl {
 
 /// One row and token's 8 block sums of a group, from the 4 pairs' `madd` results
 /// (`[pair p: block 2p ×4 | block 2p+1 ×4]` partial sums), as `[0, 2, 4, 6 | 1, 3, 5, 7]`.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 pub unsafe fn block_sums(m: [__m256i; 4]) -> __m256i {
     // SAFETY: AVX2 by the callers' contract.
@@ -308,6 +322,9 @@ pub unsafe fn block_sums(m: [__m256i; 4]) -> __m256i {
 
 /// As [`block_sums`] from the 4 pairs' i16 `maddubs` sums (`[block 2p ×8 | block 2p+1 ×8]`) of
 /// 4-bit levels, folded in i16 (16 products of ≤ 15 · 127 each fit) with one `madd` at the end.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 pub unsafe fn block_sums16(s: [__m256i; 4]) -> __m256i {
     // SAFETY: AVX2 by the callers' contract.
@@ -323,6 +340,9 @@ pub unsafe fn block_sums16(s: [__m256i; 4]) -> __m256i {
 }
 
 /// The 8 scales (or offsets) of a group as f32 (F16C), in [`slot`] order.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 pub unsafe fn scales(g: &[u8], at: usize) -> __m256 {
     // SAFETY: 16 bytes at `at` inside the group; F16C by the callers' contract.

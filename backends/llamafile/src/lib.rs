@@ -4,7 +4,12 @@
 //! projection, with AVX2 kernels. It is named for KT-Kernel's LLAMAFILE method, which it
 //! replaces; nothing of llamafile is used. Registered when the CPU has AVX2, FMA and F16C.
 //!
-//! Weights keep their GGUF values, rearranged at load (`kernels::Packed`: 32-column types in
+//! Modules: `pack` (weights rearranged at load), `act` (prepared activations), `kernels`
+//! (`kquant` for the 256-column types, `q32` for the 32-column ones, `float`, and the VNNI and
+//! 512-bit variants `on_vnni`, `on_zmm`), and the layouts they share (`decode`, `lanes`,
+//! `lattice`, `legacy`).
+//!
+//! Weights keep their GGUF values, rearranged at load (`pack::Packed`: 32-column types in
 //! groups of 8 blocks, 256-column ones with their levels in the lane layout of `lanes`, q3_K's,
 //! q5_K's and q6_K's first gathered into planes of whole levels and some types' scales
 //! unpacked, the lattice types as stored, put in that layout as they are decoded);
@@ -13,6 +18,15 @@
 //! Where the CPU has VNNI (AVX-VNNI or AVX512-VNNI), q8_0 (packed for it), q4_0, q4_1, q5_0,
 //! q5_1, q4_K, q5_K and iq4_xs run on `vpdpbusd` (`vnni`, `kernels::on_vnni`,
 //! `kernels::on_zmm`), with the same results bit for bit.
+//!
+//! **Must not** depend on another backend crate (what the x86 backends share is `kt-x86`'s),
+//! nor serve a format that is not GGML's (our formats are the `avx2` backend's).
+//!
+//! # Safety
+//! Every `unsafe fn` here needs the CPU features it enables, or its caller's (AVX2, FMA and
+//! F16C, checked once by `cpu_support` before the backend is selected; AVX-VNNI or AVX512-VNNI
+//! for `kernels::on_vnni` and `kernels::on_zmm`, checked by `vnni::detect`), and slices as
+//! long as its doc says (a tile's rows, a token's prepared activations).
 
 #[cfg(target_arch = "x86_64")]
 mod act;
@@ -26,6 +40,8 @@ mod lanes;
 mod lattice;
 #[cfg(target_arch = "x86_64")]
 mod legacy;
+#[cfg(target_arch = "x86_64")]
+mod pack;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
@@ -52,9 +68,10 @@ mod imp {
     use core::ops::Range;
 
     use half::bf16;
+    use kt_core::backend::{ActLayout, Instructions, TaskShape};
     use kt_core::mat::MatMut;
-    use kt_core::swiglu::swiglu;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
+    use kt_x86::swiglu::swiglu_row;
 
     use crate::kernels::{dots, gemv, Packed, Scratch, R};
     use crate::vnni::{self, Vnni};
@@ -80,13 +97,13 @@ mod imp {
     }
 
     fn packed(m: &PackedMatrix) -> &Packed {
-        m.get::<Packed>().expect("matrix packed by the llamafile backend")
+        m.get::<Packed>().expect("a layer hands a backend only the matrices it packed")
     }
 
     fn ggml(f: WeightFormat) -> kt_core::ggml::GgmlType {
         match f {
             WeightFormat::Ggml(t) => t,
-            _ => unreachable!("the llamafile backend is only handed GGML formats"),
+            _ => unreachable!("the llamafile backend serves only GGML formats"),
         }
     }
 
@@ -101,6 +118,47 @@ mod imp {
         }
     }
 
+    /// A task's scratch, carved from its worker's bytes ([`Backend::scratch_bytes`]):
+    ///
+    /// ```text
+    ///  | Scratch (decoded blocks, accumulators) | out [n][R] | ut [n][R] | gs [n][16] | us [n][16] |   f32
+    /// ```
+    /// (`gs`/`us` hold `nr` floats instead where that is more: one token's whole task.)
+    struct Work<'a> {
+        tile: &'a mut Scratch,
+        out: &'a mut [[f32; R]],
+        ut: &'a mut [[f32; R]],
+        gs: &'a mut [f32],
+        us: &'a mut [f32],
+    }
+
+    /// Rows of gate and up computed before one SwiGLU pass: 16 lanes at a time.
+    const CHUNK: usize = 16;
+
+    /// Floats of `gs` (and of `us`) in a [`Work`] for `n` tokens and `nr` rows.
+    fn chunk_floats(n: usize, nr: usize) -> usize {
+        (n * CHUNK).max(nr)
+    }
+
+    /// Bytes of a [`Work`] for `n` tokens and `nr` rows.
+    fn work_bytes(n: usize, nr: usize) -> usize {
+        size_of::<Scratch>() + 4 * (2 * n * R + 2 * chunk_floats(n, nr))
+    }
+
+    fn work(bytes: &mut [u8], n: usize, nr: usize) -> Work<'_> {
+        let (tile, rest) = Scratch::from_bytes(bytes);
+        let (out, rest) = rest.split_at_mut(4 * n * R);
+        let (ut, rest) = rest.split_at_mut(4 * n * R);
+        let (gs, rest) = rest.split_at_mut(4 * chunk_floats(n, nr));
+        Work {
+            tile,
+            out: bytemuck::cast_slice_mut(out),
+            ut: bytemuck::cast_slice_mut(ut),
+            gs: bytemuck::cast_slice_mut(gs),
+            us: bytemuck::cast_slice_mut(&mut rest[..4 * chunk_floats(n, nr)]),
+        }
+    }
+
     /// `emit(r0, nr, results, scratch)` for each tile of up to `R` rows of `rows`, results
     /// `[n][R]`, for two tokens or more (one goes to [`gemv`]).
     fn for_tiles(
@@ -108,16 +166,16 @@ mod imp {
         rows: &Range<usize>,
         act: &[u8],
         n: usize,
+        out: &mut [[f32; R]],
+        scratch: &mut Scratch,
         mut emit: impl FnMut(usize, usize, &[[f32; R]], &mut Scratch),
     ) {
-        let mut out = vec![[0.0f32; R]; n];
-        let mut scratch = Scratch::new();
         for r0 in rows.clone().step_by(R) {
             let nr = R.min(rows.end - r0);
             // SAFETY: selected only where cpu_support passed (AVX2, FMA, F16C), VNNI where
             // detected; act was prepared by quantize_act for this matrix's type with n tokens.
-            unsafe { dots(w, r0, nr, act, n, &mut out, &mut scratch) };
-            emit(r0, nr, &out, &mut scratch);
+            unsafe { dots(w, r0, nr, act, n, out, scratch) };
+            emit(r0, nr, out, scratch);
         }
     }
 
@@ -130,40 +188,49 @@ mod imp {
             }
         }
 
-        fn priority(&self) -> u32 {
-            // Below avx2: it serves only GGML formats, which avx2 declines.
-            5
-        }
-
         fn cpu_support(&self) -> Result<(), &'static str> {
-            if !std::arch::is_x86_feature_detected!("avx2") {
-                Err("AVX2")
-            } else if !std::arch::is_x86_feature_detected!("fma") {
-                Err("FMA")
-            } else if !std::arch::is_x86_feature_detected!("f16c") {
-                Err("F16C")
-            } else {
+            kt_x86::isa::avx2_fma()?;
+            if is_x86_feature_detected!("f16c") {
                 Ok(())
+            } else {
+                Err("F16C")
             }
         }
 
-        fn supports(&self, format: WeightFormat, _rows: usize, cols: usize) -> bool {
+        fn serves(&self, format: WeightFormat, _rows: usize, cols: usize) -> bool {
             matches!(format, WeightFormat::Ggml(_)) && cols % format.col_multiple() == 0
         }
 
         fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error> {
             let t = ggml(m.format());
             let p = Packed::new(t, m.rows(), m.cols(), m.data(), self.vnni());
-            Ok(PackedMatrix::new(m.format(), m.rows(), m.cols(), p.data.len(), p))
+            Ok(PackedMatrix::new(self.name(), m.format(), m.rows(), m.cols(), p.data.len(), p))
+        }
+
+        fn act_layout(&self, format: WeightFormat) -> ActLayout {
+            let t = ggml(format);
+            ActLayout(t.act() as u32 * 8 + crate::act::layout(t, self.vnni().is_some()) as u32)
         }
 
         fn act_bytes(&self, format: WeightFormat, rows: usize, cols: usize) -> usize {
             crate::act::bytes(ggml(format), rows, cols, self.vnni().is_some())
         }
 
-        fn quantize_act(&self, format: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &mut [u8]) {
+        fn scratch_bytes(&self, shape: TaskShape) -> usize {
+            work_bytes(shape.tokens, shape.rows.next_multiple_of(R)).max(crate::act::scratch_bytes(shape.cols))
+        }
+
+        fn quantize_act(
+            &self,
+            format: WeightFormat,
+            cols: usize,
+            src: &[bf16],
+            rows: &[u32],
+            dst: &mut [u8],
+            scratch: &mut [u8],
+        ) {
             // SAFETY: cpu_support passed before this backend was selected.
-            unsafe { crate::act::prepare(ggml(format), cols, src, rows, dst, self.vnni().is_some()) }
+            unsafe { crate::act::prepare(ggml(format), cols, src, rows, dst, self.vnni().is_some(), scratch) }
         }
 
         fn gate_up(
@@ -171,58 +238,53 @@ mod imp {
             gate: &PackedMatrix,
             up: &PackedMatrix,
             rows: Range<usize>,
-            act: &[u8],
+            act_gate: &[u8],
+            act_up: &[u8],
             mut h: MatMut<'_, bf16>,
+            scratch: &mut [u8],
         ) {
             let (g, u) = (packed(gate), packed(up));
             let (n, nr) = (h.rows(), rows.len());
-            // The activations were prepared for gate's type; up may read another layout.
-            let moved = crate::act::relayout(u.t, g.t, act, n, g.cols, self.vnni().is_some());
-            let up_act: &[u8] = moved.as_deref().map_or(act, bytemuck::cast_slice);
-            // Gate and up of the whole task, token-major, then SwiGLU 16 lanes at a time.
-            let (mut gs, mut us) = (vec![0.0f32; n * nr], vec![0.0f32; n * nr]);
+            let Work { tile, out, ut, gs, us } = work(scratch, n, nr);
             if n == 1 {
-                // SAFETY: as in for_tiles.
+                let (gs, us) = (&mut gs[..nr], &mut us[..nr]);
+                // SAFETY: as in for_tiles; swiglu_row needs AVX2 and FMA, which cpu_support checked.
                 unsafe {
-                    gemv(g, rows.clone(), act, &mut gs);
-                    gemv(u, rows.clone(), up_act, &mut us);
+                    gemv(g, rows.clone(), act_gate, gs);
+                    gemv(u, rows.clone(), act_up, us);
+                    swiglu_row(gs, us, h.row_mut(0));
                 }
-            } else {
-                let mut ut = vec![[0.0f32; R]; n];
-                for_tiles(g, &rows, act, n, |r0, k, gt, scratch| {
+                return;
+            }
+            // CHUNK rows at a time: gate and up for every token, token-major, then SwiGLU 16
+            // lanes at a time (the last chunk's rows, fewer than 16, by the scalar definition).
+            for c0 in rows.clone().step_by(CHUNK) {
+                let c1 = (c0 + CHUNK).min(rows.end);
+                for_tiles(g, &(c0..c1), act_gate, n, out, tile, |r0, k, gt, tile| {
                     // SAFETY: as in for_tiles.
-                    unsafe { dots(u, r0, k, up_act, n, &mut ut, scratch) };
+                    unsafe { dots(u, r0, k, act_up, n, ut, tile) };
                     for t in 0..n {
-                        let at = t * nr + r0 - rows.start;
-                        put(&mut gs[at..], &gt[t], k);
-                        put(&mut us[at..], &ut[t], k);
+                        put(&mut gs[t * CHUNK + r0 - c0..], &gt[t], k);
+                        put(&mut us[t * CHUNK + r0 - c0..], &ut[t], k);
                     }
                 });
-            }
-            for t in 0..n {
-                let (gr, ur, out) = (&gs[t * nr..(t + 1) * nr], &us[t * nr..(t + 1) * nr], h.row_mut(t));
-                let mut c = 0;
-                while c + 16 <= nr {
-                    let mut bits = [0u16; 16];
-                    let (g16, u16s) = (gr[c..c + 16].try_into().expect("16"), ur[c..c + 16].try_into().expect("16"));
+                for t in 0..n {
+                    let (at, w) = (t * CHUNK, c1 - c0);
+                    let out = &mut h.row_mut(t)[c0 - rows.start..c1 - rows.start];
                     // SAFETY: cpu_support (AVX2, FMA) passed before this backend was selected.
-                    unsafe { kt_backend_avx2::swiglu16(g16, u16s, &mut bits) };
-                    for (o, b) in out[c..c + 16].iter_mut().zip(bits) {
-                        *o = bf16::from_bits(b);
-                    }
-                    c += 16;
-                }
-                for j in c..nr {
-                    out[j] = swiglu(gr[j], ur[j]);
+                    unsafe { swiglu_row(&gs[at..at + w], &us[at..at + w], out) };
                 }
             }
         }
 
-        fn uses_vnni(&self, format: WeightFormat) -> bool {
-            self.vnni().is_some() && vnni::runs(ggml(format))
-        }
-
-        fn down(&self, down: &PackedMatrix, rows: Range<usize>, act: &[u8], mut y: MatMut<'_, f32>) {
+        fn down(
+            &self,
+            down: &PackedMatrix,
+            rows: Range<usize>,
+            act: &[u8],
+            mut y: MatMut<'_, f32>,
+            scratch: &mut [u8],
+        ) {
             let d = packed(down);
             let n = y.rows();
             if n == 1 {
@@ -230,11 +292,23 @@ mod imp {
                 unsafe { gemv(d, rows.clone(), act, y.row_mut(0)) };
                 return;
             }
-            for_tiles(d, &rows, act, n, |r0, nr, res, _| {
+            let Work { tile, out, .. } = work(scratch, n, 0);
+            for_tiles(d, &rows, act, n, out, tile, |r0, nr, res, _| {
                 for (t, r) in res.iter().enumerate() {
                     put(&mut y.row_mut(t)[r0 - rows.start..], r, nr);
                 }
             });
+        }
+
+        fn instructions(&self, format: WeightFormat) -> Instructions {
+            let t = ggml(format);
+            if self.vnni().is_some() && vnni::runs(t) {
+                Instructions::Int8Vnni
+            } else if t.act() == kt_core::ggml::ActKind::F32 {
+                Instructions::FmaF32
+            } else {
+                Instructions::Int8Pairs
+            }
         }
     }
 }
@@ -253,33 +327,37 @@ mod tests {
         }
     }
 
-    /// VNNI where it runs: q8_0, the unsigned 32-column types and q4_K/q5_K/iq4_xs, the
-    /// registered instance, a VNNI CPU.
+    /// The instruction family of each type's kernels: VNNI for the types `vnni::runs` names
+    /// on a VNNI CPU, f32 FMA for the float types, AVX2's pairs for the rest.
     #[test]
-    fn uses_vnni_names_the_kernels_that_run_on_it() {
+    fn instructions_name_the_kernels_that_run() {
+        use kt_core::backend::Instructions;
         use kt_core::ggml::GgmlType;
         use kt_core::{Backend, WeightFormat};
-        let (q8, q4) = (WeightFormat::Ggml(GgmlType::Q8_0), WeightFormat::Ggml(GgmlType::Q4_0));
-        let here = crate::vnni::detect().is_some();
-        assert_eq!(LLAMAFILE.uses_vnni(q8), here);
-        assert_eq!(LLAMAFILE.uses_vnni(q4), here);
-        assert!(!LLAMAFILE.uses_vnni(WeightFormat::Ggml(GgmlType::IQ4_NL)));
-        assert_eq!(LLAMAFILE.uses_vnni(WeightFormat::Ggml(GgmlType::Q4_K)), here);
-        assert_eq!(LLAMAFILE.uses_vnni(WeightFormat::Ggml(GgmlType::IQ4_XS)), here);
-        assert!(!LLAMAFILE.uses_vnni(WeightFormat::Ggml(GgmlType::Q6_K)));
-        assert!(!LLAMAFILE_AVX2.uses_vnni(q8));
+        let g = WeightFormat::Ggml;
+        let vnni = if crate::vnni::detect().is_some() { Instructions::Int8Vnni } else { Instructions::Int8Pairs };
+        for t in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::IQ4_XS] {
+            assert_eq!(LLAMAFILE.instructions(g(t)), vnni, "{t}");
+            assert_eq!(LLAMAFILE_AVX2.instructions(g(t)), Instructions::Int8Pairs, "{t}");
+        }
+        for t in [GgmlType::IQ4_NL, GgmlType::Q6_K, GgmlType::Q2_K] {
+            assert_eq!(LLAMAFILE.instructions(g(t)), Instructions::Int8Pairs, "{t}");
+        }
+        assert_eq!(LLAMAFILE.instructions(g(GgmlType::F16)), Instructions::FmaF32);
     }
 
+    kt_core::conformance_suite!(&crate::LLAMAFILE);
+
+    /// The AVX2 kernels where this CPU would otherwise run VNNI ones (the registered instance
+    /// runs the suite above).
     #[test]
-    fn conformance() {
-        if let Err(missing) = kt_core::Backend::cpu_support(&crate::LLAMAFILE) {
-            eprintln!("conformance skipped: this CPU lacks {missing}");
+    fn conformance_of_the_avx2_kernels_on_a_vnni_cpu() {
+        if crate::vnni::detect().is_none() {
+            eprintln!("skipped: this CPU has no VNNI, so the suite above ran the AVX2 kernels");
             return;
         }
-        for b in instances() {
-            let failures = kt_core::testing::ggml_conformance_failures(b, &kt_core::SerialExecutor);
-            assert!(failures.is_empty(), "{}: {} failures:\n{}", b.name(), failures.len(), failures.join("\n"));
-        }
+        let failures = kt_core::testing::ggml_conformance_failures(&LLAMAFILE_AVX2, &kt_core::SerialExecutor);
+        assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
     }
 
     /// Every tile shape of the kernels (one token; 2-4; 5-32; 33-64 in one tile; more in
@@ -291,13 +369,15 @@ mod tests {
     fn tiles_match_the_reference_at_every_token_count() {
         use half::bf16;
         use kt_core::aligned::AlignedBuf;
+        use kt_core::backend::TaskShape;
         use kt_core::ggml::{random_matrix, GgmlType};
         use kt_core::mat::MatMut;
         use kt_core::reference::REFERENCE;
         use kt_core::rng::SplitMix64;
         use kt_core::{Backend, WeightFormat};
 
-        if LLAMAFILE.cpu_support().is_err() {
+        if let Err(missing) = LLAMAFILE.cpu_support() {
+            eprintln!("skipped: this CPU lacks {missing}");
             return;
         }
         let rows = 6;
@@ -315,11 +395,13 @@ mod tests {
                 let y = |b: &dyn Backend| {
                     let w = b.pack(&m).expect("packs");
                     let mut act = AlignedBuf::zeroed(b.act_bytes(format, n, cols));
-                    b.quantize_act(format, cols, &x, &ids, act.as_mut_slice());
+                    let shape = TaskShape { format: format.into(), tokens: n, rows, cols };
+                    let mut scratch = AlignedBuf::zeroed(b.scratch_bytes(shape));
+                    b.quantize_act(format, cols, &x, &ids, act.as_mut_slice(), scratch.as_mut_slice());
                     let mut y = vec![0.0f32; n * rows];
                     for part in [0..5, 5..rows] {
                         let view = MatMut::from_slice(&mut y[part.start..], n, part.len(), rows);
-                        b.down(&w, part, act.as_mut_slice(), view);
+                        b.down(&w, part, act.as_mut_slice(), view, scratch.as_mut_slice());
                     }
                     y
                 };

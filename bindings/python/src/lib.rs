@@ -3,6 +3,9 @@
 //! FIFO task queue, with CUDA-stream host-function submission) and `Moe` layers whose forward
 //! tasks read pinned staging buffers by address when they run, so CUDA graphs can replay them.
 //! The Python package (`python/kt_kernel`) holds KT's wrapper logic on top.
+//!
+//! **Must not** compute or convert data itself: it translates arguments and calls the host
+//! crate (layers, loaders, core's dequantization).
 
 mod cuda;
 mod infer;
@@ -44,7 +47,7 @@ mod kt_kernel_ext {
         parts: usize,
         threads: usize,
     ) -> PyResult<(usize, usize)> {
-        use kt_host::weights::convert::{convert, ConvertSpec};
+        use kt_host::convert::{convert, ConvertSpec};
         let format = kt_core::WeightFormat::parse(method).ok_or_else(|| {
             super::value_error(format!("unknown method {method:?}; valid: {}", kt_core::WeightFormat::NAMES))
         })?;
@@ -66,12 +69,7 @@ mod kt_kernel_ext {
             .detach(|| -> Result<_, kt_host::weights::WeightError> {
                 let f = kt_host::gguf::GgufFile::open(&path)?;
                 let t = f.tensor(name)?;
-                let mut out = vec![0.0f32; t.dims.iter().product::<u64>() as usize];
-                let cols = t.dims[0] as usize;
-                for (row, o) in t.bytes.chunks_exact(t.t.row_bytes(cols).max(1)).zip(out.chunks_exact_mut(cols.max(1)))
-                {
-                    kt_core::ggml::dequantize_row(t.t, row, o);
-                }
+                let out = kt_core::ggml::dequantize(t.t, t.bytes, t.dims.first().map_or(0, |&d| d as usize));
                 Ok((t.dims.iter().rev().map(|&d| d as usize).collect(), out))
             })
             .map_err(super::value_error)?;
@@ -90,14 +88,13 @@ mod kt_kernel_ext {
         m.add("__backend__", name)?;
         m.add("__cpu_variant__", name)?;
         m.add("__cpu_features__", kt_host::cpu::CpuInfo::detect().kt_variant())?;
-        m.add(
-            "__int8_kernel__",
-            match name {
-                "avx2" => "avx2-maddubs",
-                "reference" => "reference",
-                other => other,
-            },
-        )?;
+        // The instructions the default backend's int8 kernels run on (KT reports its own build's).
+        let int8 = match selected.backend.instructions(kt_core::WeightFormat::Int8Row) {
+            kt_core::backend::Instructions::Int8Vnni => format!("{name}-vnni"),
+            kt_core::backend::Instructions::Int8Pairs => format!("{name}-maddubs"),
+            _ => name.to_string(),
+        };
+        m.add("__int8_kernel__", int8)?;
         Ok(())
     }
 }

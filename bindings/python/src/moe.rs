@@ -7,7 +7,9 @@ use std::sync::{Arc, Mutex};
 
 use half::{bf16, f16};
 use kt_core::{MoeConfig, WeightFormat};
-use kt_host::weights::{Slots, WeightError, WeightSource};
+use kt_host::error::WeightError;
+use kt_host::slots::Slots;
+use kt_host::source::WeightSource;
 use kt_host::{LayerOptions, MoeLayer};
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;

@@ -1,6 +1,8 @@
 """Import surface, KT's constructor signature and validation, masks and helpers."""
 
 import inspect
+import os
+import subprocess
 import sys
 
 import numpy as np
@@ -39,13 +41,32 @@ KT_SIGNATURE = [
 ]
 
 
-def test_import_surface():
-    assert kt_kernel.__version__
-    assert kt_kernel.__cpu_variant__ in {"amx", "avx512_bf16", "avx512_vbmi", "avx512_vnni", "avx512_base", "avx2", "reference"}
-    assert isinstance(kt_kernel.__int8_kernel__, str)
+def _import_with(variant):
+    """`__cpu_variant__` and `__int8_kernel__` of a fresh interpreter with KT_KERNEL_CPU_VARIANT."""
+    env = dict(os.environ, KT_KERNEL_CPU_VARIANT=variant)
+    code = "import kt_kernel; print(kt_kernel.__cpu_variant__, kt_kernel.__int8_kernel__)"
+    return subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_forced_variant_is_what_the_module_reports():
+    r = _import_with("reference")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split() == ["reference", "reference"]
+    # An unknown value fails the import, listing this build's values.
+    r = _import_with("sse9")
+    assert r.returncode != 0
+    assert "sse9" in r.stderr and "reference" in r.stderr and "valid values" in r.stderr
+
+
+def test_cpu_variant_is_the_backend_that_runs_here():
+    """The default variant is the best backend this CPU runs (not a fixed string)."""
     assert sys.modules["kt_kernel_ext"] is kt_kernel.kt_kernel_ext
-    for name in ("set_capture_batch_sizes", "get_capture_batch_sizes", "clear_buffer_cache"):
-        assert callable(getattr(KTMoEWrapper, name))
+    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
+    if " avx2 " in flags and " fma " in flags:
+        assert kt_kernel.__cpu_variant__ == "avx2"
+        assert kt_kernel.__int8_kernel__ == "avx2-maddubs"
+    else:
+        assert kt_kernel.__cpu_variant__ == "reference"
 
 
 def test_constructor_signature_is_kts():

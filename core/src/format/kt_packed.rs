@@ -33,7 +33,10 @@ pub fn packed_bytes(format: WeightFormat, rows: usize, cols: usize) -> Result<us
     let kmul = match format {
         WeightFormat::Int8Row => 64,
         WeightFormat::Int4Row => 128,
-        _ => return Err(Error::NoBackend { format, detail: "KT's packed files hold AMXINT8 and AMXINT4 only".into() }),
+        _ => {
+            let context = "in KT's packed files, which hold AMXINT8 (int8) and AMXINT4 (int4) only";
+            return Err(Error::UnsupportedFormat { format, context });
+        }
     };
     if rows % 32 != 0 {
         return Err(Error::FormatShape { format, what: "rows (KT packing)", value: rows, multiple: 32 });

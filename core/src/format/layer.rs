@@ -4,6 +4,7 @@
 use core::fmt;
 
 use super::WeightFormat;
+use crate::ggml::GgmlType;
 use crate::Error;
 
 /// gate, up and down formats of one layer.
@@ -29,11 +30,12 @@ impl LayerFormat {
         self.gate == self.up && self.up == self.down
     }
 
-    /// gate and up read one prepared activation, so they must want the same one; only GGML
-    /// types may differ at all (KT's formats are one per layer).
+    /// Only GGML types may differ between the projections (as GGUF files store them), and then
+    /// freely: a forward prepares activations once per layout the kernels read. KT's formats
+    /// are one per layer.
     pub fn check(&self) -> Result<(), Error> {
         let ok = match (self.gate, self.up, self.down) {
-            (WeightFormat::Ggml(g), WeightFormat::Ggml(u), WeightFormat::Ggml(_)) => g.act() == u.act(),
+            (WeightFormat::Ggml(_), WeightFormat::Ggml(_), WeightFormat::Ggml(_)) => true,
             _ => self.is_uniform(),
         };
         if ok {
@@ -41,6 +43,15 @@ impl LayerFormat {
         } else {
             Err(Error::IncompatibleFormats { formats: *self })
         }
+    }
+
+    /// GGML type `t` for a layer of `hidden` × `intermediate`, as llama.cpp's quantizer stores
+    /// it: each projection in `t` where its blocks divide the projection's rows (gate and up
+    /// have rows of `hidden` columns, down of `intermediate`), else in [`GgmlType::fallback`].
+    /// The one place that decides it, for `kt bench` and `kt convert` alike.
+    pub fn ggml(t: GgmlType, hidden: usize, intermediate: usize) -> LayerFormat {
+        let fit = |cols: usize| WeightFormat::Ggml(if cols % t.block_elems() == 0 { t } else { t.fallback() });
+        LayerFormat { gate: fit(hidden), up: fit(hidden), down: fit(intermediate) }
     }
 
     /// NUMA parts split I at multiples of this: every part's slice stays whole blocks of each.

@@ -132,6 +132,17 @@ pub fn act_bytes(act: ActKind, rows: usize, cols: usize) -> usize {
     }
 }
 
+/// Every row of a tensor of rows `cols` long (`bytes` holds whole rows of type `t`), in f32.
+pub fn dequantize(t: GgmlType, bytes: &[u8], cols: usize) -> alloc::vec::Vec<f32> {
+    let row = t.row_bytes(cols);
+    let rows = bytes.len().checked_div(row).unwrap_or(0);
+    let mut out = alloc::vec![0.0f32; rows * cols];
+    for (src, o) in bytes.chunks_exact(row.max(1)).zip(out.chunks_exact_mut(cols.max(1))) {
+        dequantize_row(t, src, o);
+    }
+    out
+}
+
 /// Prepare one activation row `x` for `act` into `out[..act_bytes(act, 1, x.len())]`.
 pub fn quantize_act_row(act: ActKind, x: &[f32], out: &mut [u8]) {
     let t = match act {

@@ -11,12 +11,11 @@
 //! - SwiGLU per [`crate::swiglu`]: gate/up rounded to bf16, result rounded to bf16.
 #![forbid(unsafe_code)]
 
-use alloc::vec;
-use alloc::vec::Vec;
 use core::ops::Range;
 
 use half::bf16;
 
+use crate::backend::{ActLayout, Instructions, TaskShape};
 use crate::dtype::F8E4M3;
 use crate::format::{self, int4_group, int4_row, int8_row, FP8_BLOCK};
 use crate::ggml::{self, ActKind, BlockQ8K, BlockQ8_0};
@@ -68,8 +67,9 @@ impl<'a> Act<'a> {
     }
 }
 
-/// Row `r` of `m` dotted with activation row `t`, per the module's definition.
-fn dot(m: &QuantMatrix, r: usize, act: &Act<'_>, t: usize) -> f32 {
+/// Row `r` of `m` dotted with activation row `t`, per the module's definition; `wf` is room for
+/// one dequantized row (GGML types).
+fn dot(m: &QuantMatrix, r: usize, act: &Act<'_>, t: usize, wf: &mut [f32]) -> f32 {
     let (cols, w) = (m.cols(), m.row_data(r));
     match (m.format(), act) {
         (WeightFormat::Bf16, Act::Float(x)) => {
@@ -112,9 +112,9 @@ fn dot(m: &QuantMatrix, r: usize, act: &Act<'_>, t: usize) -> f32 {
             })
         }
         (WeightFormat::Ggml(_), &Act::Ggml { kind, bytes, row_bytes }) => {
-            let mut wf = vec![0.0f32; cols];
-            m.dequantize_row(r, &mut wf);
-            ggml_dot(kind, &wf, &bytes[t * row_bytes..(t + 1) * row_bytes])
+            let wf = &mut wf[..cols];
+            m.dequantize_row(r, wf);
+            ggml_dot(kind, wf, &bytes[t * row_bytes..(t + 1) * row_bytes])
         }
         _ => unreachable!("activations were prepared for this matrix's format"),
     }
@@ -132,8 +132,8 @@ fn ggml_dot(kind: ActKind, w: &[f32], act: &[u8]) -> f32 {
     }
     match kind {
         ActKind::F32 => {
-            let x: Vec<f32> = act.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-            w.iter().zip(&x).fold(0.0f32, |s, (w, x)| s + w * x)
+            let x = act.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+            w.iter().zip(x).fold(0.0f32, |s, (w, x)| s + w * x)
         }
         ActKind::Q8_0 => blocks::<BlockQ8_0>(w, act, ggml::QK, |b| (&b.qs[..], b.scale())),
         ActKind::Q8K => blocks::<BlockQ8K>(w, act, ggml::QK_K, |b| (&b.qs[..], b.d)),
@@ -141,7 +141,12 @@ fn ggml_dot(kind: ActKind, w: &[f32], act: &[u8]) -> f32 {
 }
 
 fn matrix(p: &PackedMatrix) -> &QuantMatrix {
-    p.get::<QuantMatrix>().expect("matrix packed by the reference backend")
+    p.get::<QuantMatrix>().expect("a layer hands a backend only the matrices it packed")
+}
+
+/// `scratch` as room for `len` f32 (the reference asks for `4·cols` bytes).
+fn floats(scratch: &mut [u8], len: usize) -> &mut [f32] {
+    bytemuck::cast_slice_mut(&mut scratch[..4 * len])
 }
 
 impl Backend for Reference {
@@ -149,21 +154,36 @@ impl Backend for Reference {
         "reference"
     }
 
-    fn priority(&self) -> u32 {
-        0
-    }
-
     fn cpu_support(&self) -> Result<(), &'static str> {
         Ok(())
     }
 
-    fn supports(&self, format: WeightFormat, _rows: usize, cols: usize) -> bool {
+    fn serves(&self, format: WeightFormat, _rows: usize, cols: usize) -> bool {
         cols % format.col_multiple() == 0
     }
 
     fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error> {
         let bytes = m.data().len() + m.scales().len() * m.format().scale_bytes();
-        Ok(PackedMatrix::new(m.format(), m.rows(), m.cols(), bytes, m.clone()))
+        Ok(PackedMatrix::new(self.name(), m.format(), m.rows(), m.cols(), bytes, m.clone()))
+    }
+
+    /// One layout per activation kind: bf16 rows, int8 rows with per-token (or per-group)
+    /// scales, and each GGML `vec_dot_type`.
+    fn act_layout(&self, format: WeightFormat) -> ActLayout {
+        ActLayout(match format {
+            WeightFormat::Ggml(t) => 16 + t.act() as u32,
+            WeightFormat::Int4Group { group } => 1000 + u32::from(group),
+            f if f.int_activations() => 1,
+            _ => 0,
+        })
+    }
+
+    fn scratch_bytes(&self, shape: TaskShape) -> usize {
+        4 * shape.cols
+    }
+
+    fn instructions(&self, _format: WeightFormat) -> Instructions {
+        Instructions::Scalar
     }
 
     fn act_bytes(&self, format: WeightFormat, rows: usize, cols: usize) -> usize {
@@ -177,16 +197,24 @@ impl Backend for Reference {
         }
     }
 
-    fn quantize_act(&self, format: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &mut [u8]) {
+    fn quantize_act(
+        &self,
+        format: WeightFormat,
+        cols: usize,
+        src: &[bf16],
+        rows: &[u32],
+        dst: &mut [u8],
+        scratch: &mut [u8],
+    ) {
         let row = |i: usize| &src[rows[i] as usize * cols..(rows[i] as usize + 1) * cols];
+        let x = floats(scratch, cols);
         if let WeightFormat::Ggml(t) = format {
             let rb = ggml::act_bytes(t.act(), 1, cols);
-            let mut x = vec![0.0f32; cols];
             for (i, out) in dst.chunks_exact_mut(rb.max(1)).take(rows.len()).enumerate() {
                 for (x, v) in x.iter_mut().zip(row(i)) {
                     *x = v.to_f32();
                 }
-                ggml::quantize_act_row(t.act(), &x, out);
+                ggml::quantize_act_row(t.act(), x, out);
             }
             return;
         }
@@ -202,10 +230,10 @@ impl Backend for Reference {
         let q_end = (rows.len() * cols).next_multiple_of(4);
         let (q, rest) = dst.split_at_mut(q_end);
         let scales: &mut [f32] = bytemuck::cast_slice_mut(&mut rest[..4 * rows.len() * groups]);
-        let mut x = Vec::with_capacity(cols);
         for i in 0..rows.len() {
-            x.clear();
-            x.extend(row(i).iter().map(|v| v.to_f32()));
+            for (x, v) in x.iter_mut().zip(row(i)) {
+                *x = v.to_f32();
+            }
             for gi in 0..groups {
                 let (vals, d) = int8_row::quantize_row(&x[gi * g..(gi + 1) * g]);
                 scales[i * groups + gi] = d;
@@ -216,23 +244,34 @@ impl Backend for Reference {
         }
     }
 
-    fn gate_up(&self, gate: &PackedMatrix, up: &PackedMatrix, rows: Range<usize>, act: &[u8], mut h: MatMut<'_, bf16>) {
+    fn gate_up(
+        &self,
+        gate: &PackedMatrix,
+        up: &PackedMatrix,
+        rows: Range<usize>,
+        act_gate: &[u8],
+        act_up: &[u8],
+        mut h: MatMut<'_, bf16>,
+        scratch: &mut [u8],
+    ) {
         let (gate, up) = (matrix(gate), matrix(up));
-        let act = Act::parse(gate.format(), gate.cols(), act);
+        let (ag, au) = (Act::parse(gate.format(), gate.cols(), act_gate), Act::parse(up.format(), up.cols(), act_up));
+        let wf = floats(scratch, gate.cols());
         for t in 0..h.rows() {
             let out = h.row_mut(t);
             for (o, r) in out.iter_mut().zip(rows.clone()) {
-                *o = swiglu(dot(gate, r, &act, t), dot(up, r, &act, t));
+                *o = swiglu(dot(gate, r, &ag, t, wf), dot(up, r, &au, t, wf));
             }
         }
     }
 
-    fn down(&self, down: &PackedMatrix, rows: Range<usize>, act: &[u8], mut y: MatMut<'_, f32>) {
+    fn down(&self, down: &PackedMatrix, rows: Range<usize>, act: &[u8], mut y: MatMut<'_, f32>, scratch: &mut [u8]) {
         let down = matrix(down);
         let act = Act::parse(down.format(), down.cols(), act);
+        let wf = floats(scratch, down.cols());
         for t in 0..y.rows() {
             for (o, r) in y.row_mut(t).iter_mut().zip(rows.clone()) {
-                *o = dot(down, r, &act, t);
+                *o = dot(down, r, &act, t, wf);
             }
         }
     }

@@ -12,6 +12,7 @@ use std::time::Instant;
 
 use half::bf16;
 use indicatif::{ProgressBar, ProgressStyle};
+use kt_core::backend::Instructions;
 use kt_core::reference::REFERENCE;
 use kt_core::{Backend, LayerFormat, MoeConfig, WeightFormat};
 
@@ -19,11 +20,13 @@ pub use report::{print_table, to_json};
 pub use roofline::Roofline;
 
 use crate::cpu::CpuInfo;
+use crate::error::WeightError;
 use crate::layer::{LayerOptions, MoeLayer};
 use crate::numa_pool::NumaPool;
 use crate::placement::{Placement, PoolConfig, PoolError};
+use crate::slots::Slots;
+use crate::source::WeightSource;
 use crate::topology::Topology;
-use crate::weights::{Slots, WeightError, WeightSource};
 
 /// A model shape to benchmark.
 #[derive(Clone, Copy, Debug)]
@@ -104,10 +107,11 @@ pub struct CaseResult {
     pub weight_gbps: f64,
     /// weight_gbps / roofline DRAM bandwidth (the run's best reading).
     pub dram_ratio: f64,
-    /// gflops / FMA peak (bf16, fp8) or int8 peak (int formats: the VNNI one where `vnni`).
+    /// gflops / the peak of the instructions the kernels run on (FMA for float kernels, the
+    /// AVX2 int8 loop for `Int8Pairs`, the VNNI one for `Int8Vnni`).
     pub compute_ratio: f64,
-    /// The int8 kernels ran on VNNI (`Backend::uses_vnni` for the gate's format).
-    pub vnni: bool,
+    /// The instruction family of the gate's kernels (`Backend::instructions`).
+    pub instructions: Instructions,
     /// mean |out − ref| / mean |ref| against the reference backend, ≤ 16 tokens.
     pub rel_err: f64,
     /// Reps timed.
@@ -294,11 +298,7 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
     let roof = probes.iter().copied().reduce(Roofline::max).expect("probed before the cases");
     let roofline_low = probes.iter().copied().reduce(Roofline::min).expect("probed before the cases");
     for r in &mut results {
-        let peak = match (r.method.gate.int_dot(), r.vnni) {
-            (true, true) => roof.vnni_gops.unwrap_or(roof.int8_gops),
-            (true, false) => roof.int8_gops,
-            (false, _) => roof.fma_gflops,
-        };
+        let peak = roof.peak(r.instructions);
         r.dram_ratio = r.weight_gbps / roof.dram_gbps;
         r.compute_ratio = r.gflops / peak;
     }
@@ -435,7 +435,7 @@ fn run_case(
         preset: spec.preset.clone(),
         method: layers[0].format(),
         backend: layers[0].backend().name(),
-        vnni: layers[0].backend().uses_vnni(layers[0].format().gate),
+        instructions: layers[0].backend().instructions(layers[0].format().gate),
         threads: spec.threads,
         tokens: n,
         ms_best: best.0 * 1e3,

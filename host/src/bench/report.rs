@@ -1,6 +1,7 @@
 //! The end-of-run table and the `--json` object (field names are a contract: other tools read
 //! them).
 
+use kt_core::backend::Instructions;
 use serde_json::{json, Value};
 
 use super::Report;
@@ -47,7 +48,8 @@ pub fn to_json(r: &Report) -> Value {
             "weight_gbps": c.weight_gbps,
             "dram_ratio": c.dram_ratio,
             "compute_ratio": c.compute_ratio,
-            "vnni": c.vnni,
+            "vnni": c.instructions == Instructions::Int8Vnni,
+            "instructions": format!("{:?}", c.instructions),
             "rel_err": c.rel_err,
         })).collect::<Vec<_>>(),
     })
@@ -105,7 +107,7 @@ pub fn print_table(r: &Report) {
             x.weight_gbps,
             x.dram_ratio,
             x.compute_ratio,
-            if x.vnni { "*" } else { " " },
+            if x.instructions == Instructions::Int8Vnni { "*" } else { " " },
             x.rel_err,
             x.reps
         );

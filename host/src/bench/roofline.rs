@@ -9,8 +9,8 @@
 //! The int8 peak is the AVX2 loop the kernels' instructions come from; where the CPU has VNNI,
 //! its `vpdpbusd` peak is read as well, in the widest registers it runs (512-bit with
 //! AVX512-VNNI: on a Xeon with two 512-bit units 1.86× the 256-bit form; Zen 4 splits them):
-//! kernels that run on VNNI (`Backend::uses_vnni`) are set against that one, whatever width
-//! they use, so the ratio is to what the CPU can do.
+//! kernels that run on VNNI (`Instructions::Int8Vnni`) are set against that one, whatever
+//! width they use, so the ratio is to what the CPU can do ([`Roofline::peak`]).
 
 use std::hint::black_box;
 use std::sync::Barrier;
@@ -31,6 +31,17 @@ pub struct Roofline {
 }
 
 impl Roofline {
+    /// The compute peak a kernel on `ins` is judged against: GOP/s for the int8 families,
+    /// GFLOP/s (FMA) otherwise.
+    pub fn peak(&self, ins: kt_core::backend::Instructions) -> f64 {
+        use kt_core::backend::Instructions;
+        match ins {
+            Instructions::Int8Vnni => self.vnni_gops.unwrap_or(self.int8_gops),
+            Instructions::Int8Pairs => self.int8_gops,
+            _ => self.fma_gflops,
+        }
+    }
+
     /// The higher reading of each limit.
     pub fn max(self, o: Roofline) -> Roofline {
         Roofline {

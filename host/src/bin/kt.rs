@@ -198,31 +198,13 @@ fn info(pool: &PoolArgs) -> ExitCode {
         );
     }
     print!("pool:\n{placement}");
-    let compiled = registry::compiled();
-    println!("compiled in: {}", compiled.join(", "));
-    let registered = registry::registered();
-    for name in &compiled {
-        let line = match registered.iter().find(|b| b.name() == *name) {
-            Some(b) => match b.cpu_support() {
-                Ok(()) => {
-                    // The GGML formats whose kernels run on VNNI here.
-                    let on_vnni: Vec<String> = kt_core::ggml::GgmlType::ALL
-                        .iter()
-                        .map(|&t| WeightFormat::Ggml(t))
-                        .filter(|&f| b.uses_vnni(f))
-                        .map(|f| f.to_string())
-                        .collect();
-                    if on_vnni.is_empty() {
-                        format!("available (priority {})", b.priority())
-                    } else {
-                        format!("available (priority {}; on VNNI: {})", b.priority(), on_vnni.join(", "))
-                    }
-                }
-                Err(missing) => format!("unavailable: this CPU lacks {missing}"),
-            },
-            None => "compiled in, no kernels registered yet".to_string(),
+    println!("backends (best first; a layer runs on the first that serves its formats):");
+    for b in registry::registered() {
+        let line = match b.cpu_support() {
+            Ok(()) => format!("available; runs {}", served(b)),
+            Err(missing) => format!("unavailable: this CPU lacks {missing}"),
         };
-        println!("  {name:<10} {line}");
+        println!("  {:<10} {line}", b.name());
     }
     match registry::select_default() {
         Ok(s) => {
@@ -233,19 +215,38 @@ fn info(pool: &PoolArgs) -> ExitCode {
     }
 }
 
-/// The MoE shape of `--weights` (config.json, or a GGUF file's metadata) and, for GGUF, the
-/// types of its first MoE layer.
-fn weights_shape(w: &std::path::Path) -> Result<(MoeConfig, Option<LayerFormat>), String> {
-    if kt_host::gguf::is_gguf(w) {
-        let f = kt_host::gguf::GgufFile::open(w).map_err(|e| e.to_string())?;
-        let cfg = kt_host::gguf::moe_config(&f).map_err(|e| e.to_string())?;
-        let first =
-            *kt_host::gguf::moe_layers(&f).first().ok_or_else(|| format!("{}: no layer has experts", w.display()))?;
-        let lf = kt_host::gguf::layer_format(&f, first).map_err(|e| e.to_string())?;
-        return Ok((cfg, Some(lf)));
+/// The formats `b` serves, and which of them run on VNNI here.
+fn served(b: &dyn kt_core::Backend) -> String {
+    use kt_core::backend::Instructions;
+    let ggml: Vec<WeightFormat> = kt_core::ggml::GgmlType::ALL.iter().map(|&t| WeightFormat::Ggml(t)).collect();
+    // Shapes every format can take: rows and columns a multiple of any block.
+    let serves = |f: WeightFormat| b.serves(f, 256, 4096);
+    let ours: Vec<WeightFormat> = WeightFormat::ALL.into_iter().filter(|&f| serves(f)).collect();
+    let ggml_n = ggml.iter().filter(|&&f| serves(f)).count();
+    let mut parts: Vec<String> = Vec::new();
+    if !ours.is_empty() {
+        parts.push(ours.iter().map(|f| f.to_string()).collect::<Vec<_>>().join(", "));
     }
-    let mc = kt_host::weights::ModelConfig::read(&w.join("config.json")).map_err(|e| e.to_string())?;
-    Ok((MoeConfig::new(mc.experts, mc.top_k, mc.hidden, mc.intermediate), None))
+    if ggml_n > 0 {
+        parts.push(format!("{ggml_n} GGML types"));
+    }
+    let on_vnni: Vec<String> = ours
+        .iter()
+        .chain(&ggml)
+        .filter(|&&f| serves(f) && b.instructions(f) == Instructions::Int8Vnni)
+        .map(|f| f.to_string())
+        .collect();
+    let mut s = parts.join(" and ");
+    if !on_vnni.is_empty() {
+        s += &format!(" (on VNNI: {})", on_vnni.join(", "));
+    }
+    s
+}
+
+/// The MoE shape of `--weights` and, for GGUF, the types of its first MoE layer.
+fn weights_shape(w: &std::path::Path) -> Result<(MoeConfig, Option<LayerFormat>), String> {
+    let source = kt_host::source::WeightSource::open(w).map_err(|e| e.to_string())?;
+    Ok((source.moe_config().map_err(|e| e.to_string())?, source.own_format().map_err(|e| e.to_string())?))
 }
 
 fn run_bench(a: BenchArgs) -> ExitCode {
@@ -317,9 +318,7 @@ fn run_bench(a: BenchArgs) -> ExitCode {
     // GGML types whose 256-column blocks do not divide a row fall back as llama.cpp's do.
     for m in &mut methods {
         if let WeightFormat::Ggml(t) = m.gate {
-            let fit = |cols: usize| if cols % t.block_elems() == 0 { t } else { t.fallback() };
-            let (gu, down) = (WeightFormat::Ggml(fit(cfg.hidden)), WeightFormat::Ggml(fit(cfg.intermediate)));
-            *m = LayerFormat { gate: gu, up: gu, down };
+            *m = LayerFormat::ggml(t, cfg.hidden, cfg.intermediate);
         }
     }
     for &m in &methods {
@@ -372,7 +371,7 @@ fn run_convert(a: ConvertArgs) -> ExitCode {
         Some(Ok(r)) => Some(r),
         Some(Err(e)) => return usage(e),
     };
-    let spec = kt_host::weights::convert::ConvertSpec {
+    let spec = kt_host::convert::ConvertSpec {
         input: a.input,
         output: a.output,
         format,
@@ -381,7 +380,7 @@ fn run_convert(a: ConvertArgs) -> ExitCode {
         threads: a.threads.unwrap_or_else(|| default_threads(&Topology::detect())),
         progress: true,
     };
-    match kt_host::weights::convert::convert(&spec) {
+    match kt_host::convert::convert(&spec) {
         Ok(r) => {
             println!(
                 "kt convert: {} layer(s) written, {} already complete, {:.2} GB in, {:.2} GB out, {:.1} s ({:.2} GB/s of input)",

@@ -9,7 +9,7 @@ use kt_core::ggml::{id_name, GgmlType};
 use memmap2::Mmap;
 
 use super::parse::{parse, Header, Value};
-use crate::weights::WeightError;
+use crate::error::WeightError;
 
 /// One tensor of a GGUF file.
 #[derive(Clone, Copy, Debug)]

@@ -9,7 +9,7 @@ use kt_core::SerialExecutor;
 
 use super::{load_gguf_layer, moe_config, moe_layers, parse::parse, GgufFile};
 use crate::layer::LayerOptions;
-use crate::weights::Slots;
+use crate::slots::Slots;
 
 /// Elements dequantized per tensor at most (a header may claim any size).
 const MAX_ELEMS: usize = 1 << 16;

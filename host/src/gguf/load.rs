@@ -6,8 +6,9 @@
 use kt_core::{LayerFormat, MoeConfig, QuantMatrix, WeightFormat};
 
 use super::file::{GgufFile, GgufTensor};
+use crate::error::WeightError;
 use crate::layer::{LayerOptions, MoeLayer};
-use crate::weights::{Slots, WeightError};
+use crate::slots::Slots;
 
 /// The three stacked expert tensors of layer `l`: gate, up, down.
 pub fn expert_tensor_names(l: usize) -> [String; 3] {

@@ -9,6 +9,7 @@ use safetensors::Dtype;
 use super::layout::{ExpertLayout, Layout};
 use super::{Checkpoint, WeightError};
 use crate::layer::{LayerOptions, MoeLayer};
+use crate::slots::Slots;
 
 fn le16(b: &[u8]) -> impl Iterator<Item = u16> + '_ {
     b.chunks_exact(2).map(|c| u16::from_le_bytes([c[0], c[1]]))
@@ -127,24 +128,6 @@ pub fn expert_f32(
         return Err(WeightError::Shape { name: d_name, expected: vec![experts, h, i], found: d.shape.clone() });
     }
     Ok([gate, up, slice(d, &d_name, h * i)?])
-}
-
-/// Which logical expert fills each slot, and which slots are GPU-resident: those are neither
-/// read nor packed, so they cost no RAM (a forward routed to one while it is not masked is an
-/// `ExpertNotLoaded` error).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct Slots<'a> {
-    /// Slot `p` holds logical expert `map[p]` (identity if `None`).
-    pub map: Option<&'a [usize]>,
-    /// `gpu[p]`: slot `p` is computed on the GPU.
-    pub gpu: Option<&'a [bool]>,
-}
-
-impl Slots<'_> {
-    /// The logical expert of slot `p`, or `None` for a GPU-resident slot.
-    pub fn expert(&self, p: usize) -> Option<usize> {
-        (!self.gpu.is_some_and(|g| g.get(p).copied().unwrap_or(false))).then(|| self.map.map_or(p, |m| m[p]))
-    }
 }
 
 /// Build layer `layer` of the checkpoint in `format`: `cfg` gives the shape (E, k, H, I, max

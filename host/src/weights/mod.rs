@@ -1,25 +1,20 @@
 //! Weights from Hugging Face checkpoints: safetensors files mapped into memory (one file or a
 //! sharded directory with `model.safetensors.index.json`), `config.json`, the expert naming
 //! layouts KT's loaders detect, and the dtypes they decode (bf16, f16, f32, fp8 e4m3 with block
-//! or per-channel scales, compressed-tensors and GPTQ int4), KT's converted format and the
-//! converter. [`load_layer`] builds a [`crate::MoeLayer`] from one layer.
+//! or per-channel scales, compressed-tensors and GPTQ int4), KT's converted format. [`load_layer`] builds a [`crate::MoeLayer`] from one layer.
 
 mod checkpoint;
 mod config;
-pub mod convert;
-pub mod convert_gguf;
-mod error;
 pub mod fuzzing;
 mod int4;
 pub mod kt_format;
 mod layout;
 mod load;
-mod source;
 pub mod writer;
 
+pub use crate::error::WeightError;
+pub use crate::slots::Slots;
 pub use checkpoint::{Checkpoint, TensorRef};
 pub use config::ModelConfig;
-pub use error::WeightError;
 pub use layout::{ExpertLayout, Layout};
-pub use load::{expert_f32, load_layer, Slots};
-pub use source::WeightSource;
+pub use load::{expert_f32, load_layer};

@@ -33,6 +33,9 @@ use crate::vnni::{self, Dp, Vnni};
 /// `NT` tokens' dots with one group of each row (`grp`), added to `acc[i][t..t + NT]`: 8
 /// `vpdpbusd` a row and token give the 8 blocks' sums in their lanes, started from the
 /// activations' `-128·Σq` so that they are exactly the sums of the levels as GGUF stores them.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn vnni_tokens<D: Dp, const NT: usize, const A: usize>(
     grp: &[&[u8]; R],
@@ -75,6 +78,9 @@ unsafe fn vnni_tokens<D: Dp, const NT: usize, const A: usize>(
 /// One tile: `NT` tokens at a time share each register of a group's rows, the rest one at a
 /// time. The block sums are the integers [`super::wide`] finds, and what follows is the same:
 /// the results are bit for bit those of the AVX2 kernels. `TC`, `A`: as [`super::wide`]'s.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn vnni_q8<D: Dp, const NT: usize, const TC: usize, const A: usize>(
     tile: &Tile<'_, ActV8>,
@@ -102,6 +108,9 @@ unsafe fn vnni_q8<D: Dp, const NT: usize, const TC: usize, const A: usize>(
 /// 32-column parts' sums in their lanes (the lane layout keeps each i32 lane in one part),
 /// the integers [`super::kquant`] finds with `maddubs` and a `madd` with ones; then the same
 /// f32 step ([`per32`]).
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn k32_tokens<D: Dp, B: KBlock, const NT: usize, const A: usize>(
     blk: &[&B; R],
@@ -179,6 +188,9 @@ unsafe fn unsigned_reg<B: KBlock>(blk: &B, r: usize) -> __m256i {
 /// block's rows (decoded once per token tile into `dec`, or where used for one token), the
 /// rest in one group ([`groups`]); accumulators set by the first block and added to in block
 /// order as [`super::kquant`] does: the results are bit for bit those of the AVX2 kernels.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn vnni_k32<D: Dp, B: KBlock, const NT: usize, const TC: usize, const A: usize>(
     tile: &Tile<'_, ActK>,
@@ -259,6 +271,9 @@ unsafe fn legacy_dots<D: Dp>(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: 
 
 /// Each type's kernel with AVX512-VNNI: q4_K, q5_K and q8_0 in 512-bit registers
 /// ([`super::on_zmm`]), the other 32-column types in 256-bit ones ([`legacy_dots`]).
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
 unsafe fn dots_evex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
     // SAFETY: this function's features; the caller's contract.
@@ -279,6 +294,9 @@ unsafe fn dots_evex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scra
 }
 
 /// Each type's kernel with AVX-VNNI (VEX: 16 registers, 2 tokens a group).
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 unsafe fn dots_vex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
     use vnni::Vex;
@@ -361,6 +379,9 @@ unsafe fn gemv_in<D: Dp>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [
 }
 
 /// [`gemv_in`] with AVX512-VNNI.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
 unsafe fn gemv_evex(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
     // SAFETY: this function's features; the caller's contract.
@@ -368,6 +389,9 @@ unsafe fn gemv_evex(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32])
 }
 
 /// [`gemv_in`] with AVX-VNNI.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
 unsafe fn gemv_vex(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
     // SAFETY: this function's features; the caller's contract.
@@ -406,16 +430,19 @@ mod tests {
                     let mut y = vec![0u32; n * rows];
                     // SAFETY: AVX2/FMA/F16C and AVX-VNNI checked above; act prepared for w.
                     unsafe {
-                        crate::act::prepare(t, cols, &x, &ids, act.as_mut_slice(), v.is_some());
+                        let mut xs = vec![0u8; crate::act::scratch_bytes(cols)];
+                        crate::act::prepare(t, cols, &x, &ids, act.as_mut_slice(), v.is_some(), &mut xs);
                         if n == 1 {
                             let mut out = vec![0.0f32; rows];
                             gemv(&w, 0..rows, act.as_mut_slice(), &mut out);
                             y.iter_mut().zip(&out).for_each(|(y, o)| *y = o.to_bits());
                         } else {
-                            let (mut out, mut scratch) = (vec![[0.0f32; R]; n], Scratch::new());
+                            let mut bytes = AlignedBuf::zeroed(size_of::<Scratch>());
+                            let (mut out, (scratch, _)) =
+                                (vec![[0.0f32; R]; n], Scratch::from_bytes(bytes.as_mut_slice()));
                             for r0 in (0..rows).step_by(R) {
                                 let nr = R.min(rows - r0);
-                                dots(&w, r0, nr, act.as_mut_slice(), n, &mut out, &mut scratch);
+                                dots(&w, r0, nr, act.as_mut_slice(), n, &mut out, scratch);
                                 for (tok, o) in out.iter().enumerate() {
                                     for i in 0..nr {
                                         y[tok * rows + r0 + i] = o[i].to_bits();

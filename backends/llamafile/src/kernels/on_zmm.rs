@@ -29,9 +29,6 @@ const NT: usize = 8;
 pub struct Pairs([[[u8; 64]; REGS]; R / 2]);
 
 impl Pairs {
-    /// Zeros.
-    pub const ZERO: Pairs = Pairs([[[0; 64]; REGS]; R / 2]);
-
     /// Register `r` of row `i` from `reg(i, r)`, for every row and register of a block.
     ///
     /// # Safety
@@ -52,6 +49,9 @@ impl Pairs {
 type Acc2 = [[__m512; 2 * TC]; R / 2];
 
 /// `lo` and `hi` as one register.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn join(lo: __m256, hi: __m256) -> __m512 {
     // SAFETY: AVX512F by the callers' contract.
@@ -63,6 +63,9 @@ unsafe fn join(lo: __m256, hi: __m256) -> __m512 {
 
 /// `s[p][k]` plus the 8 `vpdpbusd` of pair `p`'s levels in `lv` with token `k`'s values
 /// (`qs(&act[k])`, each register's 32 bytes broadcast to both halves), for `K` tokens.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn dp_pairs<A, const K: usize>(lv: &Pairs, act: &[A], qs: impl Fn(&A) -> &[i8], s: &mut [[__m512i; K]; R / 2]) {
     // SAFETY (whole function): AVX512F/VNNI by the callers' contract; loads stay inside the
@@ -86,6 +89,9 @@ unsafe fn dp_pairs<A, const K: usize>(lv: &Pairs, act: &[A], qs: impl Fn(&A) -> 
 /// `K` tokens' dots with one block of the tile's rows (levels `lv`, [`KBlock::prep32`] in
 /// pairs `sc`), added to `acc[p][t..t + K]`, or setting them for a tile's `FIRST` block (an
 /// FMA with a zero register, as [`super::per32`] does with its mask, without loading them).
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn tokens<const K: usize, const FIRST: bool>(
     lv: &Pairs,
@@ -150,6 +156,9 @@ pub(super) unsafe fn dots<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]
 
 /// `out[t][i]` = the sum of row `i`'s lanes in `acc[i / 2][t]`, as the 256-bit kernels'
 /// `write_out` sums the same four registers.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn write_out(acc: &Acc2, out: &mut [[f32; R]]) {
     for (t, o) in out.iter_mut().enumerate() {
@@ -168,6 +177,9 @@ unsafe fn write_out(acc: &Acc2, out: &mut [[f32; R]]) {
 /// scales in pairs `dw`), added to `acc[p][t..t + K]` or setting them for a tile's `FIRST`
 /// group: 8 `vpdpbusd` a pair and token from the activations' `-128·Σq`, then as
 /// [`vnni_tokens`](super::on_vnni) (a product, or an FMA, with the scales' product).
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 unsafe fn q8_tokens<const K: usize, const FIRST: bool>(
     lv: &Pairs,

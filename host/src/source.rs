@@ -4,11 +4,13 @@
 
 use std::path::Path;
 
-use kt_core::{MoeConfig, WeightFormat};
+use kt_core::{LayerFormat, MoeConfig, WeightFormat};
 
-use super::{kt_format, load_layer, Checkpoint, Layout, Slots, WeightError};
+use crate::error::WeightError;
 use crate::gguf::{self, GgufFile};
 use crate::layer::{LayerOptions, MoeLayer};
+use crate::slots::Slots;
+use crate::weights::{kt_format, load_layer, Checkpoint, Layout};
 
 /// An opened checkpoint of any kind.
 #[derive(Debug)]
@@ -63,6 +65,27 @@ impl WeightSource {
                 detail: "method LLAMAFILE runs GGUF models, and this is a safetensors checkpoint".into(),
             }),
         }
+    }
+
+    /// Its MoE shape: `config.json`'s, or a GGUF model's metadata.
+    pub fn moe_config(&self) -> Result<MoeConfig, WeightError> {
+        match self {
+            WeightSource::Gguf(f) => gguf::moe_config(f),
+            WeightSource::Hf(ck) | WeightSource::Kt(ck) => {
+                let mc = ck.config()?;
+                Ok(MoeConfig::new(mc.experts, mc.top_k, mc.hidden, mc.intermediate))
+            }
+        }
+    }
+
+    /// The types a GGUF model stores its first MoE layer in; `None` for a checkpoint, which
+    /// runs in whatever method is asked for.
+    pub fn own_format(&self) -> Result<Option<LayerFormat>, WeightError> {
+        let WeightSource::Gguf(f) = self else { return Ok(None) };
+        let Some(&first) = gguf::moe_layers(f).first() else {
+            return Err(WeightError::Config { path: f.path().to_path_buf(), detail: "no layer has experts".into() });
+        };
+        gguf::layer_format(f, first).map(Some)
     }
 
     /// Where it was opened from.

@@ -12,23 +12,32 @@ use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
 use kt_core::ggml::GgmlType;
-use kt_core::{Error, Executor, MoeConfig, QuantMatrix, WeightFormat};
+use kt_core::{Error, Executor, LayerFormat, MoeConfig, QuantMatrix, WeightFormat};
 
-use super::convert::{release_layer, ConvertReport, ConvertSpec};
-use super::{expert_f32, Checkpoint, Layout, WeightError};
+use super::{release_layer, ConvertReport, ConvertSpec};
+use crate::error::WeightError;
 use crate::gguf::expert_tensor_names;
 use crate::gguf::parse::parse;
 use crate::gguf::write::{GgufWriter, Meta, PlannedTensor};
 use crate::pool::Pool;
+use crate::weights::{expert_f32, Checkpoint, Layout};
 
 /// Architecture name written (and read back by our loader as the metadata key prefix).
 const ARCH: &str = "kt-moe";
 
-/// The three stacked tensors of layer `l`.
-fn plan(cfg: &MoeConfig, t: GgmlType, l: usize) -> Vec<PlannedTensor> {
+/// The three stacked tensors of layer `l`, each in its type of `lf`.
+fn plan(cfg: &MoeConfig, lf: LayerFormat, l: usize) -> Vec<PlannedTensor> {
     let (e, h, i) = (cfg.experts, cfg.hidden, cfg.intermediate);
-    let shapes = [vec![e, i, h], vec![e, i, h], vec![e, h, i]];
-    expert_tensor_names(l).into_iter().zip(shapes).map(|(name, shape)| PlannedTensor { name, shape, t }).collect()
+    let ggml = |f: WeightFormat| match f {
+        WeightFormat::Ggml(t) => t,
+        _ => unreachable!("LayerFormat::ggml gives GGML types"),
+    };
+    let shapes = [(vec![e, i, h], lf.gate), (vec![e, i, h], lf.up), (vec![e, h, i], lf.down)];
+    expert_tensor_names(l)
+        .into_iter()
+        .zip(shapes)
+        .map(|(name, (shape, f))| PlannedTensor { name, shape, t: ggml(f) })
+        .collect()
 }
 
 /// Whether `path` is a complete file holding exactly `plan` (mapped: only the header is read).
@@ -50,14 +59,18 @@ fn complete(path: &Path, plan: &[PlannedTensor]) -> bool {
 /// Run a conversion to GGML type `t`.
 pub fn convert_gguf(spec: &ConvertSpec, t: GgmlType) -> Result<ConvertReport, WeightError> {
     let start = Instant::now();
-    let format = WeightFormat::Ggml(t);
     if !t.can_quantize() {
-        return Err(Error::NoQuantizer { format }.into());
+        return Err(Error::NoQuantizer { format: WeightFormat::Ggml(t) }.into());
     }
     let ck = Checkpoint::open(&spec.input)?;
     let mc = ck.config()?;
     let cfg = MoeConfig::new(mc.experts, mc.top_k, mc.hidden, mc.intermediate);
-    cfg.validate_for(format)?;
+    // Rows that t's blocks do not divide take llama.cpp's fallback type, if it can be written.
+    let lf = LayerFormat::ggml(t, cfg.hidden, cfg.intermediate);
+    if let Some(&format) = [lf.gate, lf.down].iter().find(|f| matches!(f, WeightFormat::Ggml(t) if !t.can_quantize())) {
+        return Err(Error::NoQuantizer { format }.into());
+    }
+    cfg.validate_for(lf)?;
     let io = |p: &Path| {
         let p = p.to_path_buf();
         move |source| WeightError::Io { path: p, source }
@@ -78,7 +91,7 @@ pub fn convert_gguf(spec: &ConvertSpec, t: GgmlType) -> Result<ConvertReport, We
     ];
     let meta: Vec<(&str, Meta)> = meta.iter().map(|(k, v)| (k.as_str(), v.clone())).collect();
     let pool = Pool::new(spec.threads);
-    let layer_bytes: u64 = plan(&cfg, t, 0).iter().map(PlannedTensor::bytes).sum();
+    let layer_bytes: u64 = plan(&cfg, lf, 0).iter().map(PlannedTensor::bytes).sum();
     let pb = if spec.progress { ProgressBar::new(layer_bytes * n as u64) } else { ProgressBar::hidden() };
     if let Ok(style) = ProgressStyle::with_template(
         "{spinner} {msg} [{bar:30}] {bytes}/{total_bytes} written, {bytes_per_sec}, ETA {eta}",
@@ -88,7 +101,7 @@ pub fn convert_gguf(spec: &ConvertSpec, t: GgmlType) -> Result<ConvertReport, We
     let mut report = ConvertReport::default();
     for (idx, (layer, layout)) in moe.iter().enumerate() {
         let path = spec.output.join(format!("model-{:05}-of-{n:05}.gguf", idx + 1));
-        let plan = plan(&cfg, t, *layer);
+        let plan = plan(&cfg, lf, *layer);
         if complete(&path, &plan) {
             pb.inc(layer_bytes);
             report.skipped.push(*layer);
@@ -105,7 +118,7 @@ pub fn convert_gguf(spec: &ConvertSpec, t: GgmlType) -> Result<ConvertReport, We
                 let r = expert_f32(&ck, layout, e, cfg.hidden, cfg.intermediate).and_then(|x| {
                     for (p, (m, tp)) in x.iter().zip(&plan).enumerate() {
                         let (rows, cols) = (tp.shape[1], tp.shape[2]);
-                        let q = QuantMatrix::quantize(format, rows, cols, m)?;
+                        let q = QuantMatrix::quantize(WeightFormat::Ggml(tp.t), rows, cols, m)?;
                         w.write_at(p, (e * q.data().len()) as u64, q.data()).map_err(io(&path))?;
                         pb.inc(q.data().len() as u64);
                     }

@@ -3,7 +3,7 @@
 //! dequantized here, no GPU), one layer at a time (peak memory ≈ the experts in flight plus the
 //! mapped input pages), quantized on a thread pool, with a progress bar, and resumable: every
 //! file is written under a temporary name and renamed when complete, and a rerun skips layers
-//! whose output verifies. GGML methods (`q4_k`, ...) write GGUF instead ([`super::convert_gguf`]).
+//! whose output verifies. GGML methods (`q4_k`, ...) write GGUF instead (module `gguf`).
 
 use std::ops::RangeInclusive;
 use std::path::{Path, PathBuf};
@@ -12,10 +12,13 @@ use std::time::Instant;
 use indicatif::{ProgressBar, ProgressStyle};
 use kt_core::{MoeConfig, WeightFormat};
 
-use super::kt_format::{plan, verify_layer, write_layer};
-use super::writer::{Planned, StreamWriter};
-use super::{expert_f32, Checkpoint, Layout, WeightError};
+use crate::error::WeightError;
 use crate::pool::Pool;
+use crate::weights::kt_format::{plan, verify_layer, write_layer};
+use crate::weights::writer::{Planned, StreamWriter};
+use crate::weights::{expert_f32, Checkpoint, Layout};
+
+mod gguf;
 
 /// What to convert.
 #[derive(Clone, Debug)]
@@ -70,7 +73,7 @@ fn kt_name(name: &str) -> String {
 /// Run a conversion.
 pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
     if let WeightFormat::Ggml(t) = spec.format {
-        return super::convert_gguf::convert_gguf(spec, t);
+        return gguf::convert_gguf(spec, t);
     }
     let start = Instant::now();
     let ck = Checkpoint::open(&spec.input)?;
@@ -92,7 +95,6 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
     ) {
         pb.set_style(style);
     }
-    let abort_after: Option<usize> = std::env::var("KT_CONVERT_ABORT_AFTER_LAYERS").ok().and_then(|v| v.parse().ok());
     let mut report = ConvertReport::default();
     let mut weight_map = serde_json::Map::new();
     for (i, (layer, layout)) in moe.iter().enumerate() {
@@ -121,10 +123,6 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
         report.bytes_out += written;
         report.bytes_in += release_layer(&ck, layout);
         report.written.push(*layer);
-        // A test hook: die as a crash would, to check that a rerun resumes.
-        if abort_after == Some(report.written.len()) {
-            std::process::abort();
-        }
     }
     pb.finish_and_clear();
 

@@ -1,0 +1,229 @@
+//! The 256-column types (K-quants, iq4_xs, the lattice types) on AVX2: each block's levels
+//! decoded once per tile ([`DecK`] for several tokens, registers for one) and dotted by
+//! `maddubs`, folded in i16 and scaled per 16 columns by one `madd` (or per 32 in f32 for the
+//! [`KBlock::PER32`] types).
+
+use super::*;
+
+/// One block's levels `blk` with its activations `a`, as i32 lanes already scaled per 16
+/// columns by `sc`: pair sums added in i16, [`KBlock::FOLD`] registers at a time, then one
+/// `madd` with the scales per fold.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+pub(super) unsafe fn block_dot<B: KBlock>(blk: &B, a: &ActK, sc: __m256i) -> __m256i {
+    // SAFETY: AVX2 in every caller (target_feature functions); loads inside the blocks.
+    unsafe {
+        let mut sum = _mm256_setzero_si256();
+        let whole = if B::WHOLE { blk.regs() } else { [sum; REGS] };
+        for f in (0..REGS).step_by(B::FOLD) {
+            let mut p = pair_sums(B::SIGNED, reg_of(blk, &whole, f), ld(&a.qs[32 * f..]));
+            for r in f + 1..f + B::FOLD {
+                p = _mm256_add_epi16(p, pair_sums(B::SIGNED, reg_of(blk, &whole, r), ld(&a.qs[32 * r..])));
+            }
+            sum = _mm256_add_epi32(sum, _mm256_madd_epi16(p, sc));
+        }
+        sum
+    }
+}
+
+/// A [`KBlock::PER32`] block's step for one row and token: `acc·keep + s·(d·scale)·da −
+/// (dmin·min)·(da·Σa)` per 32-column part, `keep` all ones but for a tile's first block
+/// (zeros: [`keep`]), `s` the parts' sums of levels times activations, `sc` the block's
+/// [`KBlock::prep32`], `(da, m)` the token's [`act32`].
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+pub(super) unsafe fn per32(
+    keep: __m256,
+    acc: __m256,
+    s: __m256i,
+    (dsc, dmn): (__m256, __m256),
+    da: __m256,
+    m: __m256,
+) -> __m256 {
+    // SAFETY: AVX and FMA in every caller (target_feature functions).
+    unsafe {
+        let x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dsc, da), _mm256_and_ps(acc, keep));
+        _mm256_fnmadd_ps(dmn, m, x)
+    }
+}
+
+/// [`per32`]'s mask for block `b`: the accumulators are not zeroed per tile ([`Acc`]), so the
+/// first block clears what they held, as a mask rather than a branch (with `add_product`'s
+/// branch LLVM no longer unrolled the VNNI kernel's token loop and spilled its sums).
+#[inline(always)]
+pub(super) fn keep(b: usize) -> __m256 {
+    // SAFETY: AVX in every caller (target_feature functions).
+    unsafe { _mm256_castsi256_ps(_mm256_set1_epi32(-i32::from(b != 0))) }
+}
+
+/// An activation block's scale and `da·Σa` of each 32 columns, for [`per32`].
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+pub(super) unsafe fn act32(a: &ActK) -> (__m256, __m256) {
+    // SAFETY: AVX2 in every caller (target_feature functions); the sums are 32 bytes.
+    unsafe {
+        let da = _mm256_set1_ps(a.d);
+        let sums = _mm256_madd_epi16(ld(&a.bsums), _mm256_set1_epi16(1));
+        (da, _mm256_mul_ps(_mm256_cvtepi32_ps(sums), da))
+    }
+}
+
+/// K-quants for one token, rows `rows` ([`gemv`]).
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn kquant1<B: KBlock>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
+    // SAFETY: this function's features; the caller's contract.
+    one_token_tiles!(w, rows, act, out, ActK, |tile, res| unsafe { kquant1_tile::<B>(&tile, &mut res) })
+}
+
+/// One tile of [`kquant1`]: every register decoded in place and used at once, a row at a time
+/// ([`block_dot`]; measured faster than a register at a time for all rows).
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline]
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn kquant1_tile<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
+    let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
+    let (mut acc, acts) = ([_mm256_setzero_ps(); R], tile.act());
+    for b in 0..tile.nb {
+        prefetch_next(tile, b);
+        let a = &acts[b];
+        let da = _mm256_set1_ps(a.d);
+        // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
+        // inside the blocks' arrays.
+        if B::PER32 {
+            let (da, m) = unsafe { act32(a) };
+            for i in 0..R {
+                let blk = &blocks[i][b];
+                let s = unsafe { block_dot(blk, a, _mm256_set1_epi16(1)) };
+                acc[i] = unsafe { per32(keep(b), acc[i], s, blk.prep32(), da, m) };
+            }
+            continue;
+        }
+        let bs = unsafe { ld(&a.bsums) };
+        for i in 0..R {
+            let blk = &blocks[i][b];
+            let (sc, mn, d, dmin) = unsafe { blk.prep() };
+            let (mins, dots) = (_mm256_madd_epi16(bs, mn), unsafe { block_dot(blk, a, sc) });
+            if B::MINS_IN_D {
+                let x = _mm256_cvtepi32_ps(_mm256_sub_epi32(dots, mins));
+                acc[i] = _mm256_fmadd_ps(x, _mm256_mul_ps(_mm256_set1_ps(d), da), acc[i]);
+                continue;
+            }
+            let (mins, dots) = (_mm256_cvtepi32_ps(mins), _mm256_cvtepi32_ps(dots));
+            acc[i] = _mm256_fnmadd_ps(mins, _mm256_mul_ps(_mm256_set1_ps(dmin), da), acc[i]);
+            acc[i] = _mm256_fmadd_ps(dots, _mm256_mul_ps(_mm256_set1_ps(d), da), acc[i]);
+        }
+    }
+    // SAFETY: AVX present.
+    out[0] = unsafe { hsum4(acc) };
+}
+
+/// K-quants for several tokens: each block decoded once into [`DecK`] and dotted with
+/// `TC` tokens at a time.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn kquant<const TC: usize, B: KBlock>(
+    tile: &Tile<'_, ActK>,
+    out: &mut [[f32; R]],
+    dec: &mut [DecK; R],
+    acc: &mut Acc,
+) {
+    let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
+    let (n, acts) = (tile.n, tile.act());
+    for (t0, tn) in token_tiles::<TC>(n) {
+        for b in 0..tile.nb {
+            // Block 0 sets the accumulators ([`Acc`]).
+            let first = b == 0;
+            if t0 == 0 {
+                prefetch_next(tile, b);
+            }
+            // SAFETY (whole loop): as in kquant1; stores stay inside the DecK arrays.
+            for i in 0..R {
+                let blk = &blocks[i][b];
+                let o = &mut dec[i];
+                let (sc, mn, d, dmin) = unsafe { blk.prep() };
+                let whole = if B::WHOLE { unsafe { blk.regs() } } else { [sc; REGS] };
+                for r in 0..REGS {
+                    let x = unsafe { reg_of(blk, &whole, r) };
+                    unsafe {
+                        if B::SIGNED {
+                            _mm256_store_si256(o.v[r].as_mut_ptr().cast(), _mm256_abs_epi8(x));
+                            _mm256_store_si256(o.w[r].as_mut_ptr().cast(), x);
+                        } else {
+                            _mm256_store_si256(o.v[r].as_mut_ptr().cast(), x);
+                        }
+                    }
+                }
+                unsafe {
+                    if B::PER32 {
+                        let (dsc, dmn) = blk.prep32();
+                        _mm256_store_ps(o.dsc.as_mut_ptr(), dsc);
+                        _mm256_store_ps(o.dmn.as_mut_ptr(), dmn);
+                    } else {
+                        _mm256_store_si256(o.sc.as_mut_ptr().cast(), sc);
+                        _mm256_store_si256(o.mn.as_mut_ptr().cast(), mn);
+                    }
+                }
+                (o.d, o.dmin) = (d, dmin);
+            }
+            for t in 0..tn {
+                let a = &acts[b * n + t0 + t];
+                let mut isum = [_mm256_setzero_si256(); R];
+                for f in (0..REGS).step_by(B::FOLD) {
+                    let mut p = [_mm256_setzero_si256(); R];
+                    for r in f..f + B::FOLD {
+                        let av = unsafe { ld(&a.qs[32 * r..]) };
+                        for i in 0..R {
+                            let d = &dec[i];
+                            let s = unsafe {
+                                if B::SIGNED {
+                                    _mm256_maddubs_epi16(ld(&d.v[r]), _mm256_sign_epi8(av, ld(&d.w[r])))
+                                } else {
+                                    _mm256_maddubs_epi16(ld(&d.v[r]), av)
+                                }
+                            };
+                            p[i] = _mm256_add_epi16(p[i], s);
+                        }
+                    }
+                    for i in 0..R {
+                        // PER32 types' parts are summed unscaled, and scaled in f32 by `per32`.
+                        let sc = if B::PER32 { _mm256_set1_epi16(1) } else { unsafe { ld(&dec[i].sc) } };
+                        isum[i] = _mm256_add_epi32(isum[i], _mm256_madd_epi16(p[i], sc));
+                    }
+                }
+                if B::PER32 {
+                    let (da, m) = unsafe { act32(a) };
+                    for i in 0..R {
+                        let d = &dec[i];
+                        let sc = unsafe { (_mm256_load_ps(d.dsc.as_ptr()), _mm256_load_ps(d.dmn.as_ptr())) };
+                        acc[i][t] = unsafe { per32(keep(b), acc[i][t], isum[i], sc, da, m) };
+                    }
+                    continue;
+                }
+                let bs = unsafe { ld(&a.bsums) };
+                let da = _mm256_set1_ps(a.d);
+                for i in 0..R {
+                    let d = &dec[i];
+                    let mins = _mm256_madd_epi16(bs, unsafe { ld(&d.mn) });
+                    let s = _mm256_mul_ps(_mm256_set1_ps(d.d), da);
+                    let m = _mm256_mul_ps(_mm256_set1_ps(d.dmin), da);
+                    let x = add_product(first, _mm256_cvtepi32_ps(isum[i]), s, acc[i][t]);
+                    acc[i][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), m, x);
+                }
+            }
+        }
+        unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
+    }
+}

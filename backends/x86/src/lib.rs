@@ -1,0 +1,19 @@
+//! # kt-x86
+//!
+//! What the x86 backends share, so that no backend crate depends on another: run-time ISA
+//! detection (with the AMX tile permission Linux wants first), KT's SwiGLU on vectors, software
+//! prefetch, the VNNI `vpdpbusd` encodings, and the walk that cuts a task's rows into a
+//! kernel's row tiles.
+//!
+//! **Must not** hold a backend's kernels, packing or activation layouts (those live in the
+//! backend crates), nor depend on a backend crate or on the host.
+
+#[cfg(target_arch = "x86_64")]
+pub mod isa;
+#[cfg(target_arch = "x86_64")]
+pub mod prefetch;
+#[cfg(target_arch = "x86_64")]
+pub mod swiglu;
+pub mod tiles;
+#[cfg(target_arch = "x86_64")]
+pub mod vnni;

@@ -1,0 +1,60 @@
+//! The walk that hands a task's rows to a kernel: rows `rows` of a matrix cut at multiples of
+//! the kernel's row tile, each tile with the rows of it the task owns (the first and last may
+//! be partial when the task's range does not start or end on a tile boundary).
+#![forbid(unsafe_code)]
+
+use core::ops::Range;
+
+/// One row tile of a task.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct RowTile {
+    /// The tile's index in the matrix (its first row is `index · tile`).
+    pub index: usize,
+    /// The matrix rows of this tile the task owns.
+    pub rows: Range<usize>,
+}
+
+impl RowTile {
+    /// Those rows as offsets inside the tile.
+    pub fn in_tile(&self, tile: usize) -> Range<usize> {
+        self.rows.start - self.index * tile..self.rows.end - self.index * tile
+    }
+}
+
+/// The tiles of `tile` rows that rows `rows` touch, in order.
+pub fn row_tiles(rows: Range<usize>, tile: usize) -> impl Iterator<Item = RowTile> {
+    let tile = tile.max(1);
+    let end = if rows.is_empty() { 0 } else { rows.end.div_ceil(tile) };
+    (rows.start / tile..end)
+        .map(move |index| RowTile { index, rows: (index * tile).max(rows.start)..((index + 1) * tile).min(rows.end) })
+}
+
+/// `(first, count)` of each run of at most `max` tokens out of `n`.
+pub fn token_tiles(n: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
+    let max = max.max(1);
+    (0..n).step_by(max).map(move |t0| (t0, max.min(n - t0)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tiles_cover_the_rows_once_and_align_to_the_tile() {
+        for (rows, tile) in [(0..48, 16), (5..37, 16), (3..4, 4), (7..7, 4), (0..10, 1), (13..130, 32)] {
+            let tiles: Vec<RowTile> = row_tiles(rows.clone(), tile).collect();
+            let mut next = rows.start;
+            for t in &tiles {
+                assert_eq!(t.rows.start, next, "{rows:?}/{tile}");
+                let inside = t.rows.end > t.rows.start && t.rows.end <= (t.index + 1) * tile;
+                assert!(inside && t.rows.start >= t.index * tile, "{rows:?}/{tile}: {t:?}");
+                assert!(t.in_tile(tile).end <= tile);
+                next = t.rows.end;
+            }
+            assert_eq!(next, rows.end.max(rows.start), "{rows:?}/{tile}");
+        }
+        let t: Vec<_> = token_tiles(13, 6).collect();
+        assert_eq!(t, [(0, 6), (6, 6), (12, 1)]);
+        assert_eq!(token_tiles(0, 6).count(), 0);
+    }
+}

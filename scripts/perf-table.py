@@ -1,0 +1,111 @@
+#!/usr/bin/env python3
+"""Markdown tables from `kt bench --json` runs, for docs/performance.md and the README.
+
+    python3 scripts/perf-table.py RUN.json [RUN.json ...]            # one table per preset
+    python3 scripts/perf-table.py --summary RUN.json [RUN.json ...]  # the README's short table
+    python3 scripts/perf-table.py --compare B1.json B2.json -- A1.json A2.json  # before/after, best of alternated runs
+
+Each case: best time in ms, and the ratio to the roofline the same run measured: weight bytes
+per second / DRAM bandwidth for one token (decode), achieved rate / the peak of the kernel's
+instruction family for more tokens (prefill, `*` where that family is VNNI).
+"""
+
+import json
+import sys
+from collections import defaultdict
+
+
+def load(paths):
+    return [json.load(open(p)) for p in paths]
+
+
+def cell(r):
+    ratio = r["dram_ratio"] if r["tokens"] == 1 else r["compute_ratio"]
+    mark = "*" if r.get("instructions") == "Int8Vnni" or r.get("vnni") else ""
+    return f"{r['ms_best']:.2f} ({ratio:.2f}{mark})"
+
+
+def machine(run):
+    m, roof = run["machine"], run["roofline"]
+    vnni = f", VNNI {roof['vnni_gops']:.0f} GOP/s" if roof.get("vnni_gops") else ""
+    return (
+        f"{m['cpu']}, {m['physical_cores']} cores, {m['numa_nodes']} NUMA node(s); roofline of the run: "
+        f"DRAM {roof['dram_gbps']:.1f} GB/s, FMA {roof['fma_gflops']:.0f} GFLOP/s, "
+        f"int8 (AVX2) {roof['int8_gops']:.0f} GOP/s{vnni}"
+    )
+
+
+def by_case(runs):
+    """(preset, method, tokens) -> results of every run."""
+    cases = defaultdict(list)
+    for run in runs:
+        for r in run["results"]:
+            cases[(r["preset"], r["method"], r["tokens"])].append(r)
+    return cases
+
+
+def tables(runs):
+    cases = by_case(runs)
+    tokens = sorted({t for (_, _, t) in cases})
+    out = [machine(runs[0]), ""]
+    for preset in sorted({p for (p, _, _) in cases}):
+        methods = list(dict.fromkeys(m for (p, m, _) in cases if p == preset))
+        out += [f"**{preset}** (threads {cases[(preset, methods[0], tokens[0])][0]['threads']})", ""]
+        out.append("| method | backend | " + " | ".join(f"n = {t}" for t in tokens) + " |")
+        out.append("|---|---|" + "---|" * len(tokens))
+        for m in methods:
+            best = [min(cases.get((preset, m, t), []), key=lambda r: r["ms_best"], default=None) for t in tokens]
+            backend = next(r["backend"] for r in best if r)
+            out.append(f"| {m} | {backend} | " + " | ".join(cell(r) if r else "" for r in best) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
+def summary(runs):
+    cases = by_case(runs)
+    presets = sorted({p for (p, _, _) in cases})
+    tokens = sorted({t for (_, _, t) in cases})
+    head = [f"{p} n={t}" for p in presets for t in tokens]
+    out = ["| method | " + " | ".join(head) + " |", "|---|" + "---|" * len(head)]
+    methods = list(dict.fromkeys(m for (_, m, _) in cases))
+    for m in methods:
+        row = []
+        for p in presets:
+            for t in tokens:
+                rs = cases.get((p, m, t), [])
+                row.append(cell(min(rs, key=lambda r: r["ms_best"])) if rs else "")
+        out.append(f"| {m} | " + " | ".join(row) + " |")
+    return "\n".join(out)
+
+
+def compare(before, after):
+    b, a = by_case(before), by_case(after)
+    out = ["| preset | method | n | before ms (best of runs) | after ms | after / before |", "|---|---|---|---|---|---|"]
+    for key in sorted(b, key=lambda k: (k[0], list(dict.fromkeys(m for (_, m, _) in b)).index(k[1]), k[2])):
+        if key not in a:
+            continue
+        tb, ta = min(r["ms_best"] for r in b[key]), min(r["ms_best"] for r in a[key])
+        out.append(f"| {key[0]} | {key[1]} | {key[2]} | {tb:.2f} | {ta:.2f} | {ta / tb:.2f} |")
+    return "\n".join(out)
+
+
+def main(argv):
+    if not argv or argv[0] in ("-h", "--help"):
+        print(__doc__)
+        return 0
+    if argv[0] == "--summary":
+        print(summary(load(argv[1:])))
+    elif argv[0] == "--compare":
+        half = [p for p in argv[1:]]
+        if "--" in half:
+            i = half.index("--")
+            print(compare(load(half[:i]), load(half[i + 1:])))
+        else:
+            print(compare(load(half[:1]), load(half[1:2])))
+    else:
+        print(tables(load(argv)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
