@@ -25,29 +25,38 @@ def cell(r):
     return f"{r['ms_best']:.2f} ({ratio:.2f}{mark})"
 
 
-def machine(run):
-    m, roof = run["machine"], run["roofline"]
-    vnni = f", VNNI {roof['vnni_gops']:.0f} GOP/s" if roof.get("vnni_gops") else ""
+def machine(runs):
+    m = runs[0]["machine"]
+
+    def span(key, fmt):
+        vals = [r["roofline"][key] for r in runs if r["roofline"].get(key)]
+        if not vals:
+            return None
+        lo, hi = min(vals), max(vals)
+        return format(lo, fmt) if lo == hi else f"{lo:{fmt}}-{hi:{fmt}}"
+
+    vnni = span("vnni_gops", ".0f")
     return (
-        f"{m['cpu']}, {m['physical_cores']} cores, {m['numa_nodes']} NUMA node(s); roofline of the run: "
-        f"DRAM {roof['dram_gbps']:.1f} GB/s, FMA {roof['fma_gflops']:.0f} GFLOP/s, "
-        f"int8 (AVX2) {roof['int8_gops']:.0f} GOP/s{vnni}"
+        f"{m['cpu']}, {m['physical_cores']} cores, {m['numa_nodes']} NUMA node(s); best of {len(runs)} run(s), "
+        f"rooflines measured by them: DRAM {span('dram_gbps', '.1f')} GB/s, FMA {span('fma_gflops', '.0f')} "
+        f"GFLOP/s, int8 (AVX2) {span('int8_gops', '.0f')} GOP/s" + (f", VNNI {vnni} GOP/s" if vnni else "")
     )
 
 
-def by_case(runs):
-    """(preset, method, tokens) -> results of every run."""
+def by_case(runs, short=False):
+    """(preset, method, tokens) -> results of every run (`short`: "q4_K (down q5_0)" as q4_K)."""
     cases = defaultdict(list)
     for run in runs:
         for r in run["results"]:
-            cases[(r["preset"], r["method"], r["tokens"])].append(r)
+            method = r["method"].split(" (")[0] if short else r["method"]
+            cases[(r["preset"], method, r["tokens"])].append(r)
     return cases
 
 
 def tables(runs):
     cases = by_case(runs)
     tokens = sorted({t for (_, _, t) in cases})
-    out = [machine(runs[0]), ""]
+    out = [machine(runs), ""]
     for preset in sorted({p for (p, _, _) in cases}):
         methods = list(dict.fromkeys(m for (p, m, _) in cases if p == preset))
         out += [f"**{preset}** (threads {cases[(preset, methods[0], tokens[0])][0]['threads']})", ""]
@@ -62,7 +71,7 @@ def tables(runs):
 
 
 def summary(runs):
-    cases = by_case(runs)
+    cases = by_case(runs, short=True)
     presets = sorted({p for (p, _, _) in cases})
     tokens = sorted({t for (_, _, t) in cases})
     head = [f"{p} n={t}" for p in presets for t in tokens]

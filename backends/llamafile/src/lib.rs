@@ -72,6 +72,7 @@ mod imp {
     use kt_core::mat::MatMut;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
     use kt_x86::swiglu::swiglu_row;
+    use kt_x86::tiles::row_blocks;
 
     use crate::kernels::{dots, gemv, Packed, Scratch, R};
     use crate::vnni::{self, Vnni};
@@ -170,8 +171,8 @@ mod imp {
         scratch: &mut Scratch,
         mut emit: impl FnMut(usize, usize, &[[f32; R]], &mut Scratch),
     ) {
-        for r0 in rows.clone().step_by(R) {
-            let nr = R.min(rows.end - r0);
+        for tile in row_blocks(rows.clone(), R) {
+            let (r0, nr) = (tile.start, tile.len());
             // SAFETY: selected only where cpu_support passed (AVX2, FMA, F16C), VNNI where
             // detected; act was prepared by quantize_act for this matrix's type with n tokens.
             unsafe { dots(w, r0, nr, act, n, out, scratch) };
@@ -258,9 +259,9 @@ mod imp {
             }
             // CHUNK rows at a time: gate and up for every token, token-major, then SwiGLU 16
             // lanes at a time (the last chunk's rows, fewer than 16, by the scalar definition).
-            for c0 in rows.clone().step_by(CHUNK) {
-                let c1 = (c0 + CHUNK).min(rows.end);
-                for_tiles(g, &(c0..c1), act_gate, n, out, tile, |r0, k, gt, tile| {
+            for chunk in row_blocks(rows.clone(), CHUNK) {
+                let (c0, c1) = (chunk.start, chunk.end);
+                for_tiles(g, &chunk, act_gate, n, out, tile, |r0, k, gt, tile| {
                     // SAFETY: as in for_tiles.
                     unsafe { dots(u, r0, k, act_up, n, ut, tile) };
                     for t in 0..n {

@@ -1,6 +1,7 @@
 //! The walk that hands a task's rows to a kernel: rows `rows` of a matrix cut at multiples of
 //! the kernel's row tile, each tile with the rows of it the task owns (the first and last may
-//! be partial when the task's range does not start or end on a tile boundary).
+//! be partial when the task's range does not start or end on a tile boundary), or cut into
+//! tiles from the task's first row; and a forward's tokens in runs a kernel takes at once.
 #![forbid(unsafe_code)]
 
 use core::ops::Range;
@@ -29,6 +30,13 @@ pub fn row_tiles(rows: Range<usize>, tile: usize) -> impl Iterator<Item = RowTil
         .map(move |index| RowTile { index, rows: (index * tile).max(rows.start)..((index + 1) * tile).min(rows.end) })
 }
 
+/// Rows `rows` cut into blocks of `tile` rows counted from `rows.start` (the last may be
+/// shorter): for kernels whose tiles need not start at multiples of the tile.
+pub fn row_blocks(rows: Range<usize>, tile: usize) -> impl Iterator<Item = Range<usize>> {
+    let tile = tile.max(1);
+    rows.clone().step_by(tile).map(move |r0| r0..(r0 + tile).min(rows.end))
+}
+
 /// `(first, count)` of each run of at most `max` tokens out of `n`.
 pub fn token_tiles(n: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
     let max = max.max(1);
@@ -53,6 +61,9 @@ mod tests {
             }
             assert_eq!(next, rows.end.max(rows.start), "{rows:?}/{tile}");
         }
+        let b: Vec<_> = row_blocks(5..16, 4).collect();
+        assert_eq!(b, [5..9, 9..13, 13..16]);
+        assert_eq!(row_blocks(3..3, 4).count(), 0);
         let t: Vec<_> = token_tiles(13, 6).collect();
         assert_eq!(t, [(0, 6), (6, 6), (12, 1)]);
         assert_eq!(token_tiles(0, 6).count(), 0);
