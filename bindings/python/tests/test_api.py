@@ -18,11 +18,13 @@ KT_SIGNATURE = [
     ("num_experts_per_tok", inspect.Parameter.empty),
     ("hidden_size", inspect.Parameter.empty),
     ("moe_intermediate_size", inspect.Parameter.empty),
-    ("gpu_experts_mask", inspect.Parameter.empty),
-    ("cpuinfer_threads", inspect.Parameter.empty),
-    ("threadpool_count", inspect.Parameter.empty),
-    ("weight_path", inspect.Parameter.empty),
-    ("chunked_prefill_size", inspect.Parameter.empty),
+    # KT makes these required; upstream SGLang passes num_gpu_experts instead of the mask, so
+    # they default to None here (a missing thread or chunk size is still a TypeError).
+    ("gpu_experts_mask", None),
+    ("cpuinfer_threads", None),
+    ("threadpool_count", None),
+    ("weight_path", None),
+    ("chunked_prefill_size", None),
     ("cpu_save", False),
     ("max_deferred_experts_per_token", None),
     ("method", "AMXINT4"),
@@ -114,6 +116,33 @@ def test_bad_constructor_arguments(kwargs, exc, needle):
     args.update(kwargs)
     with pytest.raises(exc, match=needle):
         KTMoEWrapper(**args)
+
+
+def _args(**kw):
+    args = dict(layer_idx=0, num_experts=8, num_experts_per_tok=2, hidden_size=256, moe_intermediate_size=512,
+                cpuinfer_threads=2, threadpool_count=2, weight_path="/nonexistent", chunked_prefill_size=16,
+                method="BF16")
+    args.update(kw)
+    return args
+
+
+def test_upstream_sglang_passes_num_gpu_experts_without_a_mask():
+    """Upstream SGLang: num_gpu_experts=N and no gpu_experts_mask puts experts 0..N-1 on the GPU;
+    KT's fork passes the mask; neither puts every expert on the CPU."""
+    w = KTMoEWrapper(**_args(num_gpu_experts=3))
+    assert w.gpu_experts_mask.tolist() == [True] * 3 + [False] * 5
+    assert w.num_gpu_experts == 3
+    assert not KTMoEWrapper(**_args()).gpu_experts_mask.any()
+    mask = np.zeros(8, bool)
+    mask[[1, 5]] = True
+    both = KTMoEWrapper(**_args(gpu_experts_mask=mask, num_gpu_experts=2))
+    assert both.gpu_experts_mask.tolist() == mask.tolist()
+    with pytest.raises(ValueError, match="puts 2 experts on the GPU but num_gpu_experts is 3"):
+        KTMoEWrapper(**_args(gpu_experts_mask=mask, num_gpu_experts=3))
+    with pytest.raises(ValueError, match="num_gpu_experts must be between 0 and num_experts"):
+        KTMoEWrapper(**_args(num_gpu_experts=9))
+    with pytest.raises(TypeError, match="cpuinfer_threads"):
+        KTMoEWrapper(**_args(cpuinfer_threads=None))
 
 
 def test_capture_sizes_round_trip():

@@ -79,6 +79,24 @@ def test_mask_is_read_live(weights):
     assert not w.forward(x, ids, ws).any(), "every expert on the GPU: the CPU adds exactly 0"
 
 
+def test_num_gpu_experts_skips_the_same_experts_as_the_mask(weights):
+    """Upstream SGLang's num_gpu_experts=3 and KT's fork's mask of experts 0-2 compute the same."""
+    from kt_kernel import KTMoEWrapper
+
+    common = dict(layer_idx=0, num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I,
+                  cpuinfer_threads=2, threadpool_count=2, weight_path="/nonexistent", chunked_prefill_size=16,
+                  method="BF16")
+    by_count = KTMoEWrapper(num_gpu_experts=3, **common)
+    by_mask = KTMoEWrapper(gpu_experts_mask=np.arange(E) < 3, **common)
+    for w in (by_count, by_mask):
+        w.load_weights_from_tensors(*weights)
+    x = np.random.default_rng(3).standard_normal((4, H)).astype(np.float32)
+    ids, ws = routing(4, K, E, 3)
+    out = by_count.forward(x, ids, ws)
+    np.testing.assert_array_equal(out, by_mask.forward(x, ids, ws))
+    assert rel_err(out, moe_reference(x, ids, ws, *weights, mask=np.arange(E) < 3)) < 0.01
+
+
 def test_physical_to_logical_map(weights):
     w = make(method="AMXINT8")
     m = np.arange(E, dtype=np.int64)[::-1].copy()

@@ -46,6 +46,29 @@ SFT_METHODS = frozenset(
 WORKING_METHODS = frozenset({"AMXINT4", "AMXINT8", "RAWINT4", "FP8", "BF16", "FP8_PERCHANNEL", "GPTQ_INT4", "LLAMAFILE"})
 
 
+def _gpu_mask(mask, num_gpu_experts, num_experts):
+    """The GPU-resident experts, given either way SGLang gives them: KT's fork passes
+    ``gpu_experts_mask`` (``[E]`` bool), upstream SGLang passes ``num_gpu_experts`` (the experts
+    with ids below it stay on the GPU) and no mask; neither means every expert on the CPU. Both
+    are accepted when they agree on how many experts the GPU holds."""
+    n = int(num_gpu_experts or 0)
+    if not 0 <= n <= int(num_experts):
+        raise ValueError(f"num_gpu_experts must be between 0 and num_experts ({num_experts}), got {num_gpu_experts}")
+    if mask is None:
+        if n == 0:
+            return None
+        m = np.zeros(int(num_experts), dtype=bool)
+        m[:n] = True
+        return m
+    on_gpu = int(mask.bool().sum()) if T.is_torch(mask) else int(np.asarray(T.host(mask)).astype(bool).sum())
+    if n and on_gpu != n:
+        raise ValueError(
+            f"gpu_experts_mask puts {on_gpu} experts on the GPU but num_gpu_experts is {n}: pass one of "
+            "them (num_gpu_experts puts experts 0..n-1 on the GPU), or both in agreement"
+        )
+    return mask
+
+
 class KTMoEWrapper:
     """Factory: ``KTMoEWrapper(...)`` returns the backend object for ``method`` (as KT's does,
     ``isinstance(w, KTMoEWrapper)`` is False)."""
@@ -57,11 +80,11 @@ class KTMoEWrapper:
         num_experts_per_tok,
         hidden_size,
         moe_intermediate_size,
-        gpu_experts_mask,
-        cpuinfer_threads,
-        threadpool_count,
-        weight_path,
-        chunked_prefill_size,
+        gpu_experts_mask=None,
+        cpuinfer_threads=None,
+        threadpool_count=None,
+        weight_path=None,
+        chunked_prefill_size=None,
         cpu_save=False,
         max_deferred_experts_per_token=None,
         method="AMXINT4",
@@ -88,6 +111,14 @@ class KTMoEWrapper:
                 f"swiglu_limit/swiglu_alpha are only supported for MXFP4/MXFP8 inference, got method={method!r} "
                 f"swiglu_limit={swiglu_limit} swiglu_alpha={swiglu_alpha}"
             )
+        for name, v in [
+            ("cpuinfer_threads", cpuinfer_threads),
+            ("threadpool_count", threadpool_count),
+            ("chunked_prefill_size", chunked_prefill_size),
+        ]:
+            if v is None:
+                raise TypeError(f"KTMoEWrapper() missing required argument: {name!r}")
+        gpu_experts_mask = _gpu_mask(gpu_experts_mask, num_gpu_experts, num_experts)
         if mode == "sft":
             raise NotImplementedError("kt_kernel (kt-kernel-rs): SFT mode is not implemented")
         if method not in WORKING_METHODS:
