@@ -217,7 +217,7 @@ pub struct Workspace {
     y: Vec<f32>,
     out_parts: Vec<f32>,
     ident: Vec<u32>,
-    /// The workers' scratch, [`Workspace::scratch_stride`] bytes each.
+    /// The workers' scratch, one block each of what `Backend::scratch_bytes` asks for.
     scratch: AlignedBuf,
     /// Per active expert, where its gate and its up activations are in `act_x`.
     x_blocks: Vec<[Range<usize>; 2]>,
@@ -283,7 +283,6 @@ pub fn forward(
         return Err(Error::ShapeMismatch { what: "output", expected: n * hd, found: out.len() });
     }
     ws.part_rows.clear();
-    ws.part_rows.reserve(w.parts.len());
     ws.part_rows.extend(w.parts.iter().map(|p| p.range.len()));
     let (gran_i, gran_h) = (backend.row_granularity(gate_fmt), backend.row_granularity(down_fmt));
     ws.plan.rebuild(cfg, routing, &ws.part_rows, gran_i, gran_h, target_tasks(exec.workers()))?;
@@ -317,7 +316,6 @@ pub fn forward(
         part_rows.iter().flat_map(|&ip| plan.experts.iter().map(move |a| backend.act_bytes(down_fmt, a.rows, ip))),
     );
     ws.h_base.clear();
-    ws.h_base.reserve(parts);
     ws.h_base.extend(part_rows.iter().scan(0, |at, &ip| Some(core::mem::replace(at, *at + rows_total * ip))));
     // Buffers are sized by bounds that depend on the token count, not on how the tokens are
     // routed, so a forward after one of at least as many tokens allocates nothing. Blocks of

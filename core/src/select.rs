@@ -102,13 +102,12 @@ pub fn check_serves(
     registry: &[&'static dyn Backend],
     shapes: &[(WeightFormat, usize, usize)],
 ) -> Result<(), Error> {
-    match shapes.iter().find(|&&(f, r, c)| !b.serves(f, r, c)) {
-        None if b.cpu_support().is_ok() => Ok(()),
-        None => Err(Error::VariantUnavailable {
-            variant: b.name().into(),
-            reason: format!("this CPU lacks {}", b.cpu_support().err().unwrap_or("a feature")),
-        }),
-        Some(&(format, ..)) => Err(Error::FormatNotServed {
+    match (shapes.iter().find(|&&(f, r, c)| !b.serves(f, r, c)), b.cpu_support()) {
+        (None, Ok(())) => Ok(()),
+        (None, Err(missing)) => {
+            Err(Error::VariantUnavailable { variant: b.name().into(), reason: format!("this CPU lacks {missing}") })
+        }
+        (Some(&(format, ..)), _) => Err(Error::FormatNotServed {
             backend: b.name(),
             chosen_by: chosen_by.into(),
             format,

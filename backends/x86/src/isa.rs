@@ -38,7 +38,7 @@ pub fn avx2_fma() -> Result<(), &'static str> {
 }
 
 /// AVX-VNNI: CPUID.(7,1):EAX bit 4 (and the AVX state enabled, which AVX2 already needs).
-fn has_avx_vnni() -> bool {
+pub(crate) fn has_avx_vnni() -> bool {
     use std::arch::x86_64::{__cpuid, __cpuid_count};
     __cpuid(0).eax >= 7 && __cpuid_count(7, 1).eax & (1 << 4) != 0 && is_x86_feature_detected!("avx2")
 }

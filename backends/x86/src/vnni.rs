@@ -31,7 +31,7 @@ pub fn detect() -> Option<Vnni> {
             && is_x86_feature_detected!("avx512vnni")
         {
             Some(Vnni::Evex)
-        } else if is_x86_feature_detected!("avxvnni") {
+        } else if crate::isa::has_avx_vnni() {
             Some(Vnni::Vex)
         } else {
             None

@@ -71,9 +71,9 @@ pub struct BenchSpec {
     pub threads: usize,
     /// Let workers use SMT siblings once the physical cores are taken.
     pub smt: bool,
-    /// Real weights (a Hugging Face or KT-converted checkpoint) instead of synthetic ones;
-    /// `cfg` must be its shape.
-    pub weights: Option<std::path::PathBuf>,
+    /// Real weights (a Hugging Face or KT-converted checkpoint, or a GGUF model), opened once
+    /// for every method, instead of synthetic ones; `cfg` must be its shape.
+    pub weights: Option<std::sync::Arc<WeightSource>>,
     /// Distinct layers rotated; `None` = enough to exceed 2× the L3 size.
     pub layers: Option<usize>,
     /// Seed of weights, inputs and routing.
@@ -329,12 +329,12 @@ fn run_method(
         "{spinner} generating {msg} weights [{bar:30}] {pos}/{len} expert slices ({elapsed})",
     );
     pb.set_message(method.to_string());
-    let source = spec.weights.as_deref().map(WeightSource::open).transpose()?;
+    let source = spec.weights.as_deref();
     // A checkpoint's MoE layers, in order (layer l of the run is the l-th of them).
-    let moe_layers = source.as_ref().map_or_else(Vec::new, WeightSource::moe_layers);
+    let moe_layers = source.map_or_else(Vec::new, WeightSource::moe_layers);
     let layers = if source.is_some() { layers.min(moe_layers.len()) } else { layers };
     let build = |l: usize, opts: &LayerOptions| -> Result<MoeLayer, BenchError> {
-        if let Some(src) = &source {
+        if let Some(src) = source {
             // GGUF runs in its own types; other checkpoints in the method asked for.
             let m = (!matches!(src, WeightSource::Gguf(_))).then_some(method.gate);
             return Ok(src.load_layer(moe_layers[l], m, cfg, Slots::default(), opts)?);

@@ -8,6 +8,7 @@ use kt_host::bench::{self, BenchSpec};
 use kt_host::cpu::CpuInfo;
 use kt_host::placement::{cpulist, PoolConfig};
 use kt_host::registry;
+use kt_host::source::WeightSource;
 use kt_host::topology::{Source, Topology};
 
 #[derive(Parser)]
@@ -218,22 +219,22 @@ fn info(pool: &PoolArgs) -> ExitCode {
 /// The formats `b` serves, and which of them run on VNNI here.
 fn served(b: &dyn kt_core::Backend) -> String {
     use kt_core::backend::Instructions;
-    let ggml: Vec<WeightFormat> = kt_core::ggml::GgmlType::ALL.iter().map(|&t| WeightFormat::Ggml(t)).collect();
     // Shapes every format can take: rows and columns a multiple of any block.
-    let serves = |f: WeightFormat| b.serves(f, 256, 4096);
-    let ours: Vec<WeightFormat> = WeightFormat::ALL.into_iter().filter(|&f| serves(f)).collect();
-    let ggml_n = ggml.iter().filter(|&&f| serves(f)).count();
+    let serves = |f: &WeightFormat| b.serves(*f, 256, 4096);
+    let ours: Vec<WeightFormat> = WeightFormat::ALL.into_iter().filter(serves).collect();
+    let ggml: Vec<WeightFormat> =
+        kt_core::ggml::GgmlType::ALL.iter().map(|&t| WeightFormat::Ggml(t)).filter(serves).collect();
     let mut parts: Vec<String> = Vec::new();
     if !ours.is_empty() {
         parts.push(ours.iter().map(|f| f.to_string()).collect::<Vec<_>>().join(", "));
     }
-    if ggml_n > 0 {
-        parts.push(format!("{ggml_n} GGML types"));
+    if !ggml.is_empty() {
+        parts.push(format!("{} GGML types", ggml.len()));
     }
     let on_vnni: Vec<String> = ours
         .iter()
         .chain(&ggml)
-        .filter(|&&f| serves(f) && b.instructions(f) == Instructions::Int8Vnni)
+        .filter(|f| b.instructions(**f) == Instructions::Int8Vnni)
         .map(|f| f.to_string())
         .collect();
     let mut s = parts.join(" and ");
@@ -241,12 +242,6 @@ fn served(b: &dyn kt_core::Backend) -> String {
         s += &format!(" (on VNNI: {})", on_vnni.join(", "));
     }
     s
-}
-
-/// The MoE shape of `--weights` and, for GGUF, the types of its first MoE layer.
-fn weights_shape(w: &std::path::Path) -> Result<(MoeConfig, Option<LayerFormat>), String> {
-    let source = kt_host::source::WeightSource::open(w).map_err(|e| e.to_string())?;
-    Ok((source.moe_config().map_err(|e| e.to_string())?, source.own_format().map_err(|e| e.to_string())?))
 }
 
 fn run_bench(a: BenchArgs) -> ExitCode {
@@ -276,11 +271,15 @@ fn run_bench(a: BenchArgs) -> ExitCode {
         return usage("--min-time must be a non-negative number of seconds");
     }
     let mut p = p;
+    let mut source = None;
     if let Some(w) = &a.weights {
-        let (mc, gguf_format) = match weights_shape(w) {
+        // Opened once: its shape here, its layers for every method of the run.
+        let opened = WeightSource::open(w).and_then(|src| Ok((src.moe_config()?, src.own_format()?, src)));
+        let (mc, gguf_format, src) = match opened {
             Ok(x) => x,
             Err(e) => return usage(e),
         };
+        source = Some(std::sync::Arc::new(src));
         p = bench::Preset {
             name: "checkpoint",
             hidden: mc.hidden,
@@ -337,7 +336,7 @@ fn run_bench(a: BenchArgs) -> ExitCode {
         tokens: a.tokens,
         threads: pool.threads(),
         smt: pool.smt,
-        weights: a.weights.clone(),
+        weights: source,
         layers: a.layers,
         seed: a.seed,
         min_seconds: a.min_time,
