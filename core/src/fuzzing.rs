@@ -6,7 +6,7 @@ use alloc::vec::Vec;
 
 use half::bf16;
 
-use crate::forward::{forward, Workspace};
+use crate::forward::{forward, LayerWeights, Workspace};
 use crate::reference::REFERENCE;
 use crate::testing::{build_layer, random_experts};
 use crate::{MoeConfig, QuantMatrix, Routing, SerialExecutor, WeightFormat};
@@ -34,15 +34,40 @@ pub fn quantize(mut data: &[u8]) {
     let _ = QuantMatrix::from_parts(format, rows, cols, data.to_vec(), vals);
 }
 
+/// One tiny reference layer per format, built once per fuzzing process (building them per
+/// input made the target a hundred times slower).
+pub struct RoutingLayers(Vec<(MoeConfig, LayerWeights)>);
+
+impl RoutingLayers {
+    /// Build every format's layer.
+    pub fn new() -> Self {
+        RoutingLayers(
+            WeightFormat::ALL
+                .iter()
+                .map(|&format| {
+                    // The smallest shapes the format allows keep each run fast.
+                    let h = format.col_multiple().max(8);
+                    let cfg = MoeConfig { max_tokens: 8, ..MoeConfig::new(5, 2, h, 2 * h) };
+                    let layer = build_layer(&REFERENCE, &cfg, format, &random_experts(&cfg, 1));
+                    (cfg, layer)
+                })
+                .collect(),
+        )
+    }
+}
+
+impl Default for RoutingLayers {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 /// Arbitrary routing (ids, weights, masks, token counts, k) into a tiny reference layer:
 /// validation errors are fine, panics are not.
-pub fn routing(mut data: &[u8]) {
+pub fn routing(layers: &RoutingLayers, mut data: &[u8]) {
     let [n, k, m, fmt] = take::<4>(&mut data);
-    let format = WeightFormat::ALL[usize::from(fmt) % WeightFormat::ALL.len()];
-    // The smallest shapes the format allows keep each run fast.
-    let h = format.col_multiple().max(8);
-    let cfg = MoeConfig { max_tokens: 8, ..MoeConfig::new(5, 2, h, 2 * h) };
-    let layer = build_layer(&REFERENCE, &cfg, format, &random_experts(&cfg, 1));
+    let (cfg, layer) = &layers.0[usize::from(fmt) % layers.0.len()];
+    let h = cfg.hidden;
     let tokens = usize::from(n % 10);
     let k = usize::from(k % 4);
     let ids: Vec<i64> = data.iter().take(tokens * k + usize::from(m & 1)).map(|&b| i64::from(b as i8) % 7).collect();
@@ -52,5 +77,5 @@ pub fn routing(mut data: &[u8]) {
     let r = Routing { tokens, k, ids: &ids, weights: &weights, gpu_mask: (m & 2 != 0).then_some(&mask[..]) };
     let input = alloc::vec![bf16::from_f32(0.5); tokens * h];
     let mut out = alloc::vec![bf16::ZERO; tokens * h];
-    let _ = forward(&SerialExecutor, &cfg, &layer, &input, &r, &mut out, &mut Workspace::default());
+    let _ = forward(&SerialExecutor, cfg, layer, &input, &r, &mut out, &mut Workspace::default());
 }

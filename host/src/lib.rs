@@ -26,6 +26,7 @@ pub mod registry;
 pub mod slots;
 pub mod source;
 mod sync;
+pub mod tmpfile;
 pub mod topology;
 pub mod weights;
 

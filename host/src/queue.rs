@@ -1,6 +1,7 @@
 //! The asynchronous task queue of KT's `CPUInfer`: one queue thread runs submitted tasks in
-//! FIFO order; `submit` returns at once; `sync(allow_pending)` waits until at most that many
-//! tasks are left; the first error or panic of a task since the last `sync` is returned by it,
+//! FIFO order; `submit` returns at once with the task's ticket; `sync(allow_pending)` waits
+//! until at most that many tasks are left, `sync_until(ticket)` until that task and every one
+//! before it ran (what a caller sharing the queue with other threads waits for); the first error or panic of a task since the last `sync` is returned by it,
 //! and the queue stays usable. Dropping the queue runs what is queued, then joins its thread.
 //!
 //! All synchronisation goes through the crate's `sync` module, so loom model-checks it (tests/loom.rs).
@@ -38,6 +39,8 @@ struct State {
     tasks: VecDeque<Task>,
     /// Queued plus running.
     pending: usize,
+    /// Tasks submitted so far (the last ticket handed out).
+    submitted: u64,
     error: Option<TaskError>,
     shutdown: bool,
 }
@@ -70,7 +73,7 @@ impl TaskQueue {
     /// A queue and its thread.
     pub fn new() -> Self {
         let inner = Arc::new(Inner {
-            state: Mutex::new(State { tasks: VecDeque::new(), pending: 0, error: None, shutdown: false }),
+            state: Mutex::new(State { tasks: VecDeque::new(), pending: 0, submitted: 0, error: None, shutdown: false }),
             work: Condvar::new(),
             done: Condvar::new(),
         });
@@ -79,13 +82,17 @@ impl TaskQueue {
         TaskQueue { inner, thread: Some(thread) }
     }
 
-    /// Queue `task` behind every task submitted before it; returns at once.
-    pub fn submit(&self, task: Task) {
+    /// Queue `task` behind every task submitted before it; returns at once with its ticket
+    /// (1, 2, ... in submission order).
+    pub fn submit(&self, task: Task) -> u64 {
         let mut s = lock(&self.inner.state);
         s.tasks.push_back(task);
         s.pending += 1;
+        s.submitted += 1;
+        let ticket = s.submitted;
         drop(s);
         self.inner.work.notify_one();
+        ticket
     }
 
     /// Wait until at most `allow_pending` tasks are queued or running, then return the first
@@ -93,6 +100,17 @@ impl TaskQueue {
     pub fn sync(&self, allow_pending: usize) -> Result<(), TaskError> {
         let mut s = lock(&self.inner.state);
         while s.pending > allow_pending {
+            s = wait(&self.inner.done, s);
+        }
+        s.error.take().map_or(Ok(()), Err)
+    }
+
+    /// Wait until the task with this ticket (and so, FIFO, every task before it) has run, then
+    /// return the first error since the last sync (clearing it; it may be another caller's).
+    pub fn sync_until(&self, ticket: u64) -> Result<(), TaskError> {
+        let mut s = lock(&self.inner.state);
+        // Done = submitted minus pending, since tasks finish in submission order.
+        while s.submitted - (s.pending as u64) < ticket {
             s = wait(&self.inner.done, s);
         }
         s.error.take().map_or(Ok(()), Err)
@@ -189,7 +207,8 @@ mod tests {
     #[test]
     fn stress_two_producers_with_panics() {
         // Thousands of submits from two threads, random sizes, injected panics: every task runs
-        // exactly once, in per-producer order, and no sync deadlocks.
+        // exactly once, in per-producer order, no sync deadlocks, and `sync_until` returns
+        // only once its task ran.
         let q = std::sync::Arc::new(TaskQueue::new());
         let ran = std::sync::Arc::new(AtomicUsize::new(0));
         let order: std::sync::Arc<[std::sync::Mutex<Vec<usize>>; 2]> = std::sync::Arc::new(Default::default());
@@ -200,20 +219,26 @@ mod tests {
                     let mut r = kt_core::rng::SplitMix64::new(p as u64);
                     let mut errors = 0;
                     for i in 0..3000 {
-                        let (ran, order) = (ran.clone(), order.clone());
+                        let (ran, mine) = (ran.clone(), order.clone());
                         let spin = r.below(200);
                         let fail = r.below(50) == 0;
-                        q.submit(Box::new(move || {
+                        let ticket = q.submit(Box::new(move || {
                             (0..spin).for_each(|x| {
                                 std::hint::black_box(x);
                             });
-                            order[p].lock().unwrap().push(i);
+                            mine[p].lock().unwrap().push(i);
                             ran.fetch_add(1, Ordering::Relaxed);
                             assert!(!fail, "injected");
                             Ok(())
                         }));
                         if i % 97 == 0 && q.sync(r.below(4)).is_err() {
                             errors += 1;
+                        }
+                        // Waiting for its own ticket, a producer sees its task done, whatever
+                        // the other one queued meanwhile.
+                        if i % 89 == 0 {
+                            let _ = q.sync_until(ticket);
+                            assert!(order[p].lock().unwrap().len() > i);
                         }
                     }
                     errors

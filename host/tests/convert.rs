@@ -96,7 +96,9 @@ fn convert_sizes_resume_and_load() {
     let layers = write_checkpoint(&input);
 
     // Uninterrupted run.
+    let started = std::time::Instant::now();
     let (code, stdout, err) = convert(&input, &out_a, "int8", &[]);
+    let run_ms = started.elapsed().as_millis() as u64;
     assert_eq!(code, Some(0), "{err}");
     assert!(stdout.contains("2 layer(s) written, 0 already complete"), "{stdout}");
     let names: Vec<String> = files(&out_a).into_iter().map(|(n, _)| n).collect();
@@ -134,11 +136,22 @@ fn convert_sizes_resume_and_load() {
     assert_eq!(code, Some(2));
     assert!(err.contains("converted for 2 NUMA part(s) but 1 requested"), "{err}");
 
-    // Killed (SIGKILL) at several points, then rerun: whatever the kill left, the rerun keeps
-    // only complete layers and ends with the uninterrupted run's files, byte for byte. (A kill
-    // that comes after the run finished leaves nothing to redo; the check holds all the same.)
-    for delay_ms in [0u64, 5, 20, 60] {
-        let out = PathBuf::from(format!("{}-{delay_ms}", out_b.display()));
+    // Killed (SIGKILL) at random points of a run (the seed printed, to replay a failure), then
+    // rerun: every file the kill left under a final name is already complete (byte for byte the
+    // uninterrupted run's), and the rerun keeps only complete layers and ends with the
+    // uninterrupted run's files. (A kill after the run finished leaves nothing to redo.)
+    let seed = std::env::var("KT_TEST_SEED").ok().and_then(|s| s.parse().ok()).unwrap_or_else(|| {
+        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap().as_nanos() as u64 | 1
+    });
+    println!("kill points: KT_TEST_SEED={seed}, uninterrupted run {run_ms} ms");
+    let mut rng = seed;
+    let reference = files(&out_a);
+    for run in 0..6 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let delay_ms = rng % (run_ms + run_ms / 4 + 1);
+        let out = PathBuf::from(format!("{}-{run}", out_b.display()));
         let _ = std::fs::remove_dir_all(&out);
         let (i, o) = (input.to_str().unwrap(), out.to_str().unwrap());
         let mut child = Command::new(env!("CARGO_BIN_EXE_kt"))
@@ -150,11 +163,16 @@ fn convert_sizes_resume_and_load() {
         std::thread::sleep(std::time::Duration::from_millis(delay_ms));
         let _ = child.kill();
         let _ = child.wait();
+        if out.exists() {
+            for (name, bytes) in files(&out).into_iter().filter(|(n, _)| !n.ends_with(".tmp")) {
+                let want = reference.iter().find(|(n, _)| *n == name).map(|(_, b)| b);
+                assert!(want == Some(&bytes), "killed after {delay_ms} ms: {name} is incomplete");
+            }
+        }
         let (code, stdout, err) = convert(&input, &out, "int8", &[]);
         assert_eq!(code, Some(0), "{err}");
         assert!(stdout.contains("already complete"), "{stdout}");
-        let b: Vec<_> = files(&out).into_iter().filter(|(n, _)| !n.ends_with(".tmp")).collect();
-        assert_eq!(files(&out_a), b, "killed after {delay_ms} ms");
+        assert!(reference == files(&out), "killed after {delay_ms} ms: the rerun's files differ (or a .tmp is left)");
         std::fs::remove_dir_all(&out).unwrap();
     }
 
@@ -223,6 +241,112 @@ fn convert_sizes_resume_and_load() {
     }
 
     for d in [&input, &out_a, &out_c] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+/// Runs `script` with `sh` in a private mount namespace (root only) with `$OUT` a fresh tmpfs of
+/// `size`, `$KT` the binary and `$IN`/`$REF` the given directories; `None` (and a line saying
+/// why) where mount namespaces are not allowed.
+fn in_tmpfs(size: &str, input: &Path, reference: &Path, script: &str) -> Option<(String, String)> {
+    let mnt = tmp(&format!("mnt-{size}"));
+    std::fs::create_dir_all(&mnt).unwrap();
+    let full = format!("mount -t tmpfs -o size={size} tmpfs \"$OUT\" || exit 99\n{script}");
+    let out = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &full])
+        .env("OUT", &mnt)
+        .env("KT", env!("CARGO_BIN_EXE_kt"))
+        .env("IN", input)
+        .env("REF", reference)
+        .output();
+    let _ = std::fs::remove_dir_all(&mnt);
+    match out {
+        Ok(o) if o.status.code() != Some(99) && o.status.code() != Some(1) || o.status.success() => {
+            Some((String::from_utf8_lossy(&o.stdout).into(), String::from_utf8_lossy(&o.stderr).into()))
+        }
+        Ok(o) => {
+            println!("skipped: no private tmpfs here ({})", String::from_utf8_lossy(&o.stderr).trim());
+            None
+        }
+        Err(e) => {
+            println!("skipped: unshare not runnable here ({e})");
+            None
+        }
+    }
+}
+
+#[test]
+fn full_disk_and_read_only_output_are_one_error_and_leave_no_partial_file() {
+    let (input, reference) = (tmp("fault-in"), tmp("fault-ref"));
+    write_checkpoint(&input);
+    assert_eq!(convert(&input, &reference, "int8", &[]).0, Some(0));
+    let run = r#"$KT convert --input "$IN" --output "$OUT/m" --method int8 --parts 2 --threads 2 > /dev/null"#;
+    let list = r#"echo "rc=$?"; (cd "$OUT/m" && find . -type f | sort)"#;
+
+    // A disk with room for the first layer's file only: one error naming the file and the
+    // cause, nothing partial left; with room again, the rerun completes the same files.
+    let script = format!(
+        "{run}\n{list}\nmount -o remount,size=8m \"$OUT\"\n{run}\necho \"rc=$?\"\n\
+         for f in \"$REF\"/*; do cmp -s \"$f\" \"$OUT/m/${{f##*/}}\" || echo \"differs: $f\"; done\n\
+         echo files=$(ls \"$OUT/m\" | wc -l)"
+    );
+    let Some((out, err)) = in_tmpfs("600k", &input, &reference, &script) else { return };
+    let mut lines = out.lines();
+    assert_eq!(lines.next(), Some("rc=2"), "{out}{err}");
+    let left: Vec<&str> = lines.by_ref().take_while(|l| !l.starts_with("rc=")).collect();
+    assert_eq!(left, ["./model-00001-of-00003.safetensors"], "{out}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("model-00002-of-00003.safetensors") && err.contains("No space left on device"), "{err}");
+    assert!(out.ends_with("files=6\n") && !out.contains("differs") && out.contains("rc=0"), "{out}");
+
+    // A read-only output directory: one error naming it, nothing written.
+    let script = format!("mkdir \"$OUT/m\"\nmount -o remount,ro \"$OUT\"\n{run}\n{list}");
+    let Some((out, err)) = in_tmpfs("1m", &input, &reference, &script) else { return };
+    assert_eq!(out, "rc=2\n", "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("/m/model-00001-of-00003.safetensors") && err.contains("Read-only file system"), "{err}");
+    for d in [&input, &reference] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
+}
+
+#[test]
+fn truncated_or_corrupted_converted_files_are_refused_naming_file_and_tensor() {
+    let (input, out) = (tmp("trunc-in"), tmp("trunc-out"));
+    write_checkpoint(&input);
+    assert_eq!(convert(&input, &out, "int8", &[]).0, Some(0));
+    let shard = out.join("model-00002-of-00003.safetensors");
+    let good = std::fs::read(&shard).unwrap();
+    let load = || {
+        let cfg = MoeConfig { parts: 2, max_tokens: 8, ..MoeConfig::new(E, 2, H, I) };
+        let opts = LayerOptions { backend: Some(&REFERENCE), ..LayerOptions::threads(1) };
+        Checkpoint::open(&out)
+            .and_then(|ck| load_kt_layer(&ck, 2, WeightFormat::Int8Row, &cfg, Slots::default(), &opts))
+            .map(|_| ())
+            .unwrap_err()
+            .to_string()
+    };
+    let header = u64::from_le_bytes(good[..8].try_into().unwrap()) as usize + 8;
+    for cut in [good.len() - 1, header + (good.len() - header) / 2, header + 1] {
+        std::fs::write(&shard, &good[..cut]).unwrap();
+        let e = load();
+        assert!(
+            e.contains(shard.to_str().unwrap()) && e.contains("tensor blk.2.ffn_") && e.contains("truncated"),
+            "{e}"
+        );
+    }
+    // Cut inside the header, and a header whose offsets were overwritten: the file named, and
+    // the tensor where the parser names one.
+    std::fs::write(&shard, &good[..header / 2]).unwrap();
+    assert!(load().contains(shard.to_str().unwrap()), "{}", load());
+    let text = String::from_utf8_lossy(&good[8..header]).into_owned();
+    let first = text.find("\"data_offsets\":[0,").unwrap();
+    let mut bad = good.clone();
+    bad[8 + first + 18] = b'9';
+    std::fs::write(&shard, &bad).unwrap();
+    let e = load();
+    assert!(e.contains(shard.to_str().unwrap()) && e.contains("blk.2.ffn_"), "{e}");
+    for d in [&input, &out] {
         std::fs::remove_dir_all(d).unwrap();
     }
 }

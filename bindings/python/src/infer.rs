@@ -85,6 +85,14 @@ impl CpuInfer {
         r.map_err(|e| PyRuntimeError::new_err(e.to_string()))
     }
 
+    /// Wait until the task with this ticket (from `submit_forward`) and all before it ran: what
+    /// a Python thread waits for when other threads share the queue. Errors as `sync`.
+    fn sync_until(&self, py: Python<'_>, ticket: u64) -> PyResult<()> {
+        let r = py.detach(|| self.queue.sync_until(ticket));
+        self.take_stream_error()?;
+        r.map_err(|e| PyRuntimeError::new_err(e.to_string()))
+    }
+
     /// Stream-ordered sync: enqueue on `stream` a host function that blocks the stream until at
     /// most `allow_n_pending` tasks remain. Errors are kept and raised by the next `sync` or
     /// `sync_with_cuda_stream`.
@@ -116,18 +124,22 @@ impl CpuInfer {
         }
     }
 
-    /// Queue a task now (stream 0) or from a host function on `stream`, keyed for caching.
+    /// Queue a task now (stream 0: its ticket) or from a host function on `stream`, keyed for
+    /// caching (no ticket: the task is queued when the stream gets there).
     pub(crate) fn submit(
         &self,
         stream: usize,
         key: cuda::Key,
         task: impl Fn() -> Task + Send + Sync + 'static,
-    ) -> PyResult<()> {
+    ) -> PyResult<Option<u64>> {
         if stream == 0 {
-            self.queue.submit(task());
-            return Ok(());
+            return Ok(Some(self.queue.submit(task())));
         }
         let queue = self.queue.clone();
-        cuda::launch(stream, key, move || queue.submit(task())).map_err(PyRuntimeError::new_err)
+        cuda::launch(stream, key, move || {
+            queue.submit(task());
+        })
+        .map_err(PyRuntimeError::new_err)?;
+        Ok(None)
     }
 }

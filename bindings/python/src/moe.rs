@@ -229,8 +229,9 @@ impl Moe {
     /// Queue a forward over the staging buffers at these addresses (`bsz`: int32 token count,
     /// read when the task runs; `ids` int64 and `weights` float32 `[N, k]`; `input`/`output`
     /// `[N, H]` of their dtypes). `addend` (0 = none) is a `[N, H]` buffer of the output dtype
-    /// added to the result: a previous layer's deferred experts. With a non-zero `stream` the
-    /// task is queued by a host function on that CUDA stream.
+    /// added to the result: a previous layer's deferred experts. Returns the task's ticket for
+    /// `CpuInfer.sync_until`; with a non-zero `stream` the task is queued by a host function on
+    /// that CUDA stream and there is none.
     #[allow(clippy::too_many_arguments)]
     #[pyo3(signature = (infer, stream, bsz, input, input_dtype, ids, weights, output, output_dtype, addend = 0))]
     fn submit_forward(
@@ -245,7 +246,7 @@ impl Moe {
         output: usize,
         output_dtype: &str,
         addend: usize,
-    ) -> PyResult<()> {
+    ) -> PyResult<Option<u64>> {
         if self.shared.layer.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
             return Err(PyRuntimeError::new_err("weights are not loaded: call load_weights first"));
         }

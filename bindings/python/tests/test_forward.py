@@ -218,3 +218,38 @@ def test_the_gil_is_released_during_compute():
         stop.set()
         t.join()
     assert during > 1000, f"the Python thread advanced only {during} times during a forward"
+
+
+def test_two_python_threads_on_different_layers_give_one_threads_bits():
+    """Two threads drive two layers (their own weights and methods) at once through the shared
+    pool, each many forwards of several sizes: every output is bit-identical to the same
+    forward run alone."""
+    layers = []
+    for layer_idx, method, seed in [(3, "BF16", 41), (4, "AMXINT8", 42)]:
+        w = make(layer_idx=layer_idx, method=method)
+        w.load_weights_from_tensors(*experts(E, H, I, seed=seed))
+        layers.append(w)
+    rng = np.random.default_rng(5)
+    cases = []
+    for n in [1, 3, 17, 64]:
+        x = rng.standard_normal((n, H)).astype(np.float32)
+        cases.append((x, *routing(n, K, E, n)))
+    alone = [[w.forward(*c).copy() for c in cases] for w in layers]
+    got, errors = [[None] * 40 for _ in layers], []
+
+    def drive(li):
+        try:
+            for r in range(40):
+                got[li][r] = layers[li].forward(*cases[r % len(cases)]).copy()
+        except Exception as e:  # reported below, with the thread's layer
+            errors.append((li, e))
+
+    threads = [threading.Thread(target=drive, args=(li,)) for li in range(len(layers))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    for li in range(len(layers)):
+        for r in range(40):
+            assert np.array_equal(got[li][r], alone[li][r % len(cases)]), (li, r)

@@ -2,7 +2,7 @@
 //! formats under the same keys), on the CPU (fp8
 //! dequantized here, no GPU), one layer at a time (peak memory ≈ the experts in flight plus the
 //! mapped input pages), quantized on a thread pool, with a progress bar, and resumable: every
-//! file is written under a temporary name and renamed when complete, and a rerun skips layers
+//! file is a [`TmpFile`] (renamed when complete, removed on an error), and a rerun skips layers
 //! whose output verifies. GGML methods (`q4_k`, ...) write GGUF instead (module `gguf`).
 
 use std::ops::RangeInclusive;
@@ -14,6 +14,7 @@ use kt_core::{MoeConfig, WeightFormat};
 
 use crate::error::WeightError;
 use crate::pool::Pool;
+use crate::tmpfile::TmpFile;
 use crate::weights::kt_format::{plan, verify_layer, write_layer};
 use crate::weights::writer::{Planned, StreamWriter};
 use crate::weights::{expert_f32, Checkpoint, Layout};
@@ -153,15 +154,14 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
 
     let index = spec.output.join("model.safetensors.index.json");
     let text = serde_json::json!({"metadata": {"format": "kt-kernel-converted"}, "weight_map": weight_map}).to_string();
-    let tmp = index.with_extension("json.tmp");
-    std::fs::write(&tmp, text).and_then(|()| std::fs::rename(&tmp, &index)).map_err(io(&index))?;
+    TmpFile::write(&index, text.as_bytes()).map_err(io(&index))?;
     for f in
         ["config.json", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "generation_config.json"]
     {
         let src = ck.dir().join(f);
         if src.is_file() {
             let dst = spec.output.join(f);
-            std::fs::copy(&src, &dst).map_err(io(&dst))?;
+            std::fs::read(&src).map_err(io(&src)).and_then(|b| TmpFile::write(&dst, &b).map_err(io(&dst)))?;
         }
     }
     report.seconds = start.elapsed().as_secs_f64();

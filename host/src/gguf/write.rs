@@ -1,15 +1,16 @@
 //! A GGUF (v3) file written with every tensor's place fixed up front: the header (metadata,
 //! tensor infos) first, then each tensor's bytes written at its offset in any order, so a
 //! converter writes expert by expert into the stacked `[E, ...]` tensors without holding one.
-//! Written under a temporary name and renamed when complete: a crash leaves no partial file
-//! under the real name.
+//! It is a [`TmpFile`]: renamed when complete, removed when dropped before that.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::os::unix::fs::FileExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use kt_core::ggml::GgmlType;
+
+use crate::tmpfile::TmpFile;
 
 /// Alignment of tensor data (GGUF's default).
 const ALIGN: u64 = 32;
@@ -46,8 +47,7 @@ impl PlannedTensor {
 /// An open output file.
 pub struct GgufWriter {
     file: File,
-    tmp: PathBuf,
-    path: PathBuf,
+    tmp: TmpFile,
     /// Absolute start of each planned tensor.
     starts: Vec<u64>,
     plan: Vec<PlannedTensor>,
@@ -94,8 +94,7 @@ impl GgufWriter {
         }
         h.resize(h.len().next_multiple_of(ALIGN as usize), 0);
         let data_start = h.len() as u64;
-        let tmp = path.with_extension("gguf.tmp");
-        let file = File::create(&tmp)?;
+        let (tmp, file) = TmpFile::create(path)?;
         let mut w = BufWriter::new(&file);
         w.write_all(&h)?;
         w.flush()?;
@@ -103,7 +102,7 @@ impl GgufWriter {
         let end = plan.last().map_or(data_start, |t| data_start + rel[rel.len() - 1] + t.bytes());
         file.set_len(end)?;
         let starts = rel.into_iter().map(|o| data_start + o).collect();
-        Ok(GgufWriter { file, tmp, path: path.to_path_buf(), starts, plan })
+        Ok(GgufWriter { file, tmp, starts, plan })
     }
 
     /// Write `bytes` into planned tensor `i` at byte `offset` of its data.
@@ -122,7 +121,6 @@ impl GgufWriter {
 
     /// Flush and move the file to its real name.
     pub fn finish(self) -> std::io::Result<()> {
-        self.file.sync_data()?;
-        std::fs::rename(&self.tmp, &self.path)
+        self.tmp.commit(self.file)
     }
 }

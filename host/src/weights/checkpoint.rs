@@ -84,7 +84,7 @@ impl Checkpoint {
             // (as with every mmap-based loader), and reads stay in bounds of the mapping.
             let map = unsafe { Mmap::map(&file) }.map_err(io(&p))?;
             let st = SafeTensors::deserialize(&map)
-                .map_err(|e| WeightError::Corrupt { path: p.clone(), detail: e.to_string() })?;
+                .map_err(|e| WeightError::Corrupt { path: p.clone(), detail: corrupt_detail(&map, e) })?;
             if let Ok((_, m)) = SafeTensors::read_metadata(&map) {
                 for (k, v) in m.metadata().iter().flatten() {
                     metadata.entry(k.clone()).or_insert_with(|| v.clone());
@@ -161,4 +161,46 @@ impl Checkpoint {
     pub fn config(&self) -> Result<ModelConfig, WeightError> {
         ModelConfig::read(&self.dir.join("config.json"))
     }
+}
+
+/// What is wrong with a file safetensors refused, naming the tensor: the first whose bytes run
+/// past the end (a truncated file) or whose byte range does not fit its shape and dtype, else
+/// the parser's words.
+fn corrupt_detail(map: &[u8], e: safetensors::SafeTensorError) -> String {
+    if let safetensors::SafeTensorError::InvalidOffset(name) = &e {
+        return format!("tensor {name}: its data does not start where the previous tensor's ends");
+    }
+    let header = map.get(..8).and_then(|b| usize::try_from(u64::from_le_bytes(b.try_into().ok()?)).ok());
+    let json = header.and_then(|n| {
+        Some((n, serde_json::from_slice::<serde_json::Value>(map.get(8..8usize.checked_add(n)?)?).ok()?))
+    });
+    let Some((n, serde_json::Value::Object(tensors))) = json else { return e.to_string() };
+    let data = (map.len() - 8 - n) as u64;
+    let mut infos: Vec<(&String, u64, u64, Option<u64>)> = tensors
+        .iter()
+        .filter_map(|(name, v)| {
+            let (start, end) = (v["data_offsets"][0].as_u64()?, v["data_offsets"][1].as_u64()?);
+            let elems = v["shape"].as_array()?.iter().try_fold(1u64, |n, d| n.checked_mul(d.as_u64()?));
+            let bits = match v["dtype"].as_str()? {
+                "BOOL" | "U8" | "I8" | "F8_E4M3" | "F8_E5M2" | "F8_E8M0" => Some(8),
+                "U16" | "I16" | "F16" | "BF16" => Some(16),
+                "U32" | "I32" | "F32" => Some(32),
+                "U64" | "I64" | "F64" => Some(64),
+                _ => None,
+            };
+            Some((name, start, end, elems.zip(bits).and_then(|(n, b)| n.checked_mul(b)).map(|b| b / 8)))
+        })
+        .collect();
+    infos.sort_by_key(|t| t.1);
+    if let Some((name, start, end, _)) = infos.iter().find(|t| t.2 > data) {
+        return format!(
+            "tensor {name}: data [{start}, {end}) lies beyond the end of the file ({data} data bytes): truncated?"
+        );
+    }
+    if let Some((name, start, end, Some(want))) =
+        infos.iter().find(|t| t.3.is_some_and(|w| t.2.checked_sub(t.1) != Some(w)))
+    {
+        return format!("tensor {name}: data [{start}, {end}) does not hold the {want} bytes its shape and dtype need");
+    }
+    e.to_string()
 }

@@ -1,11 +1,13 @@
 //! A safetensors file written front to back: the header first (every tensor's size is known
 //! before its bytes are), then each tensor's bytes as they are produced, so a converter never
-//! holds more than the tensors in flight. It is written under a temporary name and renamed when
-//! complete, so a crash leaves no partial file under the real name.
+//! holds more than the tensors in flight. It is a [`TmpFile`]: renamed when complete, removed
+//! when dropped before that.
 
 use std::fs::File;
 use std::io::{BufWriter, Write};
-use std::path::{Path, PathBuf};
+use std::path::Path;
+
+use crate::tmpfile::TmpFile;
 
 /// One tensor to be written: name, safetensors dtype, shape, byte length.
 #[derive(Clone, Debug)]
@@ -23,8 +25,7 @@ pub struct Planned {
 /// An open output file.
 pub struct StreamWriter {
     out: BufWriter<File>,
-    tmp: PathBuf,
-    path: PathBuf,
+    tmp: TmpFile,
     plan: Vec<Planned>,
     next: usize,
 }
@@ -48,11 +49,11 @@ impl StreamWriter {
         }
         let mut h = serde_json::Value::Object(header).to_string().into_bytes();
         h.resize(h.len().next_multiple_of(8), b' ');
-        let tmp = path.with_extension("safetensors.tmp");
-        let mut out = BufWriter::with_capacity(1 << 20, File::create(&tmp)?);
+        let (tmp, file) = TmpFile::create(path)?;
+        let mut out = BufWriter::with_capacity(1 << 20, file);
         out.write_all(&(h.len() as u64).to_le_bytes())?;
         out.write_all(&h)?;
-        Ok(StreamWriter { out, tmp, path: path.to_path_buf(), plan, next: 0 })
+        Ok(StreamWriter { out, tmp, plan, next: 0 })
     }
 
     /// The bytes of the next planned tensor.
@@ -76,7 +77,6 @@ impl StreamWriter {
             return Err(std::io::Error::other(format!("{} of {} tensors written", self.next, self.plan.len())));
         }
         let file = self.out.into_inner().map_err(|e| e.into_error())?;
-        file.sync_all()?;
-        std::fs::rename(&self.tmp, &self.path)
+        self.tmp.commit(file)
     }
 }

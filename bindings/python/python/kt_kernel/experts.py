@@ -7,6 +7,8 @@ Forward tasks read pinned staging buffers by address when they run, so with a CU
 submit and the sync are host functions on that stream and CUDA graphs can capture them.
 """
 
+import threading
+
 import numpy as np
 
 from . import _tensors as T
@@ -152,7 +154,7 @@ class KTMoEWrapper:
 
     @staticmethod
     def clear_buffer_cache():
-        _Staging.cache.clear()
+        _THREAD.staging.clear()
 
 
 def generate_gpu_experts_masks(activation_freq, num_gpu_experts):
@@ -209,21 +211,37 @@ class _Slot:
         self.at = (p(self.input), p(self.ids), p(self.ids_deferred), p(self.weights), p(self.output))
 
 
+class _PerThread(threading.local):
+    """What one Python thread's forwards share: its staging buffers (so threads driving
+    different layers at once never write each other's) and its pass through the layers (the
+    deferred-expert hand-over and the slot order). KT keeps these process-wide; they are freed
+    with the thread."""
+
+    def __init__(self):
+        self.staging = {}
+        self.pending = None  # the staging set whose ``deferred_out`` the next layer adds
+        self.last_layer = None  # the last layer submitted (a lower index starts a new pass)
+        self.ordinal = 0
+
+
+_THREAD = _PerThread()
+
+
 class _Staging:
     """Staging buffers for one token count and tensor kind; kept forever for captured sizes,
-    else only the last one used (as KT's ``KExpertsCPUBuffer``)."""
+    else only the last one used (as KT's ``KExpertsCPUBuffer``), per Python thread."""
 
-    cache = {}
     capture_sizes = []
 
     @classmethod
     def get(cls, n, h, k, like, torch):
+        cache = _THREAD.staging
         key = (n, h, k, like.dtype, str(like.device) if torch else None)
-        st = cls.cache.get(key)
+        st = cache.get(key)
         if st is None:
-            for old in [kk for kk in cls.cache if kk[0] not in cls.capture_sizes]:
-                del cls.cache[old]
-            st = cls.cache[key] = _Staging(n, h, k, like)
+            for old in [kk for kk in cache if kk[0] not in cls.capture_sizes]:
+                del cache[old]
+            st = cache[key] = _Staging(n, h, k, like)
         return st
 
     def __init__(self, n, h, k, like):
@@ -273,12 +291,6 @@ class NativeMoEWrapper:
     """The backend object ``KTMoEWrapper`` returns (KT's ``BaseMoEWrapper`` surface)."""
 
     _cpu_infer = None
-    # Deferred experts: the staging set whose ``deferred_out`` waits to be added by the next KT
-    # layer (whatever its index: KT drops it when the next model layer is dense), and the last
-    # layer submitted (a lower index starts a new pass).
-    _pending = None
-    _last_layer = None
-    _ordinal = 0
 
     def __init__(
         self,
@@ -438,14 +450,16 @@ class NativeMoEWrapper:
         if not torch and hidden_states.dtype.kind != "f":
             hidden_states = hidden_states.astype(np.float32)
 
-        cls = NativeMoEWrapper
-        if cls._last_layer is None or self.layer_idx <= cls._last_layer:
-            cls._pending, cls._ordinal = None, 0  # a new pass: nothing carries over
+        # Deferred experts wait to be added by the next KT layer of this thread's pass (whatever
+        # its index: KT drops them when the next model layer is dense).
+        me = _THREAD
+        if me.last_layer is None or self.layer_idx <= me.last_layer:
+            me.pending, me.ordinal = None, 0  # a new pass: nothing carries over
         stream = int(cuda_stream or 0)
         st = _Staging.get(n, h, k, hidden_states, torch)
         # Alternate slots by KT-layer order in the pass (KT uses layer_idx % 2, which hands a
         # layer the slot whose deferred task may still be reading when a dense layer sits between).
-        slot = st.slots[cls._ordinal % 2]
+        slot = st.slots[me.ordinal % 2]
         st.put(slot.input, hidden_states, stream)
         st.put(slot.weights, topk_weights, stream)
         d = min(self.max_deferred_experts_per_token, k)
@@ -456,27 +470,31 @@ class NativeMoEWrapper:
         else:
             st.put(slot.ids, topk_ids, stream)
 
-        addend = st.deferred_at if cls._pending is st else 0
+        addend = st.deferred_at if me.pending is st else 0
         x_at, ids_at, dfr_at, w_at, out_at = slot.at
-        self.moe.submit_forward(self.cpu_infer, stream, st.bsz_at, x_at, st.code, ids_at, w_at, out_at, st.code, addend)
+        ticket = self.moe.submit_forward(self.cpu_infer, stream, st.bsz_at, x_at, st.code, ids_at, w_at, out_at, st.code, addend)
         if d > 0:
             self.moe.submit_forward(self.cpu_infer, stream, st.bsz_at, x_at, st.code, dfr_at, w_at, st.deferred_at, st.code, 0)
-        cls._pending = st if d > 0 else None
-        cls._last_layer = self.layer_idx
-        cls._ordinal += 1
+        me.pending = st if d > 0 else None
+        me.last_layer = self.layer_idx
+        me.ordinal += 1
         self._submitted_deferred = d > 0
-        self._staging = (st, slot, xs)
+        self._staging = (st, slot, xs, ticket)
 
     def sync_forward(self, hidden_states=None, cuda_stream=0):
         if self._staging is None:
             raise RuntimeError("sync_forward without a submit_forward")
-        st, slot, xs = self._staging
+        st, slot, xs, ticket = self._staging
         allow = 1 if self._submitted_deferred else 0
         stream = int(cuda_stream or 0)
         if stream:
             self.cpu_infer.sync_with_cuda_stream(stream, allow)
-        else:
+        elif ticket is None:  # submitted on a stream, synced without one
             self.cpu_infer.sync(allow)
+        else:
+            # This forward's own task (its deferred experts may still run): other threads'
+            # tasks in the shared queue neither hold it back nor let it return early.
+            self.cpu_infer.sync_until(ticket)
         if st.torch:
             st.output_dev.copy_(slot.output, non_blocking=bool(stream))
             return st.output_dev.reshape(xs)
