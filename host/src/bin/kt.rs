@@ -26,6 +26,37 @@ enum Cmd {
     Bench(BenchArgs),
     /// Convert a Hugging Face checkpoint to KT's INT8/INT4 format, on the CPU, resumably.
     Convert(ConvertArgs),
+    /// Many forwards of several layers as a server makes them: every output checked against
+    /// the first forward of the same inputs, RSS and open descriptors reported as it goes.
+    Soak(SoakArgs),
+}
+
+#[derive(Args)]
+struct SoakArgs {
+    /// Forwards to check after the warm-up.
+    #[arg(long, default_value_t = 10_000)]
+    forwards: usize,
+    /// Stop earlier after this many seconds.
+    #[arg(long, default_value_t = f64::INFINITY)]
+    seconds: f64,
+    /// Weight format (as kt bench's --method).
+    #[arg(long, default_value = "int8")]
+    method: String,
+    /// Layers, each with its own weights.
+    #[arg(long, default_value_t = 4)]
+    layers: usize,
+    /// Largest token count of a forward (counts from 1 to it are drawn).
+    #[arg(long, default_value_t = 64)]
+    max_tokens: usize,
+    /// Compute threads.
+    #[arg(long, default_value_t = 2)]
+    threads: usize,
+    /// RSS growth after the warm-up that fails the run, MiB.
+    #[arg(long, default_value_t = 1.0)]
+    max_rss_growth_mib: f64,
+    /// Seed of weights, inputs and the order of forwards.
+    #[arg(long, default_value_t = 7)]
+    seed: u64,
 }
 
 #[derive(Args)]
@@ -159,6 +190,7 @@ fn main() -> ExitCode {
         Cmd::Info(p) => info(&p),
         Cmd::Bench(a) => run_bench(a),
         Cmd::Convert(a) => run_convert(a),
+        Cmd::Soak(a) => run_soak(&a),
     }
 }
 
@@ -342,15 +374,14 @@ fn run_bench(a: BenchArgs) -> ExitCode {
         min_seconds: a.min_time,
         progress: true,
     };
-    if !a.json {
-        eprintln!("kt bench: seed {} (pass --seed to reproduce)", spec.seed);
-    }
     match bench::run(&spec) {
         Ok(r) if a.json => {
             println!("{}", bench::to_json(&r));
             ExitCode::SUCCESS
         }
         Ok(r) => {
+            // After the run, so that an error is the only line a failed run prints.
+            eprintln!("kt bench: seed {} (pass --seed to reproduce)", spec.seed);
             bench::print_table(&r);
             ExitCode::SUCCESS
         }
@@ -393,6 +424,40 @@ fn run_convert(a: ConvertArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => usage(e),
+    }
+}
+
+fn run_soak(a: &SoakArgs) -> ExitCode {
+    let Some(format) = WeightFormat::parse(&a.method) else {
+        return usage(format!("unknown method {:?}; valid methods: {}", a.method, WeightFormat::NAMES));
+    };
+    if a.layers == 0 || a.max_tokens == 0 || a.threads == 0 || a.forwards == 0 {
+        return usage("--layers, --max-tokens, --threads and --forwards must be positive");
+    }
+    // A small MoE (16 experts, top-4) whose width suits every format's block size.
+    let h = format.col_multiple().max(128);
+    let spec = kt_host::soak::SoakSpec {
+        cfg: MoeConfig { max_tokens: a.max_tokens, ..MoeConfig::new(16, 4, h, 2 * h) },
+        format,
+        layers: a.layers,
+        cases: 32,
+        forwards: a.forwards,
+        seconds: a.seconds,
+        report_every: 1000,
+        max_rss_growth: (a.max_rss_growth_mib * (1u64 << 20) as f64) as u64,
+        seed: a.seed,
+    };
+    let opts = kt_host::LayerOptions::threads(a.threads);
+    match kt_host::soak::soak(&spec, &opts, |p| println!("kt soak: {p}")) {
+        Ok([first, last]) => {
+            let growth = last.rss as i64 - first.rss as i64;
+            println!("kt soak: passed, {} forwards checked, RSS {growth:+} bytes after the warm-up", last.forwards);
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("kt soak: FAILED: {e}");
+            ExitCode::FAILURE
+        }
     }
 }
 

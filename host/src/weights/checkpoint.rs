@@ -174,6 +174,9 @@ fn corrupt_detail(map: &[u8], e: safetensors::SafeTensorError) -> String {
     let json = header.and_then(|n| {
         Some((n, serde_json::from_slice::<serde_json::Value>(map.get(8..8usize.checked_add(n)?)?).ok()?))
     });
+    if let Some(n) = header.filter(|n| n.saturating_add(8) > map.len()) {
+        return format!("its header claims {n} bytes but only {} follow: truncated?", map.len().saturating_sub(8));
+    }
     let Some((n, serde_json::Value::Object(tensors))) = json else { return e.to_string() };
     let data = (map.len() - 8 - n) as u64;
     let mut infos: Vec<(&String, u64, u64, Option<u64>)> = tensors
