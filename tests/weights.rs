@@ -7,6 +7,7 @@ use std::path::{Path, PathBuf};
 use half::{bf16, f16};
 use kt_core::dtype::F8E4M3;
 use kt_core::reference::REFERENCE;
+use kt_core::swiglu::Glu;
 use kt_core::testing::{random_input, random_routing};
 use kt_core::{MoeConfig, WeightFormat};
 use kt_host::weights::{expert_f32, load_layer, Checkpoint, ExpertLayout, Layout, Slots, WeightError};
@@ -65,7 +66,8 @@ fn config(d: &Path, cfg: &MoeConfig) {
     std::fs::write(d.join("config.json"), c.to_string()).unwrap();
 }
 
-const CFG: MoeConfig = MoeConfig { experts: 4, top_k: 2, hidden: 128, intermediate: 256, max_tokens: 16, parts: 1 };
+const CFG: MoeConfig =
+    MoeConfig { experts: 4, top_k: 2, hidden: 128, intermediate: 256, max_tokens: 16, parts: 1, glu: Glu::SILU };
 
 fn round(v: &[f32], enc: fn(&[f32]) -> Vec<u8>, dec: fn(&[u8]) -> Vec<f32>) -> Vec<f32> {
     dec(&enc(v))

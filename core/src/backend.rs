@@ -23,6 +23,7 @@ use core::ops::Range;
 use half::bf16;
 
 use crate::mat::MatMut;
+use crate::swiglu::Glu;
 use crate::{Error, LayerFormat, QuantMatrix, WeightFormat};
 
 /// A matrix in a backend's own layout. The backend that packed it is the only one that reads
@@ -163,9 +164,10 @@ pub trait Backend: Send + Sync + Debug {
         scratch: &mut [u8],
     );
 
-    /// `h[t][r - rows.start] = bf16(silu(bf16(g)) · bf16(u))` with `g`, `u` the gate and up rows
-    /// `r` applied to activation row `t`, for `t < h.rows()`. `act_gate` and `act_up` are
-    /// prepared for each one's format (the same slice when their layouts agree).
+    /// `h[t][r - rows.start] = glu.apply(g, u)` (`bf16(silu(bf16(g)) · bf16(u))` for plain
+    /// SwiGLU) with `g`, `u` the gate and up rows `r` applied to activation row `t`, for
+    /// `t < h.rows()`. `act_gate` and `act_up` are prepared for each one's format (the same slice
+    /// when their layouts agree).
     #[allow(clippy::too_many_arguments)]
     fn gate_up(
         &self,
@@ -174,6 +176,7 @@ pub trait Backend: Send + Sync + Debug {
         rows: Range<usize>,
         act_gate: &[u8],
         act_up: &[u8],
+        glu: Glu,
         h: MatMut<'_, bf16>,
         scratch: &mut [u8],
     );

@@ -5,6 +5,7 @@ use alloc::format;
 use alloc::vec::Vec;
 use core::ops::Range;
 
+use crate::swiglu::Glu;
 use crate::{Error, LayerFormat, WeightFormat};
 
 /// Shape of one routed-expert MoE layer (KT's `MOEConfig`).
@@ -22,12 +23,14 @@ pub struct MoeConfig {
     pub max_tokens: usize,
     /// NUMA parts: tensor-parallel slices of I (KT's `threadpool_count`).
     pub parts: usize,
+    /// The gated activation (KT's `swiglu_limit`/`swiglu_alpha`; plain SwiGLU by default).
+    pub glu: Glu,
 }
 
 impl MoeConfig {
     /// A config with one part and `max_tokens` = 1024.
     pub fn new(experts: usize, top_k: usize, hidden: usize, intermediate: usize) -> Self {
-        MoeConfig { experts, top_k, hidden, intermediate, max_tokens: 1024, parts: 1 }
+        MoeConfig { experts, top_k, hidden, intermediate, max_tokens: 1024, parts: 1, glu: Glu::SILU }
     }
 
     /// Check the sizes alone (no format).

@@ -385,7 +385,7 @@ pub fn forward(
                     let view = unsafe { h.mat_mut(h_base[p] + a.first_row * ip + rows.start, a.rows, rows.len(), ip) };
                     let (ew, [g, u]) = (expert(p, e), &x_blocks[e]);
                     let (ag, au) = (&act_x[g.clone()], &act_x[u.clone()]);
-                    backend.gate_up(&ew.gate, &ew.up, rows.clone(), ag, au, view, scratch);
+                    backend.gate_up(&ew.gate, &ew.up, rows.clone(), ag, au, cfg.glu, view, scratch);
                 });
             }
             StageKind::PrepareDown => {

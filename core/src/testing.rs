@@ -200,6 +200,7 @@ pub fn conformance(backend: &'static dyn Backend) -> Result<(), &'static str> {
     backend.cpu_support()?;
     let mut failures = conformance_failures(backend, &SerialExecutor);
     failures.extend(ggml_conformance_failures(backend, &SerialExecutor));
+    failures.extend(glu_failures(backend, &SerialExecutor));
     failures.extend(
         accuracy_failures(backend, &SerialExecutor).into_iter().filter(|&(_, err, limit)| err >= limit).map(
             |(f, err, limit)| format!("{} {f}: error {err:.4} against the fp32 MoE, limit {limit}", backend.name()),
@@ -210,7 +211,7 @@ pub fn conformance(backend: &'static dyn Backend) -> Result<(), &'static str> {
 }
 
 /// DESIGN.md's limits: mean relative error against an fp32 MoE on the original Gaussian weights.
-pub const ACCURACY_LIMITS: [(WeightFormat, f64); 7] = [
+pub const ACCURACY_LIMITS: [(WeightFormat, f64); 9] = [
     (WeightFormat::Bf16, 0.01),
     (WeightFormat::Fp8Block, 0.05),
     (WeightFormat::Fp8Channel, 0.05),
@@ -218,6 +219,8 @@ pub const ACCURACY_LIMITS: [(WeightFormat, f64); 7] = [
     (WeightFormat::Int4Row, 0.30),
     (WeightFormat::Int4Group { group: 32 }, 0.20),
     (WeightFormat::Int4Group { group: 128 }, 0.30),
+    (WeightFormat::Mxfp4, 0.30),
+    (WeightFormat::Mxfp8, 0.06),
 ];
 
 /// `(format, error, limit)` of `backend` against an unquantized MoE computed in f64 (E=8, k=2,
@@ -289,6 +292,46 @@ pub fn conformance_failures(backend: &'static dyn Backend, exec: &dyn Executor) 
                             ));
                         }
                     }
+                }
+            }
+        }
+    }
+    failures
+}
+
+/// KT's clamped SwiGLU variants ([`crate::swiglu::Glu`]) on every format `backend` serves (and
+/// two GGML types), against the reference with the same variant: clamps that bite (limit 0.5
+/// on unit-scale gate/up values), with and without the "swigluoai" form.
+pub fn glu_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<String> {
+    use crate::swiglu::Glu;
+    let mut failures = Vec::new();
+    let formats = WeightFormat::ALL.into_iter().chain([GgmlType::Q4_0, GgmlType::Q4_K].map(WeightFormat::Ggml));
+    for format in formats {
+        let (h, i) = (256, 512);
+        if !backend.serves(format, i, h) || !backend.serves(format, h, i) {
+            continue;
+        }
+        for (gi, glu) in [Glu::new(0.5, 0.0), Glu::new(0.5, 1.702)].into_iter().flatten().enumerate() {
+            let cfg = MoeConfig { max_tokens: 16, glu, ..MoeConfig::new(6, 2, h, i) };
+            let (ours, oracle) = if let WeightFormat::Ggml(_) = format {
+                (
+                    build_ggml_layer(backend, &cfg, format.into(), 5).0,
+                    build_ggml_layer(&REFERENCE, &cfg, format.into(), 5).0,
+                )
+            } else {
+                let experts = random_experts(&cfg, 5);
+                (build_layer(backend, &cfg, format, &experts), build_layer(&REFERENCE, &cfg, format, &experts))
+            };
+            for tokens in [1, 9] {
+                let input = random_input(tokens, h, 3 + gi as u64);
+                let (ids, w) = random_routing(tokens, 2, 6, 11);
+                let r = Routing { tokens, k: 2, ids: &ids, weights: &w, gpu_mask: None };
+                let got = run(exec, &cfg, &ours, &input, &r);
+                let want: Vec<f64> =
+                    run(&SerialExecutor, &cfg, &oracle, &input, &r).iter().map(|&v| f64::from(v)).collect();
+                let err = mean_rel_err(&got, &want);
+                if err > 1e-2 || got.iter().any(|v| !v.is_finite()) {
+                    failures.push(format!("{} {format} {glu:?} n{tokens}: rel err {err:.3e}", backend.name()));
                 }
             }
         }
@@ -449,10 +492,11 @@ impl Backend for OnlyFormat {
         rows: core::ops::Range<usize>,
         ag: &[u8],
         au: &[u8],
+        glu: crate::swiglu::Glu,
         h: MatMut<'_, bf16>,
         s: &mut [u8],
     ) {
-        REFERENCE.gate_up(gate, up, rows, ag, au, h, s)
+        REFERENCE.gate_up(gate, up, rows, ag, au, glu, h, s)
     }
     fn down(&self, d: &PackedMatrix, rows: core::ops::Range<usize>, a: &[u8], y: MatMut<'_, f32>, s: &mut [u8]) {
         REFERENCE.down(d, rows, a, y, s)

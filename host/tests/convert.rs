@@ -224,6 +224,8 @@ fn convert_sizes_resume_and_load() {
         ("int4-g32", WeightFormat::Int4Group { group: 32 }),
         ("bf16", WeightFormat::Bf16),
         ("fp8", WeightFormat::Fp8Block),
+        ("mxfp4", WeightFormat::Mxfp4),
+        ("MXFP8", WeightFormat::Mxfp8),
     ] {
         let out = tmp(method);
         assert_eq!(convert(&input, &out, method, &[]).0, Some(0), "{method}");

@@ -1,6 +1,7 @@
 //! Prepared activations. Float formats: `[rows × K]` f32. Int formats: `[rows × Kp]` int8
 //! (K zero-padded to a whole unit), then `[rows × groups]` f32 scales at a 4-byte boundary;
-//! quantized exactly as the reference backend does (per token, or per K-group for `int4-gG`).
+//! quantized exactly as the reference backend does (per token, or per K-group for `int4-gG` and
+//! `mxfp4`).
 //! For the int4 formats the bytes are stored offset by +128 (unsigned), see `kernels`.
 
 use half::bf16;
@@ -12,7 +13,7 @@ use crate::pack::unit_k;
 /// Scale groups per token row.
 pub fn groups(f: WeightFormat, cols: usize) -> usize {
     match f {
-        WeightFormat::Int4Group { group } => cols / usize::from(group),
+        WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => cols / f.k_group().unwrap_or(cols),
         _ => 1,
     }
 }
@@ -36,7 +37,8 @@ pub fn layout(f: WeightFormat) -> u32 {
     match f {
         WeightFormat::Int8Row => 1,
         WeightFormat::Int4Row => 2,
-        WeightFormat::Int4Group { group } => 1000 + u32::from(group),
+        // mxfp4 reads what int4-g32 reads: the same activations serve both.
+        WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => 1000 + f.k_group().unwrap_or(0) as u32,
         _ => 0,
     }
 }

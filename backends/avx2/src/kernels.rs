@@ -8,7 +8,7 @@
 //!  int8:   per quad   w = 16 rows × 4 k int8 (2 ymm); |w| once, then per token
 //!                     acc[t] += madd(maddubs(|w|, sign(x_t quad, w)), 1)
 //!          (|w| ≤ 127 and |x| ≤ 127: pair sums fit i16, no saturation)
-//!  int4:   per octet  w = nibble − 8 (4 ymm), x + 128 unsigned, per token
+//!  int4:   per octet  w = table[nibble] (4 ymm: nibble − 8, or mxfp4's 2·e2m1), x + 128 unsigned, per token
 //!                     acc[t] += madd(maddubs(x_lo, w_lo) + maddubs(x_hi, w_hi), 1)
 //!                     and 128·Σw is subtracted at the end (exact integers throughout)
 //! ```
@@ -19,7 +19,7 @@ use kt_core::format::FP8_BLOCK;
 use kt_core::WeightFormat;
 
 use crate::act::Act;
-use crate::pack::{Packed, PANEL};
+use crate::pack::{nibble_table, Packed, PANEL};
 
 /// Software prefetch distance in bytes: a task's panels are contiguous, and at ~15 GB/s per
 /// core about this much must be in flight to cover DRAM latency.
@@ -193,8 +193,9 @@ unsafe fn int8_tile<const N: usize>(
 }
 
 /// `acc[t] += Σ w·(x + 128)` over int4 octets `u0..u1`: activations unsigned (offset +128),
-/// weights `nibble − 8` in -8..=7, so `vpmaddubsw` needs no sign trick and the two halves of an
-/// octet add in i16 (|sum| ≤ 4·255·8 < 2^15) before one `vpmaddwd`. The caller subtracts 128·Σw.
+/// weights `table[nibble]` (`nibble − 8` in -8..=7, or mxfp4's 2·e2m1 in -12..=12) by one
+/// `vpshufb`, so `vpmaddubsw` needs no sign trick and the two halves of an octet add in i16
+/// (|sum| ≤ 4·255·12 < 2^15) before one `vpmaddwd`. The caller subtracts 128·Σw.
 ///
 /// # Safety
 /// AVX2 present; `panel` holds u1 units; each `x[t]` holds the padded K.
@@ -203,11 +204,14 @@ unsafe fn int4_tile<const N: usize>(
     panel: *const u8,
     u0: usize,
     u1: usize,
+    table: &[i8; 16],
     x: &[*const i8; N],
     acc: &mut [[__m256i; 2]; N],
 ) {
     let mut a = *acc;
-    let (lo4, o8, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(8), _mm256_set1_epi16(1));
+    // SAFETY: 16 readable bytes, broadcast to both lanes.
+    let lut = unsafe { _mm256_broadcastsi128_si256(_mm_loadu_si128(table.as_ptr().cast())) };
+    let (lo4, ones) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi16(1));
     for u in u0..u1 {
         // SAFETY: u < u1 is inside the panel; x rows hold the padded K (caller's contract).
         unsafe {
@@ -215,8 +219,8 @@ unsafe fn int4_tile<const N: usize>(
             prefetch(p);
             let b0 = _mm256_loadu_si256(p.cast());
             let b1 = _mm256_loadu_si256(p.add(32).cast());
-            let lo = |b| _mm256_sub_epi8(_mm256_and_si256(b, lo4), o8);
-            let hi = |b| _mm256_sub_epi8(_mm256_and_si256(_mm256_srli_epi16(b, 4), lo4), o8);
+            let lo = |b| _mm256_shuffle_epi8(lut, _mm256_and_si256(b, lo4));
+            let hi = |b| _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b, 4), lo4));
             let (l0, l1, h0, h1) = (lo(b0), lo(b1), hi(b0), hi(b1));
             for t in 0..N {
                 let xl = _mm256_set1_epi32(x[t].add(u * 8).cast::<i32>().read_unaligned());
@@ -286,6 +290,18 @@ unsafe fn float_panel<const N: usize>(w: &Packed, p: usize, x: &[f32], cols: usi
     unsafe {
         match w.format {
             WeightFormat::Bf16 => float_tile::<N, true>(panel, 0, cols, &xs, &mut acc),
+            WeightFormat::Mxfp8 => {
+                // One scale per row and 32-column group: the group's sums times its 16 scales.
+                let g = kt_core::format::mx::MX_BLOCK;
+                for b in 0..cols / g {
+                    let mut blk = [[z; 2]; N];
+                    float_tile::<N, false>(panel, b * g, (b + 1) * g, &xs, &mut blk);
+                    let (s0, s1) = load16(w.scales[(p * (cols / g) + b) * PANEL..].as_ptr());
+                    for (a, k) in acc.iter_mut().zip(&blk) {
+                        *a = [_mm256_fmadd_ps(k[0], s0, a[0]), _mm256_fmadd_ps(k[1], s1, a[1])];
+                    }
+                }
+            }
             WeightFormat::Fp8Channel => {
                 float_tile::<N, false>(panel, 0, cols, &xs, &mut acc);
                 let (s0, s1) = load16(w.scales[p * PANEL..].as_ptr());
@@ -320,12 +336,13 @@ unsafe fn int_panel<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: u
     // SAFETY: panel holds w.units units and x rows hold kp bytes; AVX2+FMA are enabled here.
     unsafe {
         let mut res = [[_mm256_setzero_ps(); 2]; N];
+        let table = nibble_table(w.format);
         match w.format {
-            WeightFormat::Int4Group { group } => {
-                let upg = usize::from(group) / 8;
+            f @ (WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4) => {
+                let upg = f.k_group().unwrap_or(w.cols) / 8;
                 for g in 0..groups {
                     let mut acc = [[zi; 2]; N];
-                    int4_tile::<N>(panel, g * upg, (g + 1) * upg, &xs, &mut acc);
+                    int4_tile::<N>(panel, g * upg, (g + 1) * upg, &table, &xs, &mut acc);
                     let at = (p * groups + g) * PANEL;
                     let ((s0, s1), rs) = (load16(w.scales[at..].as_ptr()), w.rowsum[at..].as_ptr());
                     for t in 0..N {
@@ -342,7 +359,7 @@ unsafe fn int_panel<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: u
                 if int8 {
                     int8_tile::<N>(panel, 0, w.units, &xs, &mut acc);
                 } else {
-                    int4_tile::<N>(panel, 0, w.units, &xs, &mut acc);
+                    int4_tile::<N>(panel, 0, w.units, &table, &xs, &mut acc);
                 }
                 let (s0, s1) = load16(w.scales[p * PANEL..].as_ptr());
                 for t in 0..N {

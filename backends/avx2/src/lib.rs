@@ -45,8 +45,9 @@ mod imp {
     use half::bf16;
     use kt_core::backend::{ActLayout, Instructions, TaskShape};
     use kt_core::mat::MatMut;
+    use kt_core::swiglu::Glu;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
-    use kt_x86::swiglu::swiglu16;
+    use kt_x86::swiglu::glu16;
     use kt_x86::tiles::{row_tiles, token_tiles, RowTile};
 
     use crate::act::{self, Act};
@@ -102,6 +103,8 @@ mod imp {
                     | WeightFormat::Int4Group { .. }
                     | WeightFormat::Fp8Block
                     | WeightFormat::Fp8Channel
+                    | WeightFormat::Mxfp4
+                    | WeightFormat::Mxfp8
             );
             known && cols % format.col_multiple() == 0
         }
@@ -146,6 +149,7 @@ mod imp {
             rows: Range<usize>,
             act_gate: &[u8],
             act_up: &[u8],
+            glu: Glu,
             mut h: MatMut<'_, bf16>,
             _scratch: &mut [u8],
         ) {
@@ -161,7 +165,7 @@ mod imp {
                 let (at, within) = (panel.rows.start - rows.start, panel.in_tile(PANEL));
                 for t in 0..nt {
                     // SAFETY: cpu_support guarantees AVX2+FMA before this backend is used.
-                    unsafe { swiglu16(&gt[t], &ut[t], &mut hv) };
+                    unsafe { glu16(glu, &gt[t], &ut[t], &mut hv) };
                     let out = &mut h.row_mut(t0 + t)[at..at + within.len()];
                     for (o, &v) in out.iter_mut().zip(&hv[within.clone()]) {
                         *o = bf16::from_bits(v);
@@ -215,8 +219,9 @@ mod tests {
                         let raw = pack::unpack(&p, row, c);
                         let scale = match f {
                             WeightFormat::Bf16 => 1.0,
-                            WeightFormat::Int4Group { group } => {
-                                q.scales()[row * (cols / usize::from(group)) + c / usize::from(group)]
+                            f if f.k_group().is_some() => {
+                                let g = f.k_group().unwrap();
+                                q.scales()[row * (cols / g) + c / g]
                             }
                             WeightFormat::Fp8Block => q.scales()[(row / 128) * cols.div_ceil(128) + c / 128],
                             _ => q.scales()[row],

@@ -6,22 +6,24 @@
 //!    k=0: r0 r1 ... r15 | k=1: r0 r1 ... r15 | ...            -> one ymm pair per k
 //!  int8, unit = 4 consecutive k ("quad"):
 //!    u=0: r0[k0 k1 k2 k3] r1[k0..k3] ... r15[k0..k3] | u=1 ...  -> 64 bytes = 2 ymm per unit
-//!  int4 (both kinds), unit = 8 consecutive k ("octet"), byte j of row r:
+//!  int4 (all kinds), unit = 8 consecutive k ("octet"), byte j of row r:
 //!    low nibble = k(8u + j), high nibble = k(8u + 4 + j), j < 4 -> 64 bytes = 2 ymm per unit
 //!    nibble = w + 8 with w in -8..=7 (KT int4: w = n, its 16 folded into the scale;
-//!    K-group: w = q), so `nibble - 8` is a signed byte for `vpmaddubsw`
+//!    K-group: w = q), or mxfp4's e2m1 code (w = 2·value, the ½ folded into the scale); the
+//!    kernels map a nibble to the signed byte w with one `vpshufb` table per format
+//!  mxfp8: as fp8, one e4m3 byte per k
 //! ```
 //!
 //! int4 panels also carry `rowsum` (Σ w per row, per K-group for int4-gG): the kernels feed
 //! activations offset by +128 (unsigned) and subtract 128·Σw.
 //!
 //! Rows past the matrix end are zero (their outputs are dropped); K is zero-padded to a whole
-//! unit. Scales: int8/int4/fp8-channel `[panel][16]`; int4-gG `[panel][group][16]`;
+//! unit. Scales: int8/int4/fp8-channel `[panel][16]`; int4-gG, mxfp4, mxfp8 `[panel][group][16]`;
 //! fp8 block `[panel][k-block]` (a panel never straddles a 128-row block). fp8 scales carry a
 //! factor 2^120 that undoes the exponent placement of the in-register e4m3 decode.
 
 use kt_core::aligned::AlignedBuf;
-use kt_core::format::{int4_group, int4_row, FP8_BLOCK};
+use kt_core::format::{int4_group, int4_row, mx, FP8_BLOCK};
 use kt_core::{QuantMatrix, WeightFormat};
 
 /// Output rows per panel.
@@ -48,16 +50,21 @@ pub struct Packed {
 pub fn unit_k(f: WeightFormat) -> usize {
     match f {
         WeightFormat::Int8Row => 4,
-        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => 8,
+        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => 8,
         _ => 1,
     }
+}
+
+/// Packed as int4 octets (with row sums).
+pub fn is_int4(f: WeightFormat) -> bool {
+    matches!(f, WeightFormat::Int4Row | WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4)
 }
 
 /// Bytes one panel row-slot takes per unit.
 fn unit_bytes(f: WeightFormat) -> usize {
     match f {
         WeightFormat::Bf16 => 2,
-        WeightFormat::Int8Row | WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => 4,
+        WeightFormat::Int8Row | WeightFormat::Int4Row | WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => 4,
         _ => 1,
     }
 }
@@ -82,9 +89,9 @@ pub fn pack(m: &QuantMatrix) -> Packed {
     let panels = rows.div_ceil(PANEL);
     let mut data = weight_buffer(panels * panel_bytes);
     let buf = data.as_mut_slice();
-    let int4 = matches!(f, WeightFormat::Int4Row | WeightFormat::Int4Group { .. });
-    if int4 {
-        buf.fill(0x88); // w = 0 in padding
+    let int4 = is_int4(f);
+    if int4 && f != WeightFormat::Mxfp4 {
+        buf.fill(0x88); // w = 0 in padding (mxfp4's code 0 is 0)
     }
     for r in 0..rows {
         let (p, i) = (r / PANEL, r % PANEL);
@@ -96,10 +103,10 @@ pub fn pack(m: &QuantMatrix) -> Packed {
                     let at = (c * PANEL + i) * 2;
                     dst[at..at + 2].copy_from_slice(&src[2 * c..2 * c + 2]);
                 }
-                WeightFormat::Fp8Block | WeightFormat::Fp8Channel => dst[c * PANEL + i] = src[c],
+                WeightFormat::Fp8Block | WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => dst[c * PANEL + i] = src[c],
                 WeightFormat::Int8Row => dst[(c / 4) * 64 + i * 4 + c % 4] = src[c],
-                WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => {
-                    let nib = (int4_w(f, src, c) + 8) as u8;
+                WeightFormat::Int4Row | WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => {
+                    let nib = int4_nibble(f, src, c);
                     let (u, j) = (c / 8, c % 8);
                     let at = u * 64 + i * 4 + j % 4;
                     dst[at] = if j < 4 { (dst[at] & 0xF0) | nib } else { (dst[at] & 0x0F) | (nib << 4) };
@@ -130,22 +137,39 @@ fn weight_buffer(len: usize) -> AlignedBuf {
     })
 }
 
-/// The signed int4 weight of column c of a row: KT int4's n (value 16·n·d) or K-group q.
+/// The signed int4 weight of column c of a row: KT int4's n (value 16·n·d), K-group q, or
+/// mxfp4's 2·e2m1.
 #[inline]
 fn int4_w(f: WeightFormat, row: &[u8], c: usize) -> i8 {
-    if f == WeightFormat::Int4Row {
-        int4_row::weight_i8(row, c) >> 4
+    match f {
+        WeightFormat::Int4Row => int4_row::weight_i8(row, c) >> 4,
+        WeightFormat::Mxfp4 => mx::fp4_x2(row, c),
+        _ => int4_group::weight_i8(row, c),
+    }
+}
+
+/// The stored nibble of column c: `w + 8`, or mxfp4's own code (see the module docs).
+#[inline]
+fn int4_nibble(f: WeightFormat, row: &[u8], c: usize) -> u8 {
+    if f == WeightFormat::Mxfp4 {
+        (row[c / 2] >> (4 * (c % 2))) & 0x0F
     } else {
-        int4_group::weight_i8(row, c)
+        (int4_w(f, row, c) + 8) as u8
+    }
+}
+
+/// The `vpshufb` table from a stored nibble to the signed weight byte.
+pub fn nibble_table(f: WeightFormat) -> [i8; 16] {
+    if f == WeightFormat::Mxfp4 {
+        mx::FP4_X2
+    } else {
+        core::array::from_fn(|n| n as i8 - 8)
     }
 }
 
 /// Σ w per row (and group), padded rows 0: `[panel][group][16]`.
 fn row_sums(m: &QuantMatrix, panels: usize) -> Vec<i32> {
-    let g = match m.format() {
-        WeightFormat::Int4Group { group } => usize::from(group),
-        _ => m.cols(),
-    };
+    let g = m.format().k_group().unwrap_or(m.cols());
     let groups = m.cols() / g;
     let mut v = vec![0i32; panels * groups * PANEL];
     for r in 0..m.rows() {
@@ -170,14 +194,20 @@ fn pack_scales(m: &QuantMatrix, panels: usize) -> Vec<f32> {
         WeightFormat::Int8Row => per_row(&mut v, 1.0),
         WeightFormat::Int4Row => per_row(&mut v, 16.0), // the kernels multiply by n, not 16n
         WeightFormat::Fp8Channel => per_row(&mut v, FP8_SCALE_FIX),
-        WeightFormat::Int4Group { group } => {
-            let groups = cols / usize::from(group);
+        f @ (WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 | WeightFormat::Mxfp8) => {
+            // mxfp4's weights are 2·e2m1; mxfp8's decode carries 2^-120 (module docs).
+            let fix = match f {
+                WeightFormat::Mxfp4 => 0.5,
+                WeightFormat::Mxfp8 => FP8_SCALE_FIX,
+                _ => 1.0,
+            };
+            let groups = cols / f.k_group().unwrap_or(cols);
             for p in 0..panels {
                 for g in 0..groups {
                     v.extend((0..PANEL).map(|i| {
                         let r = p * PANEL + i;
                         if r < rows {
-                            s[r * groups + g]
+                            s[r * groups + g] * fix
                         } else {
                             0.0
                         }
@@ -207,17 +237,19 @@ pub fn unpack(p: &Packed, r: usize, c: usize) -> f32 {
             let at = (c * PANEL + i) * 2;
             kt_core::format::bf16::element(&d[at..at + 2], 0).to_f32()
         }
-        WeightFormat::Fp8Block | WeightFormat::Fp8Channel => kt_core::dtype::F8E4M3(d[c * PANEL + i]).to_f32(),
+        WeightFormat::Fp8Block | WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => {
+            kt_core::dtype::F8E4M3(d[c * PANEL + i]).to_f32()
+        }
         WeightFormat::Int8Row => f32::from(d[(c / 4) * 64 + i * 4 + c % 4] as i8),
-        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => {
+        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => {
             let (u, j) = (c / 8, c % 8);
             let b = d[u * 64 + i * 4 + j % 4];
             let nib = if j < 4 { b & 0x0F } else { b >> 4 };
-            let w = f32::from(nib) - 8.0;
-            if p.format == WeightFormat::Int4Row {
-                w * 16.0
-            } else {
-                w
+            let w = f32::from(nibble_table(p.format)[usize::from(nib)]);
+            match p.format {
+                WeightFormat::Int4Row => w * 16.0,
+                WeightFormat::Mxfp4 => w * 0.5,
+                _ => w,
             }
         }
         _ => unreachable!(),

@@ -70,8 +70,9 @@ mod imp {
     use half::bf16;
     use kt_core::backend::{ActLayout, Instructions, TaskShape};
     use kt_core::mat::MatMut;
+    use kt_core::swiglu::Glu;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
-    use kt_x86::swiglu::swiglu_row;
+    use kt_x86::swiglu::glu_row;
     use kt_x86::tiles::row_blocks;
 
     use crate::kernels::{dots, gemv, Packed, Scratch, R};
@@ -241,6 +242,7 @@ mod imp {
             rows: Range<usize>,
             act_gate: &[u8],
             act_up: &[u8],
+            glu: Glu,
             mut h: MatMut<'_, bf16>,
             scratch: &mut [u8],
         ) {
@@ -249,11 +251,11 @@ mod imp {
             let Work { tile, out, ut, gs, us } = work(scratch, n, nr);
             if n == 1 {
                 let (gs, us) = (&mut gs[..nr], &mut us[..nr]);
-                // SAFETY: as in for_tiles; swiglu_row needs AVX2 and FMA, which cpu_support checked.
+                // SAFETY: as in for_tiles; glu_row needs AVX2 and FMA, which cpu_support checked.
                 unsafe {
                     gemv(g, rows.clone(), act_gate, gs);
                     gemv(u, rows.clone(), act_up, us);
-                    swiglu_row(gs, us, h.row_mut(0));
+                    glu_row(glu, gs, us, h.row_mut(0));
                 }
                 return;
             }
@@ -273,7 +275,7 @@ mod imp {
                     let (at, w) = (t * CHUNK, c1 - c0);
                     let out = &mut h.row_mut(t)[c0 - rows.start..c1 - rows.start];
                     // SAFETY: cpu_support (AVX2, FMA) passed before this backend was selected.
-                    unsafe { swiglu_row(&gs[at..at + w], &us[at..at + w], out) };
+                    unsafe { glu_row(glu, &gs[at..at + w], &us[at..at + w], out) };
                 }
             }
         }

@@ -4,7 +4,7 @@
 use core::arch::x86_64::*;
 
 use half::bf16;
-use kt_core::swiglu::swiglu;
+use kt_core::swiglu::{swiglu, Glu};
 
 /// Round 8 f32 to bf16 (nearest, ties to even), returned as f32 with the low 16 bits clear.
 ///
@@ -88,6 +88,37 @@ pub unsafe fn swiglu_row(g: &[f32], u: &[f32], out: &mut [bf16]) {
     }
     for j in c..n {
         out[j] = swiglu(g[j], u[j]);
+    }
+}
+
+/// [`swiglu16`] for plain SwiGLU, else the layer's clamped variant by its scalar definition
+/// (KT's clamped forms are rare: the MX methods only).
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA.
+#[inline]
+pub unsafe fn glu16(glu: Glu, g: &[f32; 16], u: &[f32; 16], out: &mut [u16; 16]) {
+    if glu.is_silu() {
+        // SAFETY: forwarded from the caller.
+        return unsafe { swiglu16(g, u, out) };
+    }
+    for i in 0..16 {
+        out[i] = glu.apply(g[i], u[i]).to_bits();
+    }
+}
+
+/// [`swiglu_row`] for plain SwiGLU, else the clamped variant (see [`glu16`]).
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA.
+#[inline]
+pub unsafe fn glu_row(glu: Glu, g: &[f32], u: &[f32], out: &mut [bf16]) {
+    if glu.is_silu() {
+        // SAFETY: forwarded from the caller.
+        return unsafe { swiglu_row(g, u, out) };
+    }
+    for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {
+        *o = glu.apply(g, u);
     }
 }
 

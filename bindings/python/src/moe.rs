@@ -111,9 +111,11 @@ impl Moe {
     /// A layer of `experts` experts, `top_k` per token, hidden `hidden`, intermediate
     /// `intermediate`, at most `max_tokens` per forward, in `method` (KT's method names), split
     /// into one NUMA part per sub-pool of `infer`. `mask_ptr` is the address of the `[E]` bool
-    /// mask the wrapper owns (0 for none).
+    /// mask the wrapper owns (0 for none). `swiglu_limit`/`swiglu_alpha` select KT's clamped
+    /// SwiGLU (0: plain).
     #[new]
     #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (infer, experts, top_k, hidden, intermediate, max_tokens, method, mask_ptr, swiglu_limit = 0.0, swiglu_alpha = 0.0))]
     fn new(
         infer: &CpuInfer,
         experts: usize,
@@ -123,6 +125,8 @@ impl Moe {
         max_tokens: usize,
         method: &str,
         mask_ptr: usize,
+        swiglu_limit: f32,
+        swiglu_alpha: f32,
     ) -> PyResult<Self> {
         static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         // GPTQ_INT4 runs as our symmetric int4 with 128-column groups (GPTQ checkpoints are
@@ -138,9 +142,15 @@ impl Moe {
                 WeightFormat::NAMES
             ))
         })?;
+        let glu = kt_core::swiglu::Glu::new(swiglu_limit, swiglu_alpha).ok_or_else(|| {
+            value_error(format!(
+                "swiglu_limit and swiglu_alpha must be finite and >= 0, got {swiglu_limit} and {swiglu_alpha}"
+            ))
+        })?;
         let cfg = MoeConfig {
             max_tokens,
             parts: infer.pool.subpools(),
+            glu,
             ..MoeConfig::new(experts, top_k, hidden, intermediate)
         };
         match format {

@@ -11,15 +11,26 @@ import numpy as np
 import pytest
 
 # Mean relative error limits against an fp32 MoE (the backend issues' thresholds).
-LIMITS = {"BF16": 0.01, "FP8": 0.05, "FP8_PERCHANNEL": 0.05, "AMXINT8": 0.04, "AMXINT4": 0.30, "RAWINT4": 0.30}
+LIMITS = {"BF16": 0.01, "FP8": 0.05, "FP8_PERCHANNEL": 0.05, "AMXINT8": 0.04, "AMXINT4": 0.30, "RAWINT4": 0.30,
+          "MXFP4": 0.30, "MXFP8": 0.08}
 
 
 def silu(z):
     return z / (1.0 + np.exp(-z))
 
 
-def moe_reference(x, ids, weights, gate, up, down, mask=None, slot_to_logical=None):
-    """fp32 MoE: sum over valid, CPU-resident (unmasked) ids of w * down(silu(gate x) * up x)."""
+def glu(g, u, limit=0.0, alpha=0.0):
+    """KT's SwiGLU and its clamped variants (swiglu_limit, swiglu_alpha)."""
+    if limit > 0:
+        g = np.clip(g, -limit, limit) if alpha > 0 else np.minimum(g, limit)
+        u = np.clip(u, -limit, limit)
+    if alpha > 0:
+        return g / (1.0 + np.exp(-alpha * g)) * (u + 1.0)
+    return silu(g) * u
+
+
+def moe_reference(x, ids, weights, gate, up, down, mask=None, slot_to_logical=None, limit=0.0, alpha=0.0):
+    """fp32 MoE: sum over valid, CPU-resident (unmasked) ids of w * down(glu(gate x, up x))."""
     x = np.asarray(x, dtype=np.float64)
     e = gate.shape[0]
     out = np.zeros_like(x)
@@ -29,7 +40,7 @@ def moe_reference(x, ids, weights, gate, up, down, mask=None, slot_to_logical=No
             if slot < 0 or slot >= e or (mask is not None and mask[slot]):
                 continue
             le = slot if slot_to_logical is None else int(slot_to_logical[slot])
-            h = silu(gate[le] @ x[t]) * (up[le] @ x[t])
+            h = glu(gate[le] @ x[t], up[le] @ x[t], limit, alpha)
             out[t] += weights[t, j] * (down[le] @ h)
     return out
 
@@ -82,7 +93,8 @@ def write_config(d, e, k, h, i, layers):
     (pathlib.Path(d) / "config.json").write_text(json.dumps(cfg))
 
 
-def make(layer_idx=0, e=8, k=2, h=256, i=512, method="BF16", mask=None, chunk=64, deferred=None, path="/nonexistent/kt-weights"):
+def make(layer_idx=0, e=8, k=2, h=256, i=512, method="BF16", mask=None, chunk=64, deferred=None, path="/nonexistent/kt-weights",
+         limit=0.0, alpha=0.0):
     from kt_kernel import KTMoEWrapper
 
     return KTMoEWrapper(
@@ -97,8 +109,8 @@ def make(layer_idx=0, e=8, k=2, h=256, i=512, method="BF16", mask=None, chunk=64
         numa_nodes=None,
         weight_path=path,
         chunked_prefill_size=chunk,
-        swiglu_limit=0.0,
-        swiglu_alpha=0.0,
+        swiglu_limit=limit,
+        swiglu_alpha=alpha,
         method=method,
         max_deferred_experts_per_token=deferred,
     )

@@ -91,7 +91,7 @@ def test_factory_returns_a_backend_object():
         ({"method": "BF16", "swiglu_limit": 7.0}, ValueError, "MXFP4/MXFP8"),
         ({"mode": "train"}, ValueError, "mode"),
         ({"method": "SYCL_GPTQ_INT4"}, NotImplementedError, "SYCL_GPTQ_INT4"),
-        ({"method": "MXFP4"}, NotImplementedError, "MXFP4"),
+        ({"method": "MXFP4", "swiglu_limit": -1.0}, ValueError, "swiglu_limit and swiglu_alpha must be finite"),
         ({"method": "MOE_INT8"}, NotImplementedError, "MOE_INT8"),
         ({"method": "AMXINT4_SFT", "mode": "sft"}, NotImplementedError, "SFT"),
         ({"num_experts_per_tok": 9}, ValueError, "num_experts_per_tok"),

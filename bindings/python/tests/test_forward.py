@@ -29,6 +29,23 @@ def test_each_method_matches_the_fp32_moe(method, weights):
         assert err < LIMITS[method], f"{method} n={n}: {err}"
 
 
+@pytest.mark.parametrize("method", ["MXFP4", "MXFP8"])
+@pytest.mark.parametrize("limit, alpha", [(0.5, 0.0), (0.5, 1.702), (0.0, 1.702)])
+def test_mx_methods_with_kts_clamped_swiglu(method, limit, alpha, weights):
+    """swiglu_limit / swiglu_alpha (accepted for MX methods, as KT) change the activation as
+    KT's act_fn does: each variant matches the fp32 MoE with the same variant, and differs from
+    plain SwiGLU by far more than the quantization error."""
+    w = make(method=method, limit=limit, alpha=alpha)
+    w.load_weights_from_tensors(*weights)
+    x = np.random.default_rng(9).standard_normal((9, H)).astype(np.float32)
+    ids, ws = routing(9, K, E, 9)
+    out = w.forward(x, ids, ws)
+    assert rel_err(out, moe_reference(x, ids, ws, *weights, limit=limit, alpha=alpha)) < LIMITS[method]
+    assert rel_err(out, moe_reference(x, ids, ws, *weights)) > 2 * LIMITS[method]
+    with pytest.raises(ValueError, match="only supported for MXFP4/MXFP8"):
+        make(method="BF16", limit=limit, alpha=alpha)
+
+
 def test_float16_in_float16_out_and_bf16_weights_by_bits(weights):
     w = make(method="BF16")
     w.load_weights_from_tensors(*(a.astype(np.float16) for a in weights))

@@ -4,7 +4,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 use core::ops::Range;
 
-use super::{bf16, fp8_block, fp8_channel, int4_group, int4_row, int8_row, WeightFormat, FP8_BLOCK};
+use super::{bf16, fp8_block, fp8_channel, int4_group, int4_row, int8_row, mx, WeightFormat, FP8_BLOCK};
 use crate::{ggml, Error};
 
 /// A quantized matrix in the canonical layout of its format: row-major element data (nibbles
@@ -40,6 +40,8 @@ impl QuantMatrix {
             WeightFormat::Int4Group { group } => int4_group::quantize(rows, cols, usize::from(group), src),
             WeightFormat::Fp8Block => fp8_block::quantize(rows, cols, src),
             WeightFormat::Fp8Channel => fp8_channel::quantize(rows, cols, src),
+            WeightFormat::Mxfp4 => mx::quantize_fp4(rows, cols, src),
+            WeightFormat::Mxfp8 => mx::quantize_fp8(rows, cols, src),
             WeightFormat::Ggml(t) => {
                 let mut data = vec![0u8; format.data_bytes(rows, cols)];
                 let rb = t.row_bytes(cols);
@@ -123,6 +125,15 @@ impl QuantMatrix {
                 fp8_block::dequantize_row(d, &self.scales[br * per_row..(br + 1) * per_row], out)
             }
             WeightFormat::Fp8Channel => fp8_channel::dequantize_row(d, self.scales[r], out),
+            WeightFormat::Mxfp4 | WeightFormat::Mxfp8 => {
+                let per_row = self.cols / mx::MX_BLOCK;
+                let s = &self.scales[r * per_row..(r + 1) * per_row];
+                if self.format == WeightFormat::Mxfp4 {
+                    mx::dequantize_fp4_row(d, s, out);
+                } else {
+                    mx::dequantize_fp8_row(d, s, out);
+                }
+            }
             WeightFormat::Ggml(t) => ggml::dequantize_row(t, d, out),
         }
     }
@@ -146,8 +157,8 @@ impl QuantMatrix {
         let data = self.data[range.start * rb..range.end * rb].to_vec();
         let scales = match self.format {
             WeightFormat::Bf16 | WeightFormat::Ggml(_) => Vec::new(),
-            WeightFormat::Int4Group { group } => {
-                let per_row = self.cols / usize::from(group);
+            f if f.k_group().is_some() => {
+                let per_row = self.cols / f.k_group().unwrap_or(1);
                 self.scales[range.start * per_row..range.end * per_row].to_vec()
             }
             WeightFormat::Fp8Block => {
@@ -183,8 +194,8 @@ impl QuantMatrix {
             data.extend_from_slice(&self.row_data(r)[b0..b1]);
         }
         let scales = match fmt {
-            WeightFormat::Int4Group { group } => {
-                let g = usize::from(group);
+            f if f.k_group().is_some() => {
+                let g = f.k_group().unwrap_or(1);
                 let per_row = self.cols / g;
                 (0..self.rows)
                     .flat_map(|r| {

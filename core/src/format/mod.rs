@@ -10,6 +10,8 @@
 //! | `int4-gG` | offset-8 nibble | bf16 per G columns of a row, amax/7 | RAWINT4 |
 //! | `fp8` | e4m3 | f32 per 128×128 block, amax/448 | FP8 |
 //! | `fp8-channel` | e4m3 | f32 per row, amax/448 | FP8_PERCHANNEL |
+//! | `mxfp4` | e2m1 nibble | e8m0 per 32 columns of a row (OCP MX) | MXFP4 |
+//! | `mxfp8` | e4m3 | e8m0 per 32 columns of a row (OCP MX) | MXFP8 |
 //! | `q4_K`, `q8_0`, ... | GGML blocks ([`crate::ggml`]) | inside the blocks | LLAMAFILE |
 #![forbid(unsafe_code)]
 
@@ -22,6 +24,7 @@ pub mod int8_row;
 pub mod kt_packed;
 mod layer;
 mod matrix;
+pub mod mx;
 
 pub use layer::LayerFormat;
 pub use matrix::QuantMatrix;
@@ -56,13 +59,17 @@ pub enum WeightFormat {
     Fp8Block,
     /// FP8 e4m3 with one f32 scale per row.
     Fp8Channel,
+    /// OCP MXFP4: e2m1 elements, one e8m0 scale per 32 columns of a row.
+    Mxfp4,
+    /// OCP MXFP8: e4m3 elements, one e8m0 scale per 32 columns of a row.
+    Mxfp8,
     /// A GGML tensor type as GGUF files store it, row after row of its blocks.
     Ggml(GgmlType),
 }
 
 impl WeightFormat {
     /// Every KT format, for listings and tests (the GGML ones are [`GgmlType::ALL`]).
-    pub const ALL: [WeightFormat; 8] = [
+    pub const ALL: [WeightFormat; 10] = [
         WeightFormat::Bf16,
         WeightFormat::Int8Row,
         WeightFormat::Int4Row,
@@ -71,6 +78,8 @@ impl WeightFormat {
         WeightFormat::Int4Group { group: 128 },
         WeightFormat::Fp8Block,
         WeightFormat::Fp8Channel,
+        WeightFormat::Mxfp4,
+        WeightFormat::Mxfp8,
     ];
 
     /// Parse a method name: ours (`bf16`, `int8`, `int4`, `int4-g32`, `fp8`, `fp8-channel`) or
@@ -86,17 +95,31 @@ impl WeightFormat {
             "int4-g128" | "rawint4" => WeightFormat::Int4Group { group: 128 },
             "fp8" | "fp8-block" => WeightFormat::Fp8Block,
             "fp8-channel" | "fp8-perchannel" => WeightFormat::Fp8Channel,
+            "mxfp4" => WeightFormat::Mxfp4,
+            "mxfp8" => WeightFormat::Mxfp8,
             _ => return GgmlType::parse(s).map(WeightFormat::Ggml),
         })
     }
 
     /// The names [`WeightFormat::parse`] accepts, for error messages.
     pub const NAMES: &'static str =
-        "bf16, int8, int4, int4-g32, int4-g64, int4-g128, fp8, fp8-channel (or KT's BF16, AMXINT8, AMXINT4, RAWINT4, FP8, FP8_PERCHANNEL), or a GGML type: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s";
+        "bf16, int8, int4, int4-g32, int4-g64, int4-g128, fp8, fp8-channel, mxfp4, mxfp8 (or KT's BF16, AMXINT8, AMXINT4, RAWINT4, FP8, FP8_PERCHANNEL, MXFP4, MXFP8), or a GGML type: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s";
 
-    /// Activations are quantized to int8 per token for this format.
+    /// Activations are quantized to int8 per token (per K-group for the grouped formats).
     pub fn int_activations(self) -> bool {
-        matches!(self, WeightFormat::Int8Row | WeightFormat::Int4Row | WeightFormat::Int4Group { .. })
+        matches!(
+            self,
+            WeightFormat::Int8Row | WeightFormat::Int4Row | WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4
+        )
+    }
+
+    /// Columns per scale along a row, for the formats with K-group scales.
+    pub fn k_group(self) -> Option<usize> {
+        match self {
+            WeightFormat::Int4Group { group } => Some(usize::from(group)),
+            WeightFormat::Mxfp4 | WeightFormat::Mxfp8 => Some(mx::MX_BLOCK),
+            _ => None,
+        }
     }
 
     /// Its dot products are integer ones (int8 activations, or GGML's Q8 blocks): the int8
@@ -112,9 +135,8 @@ impl WeightFormat {
     pub fn col_multiple(self) -> usize {
         match self {
             WeightFormat::Int4Row => 2,
-            WeightFormat::Int4Group { group } => usize::from(group),
             WeightFormat::Ggml(t) => t.block_elems(),
-            _ => 1,
+            f => f.k_group().unwrap_or(1),
         }
     }
 
@@ -130,8 +152,10 @@ impl WeightFormat {
     pub fn data_bytes(self, rows: usize, cols: usize) -> usize {
         match self {
             WeightFormat::Bf16 => rows * cols * 2,
-            WeightFormat::Int8Row | WeightFormat::Fp8Block | WeightFormat::Fp8Channel => rows * cols,
-            WeightFormat::Int4Row | WeightFormat::Int4Group { .. } => rows * cols.div_ceil(2),
+            WeightFormat::Int8Row | WeightFormat::Fp8Block | WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => {
+                rows * cols
+            }
+            WeightFormat::Int4Row | WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => rows * cols.div_ceil(2),
             WeightFormat::Ggml(t) => rows * t.row_bytes(cols),
         }
     }
@@ -141,7 +165,9 @@ impl WeightFormat {
         match self {
             WeightFormat::Bf16 | WeightFormat::Ggml(_) => 0,
             WeightFormat::Int8Row | WeightFormat::Int4Row | WeightFormat::Fp8Channel => rows,
-            WeightFormat::Int4Group { group } => rows * cols.div_ceil(usize::from(group)),
+            WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 | WeightFormat::Mxfp8 => {
+                rows * cols.div_ceil(self.k_group().unwrap_or(1))
+            }
             WeightFormat::Fp8Block => rows.div_ceil(FP8_BLOCK) * cols.div_ceil(FP8_BLOCK),
         }
     }
@@ -151,6 +177,7 @@ impl WeightFormat {
         match self {
             WeightFormat::Bf16 | WeightFormat::Ggml(_) => 0,
             WeightFormat::Int4Group { .. } => 2,
+            WeightFormat::Mxfp4 | WeightFormat::Mxfp8 => 1,
             _ => 4,
         }
     }
@@ -170,6 +197,8 @@ impl fmt::Display for WeightFormat {
             WeightFormat::Int4Group { group } => write!(f, "int4-g{group}"),
             WeightFormat::Fp8Block => f.write_str("fp8"),
             WeightFormat::Fp8Channel => f.write_str("fp8-channel"),
+            WeightFormat::Mxfp4 => f.write_str("mxfp4"),
+            WeightFormat::Mxfp8 => f.write_str("mxfp8"),
             // KT's bf16 holds the same bytes but reads bf16 activations; keep the names apart.
             WeightFormat::Ggml(GgmlType::BF16) => f.write_str("ggml-bf16"),
             WeightFormat::Ggml(t) => f.write_str(t.name()),

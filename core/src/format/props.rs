@@ -105,6 +105,34 @@ proptest! {
     }
 
     #[test]
+    fn mx_formats_round_within_their_grid((rows, cols, x) in matrix(32), fp4 in any::<bool>()) {
+        let f = if fp4 { WeightFormat::Mxfp4 } else { WeightFormat::Mxfp8 };
+        let q = QuantMatrix::quantize(f, rows, cols, &x).unwrap();
+        let deq = q.dequantize();
+        let per_row = cols / 32;
+        for r in 0..rows {
+            for b in 0..per_row {
+                let blk = &x[r * cols + b * 32..r * cols + (b + 1) * 32];
+                let s = q.scales()[r * per_row + b];
+                // A power of two with amax/s in [4, 8) (fp4) or [256, 512) (fp8).
+                prop_assert_eq!(s.to_bits() & 0x007F_FFFF, if s.is_normal() { 0 } else { s.to_bits() & 0x007F_FFFF });
+                let a = amax64(blk) / f64::from(s);
+                let (lo, hi, top) = if fp4 { (4.0, 8.0, 6.0) } else { (256.0, 512.0, 448.0) };
+                prop_assert!(amax64(blk) == 0.0 || !s.is_normal() || (lo..hi).contains(&a), "amax/s = {a}");
+                for (i, &v) in blk.iter().enumerate() {
+                    let got = f64::from(deq[r * cols + b * 32 + i]);
+                    let v = f64::from(v);
+                    // Half a step of the element grid (step 1 for fp4 in [2, 4), 2 in [4, 6];
+                    // 2^-3 relative for fp8), plus what saturation at `top` cuts off.
+                    let step = if fp4 { (v.abs() / f64::from(s)).clamp(1.0, 4.0) / 2.0 } else { (v.abs() / f64::from(s) / 8.0).max(1.0 / 512.0) };
+                    let bound = 0.5001 * step * f64::from(s) + (v.abs() - top * f64::from(s)).max(0.0) + 1e-40;
+                    prop_assert!((got - v).abs() <= bound, "x={} got={} s={}", v, got, s);
+                }
+            }
+        }
+    }
+
+    #[test]
     fn fp8_formats_match_definition((rows, cols, x) in matrix(1), block in any::<bool>()) {
         let f = if block { WeightFormat::Fp8Block } else { WeightFormat::Fp8Channel };
         let q = QuantMatrix::quantize(f, rows, cols, &x).unwrap();
@@ -159,7 +187,10 @@ fn zeros_quantize_to_zero_everywhere() {
         let x = [0.0f32; 256];
         let q = QuantMatrix::quantize(f, 2, 128, &x).unwrap();
         assert!(q.dequantize().iter().all(|&v| v == 0.0), "{f}");
-        assert!(q.scales().iter().all(|&s| s == 0.0), "{f}");
+        // e8m0 has no zero: MX formats keep their smallest scale, 2^-127.
+        let zero =
+            if matches!(f, WeightFormat::Mxfp4 | WeightFormat::Mxfp8) { f32::from_bits(0x0040_0000) } else { 0.0 };
+        assert!(q.scales().iter().all(|&s| s == zero), "{f}");
     }
 }
 

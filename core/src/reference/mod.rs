@@ -2,13 +2,16 @@
 //! other backend is tested against, and the definition of the MoE numerics:
 //!
 //! - bf16/fp8 formats: bf16 activations, fp32 products accumulated in column order (fp8 block:
-//!   per 128-column block, then times the block scale, blocks in order);
-//! - int formats: activations quantized per token (per K-group for `int4-gG`) to int8 with
-//!   `amax/127`, exact i32 dot products, times activation scale then weight scale;
+//!   per 128-column block, then times the block scale, blocks in order; mxfp8 the same per
+//!   32-column group);
+//! - int formats: activations quantized per token (per K-group for `int4-gG` and `mxfp4`) to
+//!   int8 with `amax/127`, exact i32 dot products, times activation scale then weight scale
+//!   (mxfp4: weights `2·e2m1` as integers, the ½ in the weight scale);
 //! - GGML types: activations prepared as the type's `vec_dot_type` ([`ggml::ActKind`]: f32,
 //!   Q8_0 or Q8_K blocks); per activation block, `Σ w·q` over the dequantized weights in
 //!   column order, times the block's scale, blocks in order;
-//! - SwiGLU per [`crate::swiglu`]: gate/up rounded to bf16, result rounded to bf16.
+//! - SwiGLU (or the layer's clamped variant) per [`crate::swiglu`]: gate/up rounded to bf16,
+//!   result rounded to bf16.
 #![forbid(unsafe_code)]
 
 use core::ops::Range;
@@ -17,10 +20,10 @@ use half::bf16;
 
 use crate::backend::{ActLayout, Instructions, TaskShape};
 use crate::dtype::F8E4M3;
-use crate::format::{self, int4_group, int4_row, int8_row, FP8_BLOCK};
+use crate::format::{self, int4_group, int4_row, int8_row, mx, FP8_BLOCK};
 use crate::ggml::{self, ActKind, BlockQ8K, BlockQ8_0};
 use crate::mat::MatMut;
-use crate::swiglu::swiglu;
+use crate::swiglu::Glu;
 use crate::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
 
 /// The reference backend.
@@ -30,10 +33,10 @@ pub struct Reference;
 /// The one instance, for registries.
 pub static REFERENCE: Reference = Reference;
 
-/// Activation groups per row: K-groups for `int4-gG`, else one per token.
+/// Activation groups per row: K-groups for `int4-gG` and `mxfp4`, else one per token.
 fn act_groups(format: WeightFormat, cols: usize) -> usize {
     match format {
-        WeightFormat::Int4Group { group } => cols / usize::from(group),
+        WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => cols / format.k_group().unwrap_or(cols),
         _ => 1,
     }
 }
@@ -91,6 +94,16 @@ fn dot(m: &QuantMatrix, r: usize, act: &Act<'_>, t: usize, wf: &mut [f32]) -> f3
                 acc + s * scales[b]
             })
         }
+        (WeightFormat::Mxfp8, Act::Float(x)) => {
+            let x = &x[t * cols..(t + 1) * cols];
+            let per_row = cols / mx::MX_BLOCK;
+            let scales = &m.scales()[r * per_row..(r + 1) * per_row];
+            (0..per_row).fold(0.0f32, |acc, b| {
+                let cs = b * mx::MX_BLOCK..(b + 1) * mx::MX_BLOCK;
+                let s = cs.fold(0.0f32, |s, c| s + F8E4M3(w[c]).to_f32() * x[c].to_f32());
+                acc + s * scales[b]
+            })
+        }
         (WeightFormat::Int8Row, Act::Int { q, scales, .. }) => {
             let q = &q[t * cols..(t + 1) * cols];
             let acc: i32 = (0..cols).map(|c| i32::from(q[c]) * i32::from(w[c] as i8)).sum();
@@ -109,6 +122,15 @@ fn dot(m: &QuantMatrix, r: usize, act: &Act<'_>, t: usize, wf: &mut [f32]) -> f3
                 let d: i32 =
                     (gi * g..(gi + 1) * g).map(|c| i32::from(q[c]) * i32::from(int4_group::weight_i8(w, c))).sum();
                 acc + d as f32 * (sa[gi] * sw[gi])
+            })
+        }
+        (WeightFormat::Mxfp4, Act::Int { q, scales, groups }) => {
+            let q = &q[t * cols..(t + 1) * cols];
+            let (sa, sw) = (&scales[t * groups..(t + 1) * groups], &m.scales()[r * groups..(r + 1) * groups]);
+            (0..*groups).fold(0.0f32, |acc, gi| {
+                let cs = gi * mx::MX_BLOCK..(gi + 1) * mx::MX_BLOCK;
+                let d: i32 = cs.map(|c| i32::from(q[c]) * i32::from(mx::fp4_x2(w, c))).sum();
+                acc + d as f32 * (sa[gi] * (0.5 * sw[gi]))
             })
         }
         (WeightFormat::Ggml(_), &Act::Ggml { kind, bytes, row_bytes }) => {
@@ -172,7 +194,7 @@ impl Backend for Reference {
     fn act_layout(&self, format: WeightFormat) -> ActLayout {
         ActLayout(match format {
             WeightFormat::Ggml(t) => 16 + t.act() as u32,
-            WeightFormat::Int4Group { group } => 1000 + u32::from(group),
+            WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => 1000 + format.k_group().unwrap_or(0) as u32,
             f if f.int_activations() => 1,
             _ => 0,
         })
@@ -251,6 +273,7 @@ impl Backend for Reference {
         rows: Range<usize>,
         act_gate: &[u8],
         act_up: &[u8],
+        glu: Glu,
         mut h: MatMut<'_, bf16>,
         scratch: &mut [u8],
     ) {
@@ -260,7 +283,7 @@ impl Backend for Reference {
         for t in 0..h.rows() {
             let out = h.row_mut(t);
             for (o, r) in out.iter_mut().zip(rows.clone()) {
-                *o = swiglu(dot(gate, r, &ag, t, wf), dot(up, r, &au, t, wf));
+                *o = glu.apply(dot(gate, r, &ag, t, wf), dot(up, r, &au, t, wf));
             }
         }
     }

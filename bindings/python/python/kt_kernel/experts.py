@@ -45,7 +45,9 @@ SFT_METHODS = frozenset(
     | {f"{m}_SkipLoRA" for m in ("AMXBF16_SFT", "AMXINT8_SFT", "AMXINT4_SFT", "AMXINT4_1_SFT", "AMXINT4_KGroup_SFT", "AMXINT4_1KGroup_SFT")}
 )
 # Methods with a CPU backend in this build (online quantization from tensors).
-WORKING_METHODS = frozenset({"AMXINT4", "AMXINT8", "RAWINT4", "FP8", "BF16", "FP8_PERCHANNEL", "GPTQ_INT4", "LLAMAFILE"})
+WORKING_METHODS = frozenset(
+    {"AMXINT4", "AMXINT8", "RAWINT4", "FP8", "BF16", "FP8_PERCHANNEL", "GPTQ_INT4", "LLAMAFILE", "MXFP4", "MXFP8"}
+)
 
 
 def _gpu_mask(mask, num_gpu_experts, num_experts):
@@ -142,6 +144,8 @@ class KTMoEWrapper:
             max_deferred_experts_per_token=max_deferred_experts_per_token,
             method=method,
             numa_nodes=numa_nodes,
+            swiglu_limit=swiglu_limit,
+            swiglu_alpha=swiglu_alpha,
         )
 
     @staticmethod
@@ -307,6 +311,8 @@ class NativeMoEWrapper:
         max_deferred_experts_per_token,
         method,
         numa_nodes,
+        swiglu_limit=0.0,
+        swiglu_alpha=0.0,
     ):
         for name, v in [
             ("num_experts", num_experts),
@@ -353,6 +359,8 @@ class NativeMoEWrapper:
             self.chunked_prefill_size,
             method,
             _Staging.ptr(self.gpu_experts_mask),
+            float(swiglu_limit or 0.0),
+            float(swiglu_alpha or 0.0),
         )
         self._staging = None
         self._submitted_deferred = False

@@ -1,0 +1,164 @@
+//! OCP microscaling (MX) formats: per 32 columns of a row one e8m0 scale `2^X`, and elements
+//! MXFP4 (e2m1 nibbles, low nibble = even column) or MXFP8 (e4m3 bytes). Quantization follows
+//! the OCP MX spec: `X = floor(log2(amax)) - emax` (emax 2 for e2m1, 8 for e4m3), elements
+//! rounded to nearest even and saturated. Scales are kept as f32 (exact powers of two).
+//!
+//! MXFP4 values are integers when doubled (`2·e2m1` ∈ {0, ±1, ±2, ±3, ±4, ±6, ±8, ±12}), so the
+//! kernels dot them as int8 against int8 activations and fold the ½ into the scale.
+
+use alloc::vec;
+use alloc::vec::Vec;
+
+use super::{amax, put_nibble, raw_nibble};
+use crate::dtype::F8E4M3;
+
+/// Columns per scale.
+pub const MX_BLOCK: usize = 32;
+
+/// Twice the value of each e2m1 code (bit 3 is the sign).
+pub const FP4_X2: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
+
+/// `2^x` for an e8m0 exponent range, as f32 (x in -127..=127).
+fn pow2(x: i32) -> f32 {
+    let x = x.clamp(-127, 127);
+    if x == -127 {
+        f32::from_bits(0x0040_0000)
+    } else {
+        f32::from_bits(((x + 127) as u32) << 23)
+    }
+}
+
+/// The shared scale of a block by the OCP rule (`2^-127`, e8m0's smallest, for a zero block).
+fn block_scale(x: &[f32], emax: i32) -> f32 {
+    let a = amax(x);
+    if a == 0.0 {
+        return pow2(-127);
+    }
+    // floor(log2(a)) from the exponent bits (a is finite and normal or subnormal).
+    let e = if a.is_normal() { ((a.to_bits() >> 23) & 0xFF) as i32 - 127 } else { libm::floorf(libm::log2f(a)) as i32 };
+    pow2(e - emax)
+}
+
+/// The e2m1 code of `v` (already divided by the scale), round to nearest even, saturating.
+fn fp4_code(v: f32) -> u8 {
+    let a = v.abs();
+    // Midpoints between 0, .5, 1, 1.5, 2, 3, 4, 6; a tie goes to the even code.
+    let m = if a <= 0.25 {
+        0
+    } else if a < 0.75 {
+        1
+    } else if a <= 1.25 {
+        2
+    } else if a < 1.75 {
+        3
+    } else if a <= 2.5 {
+        4
+    } else if a < 3.5 {
+        5
+    } else if a <= 5.0 {
+        6
+    } else {
+        7
+    };
+    if m != 0 && v < 0.0 {
+        m | 8
+    } else {
+        m
+    }
+}
+
+/// Quantize `rows × cols` (cols a multiple of 32) to MXFP4: (nibbles, `rows × cols/32` scales).
+pub fn quantize_fp4(rows: usize, cols: usize, src: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    let per_row = cols / MX_BLOCK;
+    let mut data = vec![0u8; rows * cols / 2];
+    let mut scales = vec![0.0f32; rows * per_row];
+    for r in 0..rows {
+        let row = &mut data[r * cols / 2..(r + 1) * cols / 2];
+        for b in 0..per_row {
+            let x = &src[r * cols + b * MX_BLOCK..r * cols + (b + 1) * MX_BLOCK];
+            let s = block_scale(x, 2);
+            scales[r * per_row + b] = s;
+            for (i, &v) in x.iter().enumerate() {
+                put_nibble(row, b * MX_BLOCK + i, fp4_code(v / s));
+            }
+        }
+    }
+    (data, scales)
+}
+
+/// Twice the e2m1 value of element `c` of a row.
+#[inline]
+pub fn fp4_x2(row: &[u8], c: usize) -> i8 {
+    FP4_X2[usize::from(raw_nibble(row, c))]
+}
+
+/// Dequantize one MXFP4 row.
+pub fn dequantize_fp4_row(row: &[u8], scales: &[f32], out: &mut [f32]) {
+    for (c, o) in out.iter_mut().enumerate() {
+        *o = f32::from(fp4_x2(row, c)) * 0.5 * scales[c / MX_BLOCK];
+    }
+}
+
+/// Quantize `rows × cols` (cols a multiple of 32) to MXFP8 (e4m3 elements).
+pub fn quantize_fp8(rows: usize, cols: usize, src: &[f32]) -> (Vec<u8>, Vec<f32>) {
+    let per_row = cols / MX_BLOCK;
+    let mut data = vec![0u8; rows * cols];
+    let mut scales = vec![0.0f32; rows * per_row];
+    for r in 0..rows {
+        for b in 0..per_row {
+            let at = r * cols + b * MX_BLOCK;
+            let x = &src[at..at + MX_BLOCK];
+            let s = block_scale(x, 8);
+            scales[r * per_row + b] = s;
+            for (o, &v) in data[at..at + MX_BLOCK].iter_mut().zip(x) {
+                *o = F8E4M3::from_f32(v / s).0;
+            }
+        }
+    }
+    (data, scales)
+}
+
+/// Dequantize one MXFP8 row.
+pub fn dequantize_fp8_row(row: &[u8], scales: &[f32], out: &mut [f32]) {
+    for (c, o) in out.iter_mut().enumerate() {
+        *o = F8E4M3(row[c]).to_f32() * scales[c / MX_BLOCK];
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fp4_rounds_to_nearest_even_and_saturates() {
+        let cases = [(0.2, 0), (0.25, 0), (0.3, 1), (0.75, 2), (1.25, 2), (1.75, 4), (2.5, 4), (3.5, 6), (5.0, 6)];
+        for (v, code) in cases {
+            assert_eq!(fp4_code(v), code, "{v}");
+            assert_eq!(fp4_code(-v), if code == 0 { 0 } else { code | 8 }, "-{v}");
+        }
+        assert_eq!(fp4_code(100.0), 7);
+        for code in 0..16u8 {
+            let v = f32::from(FP4_X2[usize::from(code)]) * 0.5;
+            assert_eq!(FP4_X2[usize::from(fp4_code(v))], FP4_X2[usize::from(code)], "code {code}");
+        }
+    }
+
+    #[test]
+    fn scales_follow_the_ocp_rule() {
+        // amax 5.0: floor(log2 5) = 2, so X = 0 for fp4 and -6 for fp8.
+        let mut x = [0.0f32; MX_BLOCK];
+        x[3] = -5.0;
+        x[7] = 1.0;
+        let (q, s) = quantize_fp4(1, MX_BLOCK, &x);
+        assert_eq!(s, [1.0]);
+        let mut out = [0.0f32; MX_BLOCK];
+        dequantize_fp4_row(&q, &s, &mut out);
+        assert_eq!((out[3], out[7]), (-4.0, 1.0));
+        let (q, s) = quantize_fp8(1, MX_BLOCK, &x);
+        assert_eq!(s, [1.0 / 64.0]);
+        dequantize_fp8_row(&q, &s, &mut out);
+        assert_eq!((out[3], out[7]), (-5.0, 1.0));
+        let (_, s) = quantize_fp4(1, MX_BLOCK, &[0.0; MX_BLOCK]);
+        assert_eq!(s, [pow2(-127)]);
+    }
+}
