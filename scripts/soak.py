@@ -30,7 +30,7 @@ def fds():
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--forwards", type=int, default=10_000, help="forwards to check after the warm-up")
+    ap.add_argument("--forwards", type=int, default=100_000, help="forwards to check after the warm-up")
     ap.add_argument("--seconds", type=float, default=float("inf"), help="stop earlier after this long")
     ap.add_argument("--max-rss-growth-mib", type=float, default=1.0)
     ap.add_argument("--kt", help="the kt binary: run `kt soak` at the same time")
