@@ -3,7 +3,7 @@ user sees (a CLI's one stderr line, or a Python exception's type and text) must 
 text exactly (temporary paths written <tmp>); a row without a case, or a case without a row,
 fails. `python test_bad_input.py` prints the rows as the code has them now."""
 
-import json
+import functools
 import os
 import pathlib
 import re
@@ -21,12 +21,12 @@ DOC = ROOT / "docs" / "reliability.md"
 E, K, H, I = 8, 2, 256, 512
 
 
+@functools.cache
 def kt_binary():
-    for p in [ROOT / "target" / "debug" / "kt", ROOT / "target" / "release" / "kt"]:
-        if p.exists():
-            return str(p)
-    subprocess.run(["cargo", "build", "-q", "-p", "kt-host", "--bin", "kt"], cwd=ROOT, check=True)
-    return str(ROOT / "target" / "debug" / "kt")
+    """The kt CLI of this checkout with its default features (target/debug/kt may be the
+    reference-only build `cargo test --no-default-features` leaves there)."""
+    subprocess.run(["cargo", "build", "--release", "-q", "-p", "kt-host", "--bin", "kt"], cwd=ROOT, check=True)
+    return str(ROOT / "target" / "release" / "kt")
 
 
 def cli(tmp, *args, env=None):
