@@ -190,7 +190,9 @@ mod tests {
             forwards: 300,
             seconds: 60.0,
             report_every: 100,
-            max_rss_growth: 1 << 20,
+            // The other tests of this binary allocate at the same time: RSS is the process's.
+            // `kt soak` (its own process, in the test command's soak smoke) checks the bound.
+            max_rss_growth: u64::MAX,
             seed: 3,
         };
         let mut points = Vec::new();
