@@ -30,10 +30,18 @@ bash scripts/python.sh
 echo "== soak smoke (20 s; docs/reliability.md)"
 bash scripts/soak.sh --seconds 20
 echo "== fuzz smoke (${FUZZ_SECONDS:=20} s per target; the checkpoint and GGUF readers ${FUZZ_READER_SECONDS:=60} s)"
-for t in quantize routing; do
-    (cd fuzz && cargo fuzz run -s none "$t" -- -max_total_time="$FUZZ_SECONDS")
-done
-# Both readers start from small files the ecosystem's tools wrote (fuzz/seeds/<target>).
-(cd fuzz && cargo fuzz run -s none checkpoint corpus/checkpoint seeds/checkpoint -- -max_total_time="$FUZZ_READER_SECONDS")
-(cd fuzz && mkdir -p corpus/gguf && cargo fuzz run -s none gguf corpus/gguf seeds/gguf -- -max_total_time="$FUZZ_READER_SECONDS")
+# Each run reads the committed corpus (fuzz/corpus/<target>) and, for the readers, the seeds
+# the ecosystem's tools wrote (fuzz/seeds/<target>); what it finds goes to fuzz/target/smoke,
+# so the committed corpus changes only by a campaign (scripts/fuzz-campaign.sh).
+smoke() {
+    local t=$1 seconds=$2
+    local dirs=("target/smoke/$t" "corpus/$t")
+    [ -d "fuzz/seeds/$t" ] && dirs+=("seeds/$t")
+    mkdir -p "fuzz/target/smoke/$t"
+    (cd fuzz && cargo fuzz run -s none "$t" "${dirs[@]}" -- -max_total_time="$seconds")
+}
+smoke quantize "$FUZZ_SECONDS"
+smoke routing "$FUZZ_SECONDS"
+smoke checkpoint "$FUZZ_READER_SECONDS"
+smoke gguf "$FUZZ_READER_SECONDS"
 echo "all tests passed"
