@@ -12,10 +12,7 @@ use crate::pack::unit_k;
 
 /// Scale groups per token row.
 pub fn groups(f: WeightFormat, cols: usize) -> usize {
-    match f {
-        WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => cols / f.k_group().unwrap_or(cols),
-        _ => 1,
-    }
+    f.act_group().map_or(1, |g| cols / g)
 }
 
 /// K padded to a whole unit.
@@ -38,8 +35,7 @@ pub fn layout(f: WeightFormat) -> u32 {
         WeightFormat::Int8Row => 1,
         WeightFormat::Int4Row => 2,
         // mxfp4 reads what int4-g32 reads: the same activations serve both.
-        WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => 1000 + f.k_group().unwrap_or(0) as u32,
-        _ => 0,
+        _ => f.act_group().map_or(0, |g| 1000 + g as u32),
     }
 }
 

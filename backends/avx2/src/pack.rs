@@ -50,7 +50,7 @@ pub struct Packed {
 pub fn unit_k(f: WeightFormat) -> usize {
     match f {
         WeightFormat::Int8Row => 4,
-        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => 8,
+        f if is_int4(f) => 8,
         _ => 1,
     }
 }
@@ -64,7 +64,8 @@ pub fn is_int4(f: WeightFormat) -> bool {
 fn unit_bytes(f: WeightFormat) -> usize {
     match f {
         WeightFormat::Bf16 => 2,
-        WeightFormat::Int8Row | WeightFormat::Int4Row | WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => 4,
+        WeightFormat::Int8Row => 4,
+        f if is_int4(f) => 4,
         _ => 1,
     }
 }
@@ -105,7 +106,7 @@ pub fn pack(m: &QuantMatrix) -> Packed {
                 }
                 WeightFormat::Fp8Block | WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => dst[c * PANEL + i] = src[c],
                 WeightFormat::Int8Row => dst[(c / 4) * 64 + i * 4 + c % 4] = src[c],
-                WeightFormat::Int4Row | WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => {
+                f if is_int4(f) => {
                     let nib = int4_nibble(f, src, c);
                     let (u, j) = (c / 8, c % 8);
                     let at = u * 64 + i * 4 + j % 4;
@@ -152,7 +153,7 @@ fn int4_w(f: WeightFormat, row: &[u8], c: usize) -> i8 {
 #[inline]
 fn int4_nibble(f: WeightFormat, row: &[u8], c: usize) -> u8 {
     if f == WeightFormat::Mxfp4 {
-        (row[c / 2] >> (4 * (c % 2))) & 0x0F
+        mx::fp4_code(row, c)
     } else {
         (int4_w(f, row, c) + 8) as u8
     }
@@ -241,7 +242,7 @@ pub fn unpack(p: &Packed, r: usize, c: usize) -> f32 {
             kt_core::dtype::F8E4M3(d[c * PANEL + i]).to_f32()
         }
         WeightFormat::Int8Row => f32::from(d[(c / 4) * 64 + i * 4 + c % 4] as i8),
-        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => {
+        f if is_int4(f) => {
             let (u, j) = (c / 8, c % 8);
             let b = d[u * 64 + i * 4 + j % 4];
             let nib = if j < 4 { b & 0x0F } else { b >> 4 };

@@ -113,6 +113,12 @@ impl WeightFormat {
         )
     }
 
+    /// Columns per activation scale for the formats whose int8 activations are quantized per
+    /// K-group (`int4-gG`, `mxfp4`); `None` for per-token ones and float activations.
+    pub fn act_group(self) -> Option<usize> {
+        self.k_group().filter(|_| self.int_activations())
+    }
+
     /// Columns per scale along a row, for the formats with K-group scales.
     pub fn k_group(self) -> Option<usize> {
         match self {

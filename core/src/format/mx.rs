@@ -40,7 +40,7 @@ fn block_scale(x: &[f32], emax: i32) -> f32 {
 }
 
 /// The e2m1 code of `v` (already divided by the scale), round to nearest even, saturating.
-fn fp4_code(v: f32) -> u8 {
+fn fp4_round(v: f32) -> u8 {
     let a = v.abs();
     // Midpoints between 0, .5, 1, 1.5, 2, 3, 4, 6; a tie goes to the even code.
     let m = if a <= 0.25 {
@@ -79,17 +79,23 @@ pub fn quantize_fp4(rows: usize, cols: usize, src: &[f32]) -> (Vec<u8>, Vec<f32>
             let s = block_scale(x, 2);
             scales[r * per_row + b] = s;
             for (i, &v) in x.iter().enumerate() {
-                put_nibble(row, b * MX_BLOCK + i, fp4_code(v / s));
+                put_nibble(row, b * MX_BLOCK + i, fp4_round(v / s));
             }
         }
     }
     (data, scales)
 }
 
+/// The e2m1 code (0..15) of element `c` of a row.
+#[inline]
+pub fn fp4_code(row: &[u8], c: usize) -> u8 {
+    raw_nibble(row, c)
+}
+
 /// Twice the e2m1 value of element `c` of a row.
 #[inline]
 pub fn fp4_x2(row: &[u8], c: usize) -> i8 {
-    FP4_X2[usize::from(raw_nibble(row, c))]
+    FP4_X2[usize::from(fp4_code(row, c))]
 }
 
 /// Dequantize one MXFP4 row.
@@ -133,13 +139,13 @@ mod tests {
     fn fp4_rounds_to_nearest_even_and_saturates() {
         let cases = [(0.2, 0), (0.25, 0), (0.3, 1), (0.75, 2), (1.25, 2), (1.75, 4), (2.5, 4), (3.5, 6), (5.0, 6)];
         for (v, code) in cases {
-            assert_eq!(fp4_code(v), code, "{v}");
-            assert_eq!(fp4_code(-v), if code == 0 { 0 } else { code | 8 }, "-{v}");
+            assert_eq!(fp4_round(v), code, "{v}");
+            assert_eq!(fp4_round(-v), if code == 0 { 0 } else { code | 8 }, "-{v}");
         }
-        assert_eq!(fp4_code(100.0), 7);
+        assert_eq!(fp4_round(100.0), 7);
         for code in 0..16u8 {
             let v = f32::from(FP4_X2[usize::from(code)]) * 0.5;
-            assert_eq!(FP4_X2[usize::from(fp4_code(v))], FP4_X2[usize::from(code)], "code {code}");
+            assert_eq!(FP4_X2[usize::from(fp4_round(v))], FP4_X2[usize::from(code)], "code {code}");
         }
     }
 

@@ -35,10 +35,7 @@ pub static REFERENCE: Reference = Reference;
 
 /// Activation groups per row: K-groups for `int4-gG` and `mxfp4`, else one per token.
 fn act_groups(format: WeightFormat, cols: usize) -> usize {
-    match format {
-        WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => cols / format.k_group().unwrap_or(cols),
-        _ => 1,
-    }
+    format.act_group().map_or(1, |g| cols / g)
 }
 
 /// Prepared activations as the reference reads them.
@@ -85,24 +82,12 @@ fn dot(m: &QuantMatrix, r: usize, act: &Act<'_>, t: usize, wf: &mut [f32]) -> f3
             s * m.scales()[r]
         }
         (WeightFormat::Fp8Block, Act::Float(x)) => {
-            let x = &x[t * cols..(t + 1) * cols];
             let per_row = cols.div_ceil(FP8_BLOCK);
-            let scales = &m.scales()[(r / FP8_BLOCK) * per_row..];
-            (0..per_row).fold(0.0f32, |acc, b| {
-                let cs = b * FP8_BLOCK..((b + 1) * FP8_BLOCK).min(cols);
-                let s = cs.fold(0.0f32, |s, c| s + F8E4M3(w[c]).to_f32() * x[c].to_f32());
-                acc + s * scales[b]
-            })
+            fp8_blocks(w, &x[t * cols..(t + 1) * cols], FP8_BLOCK, &m.scales()[(r / FP8_BLOCK) * per_row..])
         }
         (WeightFormat::Mxfp8, Act::Float(x)) => {
-            let x = &x[t * cols..(t + 1) * cols];
             let per_row = cols / mx::MX_BLOCK;
-            let scales = &m.scales()[r * per_row..(r + 1) * per_row];
-            (0..per_row).fold(0.0f32, |acc, b| {
-                let cs = b * mx::MX_BLOCK..(b + 1) * mx::MX_BLOCK;
-                let s = cs.fold(0.0f32, |s, c| s + F8E4M3(w[c]).to_f32() * x[c].to_f32());
-                acc + s * scales[b]
-            })
+            fp8_blocks(w, &x[t * cols..(t + 1) * cols], mx::MX_BLOCK, &m.scales()[r * per_row..(r + 1) * per_row])
         }
         (WeightFormat::Int8Row, Act::Int { q, scales, .. }) => {
             let q = &q[t * cols..(t + 1) * cols];
@@ -114,23 +99,17 @@ fn dot(m: &QuantMatrix, r: usize, act: &Act<'_>, t: usize, wf: &mut [f32]) -> f3
             let acc: i32 = (0..cols).map(|c| i32::from(q[c]) * i32::from(int4_row::weight_i8(w, c))).sum();
             acc as f32 * scales[t] * m.scales()[r]
         }
-        (WeightFormat::Int4Group { group }, Act::Int { q, scales, groups }) => {
-            let g = usize::from(group);
+        (f @ (WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4), Act::Int { q, scales, groups }) => {
+            // mxfp4's integers are 2·e2m1: the ½ goes into the weight scale.
+            let mxfp4 = f == WeightFormat::Mxfp4;
+            let weight = if mxfp4 { mx::fp4_x2 } else { int4_group::weight_i8 };
+            let half = if mxfp4 { 0.5 } else { 1.0 };
+            let g = cols / groups;
             let q = &q[t * cols..(t + 1) * cols];
             let (sa, sw) = (&scales[t * groups..(t + 1) * groups], &m.scales()[r * groups..(r + 1) * groups]);
             (0..*groups).fold(0.0f32, |acc, gi| {
-                let d: i32 =
-                    (gi * g..(gi + 1) * g).map(|c| i32::from(q[c]) * i32::from(int4_group::weight_i8(w, c))).sum();
-                acc + d as f32 * (sa[gi] * sw[gi])
-            })
-        }
-        (WeightFormat::Mxfp4, Act::Int { q, scales, groups }) => {
-            let q = &q[t * cols..(t + 1) * cols];
-            let (sa, sw) = (&scales[t * groups..(t + 1) * groups], &m.scales()[r * groups..(r + 1) * groups]);
-            (0..*groups).fold(0.0f32, |acc, gi| {
-                let cs = gi * mx::MX_BLOCK..(gi + 1) * mx::MX_BLOCK;
-                let d: i32 = cs.map(|c| i32::from(q[c]) * i32::from(mx::fp4_x2(w, c))).sum();
-                acc + d as f32 * (sa[gi] * (0.5 * sw[gi]))
+                let d: i32 = (gi * g..(gi + 1) * g).map(|c| i32::from(q[c]) * i32::from(weight(w, c))).sum();
+                acc + d as f32 * (sa[gi] * (half * sw[gi]))
             })
         }
         (WeightFormat::Ggml(_), &Act::Ggml { kind, bytes, row_bytes }) => {
@@ -140,6 +119,16 @@ fn dot(m: &QuantMatrix, r: usize, act: &Act<'_>, t: usize, wf: &mut [f32]) -> f3
         }
         _ => unreachable!("activations were prepared for this matrix's format"),
     }
+}
+
+/// e4m3 weights `w` dotted with `x` per `width`-column block (the last may be short), each
+/// block's sum times its scale, blocks in order.
+fn fp8_blocks(w: &[u8], x: &[bf16], width: usize, scales: &[f32]) -> f32 {
+    (0..x.len().div_ceil(width)).fold(0.0f32, |acc, b| {
+        let cs = b * width..((b + 1) * width).min(x.len());
+        let s = cs.fold(0.0f32, |s, c| s + F8E4M3(w[c]).to_f32() * x[c].to_f32());
+        acc + s * scales[b]
+    })
 }
 
 /// Dequantized weights `w` dotted with one prepared GGML activation row.
@@ -194,7 +183,7 @@ impl Backend for Reference {
     fn act_layout(&self, format: WeightFormat) -> ActLayout {
         ActLayout(match format {
             WeightFormat::Ggml(t) => 16 + t.act() as u32,
-            WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => 1000 + format.k_group().unwrap_or(0) as u32,
+            f if f.act_group().is_some() => 1000 + f.act_group().unwrap_or(0) as u32,
             f if f.int_activations() => 1,
             _ => 0,
         })
