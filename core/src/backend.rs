@@ -96,6 +96,10 @@ pub enum Instructions {
     Int8Pairs,
     /// int8 products summed by fours into i32 (`vpdpbusd`, AVX-VNNI or AVX512-VNNI).
     Int8Vnni,
+    /// f32 fused multiply-add on 512-bit registers (AVX-512F).
+    FmaF32Zmm,
+    /// int8 products summed by pairs on 512-bit registers (AVX-512BW without VNNI).
+    Int8PairsZmm,
 }
 
 /// Which prepared-activation layout a backend's kernels for a format read. Two formats with the
@@ -121,6 +125,12 @@ pub struct TaskShape {
 pub trait Backend: Send + Sync + Debug {
     /// Short name, unique among backends; also its `KT_KERNEL_CPU_VARIANT` value.
     fn name(&self) -> &'static str;
+
+    /// KT's name for what runs (`kt_kernel.__cpu_variant__`): the backend's name, or for a
+    /// backend that picks its instructions at run time, the sub-variant it picked.
+    fn variant(&self) -> &'static str {
+        self.name()
+    }
 
     /// `Ok` if this CPU can run the backend, else the missing feature.
     fn cpu_support(&self) -> Result<(), &'static str>;

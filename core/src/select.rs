@@ -1,8 +1,9 @@
 //! Backend selection by formats. The registry lists the backends with kernels in this build,
 //! best first (the host orders it); a layer runs on the first backend this CPU can run that
 //! serves all three of its matrices ([`Backend::serves`]). `KT_KERNEL_CPU_VARIANT` forces one
-//! by name (KT's `avx512_*` variant strings are accepted for our `avx512`); a forced backend
-//! that does not run a layer's format is an error naming the format and the backends that do.
+//! by name (KT's `avx512_*` variant strings are the names of the AVX-512 sub-variants); a forced
+//! backend that does not run a layer's format is an error naming the format and the backends
+//! that do.
 //! Pure logic: the host reads the environment and passes the values in.
 #![forbid(unsafe_code)]
 
@@ -13,10 +14,6 @@ use core::fmt::Write;
 
 use crate::{Backend, Error, WeightFormat};
 
-/// KT's variant strings that name one of our backends.
-pub const ALIASES: &[(&str, &str)] =
-    &[("avx512_bf16", "avx512"), ("avx512_vbmi", "avx512"), ("avx512_vnni", "avx512"), ("avx512_base", "avx512")];
-
 /// The chosen backend and, for `KT_KERNEL_DEBUG`, why.
 #[derive(Debug)]
 pub struct Selection {
@@ -26,12 +23,9 @@ pub struct Selection {
     pub explanation: String,
 }
 
-/// The values `KT_KERNEL_CPU_VARIANT` accepts with this registry: every backend's name and
-/// each alias of one of them.
+/// The values `KT_KERNEL_CPU_VARIANT` accepts with this registry: every backend's name.
 pub fn variants(registry: &[&'static dyn Backend]) -> Vec<&'static str> {
-    let mut v: Vec<&'static str> = registry.iter().map(|b| b.name()).collect();
-    v.extend(ALIASES.iter().filter(|(_, to)| registry.iter().any(|b| b.name() == *to)).map(|&(a, _)| a));
-    v
+    registry.iter().map(|b| b.name()).collect()
 }
 
 /// The backend `forced` names (`KT_KERNEL_CPU_VARIANT`, case and spaces ignored), or `None`
@@ -43,8 +37,7 @@ pub fn forced_backend(
 ) -> Result<Option<&'static dyn Backend>, Error> {
     let Some(v) = forced.map(str::trim).filter(|v| !v.is_empty()) else { return Ok(None) };
     let v = v.to_ascii_lowercase();
-    let name = ALIASES.iter().find(|(a, _)| *a == v).map_or(v.as_str(), |(_, to)| to);
-    let Some(&b) = registry.iter().find(|b| b.name() == name) else {
+    let Some(&b) = registry.iter().find(|b| b.name() == v) else {
         return Err(Error::UnknownVariant { value: v.clone(), valid: variants(registry).join(", ") });
     };
     if let Err(missing) = b.cpu_support() {
@@ -183,11 +176,11 @@ mod tests {
         let e = select(&reg, Some("sse9")).unwrap_err();
         assert!(matches!(e, Error::UnknownVariant { .. }));
         let msg = alloc::format!("{e}");
-        assert!(msg.contains("avx512, bf16-only, reference, avx512_bf16"), "{msg}");
-        // KT's alias of a backend this CPU cannot run: the missing feature is named.
-        let e = select(&reg, Some("avx512_vnni")).unwrap_err();
+        assert!(msg.contains("avx512, bf16-only, reference"), "{msg}");
+        // A backend this CPU cannot run: the missing feature is named.
+        let e = select(&reg, Some("AVX512")).unwrap_err();
         assert!(alloc::format!("{e}").contains("lacks avx512f"), "{e}");
-        // Without an avx512 backend in the registry, KT's aliases are not valid either.
+        // Without the AVX-512 backends in the registry, KT's variant strings are not valid.
         let e = select(&[&REFERENCE], Some("avx512_bf16")).unwrap_err();
         assert!(alloc::format!("{e}").contains("valid values: reference"), "{e}");
         assert_eq!(select(&reg, Some("")).unwrap().backend.name(), "bf16-only");

@@ -5,7 +5,7 @@
 //! The order of [`registered`] is the whole ranking: a layer runs on the first backend this
 //! CPU runs that serves its formats ([`kt_core::select`]). Wider instructions come first; the
 //! reference backend, which serves everything slowly, is last. Backend crates without kernels
-//! (`avx512`, `amx`, `blis` today) register nothing and are not built by default.
+//! (`amx`, `blis` today) register nothing and are not built by default.
 
 use kt_core::reference::REFERENCE;
 use kt_core::select::{self, Selection};

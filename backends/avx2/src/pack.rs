@@ -23,8 +23,11 @@
 //! factor 2^120 that undoes the exponent placement of the in-register e4m3 decode.
 
 use kt_core::aligned::AlignedBuf;
-use kt_core::format::{int4_group, int4_row, mx, FP8_BLOCK};
+use kt_core::format::FP8_BLOCK;
 use kt_core::{QuantMatrix, WeightFormat};
+pub use kt_x86::int4::{is_int4, nibble_table};
+use kt_x86::int4::{nibble as int4_nibble, weight as int4_w};
+use kt_x86::memory::weight_buffer;
 
 /// Output rows per panel.
 pub const PANEL: usize = 16;
@@ -53,11 +56,6 @@ pub fn unit_k(f: WeightFormat) -> usize {
         f if is_int4(f) => 8,
         _ => 1,
     }
-}
-
-/// Packed as int4 octets (with row sums).
-pub fn is_int4(f: WeightFormat) -> bool {
-    matches!(f, WeightFormat::Int4Row | WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4)
 }
 
 /// Bytes one panel row-slot takes per unit.
@@ -119,53 +117,6 @@ pub fn pack(m: &QuantMatrix) -> Packed {
     let scales = pack_scales(m, panels);
     let rowsum = if int4 { row_sums(m, panels) } else { Vec::new() };
     Packed { format: f, cols, units, panel_bytes, data, scales, rowsum }
-}
-
-/// Huge pages for large weight buffers: the hardware prefetchers stop at 4 KiB page boundaries
-/// and decode streams megabytes per expert. 2 MiB-aligned and `MADV_HUGEPAGE` before first touch
-/// (a no-op where transparent huge pages are off).
-fn weight_buffer(len: usize) -> AlignedBuf {
-    const HUGE: usize = 2 << 20;
-    if len < HUGE / 2 {
-        return AlignedBuf::zeroed(len);
-    }
-    AlignedBuf::zeroed_advised(len, HUGE, |p, len| {
-        #[cfg(target_os = "linux")]
-        // SAFETY: the range lies inside the buffer's own allocation; madvise only sets a hint.
-        unsafe {
-            libc::madvise(p.cast(), len, libc::MADV_HUGEPAGE);
-        }
-    })
-}
-
-/// The signed int4 weight of column c of a row: KT int4's n (value 16·n·d), K-group q, or
-/// mxfp4's 2·e2m1.
-#[inline]
-fn int4_w(f: WeightFormat, row: &[u8], c: usize) -> i8 {
-    match f {
-        WeightFormat::Int4Row => int4_row::weight_i8(row, c) >> 4,
-        WeightFormat::Mxfp4 => mx::fp4_x2(row, c),
-        _ => int4_group::weight_i8(row, c),
-    }
-}
-
-/// The stored nibble of column c: `w + 8`, or mxfp4's own code (see the module docs).
-#[inline]
-fn int4_nibble(f: WeightFormat, row: &[u8], c: usize) -> u8 {
-    if f == WeightFormat::Mxfp4 {
-        mx::fp4_code(row, c)
-    } else {
-        (int4_w(f, row, c) + 8) as u8
-    }
-}
-
-/// The `vpshufb` table from a stored nibble to the signed weight byte.
-pub fn nibble_table(f: WeightFormat) -> [i8; 16] {
-    if f == WeightFormat::Mxfp4 {
-        mx::FP4_X2
-    } else {
-        core::array::from_fn(|n| n as i8 - 8)
-    }
 }
 
 /// Σ w per row (and group), padded rows 0: `[panel][group][16]`.

@@ -1,14 +1,268 @@
-//! kt-kernel-rs backend crate `avx512`: AVX-512F/BW/VNNI/BF16 kernels for our formats (its issue:
-//! the AVX-512 backend).
+//! kt-kernel-rs backend crate `avx512`: AVX-512 kernels for every weight format the AVX2 backend
+//! runs (bf16, per-row int8, KT int4, K-group int4, fp8 block and per-channel, mxfp4, mxfp8),
+//! for the Xeons (Skylake-SP on) and AMD Zen 4/5 most KT users run.
 //!
-//! No kernels yet: [`registered`] is empty, and the host builds it only with its Cargo feature
-//! `avx512` (off by default), so `KT_KERNEL_CPU_VARIANT=avx512` is an unknown value in a default
-//! build. When its kernels land it follows the other backends' shape (`pack`, `act`, `kernels`, the
-//! conformance suite in one line) and depends on no other backend crate.
+//! It registers KT's run-time sub-variants as backends of their own, each using only the
+//! instructions its name allows, so each can be forced with `KT_KERNEL_CPU_VARIANT`:
+//!
+//! | backend | needs | integer dots | bf16 weights, ≤ 2 tokens per expert |
+//! |---|---|---|---|
+//! | `avx512_base` | F, BW | `vpmaddubsw`/`vpmaddwd` | widen, `vfmadd231ps` |
+//! | `avx512_vnni` | + VNNI | `vpdpbusd` | widen, `vfmadd231ps` |
+//! | `avx512_vbmi` | + VBMI | `vpdpbusd` | widen, `vfmadd231ps` |
+//! | `avx512_bf16` | + BF16 | `vpdpbusd` | `vdpbf16ps` |
+//! | `avx512` | F, BW | the best of the above this CPU runs | |
+//!
+//! Weights are packed into 32-row panels of 128-byte units (`pack`); activations prepared per
+//! token (`act`); one microkernel family (`kernels`) serves decode and prefill (tiles of up to
+//! 12 tokens × 32 rows). Built with rustc ≥ 1.89 (`build.rs`); with an older one it registers
+//! nothing.
+//!
+//! **Must not** depend on another backend crate (what the x86 backends share is `kt-x86`'s),
+//! nor serve GGML formats (the `llamafile` backend's).
+//!
+//! # Safety
+//! Every `unsafe fn` here needs the instructions of the level it runs (checked once by
+//! `cpu_support` before the backend is selected) and slices as long as its doc says.
+
+// The 1.89 intrinsics are compiled only where build.rs found rustc ≥ 1.89.
+#![allow(clippy::incompatible_msrv)]
+
+#[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+mod act;
+#[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+mod kernels;
+#[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+mod pack;
 
 use kt_core::Backend;
 
-/// The backends this crate registers with the host, best first. Empty until its kernels land.
+/// The backends this crate registers with the host, best first: `avx512` (the best sub-variant
+/// this CPU runs), then KT's sub-variants from the widest.
 pub fn registered() -> &'static [&'static dyn Backend] {
-    &[]
+    #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+    {
+        static LIST: [&dyn Backend; 5] = [&imp::AVX512, &imp::BF16, &imp::VBMI, &imp::VNNI, &imp::BASE];
+        &LIST
+    }
+    #[cfg(not(all(target_arch = "x86_64", avx512_intrinsics)))]
+    {
+        &[]
+    }
 }
+
+#[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+pub use imp::{Avx512, AVX512};
+
+#[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+pub use kernels::Level;
+
+#[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+mod imp {
+    use core::ops::Range;
+
+    use half::bf16;
+    use kt_core::backend::{ActLayout, Instructions, TaskShape};
+    use kt_core::mat::MatMut;
+    use kt_core::swiglu::Glu;
+    use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
+    use kt_x86::swiglu::glu16;
+    use kt_x86::tiles::{row_tiles, token_tiles, RowTile};
+
+    use crate::act::{self, Act};
+    use crate::kernels::{panel_tile, Level, Tile, MAX_NT};
+    use crate::pack::{self, Packed, HALF, PANEL};
+
+    /// An AVX-512 backend: one of KT's sub-variants, or (`level: None`) the best this CPU runs.
+    #[derive(Debug)]
+    pub struct Avx512 {
+        name: &'static str,
+        level: Option<Level>,
+    }
+
+    /// The best sub-variant this CPU runs.
+    pub static AVX512: Avx512 = Avx512 { name: "avx512", level: None };
+    pub(crate) static BF16: Avx512 = Avx512 { name: "avx512_bf16", level: Some(Level::Bf16) };
+    pub(crate) static VBMI: Avx512 = Avx512 { name: "avx512_vbmi", level: Some(Level::Vbmi) };
+    pub(crate) static VNNI: Avx512 = Avx512 { name: "avx512_vnni", level: Some(Level::Vnni) };
+    pub(crate) static BASE: Avx512 = Avx512 { name: "avx512_base", level: Some(Level::Base) };
+
+    /// `Ok` if this CPU runs `level`, else the first missing feature. AVX2 and FMA too: the
+    /// SwiGLU is `kt-x86`'s 256-bit one.
+    fn support(level: Level) -> Result<(), &'static str> {
+        let need: [(&str, bool, Level); 7] = [
+            ("AVX2", is_x86_feature_detected!("avx2"), Level::Base),
+            ("FMA", is_x86_feature_detected!("fma"), Level::Base),
+            ("AVX512F", is_x86_feature_detected!("avx512f"), Level::Base),
+            ("AVX512BW", is_x86_feature_detected!("avx512bw"), Level::Base),
+            ("AVX512-VNNI", is_x86_feature_detected!("avx512vnni"), Level::Vnni),
+            ("AVX512-VBMI", is_x86_feature_detected!("avx512vbmi"), Level::Vbmi),
+            ("AVX512-BF16", is_x86_feature_detected!("avx512bf16"), Level::Bf16),
+        ];
+        match need.iter().find(|(_, has, from)| *from <= level && !has) {
+            Some((missing, ..)) => Err(missing),
+            None => Ok(()),
+        }
+    }
+
+    impl Avx512 {
+        /// The level this backend runs: its own, or the best this CPU runs.
+        pub fn level(&self) -> Level {
+            self.level.unwrap_or_else(|| {
+                [Level::Bf16, Level::Vbmi, Level::Vnni].into_iter().find(|&l| support(l).is_ok()).unwrap_or(Level::Base)
+            })
+        }
+    }
+
+    fn packed(m: &PackedMatrix) -> &Packed {
+        m.get::<Packed>().expect("a layer hands a backend only the matrices it packed")
+    }
+
+    /// Run every (panel, token tile) of `rows` of `w` and hand each tile to `emit`.
+    fn for_tiles(
+        level: Level,
+        w: &Packed,
+        rows: &Range<usize>,
+        act: &Act<'_>,
+        n: usize,
+        mut emit: impl FnMut(&RowTile, usize, usize, &Tile),
+    ) {
+        let mut tile: Tile = [[0.0; PANEL]; MAX_NT];
+        for panel in row_tiles(rows.clone(), PANEL) {
+            for (t0, nt) in token_tiles(n, MAX_NT) {
+                // SAFETY: the backend is only selected when the CPU runs `level` (cpu_support),
+                // and `act` was prepared by this backend for w's format and K with n rows.
+                unsafe { panel_tile(level, w, panel.index, act, t0, nt, &mut tile) };
+                emit(&panel, t0, nt, &tile);
+            }
+        }
+    }
+
+    impl Backend for Avx512 {
+        fn name(&self) -> &'static str {
+            self.name
+        }
+
+        /// KT's name of the sub-variant this backend runs (`avx512_bf16` … `avx512_base`).
+        fn variant(&self) -> &'static str {
+            match self.level() {
+                Level::Bf16 => BF16.name,
+                Level::Vbmi => VBMI.name,
+                Level::Vnni => VNNI.name,
+                Level::Base => BASE.name,
+            }
+        }
+
+        fn cpu_support(&self) -> Result<(), &'static str> {
+            support(self.level.unwrap_or(Level::Base))
+        }
+
+        fn serves(&self, format: WeightFormat, _rows: usize, cols: usize) -> bool {
+            let known = matches!(
+                format,
+                WeightFormat::Bf16
+                    | WeightFormat::Int8Row
+                    | WeightFormat::Int4Row
+                    | WeightFormat::Int4Group { .. }
+                    | WeightFormat::Fp8Block
+                    | WeightFormat::Fp8Channel
+                    | WeightFormat::Mxfp4
+                    | WeightFormat::Mxfp8
+            );
+            known && cols % format.col_multiple() == 0
+        }
+
+        fn row_granularity(&self, _format: WeightFormat) -> usize {
+            PANEL
+        }
+
+        fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error> {
+            let p = pack::pack(m);
+            Ok(PackedMatrix::new(self.name, m.format(), m.rows(), m.cols(), p.bytes(), p))
+        }
+
+        fn act_layout(&self, format: WeightFormat) -> ActLayout {
+            ActLayout(act::layout(format))
+        }
+
+        fn act_bytes(&self, format: WeightFormat, rows: usize, cols: usize) -> usize {
+            act::bytes(format, rows, cols)
+        }
+
+        fn scratch_bytes(&self, shape: TaskShape) -> usize {
+            act::scratch_bytes(shape.cols)
+        }
+
+        fn quantize_act(
+            &self,
+            format: WeightFormat,
+            cols: usize,
+            src: &[bf16],
+            rows: &[u32],
+            dst: &mut [u8],
+            scratch: &mut [u8],
+        ) {
+            act::prepare(format, cols, src, rows, dst, scratch)
+        }
+
+        fn gate_up(
+            &self,
+            gate: &PackedMatrix,
+            up: &PackedMatrix,
+            rows: Range<usize>,
+            act_gate: &[u8],
+            act_up: &[u8],
+            glu: Glu,
+            mut h: MatMut<'_, bf16>,
+            _scratch: &mut [u8],
+        ) {
+            let (g, u, level) = (packed(gate), packed(up), self.level());
+            let n = h.rows();
+            let (ag, au) = (Act::parse(g.format, g.cols, n, act_gate), Act::parse(u.format, u.cols, n, act_up));
+            let mut ut: Tile = [[0.0; PANEL]; MAX_NT];
+            let mut hv = [0u16; PANEL];
+            // Each up tile is paired with the gate tile of the same panel and tokens.
+            for_tiles(level, g, &rows, &ag, n, |panel, t0, nt, gt| {
+                // SAFETY: as in for_tiles.
+                unsafe { panel_tile(level, u, panel.index, &au, t0, nt, &mut ut) };
+                let (at, within) = (panel.rows.start - rows.start, panel.in_tile(PANEL));
+                for t in 0..nt {
+                    for half in 0..2 {
+                        let r = half * HALF..(half + 1) * HALF;
+                        let (gh, uh) = (gt[t][r.clone()].try_into().unwrap(), ut[t][r.clone()].try_into().unwrap());
+                        let out = (&mut hv[r]).try_into().unwrap();
+                        // SAFETY: cpu_support guarantees AVX2+FMA before this backend is used.
+                        unsafe { glu16(glu, gh, uh, out) };
+                    }
+                    let out = &mut h.row_mut(t0 + t)[at..at + within.len()];
+                    for (o, &v) in out.iter_mut().zip(&hv[within.clone()]) {
+                        *o = bf16::from_bits(v);
+                    }
+                }
+            });
+        }
+
+        fn down(&self, down: &PackedMatrix, rows: Range<usize>, a: &[u8], mut y: MatMut<'_, f32>, _scratch: &mut [u8]) {
+            let d = packed(down);
+            let n = y.rows();
+            let act = Act::parse(d.format, d.cols, n, a);
+            for_tiles(self.level(), d, &rows, &act, n, |panel, t0, nt, tile| {
+                let (at, within) = (panel.rows.start - rows.start, panel.in_tile(PANEL));
+                for (t, res) in tile.iter().enumerate().take(nt) {
+                    y.row_mut(t0 + t)[at..at + within.len()].copy_from_slice(&res[within.clone()]);
+                }
+            });
+        }
+
+        fn instructions(&self, format: WeightFormat) -> Instructions {
+            match (format.int_activations(), self.level()) {
+                (true, Level::Base) => Instructions::Int8PairsZmm,
+                (true, _) => Instructions::Int8Vnni,
+                (false, _) => Instructions::FmaF32Zmm,
+            }
+        }
+    }
+}
+
+#[cfg(all(test, target_arch = "x86_64", avx512_intrinsics))]
+mod tests;

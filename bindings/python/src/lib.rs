@@ -98,12 +98,14 @@ mod kt_kernel_ext {
         let name = selected.backend.name();
         m.add("__version__", env!("CARGO_PKG_VERSION"))?;
         m.add("__backend__", name)?;
-        m.add("__cpu_variant__", name)?;
+        m.add("__cpu_variant__", selected.backend.variant())?;
         m.add("__cpu_features__", kt_host::cpu::CpuInfo::detect().kt_variant())?;
         // The instructions the default backend's int8 kernels run on (KT reports its own build's).
         let int8 = match selected.backend.instructions(kt_core::WeightFormat::Int8Row) {
             kt_core::backend::Instructions::Int8Vnni => format!("{name}-vnni"),
-            kt_core::backend::Instructions::Int8Pairs => format!("{name}-maddubs"),
+            kt_core::backend::Instructions::Int8Pairs | kt_core::backend::Instructions::Int8PairsZmm => {
+                format!("{name}-maddubs")
+            }
             _ => name.to_string(),
         };
         m.add("__int8_kernel__", int8)?;

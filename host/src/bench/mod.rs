@@ -108,8 +108,12 @@ pub struct CaseResult {
     /// weight_gbps / roofline DRAM bandwidth (the run's best reading).
     pub dram_ratio: f64,
     /// gflops / the peak of the instructions the kernels run on (FMA for float kernels, the
-    /// AVX2 int8 loop for `Int8Pairs`, the VNNI one for `Int8Vnni`).
+    /// AVX2 int8 loop for `Int8Pairs`, the VNNI one for `Int8Vnni`, the 512-bit ones for the
+    /// AVX-512 kernels).
     pub compute_ratio: f64,
+    /// The peak `compute_ratio` is to ([`Roofline::peak`]'s name: `fma`, `fma-512`, `int8`,
+    /// `int8-512`, `vnni`).
+    pub judged_by: &'static str,
     /// The instruction family of the gate's kernels (`Backend::instructions`).
     pub instructions: Instructions,
     /// mean |out − ref| / mean |ref| against the reference backend, ≤ 16 tokens.
@@ -241,7 +245,7 @@ fn bar(progress: bool, len: u64, template: &str) -> ProgressBar {
 /// saying which part runs.
 fn probe(spec: &BenchSpec, cpus: &[usize], dram_bytes: usize, when: &str) -> Roofline {
     let th = roofline::Threads { n: spec.threads, cpus };
-    let spin = bar(spec.progress, 4, &format!("{{spinner}} measuring the roofline {when} ({{pos}}/{{len}}) {{msg}}"));
+    let spin = bar(spec.progress, 5, &format!("{{spinner}} measuring the roofline {when} ({{pos}}/{{len}}) {{msg}}"));
     spin.set_message("DRAM read");
     let dram_gbps = roofline::dram_gbps(th, dram_bytes);
     spin.inc(1);
@@ -253,8 +257,11 @@ fn probe(spec: &BenchSpec, cpus: &[usize], dram_bytes: usize, when: &str) -> Roo
     spin.inc(1);
     spin.set_message("VNNI int8 peak");
     let vnni_gops = roofline::vnni_gops(th);
+    spin.inc(1);
+    spin.set_message("512-bit peaks");
+    let zmm = roofline::zmm_peaks(th);
     spin.finish_and_clear();
-    Roofline { dram_gbps, fma_gflops, int8_gops, vnni_gops }
+    Roofline { dram_gbps, fma_gflops, int8_gops, vnni_gops, zmm }
 }
 
 /// Run the benchmark.
@@ -298,9 +305,10 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
     let roof = probes.iter().copied().reduce(Roofline::max).expect("probed before the cases");
     let roofline_low = probes.iter().copied().reduce(Roofline::min).expect("probed before the cases");
     for r in &mut results {
-        let peak = roof.peak(r.instructions);
+        let (peak, name) = roof.peak(r.instructions);
         r.dram_ratio = r.weight_gbps / roof.dram_gbps;
         r.compute_ratio = r.gflops / peak;
+        r.judged_by = name;
     }
     Ok(Report {
         machine,
@@ -445,6 +453,7 @@ fn run_case(
         // Set by `run` against the best of all the run's probes.
         dram_ratio: f64::NAN,
         compute_ratio: f64::NAN,
+        judged_by: "",
         rel_err: if den > 0.0 { num / den } else { num },
         reps: times.len(),
     })

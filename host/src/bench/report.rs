@@ -28,12 +28,18 @@ pub fn to_json(r: &Report) -> Value {
             "fma_gflops": r.roofline.fma_gflops,
             "int8_gops": r.roofline.int8_gops,
             "vnni_gops": r.roofline.vnni_gops,
+            "fma512_gflops": r.roofline.zmm.fma_gflops,
+            "int8_512_gops": r.roofline.zmm.int8_gops,
+            "bf16dot512_gflops": r.roofline.zmm.bf16_gflops,
             "probes": r.probes,
             "low": {
                 "dram_gbps": r.roofline_low.dram_gbps,
                 "fma_gflops": r.roofline_low.fma_gflops,
                 "int8_gops": r.roofline_low.int8_gops,
                 "vnni_gops": r.roofline_low.vnni_gops,
+                "fma512_gflops": r.roofline_low.zmm.fma_gflops,
+                "int8_512_gops": r.roofline_low.zmm.int8_gops,
+                "bf16dot512_gflops": r.roofline_low.zmm.bf16_gflops,
             },
         },
         "results": r.results.iter().map(|c| json!({
@@ -48,6 +54,7 @@ pub fn to_json(r: &Report) -> Value {
             "weight_gbps": c.weight_gbps,
             "dram_ratio": c.dram_ratio,
             "compute_ratio": c.compute_ratio,
+            "judged_by": c.judged_by,
             "vnni": c.instructions == Instructions::Int8Vnni,
             "instructions": format!("{:?}", c.instructions),
             "rel_err": c.rel_err,
@@ -74,15 +81,16 @@ pub fn print_table(r: &Report) {
         lo.dram_gbps, lo.fma_gflops, lo.int8_gops
     );
     if let (Some(v), Some(v_lo)) = (hi.vnni_gops, lo.vnni_gops) {
-        println!(
-            "  VNNI int8 peak {v:.1} GOP/s (lowest {v_lo:.1}), {:.1}× the int8 figure: compute× of kernels that ran on VNNI (marked *) is to it",
-            v / hi.int8_gops
-        );
+        println!("  VNNI int8 peak {v:.1} GOP/s (lowest {v_lo:.1}), {:.1}× the int8 figure", v / hi.int8_gops);
+    }
+    if let (Some(f), Some(i)) = (hi.zmm.fma_gflops, hi.zmm.int8_gops) {
+        let bf16 = hi.zmm.bf16_gflops.map_or(String::new(), |b| format!(", vdpbf16ps {b:.1} GFLOP/s"));
+        println!("  512-bit peaks: FMA {f:.1} GFLOP/s, int8 (vpmaddubsw) {i:.1} GOP/s{bf16}");
     }
     // The method column fits the longest label (mixed GGML layers read "q4_K (down q5_0)").
     let w = r.results.iter().map(|x| x.method.to_string().chars().count()).max().unwrap_or(0).max(12);
     println!(
-        "{:<w$} {:<14} {:>6} {:>10} {:>10} {:>9} {:>9} {:>7} {:>9} {:>9} {:>5}",
+        "{:<w$} {:<14} {:>6} {:>10} {:>10} {:>9} {:>9} {:>7} {:>9} {:<8} {:>9} {:>5}",
         "method",
         "backend",
         "tokens",
@@ -92,12 +100,13 @@ pub fn print_table(r: &Report) {
         "GB/s",
         "DRAM×",
         "compute×",
+        "peak",
         "rel err",
         "reps"
     );
     for x in &r.results {
         println!(
-            "{:<w$} {:<14} {:>6} {:>10.3} {:>10.3} {:>9.2} {:>9.2} {:>7.3} {:>8.3}{} {:>9.2e} {:>5}",
+            "{:<w$} {:<14} {:>6} {:>10.3} {:>10.3} {:>9.2} {:>9.2} {:>7.3} {:>9.3} {:<8} {:>9.2e} {:>5}",
             x.method.to_string(),
             x.backend,
             x.tokens,
@@ -107,13 +116,13 @@ pub fn print_table(r: &Report) {
             x.weight_gbps,
             x.dram_ratio,
             x.compute_ratio,
-            if x.instructions == Instructions::Int8Vnni { "*" } else { " " },
+            x.judged_by,
             x.rel_err,
             x.reps
         );
     }
     println!("GFLOP/s = 2·3·H·I·k·n / best time; GB/s = bytes of the distinct experts touched / best time;");
-    println!("DRAM× and compute× are ratios to the roofline's best readings (compute: FMA peak for bf16/fp8, int8 peak for int formats,");
-    println!("the VNNI peak where marked *: the kernels ran on VNNI);");
-    println!("the roofline was probed before the cases and after each method.");
+    println!("DRAM× and compute× are ratios to the roofline's best readings; compute× is to the peak named in");
+    println!("the peak column, the instructions the kernels ran on (fma, int8 = vpmaddubsw, vnni = vpdpbusd;");
+    println!("-512: in 512-bit registers); the roofline was probed before the cases and after each method.");
 }

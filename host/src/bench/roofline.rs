@@ -10,7 +10,9 @@
 //! its `vpdpbusd` peak is read as well, in the widest registers it runs (512-bit with
 //! AVX512-VNNI: on a Xeon with two 512-bit units 1.86× the 256-bit form; Zen 4 splits them):
 //! kernels that run on VNNI (`Instructions::Int8Vnni`) are set against that one, whatever
-//! width they use, so the ratio is to what the CPU can do ([`Roofline::peak`]).
+//! width they use, so the ratio is to what the CPU can do ([`Roofline::peak`]). Where the CPU
+//! has AVX-512, the 512-bit FMA and `vpmaddubsw` peaks are read too (the AVX-512 kernels are
+//! judged by them), and with AVX512-BF16 the `vdpbf16ps` peak.
 
 use std::hint::black_box;
 use std::sync::Barrier;
@@ -28,17 +30,45 @@ pub struct Roofline {
     /// VNNI int8 dot peak, GOP/s (`vpdpbusd`: zmm with AVX512-VNNI, else ymm), where the CPU
     /// has AVX-VNNI or AVX512-VNNI.
     pub vnni_gops: Option<f64>,
+    /// The 512-bit peaks, where the CPU has AVX-512F/BW (and BF16 for `vdpbf16ps`).
+    pub zmm: Zmm,
+}
+
+/// The 512-bit peaks: FMA (GFLOP/s), `vpmaddubsw` chains (GOP/s) and `vdpbf16ps` (GFLOP/s, a
+/// bf16 pair's two products and two adds count 4).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Zmm {
+    /// `vfmadd231ps zmm`.
+    pub fma_gflops: Option<f64>,
+    /// `vpmaddubsw → vpmaddwd → vpaddd` on zmm.
+    pub int8_gops: Option<f64>,
+    /// `vdpbf16ps zmm`.
+    pub bf16_gflops: Option<f64>,
+}
+
+impl Zmm {
+    fn combine(self, o: Zmm, f: fn(f64, f64) -> f64) -> Zmm {
+        Zmm {
+            fma_gflops: either(self.fma_gflops, o.fma_gflops, f),
+            int8_gops: either(self.int8_gops, o.int8_gops, f),
+            bf16_gflops: either(self.bf16_gflops, o.bf16_gflops, f),
+        }
+    }
 }
 
 impl Roofline {
-    /// The compute peak a kernel on `ins` is judged against: GOP/s for the int8 families,
-    /// GFLOP/s (FMA) otherwise.
-    pub fn peak(&self, ins: kt_core::backend::Instructions) -> f64 {
+    /// The compute peak a kernel on `ins` is judged against, and its name: GOP/s for the int8
+    /// families, GFLOP/s (FMA) otherwise, in the register width the kernels use.
+    pub fn peak(&self, ins: kt_core::backend::Instructions) -> (f64, &'static str) {
         use kt_core::backend::Instructions;
+        let or =
+            |zmm: Option<f64>, name: &'static str, fallback: (f64, &'static str)| zmm.map_or(fallback, |v| (v, name));
         match ins {
-            Instructions::Int8Vnni => self.vnni_gops.unwrap_or(self.int8_gops),
-            Instructions::Int8Pairs => self.int8_gops,
-            _ => self.fma_gflops,
+            Instructions::Int8Vnni => or(self.vnni_gops, "vnni", (self.int8_gops, "int8")),
+            Instructions::Int8Pairs => (self.int8_gops, "int8"),
+            Instructions::Int8PairsZmm => or(self.zmm.int8_gops, "int8-512", (self.int8_gops, "int8")),
+            Instructions::FmaF32Zmm => or(self.zmm.fma_gflops, "fma-512", (self.fma_gflops, "fma")),
+            _ => (self.fma_gflops, "fma"),
         }
     }
 
@@ -49,6 +79,7 @@ impl Roofline {
             fma_gflops: self.fma_gflops.max(o.fma_gflops),
             int8_gops: self.int8_gops.max(o.int8_gops),
             vnni_gops: either(self.vnni_gops, o.vnni_gops, f64::max),
+            zmm: self.zmm.combine(o.zmm, f64::max),
         }
     }
 
@@ -59,6 +90,7 @@ impl Roofline {
             fma_gflops: self.fma_gflops.min(o.fma_gflops),
             int8_gops: self.int8_gops.min(o.int8_gops),
             vnni_gops: either(self.vnni_gops, o.vnni_gops, f64::min),
+            zmm: self.zmm.combine(o.zmm, f64::min),
         }
     }
 }
@@ -233,21 +265,24 @@ fn vnni_form() -> Option<VnniForm> {
     None
 }
 
-/// `$iters` rounds of one `$op` (`vpdpbusd` with its encoding prefix) per accumulator, on
-/// registers `$r` ("ymm" or "zmm"). The registers are set up and declared clobbered by their
-/// ymm names (a VEX write clears the rest of a zmm): zmm operands would need the `avx512f`
-/// target feature, stable only from rustc 1.89 (the workspace builds from 1.85), and the
-/// function running it never inlines and keeps nothing in the upper halves the zmm loop
-/// overwrites (`vzeroupper` clears them after).
-macro_rules! vnni_asm {
+/// `$iters` rounds of one `$op` (e.g. `vpdpbusd` with its encoding prefix) per accumulator, 14
+/// accumulators, on registers `$r` ("ymm" or "zmm"), the two sources set up by `$init8` and
+/// `$init9`. The registers are set up and declared clobbered by their ymm names (a VEX write
+/// clears the rest of a zmm): zmm operands would need the `avx512f` target feature, stable only
+/// from rustc 1.89 (the workspace builds from 1.85), and the function running it never inlines
+/// and keeps nothing in the upper halves the zmm loop overwrites (`vzeroupper` clears them after).
+macro_rules! chains_asm {
     ($iters:expr, $op:literal, $r:literal) => {
+        chains_asm!($iters, $op, $r, "vpcmpeqb ymm8, ymm8, ymm8\nvpabsb ymm8, ymm8", "vmovdqa ymm9, ymm8")
+    };
+    ($iters:expr, $op:literal, $r:literal, $init8:literal, $init9:literal) => {
         std::arch::asm!(
             "vpxor ymm0, ymm0, ymm0", "vpxor ymm1, ymm1, ymm1", "vpxor ymm2, ymm2, ymm2",
             "vpxor ymm3, ymm3, ymm3", "vpxor ymm4, ymm4, ymm4", "vpxor ymm5, ymm5, ymm5",
             "vpxor ymm6, ymm6, ymm6", "vpxor ymm7, ymm7, ymm7", "vpxor ymm10, ymm10, ymm10",
             "vpxor ymm11, ymm11, ymm11", "vpxor ymm12, ymm12, ymm12", "vpxor ymm13, ymm13, ymm13",
             "vpxor ymm14, ymm14, ymm14", "vpxor ymm15, ymm15, ymm15",
-            "vpcmpeqb ymm8, ymm8, ymm8", "vpabsb ymm8, ymm8", "vmovdqa ymm9, ymm8",
+            $init8, $init9,
             "2:",
             concat!($op, " ", $r, "0, ", $r, "8, ", $r, "9"), concat!($op, " ", $r, "1, ", $r, "8, ", $r, "9"),
             concat!($op, " ", $r, "2, ", $r, "8, ", $r, "9"), concat!($op, " ", $r, "3, ", $r, "8, ", $r, "9"),
@@ -272,13 +307,13 @@ macro_rules! vnni_asm {
 fn vnni_loop(form: VnniForm, iters: u64) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: register-only arithmetic; every register used is declared clobbered (the zmm
-    // ones by their ymm names, `vnni_asm`'s note); `form` is an encoding the CPU runs
+    // ones by their ymm names, `chains_asm`'s note); `form` is an encoding the CPU runs
     // ([`vnni_form`]).
     unsafe {
         match form {
-            VnniForm::Vex => vnni_asm!(iters, "{{vex}} vpdpbusd", "ymm"),
-            VnniForm::Evex => vnni_asm!(iters, "{{evex}} vpdpbusd", "ymm"),
-            VnniForm::Zmm => vnni_asm!(iters, "vpdpbusd", "zmm"),
+            VnniForm::Vex => chains_asm!(iters, "{{vex}} vpdpbusd", "ymm"),
+            VnniForm::Evex => chains_asm!(iters, "{{evex}} vpdpbusd", "ymm"),
+            VnniForm::Zmm => chains_asm!(iters, "vpdpbusd", "zmm"),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
@@ -383,6 +418,86 @@ unsafe fn int8_loop_avx2(iters: u64) {
     }
 }
 
+/// [`int8_loop_avx2`]'s chains on zmm (registers declared by their ymm names, as in
+/// `chains_asm`; the constants made with `vpternlogd`, since an EVEX compare writes a mask).
+macro_rules! int8_zmm_asm {
+    ($iters:expr) => {
+        std::arch::asm!(
+            "vpxor ymm0, ymm0, ymm0", "vpxor ymm1, ymm1, ymm1", "vpxor ymm2, ymm2, ymm2",
+            "vpxor ymm3, ymm3, ymm3", "vpxor ymm4, ymm4, ymm4", "vpxor ymm5, ymm5, ymm5",
+            "vpxor ymm6, ymm6, ymm6", "vpxor ymm7, ymm7, ymm7",
+            "vpternlogd zmm10, zmm10, zmm10, 0xff", "vpsrlw zmm10, zmm10, 15", // 16-bit ones
+            "vpternlogd zmm8, zmm8, zmm8, 0xff", "vpabsb zmm8, zmm8", "vmovdqa64 zmm9, zmm8",
+            "2:",
+            "vpmaddubsw zmm11, zmm8, zmm9", "vpmaddwd zmm11, zmm11, zmm10", "vpaddd zmm0, zmm0, zmm11",
+            "vpmaddubsw zmm12, zmm8, zmm9", "vpmaddwd zmm12, zmm12, zmm10", "vpaddd zmm1, zmm1, zmm12",
+            "vpmaddubsw zmm13, zmm8, zmm9", "vpmaddwd zmm13, zmm13, zmm10", "vpaddd zmm2, zmm2, zmm13",
+            "vpmaddubsw zmm14, zmm8, zmm9", "vpmaddwd zmm14, zmm14, zmm10", "vpaddd zmm3, zmm3, zmm14",
+            "vpmaddubsw zmm11, zmm8, zmm9", "vpmaddwd zmm11, zmm11, zmm10", "vpaddd zmm4, zmm4, zmm11",
+            "vpmaddubsw zmm12, zmm8, zmm9", "vpmaddwd zmm12, zmm12, zmm10", "vpaddd zmm5, zmm5, zmm12",
+            "vpmaddubsw zmm13, zmm8, zmm9", "vpmaddwd zmm13, zmm13, zmm10", "vpaddd zmm6, zmm6, zmm13",
+            "vpmaddubsw zmm14, zmm8, zmm9", "vpmaddwd zmm14, zmm14, zmm10", "vpaddd zmm7, zmm7, zmm14",
+            "dec {n}",
+            "jnz 2b",
+            "vzeroupper",
+            n = inout(reg) $iters => _,
+            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _, out("ymm5") _,
+            out("ymm6") _, out("ymm7") _, out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
+            out("ymm12") _, out("ymm13") _, out("ymm14") _,
+            options(nostack, nomem),
+        )
+    };
+}
+
+/// The 512-bit peaks ([`Zmm`]), each best of 3; `None` for those the CPU lacks.
+pub fn zmm_peaks(th: Threads<'_>) -> Zmm {
+    if !avx512() {
+        return Zmm::default();
+    }
+    // 14 chains of 16 lanes: FMA 2 flops a lane, vdpbf16ps 4; the int8 loop as `int8_gops`.
+    let rate = |ops_per_iter: u64, secs: f64| (th.n as u64 * ITERS * ops_per_iter) as f64 / secs / 1e9;
+    let fma = best_seconds(3, th, |_| zmm_loop(ZmmOp::Fma, ITERS));
+    let int8 = best_seconds(3, th, |_| zmm_loop(ZmmOp::Int8, ITERS));
+    let bf16 = is_x86_feature_detected!("avx512bf16").then(|| best_seconds(3, th, |_| zmm_loop(ZmmOp::Bf16, ITERS)));
+    Zmm {
+        fma_gflops: Some(rate(14 * 16 * 2, fma)),
+        int8_gops: Some(rate(8 * 64 * 2, int8)),
+        bf16_gflops: bf16.map(|t| rate(14 * 16 * 4, t)),
+    }
+}
+
+fn avx512() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    return is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
+    #[cfg(not(target_arch = "x86_64"))]
+    false
+}
+
+/// The 512-bit loops.
+#[derive(Clone, Copy, Debug, PartialEq)]
+enum ZmmOp {
+    Fma,
+    Int8,
+    Bf16,
+}
+
+#[inline(never)]
+fn zmm_loop(op: ZmmOp, iters: u64) {
+    #[cfg(target_arch = "x86_64")]
+    // SAFETY: register-only arithmetic; every register used is declared clobbered by its ymm
+    // name (`chains_asm`'s note); the caller checked AVX-512F/BW (and BF16 for `Bf16`).
+    unsafe {
+        match op {
+            // Zeros: no operand or product is subnormal (no microcode assists).
+            ZmmOp::Fma => chains_asm!(iters, "vfmadd231ps", "zmm", "vpxor ymm8, ymm8, ymm8", "vpxor ymm9, ymm9, ymm9"),
+            ZmmOp::Bf16 => chains_asm!(iters, "vdpbf16ps", "zmm", "vpxor ymm8, ymm8, ymm8", "vpxor ymm9, ymm9, ymm9"),
+            ZmmOp::Int8 => int8_zmm_asm!(iters),
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = (op, iters);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -403,6 +518,16 @@ mod tests {
         if std::arch::is_x86_feature_detected!("avxvnni") {
             vnni_loop(VnniForm::Vex, 1000);
         }
+        if avx512() {
+            zmm_loop(ZmmOp::Fma, 1000);
+            zmm_loop(ZmmOp::Int8, 1000);
+            let z = zmm_peaks(Threads::unpinned(1));
+            assert!(z.fma_gflops.is_some_and(|g| g.is_finite() && g > 0.0));
+            assert!(z.int8_gops.is_some_and(|g| g.is_finite() && g > 0.0));
+            assert_eq!(z.bf16_gflops.is_some(), std::arch::is_x86_feature_detected!("avx512bf16"));
+        } else {
+            eprintln!("skipped the 512-bit probes: this CPU lacks AVX-512F/BW");
+        }
         assert_eq!(read_sum(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]), 153);
         let bw = dram_gbps(Threads::unpinned(1), 1 << 20);
         assert!(bw.is_finite() && bw > 0.0);
@@ -410,11 +535,19 @@ mod tests {
 
     #[test]
     fn max_and_min_take_each_limit_on_its_own() {
-        let a = Roofline { dram_gbps: 20.0, fma_gflops: 150.0, int8_gops: 310.0, vnni_gops: Some(700.0) };
-        let b = Roofline { dram_gbps: 25.0, fma_gflops: 140.0, int8_gops: 300.0, vnni_gops: Some(650.0) };
+        let z = |f: f64| Zmm { fma_gflops: Some(f), int8_gops: None, bf16_gflops: None };
+        let a =
+            Roofline { dram_gbps: 20.0, fma_gflops: 150.0, int8_gops: 310.0, vnni_gops: Some(700.0), zmm: z(300.0) };
+        let b =
+            Roofline { dram_gbps: 25.0, fma_gflops: 140.0, int8_gops: 300.0, vnni_gops: Some(650.0), zmm: z(290.0) };
         let (hi, lo) = (a.max(b), a.min(b));
         assert_eq!((hi.dram_gbps, hi.fma_gflops, hi.int8_gops, hi.vnni_gops), (25.0, 150.0, 310.0, Some(700.0)));
         assert_eq!((lo.dram_gbps, lo.fma_gflops, lo.int8_gops, lo.vnni_gops), (20.0, 140.0, 300.0, Some(650.0)));
+        assert_eq!((hi.zmm.fma_gflops, lo.zmm.fma_gflops, hi.zmm.int8_gops), (Some(300.0), Some(290.0), None));
+        use kt_core::backend::Instructions;
+        assert_eq!(a.peak(Instructions::FmaF32Zmm), (300.0, "fma-512"));
+        assert_eq!(a.peak(Instructions::Int8PairsZmm), (310.0, "int8"), "no 512-bit reading: the 256-bit one");
+        assert_eq!(a.peak(Instructions::Int8Vnni), (700.0, "vnni"));
         let none = Roofline { vnni_gops: None, ..a };
         assert_eq!(none.max(b).vnni_gops, Some(650.0));
         assert_eq!(none.min(none).vnni_gops, None);

@@ -1,0 +1,470 @@
+//! The AVX-512 microkernels: a tile of up to [`MAX_NT`] tokens × one 32-row panel (two zmm of
+//! accumulators per token), accumulated over K in order, so every output element is computed
+//! the same way whatever the row block, thread or tile size.
+//!
+//! ```text
+//!  per unit (128 bytes: two zmm r0 = rows 0-15, r1 = rows 16-31)
+//!  float   bf16: w = r << 16, r & 0xFFFF0000 (k0, k1); fp8: byte j placed in the f32 bits
+//!          acc[t][h] += w[h] · x_t[k]                                  (vfmadd231ps)
+//!  bf16 dot (avx512_bf16, ≤ BF16_DOT_MAX tokens)
+//!          acc[t][h] = vdpbf16ps(acc[t][h], r[h], x_t[k0,k1] as a bf16 pair)
+//!  int8    vnni: acc[t][h] = vpdpbusd(acc[t][h], x_t quad + 128, r[h]); then − 128·Σw
+//!          base: |w| · (x_t · sign w) by vpmaddubsw → vpmaddwd (|x| ≤ 127: no saturation)
+//!  int4    lo, hi = table[nibble] (vpshufb); vnni: two vpdpbusd (k0..3, k4..7); base:
+//!          vpmaddubsw(x + 128, lo) + vpmaddubsw(x + 128, hi) in i16 → vpmaddwd; − 128·Σw
+//! ```
+//!
+//! The integer sums are exact in every variant, and scaled in the same order (the reference's:
+//! `(Σ · s_act) · s_w`, or `Σ · (s_act · s_w)` summed over K-groups), so `avx512_base` and the
+//! VNNI variants give the same bits.
+
+// Tiles index tokens, halves and their pointers with one counter; iterators would hide it.
+#![allow(clippy::needless_range_loop)]
+
+use core::arch::x86_64::*;
+
+use half::bf16;
+use kt_core::format::FP8_BLOCK;
+use kt_core::WeightFormat;
+use kt_x86::int4::nibble_table;
+
+use crate::act::Act;
+use crate::pack::{Packed, HALF, PANEL, UNIT};
+
+/// Instructions a sub-variant may use beyond AVX-512F/BW, as KT's variants nest them: each
+/// level has every instruction of the ones before it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub enum Level {
+    /// AVX-512F/BW (`avx512_base`): integer dots by `vpmaddubsw`/`vpmaddwd`.
+    Base,
+    /// + AVX512-VNNI: `vpdpbusd`.
+    Vnni,
+    /// + AVX512-VBMI. No kernel here needs its byte permutes: the e4m3 decode by bit placement
+    ///   takes ≤ 3 instructions per 16 weights, as many as a `vpermb` table lookup, and is exact.
+    Vbmi,
+    /// + AVX512-BF16: `vdpbf16ps` for bf16 weights at few tokens per expert.
+    Bf16,
+}
+
+/// Most tokens in one tile: 2 × 12 accumulators + 2-4 weight registers + a broadcast fit the
+/// 32 zmm registers.
+pub const MAX_NT: usize = 12;
+
+/// Most tokens per expert for which bf16 weights run on `vdpbf16ps` (level [`Level::Bf16`]);
+/// more run widen-and-FMA.
+pub const BF16_DOT_MAX: usize = 2;
+
+/// Results of a tile: `[token][row in panel]`.
+pub type Tile = [[f32; PANEL]; MAX_NT];
+
+/// Software prefetch distance: at ~15 GB/s per core this much must be in flight to cover
+/// DRAM latency (as in the AVX2 kernels), and an L2 prefetch three times further.
+const PREFETCH: usize = 2048;
+const PREFETCH_L2: usize = 3 * PREFETCH;
+
+/// Prefetch both lines of the unit `PREFETCH` ahead of `p`.
+#[inline(always)]
+fn prefetch_unit(p: *const u8) {
+    kt_x86::prefetch::ahead(p, PREFETCH, PREFETCH_L2);
+    kt_x86::prefetch::ahead(p.wrapping_add(64), PREFETCH, PREFETCH_L2);
+}
+
+/// The unit at `p`: rows 0-15 and 16-31.
+///
+/// # Safety
+/// AVX-512F is present (inlined into the kernels, whose features it uses); 128 readable bytes.
+#[inline(always)]
+unsafe fn load_unit(p: *const u8) -> [__m512i; 2] {
+    // SAFETY: the caller's contract.
+    unsafe { [_mm512_loadu_si512(p.cast()), _mm512_loadu_si512(p.add(64).cast())] }
+}
+
+/// The weights of the unit's `j`-th k as f32: bf16 by its position in the dword, e4m3 by bit
+/// placement (f32 · 2^-120, exact with subnormals; the 2^120 is in the scale).
+///
+/// No closures in these helpers: a closure gets no target features, so the intrinsics in it
+/// would stay calls.
+///
+/// # Safety
+/// AVX-512F is present (inlined into the kernels, whose features it uses).
+#[inline(always)]
+unsafe fn decode<const BF16: bool>(r: [__m512i; 2], j: usize) -> [__m512; 2] {
+    // SAFETY: the caller's contract.
+    unsafe { [decode_half::<BF16>(r[0], j), decode_half::<BF16>(r[1], j)] }
+}
+
+/// [`decode`] of one half.
+///
+/// # Safety
+/// As [`decode`].
+#[inline(always)]
+unsafe fn decode_half<const BF16: bool>(v: __m512i, j: usize) -> __m512 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        if BF16 {
+            let w = if j == 0 { _mm512_slli_epi32::<16>(v) } else { _mm512_and_si512(v, _mm512_set1_epi32(-65536)) };
+            _mm512_castsi512_ps(w)
+        } else {
+            let top = match j {
+                0 => _mm512_slli_epi32::<24>(v),
+                1 => _mm512_slli_epi32::<16>(v),
+                2 => _mm512_slli_epi32::<8>(v),
+                _ => v,
+            };
+            let placed = _mm512_and_si512(_mm512_srai_epi32::<4>(top), _mm512_set1_epi32(0x87F0_0000u32 as i32));
+            _mm512_castsi512_ps(placed)
+        }
+    }
+}
+
+/// `acc[t] += Σ w · x[t]` over units `u0..u1` of a bf16 (`BF16`) or fp8 panel.
+///
+/// # Safety
+/// AVX-512F is present; `panel` holds `u1` units and each `x[t]` the padded K.
+#[inline(always)]
+unsafe fn float_units<const N: usize, const BF16: bool>(
+    panel: *const u8,
+    u0: usize,
+    u1: usize,
+    x: &[*const f32; N],
+    acc: &mut [[__m512; 2]; N],
+) {
+    let kpu = if BF16 { 2 } else { 4 };
+    let mut a = *acc;
+    for u in u0..u1 {
+        // SAFETY: u < u1 is inside the panel; x rows hold the padded K (caller's contract).
+        unsafe {
+            let p = panel.add(u * UNIT);
+            prefetch_unit(p);
+            let r = load_unit(p);
+            for j in 0..kpu {
+                let w = decode::<BF16>(r, j);
+                for t in 0..N {
+                    let xb = _mm512_set1_ps(*x[t].add(u * kpu + j));
+                    a[t][0] = _mm512_fmadd_ps(w[0], xb, a[t][0]);
+                    a[t][1] = _mm512_fmadd_ps(w[1], xb, a[t][1]);
+                }
+            }
+        }
+    }
+    *acc = a;
+}
+
+/// Write the accumulators of a tile to `out`.
+///
+/// # Safety
+/// AVX-512F is present (inlined into the kernels, whose features it uses).
+#[inline(always)]
+unsafe fn store_tile<const N: usize>(acc: &[[__m512; 2]; N], out: &mut Tile) {
+    for (o, a) in out.iter_mut().zip(acc) {
+        // SAFETY: each row of `out` holds 32 floats.
+        unsafe {
+            _mm512_storeu_ps(o.as_mut_ptr(), a[0]);
+            _mm512_storeu_ps(o.as_mut_ptr().add(HALF), a[1]);
+        }
+    }
+}
+
+/// 32 consecutive f32 (one per panel row) as two zmm.
+///
+/// # Safety
+/// AVX-512F is present; 32 readable floats.
+#[inline(always)]
+unsafe fn load32(p: *const f32) -> [__m512; 2] {
+    // SAFETY: the caller's contract.
+    unsafe { [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(HALF))] }
+}
+
+/// # Safety
+/// AVX-512F/BW are present; `x` holds `t0 + N` rows of `kp` floats.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn float_panel<const N: usize>(w: &Packed, p: usize, x: &[f32], kp: usize, t0: usize, out: &mut Tile) {
+    let panel = w.panel(p).as_ptr();
+    let xs: [*const f32; N] = core::array::from_fn(|t| x[(t0 + t) * kp..].as_ptr());
+    let z = _mm512_setzero_ps();
+    let mut acc = [[z; 2]; N];
+    // Per-block scales: the block's sums times its scale(s), added up block by block.
+    let blocks = |units: usize, scale: &dyn Fn(usize) -> [__m512; 2], acc: &mut [[__m512; 2]; N]| {
+        for b in 0..w.units.div_ceil(units) {
+            let mut blk = [[z; 2]; N];
+            // SAFETY: units inside the panel; x rows hold kp floats.
+            unsafe { float_units::<N, false>(panel, b * units, ((b + 1) * units).min(w.units), &xs, &mut blk) };
+            let s = scale(b);
+            for (a, k) in acc.iter_mut().zip(&blk) {
+                *a = [_mm512_fmadd_ps(k[0], s[0], a[0]), _mm512_fmadd_ps(k[1], s[1], a[1])];
+            }
+        }
+    };
+    // SAFETY: the panel spans w.units units and x rows kp = 4·units or 2·units floats.
+    unsafe {
+        match w.format {
+            WeightFormat::Bf16 => float_units::<N, true>(panel, 0, w.units, &xs, &mut acc),
+            WeightFormat::Mxfp8 => {
+                let groups = w.cols / kt_core::format::mx::MX_BLOCK;
+                let at = |b: usize| w.scales[(p * groups + b) * PANEL..].as_ptr();
+                blocks(kt_core::format::mx::MX_BLOCK / 4, &|b| load32(at(b)), &mut acc);
+            }
+            WeightFormat::Fp8Channel => {
+                float_units::<N, false>(panel, 0, w.units, &xs, &mut acc);
+                let s = load32(w.scales[p * PANEL..].as_ptr());
+                for a in &mut acc {
+                    *a = [_mm512_mul_ps(a[0], s[0]), _mm512_mul_ps(a[1], s[1])];
+                }
+            }
+            _ => {
+                let kb = w.cols.div_ceil(FP8_BLOCK);
+                let s = |b: usize| [_mm512_set1_ps(w.scales[p * kb + b]); 2];
+                blocks(FP8_BLOCK / 4, &s, &mut acc);
+            }
+        }
+        store_tile(&acc, out);
+    }
+}
+
+/// bf16 weights by `vdpbf16ps` against the bf16 activations, two k per instruction.
+///
+/// # Safety
+/// AVX-512F/BW/BF16 are present; `x16` holds `t0 + N` rows of `kp` values.
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn bf16_dot_panel<const N: usize>(w: &Packed, p: usize, x16: &[bf16], kp: usize, t0: usize, out: &mut Tile) {
+    let panel = w.panel(p).as_ptr();
+    let xs: [*const u32; N] = core::array::from_fn(|t| x16[(t0 + t) * kp..].as_ptr().cast());
+    let mut a = [[_mm512_setzero_ps(); 2]; N];
+    for u in 0..w.units {
+        // SAFETY: u is inside the panel; a row of kp = 2·units bf16 holds `units` pairs.
+        unsafe {
+            let q = panel.add(u * UNIT);
+            prefetch_unit(q);
+            let r = load_unit(q).map(|v| core::mem::transmute::<__m512i, __m512bh>(v));
+            for t in 0..N {
+                let xv: __m512bh = core::mem::transmute(_mm512_set1_epi32(xs[t].add(u).read_unaligned() as i32));
+                a[t][0] = _mm512_dpbf16_ps(a[t][0], r[0], xv);
+                a[t][1] = _mm512_dpbf16_ps(a[t][1], r[1], xv);
+            }
+        }
+    }
+    // SAFETY: AVX-512F enabled here.
+    unsafe { store_tile(&a, out) };
+}
+
+/// `acc[t] += Σ w · x[t]` over units `u0..u1` of an int8 or int4 (`INT4`) panel, with
+/// `vpdpbusd` (`VNNI`) or `vpmaddubsw`/`vpmaddwd`. Activations are int8 + 128; the sums carry
+/// +128·Σw except for int8 without VNNI, whose sums are exact (see the module docs).
+///
+/// # Safety
+/// AVX-512F/BW (and VNNI if `VNNI`) are present; `panel` holds `u1` units; each `x[t]` the
+/// padded K.
+#[inline(always)]
+unsafe fn int_units<const N: usize, const INT4: bool, const VNNI: bool>(
+    panel: *const u8,
+    u0: usize,
+    u1: usize,
+    lut: __m512i,
+    x: &[*const u8; N],
+    acc: &mut [[__m512i; 2]; N],
+) {
+    // SAFETY: AVX-512F/BW (and VNNI where used) by the contract; u < u1 is inside the panel and
+    // every quad read lies in the padded K of its row.
+    unsafe {
+        let mut a = *acc;
+        let (lo4, ones, flip, zero) =
+            (_mm512_set1_epi8(0x0F), _mm512_set1_epi16(1), _mm512_set1_epi8(-128), _mm512_setzero_si512());
+        for u in u0..u1 {
+            let p = panel.add(u * UNIT);
+            prefetch_unit(p);
+            let r = load_unit(p);
+            if INT4 {
+                let lo = [_mm512_and_si512(r[0], lo4), _mm512_and_si512(r[1], lo4)];
+                let lo = [_mm512_shuffle_epi8(lut, lo[0]), _mm512_shuffle_epi8(lut, lo[1])];
+                let hi = [_mm512_srli_epi16::<4>(r[0]), _mm512_srli_epi16::<4>(r[1])];
+                let hi = [_mm512_and_si512(hi[0], lo4), _mm512_and_si512(hi[1], lo4)];
+                let hi = [_mm512_shuffle_epi8(lut, hi[0]), _mm512_shuffle_epi8(lut, hi[1])];
+                for t in 0..N {
+                    let (xl, xh) = (quad(x[t], 8 * u), quad(x[t], 8 * u + 4));
+                    for h in 0..2 {
+                        a[t][h] = if VNNI {
+                            _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a[t][h], xl, lo[h]), xh, hi[h])
+                        } else {
+                            let s = _mm512_add_epi16(_mm512_maddubs_epi16(xl, lo[h]), _mm512_maddubs_epi16(xh, hi[h]));
+                            _mm512_add_epi32(a[t][h], _mm512_madd_epi16(s, ones))
+                        };
+                    }
+                }
+            } else if VNNI {
+                for t in 0..N {
+                    let xv = quad(x[t], 4 * u);
+                    for h in 0..2 {
+                        a[t][h] = _mm512_dpbusd_epi32(a[t][h], xv, r[h]);
+                    }
+                }
+            } else {
+                let abs = [_mm512_abs_epi8(r[0]), _mm512_abs_epi8(r[1])];
+                let neg = [_mm512_movepi8_mask(r[0]), _mm512_movepi8_mask(r[1])];
+                for t in 0..N {
+                    let xs = _mm512_xor_si512(quad(x[t], 4 * u), flip);
+                    for h in 0..2 {
+                        let xv = _mm512_mask_sub_epi8(xs, neg[h], zero, xs);
+                        a[t][h] = _mm512_add_epi32(a[t][h], _mm512_madd_epi16(_mm512_maddubs_epi16(abs[h], xv), ones));
+                    }
+                }
+            }
+        }
+        *acc = a;
+    }
+}
+
+/// The four bytes at `x + at` broadcast to every dword.
+///
+/// # Safety
+/// AVX-512F is present (inlined into the kernels); 4 readable bytes at `x + at`.
+#[inline(always)]
+unsafe fn quad(x: *const u8, at: usize) -> __m512i {
+    // SAFETY: the caller's contract.
+    unsafe { _mm512_set1_epi32(x.add(at).cast::<i32>().read_unaligned()) }
+}
+
+/// Prepared int activations of a tile.
+#[derive(Clone, Copy)]
+struct IntAct<'a> {
+    q: &'a [u8],
+    kp: usize,
+    scales: &'a [f32],
+    groups: usize,
+}
+
+/// `acc − 128·Σw` as f32.
+///
+/// # Safety
+/// AVX-512F is present (inlined into the kernels, whose features it uses); 16 readable i32.
+#[inline(always)]
+unsafe fn unbias(acc: __m512i, rowsum: *const i32) -> __m512 {
+    // SAFETY: the caller's contract.
+    unsafe { _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_slli_epi32::<7>(_mm512_loadu_si512(rowsum.cast())))) }
+}
+
+/// # Safety
+/// AVX-512F/BW (and VNNI if `VNNI`) are present; `act` holds `t0 + N` rows for `w`'s format.
+#[inline(always)]
+unsafe fn int_panel<const N: usize, const VNNI: bool>(
+    w: &Packed,
+    p: usize,
+    act: IntAct<'_>,
+    t0: usize,
+    out: &mut Tile,
+) {
+    let panel = w.panel(p).as_ptr();
+    let xs: [*const u8; N] = core::array::from_fn(|t| act.q[(t0 + t) * act.kp..].as_ptr());
+    let groups = act.groups;
+    let table = nibble_table(w.format);
+    // SAFETY: the panel holds w.units units, x rows kp bytes, scales and row sums 32 per panel
+    // and group (caller's contract and `pack`).
+    unsafe {
+        let zi = _mm512_setzero_si512();
+        let lut = _mm512_broadcast_i32x4(_mm_loadu_si128(table.as_ptr().cast()));
+        let mut res = [[_mm512_setzero_ps(); 2]; N];
+        match w.format {
+            f @ (WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4) => {
+                let upg = f.k_group().unwrap_or(w.cols) / 8;
+                for g in 0..groups {
+                    let mut acc = [[zi; 2]; N];
+                    int_units::<N, true, VNNI>(panel, g * upg, (g + 1) * upg, lut, &xs, &mut acc);
+                    let at = (p * groups + g) * PANEL;
+                    let (s, rs) = (load32(w.scales[at..].as_ptr()), w.rowsum[at..].as_ptr());
+                    for t in 0..N {
+                        let a = _mm512_set1_ps(act.scales[(t0 + t) * groups + g]);
+                        for h in 0..2 {
+                            let sum = unbias(acc[t][h], rs.add(h * HALF));
+                            res[t][h] = _mm512_fmadd_ps(sum, _mm512_mul_ps(a, s[h]), res[t][h]);
+                        }
+                    }
+                }
+            }
+            f => {
+                let int8 = f == WeightFormat::Int8Row;
+                let mut acc = [[zi; 2]; N];
+                if int8 {
+                    int_units::<N, false, VNNI>(panel, 0, w.units, lut, &xs, &mut acc);
+                } else {
+                    int_units::<N, true, VNNI>(panel, 0, w.units, lut, &xs, &mut acc);
+                }
+                let (s, rs) = (load32(w.scales[p * PANEL..].as_ptr()), w.rowsum[p * PANEL..].as_ptr());
+                for t in 0..N {
+                    let a = _mm512_set1_ps(act.scales[t0 + t]);
+                    for h in 0..2 {
+                        let sum = if int8 && !VNNI {
+                            _mm512_cvtepi32_ps(acc[t][h])
+                        } else {
+                            unbias(acc[t][h], rs.add(h * HALF))
+                        };
+                        // (Σ · sa) · sw, the reference's order.
+                        res[t][h] = _mm512_mul_ps(_mm512_mul_ps(sum, a), s[h]);
+                    }
+                }
+            }
+        }
+        store_tile(&res, out);
+    }
+}
+
+/// # Safety
+/// As [`int_panel`], with AVX-512F/BW.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn int_panel_base<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: usize, out: &mut Tile) {
+    // SAFETY: forwarded; compiled without VNNI so no instruction of it can appear.
+    unsafe { int_panel::<N, false>(w, p, act, t0, out) }
+}
+
+/// # Safety
+/// As [`int_panel`], with AVX-512F/BW/VNNI.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
+unsafe fn int_panel_vnni<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: usize, out: &mut Tile) {
+    // SAFETY: forwarded.
+    unsafe { int_panel::<N, true>(w, p, act, t0, out) }
+}
+
+/// Tokens `t0..t0+nt` (nt ≤ [`MAX_NT`]) × panel `p` of `w` into `out[..nt]`, with the
+/// instructions `level` allows.
+///
+/// # Safety
+/// The CPU runs `level` (AVX-512F/BW and the level's own extensions); `act` was prepared for
+/// `w`'s format and K, with at least `t0 + nt` rows.
+pub unsafe fn panel_tile(level: Level, w: &Packed, p: usize, act: &Act<'_>, t0: usize, nt: usize, out: &mut Tile) {
+    macro_rules! by_n {
+        ($f:ident, $($arg:expr),*) => {
+            match nt {
+                1 => $f::<1>($($arg),*),
+                2 => $f::<2>($($arg),*),
+                3 => $f::<3>($($arg),*),
+                4 => $f::<4>($($arg),*),
+                5 => $f::<5>($($arg),*),
+                6 => $f::<6>($($arg),*),
+                7 => $f::<7>($($arg),*),
+                8 => $f::<8>($($arg),*),
+                9 => $f::<9>($($arg),*),
+                10 => $f::<10>($($arg),*),
+                11 => $f::<11>($($arg),*),
+                12 => $f::<12>($($arg),*),
+                _ => unreachable!("tile of {nt} tokens"),
+            }
+        };
+    }
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        match *act {
+            Act::Float { x16, kp, .. }
+                if level == Level::Bf16 && w.format == WeightFormat::Bf16 && nt <= BF16_DOT_MAX =>
+            {
+                by_n!(bf16_dot_panel, w, p, x16, kp, t0, out)
+            }
+            Act::Float { x, kp, .. } => by_n!(float_panel, w, p, x, kp, t0, out),
+            Act::Int { q, kp, scales, groups } => {
+                let a = IntAct { q, kp, scales, groups };
+                if level >= Level::Vnni {
+                    by_n!(int_panel_vnni, w, p, a, t0, out)
+                } else {
+                    by_n!(int_panel_base, w, p, a, t0, out)
+                }
+            }
+        }
+    }
+}
