@@ -95,17 +95,8 @@ mod imp {
         }
 
         fn serves(&self, format: WeightFormat, _rows: usize, cols: usize) -> bool {
-            let known = matches!(
-                format,
-                WeightFormat::Bf16
-                    | WeightFormat::Int8Row
-                    | WeightFormat::Int4Row
-                    | WeightFormat::Int4Group { .. }
-                    | WeightFormat::Fp8Block
-                    | WeightFormat::Fp8Channel
-                    | WeightFormat::Mxfp4
-                    | WeightFormat::Mxfp8
-            );
+            // Every format of ours; GGML's types are the llamafile backend's.
+            let known = !matches!(format, WeightFormat::Ggml(_));
             known && cols % format.col_multiple() == 0
         }
 

@@ -9,6 +9,8 @@
 //! int8 values are quantized exactly as the reference backend does (per token, or per K-group
 //! for `int4-gG` and `mxfp4`); padding is 0x80, a zero.
 
+use core::arch::x86_64::*;
+
 use half::bf16;
 use kt_core::format::int8_row;
 use kt_core::WeightFormat;
@@ -54,12 +56,57 @@ pub fn layout(f: WeightFormat) -> u32 {
     }
 }
 
-/// Scratch [`prepare`] needs: one token row in f32.
+/// Scratch [`prepare`] needs: one token row in f32 (for a row with a non-finite value).
 pub fn scratch_bytes(cols: usize) -> usize {
     4 * cols
 }
 
+/// Quantize one group of a token row into `q` (int8 + 128) and return its scale: the
+/// reference's `int8_row::quantize_row`, 16 values at a time. The same bits: the max, the
+/// scalar `amax / 127` and `1 / d`, one product per value and its round to nearest even are
+/// the same operations; `None` (nothing written) for a group with an infinite or NaN value,
+/// which the caller quantizes the scalar way.
+///
+/// # Safety
+/// The CPU has AVX-512F/BW/VL; `q` holds `x.len()` bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl")]
+unsafe fn quantize_group(x: &[bf16], q: &mut [u8]) -> Option<f32> {
+    let n = x.len();
+    let mask = |i: usize| if n - i >= 16 { 0xFFFF } else { (1u16 << (n - i)) - 1 };
+    // SAFETY: masked loads read only the lanes below n.
+    let load = |i: usize| unsafe {
+        let h = _mm256_maskz_loadu_epi16(mask(i), x.as_ptr().add(i).cast());
+        _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h)))
+    };
+    let sign = _mm512_set1_epi32(i32::MAX);
+    let mut m = _mm512_setzero_ps();
+    for i in (0..n).step_by(16) {
+        let a = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(load(i)), sign));
+        // A NaN lane keeps the running max, as `f32::max` does.
+        m = _mm512_max_ps(a, m);
+    }
+    let amax = _mm512_reduce_max_ps(m);
+    if !amax.is_finite() {
+        return None;
+    }
+    let d = amax / 127.0;
+    let inv = 1.0 / d;
+    let inv = if d != 0.0 && inv.is_finite() { inv } else { 0.0 };
+    let (vinv, flip) = (_mm512_set1_ps(inv), _mm_set1_epi8(-128));
+    for i in (0..n).step_by(16) {
+        // |v · inv| ≤ 127.5: the conversion rounds to nearest even, the narrowing saturates; a
+        // NaN value gives 0, as the reference's saturating cast does.
+        let p = _mm512_mul_ps(load(i), vinv);
+        let ordered = _mm512_cmp_ps_mask::<_CMP_ORD_Q>(p, p);
+        let r = _mm512_cvtsepi32_epi8(_mm512_maskz_cvtps_epi32(ordered, p));
+        // SAFETY: the masked store writes only the lanes below n.
+        unsafe { _mm_mask_storeu_epi8(q.as_mut_ptr().add(i).cast(), mask(i), _mm_xor_si128(r, flip)) };
+    }
+    Some(d)
+}
+
 /// Prepare rows `rows` of `src` for format `f` into `dst`; `scratch` holds [`scratch_bytes`].
+/// The CPU has AVX-512F/BW/VL (the backend's floor).
 pub fn prepare(f: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &mut [u8], scratch: &mut [u8]) {
     let row = |i: usize| &src[rows[i] as usize * cols..(rows[i] as usize + 1) * cols];
     let kp = padded(f, cols);
@@ -86,15 +133,21 @@ pub fn prepare(f: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &m
     let scales: &mut [f32] = bytemuck::cast_slice_mut(&mut rest[..4 * rows.len() * g]);
     let x: &mut [f32] = bytemuck::cast_slice_mut(&mut scratch[..4 * cols]);
     for i in 0..rows.len() {
-        for (o, v) in x.iter_mut().zip(row(i)) {
-            *o = v.to_f32();
-        }
         let qrow = &mut first[i * kp..(i + 1) * kp];
         qrow[cols..].fill(0x80);
         for gi in 0..g {
-            let (vals, d) = int8_row::quantize_row(&x[gi * gw..(gi + 1) * gw]);
+            let (src, q) = (&row(i)[gi * gw..(gi + 1) * gw], &mut qrow[gi * gw..(gi + 1) * gw]);
+            // SAFETY: the backend runs only where the CPU has AVX-512F/BW/VL (cpu_support).
+            if let Some(d) = unsafe { quantize_group(src, q) } {
+                scales[i * g + gi] = d;
+                continue;
+            }
+            for (o, v) in x.iter_mut().zip(src) {
+                *o = v.to_f32();
+            }
+            let (vals, d) = int8_row::quantize_row(&x[..gw]);
             scales[i * g + gi] = d;
-            for (o, v) in qrow[gi * gw..].iter_mut().zip(vals) {
+            for (o, v) in q.iter_mut().zip(vals) {
                 *o = v as u8 ^ 0x80;
             }
         }
@@ -119,5 +172,41 @@ impl<'a> Act<'a> {
         }
         let g = groups(f, cols);
         Act::Int { q: &first[..rows * kp], kp, scales: bytemuck::cast_slice(&rest[..4 * rows * g]), groups: g }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn vector_quantization_gives_the_references_bits() {
+        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw")) {
+            eprintln!("skipped: this CPU lacks AVX-512F/BW");
+            return;
+        }
+        let mut r = kt_core::rng::SplitMix64::new(17);
+        let mut rows: Vec<Vec<f32>> = Vec::new();
+        for n in 1..70 {
+            rows.push((0..n).map(|_| r.uniform([0.01, 1.0, 300.0][n % 3])).collect());
+        }
+        rows.push(vec![0.0; 40]);
+        rows.push(vec![1e-39; 33]); // subnormal amax: 1/d overflows, the row is zeros
+        rows.push((0..48).map(|i| if i == 7 { f32::NAN } else { i as f32 - 20.0 }).collect());
+        for x in rows {
+            let src: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
+            let wide: Vec<f32> = src.iter().map(|v| v.to_f32()).collect();
+            let (want, d) = int8_row::quantize_row(&wide);
+            let mut q = vec![0u8; src.len()];
+            // SAFETY: AVX-512F/BW checked above (VL with them on every such CPU).
+            let got = unsafe { quantize_group(&src, &mut q) };
+            assert_eq!(got.map(f32::to_bits), Some(d.to_bits()), "scale, {} values", src.len());
+            let want: Vec<u8> = want.map(|v| v as u8 ^ 0x80).collect();
+            assert_eq!(q, want, "{} values", src.len());
+        }
+        let mut q = vec![0u8; 4];
+        let inf = [bf16::ONE, bf16::INFINITY, bf16::ZERO, bf16::ONE];
+        // SAFETY: as above.
+        assert_eq!(unsafe { quantize_group(&inf, &mut q) }, None, "non-finite groups go the scalar way");
     }
 }

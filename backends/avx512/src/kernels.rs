@@ -8,10 +8,10 @@
 //!          acc[t][h] += w[h] · x_t[k]                                  (vfmadd231ps)
 //!  bf16 dot (avx512_bf16, ≤ BF16_DOT_MAX tokens)
 //!          acc[t][h] = vdpbf16ps(acc[t][h], r[h], x_t[k0,k1] as a bf16 pair)
-//!  int8    vnni: acc[t][h] = vpdpbusd(acc[t][h], x_t quad + 128, r[h]); then − 128·Σw
+//!  int8    vnni: acc[t][h] = vpdpbusd(acc[t][h], x_t quad + 128, r[h]), from −128·Σw
 //!          base: |w| · (x_t · sign w) by vpmaddubsw → vpmaddwd (|x| ≤ 127: no saturation)
 //!  int4    lo, hi = table[nibble] (vpshufb); vnni: two vpdpbusd (k0..3, k4..7); base:
-//!          vpmaddubsw(x + 128, lo) + vpmaddubsw(x + 128, hi) in i16 → vpmaddwd; − 128·Σw
+//!          vpmaddubsw(x + 128, lo) + vpmaddubsw(x + 128, hi) in i16 → vpmaddwd; from −128·Σw
 //! ```
 //!
 //! The integer sums are exact in every variant, and scaled in the same order (the reference's:
@@ -248,8 +248,9 @@ unsafe fn bf16_dot_panel<const N: usize>(w: &Packed, p: usize, x16: &[bf16], kp:
 }
 
 /// `acc[t] += Σ w · x[t]` over units `u0..u1` of an int8 or int4 (`INT4`) panel, with
-/// `vpdpbusd` (`VNNI`) or `vpmaddubsw`/`vpmaddwd`. Activations are int8 + 128; the sums carry
-/// +128·Σw except for int8 without VNNI, whose sums are exact (see the module docs).
+/// `vpdpbusd` (`VNNI`) or `vpmaddubsw`/`vpmaddwd`. Activations are int8 + 128, so the sums
+/// gain 128·Σw, which the accumulators start without (−128·Σw), except for int8 without VNNI,
+/// whose sums are exact and start at 0 (see the module docs).
 ///
 /// # Safety
 /// AVX-512F/BW (and VNNI if `VNNI`) are present; `panel` holds `u1` units; each `x[t]` the
@@ -332,18 +333,9 @@ struct IntAct<'a> {
     groups: usize,
 }
 
-/// `acc − 128·Σw` as f32.
-///
-/// # Safety
-/// AVX-512F is present (inlined into the kernels, whose features it uses); 16 readable i32.
-#[inline(always)]
-unsafe fn unbias(acc: __m512i, rowsum: *const i32) -> __m512 {
-    // SAFETY: the caller's contract.
-    unsafe { _mm512_cvtepi32_ps(_mm512_sub_epi32(acc, _mm512_slli_epi32::<7>(_mm512_loadu_si512(rowsum.cast())))) }
-}
-
 /// # Safety
 /// AVX-512F/BW (and VNNI if `VNNI`) are present; `act` holds `t0 + N` rows for `w`'s format.
+/// The scales and biases hold 32 per panel and group (`pack`).
 #[inline(always)]
 unsafe fn int_panel<const N: usize, const VNNI: bool>(
     w: &Packed,
@@ -356,48 +348,51 @@ unsafe fn int_panel<const N: usize, const VNNI: bool>(
     let xs: [*const u8; N] = core::array::from_fn(|t| act.q[(t0 + t) * act.kp..].as_ptr());
     let groups = act.groups;
     let table = nibble_table(w.format);
-    // SAFETY: the panel holds w.units units, x rows kp bytes, scales and row sums 32 per panel
+    // SAFETY: the panel holds w.units units, x rows kp bytes, scales and biases 32 per panel
     // and group (caller's contract and `pack`).
     unsafe {
-        let zi = _mm512_setzero_si512();
+        // The accumulators' start: −128·Σw, or 0 for int8 without VNNI (exact signed sums).
+        let biased = VNNI || w.format != WeightFormat::Int8Row;
+        let start = |at: usize| -> [__m512i; 2] {
+            if biased {
+                let b = w.bias[at..].as_ptr();
+                [_mm512_loadu_si512(b.cast()), _mm512_loadu_si512(b.add(HALF).cast())]
+            } else {
+                [_mm512_setzero_si512(); 2]
+            }
+        };
         let lut = _mm512_broadcast_i32x4(_mm_loadu_si128(table.as_ptr().cast()));
         let mut res = [[_mm512_setzero_ps(); 2]; N];
         match w.format {
             f @ (WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4) => {
                 let upg = f.k_group().unwrap_or(w.cols) / 8;
                 for g in 0..groups {
-                    let mut acc = [[zi; 2]; N];
-                    int_units::<N, true, VNNI>(panel, g * upg, (g + 1) * upg, lut, &xs, &mut acc);
                     let at = (p * groups + g) * PANEL;
-                    let (s, rs) = (load32(w.scales[at..].as_ptr()), w.rowsum[at..].as_ptr());
+                    let mut acc = [start(at); N];
+                    int_units::<N, true, VNNI>(panel, g * upg, (g + 1) * upg, lut, &xs, &mut acc);
+                    let s = load32(w.scales[at..].as_ptr());
                     for t in 0..N {
                         let a = _mm512_set1_ps(act.scales[(t0 + t) * groups + g]);
                         for h in 0..2 {
-                            let sum = unbias(acc[t][h], rs.add(h * HALF));
+                            let sum = _mm512_cvtepi32_ps(acc[t][h]);
                             res[t][h] = _mm512_fmadd_ps(sum, _mm512_mul_ps(a, s[h]), res[t][h]);
                         }
                     }
                 }
             }
             f => {
-                let int8 = f == WeightFormat::Int8Row;
-                let mut acc = [[zi; 2]; N];
-                if int8 {
+                let mut acc = [start(p * PANEL); N];
+                if f == WeightFormat::Int8Row {
                     int_units::<N, false, VNNI>(panel, 0, w.units, lut, &xs, &mut acc);
                 } else {
                     int_units::<N, true, VNNI>(panel, 0, w.units, lut, &xs, &mut acc);
                 }
-                let (s, rs) = (load32(w.scales[p * PANEL..].as_ptr()), w.rowsum[p * PANEL..].as_ptr());
+                let s = load32(w.scales[p * PANEL..].as_ptr());
                 for t in 0..N {
                     let a = _mm512_set1_ps(act.scales[t0 + t]);
                     for h in 0..2 {
-                        let sum = if int8 && !VNNI {
-                            _mm512_cvtepi32_ps(acc[t][h])
-                        } else {
-                            unbias(acc[t][h], rs.add(h * HALF))
-                        };
                         // (Σ · sa) · sw, the reference's order.
-                        res[t][h] = _mm512_mul_ps(_mm512_mul_ps(sum, a), s[h]);
+                        res[t][h] = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(acc[t][h]), a), s[h]);
                     }
                 }
             }

@@ -13,6 +13,8 @@
 //! | `avx512_bf16` | + BF16 | `vpdpbusd` | `vdpbf16ps` |
 //! | `avx512` | F, BW | the best of the above this CPU runs | |
 //!
+//! (VL too, which every CPU with BW has.)
+//!
 //! Weights are packed into 32-row panels of 128-byte units (`pack`); activations prepared per
 //! token (`act`); one microkernel family (`kernels`) serves decode and prefill (tiles of up to
 //! 12 tokens × 32 rows). Built with rustc ≥ 1.89 (`build.rs`); with an older one it registers
@@ -67,7 +69,7 @@ mod imp {
     use kt_core::swiglu::Glu;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
     use kt_x86::swiglu::glu16;
-    use kt_x86::tiles::{row_tiles, token_tiles, RowTile};
+    use kt_x86::tiles::{balanced_token_tiles, row_tiles, RowTile};
 
     use crate::act::{self, Act};
     use crate::kernels::{panel_tile, Level, Tile, MAX_NT};
@@ -90,11 +92,13 @@ mod imp {
     /// `Ok` if this CPU runs `level`, else the first missing feature. AVX2 and FMA too: the
     /// SwiGLU is `kt-x86`'s 256-bit one.
     fn support(level: Level) -> Result<(), &'static str> {
-        let need: [(&str, bool, Level); 7] = [
+        let need: [(&str, bool, Level); 8] = [
             ("AVX2", is_x86_feature_detected!("avx2"), Level::Base),
             ("FMA", is_x86_feature_detected!("fma"), Level::Base),
             ("AVX512F", is_x86_feature_detected!("avx512f"), Level::Base),
             ("AVX512BW", is_x86_feature_detected!("avx512bw"), Level::Base),
+            // Every CPU with AVX512BW has VL (Skylake-SP on, Zen 4 on); the masked loads use it.
+            ("AVX512VL", is_x86_feature_detected!("avx512vl"), Level::Base),
             ("AVX512-VNNI", is_x86_feature_detected!("avx512vnni"), Level::Vnni),
             ("AVX512-VBMI", is_x86_feature_detected!("avx512vbmi"), Level::Vbmi),
             ("AVX512-BF16", is_x86_feature_detected!("avx512bf16"), Level::Bf16),
@@ -129,7 +133,7 @@ mod imp {
     ) {
         let mut tile: Tile = [[0.0; PANEL]; MAX_NT];
         for panel in row_tiles(rows.clone(), PANEL) {
-            for (t0, nt) in token_tiles(n, MAX_NT) {
+            for (t0, nt) in balanced_token_tiles(n, MAX_NT) {
                 // SAFETY: the backend is only selected when the CPU runs `level` (cpu_support),
                 // and `act` was prepared by this backend for w's format and K with n rows.
                 unsafe { panel_tile(level, w, panel.index, act, t0, nt, &mut tile) };
@@ -158,17 +162,8 @@ mod imp {
         }
 
         fn serves(&self, format: WeightFormat, _rows: usize, cols: usize) -> bool {
-            let known = matches!(
-                format,
-                WeightFormat::Bf16
-                    | WeightFormat::Int8Row
-                    | WeightFormat::Int4Row
-                    | WeightFormat::Int4Group { .. }
-                    | WeightFormat::Fp8Block
-                    | WeightFormat::Fp8Channel
-                    | WeightFormat::Mxfp4
-                    | WeightFormat::Mxfp8
-            );
+            // Every format of ours; GGML's types are the llamafile backend's.
+            let known = !matches!(format, WeightFormat::Ggml(_));
             known && cols % format.col_multiple() == 0
         }
 

@@ -11,8 +11,9 @@
 //!    int4 kinds   unit = 8 k:  byte j = w(k0+j) | w(k0+4+j) << 4, j < 4; nibbles as `kt_x86::int4`
 //! ```
 //!
-//! Integer panels carry `rowsum` (Σ w per row, per K-group for the grouped kinds): the kernels
-//! feed activations offset by +128 (unsigned, as `vpdpbusd` wants them) and take 128·Σw off.
+//! Integer panels carry `bias` (−128·Σw per row, per K-group for the grouped kinds): the kernels
+//! feed activations offset by +128 (unsigned, as `vpdpbusd` wants them) into accumulators that
+//! start at −128·Σw.
 //!
 //! Rows past the matrix end are zero; K is zero-padded to a whole unit. Scales: int8, int4 and
 //! fp8-channel `[panel][32]`; int4-gG, mxfp4, mxfp8 `[panel][group][32]`; fp8 block
@@ -42,8 +43,8 @@ pub struct Packed {
     pub units: usize,
     pub data: AlignedBuf,
     pub scales: Vec<f32>,
-    /// int formats: Σ w per row `[panel][group][32]` (one group for per-row scales).
-    pub rowsum: Vec<i32>,
+    /// int formats: −128·Σw per row `[panel][group][32]` (one group for per-row scales).
+    pub bias: Vec<i32>,
 }
 
 /// K per unit of a format.
@@ -66,7 +67,7 @@ impl Packed {
     }
 
     pub fn bytes(&self) -> usize {
-        self.data.len() + 4 * (self.scales.len() + self.rowsum.len())
+        self.data.len() + 4 * (self.scales.len() + self.bias.len())
     }
 }
 
@@ -113,8 +114,8 @@ pub fn pack(m: &QuantMatrix) -> Packed {
         }
     }
     let scales = pack_scales(m, panels);
-    let rowsum = if f.int_activations() { row_sums(m, panels) } else { Vec::new() };
-    Packed { format: f, cols, units, data, scales, rowsum }
+    let bias = if f.int_activations() { biases(m, panels) } else { Vec::new() };
+    Packed { format: f, cols, units, data, scales, bias }
 }
 
 /// The signed integer weight of column c of an int8 or int4 row.
@@ -126,15 +127,15 @@ fn int_weight(f: WeightFormat, row: &[u8], c: usize) -> i32 {
     }
 }
 
-/// Σ w per row and group, padded rows 0: `[panel][group][32]`.
-fn row_sums(m: &QuantMatrix, panels: usize) -> Vec<i32> {
+/// −128·Σw per row and group, padded rows 0: `[panel][group][32]`.
+fn biases(m: &QuantMatrix, panels: usize) -> Vec<i32> {
     let g = m.format().k_group().unwrap_or(m.cols());
     let groups = m.cols() / g;
     let mut v = vec![0i32; panels * groups * PANEL];
     for r in 0..m.rows() {
         let row = m.row_data(r);
         for c in 0..m.cols() {
-            v[((r / PANEL) * groups + c / g) * PANEL + r % PANEL] += int_weight(m.format(), row, c);
+            v[((r / PANEL) * groups + c / g) * PANEL + r % PANEL] -= 128 * int_weight(m.format(), row, c);
         }
     }
     v

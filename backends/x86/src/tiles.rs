@@ -43,6 +43,15 @@ pub fn token_tiles(n: usize, max: usize) -> impl Iterator<Item = (usize, usize)>
     (0..n).step_by(max).map(move |t0| (t0, max.min(n - t0)))
 }
 
+/// `(first, count)` of the fewest runs of at most `max` tokens out of `n`, as even as they go
+/// (16 tokens in tiles of 12: 8 + 8, not 12 + 4), so no run is left with few tokens to share
+/// each weight load.
+pub fn balanced_token_tiles(n: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
+    let runs = n.div_ceil(max.max(1));
+    let (base, extra) = if runs == 0 { (0, 0) } else { (n / runs, n % runs) };
+    (0..runs).map(move |i| (i * base + i.min(extra), base + usize::from(i < extra)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -67,5 +76,17 @@ mod tests {
         let t: Vec<_> = token_tiles(13, 6).collect();
         assert_eq!(t, [(0, 6), (6, 6), (12, 1)]);
         assert_eq!(token_tiles(0, 6).count(), 0);
+        let t: Vec<_> = balanced_token_tiles(16, 12).collect();
+        assert_eq!(t, [(0, 8), (8, 8)]);
+        let t: Vec<_> = balanced_token_tiles(25, 12).collect();
+        assert_eq!(t, [(0, 9), (9, 8), (17, 8)]);
+        assert_eq!(balanced_token_tiles(12, 12).collect::<Vec<_>>(), [(0, 12)]);
+        assert_eq!(balanced_token_tiles(0, 12).count(), 0);
+        for n in 0..100 {
+            let t: Vec<_> = balanced_token_tiles(n, 12).collect();
+            assert_eq!(t.iter().map(|r| r.1).sum::<usize>(), n);
+            assert!(t.windows(2).all(|w| w[0].0 + w[0].1 == w[1].0 && w[0].1 >= w[1].1 && w[0].1 - w[1].1 <= 1));
+            assert!(t.iter().all(|r| r.1 >= 1 && r.1 <= 12));
+        }
     }
 }

@@ -60,15 +60,47 @@ def test_forced_variant_is_what_the_module_reports():
     assert "sse9" in r.stderr and "reference" in r.stderr and "valid values" in r.stderr
 
 
+def _cpu_flags():
+    if not os.path.exists("/proc/cpuinfo"):
+        return set()
+    line = next((l for l in open("/proc/cpuinfo") if l.startswith("flags")), "")
+    return set(line.split(":", 1)[-1].split())
+
+
+# KT's AVX-512 sub-variants, widest first, with the flags each needs (KT's progressive rule).
+AVX512_VARIANTS = [
+    ("avx512_bf16", {"avx512f", "avx512bw", "avx512_vnni", "avx512_vbmi", "avx512_bf16"}),
+    ("avx512_vbmi", {"avx512f", "avx512bw", "avx512_vnni", "avx512_vbmi"}),
+    ("avx512_vnni", {"avx512f", "avx512bw", "avx512_vnni"}),
+    ("avx512_base", {"avx512f", "avx512bw"}),
+]
+
+
 def test_cpu_variant_is_the_backend_that_runs_here():
-    """The default variant is the best backend this CPU runs (not a fixed string)."""
+    """The default variant is KT's name of the best backend this CPU runs (not a fixed string)."""
     assert sys.modules["kt_kernel_ext"] is kt_kernel.kt_kernel_ext
-    flags = open("/proc/cpuinfo").read() if os.path.exists("/proc/cpuinfo") else ""
-    if " avx2 " in flags and " fma " in flags:
+    flags = _cpu_flags()
+    avx512 = [name for name, need in AVX512_VARIANTS if need <= flags]
+    if avx512:
+        assert kt_kernel.__cpu_variant__ == avx512[0]
+        vnni = "avx512_vnni" in flags
+        assert kt_kernel.__int8_kernel__ == ("avx512-vnni" if vnni else "avx512-maddubs")
+    elif {"avx2", "fma"} <= flags:
         assert kt_kernel.__cpu_variant__ == "avx2"
         assert kt_kernel.__int8_kernel__ == "avx2-maddubs"
     else:
         assert kt_kernel.__cpu_variant__ == "reference"
+
+
+@pytest.mark.parametrize("variant, need", AVX512_VARIANTS)
+def test_each_avx512_sub_variant_can_be_forced(variant, need):
+    """KT's variant strings force our sub-variants; one the CPU lacks fails the import, naming why."""
+    r = _import_with(variant)
+    if need <= _cpu_flags():
+        assert r.returncode == 0, r.stderr
+        assert r.stdout.split()[0] == variant
+    else:
+        assert r.returncode != 0 and "lacks" in r.stderr, r.stderr
 
 
 def test_constructor_signature_is_kts():
