@@ -48,7 +48,7 @@ pub fn token_tiles(n: usize, max: usize) -> impl Iterator<Item = (usize, usize)>
 /// each weight load.
 pub fn balanced_token_tiles(n: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
     let runs = n.div_ceil(max.max(1));
-    let (base, extra) = if runs == 0 { (0, 0) } else { (n / runs, n % runs) };
+    let (base, extra) = n.checked_div(runs).map_or((0, 0), |b| (b, n % runs));
     (0..runs).map(move |i| (i * base + i.min(extra), base + usize::from(i < extra)))
 }
 
