@@ -100,6 +100,8 @@ pub enum Instructions {
     FmaF32Zmm,
     /// int8 products summed by pairs on 512-bit registers (AVX-512BW without VNNI).
     Int8PairsZmm,
+    /// bf16 pairs' products summed into f32 on 512-bit registers (`vdpbf16ps`, AVX512-BF16).
+    Bf16DotZmm,
 }
 
 /// Which prepared-activation layout a backend's kernels for a format read. Two formats with the

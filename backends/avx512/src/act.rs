@@ -1,8 +1,7 @@
 //! Prepared activations, K zero-padded to the format's unit (`pack::unit_k`):
 //!
 //! ```text
-//!  fp8 kinds   [rows × Kp] f32
-//!  bf16        [rows × Kp] f32, then [rows × Kp] bf16 (the pairs `vdpbf16ps` broadcasts)
+//!  float kinds [rows × Kp] f32, then [rows × Kp] bf16 (the pairs `vdpbf16ps` broadcasts)
 //!  int kinds   [rows × Kp] u8 = int8 + 128, then [rows × groups] f32 scales (4-byte aligned)
 //! ```
 //!
@@ -39,9 +38,8 @@ fn first_part(f: WeightFormat, rows: usize, cols: usize) -> usize {
 pub fn bytes(f: WeightFormat, rows: usize, cols: usize) -> usize {
     first_part(f, rows, cols)
         + match f {
-            WeightFormat::Bf16 => 2 * rows * padded(f, cols),
             f if f.int_activations() => 4 * rows * groups(f, cols),
-            _ => 0,
+            _ => 2 * rows * padded(f, cols),
         }
 }
 
@@ -119,12 +117,10 @@ pub fn prepare(f: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &m
             }
             o[cols..].fill(0.0);
         }
-        if f == WeightFormat::Bf16 {
-            let b: &mut [bf16] = bytemuck::cast_slice_mut(&mut rest[..2 * rows.len() * kp]);
-            for (i, o) in b.chunks_exact_mut(kp).enumerate() {
-                o[..cols].copy_from_slice(row(i));
-                o[cols..].fill(bf16::ZERO);
-            }
+        let b: &mut [bf16] = bytemuck::cast_slice_mut(&mut rest[..2 * rows.len() * kp]);
+        for (i, o) in b.chunks_exact_mut(kp).enumerate() {
+            o[..cols].copy_from_slice(row(i));
+            o[cols..].fill(bf16::ZERO);
         }
         return;
     }
@@ -156,7 +152,7 @@ pub fn prepare(f: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &m
 
 /// A view of prepared activations.
 pub enum Act<'a> {
-    /// f32 rows of `kp`, and for bf16 weights the same rows in bf16.
+    /// f32 rows of `kp`, and the same rows in bf16.
     Float { x: &'a [f32], x16: &'a [bf16], kp: usize },
     /// int8 + 128 rows of `kp`, with `groups` scales per row.
     Int { q: &'a [u8], kp: usize, scales: &'a [f32], groups: usize },
@@ -167,8 +163,11 @@ impl<'a> Act<'a> {
         let kp = padded(f, cols);
         let (first, rest) = b.split_at(first_part(f, rows, cols));
         if !f.int_activations() {
-            let x16: &[bf16] = if f == WeightFormat::Bf16 { bytemuck::cast_slice(&rest[..2 * rows * kp]) } else { &[] };
-            return Act::Float { x: bytemuck::cast_slice(first), x16, kp };
+            return Act::Float {
+                x: bytemuck::cast_slice(first),
+                x16: bytemuck::cast_slice(&rest[..2 * rows * kp]),
+                kp,
+            };
         }
         let g = groups(f, cols);
         Act::Int { q: &first[..rows * kp], kp, scales: bytemuck::cast_slice(&rest[..4 * rows * g]), groups: g }

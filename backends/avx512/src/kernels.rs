@@ -6,8 +6,10 @@
 //!  per unit (128 bytes: two zmm r0 = rows 0-15, r1 = rows 16-31)
 //!  float   bf16: w = r << 16, r & 0xFFFF0000 (k0, k1); fp8: byte j placed in the f32 bits
 //!          acc[t][h] += w[h] · x_t[k]                                  (vfmadd231ps)
-//!  bf16 dot (avx512_bf16, ≤ BF16_DOT_MAX tokens)
-//!          acc[t][h] = vdpbf16ps(acc[t][h], r[h], x_t[k0,k1] as a bf16 pair)
+//!  bf16 dot (avx512_bf16: bf16, and fp8 packed in pairs, at every token count)
+//!          bf16: acc[t][h] = vdpbf16ps(acc[t][h], r[h], x_t[k0,k1] as a bf16 pair)
+//!          fp8:  r[h] → bf16 by two vpermi2b byte tables + the sign (vpternlogd), unpacked
+//!                to (k0,k1) and (k2,k3) pairs of 16 rows: two vdpbf16ps per token
 //!  int8    vnni: acc[t][h] = vpdpbusd(acc[t][h], x_t quad + 128, r[h]), from −128·Σw
 //!          base: |w| · (x_t · sign w) by vpmaddubsw → vpmaddwd (|x| ≤ 127: no saturation)
 //!  int4    lo, hi = table[nibble] (vpshufb); vnni: two vpdpbusd (k0..3, k4..7); base:
@@ -39,10 +41,12 @@ pub enum Level {
     Base,
     /// + AVX512-VNNI: `vpdpbusd`.
     Vnni,
-    /// + AVX512-VBMI. No kernel here needs its byte permutes: the e4m3 decode by bit placement
-    ///   takes ≤ 3 instructions per 16 weights, as many as a `vpermb` table lookup, and is exact.
+    /// + AVX512-VBMI. Its byte tables serve the fp8 → bf16 decode of [`Level::Bf16`]; without
+    ///   `vdpbf16ps` the e4m3 → f32 decode by bit placement (≤ 3 instructions per 16 weights,
+    ///   exact) needs none, so this level runs [`Level::Vnni`]'s kernels.
     Vbmi,
-    /// + AVX512-BF16: `vdpbf16ps` for bf16 weights at few tokens per expert.
+    /// + AVX512-BF16: `vdpbf16ps` for bf16 weights, and for fp8 ones decoded to bf16 by
+    ///   VBMI byte tables.
     Bf16,
 }
 
@@ -50,9 +54,15 @@ pub enum Level {
 /// 32 zmm registers.
 pub const MAX_NT: usize = 12;
 
-/// Most tokens per expert for which bf16 weights run on `vdpbf16ps` (level [`Level::Bf16`]);
-/// more run widen-and-FMA.
-pub const BF16_DOT_MAX: usize = 2;
+/// Most tokens in one tile of `w`: [`MAX_NT`], or 8 for fp8 in bf16-pair order, whose four
+/// table registers and decoded pairs leave room for 16 accumulators without spilling.
+pub fn max_tokens(w: &Packed) -> usize {
+    if w.pairs {
+        8
+    } else {
+        MAX_NT
+    }
+}
 
 /// Results of a tile: `[token][row in panel]`.
 pub type Tile = [[f32; PANEL]; MAX_NT];
@@ -175,76 +185,243 @@ unsafe fn load32(p: *const f32) -> [__m512; 2] {
     unsafe { [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(HALF))] }
 }
 
+/// `acc[t] += Σ w · x[t]` over units `u0..u1` of a bf16 panel by `vdpbf16ps`, the weights as
+/// packed against each token's bf16 pair of the unit.
+///
 /// # Safety
-/// AVX-512F/BW are present; `x` holds `t0 + N` rows of `kp` floats.
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn float_panel<const N: usize>(w: &Packed, p: usize, x: &[f32], kp: usize, t0: usize, out: &mut Tile) {
-    let panel = w.panel(p).as_ptr();
-    let xs: [*const f32; N] = core::array::from_fn(|t| x[(t0 + t) * kp..].as_ptr());
-    let z = _mm512_setzero_ps();
-    let mut acc = [[z; 2]; N];
-    // Per-block scales: the block's sums times its scale(s), added up block by block.
-    let blocks = |units: usize, scale: &dyn Fn(usize) -> [__m512; 2], acc: &mut [[__m512; 2]; N]| {
-        for b in 0..w.units.div_ceil(units) {
-            let mut blk = [[z; 2]; N];
-            // SAFETY: units inside the panel; x rows hold kp floats.
-            unsafe { float_units::<N, false>(panel, b * units, ((b + 1) * units).min(w.units), &xs, &mut blk) };
-            let s = scale(b);
-            for (a, k) in acc.iter_mut().zip(&blk) {
-                *a = [_mm512_fmadd_ps(k[0], s[0], a[0]), _mm512_fmadd_ps(k[1], s[1], a[1])];
+/// AVX-512F/BF16 are present (inlined into a kernel that enables them); `panel` holds `u1`
+/// units; each `x[t]` the padded K in bf16.
+#[inline(always)]
+unsafe fn bf16_dot_units<const N: usize>(
+    panel: *const u8,
+    u0: usize,
+    u1: usize,
+    x: &[*const u32; N],
+    acc: &mut [[__m512; 2]; N],
+) {
+    let mut a = *acc;
+    for u in u0..u1 {
+        // SAFETY: u < u1 is inside the panel; a row of kp = 2·units bf16 holds `units` pairs.
+        unsafe {
+            let q = panel.add(u * UNIT);
+            prefetch_unit(q);
+            let r = load_unit(q);
+            let w: [__m512bh; 2] = [core::mem::transmute(r[0]), core::mem::transmute(r[1])];
+            for t in 0..N {
+                let xv: __m512bh = core::mem::transmute(_mm512_set1_epi32(x[t].add(u).read_unaligned() as i32));
+                a[t][0] = _mm512_dpbf16_ps(a[t][0], w[0], xv);
+                a[t][1] = _mm512_dpbf16_ps(a[t][1], w[1], xv);
             }
         }
-    };
-    // SAFETY: the panel spans w.units units and x rows kp = 4·units or 2·units floats.
-    unsafe {
-        match w.format {
-            WeightFormat::Bf16 => float_units::<N, true>(panel, 0, w.units, &xs, &mut acc),
-            WeightFormat::Mxfp8 => {
-                let groups = w.cols / kt_core::format::mx::MX_BLOCK;
-                let at = |b: usize| w.scales[(p * groups + b) * PANEL..].as_ptr();
-                blocks(kt_core::format::mx::MX_BLOCK / 4, &|b| load32(at(b)), &mut acc);
+    }
+    *acc = a;
+}
+
+/// e4m3 → bf16 as two 128-entry byte tables (low byte, high byte without the sign) for
+/// `vpermi2b`, which reads 7 bits of each index: every e4m3 value, subnormals included, is a
+/// bf16 exactly.
+struct Fp8Tables {
+    lo: [__m512i; 2],
+    hi: [__m512i; 2],
+}
+
+impl Fp8Tables {
+    /// # Safety
+    /// AVX-512F is present (inlined into the kernels, whose features it uses).
+    #[inline(always)]
+    unsafe fn new() -> Fp8Tables {
+        static BYTES: [[u8; 128]; 2] = fp8_bf16_bytes();
+        // SAFETY: 128 readable bytes each.
+        unsafe {
+            let t =
+                |b: &[u8; 128]| [_mm512_loadu_si512(b.as_ptr().cast()), _mm512_loadu_si512(b[64..].as_ptr().cast())];
+            Fp8Tables { lo: t(&BYTES[0]), hi: t(&BYTES[1]) }
+        }
+    }
+}
+
+/// The low and high bytes of bf16(e4m3 code c) for c < 128 (the sign bit clear).
+pub(crate) const fn fp8_bf16_bytes() -> [[u8; 128]; 2] {
+    let mut t = [[0u8; 128]; 2];
+    let mut c = 0;
+    while c < 128 {
+        let (e, m) = ((c >> 3) as u32, (c & 7) as u32);
+        // f32 bits of the value: subnormal m/8·2^-6 normalized, else (1 + m/8)·2^(e-7).
+        let bits = if e == 0 {
+            if m == 0 {
+                0
+            } else {
+                let shift = m.leading_zeros() - 29; // m = 1 → 2, 2..3 → 1, 4..7 → 0
+                let exp = 127 - 6 - 3 + (2 - shift); // value = m·2^-9
+                (exp << 23) | (((m << (shift + 1)) & 7) << 20)
             }
-            WeightFormat::Fp8Channel => {
-                float_units::<N, false>(panel, 0, w.units, &xs, &mut acc);
-                let s = load32(w.scales[p * PANEL..].as_ptr());
-                for a in &mut acc {
-                    *a = [_mm512_mul_ps(a[0], s[0]), _mm512_mul_ps(a[1], s[1])];
+        } else {
+            ((e + 120) << 23) | (m << 20)
+        };
+        t[0][c] = (bits >> 16) as u8;
+        t[1][c] = (bits >> 24) as u8;
+        c += 1;
+    }
+    t
+}
+
+/// `acc[t] += Σ w · x[t]` over units `u0..u1` of an fp8 panel packed in bf16-pair order
+/// (`pack`): each half to bf16 by the byte tables (`vpermi2b`), its sign put back
+/// (`vpternlogd`), unpacked to 16 rows of (k0,k1) and of (k2,k3), then two `vdpbf16ps`.
+///
+/// # Safety
+/// AVX-512F/BW/VBMI/BF16 are present (inlined into a kernel that enables them); `panel` holds
+/// `u1` units; each `x[t]` the padded K in bf16.
+#[inline(always)]
+unsafe fn fp8_dot_units<const N: usize>(
+    panel: *const u8,
+    u0: usize,
+    u1: usize,
+    tab: &Fp8Tables,
+    x: &[*const u32; N],
+    acc: &mut [[__m512; 2]; N],
+) {
+    let mut a = *acc;
+    // SAFETY: the caller's contract; u < u1 is inside the panel, and a row of kp = 4·units bf16
+    // holds 2·units pairs.
+    unsafe {
+        let sign = _mm512_set1_epi8(-128);
+        for u in u0..u1 {
+            let q = panel.add(u * UNIT);
+            prefetch_unit(q);
+            let r = load_unit(q);
+            for h in 0..2 {
+                let lo = _mm512_permutex2var_epi8(tab.lo[0], r[h], tab.lo[1]);
+                let hi = _mm512_permutex2var_epi8(tab.hi[0], r[h], tab.hi[1]);
+                let hi = _mm512_ternarylogic_epi32::<0xF8>(hi, r[h], sign); // hi | (r & 0x80)
+                let w01: __m512bh = core::mem::transmute(_mm512_unpacklo_epi8(lo, hi));
+                let w23: __m512bh = core::mem::transmute(_mm512_unpackhi_epi8(lo, hi));
+                for t in 0..N {
+                    let x01: __m512bh =
+                        core::mem::transmute(_mm512_set1_epi32(x[t].add(2 * u).read_unaligned() as i32));
+                    let x23: __m512bh =
+                        core::mem::transmute(_mm512_set1_epi32(x[t].add(2 * u + 1).read_unaligned() as i32));
+                    a[t][h] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(a[t][h], w01, x01), w23, x23);
                 }
             }
-            _ => {
-                let kb = w.cols.div_ceil(FP8_BLOCK);
-                let s = |b: usize| [_mm512_set1_ps(w.scales[p * kb + b]); 2];
-                blocks(FP8_BLOCK / 4, &s, &mut acc);
+        }
+    }
+    *acc = a;
+}
+
+/// Units `u0..u1` of a float panel: bf16 or fp8 (`BF16`), widened for FMAs, or (`DOT`) by
+/// `vdpbf16ps`.
+///
+/// # Safety
+/// The features of `DOT`'s kernel (below); `panel` holds `u1` units; `x` and `x16` rows the
+/// padded K.
+#[inline(always)]
+unsafe fn float_span<const N: usize, const DOT: bool, const BF16: bool>(
+    panel: *const u8,
+    (u0, u1): (usize, usize),
+    tab: &Fp8Tables,
+    x: &[*const f32; N],
+    x16: &[*const u32; N],
+    acc: &mut [[__m512; 2]; N],
+) {
+    // SAFETY: forwarded.
+    unsafe {
+        match (DOT, BF16) {
+            (true, true) => bf16_dot_units::<N>(panel, u0, u1, x16, acc),
+            (true, false) => fp8_dot_units::<N>(panel, u0, u1, tab, x16, acc),
+            (false, bf16) if bf16 => float_units::<N, true>(panel, u0, u1, x, acc),
+            _ => float_units::<N, false>(panel, u0, u1, x, acc),
+        }
+    }
+}
+
+/// A float panel's tile: per-block sums times the block's scale(s), added block by block.
+///
+/// # Safety
+/// AVX-512F/BW (and VBMI/BF16 if `DOT`) are present; `x`, `x16` hold `t0 + N` rows of `kp`;
+/// `w` packed for `DOT` (`pairs` for the fp8 kinds).
+#[inline(always)]
+unsafe fn float_body<const N: usize, const DOT: bool>(
+    w: &Packed,
+    p: usize,
+    x: &[f32],
+    x16: &[bf16],
+    kp: usize,
+    t0: usize,
+    out: &mut Tile,
+) {
+    let panel = w.panel(p).as_ptr();
+    let xs: [*const f32; N] = core::array::from_fn(|t| x[(t0 + t) * kp..].as_ptr());
+    let xh: [*const u32; N] = core::array::from_fn(|t| x16[(t0 + t) * kp..].as_ptr().cast());
+    // SAFETY: the panel spans w.units units, x and x16 rows kp = unit_k·units values, scales as
+    // `pack` lays them out.
+    unsafe {
+        let z = _mm512_setzero_ps();
+        let tab = Fp8Tables::new();
+        let mut acc = [[z; 2]; N];
+        let span = |u0: usize, units: usize| (u0, (u0 + units).min(w.units));
+        // (units per scale block, scale stride between blocks, per-row scales?)
+        let (per_block, stride, rows) = match w.format {
+            WeightFormat::Bf16 => {
+                float_span::<N, DOT, true>(panel, (0, w.units), &tab, &xs, &xh, &mut acc);
+                store_tile(&acc, out);
+                return;
+            }
+            WeightFormat::Fp8Channel => (w.units, 0, true),
+            WeightFormat::Mxfp8 => (kt_core::format::mx::MX_BLOCK / 4, PANEL, true),
+            _ => (FP8_BLOCK / 4, 1, false),
+        };
+        let blocks = w.units.div_ceil(per_block);
+        let base = if rows { p * blocks * PANEL } else { p * blocks };
+        for b in 0..blocks {
+            let mut blk = [[z; 2]; N];
+            float_span::<N, DOT, false>(panel, span(b * per_block, per_block), &tab, &xs, &xh, &mut blk);
+            let at = w.scales[base + b * stride..].as_ptr();
+            let s = if rows { load32(at) } else { [_mm512_set1_ps(*at); 2] };
+            for t in 0..N {
+                for h in 0..2 {
+                    acc[t][h] = if w.format == WeightFormat::Fp8Channel {
+                        _mm512_mul_ps(blk[t][h], s[h])
+                    } else {
+                        _mm512_fmadd_ps(blk[t][h], s[h], acc[t][h])
+                    };
+                }
             }
         }
         store_tile(&acc, out);
     }
 }
 
-/// bf16 weights by `vdpbf16ps` against the bf16 activations, two k per instruction.
-///
 /// # Safety
-/// AVX-512F/BW/BF16 are present; `x16` holds `t0 + N` rows of `kp` values.
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn bf16_dot_panel<const N: usize>(w: &Packed, p: usize, x16: &[bf16], kp: usize, t0: usize, out: &mut Tile) {
-    let panel = w.panel(p).as_ptr();
-    let xs: [*const u32; N] = core::array::from_fn(|t| x16[(t0 + t) * kp..].as_ptr().cast());
-    let mut a = [[_mm512_setzero_ps(); 2]; N];
-    for u in 0..w.units {
-        // SAFETY: u is inside the panel; a row of kp = 2·units bf16 holds `units` pairs.
-        unsafe {
-            let q = panel.add(u * UNIT);
-            prefetch_unit(q);
-            let r = load_unit(q).map(|v| core::mem::transmute::<__m512i, __m512bh>(v));
-            for t in 0..N {
-                let xv: __m512bh = core::mem::transmute(_mm512_set1_epi32(xs[t].add(u).read_unaligned() as i32));
-                a[t][0] = _mm512_dpbf16_ps(a[t][0], r[0], xv);
-                a[t][1] = _mm512_dpbf16_ps(a[t][1], r[1], xv);
-            }
-        }
-    }
-    // SAFETY: AVX-512F enabled here.
-    unsafe { store_tile(&a, out) };
+/// AVX-512F/BW are present; as [`float_body`].
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn float_panel<const N: usize>(
+    w: &Packed,
+    p: usize,
+    x: &[f32],
+    x16: &[bf16],
+    kp: usize,
+    t0: usize,
+    out: &mut Tile,
+) {
+    // SAFETY: forwarded.
+    unsafe { float_body::<N, false>(w, p, x, x16, kp, t0, out) }
+}
+
+/// # Safety
+/// AVX-512F/BW/VBMI/BF16 are present; as [`float_body`].
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bf16")]
+unsafe fn float_panel_dot<const N: usize>(
+    w: &Packed,
+    p: usize,
+    x: &[f32],
+    x16: &[bf16],
+    kp: usize,
+    t0: usize,
+    out: &mut Tile,
+) {
+    // SAFETY: forwarded.
+    unsafe { float_body::<N, true>(w, p, x, x16, kp, t0, out) }
 }
 
 /// `acc[t] += Σ w · x[t]` over units `u0..u1` of an int8 or int4 (`INT4`) panel, with
@@ -417,7 +594,7 @@ unsafe fn int_panel_vnni<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, 
     unsafe { int_panel::<N, true>(w, p, act, t0, out) }
 }
 
-/// Tokens `t0..t0+nt` (nt ≤ [`MAX_NT`]) × panel `p` of `w` into `out[..nt]`, with the
+/// Tokens `t0..t0+nt` (nt ≤ [`max_tokens`]) × panel `p` of `w` into `out[..nt]`, with the
 /// instructions `level` allows.
 ///
 /// # Safety
@@ -446,12 +623,15 @@ pub unsafe fn panel_tile(level: Level, w: &Packed, p: usize, act: &Act<'_>, t0: 
     // SAFETY: forwarded from the caller.
     unsafe {
         match *act {
-            Act::Float { x16, kp, .. }
-                if level == Level::Bf16 && w.format == WeightFormat::Bf16 && nt <= BF16_DOT_MAX =>
-            {
-                by_n!(bf16_dot_panel, w, p, x16, kp, t0, out)
+            // bf16 weights, and fp8 ones packed in pairs, run on vdpbf16ps at the bf16 level at
+            // every token count: on Zen 5 its peak is twice the FMA's (kt bench's probes, 2
+            // threads: 1176 against 580 GFLOP/s), and it needs no widening and one broadcast per
+            // two k (avx512_bf16 against avx512_vbmi: docs/performance.md). On a Xeon its peak
+            // equals the FMA's (one 32-pair instruction a cycle against two 16-lane FMAs).
+            Act::Float { x, x16, kp } if level == Level::Bf16 && (w.format == WeightFormat::Bf16 || w.pairs) => {
+                by_n!(float_panel_dot, w, p, x, x16, kp, t0, out)
             }
-            Act::Float { x, kp, .. } => by_n!(float_panel, w, p, x, kp, t0, out),
+            Act::Float { x, x16, kp } => by_n!(float_panel, w, p, x, x16, kp, t0, out),
             Act::Int { q, kp, scales, groups } => {
                 let a = IntAct { q, kp, scales, groups };
                 if level >= Level::Vnni {

@@ -5,12 +5,12 @@
 //! It registers KT's run-time sub-variants as backends of their own, each using only the
 //! instructions its name allows, so each can be forced with `KT_KERNEL_CPU_VARIANT`:
 //!
-//! | backend | needs | integer dots | bf16 weights, ≤ 2 tokens per expert |
+//! | backend | needs | integer dots | bf16 and fp8 weights |
 //! |---|---|---|---|
-//! | `avx512_base` | F, BW | `vpmaddubsw`/`vpmaddwd` | widen, `vfmadd231ps` |
-//! | `avx512_vnni` | + VNNI | `vpdpbusd` | widen, `vfmadd231ps` |
-//! | `avx512_vbmi` | + VBMI | `vpdpbusd` | widen, `vfmadd231ps` |
-//! | `avx512_bf16` | + BF16 | `vpdpbusd` | `vdpbf16ps` |
+//! | `avx512_base` | F, BW | `vpmaddubsw`/`vpmaddwd` | widened to f32, `vfmadd231ps` |
+//! | `avx512_vnni` | + VNNI | `vpdpbusd` | widened to f32, `vfmadd231ps` |
+//! | `avx512_vbmi` | + VBMI | `vpdpbusd` | widened to f32, `vfmadd231ps` |
+//! | `avx512_bf16` | + BF16 | `vpdpbusd` | `vdpbf16ps` (fp8 to bf16 by `vpermi2b` tables) |
 //! | `avx512` | F, BW | the best of the above this CPU runs | |
 //!
 //! (VL too, which every CPU with BW has.)
@@ -72,7 +72,7 @@ mod imp {
     use kt_x86::tiles::{balanced_token_tiles, row_tiles, RowTile};
 
     use crate::act::{self, Act};
-    use crate::kernels::{panel_tile, Level, Tile, MAX_NT};
+    use crate::kernels::{max_tokens, panel_tile, Level, Tile, MAX_NT};
     use crate::pack::{self, Packed, HALF, PANEL};
 
     /// An AVX-512 backend: one of KT's sub-variants, or (`level: None`) the best this CPU runs.
@@ -122,18 +122,19 @@ mod imp {
         m.get::<Packed>().expect("a layer hands a backend only the matrices it packed")
     }
 
-    /// Run every (panel, token tile) of `rows` of `w` and hand each tile to `emit`.
+    /// Run every (panel, token tile) of `rows` of `w` and hand each tile to `emit`, in tiles of
+    /// at most `max_nt` tokens.
     fn for_tiles(
         level: Level,
         w: &Packed,
         rows: &Range<usize>,
         act: &Act<'_>,
-        n: usize,
+        (n, max_nt): (usize, usize),
         mut emit: impl FnMut(&RowTile, usize, usize, &Tile),
     ) {
         let mut tile: Tile = [[0.0; PANEL]; MAX_NT];
         for panel in row_tiles(rows.clone(), PANEL) {
-            for (t0, nt) in balanced_token_tiles(n, MAX_NT) {
+            for (t0, nt) in balanced_token_tiles(n, max_nt) {
                 // SAFETY: the backend is only selected when the CPU runs `level` (cpu_support),
                 // and `act` was prepared by this backend for w's format and K with n rows.
                 unsafe { panel_tile(level, w, panel.index, act, t0, nt, &mut tile) };
@@ -172,7 +173,7 @@ mod imp {
         }
 
         fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error> {
-            let p = pack::pack(m);
+            let p = pack::pack(m, self.level());
             Ok(PackedMatrix::new(self.name, m.format(), m.rows(), m.cols(), p.bytes(), p))
         }
 
@@ -217,7 +218,8 @@ mod imp {
             let mut ut: Tile = [[0.0; PANEL]; MAX_NT];
             let mut hv = [0u16; PANEL];
             // Each up tile is paired with the gate tile of the same panel and tokens.
-            for_tiles(level, g, &rows, &ag, n, |panel, t0, nt, gt| {
+            let max_nt = max_tokens(g).min(max_tokens(u));
+            for_tiles(level, g, &rows, &ag, (n, max_nt), |panel, t0, nt, gt| {
                 // SAFETY: as in for_tiles.
                 unsafe { panel_tile(level, u, panel.index, &au, t0, nt, &mut ut) };
                 let (at, within) = (panel.rows.start - rows.start, panel.in_tile(PANEL));
@@ -241,7 +243,7 @@ mod imp {
             let d = packed(down);
             let n = y.rows();
             let act = Act::parse(d.format, d.cols, n, a);
-            for_tiles(self.level(), d, &rows, &act, n, |panel, t0, nt, tile| {
+            for_tiles(self.level(), d, &rows, &act, (n, max_tokens(d)), |panel, t0, nt, tile| {
                 let (at, within) = (panel.rows.start - rows.start, panel.in_tile(PANEL));
                 for (t, res) in tile.iter().enumerate().take(nt) {
                     y.row_mut(t0 + t)[at..at + within.len()].copy_from_slice(&res[within.clone()]);
@@ -253,6 +255,7 @@ mod imp {
             match (format.int_activations(), self.level()) {
                 (true, Level::Base) => Instructions::Int8PairsZmm,
                 (true, _) => Instructions::Int8Vnni,
+                (false, Level::Bf16) => Instructions::Bf16DotZmm,
                 (false, _) => Instructions::FmaF32Zmm,
             }
         }

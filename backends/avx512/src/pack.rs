@@ -7,6 +7,10 @@
 //!    bf16         unit = 2 k:  [w(k0) w(k1)]      k0 = `<< 16`, k1 = `& 0xFFFF0000`; also the
 //!                                                 pair `vdpbf16ps` takes as it is
 //!    fp8, mxfp8   unit = 4 k:  [w(k0) .. w(k3)]   e4m3 bytes, decoded by bit placement
+//!      (`pairs`: avx512_bf16) 128-bit lane l = rows 4l..4l+3:
+//!                  [r0k0 r0k1 r1k0 r1k1 .. r3k1 | r0k2 r0k3 .. r3k3]: a byte table to bf16 and
+//!                  an unpack of its low and high bytes give 16 rows of (k0,k1), and of (k2,k3),
+//!                  the pairs `vdpbf16ps` takes
 //!    int8         unit = 4 k:  [w(k0) .. w(k3)]   signed bytes: one `vpdpbusd` per half
 //!    int4 kinds   unit = 8 k:  byte j = w(k0+j) | w(k0+4+j) << 4, j < 4; nibbles as `kt_x86::int4`
 //! ```
@@ -18,12 +22,15 @@
 //! Rows past the matrix end are zero; K is zero-padded to a whole unit. Scales: int8, int4 and
 //! fp8-channel `[panel][32]`; int4-gG, mxfp4, mxfp8 `[panel][group][32]`; fp8 block
 //! `[panel][k-block]` (a panel never straddles a 128-row block). fp8 scales carry 2^120, which
-//! undoes the exponent placement of the in-register e4m3 decode.
+//! undoes the exponent placement of the in-register e4m3 decode (not in `pairs`: the table gives
+//! every e4m3 value exactly in bf16).
 
 use kt_core::aligned::AlignedBuf;
 use kt_core::format::FP8_BLOCK;
 use kt_core::{QuantMatrix, WeightFormat};
 use kt_x86::int4;
+
+use crate::kernels::Level;
 
 /// Output rows per panel.
 pub const PANEL: usize = 32;
@@ -45,6 +52,13 @@ pub struct Packed {
     pub scales: Vec<f32>,
     /// int formats: −128·Σw per row `[panel][group][32]` (one group for per-row scales).
     pub bias: Vec<i32>,
+    /// fp8 kinds in bf16-pair order (module docs), for the `vdpbf16ps` kernels.
+    pub pairs: bool,
+}
+
+/// Whether `level` packs format `f` in bf16-pair order: the fp8 kinds at [`Level::Bf16`].
+pub fn pairs(f: WeightFormat, level: Level) -> bool {
+    level == Level::Bf16 && matches!(f, WeightFormat::Fp8Block | WeightFormat::Fp8Channel | WeightFormat::Mxfp8)
 }
 
 /// K per unit of a format.
@@ -73,20 +87,23 @@ impl Packed {
 
 /// Byte offset of (row `i` of a panel, column `c`) inside the panel, and for int4 whether it is
 /// the high nibble.
-fn place(f: WeightFormat, i: usize, c: usize) -> (usize, bool) {
+fn place(f: WeightFormat, pairs: bool, i: usize, c: usize) -> (usize, bool) {
     let uk = unit_k(f);
     let (u, j) = (c / uk, c % uk);
-    let slot = u * UNIT + (i / HALF) * 64 + (i % HALF) * 4;
+    let half = u * UNIT + (i / HALF) * 64;
+    let slot = half + (i % HALF) * 4;
     match f {
+        _ if pairs => (half + (i % HALF / 4) * 16 + (j / 2) * 8 + (i % 4) * 2 + j % 2, false),
         WeightFormat::Bf16 => (slot + 2 * j, false),
         f if int4::is_int4(f) => (slot + j % 4, j >= 4),
         _ => (slot + j, false),
     }
 }
 
-/// Pack `m` (any format `supports` admits) into panels.
-pub fn pack(m: &QuantMatrix) -> Packed {
+/// Pack `m` (any format `supports` admits) into panels for the kernels of `level`.
+pub fn pack(m: &QuantMatrix, level: Level) -> Packed {
     let f = m.format();
+    let pairs = pairs(f, level);
     let (rows, cols) = (m.rows(), m.cols());
     let units = cols.div_ceil(unit_k(f));
     let panels = rows.div_ceil(PANEL);
@@ -102,7 +119,7 @@ pub fn pack(m: &QuantMatrix) -> Packed {
         let dst = &mut buf[p * units * UNIT..(p + 1) * units * UNIT];
         let src = m.row_data(r);
         for c in 0..cols {
-            let (at, high) = place(f, i, c);
+            let (at, high) = place(f, pairs, i, c);
             match f {
                 WeightFormat::Bf16 => dst[at..at + 2].copy_from_slice(&src[2 * c..2 * c + 2]),
                 f if is4 => {
@@ -113,9 +130,9 @@ pub fn pack(m: &QuantMatrix) -> Packed {
             }
         }
     }
-    let scales = pack_scales(m, panels);
+    let scales = pack_scales(m, panels, if pairs { 1.0 } else { FP8_SCALE_FIX });
     let bias = if f.int_activations() { biases(m, panels) } else { Vec::new() };
-    Packed { format: f, cols, units, data, scales, bias }
+    Packed { format: f, cols, units, data, scales, bias, pairs }
 }
 
 /// The signed integer weight of column c of an int8 or int4 row.
@@ -141,10 +158,11 @@ fn biases(m: &QuantMatrix, panels: usize) -> Vec<i32> {
     v
 }
 
-fn pack_scales(m: &QuantMatrix, panels: usize) -> Vec<f32> {
+/// The scales, times `fp8_fix` for the fp8 kinds (see the module docs).
+fn pack_scales(m: &QuantMatrix, panels: usize, fp8_fix: f32) -> Vec<f32> {
     let (rows, cols, s, f) = (m.rows(), m.cols(), m.scales(), m.format());
     let fix = match f {
-        WeightFormat::Fp8Block | WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => FP8_SCALE_FIX,
+        WeightFormat::Fp8Block | WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => fp8_fix,
         f if int4::is_int4(f) => int4::value_factor(f),
         _ => 1.0,
     };
@@ -184,18 +202,17 @@ fn pack_scales(m: &QuantMatrix, panels: usize) -> Vec<f32> {
 pub fn unpack(p: &Packed, r: usize, c: usize) -> f32 {
     let (pi, i) = (r / PANEL, r % PANEL);
     let d = p.panel(pi);
-    let (at, high) = place(p.format, i, c);
+    let (at, high) = place(p.format, p.pairs, i, c);
+    let fix = if p.pairs { 1.0 } else { FP8_SCALE_FIX };
     let groups = p.format.k_group().map_or(1, |g| p.cols / g);
     let row_scale = || p.scales[(pi * groups + c / p.format.k_group().unwrap_or(p.cols)) * PANEL + i];
     match p.format {
         WeightFormat::Bf16 => kt_core::format::bf16::element(&d[at..at + 2], 0).to_f32(),
         WeightFormat::Fp8Block => {
             let kb = p.cols.div_ceil(FP8_BLOCK);
-            kt_core::dtype::F8E4M3(d[at]).to_f32() * (p.scales[pi * kb + c / FP8_BLOCK] / FP8_SCALE_FIX)
+            kt_core::dtype::F8E4M3(d[at]).to_f32() * (p.scales[pi * kb + c / FP8_BLOCK] / fix)
         }
-        WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => {
-            kt_core::dtype::F8E4M3(d[at]).to_f32() * (row_scale() / FP8_SCALE_FIX)
-        }
+        WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => kt_core::dtype::F8E4M3(d[at]).to_f32() * (row_scale() / fix),
         WeightFormat::Int8Row => f32::from(d[at] as i8) * row_scale(),
         f => {
             let nib = if high { d[at] >> 4 } else { d[at] & 0x0F };

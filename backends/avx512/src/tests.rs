@@ -7,7 +7,7 @@ use kt_core::testing::{build_layer, random_experts, random_input, run, scenario_
 use kt_core::{Backend, MoeConfig, QuantMatrix, WeightFormat};
 
 use crate::imp::{BASE, BF16, VBMI, VNNI};
-use crate::{pack, AVX512};
+use crate::{pack, Level, AVX512};
 
 mod best {
     kt_core::conformance_suite!(&crate::AVX512);
@@ -36,10 +36,13 @@ fn packing_keeps_every_weight() {
             let x: Vec<f32> = (0..rows * cols).map(|_| r.uniform(2.0)).collect();
             let q = QuantMatrix::quantize(f, rows, cols, &x).unwrap();
             let deq = q.dequantize();
-            let p = pack::pack(&q);
-            for row in 0..rows {
-                for c in 0..cols {
-                    assert_eq!(pack::unpack(&p, row, c), deq[row * cols + c], "{f} {rows}x{cols} r{row} c{c}");
+            for level in [Level::Base, Level::Bf16] {
+                let p = pack::pack(&q, level);
+                for row in 0..rows {
+                    for c in 0..cols {
+                        let got = pack::unpack(&p, row, c);
+                        assert_eq!(got, deq[row * cols + c], "{f} {level:?} {rows}x{cols} r{row} c{c}");
+                    }
                 }
             }
         }
@@ -94,4 +97,14 @@ fn the_best_variant_is_the_widest_this_cpu_runs() {
     let widest = [&BF16, &VBMI, &VNNI, &BASE].into_iter().find(|b| b.cpu_support().is_ok()).unwrap();
     assert_eq!(AVX512.variant(), widest.name());
     assert_eq!(AVX512.level(), widest.level());
+}
+
+#[test]
+fn fp8_tables_give_every_e4m3_value_in_bf16() {
+    let t = crate::kernels::fp8_bf16_bytes();
+    for c in 0..127u8 {
+        let want = kt_core::dtype::F8E4M3(c).to_f32();
+        let bits = u32::from(t[1][usize::from(c)]) << 24 | u32::from(t[0][usize::from(c)]) << 16;
+        assert_eq!(f32::from_bits(bits), want, "e4m3 code {c:#04x}");
+    }
 }

@@ -123,6 +123,6 @@ pub fn print_table(r: &Report) {
     }
     println!("GFLOP/s = 2·3·H·I·k·n / best time; GB/s = bytes of the distinct experts touched / best time;");
     println!("DRAM× and compute× are ratios to the roofline's best readings; compute× is to the peak named in");
-    println!("the peak column, the instructions the kernels ran on (fma, int8 = vpmaddubsw, vnni = vpdpbusd;");
-    println!("-512: in 512-bit registers); the roofline was probed before the cases and after each method.");
+    println!("the peak column, the instructions the kernels ran on (fma, int8 = vpmaddubsw, vnni = vpdpbusd,");
+    println!("bf16dot = vdpbf16ps; -512: in 512-bit registers); the roofline was probed before the cases and after each method.");
 }

@@ -68,6 +68,7 @@ impl Roofline {
             Instructions::Int8Pairs => (self.int8_gops, "int8"),
             Instructions::Int8PairsZmm => or(self.zmm.int8_gops, "int8-512", (self.int8_gops, "int8")),
             Instructions::FmaF32Zmm => or(self.zmm.fma_gflops, "fma-512", (self.fma_gflops, "fma")),
+            Instructions::Bf16DotZmm => or(self.zmm.bf16_gflops, "bf16dot", (self.fma_gflops, "fma")),
             _ => (self.fma_gflops, "fma"),
         }
     }
@@ -548,6 +549,7 @@ mod tests {
         assert_eq!(a.peak(Instructions::FmaF32Zmm), (300.0, "fma-512"));
         assert_eq!(a.peak(Instructions::Int8PairsZmm), (310.0, "int8"), "no 512-bit reading: the 256-bit one");
         assert_eq!(a.peak(Instructions::Int8Vnni), (700.0, "vnni"));
+        assert_eq!(a.peak(Instructions::Bf16DotZmm), (150.0, "fma"), "no vdpbf16ps reading: the FMA one");
         let none = Roofline { vnni_gops: None, ..a };
         assert_eq!(none.max(b).vnni_gops, Some(650.0));
         assert_eq!(none.min(none).vnni_gops, None);
