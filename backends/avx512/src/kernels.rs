@@ -185,6 +185,13 @@ unsafe fn load32(p: *const f32) -> [__m512; 2] {
     unsafe { [_mm512_loadu_ps(p), _mm512_loadu_ps(p.add(HALF))] }
 }
 
+/// The same 512 bits as bf16 pairs.
+#[inline(always)]
+fn bh(v: __m512i) -> __m512bh {
+    // SAFETY: both are 64 bytes of plain data, every bit pattern valid.
+    unsafe { core::mem::transmute::<__m512i, __m512bh>(v) }
+}
+
 /// `acc[t] += Σ w · x[t]` over units `u0..u1` of a bf16 panel by `vdpbf16ps`, the weights as
 /// packed against each token's bf16 pair of the unit.
 ///
@@ -206,9 +213,9 @@ unsafe fn bf16_dot_units<const N: usize>(
             let q = panel.add(u * UNIT);
             prefetch_unit(q);
             let r = load_unit(q);
-            let w: [__m512bh; 2] = [core::mem::transmute(r[0]), core::mem::transmute(r[1])];
+            let w = [bh(r[0]), bh(r[1])];
             for t in 0..N {
-                let xv: __m512bh = core::mem::transmute(_mm512_set1_epi32(x[t].add(u).read_unaligned() as i32));
+                let xv = bh(_mm512_set1_epi32(x[t].add(u).read_unaligned() as i32));
                 a[t][0] = _mm512_dpbf16_ps(a[t][0], w[0], xv);
                 a[t][1] = _mm512_dpbf16_ps(a[t][1], w[1], xv);
             }
@@ -294,8 +301,8 @@ unsafe fn fp8_dot_units<const N: usize>(
                 let lo = _mm512_permutex2var_epi8(tab.lo[0], r[h], tab.lo[1]);
                 let hi = _mm512_permutex2var_epi8(tab.hi[0], r[h], tab.hi[1]);
                 let hi = _mm512_ternarylogic_epi32::<0xF8>(hi, r[h], sign); // hi | (r & 0x80)
-                let w01: __m512bh = core::mem::transmute(_mm512_unpacklo_epi8(lo, hi));
-                let w23: __m512bh = core::mem::transmute(_mm512_unpackhi_epi8(lo, hi));
+                let w01 = bh(_mm512_unpacklo_epi8(lo, hi));
+                let w23 = bh(_mm512_unpackhi_epi8(lo, hi));
                 for t in 0..N {
                     let x01: __m512bh =
                         core::mem::transmute(_mm512_set1_epi32(x[t].add(2 * u).read_unaligned() as i32));
