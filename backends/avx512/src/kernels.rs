@@ -304,10 +304,8 @@ unsafe fn fp8_dot_units<const N: usize>(
                 let w01 = bh(_mm512_unpacklo_epi8(lo, hi));
                 let w23 = bh(_mm512_unpackhi_epi8(lo, hi));
                 for t in 0..N {
-                    let x01: __m512bh =
-                        core::mem::transmute(_mm512_set1_epi32(x[t].add(2 * u).read_unaligned() as i32));
-                    let x23: __m512bh =
-                        core::mem::transmute(_mm512_set1_epi32(x[t].add(2 * u + 1).read_unaligned() as i32));
+                    let x01 = bh(_mm512_set1_epi32(x[t].add(2 * u).read_unaligned() as i32));
+                    let x23 = bh(_mm512_set1_epi32(x[t].add(2 * u + 1).read_unaligned() as i32));
                     a[t][h] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(a[t][h], w01, x01), w23, x23);
                 }
             }
