@@ -7,7 +7,9 @@
 
 Each case: best time in ms, and the ratio to the roofline the same run measured: weight bytes
 per second / DRAM bandwidth for one token (decode), achieved rate / the peak of the kernel's
-instruction family for more tokens (prefill, `*` where that family is VNNI).
+instruction family for more tokens (prefill, `*` where that family is VNNI, `†` vdpbf16ps;
+512-bit FMA and int8 peaks for the AVX-512 backends). Runs of several backends give one row per
+method and backend.
 """
 
 import json
@@ -21,7 +23,8 @@ def load(paths):
 
 def cell(r):
     ratio = r["dram_ratio"] if r["tokens"] == 1 else r["compute_ratio"]
-    mark = "*" if r.get("instructions") == "Int8Vnni" or r.get("vnni") else ""
+    judged = r.get("judged_by") or ("vnni" if r.get("vnni") else "")
+    mark = {"vnni": "*", "bf16dot": "†"}.get(judged, "")
     return f"{r['ms_best']:.2f} ({ratio:.2f}{mark})"
 
 
@@ -35,20 +38,30 @@ def machine(runs):
         lo, hi = min(vals), max(vals)
         return format(lo, fmt) if lo == hi else f"{lo:{fmt}}-{hi:{fmt}}"
 
-    vnni = span("vnni_gops", ".0f")
+    extra = [
+        (f"VNNI {{}} GOP/s", span("vnni_gops", ".0f")),
+        (f"512-bit FMA {{}} GFLOP/s", span("fma512_gflops", ".0f")),
+        (f"512-bit int8 {{}} GOP/s", span("int8_512_gops", ".0f")),
+        (f"vdpbf16ps {{}} GFLOP/s", span("bf16dot512_gflops", ".0f")),
+    ]
     return (
         f"{m['cpu']}, {m['physical_cores']} cores, {m['numa_nodes']} NUMA node(s); best of {len(runs)} run(s), "
         f"rooflines measured by them: DRAM {span('dram_gbps', '.1f')} GB/s, FMA {span('fma_gflops', '.0f')} "
-        f"GFLOP/s, int8 (AVX2) {span('int8_gops', '.0f')} GOP/s" + (f", VNNI {vnni} GOP/s" if vnni else "")
+        f"GFLOP/s, int8 (AVX2) {span('int8_gops', '.0f')} GOP/s"
+        + "".join(", " + label.format(v) for label, v in extra if v)
     )
 
 
 def by_case(runs, short=False):
-    """(preset, method, tokens) -> results of every run (`short`: "q4_K (down q5_0)" as q4_K)."""
+    """(preset, method, tokens) -> results of every run (`short`: "q4_K (down q5_0)" as q4_K).
+    With several backends in the runs, the method is "method backend"."""
+    backends = {r["backend"] for run in runs for r in run["results"]}
     cases = defaultdict(list)
     for run in runs:
         for r in run["results"]:
             method = r["method"].split(" (")[0] if short else r["method"]
+            if len(backends) > 1:
+                method += "\t" + r["backend"]
             cases[(r["preset"], method, r["tokens"])].append(r)
     return cases
 
@@ -65,7 +78,8 @@ def tables(runs):
         for m in methods:
             best = [min(cases.get((preset, m, t), []), key=lambda r: r["ms_best"], default=None) for t in tokens]
             backend = next(r["backend"] for r in best if r)
-            out.append(f"| {m} | {backend} | " + " | ".join(cell(r) if r else "" for r in best) + " |")
+            name = m.split("\t")[0]
+            out.append(f"| {name} | {backend} | " + " | ".join(cell(r) if r else "" for r in best) + " |")
         out.append("")
     return "\n".join(out)
 
@@ -83,7 +97,7 @@ def summary(runs):
             for t in tokens:
                 rs = cases.get((p, m, t), [])
                 row.append(cell(min(rs, key=lambda r: r["ms_best"])) if rs else "")
-        out.append(f"| {m} | " + " | ".join(row) + " |")
+        out.append(f"| {m.replace(chr(9), ' ')} | " + " | ".join(row) + " |")
     return "\n".join(out)
 
 

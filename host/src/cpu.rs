@@ -25,20 +25,12 @@ impl CpuInfo {
     pub fn kt_variant(&self) -> &'static str {
         let all = |fs: &[&str]| fs.iter().all(|f| self.has(f));
         let base = ["avx512f", "avx512bw"];
-        if all(&[
-            "amx_tile",
-            "amx_int8",
-            "amx_bf16",
-            "avx512f",
-            "avx512bw",
-            "avx512_vnni",
-            "avx512_vbmi",
-            "avx512_bf16",
-        ]) {
+        if all(&["amx_tile", "amx_int8", "amx_bf16", "avx512f", "avx512bw", "avx512_vnni", "avx512vbmi", "avx512_bf16"])
+        {
             "amx"
-        } else if all(&["avx512f", "avx512bw", "avx512_vnni", "avx512_vbmi", "avx512_bf16"]) {
+        } else if all(&["avx512f", "avx512bw", "avx512_vnni", "avx512vbmi", "avx512_bf16"]) {
             "avx512_bf16"
-        } else if all(&["avx512f", "avx512bw", "avx512_vnni", "avx512_vbmi"]) {
+        } else if all(&["avx512f", "avx512bw", "avx512_vnni", "avx512vbmi"]) {
             "avx512_vbmi"
         } else if all(&["avx512f", "avx512bw", "avx512_vnni"]) {
             "avx512_vnni"
@@ -101,7 +93,7 @@ mod tests {
         assert_eq!(c.kt_variant(), "avx2");
         c.flags.extend([("avx512f", true), ("avx512bw", true)]);
         assert_eq!(c.kt_variant(), "avx512_base");
-        c.flags.extend([("avx512_vnni", true), ("avx512_vbmi", true), ("avx512_bf16", true)]);
+        c.flags.extend([("avx512_vnni", true), ("avx512vbmi", true), ("avx512_bf16", true)]);
         assert_eq!(c.kt_variant(), "avx512_bf16");
         c.flags.extend([("amx_tile", true), ("amx_int8", true), ("amx_bf16", true)]);
         assert_eq!(c.kt_variant(), "amx");

@@ -17,7 +17,7 @@ pub fn flags() -> Vec<(&'static str, bool)> {
         ("avx512bw", is_x86_feature_detected!("avx512bw")),
         ("avx512vl", is_x86_feature_detected!("avx512vl")),
         ("avx512_vnni", is_x86_feature_detected!("avx512vnni")),
-        ("avx512_vbmi", is_x86_feature_detected!("avx512vbmi")),
+        ("avx512vbmi", is_x86_feature_detected!("avx512vbmi")), // Linux spells this one without "_"
         ("avx512_bf16", is_x86_feature_detected!("avx512bf16")),
         ("avx512_fp16", is_x86_feature_detected!("avx512fp16")),
         ("amx_tile", amx[0]),

@@ -69,8 +69,8 @@ def _cpu_flags():
 
 # KT's AVX-512 sub-variants, widest first, with the flags each needs (KT's progressive rule).
 AVX512_VARIANTS = [
-    ("avx512_bf16", {"avx512f", "avx512bw", "avx512_vnni", "avx512_vbmi", "avx512_bf16"}),
-    ("avx512_vbmi", {"avx512f", "avx512bw", "avx512_vnni", "avx512_vbmi"}),
+    ("avx512_bf16", {"avx512f", "avx512bw", "avx512_vnni", "avx512vbmi", "avx512_bf16"}),
+    ("avx512_vbmi", {"avx512f", "avx512bw", "avx512_vnni", "avx512vbmi"}),
     ("avx512_vnni", {"avx512f", "avx512bw", "avx512_vnni"}),
     ("avx512_base", {"avx512f", "avx512bw"}),
 ]

@@ -1,0 +1,175 @@
+#!/usr/bin/env python3
+"""Time one MoE layer on KT-Kernel's own CPU extension, the way its Python wrapper drives it.
+
+    python3 kt_moe.py EXT_SO --method AMXINT8 --tokens 1,256 --threads 2 [--preset qwen3-30b-a3b]
+
+EXT_SO is one of the `_kt_kernel_ext_<variant>.*.so` files of KT-Kernel's wheel (unpacked by
+scripts/peer-kt.sh, never committed). It loads without torch: weights, routing and buffers are
+numpy arrays handed to it by pointer, as `kt_kernel.utils.amx` hands torch tensors. Prints one
+line per token count: `KT <variant> <method> <preset> n=<n> best <ms> ms median <ms> ms reps <r>
+queued <ms> ms`. `best`/`median` time one forward from submit to sync, as a caller waiting on
+each layer sees it; KT's `sync` polls with a coarse sleep (per-call times land on multiples of
+about 4 ms here), so `queued` also gives the best time per forward with 10 forwards queued
+before one sync (its worker runs them back to back): the kernels' own speed.
+
+Methods (KT's names and the extension classes its wrapper picks for them on an AVX-512 build):
+AMXINT8 (AMXInt8_MOE) and AMXINT4 (AMXInt4_MOE) quantized online from bf16 weights, BF16
+(AMXBF16_MOE), FP8 (AMXFP8_MOE, e4m3 with 128x128 block scales) and RAWINT4
+(AMXInt4_KGroup_MOE, offset-8 nibbles with bf16 scales per 32 columns).
+"""
+
+import argparse
+import importlib.util
+import statistics
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+PRESETS = {  # E, k, H, I (kt bench's presets)
+    "qwen3-30b-a3b": (128, 8, 2048, 768),
+    "deepseek-v2-lite": (64, 6, 2048, 1408),
+}
+
+
+def load_ext(path):
+    spec = importlib.util.spec_from_file_location("kt_kernel_ext", path)
+    m = importlib.util.module_from_spec(spec)
+    sys.modules["kt_kernel_ext"] = m
+    spec.loader.exec_module(m)
+    return m
+
+
+def bf16(x):
+    """float32 -> bf16 bits (round to nearest even) as uint16."""
+    b = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def fp8_e4m3(x):
+    """float32 in e4m3's range -> e4m3 bytes (nearest, by table of all 127 positive codes)."""
+    codes = np.arange(128, dtype=np.uint8)
+    e, m = codes >> 3, (codes & 7).astype(np.float32)
+    vals = np.where(e == 0, m / 8 * 2.0**-6, (1 + m / 8) * 2.0 ** (e.astype(np.float32) - 7))
+    vals[127] = np.inf  # NaN code: never chosen
+    a = np.abs(x)
+    idx = np.searchsorted(vals, a).clip(1, 126)
+    idx -= (a - vals[idx - 1]) < (vals[idx] - a)
+    return (idx.astype(np.uint8) | np.where(x < 0, 0x80, 0).astype(np.uint8)).astype(np.uint8)
+
+
+class Layer:
+    """One layer's weights in the method's stored form, and the extension's MoE object."""
+
+    def __init__(self, ext, method, E, k, H, I, max_len, pool, rng):
+        self.keep = []  # arrays the extension points into
+        self.mask = np.zeros(E, dtype=bool)
+        cfg = ext.moe.MOEConfig(E, k, H, I, self.mask.ctypes.data)
+        cfg.layer_idx = 0
+        cfg.pool = pool
+        cfg.max_len = max_len
+        std = lambda fan_in: 1.0 / np.sqrt(fan_in)
+        shapes = {"gate": (I, H), "up": (I, H), "down": (H, I)}
+        if method in ("AMXINT8", "AMXINT4"):
+            for p, (n, kk) in shapes.items():
+                w = bf16(rng.standard_normal((E, n, kk), dtype=np.float32) * std(kk))
+                self.keep.append(w)
+                setattr(cfg, f"{p}_proj", w.ctypes.data)
+            cfg.save, cfg.load = False, False
+            cfg.path = tempfile.mkdtemp(prefix="kt_peer_")
+            cls = ext.moe.AMXInt8_MOE if method == "AMXINT8" else ext.moe.AMXInt4_MOE
+        else:
+            for p, (n, kk) in shapes.items():
+                ptrs, sptrs = [], []
+                for _ in range(E):
+                    x = rng.standard_normal((n, kk), dtype=np.float32) * std(kk)
+                    if method == "BF16":
+                        w, s = bf16(x), None
+                    elif method == "FP8":
+                        bs = np.abs(x.reshape(n // 128, 128, kk // 128, 128)).max(axis=(1, 3)) / 448.0
+                        w = fp8_e4m3(x / np.repeat(np.repeat(bs, 128, 0), 128, 1))
+                        s = bs.astype(np.float32)
+                    else:  # RAWINT4, group 32: value = (nibble - 8) * scale
+                        g = x.reshape(n, kk // 32, 32)
+                        sc = np.abs(g).max(axis=2) / 7.0
+                        q = (np.rint(g / sc[..., None]).clip(-8, 7) + 8).astype(np.uint8).reshape(n, kk)
+                        w = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+                        s = bf16(sc)
+                    w = np.ascontiguousarray(w)
+                    self.keep.append(w)
+                    ptrs.append(w.ctypes.data)
+                    if s is not None:
+                        s = np.ascontiguousarray(s)
+                        self.keep.append(s)
+                    sptrs.append(0 if s is None else s.ctypes.data)
+                setattr(cfg, f"{p}_projs", [ptrs])
+                setattr(cfg, f"{p}_scales", [sptrs])
+            qc = cfg.quant_config
+            if method == "FP8":
+                qc.bits, qc.group_size, qc.zero_point = 8, 128, False
+                cls = ext.moe.AMXFP8_MOE
+            elif method == "RAWINT4":
+                qc.bits, qc.group_size, qc.zero_point = 4, 32, False
+                cls = ext.moe.AMXInt4_KGroup_MOE
+            else:
+                cls = ext.moe.AMXBF16_MOE
+        self.cfg = cfg
+        self.moe = cls(cfg)
+        self.map = np.arange(E, dtype=np.int64)
+
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("ext")
+    ap.add_argument("--method", required=True, choices=["AMXINT8", "AMXINT4", "BF16", "FP8", "RAWINT4"])
+    ap.add_argument("--preset", default="qwen3-30b-a3b", choices=sorted(PRESETS))
+    ap.add_argument("--tokens", default="1,256")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--min-time", type=float, default=1.0)
+    a = ap.parse_args()
+    E, k, H, I = PRESETS[a.preset]
+    tokens = [int(t) for t in a.tokens.split(",")]
+    ext = load_ext(a.ext)
+    wc = ext.WorkerPoolConfig()
+    wc.subpool_count, wc.subpool_numa_map, wc.subpool_thread_count = 1, [0], [a.threads]
+    cpu = ext.CPUInfer(wc)
+    rng = np.random.default_rng(42)
+    layer = Layer(ext, a.method, E, k, H, I, max(tokens), cpu.backend_, rng)
+    cpu.submit(layer.moe.load_weights_task(layer.map.ctypes.data))
+    cpu.sync()
+    for n in tokens:
+        ids = np.stack([rng.choice(E, k, replace=False) for _ in range(n)]).astype(np.int64)
+        w = rng.random((n, k), dtype=np.float32)
+        x = bf16(rng.standard_normal((n, H), dtype=np.float32))
+        out = np.zeros((n, H), dtype=np.uint16)
+        bsz = np.array([n], dtype=np.int32)
+        task = lambda: layer.moe.forward_task(
+            bsz.ctypes.data, k, ids.ctypes.data, w.ctypes.data, x.ctypes.data, out.ctypes.data, False
+        )
+        for _ in range(3):
+            cpu.submit(task())
+            cpu.sync()
+        times, start = [], time.perf_counter()
+        while len(times) < 3 or time.perf_counter() - start < a.min_time:
+            t0 = time.perf_counter()
+            cpu.submit(task())
+            cpu.sync()
+            times.append((time.perf_counter() - t0) * 1e3)
+        queued, start = [], time.perf_counter()
+        while len(queued) < 3 or time.perf_counter() - start < a.min_time:
+            t0 = time.perf_counter()
+            for _ in range(10):
+                cpu.submit(task())
+            cpu.sync()
+            queued.append((time.perf_counter() - t0) * 1e3 / 10)
+        variant = getattr(ext, "__cpu_variant__", "?")
+        print(
+            f"KT {variant} {a.method} {a.preset} n={n} best {min(times):.3f} ms "
+            f"median {statistics.median(times):.3f} ms reps {len(times)} queued {min(queued):.3f} ms",
+            flush=True,
+        )
+
+
+if __name__ == "__main__":
+    main()
