@@ -105,14 +105,16 @@ fn bad_input_gives_errors_naming_the_problem() {
     assert!(e.contains("non-finite"), "{e}");
 }
 
-/// Every format runs on the best backend for it here (our formats on avx2, GGML types on
-/// llamafile, where the CPU has AVX2+FMA) and gives the reference backend's results.
+/// Every format runs on the best backend for it here (our formats on avx512 where the CPU has
+/// AVX-512F/BW/VL, else avx2; GGML types on llamafile, where the CPU has AVX2+FMA) and gives the
+/// reference backend's results.
 #[test]
 fn automatic_selection_runs_each_format_on_its_backend() {
     let cfg = MoeConfig::new(4, 2, 256, 256);
     let xs = experts(&cfg, 3);
-    let simd = kt_host::cpu::CpuInfo::detect();
-    let simd = simd.has("avx2") && simd.has("fma") && simd.has("f16c");
+    let cpu = kt_host::cpu::CpuInfo::detect();
+    let simd = cpu.has("avx2") && cpu.has("fma") && cpu.has("f16c");
+    let avx512 = simd && cpu.has("avx512f") && cpu.has("avx512bw") && cpu.has("avx512vl");
     if !simd {
         eprintln!("this CPU lacks AVX2/FMA/F16C: every format runs on the reference backend");
     }
@@ -124,6 +126,7 @@ fn automatic_selection_runs_each_format_on_its_backend() {
         let want_backend = match (simd, f) {
             (false, _) => "reference",
             (true, WeightFormat::Ggml(_)) => "llamafile",
+            (true, _) if avx512 => "avx512",
             (true, _) => "avx2",
         };
         assert_eq!(auto.backend().name(), want_backend, "{f}");
