@@ -94,13 +94,23 @@ def test_cpu_variant_is_the_backend_that_runs_here():
 
 @pytest.mark.parametrize("variant, need", AVX512_VARIANTS)
 def test_each_avx512_sub_variant_can_be_forced(variant, need):
-    """KT's variant strings force our sub-variants; one the CPU lacks fails the import, naming why."""
+    """KT's variant strings force our sub-variants, and every method runs on each against the
+    numpy MoE (test_forward's test in a process with the variant forced); one the CPU lacks
+    fails the import, naming why."""
     r = _import_with(variant)
-    if need <= _cpu_flags():
-        assert r.returncode == 0, r.stderr
-        assert r.stdout.split()[0] == variant
-    else:
+    if not need <= _cpu_flags():
         assert r.returncode != 0 and "lacks" in r.stderr, r.stderr
+        return
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.split()[0] == variant
+    here = os.path.dirname(os.path.abspath(__file__))
+    test = os.path.join(here, "test_forward.py") + "::test_each_method_matches_the_fp32_moe"
+    env = dict(os.environ, KT_KERNEL_CPU_VARIANT=variant)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", test],
+        env=env, cwd=here, capture_output=True, text=True, timeout=600,
+    )
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
 
 
 def test_constructor_signature_is_kts():

@@ -159,7 +159,7 @@ CASES = {
     "soak-layers": lambda t: cli(t, "soak", "--layers", "0"),
     # Environment
     "env-variant-unknown": lambda t: cli(t, "bench", "--tokens", "1", "--min-time", "0", "--hidden", "256", "--intermediate", "512", "--experts", "8", env={"KT_KERNEL_CPU_VARIANT": "avx1024"}),
-    "env-variant-format": lambda t: cli(t, "bench", "--tokens", "1", "--min-time", "0", "--hidden", "256", "--intermediate", "512", "--experts", "8", "--method", "bf16", env={"KT_KERNEL_CPU_VARIANT": "llamafile"}),
+    "env-variant-format": lambda t: cli(t, "bench", "--tokens", "1", "--min-time", "0", "--hidden", "256", "--intermediate", "512", "--experts", "8", "--method", "q4_k", env={"KT_KERNEL_CPU_VARIANT": "avx2"}),
     # Python
     "py-method": lambda t: py(lambda: wrapper(method="INT3")),
     "py-mask-and-count": lambda t: py(lambda: wrapper(gpu_experts_mask=np.zeros(E, bool), num_gpu_experts=2)),
