@@ -6,8 +6,8 @@
     python3 scripts/perf-table.py --compare B1.json B2.json -- A1.json A2.json  # before/after, best of alternated runs
 
 Each case: best time in ms, and the ratio to the roofline the same run measured: weight bytes
-per second / DRAM bandwidth for one token (decode), achieved rate / the peak of the kernel's
-instruction family for more tokens (prefill, `*` where that family is VNNI, `†` vdpbf16ps;
+per second / DRAM bandwidth for up to 4 tokens (decode), achieved rate / the peak of the
+kernel's instruction family for more tokens (prefill, `*` where that family is VNNI, `†` vdpbf16ps;
 512-bit FMA and int8 peaks for the AVX-512 backends). Runs of several backends give one row per
 method and backend.
 """
@@ -22,9 +22,9 @@ def load(paths):
 
 
 def cell(r):
-    ratio = r["dram_ratio"] if r["tokens"] == 1 else r["compute_ratio"]
+    ratio = r["dram_ratio"] if r["tokens"] <= 4 else r["compute_ratio"]
     judged = r.get("judged_by") or ("vnni" if r.get("vnni") else "")
-    mark = {"vnni": "*", "bf16dot": "†"}.get(judged, "")
+    mark = {"vnni": "*", "bf16dot": "†"}.get(judged, "") if r["tokens"] > 4 else ""
     return f"{r['ms_best']:.2f} ({ratio:.2f}{mark})"
 
 

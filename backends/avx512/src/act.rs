@@ -1,7 +1,8 @@
 //! Prepared activations, K zero-padded to the format's unit (`pack::unit_k`):
 //!
 //! ```text
-//!  float kinds [rows × Kp] f32, then [rows × Kp] bf16 (the pairs `vdpbf16ps` broadcasts)
+//!  float kinds [rows × Kp] f32 (FMA kernels), or [rows × Kp] bf16 (`dot`: the pairs
+//!              `vdpbf16ps` broadcasts, at the bf16 level)
 //!  int kinds   [rows × Kp] u8 = int8 + 128, then [rows × groups] f32 scales (4-byte aligned)
 //! ```
 //!
@@ -26,31 +27,30 @@ pub fn padded(f: WeightFormat, cols: usize) -> usize {
     cols.next_multiple_of(unit_k(f))
 }
 
-/// End of the int8 (or f32) part, where the next part starts.
-fn first_part(f: WeightFormat, rows: usize, cols: usize) -> usize {
-    if f.int_activations() {
-        (rows * padded(f, cols)).next_multiple_of(4)
-    } else {
-        4 * rows * padded(f, cols)
+/// End of the int8 part, where the scales start; for float kinds, the whole.
+fn first_part(f: WeightFormat, rows: usize, cols: usize, dot: bool) -> usize {
+    let kp = padded(f, cols);
+    match f {
+        f if f.int_activations() => (rows * kp).next_multiple_of(4),
+        _ if dot => 2 * rows * kp,
+        _ => 4 * rows * kp,
     }
 }
 
-pub fn bytes(f: WeightFormat, rows: usize, cols: usize) -> usize {
-    first_part(f, rows, cols)
-        + match f {
-            f if f.int_activations() => 4 * rows * groups(f, cols),
-            _ => 2 * rows * padded(f, cols),
-        }
+/// Bytes of `rows` prepared rows; `dot`: float kinds in bf16 for `vdpbf16ps`.
+pub fn bytes(f: WeightFormat, rows: usize, cols: usize, dot: bool) -> usize {
+    let scales = if f.int_activations() { 4 * rows * groups(f, cols) } else { 0 };
+    first_part(f, rows, cols, dot) + scales
 }
 
 /// The layout `f`'s kernels read: formats with the same value share one prepared copy.
-pub fn layout(f: WeightFormat) -> u32 {
+pub fn layout(f: WeightFormat, dot: bool) -> u32 {
     match f {
-        WeightFormat::Bf16 => 10,
+        WeightFormat::Bf16 => 10 + u32::from(dot),
         WeightFormat::Int8Row => 1,
         WeightFormat::Int4Row => 2,
         // mxfp4 reads what int4-g32 reads.
-        f => f.act_group().map_or(0, |g| 1000 + g as u32),
+        f => f.act_group().map_or(u32::from(dot), |g| 1000 + g as u32),
     }
 }
 
@@ -103,12 +103,29 @@ unsafe fn quantize_group(x: &[bf16], q: &mut [u8]) -> Option<f32> {
     Some(d)
 }
 
-/// Prepare rows `rows` of `src` for format `f` into `dst`; `scratch` holds [`scratch_bytes`].
-/// The CPU has AVX-512F/BW/VL (the backend's floor).
-pub fn prepare(f: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &mut [u8], scratch: &mut [u8]) {
+/// Prepare rows `rows` of `src` for format `f` into `dst` (`dot`: float kinds in bf16);
+/// `scratch` holds [`scratch_bytes`]. The CPU has AVX-512F/BW/VL (the backend's floor).
+#[allow(clippy::too_many_arguments)]
+pub fn prepare(
+    f: WeightFormat,
+    cols: usize,
+    src: &[bf16],
+    rows: &[u32],
+    dst: &mut [u8],
+    scratch: &mut [u8],
+    dot: bool,
+) {
     let row = |i: usize| &src[rows[i] as usize * cols..(rows[i] as usize + 1) * cols];
     let kp = padded(f, cols);
-    let (first, rest) = dst.split_at_mut(first_part(f, rows.len(), cols));
+    let (first, rest) = dst.split_at_mut(first_part(f, rows.len(), cols, dot));
+    if dot && !f.int_activations() {
+        let b: &mut [bf16] = bytemuck::cast_slice_mut(first);
+        for (i, o) in b.chunks_exact_mut(kp).enumerate() {
+            o[..cols].copy_from_slice(row(i));
+            o[cols..].fill(bf16::ZERO);
+        }
+        return;
+    }
     if !f.int_activations() {
         let d: &mut [f32] = bytemuck::cast_slice_mut(first);
         for (i, o) in d.chunks_exact_mut(kp).enumerate() {
@@ -116,11 +133,6 @@ pub fn prepare(f: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &m
                 *o = v.to_f32();
             }
             o[cols..].fill(0.0);
-        }
-        let b: &mut [bf16] = bytemuck::cast_slice_mut(&mut rest[..2 * rows.len() * kp]);
-        for (i, o) in b.chunks_exact_mut(kp).enumerate() {
-            o[..cols].copy_from_slice(row(i));
-            o[cols..].fill(bf16::ZERO);
         }
         return;
     }
@@ -152,22 +164,20 @@ pub fn prepare(f: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &m
 
 /// A view of prepared activations.
 pub enum Act<'a> {
-    /// f32 rows of `kp`, and the same rows in bf16.
+    /// f32 rows of `kp` (`x16` empty), or bf16 rows of `kp` for the dot kernels (`x` empty).
     Float { x: &'a [f32], x16: &'a [bf16], kp: usize },
     /// int8 + 128 rows of `kp`, with `groups` scales per row.
     Int { q: &'a [u8], kp: usize, scales: &'a [f32], groups: usize },
 }
 
 impl<'a> Act<'a> {
-    pub fn parse(f: WeightFormat, cols: usize, rows: usize, b: &'a [u8]) -> Act<'a> {
+    pub fn parse(f: WeightFormat, cols: usize, rows: usize, b: &'a [u8], dot: bool) -> Act<'a> {
         let kp = padded(f, cols);
-        let (first, rest) = b.split_at(first_part(f, rows, cols));
-        if !f.int_activations() {
-            return Act::Float {
-                x: bytemuck::cast_slice(first),
-                x16: bytemuck::cast_slice(&rest[..2 * rows * kp]),
-                kp,
-            };
+        let (first, rest) = b.split_at(first_part(f, rows, cols, dot));
+        match f {
+            f if f.int_activations() => {}
+            _ if dot => return Act::Float { x: &[], x16: bytemuck::cast_slice(first), kp },
+            _ => return Act::Float { x: bytemuck::cast_slice(first), x16: &[], kp },
         }
         let g = groups(f, cols);
         Act::Int { q: &first[..rows * kp], kp, scales: bytemuck::cast_slice(&rest[..4 * rows * g]), groups: g }

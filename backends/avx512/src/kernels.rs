@@ -343,8 +343,8 @@ unsafe fn float_span<const N: usize, const DOT: bool, const BF16: bool>(
 /// A float panel's tile: per-block sums times the block's scale(s), added block by block.
 ///
 /// # Safety
-/// AVX-512F/BW (and VBMI/BF16 if `DOT`) are present; `x`, `x16` hold `t0 + N` rows of `kp`;
-/// `w` packed for `DOT` (`pairs` for the fp8 kinds).
+/// AVX-512F/BW (and VBMI/BF16 if `DOT`) are present; `x16` (if `DOT`) or `x` (if not) holds
+/// `t0 + N` rows of `kp`; `w` packed for `DOT` (`pairs` for the fp8 kinds).
 #[inline(always)]
 unsafe fn float_body<const N: usize, const DOT: bool>(
     w: &Packed,
@@ -356,8 +356,11 @@ unsafe fn float_body<const N: usize, const DOT: bool>(
     out: &mut Tile,
 ) {
     let panel = w.panel(p).as_ptr();
-    let xs: [*const f32; N] = core::array::from_fn(|t| x[(t0 + t) * kp..].as_ptr());
-    let xh: [*const u32; N] = core::array::from_fn(|t| x16[(t0 + t) * kp..].as_ptr().cast());
+    // The dot kernels read only the bf16 rows, the FMA ones only the f32 rows (`act`).
+    let xs: [*const f32; N] =
+        core::array::from_fn(|t| if DOT { core::ptr::null() } else { x[(t0 + t) * kp..].as_ptr() });
+    let xh: [*const u32; N] =
+        core::array::from_fn(|t| if DOT { x16[(t0 + t) * kp..].as_ptr().cast() } else { core::ptr::null() });
     // SAFETY: the panel spans w.units units, x and x16 rows kp = unit_k·units values, scales as
     // `pack` lays them out.
     unsafe {

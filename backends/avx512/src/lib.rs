@@ -118,6 +118,14 @@ mod imp {
         }
     }
 
+    impl Avx512 {
+        /// Whether `format`'s kernels are the `vdpbf16ps` ones (bf16 activations, no f32 copy):
+        /// float formats at the bf16 level.
+        fn dot(&self, format: WeightFormat) -> bool {
+            self.level() == Level::Bf16 && !format.int_activations()
+        }
+    }
+
     fn packed(m: &PackedMatrix) -> &Packed {
         m.get::<Packed>().expect("a layer hands a backend only the matrices it packed")
     }
@@ -178,11 +186,11 @@ mod imp {
         }
 
         fn act_layout(&self, format: WeightFormat) -> ActLayout {
-            ActLayout(act::layout(format))
+            ActLayout(act::layout(format, self.dot(format)))
         }
 
         fn act_bytes(&self, format: WeightFormat, rows: usize, cols: usize) -> usize {
-            act::bytes(format, rows, cols)
+            act::bytes(format, rows, cols, self.dot(format))
         }
 
         fn scratch_bytes(&self, shape: TaskShape) -> usize {
@@ -198,7 +206,7 @@ mod imp {
             dst: &mut [u8],
             scratch: &mut [u8],
         ) {
-            act::prepare(format, cols, src, rows, dst, scratch)
+            act::prepare(format, cols, src, rows, dst, scratch, self.dot(format))
         }
 
         fn gate_up(
@@ -214,7 +222,8 @@ mod imp {
         ) {
             let (g, u, level) = (packed(gate), packed(up), self.level());
             let n = h.rows();
-            let (ag, au) = (Act::parse(g.format, g.cols, n, act_gate), Act::parse(u.format, u.cols, n, act_up));
+            let ag = Act::parse(g.format, g.cols, n, act_gate, self.dot(g.format));
+            let au = Act::parse(u.format, u.cols, n, act_up, self.dot(u.format));
             let mut ut: Tile = [[0.0; PANEL]; MAX_NT];
             let mut hv = [0u16; PANEL];
             // Each up tile is paired with the gate tile of the same panel and tokens.
@@ -242,7 +251,7 @@ mod imp {
         fn down(&self, down: &PackedMatrix, rows: Range<usize>, a: &[u8], mut y: MatMut<'_, f32>, _scratch: &mut [u8]) {
             let d = packed(down);
             let n = y.rows();
-            let act = Act::parse(d.format, d.cols, n, a);
+            let act = Act::parse(d.format, d.cols, n, a, self.dot(d.format));
             for_tiles(self.level(), d, &rows, &act, (n, max_tokens(d)), |panel, t0, nt, tile| {
                 let (at, within) = (panel.rows.start - rows.start, panel.in_tile(PANEL));
                 for (t, res) in tile.iter().enumerate().take(nt) {
