@@ -314,14 +314,14 @@ unsafe fn fp8_dot_units<const N: usize>(
     *acc = a;
 }
 
-/// Units `u0..u1` of a float panel: bf16 or fp8 (`BF16`), widened for FMAs, or (`DOT`) by
+/// Units `u0..u1` of an fp8 panel: bit-placed for FMAs, or (`DOT`) decoded by the tables for
 /// `vdpbf16ps`.
 ///
 /// # Safety
-/// The features of `DOT`'s kernel (below); `panel` holds `u1` units; `x` and `x16` rows the
-/// padded K.
+/// The features of `DOT`'s kernel (below); `panel` holds `u1` units; `x` (or `x16` if `DOT`)
+/// rows the padded K.
 #[inline(always)]
-unsafe fn float_span<const N: usize, const DOT: bool, const BF16: bool>(
+unsafe fn fp8_span<const N: usize, const DOT: bool>(
     panel: *const u8,
     (u0, u1): (usize, usize),
     tab: &Fp8Tables,
@@ -331,11 +331,10 @@ unsafe fn float_span<const N: usize, const DOT: bool, const BF16: bool>(
 ) {
     // SAFETY: forwarded.
     unsafe {
-        match (DOT, BF16) {
-            (true, true) => bf16_dot_units::<N>(panel, u0, u1, x16, acc),
-            (true, false) => fp8_dot_units::<N>(panel, u0, u1, tab, x16, acc),
-            (false, bf16) if bf16 => float_units::<N, true>(panel, u0, u1, x, acc),
-            _ => float_units::<N, false>(panel, u0, u1, x, acc),
+        if DOT {
+            fp8_dot_units::<N>(panel, u0, u1, tab, x16, acc)
+        } else {
+            float_units::<N, false>(panel, u0, u1, x, acc)
         }
     }
 }
@@ -365,13 +364,17 @@ unsafe fn float_body<const N: usize, const DOT: bool>(
     // `pack` lays them out.
     unsafe {
         let z = _mm512_setzero_ps();
-        let tab = Fp8Tables::new();
         let mut acc = [[z; 2]; N];
         let span = |u0: usize, units: usize| (u0, (u0 + units).min(w.units));
         // (units per scale block, scale stride between blocks, per-row scales?)
         let (per_block, stride, rows) = match w.format {
             WeightFormat::Bf16 => {
-                float_span::<N, DOT, true>(panel, (0, w.units), &tab, &xs, &xh, &mut acc);
+                // No tables here: four registers fewer for the 24 accumulators (with them one
+                // accumulator went through the stack every unit).
+                match DOT {
+                    true => bf16_dot_units::<N>(panel, 0, w.units, &xh, &mut acc),
+                    false => float_units::<N, true>(panel, 0, w.units, &xs, &mut acc),
+                }
                 store_tile(&acc, out);
                 return;
             }
@@ -379,11 +382,12 @@ unsafe fn float_body<const N: usize, const DOT: bool>(
             WeightFormat::Mxfp8 => (kt_core::format::mx::MX_BLOCK / 4, PANEL, true),
             _ => (FP8_BLOCK / 4, 1, false),
         };
+        let tab = Fp8Tables::new();
         let blocks = w.units.div_ceil(per_block);
         let base = if rows { p * blocks * PANEL } else { p * blocks };
         for b in 0..blocks {
             let mut blk = [[z; 2]; N];
-            float_span::<N, DOT, false>(panel, span(b * per_block, per_block), &tab, &xs, &xh, &mut blk);
+            fp8_span::<N, DOT>(panel, span(b * per_block, per_block), &tab, &xs, &xh, &mut blk);
             let at = w.scales[base + b * stride..].as_ptr();
             let s = if rows { load32(at) } else { [_mm512_set1_ps(*at); 2] };
             for t in 0..N {
