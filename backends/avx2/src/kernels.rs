@@ -388,15 +388,7 @@ unsafe fn int_panel<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: u
 pub unsafe fn panel_tile(w: &Packed, p: usize, act: &Act<'_>, t0: usize, nt: usize, out: &mut Tile) {
     macro_rules! by_n {
         ($f:ident, $($arg:expr),*) => {
-            match nt {
-                1 => $f::<1>($($arg),*),
-                2 => $f::<2>($($arg),*),
-                3 => $f::<3>($($arg),*),
-                4 => $f::<4>($($arg),*),
-                5 => $f::<5>($($arg),*),
-                6 => $f::<6>($($arg),*),
-                _ => unreachable!("tile of {nt} tokens"),
-            }
+            kt_x86::by_tokens!(nt; 1 2 3 4 5 6; $f($($arg),*))
         };
     }
     // SAFETY: forwarded from the caller.

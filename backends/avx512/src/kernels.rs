@@ -72,21 +72,21 @@ pub type Tile = [[f32; PANEL]; MAX_NT];
 const PREFETCH: usize = 2048;
 const PREFETCH_L2: usize = 3 * PREFETCH;
 
-/// Prefetch both lines of the unit `PREFETCH` ahead of `p`.
-#[inline(always)]
-fn prefetch_unit(p: *const u8) {
-    kt_x86::prefetch::ahead(p, PREFETCH, PREFETCH_L2);
-    kt_x86::prefetch::ahead(p.wrapping_add(64), PREFETCH, PREFETCH_L2);
-}
-
-/// The unit at `p`: rows 0-15 and 16-31.
+/// Unit `u` of `panel`: rows 0-15 and 16-31, with both lines of the unit `PREFETCH` ahead
+/// prefetched (a task's panels are contiguous, so that runs into the next panel).
 ///
 /// # Safety
-/// AVX-512F is present (inlined into the kernels, whose features it uses); 128 readable bytes.
+/// AVX-512F is present (inlined into the kernels, whose features it uses); `panel` holds more
+/// than `u` units.
 #[inline(always)]
-unsafe fn load_unit(p: *const u8) -> [__m512i; 2] {
-    // SAFETY: the caller's contract.
-    unsafe { [_mm512_loadu_si512(p.cast()), _mm512_loadu_si512(p.add(64).cast())] }
+unsafe fn load_unit(panel: *const u8, u: usize) -> [__m512i; 2] {
+    // SAFETY: the caller's contract; prefetches never fault.
+    unsafe {
+        let p = panel.add(u * UNIT);
+        kt_x86::prefetch::ahead(p, PREFETCH, PREFETCH_L2);
+        kt_x86::prefetch::ahead(p.wrapping_add(64), PREFETCH, PREFETCH_L2);
+        [_mm512_loadu_si512(p.cast()), _mm512_loadu_si512(p.add(64).cast())]
+    }
 }
 
 /// The weights of the unit's `j`-th k as f32: bf16 by its position in the dword, e4m3 by bit
@@ -144,9 +144,7 @@ unsafe fn float_units<const N: usize, const BF16: bool>(
     for u in u0..u1 {
         // SAFETY: u < u1 is inside the panel; x rows hold the padded K (caller's contract).
         unsafe {
-            let p = panel.add(u * UNIT);
-            prefetch_unit(p);
-            let r = load_unit(p);
+            let r = load_unit(panel, u);
             for j in 0..kpu {
                 let w = decode::<BF16>(r, j);
                 for t in 0..N {
@@ -210,9 +208,7 @@ unsafe fn bf16_dot_units<const N: usize>(
     for u in u0..u1 {
         // SAFETY: u < u1 is inside the panel; a row of kp = 2·units bf16 holds `units` pairs.
         unsafe {
-            let q = panel.add(u * UNIT);
-            prefetch_unit(q);
-            let r = load_unit(q);
+            let r = load_unit(panel, u);
             let w = [bh(r[0]), bh(r[1])];
             for t in 0..N {
                 let xv = bh(_mm512_set1_epi32(x[t].add(u).read_unaligned() as i32));
@@ -294,9 +290,7 @@ unsafe fn fp8_dot_units<const N: usize>(
     unsafe {
         let sign = _mm512_set1_epi8(-128);
         for u in u0..u1 {
-            let q = panel.add(u * UNIT);
-            prefetch_unit(q);
-            let r = load_unit(q);
+            let r = load_unit(panel, u);
             for h in 0..2 {
                 let lo = _mm512_permutex2var_epi8(tab.lo[0], r[h], tab.lo[1]);
                 let hi = _mm512_permutex2var_epi8(tab.hi[0], r[h], tab.hi[1]);
@@ -460,9 +454,7 @@ unsafe fn int_units<const N: usize, const INT4: bool, const VNNI: bool>(
         let (lo4, ones, flip, zero) =
             (_mm512_set1_epi8(0x0F), _mm512_set1_epi16(1), _mm512_set1_epi8(-128), _mm512_setzero_si512());
         for u in u0..u1 {
-            let p = panel.add(u * UNIT);
-            prefetch_unit(p);
-            let r = load_unit(p);
+            let r = load_unit(panel, u);
             if INT4 {
                 let lo = [_mm512_and_si512(r[0], lo4), _mm512_and_si512(r[1], lo4)];
                 let lo = [_mm512_shuffle_epi8(lut, lo[0]), _mm512_shuffle_epi8(lut, lo[1])];
@@ -615,21 +607,7 @@ unsafe fn int_panel_vnni<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, 
 pub unsafe fn panel_tile(level: Level, w: &Packed, p: usize, act: &Act<'_>, t0: usize, nt: usize, out: &mut Tile) {
     macro_rules! by_n {
         ($f:ident, $($arg:expr),*) => {
-            match nt {
-                1 => $f::<1>($($arg),*),
-                2 => $f::<2>($($arg),*),
-                3 => $f::<3>($($arg),*),
-                4 => $f::<4>($($arg),*),
-                5 => $f::<5>($($arg),*),
-                6 => $f::<6>($($arg),*),
-                7 => $f::<7>($($arg),*),
-                8 => $f::<8>($($arg),*),
-                9 => $f::<9>($($arg),*),
-                10 => $f::<10>($($arg),*),
-                11 => $f::<11>($($arg),*),
-                12 => $f::<12>($($arg),*),
-                _ => unreachable!("tile of {nt} tokens"),
-            }
+            kt_x86::by_tokens!(nt; 1 2 3 4 5 6 7 8 9 10 11 12; $f($($arg),*))
         };
     }
     // SAFETY: forwarded from the caller.

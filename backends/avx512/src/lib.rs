@@ -110,10 +110,15 @@ mod imp {
     }
 
     impl Avx512 {
-        /// The level this backend runs: its own, or the best this CPU runs.
+        /// The level this backend runs: its own, or the best this CPU runs (detected once: it
+        /// is asked on every task).
         pub fn level(&self) -> Level {
+            static BEST: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
             self.level.unwrap_or_else(|| {
-                [Level::Bf16, Level::Vbmi, Level::Vnni].into_iter().find(|&l| support(l).is_ok()).unwrap_or(Level::Base)
+                *BEST.get_or_init(|| {
+                    let widest = [Level::Bf16, Level::Vbmi, Level::Vnni];
+                    widest.into_iter().find(|&l| support(l).is_ok()).unwrap_or(Level::Base)
+                })
             })
         }
     }

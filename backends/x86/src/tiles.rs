@@ -52,6 +52,21 @@ pub fn balanced_token_tiles(n: usize, max: usize) -> impl Iterator<Item = (usize
     (0..runs).map(move |i| (i * base + i.min(extra), base + usize::from(i < extra)))
 }
 
+/// Call `$f::<N>(args)` for the run-time token count `$n`, one arm per count listed: kernels
+/// take their tile's token count as a const generic (so its accumulators are registers), and a
+/// backend lists the counts its tiles come in. Any other count is a bug of the caller.
+///
+/// `kt_x86::by_tokens!(nt; 1 2 3; kernel(w, p))` is `match nt { 1 => kernel::<1>(w, p), … }`.
+#[macro_export]
+macro_rules! by_tokens {
+    ($n:expr; $($k:literal)+; $f:ident $args:tt) => {
+        match $n {
+            $($k => $f::<$k> $args,)+
+            n => unreachable!("a tile of {n} tokens"),
+        }
+    };
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -76,6 +91,12 @@ mod tests {
         let t: Vec<_> = token_tiles(13, 6).collect();
         assert_eq!(t, [(0, 6), (6, 6), (12, 1)]);
         assert_eq!(token_tiles(0, 6).count(), 0);
+        fn count<const N: usize>(x: usize) -> usize {
+            N * 10 + x
+        }
+        for n in 1..=3 {
+            assert_eq!(by_tokens!(n; 1 2 3; count(7)), n * 10 + 7);
+        }
         let t: Vec<_> = balanced_token_tiles(16, 12).collect();
         assert_eq!(t, [(0, 8), (8, 8)]);
         let t: Vec<_> = balanced_token_tiles(25, 12).collect();

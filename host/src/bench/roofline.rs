@@ -385,59 +385,26 @@ unsafe fn fma_loop_avx2(iters: u64) {
     }
 }
 
-/// # Safety
-/// The CPU must support AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn int8_loop_avx2(iters: u64) {
-    // SAFETY: register-only arithmetic; every register used is declared clobbered.
-    unsafe {
+/// 8 independent `vpmaddubsw → vpmaddwd → vpaddd` chains, `$iters` rounds, on registers `$r`
+/// ("ymm" or "zmm"; declared by their ymm names, as in `chains_asm`), the 16-bit ones in
+/// register 10 made by `$ones` and the byte operands in 8 and 9 by `$bytes` (a zmm needs
+/// `vpternlogd` for them: an EVEX compare writes a mask).
+macro_rules! int8_chains_asm {
+    ($iters:expr, $r:literal, $ones:literal, $bytes:literal) => {
         std::arch::asm!(
             "vpxor ymm0, ymm0, ymm0", "vpxor ymm1, ymm1, ymm1", "vpxor ymm2, ymm2, ymm2",
             "vpxor ymm3, ymm3, ymm3", "vpxor ymm4, ymm4, ymm4", "vpxor ymm5, ymm5, ymm5",
             "vpxor ymm6, ymm6, ymm6", "vpxor ymm7, ymm7, ymm7",
-            "vpcmpeqw ymm10, ymm10, ymm10", "vpsrlw ymm10, ymm10, 15", // 16-bit ones
-            "vpcmpeqb ymm8, ymm8, ymm8", "vpabsb ymm8, ymm8", "vmovdqa ymm9, ymm8",
+            $ones, $bytes,
             "2:",
-            "vpmaddubsw ymm11, ymm8, ymm9", "vpmaddwd ymm11, ymm11, ymm10", "vpaddd ymm0, ymm0, ymm11",
-            "vpmaddubsw ymm12, ymm8, ymm9", "vpmaddwd ymm12, ymm12, ymm10", "vpaddd ymm1, ymm1, ymm12",
-            "vpmaddubsw ymm13, ymm8, ymm9", "vpmaddwd ymm13, ymm13, ymm10", "vpaddd ymm2, ymm2, ymm13",
-            "vpmaddubsw ymm14, ymm8, ymm9", "vpmaddwd ymm14, ymm14, ymm10", "vpaddd ymm3, ymm3, ymm14",
-            "vpmaddubsw ymm11, ymm8, ymm9", "vpmaddwd ymm11, ymm11, ymm10", "vpaddd ymm4, ymm4, ymm11",
-            "vpmaddubsw ymm12, ymm8, ymm9", "vpmaddwd ymm12, ymm12, ymm10", "vpaddd ymm5, ymm5, ymm12",
-            "vpmaddubsw ymm13, ymm8, ymm9", "vpmaddwd ymm13, ymm13, ymm10", "vpaddd ymm6, ymm6, ymm13",
-            "vpmaddubsw ymm14, ymm8, ymm9", "vpmaddwd ymm14, ymm14, ymm10", "vpaddd ymm7, ymm7, ymm14",
-            "dec {n}",
-            "jnz 2b",
-            "vzeroupper",
-            n = inout(reg) iters => _,
-            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _, out("ymm5") _,
-            out("ymm6") _, out("ymm7") _, out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
-            out("ymm12") _, out("ymm13") _, out("ymm14") _,
-            options(nostack, nomem),
-        );
-    }
-}
-
-/// [`int8_loop_avx2`]'s chains on zmm (registers declared by their ymm names, as in
-/// `chains_asm`; the constants made with `vpternlogd`, since an EVEX compare writes a mask).
-macro_rules! int8_zmm_asm {
-    ($iters:expr) => {
-        std::arch::asm!(
-            "vpxor ymm0, ymm0, ymm0", "vpxor ymm1, ymm1, ymm1", "vpxor ymm2, ymm2, ymm2",
-            "vpxor ymm3, ymm3, ymm3", "vpxor ymm4, ymm4, ymm4", "vpxor ymm5, ymm5, ymm5",
-            "vpxor ymm6, ymm6, ymm6", "vpxor ymm7, ymm7, ymm7",
-            "vpternlogd zmm10, zmm10, zmm10, 0xff", "vpsrlw zmm10, zmm10, 15", // 16-bit ones
-            "vpternlogd zmm8, zmm8, zmm8, 0xff", "vpabsb zmm8, zmm8", "vmovdqa64 zmm9, zmm8",
-            "2:",
-            "vpmaddubsw zmm11, zmm8, zmm9", "vpmaddwd zmm11, zmm11, zmm10", "vpaddd zmm0, zmm0, zmm11",
-            "vpmaddubsw zmm12, zmm8, zmm9", "vpmaddwd zmm12, zmm12, zmm10", "vpaddd zmm1, zmm1, zmm12",
-            "vpmaddubsw zmm13, zmm8, zmm9", "vpmaddwd zmm13, zmm13, zmm10", "vpaddd zmm2, zmm2, zmm13",
-            "vpmaddubsw zmm14, zmm8, zmm9", "vpmaddwd zmm14, zmm14, zmm10", "vpaddd zmm3, zmm3, zmm14",
-            "vpmaddubsw zmm11, zmm8, zmm9", "vpmaddwd zmm11, zmm11, zmm10", "vpaddd zmm4, zmm4, zmm11",
-            "vpmaddubsw zmm12, zmm8, zmm9", "vpmaddwd zmm12, zmm12, zmm10", "vpaddd zmm5, zmm5, zmm12",
-            "vpmaddubsw zmm13, zmm8, zmm9", "vpmaddwd zmm13, zmm13, zmm10", "vpaddd zmm6, zmm6, zmm13",
-            "vpmaddubsw zmm14, zmm8, zmm9", "vpmaddwd zmm14, zmm14, zmm10", "vpaddd zmm7, zmm7, zmm14",
+            concat!("vpmaddubsw ", $r, "11, ", $r, "8, ", $r, "9"), concat!("vpmaddwd ", $r, "11, ", $r, "11, ", $r, "10"), concat!("vpaddd ", $r, "0, ", $r, "0, ", $r, "11"),
+            concat!("vpmaddubsw ", $r, "12, ", $r, "8, ", $r, "9"), concat!("vpmaddwd ", $r, "12, ", $r, "12, ", $r, "10"), concat!("vpaddd ", $r, "1, ", $r, "1, ", $r, "12"),
+            concat!("vpmaddubsw ", $r, "13, ", $r, "8, ", $r, "9"), concat!("vpmaddwd ", $r, "13, ", $r, "13, ", $r, "10"), concat!("vpaddd ", $r, "2, ", $r, "2, ", $r, "13"),
+            concat!("vpmaddubsw ", $r, "14, ", $r, "8, ", $r, "9"), concat!("vpmaddwd ", $r, "14, ", $r, "14, ", $r, "10"), concat!("vpaddd ", $r, "3, ", $r, "3, ", $r, "14"),
+            concat!("vpmaddubsw ", $r, "11, ", $r, "8, ", $r, "9"), concat!("vpmaddwd ", $r, "11, ", $r, "11, ", $r, "10"), concat!("vpaddd ", $r, "4, ", $r, "4, ", $r, "11"),
+            concat!("vpmaddubsw ", $r, "12, ", $r, "8, ", $r, "9"), concat!("vpmaddwd ", $r, "12, ", $r, "12, ", $r, "10"), concat!("vpaddd ", $r, "5, ", $r, "5, ", $r, "12"),
+            concat!("vpmaddubsw ", $r, "13, ", $r, "8, ", $r, "9"), concat!("vpmaddwd ", $r, "13, ", $r, "13, ", $r, "10"), concat!("vpaddd ", $r, "6, ", $r, "6, ", $r, "13"),
+            concat!("vpmaddubsw ", $r, "14, ", $r, "8, ", $r, "9"), concat!("vpmaddwd ", $r, "14, ", $r, "14, ", $r, "10"), concat!("vpaddd ", $r, "7, ", $r, "7, ", $r, "14"),
             "dec {n}",
             "jnz 2b",
             "vzeroupper",
@@ -448,6 +415,22 @@ macro_rules! int8_zmm_asm {
             options(nostack, nomem),
         )
     };
+}
+
+/// # Safety
+/// The CPU must support AVX2.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2")]
+unsafe fn int8_loop_avx2(iters: u64) {
+    // SAFETY: register-only arithmetic; every register used is declared clobbered.
+    unsafe {
+        int8_chains_asm!(
+            iters,
+            "ymm",
+            "vpcmpeqw ymm10, ymm10, ymm10\nvpsrlw ymm10, ymm10, 15", // 16-bit ones
+            "vpcmpeqb ymm8, ymm8, ymm8\nvpabsb ymm8, ymm8\nvmovdqa ymm9, ymm8"
+        )
+    }
 }
 
 /// The 512-bit peaks ([`Zmm`]), each best of 3; `None` for those the CPU lacks.
@@ -492,7 +475,12 @@ fn zmm_loop(op: ZmmOp, iters: u64) {
             // Zeros: no operand or product is subnormal (no microcode assists).
             ZmmOp::Fma => chains_asm!(iters, "vfmadd231ps", "zmm", "vpxor ymm8, ymm8, ymm8", "vpxor ymm9, ymm9, ymm9"),
             ZmmOp::Bf16 => chains_asm!(iters, "vdpbf16ps", "zmm", "vpxor ymm8, ymm8, ymm8", "vpxor ymm9, ymm9, ymm9"),
-            ZmmOp::Int8 => int8_zmm_asm!(iters),
+            ZmmOp::Int8 => int8_chains_asm!(
+                iters,
+                "zmm",
+                "vpternlogd zmm10, zmm10, zmm10, 0xff\nvpsrlw zmm10, zmm10, 15",
+                "vpternlogd zmm8, zmm8, zmm8, 0xff\nvpabsb zmm8, zmm8\nvmovdqa64 zmm9, zmm8"
+            ),
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
