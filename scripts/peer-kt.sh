@@ -47,7 +47,7 @@ for m in ${methods//,/ }; do
         while read -r n ms; do
             if [ -z "${kt[$n]:-}" ] || awk "BEGIN{exit !($ms < ${kt[$n]})}"; then kt[$n]=$ms; fi
         done < <(python3 "$here/peers/kt_moe.py" "$ext" --method "$m" --preset "$preset" --tokens "$tokens" \
-            --threads $th --min-time 1 2>/dev/null | sed -n 's/.* n=\([0-9]*\) best \([0-9.]*\) ms.*queued \([0-9.]*\) ms/\1 \2\n\1 \3/p')
+            --threads $th --min-time 1 | sed -n 's/.* n=\([0-9]*\) best \([0-9.]*\) ms.*queued \([0-9.]*\) ms/\1 \2\n\1 \3/p')
     done
     KT_KERNEL_CPU_VARIANT=$ours_variant ./target/release/kt bench --preset "$preset" --method "${ours_method[$m]}" \
         --tokens "$tokens" --threads 2 --json 2>/dev/null |
@@ -56,8 +56,9 @@ import json, sys
 for r in json.load(sys.stdin)["results"]:
     print(r["tokens"], r["ms_best"])' |
         while read -r n ms; do
-            printf '%-8s %6s %12s %10.3f %10.2f\n' "$m" "$n" "${kt[$n]:-n/a}" "$ms" \
-                "$(awk "BEGIN{print ${kt[$n]:-0} / $ms}")"
+            ratio=n/a
+            [ -n "${kt[$n]:-}" ] && ratio=$(awk "BEGIN{printf \"%.2f\", ${kt[$n]} / $ms}")
+            printf '%-8s %6s %12s %10.3f %10s\n' "$m" "$n" "${kt[$n]:-n/a}" "$ms" "$ratio"
         done
     unset kt
 done

@@ -135,7 +135,9 @@ def main():
     wc.subpool_count, wc.subpool_numa_map, wc.subpool_thread_count = 1, [0], [a.threads]
     cpu = ext.CPUInfer(wc)
     rng = np.random.default_rng(42)
-    layer = Layer(ext, a.method, E, k, H, I, max(tokens), cpu.backend_, rng)
+    # KT's wrapper passes chunked_prefill_size; its buffers need a multiple of its M step (32).
+    max_len = -(-max(tokens) // 64) * 64
+    layer = Layer(ext, a.method, E, k, H, I, max_len, cpu.backend_, rng)
     cpu.submit(layer.moe.load_weights_task(layer.map.ctypes.data))
     cpu.sync()
     for n in tokens:

@@ -105,7 +105,6 @@ unsafe fn quantize_group(x: &[bf16], q: &mut [u8]) -> Option<f32> {
 
 /// Prepare rows `rows` of `src` for format `f` into `dst` (`dot`: float kinds in bf16);
 /// `scratch` holds [`scratch_bytes`]. The CPU has AVX-512F/BW/VL (the backend's floor).
-#[allow(clippy::too_many_arguments)]
 pub fn prepare(
     f: WeightFormat,
     cols: usize,
@@ -190,8 +189,12 @@ mod tests {
 
     #[test]
     fn vector_quantization_gives_the_references_bits() {
-        if !(is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw")) {
-            eprintln!("skipped: this CPU lacks AVX-512F/BW");
+        let isa = ["avx512f", "avx512bw", "avx512vl"];
+        if !(is_x86_feature_detected!("avx512f")
+            && is_x86_feature_detected!("avx512bw")
+            && is_x86_feature_detected!("avx512vl"))
+        {
+            eprintln!("skipped: this CPU lacks one of {isa:?}");
             return;
         }
         let mut r = kt_core::rng::SplitMix64::new(17);
@@ -207,7 +210,7 @@ mod tests {
             let wide: Vec<f32> = src.iter().map(|v| v.to_f32()).collect();
             let (want, d) = int8_row::quantize_row(&wide);
             let mut q = vec![0u8; src.len()];
-            // SAFETY: AVX-512F/BW checked above (VL with them on every such CPU).
+            // SAFETY: AVX-512F/BW/VL checked above.
             let got = unsafe { quantize_group(&src, &mut q) };
             assert_eq!(got.map(f32::to_bits), Some(d.to_bits()), "scale, {} values", src.len());
             let want: Vec<u8> = want.map(|v| v as u8 ^ 0x80).collect();

@@ -112,7 +112,7 @@ pub struct CaseResult {
     /// AVX-512 kernels).
     pub compute_ratio: f64,
     /// The peak `compute_ratio` is to ([`Roofline::peak`]'s name: `fma`, `fma-512`, `int8`,
-    /// `int8-512`, `vnni`).
+    /// `int8-512`, `vnni`, `bf16dot`).
     pub judged_by: &'static str,
     /// The instruction family of the gate's kernels (`Backend::instructions`).
     pub instructions: Instructions,
