@@ -18,25 +18,13 @@ preset=${2:-qwen3-30b-a3b}
 tokens=${3:-1,4,256,1024}
 methods=${4:-AMXINT8,AMXINT4,BF16,FP8,RAWINT4}
 here=$(cd "$(dirname "$0")" && pwd)
-cache=${KT_PEER_CACHE:-$HOME/.cache/kt-peer}
-version=0.7.2
-
-python3 -c "import numpy" 2>/dev/null || python3 -m pip install --quiet --user numpy
-mkdir -p "$cache"
-wheel=$(ls "$cache"/kt_kernel-$version-*.whl 2>/dev/null | head -1 || true)
-if [ -z "$wheel" ]; then
-    py=$(python3 -c 'import sys; print(f"{sys.version_info[0]}{sys.version_info[1]}")')
-    python3 -m pip download --quiet --no-deps --only-binary=:all: --python-version "$py" \
-        --platform manylinux_2_35_x86_64 -d "$cache" "kt-kernel==$version"
-    wheel=$(ls "$cache"/kt_kernel-$version-*.whl | head -1)
-fi
-[ -d "$cache/unpacked/kt_kernel" ] || unzip -q -o "$wheel" 'kt_kernel/*' 'kt_kernel.libs/*' -d "$cache/unpacked"
-ext=$(ls "$cache"/unpacked/kt_kernel/_kt_kernel_ext_"$variant".*.so 2>/dev/null | head -1 || true)
-[ -n "$ext" ] || { echo "peer-kt: the wheel has no $variant extension" >&2; exit 1; }
+source "$here/peers/kt_wheel.sh"
+ext=$(kt_wheel_ext "$variant")
+version=$KT_VERSION
 
 cargo build --release --quiet -p kt-host --bin kt
 ours_variant=$variant
-[[ $variant == avx512_* || $variant == avx2 ]] || ours_variant=""
+[[ $variant == avx512_* || $variant == avx2 || $variant == amx ]] || ours_variant=""
 
 declare -A ours_method=([AMXINT8]=int8 [AMXINT4]=int4 [BF16]=bf16 [FP8]=fp8 [RAWINT4]=int4-g32)
 echo "KT-Kernel $version $variant vs ours ($ours_variant), $preset, tokens $tokens"

@@ -102,6 +102,10 @@ pub enum Instructions {
     Int8PairsZmm,
     /// bf16 pairs' products summed into f32 on 512-bit registers (`vdpbf16ps`, AVX512-BF16).
     Bf16DotZmm,
+    /// int8 tiles (`tdpbusd`, AMX-INT8) for many tokens, [`Instructions::Int8Vnni`] for few.
+    AmxInt8,
+    /// bf16 tiles (`tdpbf16ps`, AMX-BF16) for many tokens, [`Instructions::Bf16DotZmm`] for few.
+    AmxBf16,
 }
 
 /// Which prepared-activation layout a backend's kernels for a format read. Two formats with the
@@ -149,6 +153,21 @@ pub trait Backend: Send + Sync + Debug {
     /// Pack one logical matrix into the backend's layout (at load time). The result names this
     /// backend ([`PackedMatrix::packed_by`]).
     fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error>;
+
+    /// Pack a per-row int8 or int4 matrix given in KT's packed bytes
+    /// ([`crate::format::kt_packed`], a converted file's tensor) with its per-row scales, by
+    /// copying, if this backend keeps that order for this shape; `None` if it does not (the
+    /// loader then unpacks it and calls [`Backend::pack`]).
+    fn pack_kt(
+        &self,
+        _format: WeightFormat,
+        _rows: usize,
+        _cols: usize,
+        _bytes: &[u8],
+        _scales: &[f32],
+    ) -> Option<Result<PackedMatrix, Error>> {
+        None
+    }
 
     /// The activation layout `format`'s kernels read.
     fn act_layout(&self, format: WeightFormat) -> ActLayout;

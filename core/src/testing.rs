@@ -156,6 +156,23 @@ pub enum Scenario {
     AllMasked,
 }
 
+/// Outputs of `b` on one random layer of `f` (seed 7) for `tokens` random tokens (seed 8)
+/// routed as `s` says (seed 9): what tests comparing two backends' bits run.
+pub fn layer_outputs(
+    b: &'static dyn Backend,
+    f: WeightFormat,
+    cfg: &MoeConfig,
+    tokens: usize,
+    s: Scenario,
+) -> Vec<f32> {
+    let experts = random_experts(cfg, 7);
+    let layer = build_layer(b, cfg, f, &experts);
+    let input = random_input(tokens, cfg.hidden, 8);
+    let (ids, w, mask) = scenario_routing(s, tokens, cfg, 9);
+    let r = crate::Routing { tokens, k: cfg.top_k, ids: &ids, weights: &w, gpu_mask: mask.as_deref() };
+    run(&SerialExecutor, cfg, &layer, &input, &r)
+}
+
 /// Ids, weights and mask for a scenario.
 pub fn scenario_routing(
     s: Scenario,

@@ -8,7 +8,7 @@ use std::sync::{Arc, Mutex};
 
 use half::bf16;
 use kt_core::forward::{self, ExpertF32, LayerWeights, Workspace};
-use kt_core::{Backend, Error, Executor, LayerFormat, MoeConfig, QuantMatrix, Routing};
+use kt_core::{Backend, Error, Executor, LayerFormat, MoeConfig, PackedMatrix, QuantMatrix, Routing, WeightFormat};
 
 use crate::numa_pool::NumaPool;
 use crate::placement::PoolError;
@@ -96,6 +96,55 @@ fn pack_parts<T: Send>(
 /// What a packing task returns: the expert's part, `None` for an expert not kept on the CPU.
 type Packed<E> = Result<Option<forward::ExpertWeights>, E>;
 
+/// One matrix as a loader has it: logical, or as KT's packed bytes (a converted file's
+/// tensors, which a backend in KT's order copies as they are).
+pub enum PartMatrix<'a> {
+    /// A logical matrix.
+    Quant(QuantMatrix),
+    /// Per-row int8 or int4 in KT's packed order, with one scale per row.
+    Kt {
+        /// `Int8Row` or `Int4Row`.
+        format: WeightFormat,
+        /// Output rows.
+        rows: usize,
+        /// Input columns.
+        cols: usize,
+        /// The packed bytes.
+        bytes: &'a [u8],
+        /// One per row.
+        scales: Vec<f32>,
+    },
+}
+
+impl PartMatrix<'_> {
+    fn shape(&self) -> (usize, usize) {
+        match self {
+            PartMatrix::Quant(m) => (m.rows(), m.cols()),
+            PartMatrix::Kt { rows, cols, .. } => (*rows, *cols),
+        }
+    }
+
+    fn format(&self) -> WeightFormat {
+        match self {
+            PartMatrix::Quant(m) => m.format(),
+            PartMatrix::Kt { format, .. } => *format,
+        }
+    }
+
+    /// Packed by `backend`: KT's bytes copied where it keeps their order.
+    fn pack(self, backend: &dyn Backend) -> Result<PackedMatrix, Error> {
+        match self {
+            PartMatrix::Quant(m) => backend.pack(&m),
+            PartMatrix::Kt { format, rows, cols, bytes, scales } => {
+                match backend.pack_kt(format, rows, cols, bytes, &scales) {
+                    Some(packed) => packed,
+                    None => backend.pack(&kt_core::format::kt_packed::from_kt(format, rows, cols, bytes, scales)?),
+                }
+            }
+        }
+    }
+}
+
 impl MoeLayer {
     /// Quantize f32 experts to `format` and pack them. `expert(e)` returns `[gate, up, down]`
     /// row-major (gate/up `[I,H]`, down `[H,I]`), or `None` for an expert not kept on the CPU.
@@ -163,24 +212,37 @@ impl MoeLayer {
         part: impl Fn(usize, usize) -> Result<Option<(QuantMatrix, QuantMatrix, QuantMatrix)>, E> + Sync,
         opts: &LayerOptions,
     ) -> Result<Self, E> {
+        let part = |e, p| Ok(part(e, p)?.map(|(g, u, d)| [g, u, d].map(PartMatrix::Quant)));
+        Self::from_part_sources(cfg, format, part, opts)
+    }
+
+    /// As [`MoeLayer::from_part_matrices`], each matrix logical or in KT's packed bytes: those
+    /// are copied as they are by a backend that keeps KT's order ([`Backend::pack_kt`]), else
+    /// unpacked and packed.
+    pub fn from_part_sources<'a, E: From<Error> + Send>(
+        cfg: &MoeConfig,
+        format: impl Into<LayerFormat>,
+        part: impl Fn(usize, usize) -> Result<Option<[PartMatrix<'a>; 3]>, E> + Sync,
+        opts: &LayerOptions,
+    ) -> Result<Self, E> {
         let format = format.into();
         let backend = backend_for(cfg, format, opts)?;
         let ranges = cfg.part_ranges(format)?;
         let packed = pack_parts(cfg.experts, &ranges, &*opts.executor, |e, p, r| -> Packed<E> {
-            let Some((g, u, d)) = part(e, p)? else { return Ok(None) };
+            let Some([g, u, d]) = part(e, p)? else { return Ok(None) };
             let (h, ip) = (cfg.hidden, r.len());
             for (what, m, f, rows, cols) in [
                 ("gate_proj", &g, format.gate, ip, h),
                 ("up_proj", &u, format.up, ip, h),
                 ("down_proj", &d, format.down, h, ip),
             ] {
-                if (m.rows(), m.cols()) != (rows, cols) || m.format() != f {
-                    let found = m.rows() * m.cols();
+                if m.shape() != (rows, cols) || m.format() != f {
+                    let found = m.shape().0 * m.shape().1;
                     return Err(Error::ShapeMismatch { what, expected: rows * cols, found }.into());
                 }
             }
-            let pack = |m: &QuantMatrix| backend.pack(m);
-            Ok(Some(forward::ExpertWeights { gate: pack(&g)?, up: pack(&u)?, down: pack(&d)? }))
+            let pack = |m: PartMatrix<'_>| m.pack(backend);
+            Ok(Some(forward::ExpertWeights { gate: pack(g)?, up: pack(u)?, down: pack(d)? }))
         });
         Self::assemble(cfg, format, backend, packed, opts)
     }

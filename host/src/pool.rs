@@ -213,6 +213,9 @@ fn worker(s: &Shared, w: usize) {
         let mut spin = Spin::new();
         while s.epoch.load(Ordering::Acquire) == seen {
             if spin.expired(SPIN) {
+                // A parked worker holds no AMX tile state: a context switch then saves none.
+                #[cfg(feature = "amx")]
+                kt_backend_amx::release_tiles();
                 let mut g = lock(&s.lock);
                 s.sleepers.fetch_add(1, Ordering::Relaxed);
                 while s.epoch.load(Ordering::Acquire) == seen {

@@ -3,9 +3,10 @@
 //! (explain the choice on stderr).
 //!
 //! The order of [`registered`] is the whole ranking: a layer runs on the first backend this
-//! CPU runs that serves its formats ([`kt_core::select`]). Wider instructions come first; the
-//! reference backend, which serves everything slowly, is last. Backend crates without kernels
-//! (`amx`, `blis` today) register nothing and are not built by default.
+//! CPU runs that serves its formats ([`kt_core::select`]). Wider instructions come first (`amx`,
+//! which this CPU runs only with AMX tiles and Linux's permission for them); the reference
+//! backend, which serves everything slowly, is last. `blis` has no kernels yet: it registers
+//! nothing and is not built by default.
 
 use kt_core::reference::REFERENCE;
 use kt_core::select::{self, Selection};

@@ -1,15 +1,291 @@
-//! kt-kernel-rs backend crate `amx`: AMX tile kernels (asm!) for prefill, AVX-512 for decode (its
-//! issue: the AMX backend).
+//! kt-kernel-rs backend crate `amx`: Intel AMX tiles (through `asm!`) for the experts with many
+//! tokens, the AVX-512 backend's kernels for the others, on the same packed bytes.
 //!
-//! No kernels yet: [`registered`] is empty, and the host builds it only with its Cargo feature
-//! `amx` (off by default), so `KT_KERNEL_CPU_VARIANT=amx` is an unknown value in a default build.
-//! When its kernels land it follows the other backends' shape (`pack`, `act`, `kernels`, the
-//! conformance suite in one line) and depends on no other backend crate except `avx512` (every AMX
-//! CPU has AVX-512).
+//! The weights are packed as the `avx512_bf16` backend packs them (`kt_backend_avx512::pack`):
+//! per-row int8 and int4 in KT's own `BufferB` order (so KT's converted files load by copying),
+//! the rest in 32-row panels whose 128-byte units are rows of AMX B tiles of both halves. Each
+//! expert runs on tiles from [`TILE_FROM`] tokens, where the kernels have them (`kernels`:
+//! int8, KT's int4, bf16), and on the AVX-512 kernels otherwise; per-row int8 and int4 give the
+//! same bits either way (exact integer sums, one scaling order).
+//!
+//! The tile instructions sit behind a seam (`tile::TileOps`) with a scalar emulator, so the
+//! tile loops are tested on CPUs without AMX (the `amx_emulated` backend of the tests).
+//!
+//! **Must not** depend on another backend crate but `avx512` (every AMX CPU has AVX-512), nor
+//! serve GGML formats (the `llamafile` backend's).
+
+// The 1.89 intrinsics are compiled only where build.rs found rustc ≥ 1.89.
+#![allow(clippy::incompatible_msrv)]
+
+#[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+pub mod kernels;
+#[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+pub mod probe;
+#[cfg(target_arch = "x86_64")]
+pub mod tile;
 
 use kt_core::Backend;
 
-/// The backends this crate registers with the host, best first. Empty until its kernels land.
+/// The backends this crate registers with the host, best first: `amx`.
 pub fn registered() -> &'static [&'static dyn Backend] {
-    &[]
+    #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+    {
+        static LIST: [&dyn Backend; 1] = [&imp::AMX];
+        &LIST
+    }
+    #[cfg(not(all(target_arch = "x86_64", avx512_intrinsics)))]
+    {
+        &[]
+    }
 }
+
+/// Release this thread's AMX tiles if it holds any (what a pool worker does before it parks:
+/// a context switch then saves no tile data). Costs nothing elsewhere.
+pub fn release_tiles() {
+    #[cfg(target_arch = "x86_64")]
+    tile::release();
+}
+
+/// Tokens per expert from which the tile kernels run; below, the AVX-512 kernels on the same
+/// bytes. Provisional: KT switches at 4 tokens per expert on average (`qlen > 4·E/k`), and
+/// this crate's threshold has not yet been measured on an AMX CPU (the session that wrote it
+/// had none); `kt bench --method` on one, with `KT_AMX_TILE_FROM` set to each candidate, is
+/// the benchmark that should replace it.
+pub const TILE_FROM: usize = 4;
+
+#[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+pub use imp::{AmxBackend, AMX};
+
+#[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+mod imp {
+    use core::marker::PhantomData;
+    use core::ops::Range;
+    use std::sync::OnceLock;
+
+    use half::bf16;
+    use kt_backend_avx512::act::Act;
+    use kt_backend_avx512::pack::{self, Packed, HALF, PANEL};
+    use kt_backend_avx512::AVX512_BF16 as SIMD;
+    use kt_core::backend::{ActLayout, Instructions, TaskShape};
+    use kt_core::mat::MatMut;
+    use kt_core::swiglu::Glu;
+    use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
+    use kt_x86::swiglu::glu16;
+    use kt_x86::tiles::{balanced_token_tiles, row_tiles};
+
+    use crate::kernels::{self, panel_block, Block, MAX_TOKENS};
+    use crate::tile::{Amx, Emulator, TileOps};
+
+    /// Where the tile instructions come from, and whether this CPU has them.
+    pub trait Tiles: TileOps + Default + 'static {
+        /// `Ok` if the tiles can run here (for the hardware: the CPU's flags and Linux's
+        /// permission, asked once per process), else what is missing.
+        fn available() -> Result<(), &'static str>;
+    }
+
+    impl Tiles for Amx {
+        fn available() -> Result<(), &'static str> {
+            kt_x86::isa::request_amx()
+        }
+    }
+
+    impl Tiles for Emulator {
+        fn available() -> Result<(), &'static str> {
+            Ok(())
+        }
+    }
+
+    /// The AMX backend over tile instructions `T`: [`Amx`] (the `amx` backend), or the
+    /// [`Emulator`] (the tests' `amx_emulated`).
+    pub struct AmxBackend<T> {
+        name: &'static str,
+        /// Tokens from which an expert runs on tiles; 0: [`tile_from`].
+        from: usize,
+        tiles: PhantomData<fn() -> T>,
+    }
+
+    impl<T> AmxBackend<T> {
+        /// The backend named `name`, on tiles from `from` tokens per expert (0: the default).
+        pub const fn new(name: &'static str, from: usize) -> Self {
+            AmxBackend { name, from, tiles: PhantomData }
+        }
+
+        /// Whether `n` tokens of `ws` run on tiles.
+        fn on_tiles(&self, n: usize, ws: &[&Packed]) -> bool {
+            let from = if self.from == 0 { tile_from() } else { self.from };
+            n >= from && ws.iter().all(|w| kernels::runs(w))
+        }
+    }
+
+    impl<T> core::fmt::Debug for AmxBackend<T> {
+        fn fmt(&self, f: &mut core::fmt::Formatter<'_>) -> core::fmt::Result {
+            f.debug_struct("AmxBackend").field("name", &self.name).field("from", &self.from).finish()
+        }
+    }
+
+    /// AMX tiles, with the AVX-512 kernels below [`crate::TILE_FROM`] tokens.
+    pub static AMX: AmxBackend<Amx> = AmxBackend::new("amx", 0);
+
+    fn packed(m: &PackedMatrix) -> &Packed {
+        m.get::<Packed>().expect("a layer hands a backend only the matrices it packed")
+    }
+
+    /// Tokens from which an expert runs on tiles (`KT_AMX_TILE_FROM` overrides
+    /// [`crate::TILE_FROM`], for the benchmark that measures it).
+    fn tile_from() -> usize {
+        static FROM: OnceLock<usize> = OnceLock::new();
+        *FROM.get_or_init(|| {
+            std::env::var("KT_AMX_TILE_FROM").ok().and_then(|v| v.parse().ok()).unwrap_or(crate::TILE_FROM).max(1)
+        })
+    }
+
+    impl<T: Tiles> AmxBackend<T> {
+        /// Every (token block, panel of `rows`) of `w`, each handed to `emit` with its block.
+        fn for_blocks(
+            w: &Packed,
+            rows: &Range<usize>,
+            act: &Act<'_>,
+            n: usize,
+            mut emit: impl FnMut(Range<usize>, usize, usize, &Block),
+        ) {
+            let mut tiles = T::default();
+            let mut block: Block = [[0.0; PANEL]; MAX_TOKENS];
+            for (t0, nt) in balanced_token_tiles(n, MAX_TOKENS) {
+                for panel in row_tiles(rows.clone(), PANEL) {
+                    // SAFETY: the backend is selected only where T's tiles run (cpu_support);
+                    // `runs(w)` was checked by on_tiles; `act` was prepared by SIMD for w.
+                    unsafe { panel_block(&mut tiles, w, panel.index, act, t0, nt, &mut block) };
+                    let at = panel.rows.start - rows.start;
+                    emit(at..at + panel.rows.len(), t0, nt, &block);
+                }
+            }
+        }
+    }
+
+    impl<T: Tiles> Backend for AmxBackend<T> {
+        fn name(&self) -> &'static str {
+            self.name
+        }
+
+        fn cpu_support(&self) -> Result<(), &'static str> {
+            SIMD.cpu_support()?;
+            T::available()
+        }
+
+        fn serves(&self, format: WeightFormat, rows: usize, cols: usize) -> bool {
+            SIMD.serves(format, rows, cols)
+        }
+
+        fn row_granularity(&self, _format: WeightFormat) -> usize {
+            PANEL
+        }
+
+        fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error> {
+            Ok(pack::matrix(self.name, m, SIMD.level()))
+        }
+
+        fn pack_kt(
+            &self,
+            format: WeightFormat,
+            rows: usize,
+            cols: usize,
+            bytes: &[u8],
+            scales: &[f32],
+        ) -> Option<Result<PackedMatrix, Error>> {
+            pack::kt_matrix(self.name, format, rows, cols, bytes, scales)
+        }
+
+        fn act_layout(&self, format: WeightFormat) -> ActLayout {
+            SIMD.act_layout(format)
+        }
+
+        fn act_bytes(&self, format: WeightFormat, rows: usize, cols: usize) -> usize {
+            SIMD.act_bytes(format, rows, cols)
+        }
+
+        fn scratch_bytes(&self, shape: TaskShape) -> usize {
+            SIMD.scratch_bytes(shape)
+        }
+
+        fn quantize_act(
+            &self,
+            format: WeightFormat,
+            cols: usize,
+            src: &[bf16],
+            rows: &[u32],
+            dst: &mut [u8],
+            scratch: &mut [u8],
+        ) {
+            SIMD.quantize_act(format, cols, src, rows, dst, scratch)
+        }
+
+        fn gate_up(
+            &self,
+            gate: &PackedMatrix,
+            up: &PackedMatrix,
+            rows: Range<usize>,
+            act_gate: &[u8],
+            act_up: &[u8],
+            glu: Glu,
+            mut h: MatMut<'_, bf16>,
+            scratch: &mut [u8],
+        ) {
+            let (g, u, n) = (packed(gate), packed(up), h.rows());
+            if !self.on_tiles(n, &[g, u]) {
+                return SIMD.gate_up(gate, up, rows, act_gate, act_up, glu, h, scratch);
+            }
+            let ag = Act::parse(g.format, g.cols, n, act_gate, true);
+            let au = Act::parse(u.format, u.cols, n, act_up, true);
+            let mut ub: Block = [[0.0; PANEL]; MAX_TOKENS];
+            let mut tiles = T::default();
+            let mut hv = [0u16; PANEL];
+            Self::for_blocks(g, &rows, &ag, n, |at, t0, nt, gb| {
+                let p = (rows.start + at.start) / PANEL;
+                // SAFETY: as in for_blocks, for `u`.
+                unsafe { panel_block(&mut tiles, u, p, &au, t0, nt, &mut ub) };
+                for t in 0..nt {
+                    for half in 0..2 {
+                        let r = half * HALF..(half + 1) * HALF;
+                        let (gh, uh) = (gb[t][r.clone()].try_into().unwrap(), ub[t][r.clone()].try_into().unwrap());
+                        // SAFETY: SIMD's cpu_support (AVX2 and FMA among it) holds.
+                        unsafe { glu16(glu, gh, uh, (&mut hv[r]).try_into().unwrap()) };
+                    }
+                    let out = &mut h.row_mut(t0 + t)[at.clone()];
+                    for (o, &v) in out.iter_mut().zip(&hv) {
+                        *o = bf16::from_bits(v);
+                    }
+                }
+            });
+        }
+
+        fn down(&self, down: &PackedMatrix, rows: Range<usize>, a: &[u8], mut y: MatMut<'_, f32>, scratch: &mut [u8]) {
+            let (d, n) = (packed(down), y.rows());
+            if !self.on_tiles(n, &[d]) {
+                return SIMD.down(down, rows, a, y, scratch);
+            }
+            let act = Act::parse(d.format, d.cols, n, a, true);
+            Self::for_blocks(d, &rows, &act, n, |at, t0, nt, block| {
+                for (t, res) in block.iter().enumerate().take(nt) {
+                    y.row_mut(t0 + t)[at.clone()].copy_from_slice(&res[..at.len()]);
+                }
+            });
+        }
+
+        fn instructions(&self, format: WeightFormat) -> Instructions {
+            match format {
+                WeightFormat::Int8Row | WeightFormat::Int4Row => Instructions::AmxInt8,
+                WeightFormat::Bf16 => Instructions::AmxBf16,
+                f => SIMD.instructions(f),
+            }
+        }
+    }
+
+    /// The emulated tiles at the default threshold, and at every token count.
+    #[cfg(test)]
+    pub(crate) static EMULATED: AmxBackend<Emulator> = AmxBackend::new("amx_emulated", 0);
+    #[cfg(test)]
+    pub(crate) static EMULATED_ALL: AmxBackend<Emulator> = AmxBackend::new("amx_emulated_all", 1);
+}
+
+#[cfg(all(test, target_arch = "x86_64", avx512_intrinsics))]
+mod tests;

@@ -89,8 +89,9 @@ pub fn pack(m: &QuantMatrix) -> Packed {
     let mut data = weight_buffer(panels * panel_bytes);
     let buf = data.as_mut_slice();
     let int4 = is_int4(f);
-    if int4 && f != WeightFormat::Mxfp4 {
-        buf.fill(0x88); // w = 0 in padding (mxfp4's code 0 is 0)
+    if int4 {
+        let z = kt_x86::int4::zero_nibble(f); // w = 0 in padding
+        buf.fill(z | z << 4);
     }
     for r in 0..rows {
         let (p, i) = (r / PANEL, r % PANEL);

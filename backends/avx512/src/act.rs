@@ -61,7 +61,7 @@ pub fn scratch_bytes(cols: usize) -> usize {
 
 /// Quantize one group of a token row into `q` (int8 + 128) and return its scale: the
 /// reference's `int8_row::quantize_row`, 16 values at a time. The same bits: the max, the
-/// scalar `amax / 127` and `1 / d`, one product per value and its round to nearest even are
+/// scalar `int8_row::scale` and `1 / d`, one product per value and its round to nearest even are
 /// the same operations; `None` (nothing written) for a group with an infinite or NaN value,
 /// which the caller quantizes the scalar way.
 ///
@@ -87,7 +87,7 @@ unsafe fn quantize_group(x: &[bf16], q: &mut [u8]) -> Option<f32> {
     if !amax.is_finite() {
         return None;
     }
-    let d = amax / 127.0;
+    let d = int8_row::scale(amax);
     let inv = 1.0 / d;
     let inv = if d != 0.0 && inv.is_finite() { inv } else { 0.0 };
     let (vinv, flip) = (_mm512_set1_ps(inv), _mm_set1_epi8(-128));
@@ -164,12 +164,29 @@ pub fn prepare(
 /// A view of prepared activations.
 pub enum Act<'a> {
     /// f32 rows of `kp` (`x16` empty), or bf16 rows of `kp` for the dot kernels (`x` empty).
-    Float { x: &'a [f32], x16: &'a [bf16], kp: usize },
+    Float {
+        /// f32 rows.
+        x: &'a [f32],
+        /// bf16 rows.
+        x16: &'a [bf16],
+        /// Values per row: K padded to a unit.
+        kp: usize,
+    },
     /// int8 + 128 rows of `kp`, with `groups` scales per row.
-    Int { q: &'a [u8], kp: usize, scales: &'a [f32], groups: usize },
+    Int {
+        /// int8 + 128 rows.
+        q: &'a [u8],
+        /// Bytes per row: K padded to a unit.
+        kp: usize,
+        /// `[row][group]` scales.
+        scales: &'a [f32],
+        /// Scale groups per row.
+        groups: usize,
+    },
 }
 
 impl<'a> Act<'a> {
+    /// The view of `rows` rows of K = `cols` prepared by [`prepare`] for `f` (`dot` as there).
     pub fn parse(f: WeightFormat, cols: usize, rows: usize, b: &'a [u8], dot: bool) -> Act<'a> {
         let kp = padded(f, cols);
         let (first, rest) = b.split_at(first_part(f, rows, cols, dot));

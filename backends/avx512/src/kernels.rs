@@ -31,7 +31,7 @@ use kt_core::WeightFormat;
 use kt_x86::int4::nibble_table;
 
 use crate::act::Act;
-use crate::pack::{Packed, HALF, PANEL, UNIT};
+use crate::pack::{Packed, HALF, KT_TILE, PANEL, UNIT};
 
 /// Instructions a sub-variant may use beyond AVX-512F/BW, as KT's variants nest them: each
 /// level has every instruction of the ones before it.
@@ -80,12 +80,22 @@ const PREFETCH_L2: usize = 3 * PREFETCH;
 /// than `u` units.
 #[inline(always)]
 unsafe fn load_unit(panel: *const u8, u: usize) -> [__m512i; 2] {
+    // SAFETY: the caller's contract.
+    unsafe { load_halves(panel.add(u * UNIT), 64, panel.add(u * UNIT)) }
+}
+
+/// The two halves at `p` and `p + second`, with the two lines at `pf` (the stretch's
+/// `i`-th 128 bytes: in memory order whatever the layout) prefetched `PREFETCH` ahead.
+///
+/// # Safety
+/// As [`load_unit`].
+#[inline(always)]
+unsafe fn load_halves(p: *const u8, second: usize, pf: *const u8) -> [__m512i; 2] {
     // SAFETY: the caller's contract; prefetches never fault.
     unsafe {
-        let p = panel.add(u * UNIT);
-        kt_x86::prefetch::ahead(p, PREFETCH, PREFETCH_L2);
-        kt_x86::prefetch::ahead(p.wrapping_add(64), PREFETCH, PREFETCH_L2);
-        [_mm512_loadu_si512(p.cast()), _mm512_loadu_si512(p.add(64).cast())]
+        kt_x86::prefetch::ahead(pf, PREFETCH, PREFETCH_L2);
+        kt_x86::prefetch::ahead(pf.wrapping_add(64), PREFETCH, PREFETCH_L2);
+        [_mm512_loadu_si512(p.cast()), _mm512_loadu_si512(p.add(second).cast())]
     }
 }
 
@@ -433,13 +443,14 @@ unsafe fn float_panel_dot<const N: usize>(
 /// `acc[t] += Σ w · x[t]` over units `u0..u1` of an int8 or int4 (`INT4`) panel, with
 /// `vpdpbusd` (`VNNI`) or `vpmaddubsw`/`vpmaddwd`. Activations are int8 + 128, so the sums
 /// gain 128·Σw, which the accumulators start without (−128·Σw), except for int8 without VNNI,
-/// whose sums are exact and start at 0 (see the module docs).
+/// whose sums are exact and start at 0 (see the module docs). `KT`: `panel` is a run in KT's
+/// order that starts at unit `u0` (`pack`), whose int4 bytes pair k with k + 64.
 ///
 /// # Safety
-/// AVX-512F/BW (and VNNI if `VNNI`) are present; `panel` holds `u1` units; each `x[t]` the
-/// padded K.
+/// AVX-512F/BW (and VNNI if `VNNI`) are present; `panel` holds `u1` units (a KT run `u1 − u0`);
+/// each `x[t]` the padded K.
 #[inline(always)]
-unsafe fn int_units<const N: usize, const INT4: bool, const VNNI: bool>(
+unsafe fn int_units<const N: usize, const INT4: bool, const VNNI: bool, const KT: bool>(
     panel: *const u8,
     u0: usize,
     u1: usize,
@@ -453,43 +464,57 @@ unsafe fn int_units<const N: usize, const INT4: bool, const VNNI: bool>(
         let mut a = *acc;
         let (lo4, ones, flip, zero) =
             (_mm512_set1_epi8(0x0F), _mm512_set1_epi16(1), _mm512_set1_epi8(-128), _mm512_setzero_si512());
-        for u in u0..u1 {
-            let r = load_unit(panel, u);
-            if INT4 {
-                let lo = [_mm512_and_si512(r[0], lo4), _mm512_and_si512(r[1], lo4)];
-                let lo = [_mm512_shuffle_epi8(lut, lo[0]), _mm512_shuffle_epi8(lut, lo[1])];
-                let hi = [_mm512_srli_epi16::<4>(r[0]), _mm512_srli_epi16::<4>(r[1])];
-                let hi = [_mm512_and_si512(hi[0], lo4), _mm512_and_si512(hi[1], lo4)];
-                let hi = [_mm512_shuffle_epi8(lut, hi[0]), _mm512_shuffle_epi8(lut, hi[1])];
-                for t in 0..N {
-                    let (xl, xh) = (quad(x[t], 8 * u), quad(x[t], 8 * u + 4));
-                    for h in 0..2 {
-                        a[t][h] = if VNNI {
-                            _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a[t][h], xl, lo[h]), xh, hi[h])
-                        } else {
-                            let s = _mm512_add_epi16(_mm512_maddubs_epi16(xl, lo[h]), _mm512_maddubs_epi16(xh, hi[h]));
-                            _mm512_add_epi32(a[t][h], _mm512_madd_epi16(s, ones))
-                        };
+        // One pointer walk per stretch: KT's order in tiles of 16 units (stride 64, second half
+        // 1024 on), panels in one stretch (stride 128, second half 64 on). (A unit index turned
+        // into an address inside the loop cost 25% at 12 tokens: its registers spilled.)
+        let (stride, second, per) = if KT { (64, KT_TILE / 2, 16) } else { (UNIT, 64, u1 - u0) };
+        let mut start = u0;
+        while start < u1 {
+            let end = (start + per).min(u1);
+            let base = if KT { panel.add((start - u0) / 16 * KT_TILE) } else { panel.add(start * UNIT) };
+            for (i, u) in (start..end).enumerate() {
+                let r = load_halves(base.add(i * stride), second, base.wrapping_add(i * UNIT));
+                if INT4 {
+                    let lo = [_mm512_and_si512(r[0], lo4), _mm512_and_si512(r[1], lo4)];
+                    let lo = [_mm512_shuffle_epi8(lut, lo[0]), _mm512_shuffle_epi8(lut, lo[1])];
+                    let hi = [_mm512_srli_epi16::<4>(r[0]), _mm512_srli_epi16::<4>(r[1])];
+                    let hi = [_mm512_and_si512(hi[0], lo4), _mm512_and_si512(hi[1], lo4)];
+                    let hi = [_mm512_shuffle_epi8(lut, hi[0]), _mm512_shuffle_epi8(lut, hi[1])];
+                    // Where the unit's low and high nibbles' k are (module docs of `pack`).
+                    let (kl, kh) = if KT { (start / 16 * 128 + 4 * i, 64) } else { (8 * u, 4) };
+                    for t in 0..N {
+                        let (xl, xh) = (quad(x[t], kl), quad(x[t], kl + kh));
+                        for h in 0..2 {
+                            a[t][h] = if VNNI {
+                                _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a[t][h], xl, lo[h]), xh, hi[h])
+                            } else {
+                                let s =
+                                    _mm512_add_epi16(_mm512_maddubs_epi16(xl, lo[h]), _mm512_maddubs_epi16(xh, hi[h]));
+                                _mm512_add_epi32(a[t][h], _mm512_madd_epi16(s, ones))
+                            };
+                        }
                     }
-                }
-            } else if VNNI {
-                for t in 0..N {
-                    let xv = quad(x[t], 4 * u);
-                    for h in 0..2 {
-                        a[t][h] = _mm512_dpbusd_epi32(a[t][h], xv, r[h]);
+                } else if VNNI {
+                    for t in 0..N {
+                        let xv = quad(x[t], 4 * u);
+                        for h in 0..2 {
+                            a[t][h] = _mm512_dpbusd_epi32(a[t][h], xv, r[h]);
+                        }
                     }
-                }
-            } else {
-                let abs = [_mm512_abs_epi8(r[0]), _mm512_abs_epi8(r[1])];
-                let neg = [_mm512_movepi8_mask(r[0]), _mm512_movepi8_mask(r[1])];
-                for t in 0..N {
-                    let xs = _mm512_xor_si512(quad(x[t], 4 * u), flip);
-                    for h in 0..2 {
-                        let xv = _mm512_mask_sub_epi8(xs, neg[h], zero, xs);
-                        a[t][h] = _mm512_add_epi32(a[t][h], _mm512_madd_epi16(_mm512_maddubs_epi16(abs[h], xv), ones));
+                } else {
+                    let abs = [_mm512_abs_epi8(r[0]), _mm512_abs_epi8(r[1])];
+                    let neg = [_mm512_movepi8_mask(r[0]), _mm512_movepi8_mask(r[1])];
+                    for t in 0..N {
+                        let xs = _mm512_xor_si512(quad(x[t], 4 * u), flip);
+                        for h in 0..2 {
+                            let xv = _mm512_mask_sub_epi8(xs, neg[h], zero, xs);
+                            a[t][h] =
+                                _mm512_add_epi32(a[t][h], _mm512_madd_epi16(_mm512_maddubs_epi16(abs[h], xv), ones));
+                        }
                     }
                 }
             }
+            start = end;
         }
         *acc = a;
     }
@@ -525,7 +550,6 @@ unsafe fn int_panel<const N: usize, const VNNI: bool>(
     t0: usize,
     out: &mut Tile,
 ) {
-    let panel = w.panel(p).as_ptr();
     let xs: [*const u8; N] = core::array::from_fn(|t| act.q[(t0 + t) * act.kp..].as_ptr());
     let groups = act.groups;
     let table = nibble_table(w.format);
@@ -547,10 +571,11 @@ unsafe fn int_panel<const N: usize, const VNNI: bool>(
         match w.format {
             f @ (WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4) => {
                 let upg = f.k_group().unwrap_or(w.cols) / 8;
+                let panel = w.panel(p).as_ptr();
                 for g in 0..groups {
                     let at = (p * groups + g) * PANEL;
                     let mut acc = [start(at); N];
-                    int_units::<N, true, VNNI>(panel, g * upg, (g + 1) * upg, lut, &xs, &mut acc);
+                    int_units::<N, true, VNNI, false>(panel, g * upg, (g + 1) * upg, lut, &xs, &mut acc);
                     let s = load32(w.scales[at..].as_ptr());
                     for t in 0..N {
                         let a = _mm512_set1_ps(act.scales[(t0 + t) * groups + g]);
@@ -563,10 +588,16 @@ unsafe fn int_panel<const N: usize, const VNNI: bool>(
             }
             f => {
                 let mut acc = [start(p * PANEL); N];
-                if f == WeightFormat::Int8Row {
-                    int_units::<N, false, VNNI>(panel, 0, w.units, lut, &xs, &mut acc);
-                } else {
-                    int_units::<N, true, VNNI>(panel, 0, w.units, lut, &xs, &mut acc);
+                let mut s = 0;
+                while let Some((run, units)) = w.run(p, s) {
+                    let (u0, u1) = (units.start, units.end);
+                    match (f == WeightFormat::Int8Row, w.kt) {
+                        (true, true) => int_units::<N, false, VNNI, true>(run, u0, u1, lut, &xs, &mut acc),
+                        (true, false) => int_units::<N, false, VNNI, false>(run, u0, u1, lut, &xs, &mut acc),
+                        (false, true) => int_units::<N, true, VNNI, true>(run, u0, u1, lut, &xs, &mut acc),
+                        (false, false) => int_units::<N, true, VNNI, false>(run, u0, u1, lut, &xs, &mut acc),
+                    }
+                    s += 1;
                 }
                 let s = load32(w.scales[p * PANEL..].as_ptr());
                 for t in 0..N {

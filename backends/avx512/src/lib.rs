@@ -30,12 +30,14 @@
 // The 1.89 intrinsics are compiled only where build.rs found rustc ≥ 1.89.
 #![allow(clippy::incompatible_msrv)]
 
+// `pack` and `act` are public for the AMX backend, whose tiles read the same packed bytes and
+// prepared activations (every AMX CPU has AVX-512).
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
-mod act;
+pub mod act;
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 mod kernels;
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
-mod pack;
+pub mod pack;
 
 use kt_core::Backend;
 
@@ -54,7 +56,7 @@ pub fn registered() -> &'static [&'static dyn Backend] {
 }
 
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
-pub use imp::{Avx512, AVX512};
+pub use imp::{Avx512, AVX512, BF16 as AVX512_BF16};
 
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 pub use kernels::Level;
@@ -84,7 +86,8 @@ mod imp {
 
     /// The best sub-variant this CPU runs.
     pub static AVX512: Avx512 = Avx512 { name: "avx512", level: None };
-    pub(crate) static BF16: Avx512 = Avx512 { name: "avx512_bf16", level: Some(Level::Bf16) };
+    /// `avx512_bf16`, KT's widest sub-variant.
+    pub static BF16: Avx512 = Avx512 { name: "avx512_bf16", level: Some(Level::Bf16) };
     pub(crate) static VBMI: Avx512 = Avx512 { name: "avx512_vbmi", level: Some(Level::Vbmi) };
     pub(crate) static VNNI: Avx512 = Avx512 { name: "avx512_vnni", level: Some(Level::Vnni) };
     pub(crate) static BASE: Avx512 = Avx512 { name: "avx512_base", level: Some(Level::Base) };
@@ -186,8 +189,18 @@ mod imp {
         }
 
         fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error> {
-            let p = pack::pack(m, self.level());
-            Ok(PackedMatrix::new(self.name, m.format(), m.rows(), m.cols(), p.bytes(), p))
+            Ok(pack::matrix(self.name, m, self.level()))
+        }
+
+        fn pack_kt(
+            &self,
+            format: WeightFormat,
+            rows: usize,
+            cols: usize,
+            bytes: &[u8],
+            scales: &[f32],
+        ) -> Option<Result<PackedMatrix, Error>> {
+            pack::kt_matrix(self.name, format, rows, cols, bytes, scales)
         }
 
         fn act_layout(&self, format: WeightFormat) -> ActLayout {

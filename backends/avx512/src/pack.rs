@@ -19,6 +19,13 @@
 //! feed activations offset by +128 (unsigned, as `vpdpbusd` wants them) into accumulators that
 //! start at −128·Σw.
 //!
+//! Per-row int8 and int4 in the shapes KT packs (rows a multiple of 32, K of 64 / 128) are
+//! kept in KT's own order instead (`kt`: `kt_core::format::kt_packed`, its `BufferB`), so KT's
+//! converted files load by copying and the AMX backend's tiles read the same bytes. Its 32-row
+//! tiles hold the same 128-byte units, only placed differently: in each run of 64 K bytes,
+//! the 16 rows-0-15 halves come first, then the 16 rows-16-31 halves; int4 bytes pair k with
+//! k + 64 (two's-complement nibbles) where the panel order pairs k with k + 4.
+//!
 //! Rows past the matrix end are zero; K is zero-padded to a whole unit. Scales: int8, int4 and
 //! fp8-channel `[panel][32]`; int4-gG, mxfp4, mxfp8 `[panel][group][32]`; fp8 block
 //! `[panel][k-block]` (a panel never straddles a 128-row block). fp8 scales carry 2^120, which
@@ -26,8 +33,8 @@
 //! every e4m3 value exactly in bf16).
 
 use kt_core::aligned::AlignedBuf;
-use kt_core::format::FP8_BLOCK;
-use kt_core::{QuantMatrix, WeightFormat};
+use kt_core::format::{kt_packed, FP8_BLOCK};
+use kt_core::{Error, QuantMatrix, WeightFormat};
 use kt_x86::int4;
 
 use crate::kernels::Level;
@@ -44,17 +51,34 @@ pub const FP8_SCALE_FIX: f32 = f32::from_bits((127 + 120) << 23);
 
 /// A matrix packed for the AVX-512 kernels.
 pub struct Packed {
+    /// The format packed.
     pub format: WeightFormat,
+    /// Output rows.
+    pub rows: usize,
+    /// Input columns (K).
     pub cols: usize,
     /// Units of K per panel.
     pub units: usize,
+    /// The panels (or KT's tiles).
     pub data: AlignedBuf,
+    /// Scales as the module docs lay them out.
     pub scales: Vec<f32>,
     /// int formats: −128·Σw per row `[panel][group][32]` (one group for per-row scales).
     pub bias: Vec<i32>,
     /// fp8 kinds in bf16-pair order (module docs), for the `vdpbf16ps` kernels.
     pub pairs: bool,
+    /// In KT's order (module docs).
+    pub kt: bool,
 }
+
+/// Whether a `rows × cols` matrix of `f` is packed in KT's order: per-row int8 and int4 in the
+/// shapes KT's layout holds.
+pub fn kt_order(f: WeightFormat, rows: usize, cols: usize) -> bool {
+    matches!(f, WeightFormat::Int8Row | WeightFormat::Int4Row) && kt_packed::packed_bytes(f, rows, cols).is_ok()
+}
+
+/// Bytes of the units in one 64-byte-column tile of KT's order, and of one of its halves.
+pub const KT_TILE: usize = 16 * UNIT;
 
 /// Whether `level` packs format `f` in bf16-pair order: the fp8 kinds at [`Level::Bf16`].
 pub fn pairs(f: WeightFormat, level: Level) -> bool {
@@ -76,17 +100,34 @@ impl Packed {
         self.units * UNIT
     }
 
+    /// Panel `p`'s bytes (panel order only).
     pub fn panel(&self, p: usize) -> &[u8] {
+        debug_assert!(!self.kt, "KT's order has no contiguous panels: see `run`");
         &self.data.as_slice()[p * self.panel_bytes()..(p + 1) * self.panel_bytes()]
     }
 
+    /// Run `s` of panel `p`: (its first byte, its units), `None` past the last. A panel-order
+    /// panel is one run of units at 128 bytes each; in KT's order each K block is one run of
+    /// [`KT_TILE`]-byte tiles.
+    #[inline]
+    pub fn run(&self, p: usize, s: usize) -> Option<(*const u8, core::ops::Range<usize>)> {
+        let data = self.data.as_slice();
+        if self.kt {
+            let (at, bytes) = kt_packed::row_tile_run(self.format, self.rows, self.cols, p * PANEL, s)?;
+            Some((data[at..].as_ptr(), bytes.start / 4..bytes.end / 4))
+        } else {
+            (s == 0).then(|| (self.panel(p).as_ptr(), 0..self.units))
+        }
+    }
+
+    /// Bytes held: weights, scales and biases.
     pub fn bytes(&self) -> usize {
         self.data.len() + 4 * (self.scales.len() + self.bias.len())
     }
 }
 
 /// Byte offset of (row `i` of a panel, column `c`) inside the panel, and for int4 whether it is
-/// the high nibble.
+/// the high nibble (panel order).
 fn place(f: WeightFormat, pairs: bool, i: usize, c: usize) -> (usize, bool) {
     let uk = unit_k(f);
     let (u, j) = (c / uk, c % uk);
@@ -100,9 +141,13 @@ fn place(f: WeightFormat, pairs: bool, i: usize, c: usize) -> (usize, bool) {
     }
 }
 
-/// Pack `m` (any format `supports` admits) into panels for the kernels of `level`.
+/// Pack `m` (any format `supports` admits) for the kernels of `level`.
 pub fn pack(m: &QuantMatrix, level: Level) -> Packed {
     let f = m.format();
+    if kt_order(f, m.rows(), m.cols()) {
+        let bytes = kt_packed::to_kt(m).expect("kt_order checked the shape");
+        return from_kt(f, m.rows(), m.cols(), &bytes, m.scales()).expect("to_kt wrote this shape");
+    }
     let pairs = pairs(f, level);
     let (rows, cols) = (m.rows(), m.cols());
     let units = cols.div_ceil(unit_k(f));
@@ -132,7 +177,48 @@ pub fn pack(m: &QuantMatrix, level: Level) -> Packed {
     }
     let scales = pack_scales(m, panels, if pairs { 1.0 } else { FP8_SCALE_FIX });
     let bias = if f.int_activations() { biases(m, panels) } else { Vec::new() };
-    Packed { format: f, cols, units, data, scales, bias, pairs }
+    Packed { format: f, rows, cols, units, data, scales, bias, pairs, kt: false }
+}
+
+/// `Backend::pack` of a backend on these panels named `name`, with the kernels of `level`.
+pub fn matrix(name: &'static str, m: &QuantMatrix, level: Level) -> kt_core::PackedMatrix {
+    let p = pack(m, level);
+    kt_core::PackedMatrix::new(name, m.format(), m.rows(), m.cols(), p.bytes(), p)
+}
+
+/// `Backend::pack_kt` of a backend on these panels named `name`: KT's bytes copied where
+/// [`kt_order`] keeps the shape, else `None`.
+pub fn kt_matrix(
+    name: &'static str,
+    f: WeightFormat,
+    rows: usize,
+    cols: usize,
+    bytes: &[u8],
+    scales: &[f32],
+) -> Option<Result<kt_core::PackedMatrix, Error>> {
+    kt_order(f, rows, cols).then(|| {
+        let p = from_kt(f, rows, cols, bytes, scales)?;
+        Ok(kt_core::PackedMatrix::new(name, f, rows, cols, p.bytes(), p))
+    })
+}
+
+/// A matrix from KT's packed bytes and per-row scales as they are (a converted file's
+/// tensors): copied, with the row sums the kernels take off read from them.
+pub fn from_kt(f: WeightFormat, rows: usize, cols: usize, bytes: &[u8], scales: &[f32]) -> Result<Packed, Error> {
+    let len = kt_packed::packed_bytes(f, rows, cols)?;
+    if bytes.len() != len {
+        return Err(Error::ShapeMismatch { what: "KT packed weight bytes", expected: len, found: bytes.len() });
+    }
+    if scales.len() != rows {
+        return Err(Error::ShapeMismatch { what: "KT per-row scales", expected: rows, found: scales.len() });
+    }
+    let mut data = kt_x86::memory::weight_buffer(len);
+    data.as_mut_slice().copy_from_slice(bytes);
+    let bias = kt_packed::row_sums(f, rows, cols, bytes).iter().map(|s| -128 * s).collect();
+    let fix = int4::value_factor(f);
+    let scales = scales.iter().map(|s| s * fix).collect();
+    let units = cols / unit_k(f);
+    Ok(Packed { format: f, rows, cols, units, data, scales, bias, pairs: false, kt: true })
 }
 
 /// The signed integer weight of column c of an int8 or int4 row.
@@ -201,8 +287,10 @@ fn pack_scales(m: &QuantMatrix, panels: usize, fp8_fix: f32) -> Vec<f32> {
 #[cfg(test)]
 pub fn unpack(p: &Packed, r: usize, c: usize) -> f32 {
     let (pi, i) = (r / PANEL, r % PANEL);
-    let d = p.panel(pi);
-    let (at, high) = place(p.format, p.pairs, i, c);
+    let (d, (at, high)) = match p.kt {
+        true => (p.data.as_slice(), kt_packed::position(p.format, p.rows, p.cols, r, c)),
+        false => (p.panel(pi), place(p.format, p.pairs, i, c)),
+    };
     let fix = if p.pairs { 1.0 } else { FP8_SCALE_FIX };
     let groups = p.format.k_group().map_or(1, |g| p.cols / g);
     let row_scale = || p.scales[(pi * groups + c / p.format.k_group().unwrap_or(p.cols)) * PANEL + i];

@@ -1,9 +1,8 @@
 //! The conformance suite for every sub-variant, the packing layout, and the same bits from
 //! every sub-variant where the arithmetic is exact integers.
 
-use kt_core::exec::SerialExecutor;
 use kt_core::rng::SplitMix64;
-use kt_core::testing::{build_layer, random_experts, random_input, run, scenario_routing, Scenario};
+use kt_core::testing::{layer_outputs, Scenario};
 use kt_core::{Backend, MoeConfig, QuantMatrix, WeightFormat};
 
 use crate::imp::{BASE, BF16, VBMI, VNNI};
@@ -29,7 +28,8 @@ mod base {
 fn packing_keeps_every_weight() {
     let mut r = SplitMix64::new(3);
     for f in WeightFormat::ALL {
-        for (rows, cols) in [(1, 128), (17, 256), (40, 384), (33, 160)] {
+        // (64, 3712) and (96, 7424): KT's order for int8 / int4, across a K block.
+        for (rows, cols) in [(1, 128), (17, 256), (40, 384), (33, 160), (64, 3712), (96, 7424)] {
             if cols % f.col_multiple() != 0 {
                 continue;
             }
@@ -38,6 +38,7 @@ fn packing_keeps_every_weight() {
             let deq = q.dequantize();
             for level in [Level::Base, Level::Bf16] {
                 let p = pack::pack(&q, level);
+                assert_eq!(p.kt, pack::kt_order(f, rows, cols));
                 for row in 0..rows {
                     for c in 0..cols {
                         let got = pack::unpack(&p, row, c);
@@ -47,16 +48,6 @@ fn packing_keeps_every_weight() {
             }
         }
     }
-}
-
-/// Outputs of `b` on one layer of `f` for `tokens` tokens routed as `s` says.
-fn outputs(b: &'static dyn Backend, f: WeightFormat, cfg: &MoeConfig, tokens: usize, s: Scenario) -> Vec<f32> {
-    let experts = random_experts(cfg, 7);
-    let layer = build_layer(b, cfg, f, &experts);
-    let input = random_input(tokens, cfg.hidden, 8);
-    let (ids, w, mask) = scenario_routing(s, tokens, cfg, 9);
-    let r = kt_core::Routing { tokens, k: cfg.top_k, ids: &ids, weights: &w, gpu_mask: mask.as_deref() };
-    run(&SerialExecutor, cfg, &layer, &input, &r)
 }
 
 /// Integer sums are exact, scaled in one order: every sub-variant gives the base's bits, at
@@ -77,11 +68,34 @@ fn int_formats_give_the_same_bits_on_every_sub_variant() {
         for (tokens, s) in
             [1, 2, 3, 5, 7, 12, 13, 25, 40].into_iter().flat_map(|n| [(n, Scenario::Skewed), (n, Scenario::InvalidIds)])
         {
-            let want = outputs(runs[runs.len() - 1], f, &cfg, tokens, s);
+            let want = layer_outputs(runs[runs.len() - 1], f, &cfg, tokens, s);
             for b in &runs[..runs.len() - 1] {
-                let got = outputs(*b, f, &cfg, tokens, s);
+                let got = layer_outputs(*b, f, &cfg, tokens, s);
                 let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(same, "{} and {} differ on {f}, {tokens} tokens {s:?}", b.name(), runs[runs.len() - 1].name());
+            }
+        }
+    }
+}
+
+/// KT's order across K blocks (3712 columns: one full block of 3584 and a short one; int4
+/// 7424): the integer sums are exact and scaled in the reference's order, so every token count
+/// of a tile and past it gives the reference's bits.
+#[test]
+fn kts_order_across_k_blocks_gives_the_references_bits() {
+    let Ok(()) = AVX512.cpu_support() else {
+        eprintln!("skipped: this CPU lacks AVX-512F/BW");
+        return;
+    };
+    for (f, h) in [(WeightFormat::Int8Row, 3712), (WeightFormat::Int4Row, 7424)] {
+        let cfg = MoeConfig { max_tokens: 30, ..MoeConfig::new(2, 1, h, 128) };
+        assert!(pack::kt_order(f, 128, h) && pack::kt_order(f, h, 128));
+        for tokens in [1, 5, 13, 30] {
+            let want = layer_outputs(&kt_core::reference::REFERENCE, f, &cfg, tokens, Scenario::Skewed);
+            for b in [&AVX512 as &'static dyn Backend, &BASE] {
+                let got = layer_outputs(b, f, &cfg, tokens, Scenario::Skewed);
+                let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{} differs from the reference on {f}, {tokens} tokens", b.name());
             }
         }
     }
@@ -106,5 +120,29 @@ fn fp8_tables_give_every_e4m3_value_in_bf16() {
         let want = kt_core::dtype::F8E4M3(c).to_f32();
         let bits = u32::from(t[1][usize::from(c)]) << 24 | u32::from(t[0][usize::from(c)]) << 16;
         assert_eq!(f32::from_bits(bits), want, "e4m3 code {c:#04x}");
+    }
+}
+
+/// KT's packed bytes are taken as they are (the converted-file path): the same panels, scales
+/// and row sums as packing the matrix; shapes outside KT's layout are left to `pack`.
+#[test]
+fn kts_bytes_are_copied_as_they_are() {
+    use kt_core::format::kt_packed::to_kt;
+    let mut r = SplitMix64::new(4);
+    for (f, rows, cols) in
+        [(WeightFormat::Int8Row, 64, 3712), (WeightFormat::Int4Row, 96, 256), (WeightFormat::Int8Row, 40, 64)]
+    {
+        let x: Vec<f32> = (0..rows * cols).map(|_| r.uniform(1.0)).collect();
+        let q = QuantMatrix::quantize(f, rows, cols, &x).unwrap();
+        let Ok(bytes) = to_kt(&q) else {
+            assert!(AVX512.pack_kt(f, rows, cols, &[], q.scales()).is_none(), "{f} {rows}x{cols}");
+            continue;
+        };
+        let got = AVX512.pack_kt(f, rows, cols, &bytes, q.scales()).expect("KT's order").unwrap();
+        let (got, want) = (got.get::<pack::Packed>().unwrap(), pack::pack(&q, AVX512.level()));
+        assert!(got.kt && got.data.as_slice() == bytes.as_slice() && got.data.as_slice() == want.data.as_slice());
+        assert_eq!((&got.scales, &got.bias), (&want.scales, &want.bias), "{f} {rows}x{cols}");
+        let short = AVX512.pack_kt(f, rows, cols, &bytes[1..], q.scales()).unwrap().unwrap_err().to_string();
+        assert!(short.contains("KT packed weight bytes"), "{short}");
     }
 }

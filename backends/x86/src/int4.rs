@@ -1,7 +1,7 @@
 //! The int4 kinds' weights as the x86 kernels store them: one nibble per weight that a
-//! `vpshufb` table maps to the signed weight byte (`nibble − 8` for KT's int4 and the K-group
-//! kinds, mxfp4's e2m1 code to 2·value), with the row sums the unsigned-activation kernels
-//! take off.
+//! `vpshufb` table maps to the signed weight byte (KT's int4: its own two's-complement nibble,
+//! so KT's packed bytes are used as they are; the K-group kinds: `nibble − 8`; mxfp4: its e2m1
+//! code to 2·value), with the row sums the unsigned-activation kernels take off.
 #![forbid(unsafe_code)]
 
 use kt_core::format::{int4_group, int4_row, mx};
@@ -23,31 +23,30 @@ pub fn weight(f: WeightFormat, row: &[u8], c: usize) -> i8 {
     }
 }
 
-/// The stored nibble of column c: `w + 8`, or mxfp4's own code.
+/// The stored nibble of column c: KT int4's two's complement, mxfp4's own code, else `w + 8`.
 #[inline]
 pub fn nibble(f: WeightFormat, row: &[u8], c: usize) -> u8 {
-    if f == WeightFormat::Mxfp4 {
-        mx::fp4_code(row, c)
-    } else {
-        (weight(f, row, c) + 8) as u8
+    match f {
+        WeightFormat::Mxfp4 => mx::fp4_code(row, c),
+        WeightFormat::Int4Row => weight(f, row, c) as u8 & 0x0F,
+        _ => (weight(f, row, c) + 8) as u8,
     }
 }
 
 /// The nibble of a zero weight (what padding holds).
 pub fn zero_nibble(f: WeightFormat) -> u8 {
-    if f == WeightFormat::Mxfp4 {
-        0
-    } else {
-        8
+    match f {
+        WeightFormat::Mxfp4 | WeightFormat::Int4Row => 0,
+        _ => 8,
     }
 }
 
 /// The `vpshufb` table from a stored nibble to the signed weight byte.
 pub fn nibble_table(f: WeightFormat) -> [i8; 16] {
-    if f == WeightFormat::Mxfp4 {
-        mx::FP4_X2
-    } else {
-        core::array::from_fn(|n| n as i8 - 8)
+    match f {
+        WeightFormat::Mxfp4 => mx::FP4_X2,
+        WeightFormat::Int4Row => core::array::from_fn(|n| ((n as u8) << 4) as i8 >> 4),
+        _ => core::array::from_fn(|n| n as i8 - 8),
     }
 }
 

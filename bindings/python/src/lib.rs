@@ -102,6 +102,7 @@ mod kt_kernel_ext {
         m.add("__cpu_features__", kt_host::cpu::CpuInfo::detect().kt_variant())?;
         // The instructions the default backend's int8 kernels run on (KT reports its own build's).
         let int8 = match selected.backend.instructions(kt_core::WeightFormat::Int8Row) {
+            kt_core::backend::Instructions::AmxInt8 => "amx-int8".to_string(),
             kt_core::backend::Instructions::Int8Vnni => format!("{name}-vnni"),
             kt_core::backend::Instructions::Int8Pairs | kt_core::backend::Instructions::Int8PairsZmm => {
                 format!("{name}-maddubs")

@@ -81,7 +81,10 @@ def test_cpu_variant_is_the_backend_that_runs_here():
     assert sys.modules["kt_kernel_ext"] is kt_kernel.kt_kernel_ext
     flags = _cpu_flags()
     avx512 = [name for name, need in AVX512_VARIANTS if need <= flags]
-    if avx512:
+    if {"amx_tile", "amx_int8", "amx_bf16", "avx512_bf16"} <= flags and kt_kernel.__cpu_variant__ == "amx":
+        # AMX CPUs run the amx backend unless Linux refuses the tile state (then avx512 serves).
+        assert kt_kernel.__int8_kernel__ == "amx-int8"
+    elif avx512:
         assert kt_kernel.__cpu_variant__ == avx512[0]
         vnni = "avx512_vnni" in flags
         assert kt_kernel.__int8_kernel__ == ("avx512-vnni" if vnni else "avx512-maddubs")

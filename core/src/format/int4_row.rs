@@ -28,7 +28,7 @@ pub fn quantize(rows: usize, cols: usize, src: &[f32]) -> (Vec<u8>, Vec<f32>) {
     let mut scales = vec![0.0f32; rows];
     for r in 0..rows {
         let x = &src[r * cols..(r + 1) * cols];
-        let d = amax(x) / 112.0;
+        let d = amax(x) / 112.0; // KT divides here (its int8 scale is a product: int8_row::scale)
         let inv = inverse(d);
         scales[r] = d;
         let row = &mut data[r * rb..(r + 1) * rb];

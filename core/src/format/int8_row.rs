@@ -1,4 +1,4 @@
-//! Per-row symmetric int8 (KT AMXINT8, `BufferB::from_mat`): `d = amax/127` per row,
+//! Per-row symmetric int8 (KT AMXINT8, `BufferB::from_mat`): `d = amax · (1/127)` per row,
 //! `q = sat_i8(rne(x · (1/d)))`, value `q · d`.
 
 use alloc::vec;
@@ -22,10 +22,18 @@ pub fn quantize(rows: usize, cols: usize, src: &[f32]) -> (Vec<u8>, Vec<f32>) {
     (data, scales)
 }
 
+/// KT's per-row scale of a row with largest magnitude `amax`: `amax · (1/127)`, a product as
+/// in KT's code (`amax / 127` differs in the last bit for some rows, and then the rounding of a
+/// value at a half: checked against KT's own files, tests/fixtures/kt).
+#[inline]
+pub fn scale(amax: f32) -> f32 {
+    amax * (1.0 / 127.0)
+}
+
 /// One row: the int8 values and their scale. Shared with per-token activation quantization,
 /// which KT defines by the same formula.
 pub fn quantize_row(x: &[f32]) -> (impl Iterator<Item = i8> + '_, f32) {
-    let d = amax(x) / 127.0;
+    let d = scale(amax(x));
     let inv = inverse(d);
     // |v · inv| ≤ 127 (+ rounding) by the choice of d, inside quantize_i8_small's range.
     (x.iter().map(move |&v| quantize_i8_small(v * inv)), d)

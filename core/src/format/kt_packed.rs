@@ -112,6 +112,50 @@ pub fn to_kt(m: &QuantMatrix) -> Result<Vec<u8>, Error> {
     Ok(out)
 }
 
+/// Where column `c` of row `r` lives in a packed `rows × cols` matrix: (byte offset, whether
+/// it is the high nibble). The shape must be one [`packed_bytes`] accepts.
+pub fn position(format: WeightFormat, rows: usize, cols: usize, r: usize, c: usize) -> (usize, bool) {
+    let (nblk, kblk) = blocks(format).expect("an int8 or int4 format");
+    let rb = format.data_bytes(rows, cols) / rows;
+    let (b, high) = if format == WeightFormat::Int4Row { int4_place(c) } else { (c, false) };
+    (offset(r, b, rows, rb, nblk, kblk), high)
+}
+
+/// Run `s` of the 32-row tile at row `r0` (a multiple of 32): `(byte offset, byte columns)` of
+/// its `s`-th K block, `None` past the last. Inside a run the 64-byte-column tiles follow each
+/// other (2048 bytes each), so a kernel streams a run as one array. The shape must be one
+/// [`packed_bytes`] accepts.
+pub fn row_tile_run(
+    format: WeightFormat,
+    rows: usize,
+    cols: usize,
+    r0: usize,
+    s: usize,
+) -> Option<(usize, core::ops::Range<usize>)> {
+    let (nblk, kblk) = blocks(format).expect("an int8 or int4 format");
+    let rb = format.data_bytes(rows, cols) / rows;
+    let kb = s * kblk;
+    (kb < rb).then(|| (offset(r0, kb, rows, rb, nblk, kblk), kb..(kb + kblk).min(rb)))
+}
+
+/// Σ of each row's signed weights (int4: the nibble's value n, not 16·n), read from packed
+/// bytes: what a kernel that offsets activations to unsigned takes off.
+pub fn row_sums(format: WeightFormat, rows: usize, cols: usize, data: &[u8]) -> Vec<i32> {
+    let (nblk, kblk) = blocks(format).expect("an int8 or int4 format");
+    let rb = format.data_bytes(rows, cols) / rows;
+    let mut sums = vec![0i32; rows];
+    for_each_word(rows, rb, (nblk, kblk), |r, _, at| {
+        for &b in &data[at..at + 4] {
+            sums[r] += if format == WeightFormat::Int4Row {
+                i32::from((b << 4) as i8 >> 4) + i32::from(b as i8 >> 4)
+            } else {
+                i32::from(b as i8)
+            };
+        }
+    });
+    sums
+}
+
 /// The matrix stored in KT's packed bytes `data` with per-row `scales`.
 pub fn from_kt(
     format: WeightFormat,
@@ -186,6 +230,39 @@ mod tests {
         assert_eq!(int4_place(64), (0, true));
         assert_eq!(int4_place(128), (64, false));
         assert_eq!(int4_place(200), (72, true));
+    }
+
+    #[test]
+    fn positions_runs_and_sums_agree_with_the_packed_bytes() {
+        for (format, rows, cols) in [(WeightFormat::Int8Row, 96, 7168), (WeightFormat::Int4Row, 160, 7424)] {
+            let m = random(format, rows, cols, 5);
+            let packed = to_kt(&m).unwrap();
+            let deq = m.dequantize();
+            let mut sums = vec![0i32; rows];
+            for r in 0..rows {
+                for c in 0..cols {
+                    let (at, high) = position(format, rows, cols, r, c);
+                    let w = match (format, high) {
+                        (WeightFormat::Int8Row, _) => packed[at] as i8,
+                        (_, false) => (packed[at] << 4) as i8 >> 4,
+                        (_, true) => packed[at] as i8 >> 4,
+                    };
+                    let unit = if format == WeightFormat::Int4Row { 16.0 } else { 1.0 };
+                    assert_eq!(f32::from(w) * unit * m.scales()[r], deq[r * cols + c], "{format} r{r} c{c}");
+                    sums[r] += i32::from(w);
+                }
+            }
+            assert_eq!(row_sums(format, rows, cols, &packed), sums);
+            // A tile's runs cover its K once, each run's first byte being row r0's first.
+            for r0 in (0..rows).step_by(32) {
+                let runs: Vec<_> = (0..).map_while(|s| row_tile_run(format, rows, cols, r0, s)).collect();
+                assert_eq!(runs.iter().map(|(_, k)| k.len()).sum::<usize>(), packed.len() / rows);
+                for (at, k) in runs {
+                    let c = if format == WeightFormat::Int4Row { k.start / 64 * 128 } else { k.start };
+                    assert_eq!(position(format, rows, cols, r0, c).0, at);
+                }
+            }
+        }
     }
 
     #[test]

@@ -52,7 +52,7 @@ proptest! {
         let deq = q.dequantize();
         for r in 0..rows {
             let row = &x[r * cols..(r + 1) * cols];
-            let d = (amax64(row) as f32) / 127.0;
+            let d = (amax64(row) as f32) * (1.0 / 127.0);
             prop_assert_eq!(q.scales()[r], d);
             for c in 0..cols {
                 let got = f64::from(deq[r * cols + c]);

@@ -112,7 +112,7 @@ pub struct CaseResult {
     /// AVX-512 kernels).
     pub compute_ratio: f64,
     /// The peak `compute_ratio` is to ([`Roofline::peak`]'s name: `fma`, `fma-512`, `int8`,
-    /// `int8-512`, `vnni`, `bf16dot`).
+    /// `int8-512`, `vnni`, `bf16dot`, `amx-int8`, `amx-bf16`).
     pub judged_by: &'static str,
     /// The instruction family of the gate's kernels (`Backend::instructions`).
     pub instructions: Instructions,
@@ -120,6 +120,14 @@ pub struct CaseResult {
     pub rel_err: f64,
     /// Reps timed.
     pub reps: usize,
+}
+
+impl CaseResult {
+    /// The roofline time max(bytes / DRAM, ops / peak) over the best time: the larger of the
+    /// two ratios (an MoE layer on AMX stays memory-bound up to many tokens per expert).
+    pub fn roofline_ratio(&self) -> f64 {
+        self.dram_ratio.max(self.compute_ratio)
+    }
 }
 
 /// The machine, as the report describes it.
@@ -245,7 +253,7 @@ fn bar(progress: bool, len: u64, template: &str) -> ProgressBar {
 /// saying which part runs.
 fn probe(spec: &BenchSpec, cpus: &[usize], dram_bytes: usize, when: &str) -> Roofline {
     let th = roofline::Threads { n: spec.threads, cpus };
-    let spin = bar(spec.progress, 5, &format!("{{spinner}} measuring the roofline {when} ({{pos}}/{{len}}) {{msg}}"));
+    let spin = bar(spec.progress, 6, &format!("{{spinner}} measuring the roofline {when} ({{pos}}/{{len}}) {{msg}}"));
     spin.set_message("DRAM read");
     let dram_gbps = roofline::dram_gbps(th, dram_bytes);
     spin.inc(1);
@@ -260,8 +268,11 @@ fn probe(spec: &BenchSpec, cpus: &[usize], dram_bytes: usize, when: &str) -> Roo
     spin.inc(1);
     spin.set_message("512-bit peaks");
     let zmm = roofline::zmm_peaks(th);
+    spin.inc(1);
+    spin.set_message("AMX tile peaks");
+    let tiles = roofline::tile_peaks(th);
     spin.finish_and_clear();
-    Roofline { dram_gbps, fma_gflops, int8_gops, vnni_gops, zmm }
+    Roofline { dram_gbps, fma_gflops, int8_gops, vnni_gops, zmm, tiles }
 }
 
 /// Run the benchmark.

@@ -31,6 +31,8 @@ pub fn to_json(r: &Report) -> Value {
             "fma512_gflops": r.roofline.zmm.fma_gflops,
             "int8_512_gops": r.roofline.zmm.int8_gops,
             "bf16dot512_gflops": r.roofline.zmm.bf16_gflops,
+            "amx_int8_gops": r.roofline.tiles.int8_gops,
+            "amx_bf16_gflops": r.roofline.tiles.bf16_gflops,
             "probes": r.probes,
             "low": {
                 "dram_gbps": r.roofline_low.dram_gbps,
@@ -40,6 +42,8 @@ pub fn to_json(r: &Report) -> Value {
                 "fma512_gflops": r.roofline_low.zmm.fma_gflops,
                 "int8_512_gops": r.roofline_low.zmm.int8_gops,
                 "bf16dot512_gflops": r.roofline_low.zmm.bf16_gflops,
+                "amx_int8_gops": r.roofline_low.tiles.int8_gops,
+                "amx_bf16_gflops": r.roofline_low.tiles.bf16_gflops,
             },
         },
         "results": r.results.iter().map(|c| json!({
@@ -55,6 +59,8 @@ pub fn to_json(r: &Report) -> Value {
             "dram_ratio": c.dram_ratio,
             "compute_ratio": c.compute_ratio,
             "judged_by": c.judged_by,
+            "roofline_ratio": c.roofline_ratio(),
+            "roofline_ms": c.ms_best * c.roofline_ratio(),
             "vnni": c.instructions == Instructions::Int8Vnni,
             "instructions": format!("{:?}", c.instructions),
             "rel_err": c.rel_err,
@@ -90,7 +96,7 @@ pub fn print_table(r: &Report) {
     // The method column fits the longest label (mixed GGML layers read "q4_K (down q5_0)").
     let w = r.results.iter().map(|x| x.method.to_string().chars().count()).max().unwrap_or(0).max(12);
     println!(
-        "{:<w$} {:<14} {:>6} {:>10} {:>10} {:>9} {:>9} {:>7} {:>9} {:<8} {:>9} {:>5}",
+        "{:<w$} {:<14} {:>6} {:>10} {:>10} {:>9} {:>9} {:>7} {:>9} {:<8} {:>6} {:>9} {:>5}",
         "method",
         "backend",
         "tokens",
@@ -101,12 +107,13 @@ pub fn print_table(r: &Report) {
         "DRAM×",
         "compute×",
         "peak",
+        "roof×",
         "rel err",
         "reps"
     );
     for x in &r.results {
         println!(
-            "{:<w$} {:<14} {:>6} {:>10.3} {:>10.3} {:>9.2} {:>9.2} {:>7.3} {:>9.3} {:<8} {:>9.2e} {:>5}",
+            "{:<w$} {:<14} {:>6} {:>10.3} {:>10.3} {:>9.2} {:>9.2} {:>7.3} {:>9.3} {:<8} {:>6.3} {:>9.2e} {:>5}",
             x.method.to_string(),
             x.backend,
             x.tokens,
@@ -117,6 +124,7 @@ pub fn print_table(r: &Report) {
             x.dram_ratio,
             x.compute_ratio,
             x.judged_by,
+            x.roofline_ratio(),
             x.rel_err,
             x.reps
         );
@@ -124,5 +132,7 @@ pub fn print_table(r: &Report) {
     println!("GFLOP/s = 2·3·H·I·k·n / best time; GB/s = bytes of the distinct experts touched / best time;");
     println!("DRAM× and compute× are ratios to the roofline's best readings; compute× is to the peak named in");
     println!("the peak column, the instructions the kernels ran on (fma, int8 = vpmaddubsw, vnni = vpdpbusd,");
-    println!("bf16dot = vdpbf16ps; -512: in 512-bit registers); the roofline was probed before the cases and after each method.");
+    println!("bf16dot = vdpbf16ps; -512: in 512-bit registers; amx-int8/-bf16: AMX tiles); roof× = the roofline time");
+    println!("max(bytes / DRAM, ops / peak) over the best time (the larger of the two); the roofline was probed");
+    println!("before the cases and after each method.");
 }

@@ -32,6 +32,27 @@ pub struct Roofline {
     pub vnni_gops: Option<f64>,
     /// The 512-bit peaks, where the CPU has AVX-512F/BW (and BF16 for `vdpbf16ps`).
     pub zmm: Zmm,
+    /// The AMX tile peaks, where the CPU has AMX and Linux grants it.
+    pub tiles: Tiles,
+}
+
+/// The AMX tile peaks (a 2×2 block of tiles loaded from L1, `kt_backend_amx::probe`): int8
+/// (`tdpbusd`, GOP/s) and bf16 (`tdpbf16ps`, GFLOP/s).
+#[derive(Clone, Copy, Debug, Default, PartialEq)]
+pub struct Tiles {
+    /// `tdpbusd`.
+    pub int8_gops: Option<f64>,
+    /// `tdpbf16ps`.
+    pub bf16_gflops: Option<f64>,
+}
+
+impl Tiles {
+    fn combine(self, o: Tiles, f: fn(f64, f64) -> f64) -> Tiles {
+        Tiles {
+            int8_gops: either(self.int8_gops, o.int8_gops, f),
+            bf16_gflops: either(self.bf16_gflops, o.bf16_gflops, f),
+        }
+    }
 }
 
 /// The 512-bit peaks: FMA (GFLOP/s), `vpmaddubsw` chains (GOP/s) and `vdpbf16ps` (GFLOP/s, a
@@ -69,6 +90,8 @@ impl Roofline {
             Instructions::Int8PairsZmm => or(self.zmm.int8_gops, "int8-512", (self.int8_gops, "int8")),
             Instructions::FmaF32Zmm => or(self.zmm.fma_gflops, "fma-512", (self.fma_gflops, "fma")),
             Instructions::Bf16DotZmm => or(self.zmm.bf16_gflops, "bf16dot", (self.fma_gflops, "fma")),
+            Instructions::AmxInt8 => or(self.tiles.int8_gops, "amx-int8", self.peak(Instructions::Int8Vnni)),
+            Instructions::AmxBf16 => or(self.tiles.bf16_gflops, "amx-bf16", self.peak(Instructions::Bf16DotZmm)),
             _ => (self.fma_gflops, "fma"),
         }
     }
@@ -81,6 +104,7 @@ impl Roofline {
             int8_gops: self.int8_gops.max(o.int8_gops),
             vnni_gops: either(self.vnni_gops, o.vnni_gops, f64::max),
             zmm: self.zmm.combine(o.zmm, f64::max),
+            tiles: self.tiles.combine(o.tiles, f64::max),
         }
     }
 
@@ -92,6 +116,7 @@ impl Roofline {
             int8_gops: self.int8_gops.min(o.int8_gops),
             vnni_gops: either(self.vnni_gops, o.vnni_gops, f64::min),
             zmm: self.zmm.combine(o.zmm, f64::min),
+            tiles: self.tiles.combine(o.tiles, f64::min),
         }
     }
 }
@@ -450,6 +475,24 @@ pub fn zmm_peaks(th: Threads<'_>) -> Zmm {
     }
 }
 
+/// The AMX tile peaks ([`Tiles`]), each best of 3; `None` where the CPU lacks AMX (or Linux
+/// refuses it) or the build lacks the `amx` backend.
+pub fn tile_peaks(th: Threads<'_>) -> Tiles {
+    #[cfg(all(feature = "amx", target_arch = "x86_64"))]
+    {
+        use kt_backend_amx::probe::{block_steps, OPS_PER_STEP};
+        const STEPS: u64 = 2_000_000;
+        if block_steps(false, 1).is_ok() {
+            let rate = |secs: f64| Some((th.n as u64 * STEPS * OPS_PER_STEP) as f64 / secs / 1e9);
+            let int8 = best_seconds(3, th, |_| block_steps(false, STEPS).expect("granted above"));
+            let bf16 = best_seconds(3, th, |_| block_steps(true, STEPS).expect("granted above"));
+            return Tiles { int8_gops: rate(int8), bf16_gflops: rate(bf16) };
+        }
+    }
+    let _ = th;
+    Tiles::default()
+}
+
 fn avx512() -> bool {
     #[cfg(target_arch = "x86_64")]
     return is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
@@ -525,10 +568,23 @@ mod tests {
     #[test]
     fn max_and_min_take_each_limit_on_its_own() {
         let z = |f: f64| Zmm { fma_gflops: Some(f), int8_gops: None, bf16_gflops: None };
-        let a =
-            Roofline { dram_gbps: 20.0, fma_gflops: 150.0, int8_gops: 310.0, vnni_gops: Some(700.0), zmm: z(300.0) };
-        let b =
-            Roofline { dram_gbps: 25.0, fma_gflops: 140.0, int8_gops: 300.0, vnni_gops: Some(650.0), zmm: z(290.0) };
+        let t = Tiles { int8_gops: Some(9000.0), bf16_gflops: None };
+        let a = Roofline {
+            dram_gbps: 20.0,
+            fma_gflops: 150.0,
+            int8_gops: 310.0,
+            vnni_gops: Some(700.0),
+            zmm: z(300.0),
+            tiles: Tiles::default(),
+        };
+        let b = Roofline {
+            dram_gbps: 25.0,
+            fma_gflops: 140.0,
+            int8_gops: 300.0,
+            vnni_gops: Some(650.0),
+            zmm: z(290.0),
+            tiles: t,
+        };
         let (hi, lo) = (a.max(b), a.min(b));
         assert_eq!((hi.dram_gbps, hi.fma_gflops, hi.int8_gops, hi.vnni_gops), (25.0, 150.0, 310.0, Some(700.0)));
         assert_eq!((lo.dram_gbps, lo.fma_gflops, lo.int8_gops, lo.vnni_gops), (20.0, 140.0, 300.0, Some(650.0)));
@@ -538,6 +594,9 @@ mod tests {
         assert_eq!(a.peak(Instructions::Int8PairsZmm), (310.0, "int8"), "no 512-bit reading: the 256-bit one");
         assert_eq!(a.peak(Instructions::Int8Vnni), (700.0, "vnni"));
         assert_eq!(a.peak(Instructions::Bf16DotZmm), (150.0, "fma"), "no vdpbf16ps reading: the FMA one");
+        assert_eq!(a.peak(Instructions::AmxInt8), (700.0, "vnni"), "no tile reading: the VNNI one");
+        assert_eq!(a.max(b).peak(Instructions::AmxInt8), (9000.0, "amx-int8"));
+        assert_eq!(a.max(b).peak(Instructions::AmxBf16), (150.0, "fma"), "no tile bf16: vdpbf16ps's, else FMA");
         let none = Roofline { vnni_gops: None, ..a };
         assert_eq!(none.max(b).vnni_gops, Some(650.0));
         assert_eq!(none.min(none).vnni_gops, None);

@@ -13,12 +13,12 @@
 
 use std::sync::Mutex;
 
-use kt_core::format::kt_packed::{from_kt, packed_bytes, to_kt};
+use kt_core::format::kt_packed::{packed_bytes, to_kt};
 use kt_core::{MoeConfig, QuantMatrix, WeightFormat};
 
 use super::writer::{Planned, StreamWriter};
 use super::{Checkpoint, Slots, WeightError};
-use crate::layer::{LayerOptions, MoeLayer};
+use crate::layer::{LayerOptions, MoeLayer, PartMatrix};
 
 const PROJ: [&str; 3] = ["gate", "up", "down"];
 
@@ -198,7 +198,7 @@ pub fn load_kt_layer(
         return Err(WeightError::Method { path: ck.dir().to_path_buf(), found, requested });
     }
     let ranges = cfg.part_ranges(format).map_err(WeightError::Layer)?;
-    let read = |e: usize, proj: usize, n: usize| -> Result<QuantMatrix, WeightError> {
+    let read = |e: usize, proj: usize, n: usize| -> Result<PartMatrix<'_>, WeightError> {
         let (rows, cols) = dims(proj, cfg.hidden, ranges[n].len());
         let get = |what: &str| {
             let name = key(layer, proj, e, n, what);
@@ -219,18 +219,18 @@ pub fn load_kt_layer(
             sb.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
         };
         if kt_packed(format) {
-            from_kt(format, rows, cols, wb, scales)
-        } else {
-            QuantMatrix::from_parts(format, rows, cols, wb.to_vec(), scales)
+            return Ok(PartMatrix::Kt { format, rows, cols, bytes: wb, scales });
         }
-        .map_err(WeightError::Layer)
+        QuantMatrix::from_parts(format, rows, cols, wb.to_vec(), scales)
+            .map(PartMatrix::Quant)
+            .map_err(WeightError::Layer)
     };
-    MoeLayer::from_part_matrices(
+    MoeLayer::from_part_sources(
         cfg,
         format,
         |slot, n| {
             let Some(e) = slots.expert(slot) else { return Ok(None) };
-            Ok(Some((read(e, 0, n)?, read(e, 1, n)?, read(e, 2, n)?)))
+            Ok(Some([read(e, 0, n)?, read(e, 1, n)?, read(e, 2, n)?]))
         },
         opts,
     )

@@ -1,0 +1,51 @@
+//! Hot-weight GEMM on one thread: one expert's 2048 × 7168 projection (DeepSeek-V3's gate)
+//! against 256 tokens, the weights in cache after the first rep, through the backend's `down`
+//! (one task over every row): the tile kernels' own speed, to set against the tile peak of
+//! `kt bench` (its `amx_int8_gops` / `amx_bf16_gflops` for one thread). Items are operations
+//! (2·rows·cols·tokens). `/avx512`: the `avx512_bf16` kernels on the same shape. Prints nothing
+//! but a skip line on a CPU without AMX (or without AVX-512 for `/avx512`).
+//! `cargo bench -p kt-backend-amx --bench gemm`
+
+use half::bf16;
+use kt_core::aligned::AlignedBuf;
+use kt_core::backend::TaskShape;
+use kt_core::mat::MatMut;
+use kt_core::rng::SplitMix64;
+use kt_core::{Backend, QuantMatrix, WeightFormat};
+
+const ROWS: usize = 2048;
+const COLS: usize = 7168;
+const TOKENS: usize = 256;
+
+#[divan::bench(args = ["int8", "int8/avx512", "int4", "int4/avx512", "bf16", "bf16/avx512"])]
+fn gemm(bencher: divan::Bencher, name: &str) {
+    let (name, b): (_, &'static dyn Backend) = match name.strip_suffix("/avx512") {
+        Some(name) => (name, &kt_backend_avx512::AVX512_BF16),
+        None => (name, &kt_backend_amx::AMX),
+    };
+    if let Err(missing) = b.cpu_support() {
+        eprintln!("skipped {}: this CPU lacks {missing}", b.name());
+        return;
+    }
+    let format = WeightFormat::parse(name).expect("a format");
+    let mut r = SplitMix64::new(1);
+    let w: Vec<f32> = (0..ROWS * COLS).map(|_| r.uniform(0.05)).collect();
+    let w = b.pack(&QuantMatrix::quantize(format, ROWS, COLS, &w).expect("quantizes")).expect("packs");
+    let x: Vec<bf16> = (0..TOKENS * COLS).map(|_| bf16::from_f32(r.gaussian())).collect();
+    let ids: Vec<u32> = (0..TOKENS as u32).collect();
+    let mut act = AlignedBuf::zeroed(b.act_bytes(format, TOKENS, COLS));
+    let act = act.as_mut_slice();
+    let shape = TaskShape { format: format.into(), tokens: TOKENS, rows: ROWS, cols: COLS };
+    let mut scratch = AlignedBuf::zeroed(b.scratch_bytes(shape));
+    let scratch = scratch.as_mut_slice();
+    b.quantize_act(format, COLS, &x, &ids, act, scratch);
+    let stride = kt_core::forward::y_stride(ROWS);
+    let mut y = vec![0.0f32; TOKENS * stride];
+    bencher
+        .counter(divan::counter::ItemsCount::new(2 * ROWS * COLS * TOKENS))
+        .bench_local(|| b.down(&w, 0..ROWS, act, MatMut::from_slice(&mut y, TOKENS, ROWS, stride), scratch));
+}
+
+fn main() {
+    divan::main();
+}

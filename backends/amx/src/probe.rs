@@ -1,0 +1,37 @@
+//! The tile peaks `kt bench` judges the AMX kernels by: the kernels' own 2×2 block of
+//! 16 × 16 × 64-byte tiles with A and B loaded from L1 every step (not tiles kept in registers,
+//! which no kernel can do).
+
+use crate::kernels::{config, step, store_c, MAX_TOKENS};
+use crate::tile::{Amx, TileOps, COLSB, ROWS};
+use kt_backend_avx512::pack::PANEL;
+
+/// Operations of one step: four tile products of 16 × 16 outputs over 64 bytes of K, an int8
+/// multiply-add or a bf16 pair's two products and two adds counting 2 per byte.
+pub const OPS_PER_STEP: u64 = 4 * (ROWS * ROWS * COLSB) as u64 * 2;
+
+/// Run `steps` steps (`bf16`: `tdpbf16ps`, else `tdpbusd`) on this thread's tiles; `Err` names
+/// what the CPU lacks. Multiply the steps by [`OPS_PER_STEP`] for the operations done.
+pub fn block_steps(bf16: bool, steps: u64) -> Result<(), &'static str> {
+    kt_x86::isa::request_amx()?;
+    #[repr(align(64))]
+    struct Buf([u8; 2 * ROWS * COLSB]);
+    let (a, b) = (Buf([1; 2 * ROWS * COLSB]), Buf([1; 2 * ROWS * COLSB]));
+    let mut c = [[0u32; PANEL]; MAX_TOKENS];
+    let mut t = Amx;
+    // SAFETY: AMX granted (above); A and B hold two 16 × 64-byte tiles each, C four.
+    unsafe {
+        t.config(&config(MAX_TOKENS));
+        for _ in 0..steps {
+            if bf16 {
+                step::<Amx, true>(&mut t, (a.0.as_ptr(), COLSB), (b.0.as_ptr(), ROWS * COLSB, COLSB), true);
+            } else {
+                step::<Amx, false>(&mut t, (a.0.as_ptr(), COLSB), (b.0.as_ptr(), ROWS * COLSB, COLSB), true);
+            }
+        }
+        store_c(&mut t, &mut c, true);
+    }
+    crate::tile::release();
+    std::hint::black_box(c);
+    Ok(())
+}

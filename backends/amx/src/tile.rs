@@ -1,0 +1,305 @@
+//! The tile seam: the few AMX instructions the kernels use, behind [`TileOps`], with two
+//! implementations: [`Amx`], the instructions themselves through `asm!` (their intrinsics and
+//! target features are unstable), and [`Emulator`], a scalar model of them, so the tile loops,
+//! layouts and edge cases (short last blocks, odd token counts) are tested on CPUs without AMX.
+//!
+//! ```text
+//!  tile t: rows(t) × colsb(t) bytes (≤ 16 × 64), set by a 64-byte configuration (palette 1)
+//!  tdpbusd  c, a, b:  c[m][n] (i32) += Σ_k Σ_i a[m][4k+i] (u8) · b[k][4n+i] (i8)
+//!  tdpbf16ps c, a, b: c[m][n] (f32) += a[m][2k]·b[k][2n], then += a[m][2k+1]·b[k][2n+1]
+//! ```
+//!
+//! Tile registers are named by const generics (0-7): the instruction text holds the number.
+
+use core::arch::asm;
+use std::cell::Cell;
+
+/// Most rows of a tile, and bytes of one of its rows.
+pub const ROWS: usize = 16;
+/// Bytes of a tile row.
+pub const COLSB: usize = 64;
+
+/// A palette-1 tile configuration: the shape of each of the 8 tiles (memory layout as
+/// `ldtilecfg` reads it: byte 0 palette, 16-31 bytes per row as u16, 48-55 rows).
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+#[repr(C, align(64))]
+pub struct TileConfig([u8; 64]);
+
+impl TileConfig {
+    /// Every tile unused.
+    pub const fn new() -> Self {
+        let mut b = [0u8; 64];
+        b[0] = 1;
+        TileConfig(b)
+    }
+
+    /// Tile `t` holds `rows` rows of `colsb` bytes.
+    pub const fn with(mut self, t: usize, rows: usize, colsb: usize) -> Self {
+        assert!(t < 8 && rows <= ROWS && colsb <= COLSB);
+        self.0[16 + 2 * t] = colsb as u8;
+        self.0[48 + t] = rows as u8;
+        self
+    }
+
+    /// Rows of tile `t`.
+    pub fn rows(&self, t: usize) -> usize {
+        usize::from(self.0[48 + t])
+    }
+
+    /// Bytes per row of tile `t`.
+    pub fn colsb(&self, t: usize) -> usize {
+        usize::from(self.0[16 + 2 * t])
+    }
+}
+
+impl Default for TileConfig {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+/// The tile instructions the kernels use. Loads and stores move `rows(t)` rows of `colsb(t)`
+/// bytes, row `r` at `p + r·stride`.
+///
+/// # Safety
+/// Every method is `unsafe`: the implementation's CPU contract ([`Amx`]: AMX with the tile
+/// permission granted) and, for loads and stores, `rows(t)` rows of `colsb(t)` bytes readable
+/// (writable) at `p + r·stride`; the operands' shapes must agree as the instruction requires.
+pub trait TileOps {
+    /// Make `cfg` the tile configuration (a no-op when it already is).
+    ///
+    /// # Safety
+    /// The trait's contract.
+    unsafe fn config(&mut self, cfg: &TileConfig);
+    /// Tile `T` = 0.
+    ///
+    /// # Safety
+    /// The trait's contract.
+    unsafe fn zero<const T: u8>(&mut self);
+    /// Load tile `T` from `p` with `stride` bytes between rows.
+    ///
+    /// # Safety
+    /// The trait's contract.
+    unsafe fn load<const T: u8>(&mut self, p: *const u8, stride: usize);
+    /// Store tile `T` to `p` with `stride` bytes between rows.
+    ///
+    /// # Safety
+    /// The trait's contract.
+    unsafe fn store<const T: u8>(&mut self, p: *mut u8, stride: usize);
+    /// `C += A (u8) · B (i8)` in i32.
+    ///
+    /// # Safety
+    /// The trait's contract.
+    unsafe fn dpbusd<const C: u8, const A: u8, const B: u8>(&mut self);
+    /// `C += A (bf16) · B (bf16)` in f32.
+    ///
+    /// # Safety
+    /// The trait's contract.
+    unsafe fn dpbf16ps<const C: u8, const A: u8, const B: u8>(&mut self);
+}
+
+thread_local! {
+    /// The configuration this thread's tiles hold (`None`: released or never set).
+    static CONFIGURED: Cell<Option<TileConfig>> = const { Cell::new(None) };
+}
+
+/// The AMX instructions. Each thread's configuration is tracked, so `config` with the shape
+/// the thread already holds costs nothing; [`release`] returns the tile state to the OS's
+/// initial one (what a worker does before it parks, so a context switch saves no tile data).
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Amx;
+
+impl TileOps for Amx {
+    #[inline]
+    unsafe fn config(&mut self, cfg: &TileConfig) {
+        if CONFIGURED.get() != Some(*cfg) {
+            // SAFETY: AMX present and permitted (the trait's contract); `cfg` is 64 readable
+            // bytes, declared read by the asm (ggml's `_tile_loadconfig` under GCC 12 let the
+            // compiler drop the stores of the configuration, and the first tile op trapped).
+            unsafe { asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly, preserves_flags)) };
+            CONFIGURED.set(Some(*cfg));
+        }
+    }
+
+    #[inline(always)]
+    unsafe fn zero<const T: u8>(&mut self) {
+        // SAFETY: the trait's contract.
+        unsafe { asm!("tilezero tmm{t}", t = const T, options(nomem, nostack, preserves_flags)) };
+    }
+
+    #[inline(always)]
+    unsafe fn load<const T: u8>(&mut self, p: *const u8, stride: usize) {
+        // SAFETY: the trait's contract.
+        unsafe {
+            asm!("tileloadd tmm{t}, [{p} + {s}*1]", t = const T, p = in(reg) p, s = in(reg) stride,
+                options(nostack, readonly, preserves_flags))
+        };
+    }
+
+    #[inline(always)]
+    unsafe fn store<const T: u8>(&mut self, p: *mut u8, stride: usize) {
+        // SAFETY: the trait's contract.
+        unsafe {
+            asm!("tilestored [{p} + {s}*1], tmm{t}", t = const T, p = in(reg) p, s = in(reg) stride,
+                options(nostack, preserves_flags))
+        };
+    }
+
+    #[inline(always)]
+    unsafe fn dpbusd<const C: u8, const A: u8, const B: u8>(&mut self) {
+        // SAFETY: the trait's contract.
+        unsafe {
+            asm!("tdpbusd tmm{c}, tmm{a}, tmm{b}", c = const C, a = const A, b = const B,
+                options(nomem, nostack, preserves_flags))
+        };
+    }
+
+    #[inline(always)]
+    unsafe fn dpbf16ps<const C: u8, const A: u8, const B: u8>(&mut self) {
+        // SAFETY: the trait's contract.
+        unsafe {
+            asm!("tdpbf16ps tmm{c}, tmm{a}, tmm{b}", c = const C, a = const A, b = const B,
+                options(nomem, nostack, preserves_flags))
+        };
+    }
+}
+
+/// Release this thread's tiles (`tilerelease`) if it configured them: the tile state returns to
+/// its initial one, which context switches do not save. Costs nothing on a thread that holds
+/// none (and so on a CPU without AMX).
+pub fn release() {
+    if CONFIGURED.take().is_some() {
+        // SAFETY: a configuration was loaded on this thread, so AMX is present and permitted.
+        unsafe { asm!("tilerelease", options(nomem, nostack, preserves_flags)) };
+    }
+}
+
+/// A scalar model of the tile registers and instructions (the Intel SDM's pseudo-code), for
+/// tests on any CPU. Its integer results are the hardware's exactly; bf16 ones follow the
+/// SDM's order of operations (two rounded additions per pair, products exact) with its
+/// denormal rule (inputs and results flushed to zero).
+#[derive(Clone)]
+pub struct Emulator {
+    cfg: TileConfig,
+    tiles: [[u8; ROWS * COLSB]; 8],
+}
+
+impl Default for Emulator {
+    fn default() -> Self {
+        Emulator { cfg: TileConfig::new(), tiles: [[0; ROWS * COLSB]; 8] }
+    }
+}
+
+impl Emulator {
+    /// `rows(t)`, `colsb(t)`, checked configured (the hardware raises #UD otherwise).
+    fn shape(&self, t: u8) -> (usize, usize) {
+        let (r, c) = (self.cfg.rows(usize::from(t)), self.cfg.colsb(usize::from(t)));
+        assert!(r > 0 && c > 0, "tile {t} used but not configured");
+        (r, c)
+    }
+
+    fn i32_at(&self, t: u8, m: usize, n: usize) -> i32 {
+        let at = m * COLSB + 4 * n;
+        i32::from_le_bytes(self.tiles[usize::from(t)][at..at + 4].try_into().unwrap())
+    }
+
+    fn put(&mut self, t: u8, m: usize, n: usize, v: [u8; 4]) {
+        let at = m * COLSB + 4 * n;
+        self.tiles[usize::from(t)][at..at + 4].copy_from_slice(&v);
+    }
+
+    /// The shapes of C, A, B checked as the hardware checks them; (M, K in dwords, N).
+    fn dims(&self, c: u8, a: u8, b: u8) -> (usize, usize, usize) {
+        let ((cr, cc), (ar, ac), (br, bc)) = (self.shape(c), self.shape(a), self.shape(b));
+        assert!(cr == ar && cc == bc && ac == 4 * br, "tile shapes disagree: C {cr}x{cc}, A {ar}x{ac}, B {br}x{bc}");
+        (cr, br, cc / 4)
+    }
+}
+
+/// bf16 bits as f32, denormals flushed to zero.
+fn bf16_daz(bits: u16) -> f32 {
+    let f = f32::from_bits(u32::from(bits) << 16);
+    if f.is_subnormal() {
+        0.0
+    } else {
+        f
+    }
+}
+
+/// `f` with a denormal result flushed to zero (keeping the sign).
+fn ftz(f: f32) -> f32 {
+    if f.is_subnormal() {
+        f32::from_bits(f.to_bits() & 0x8000_0000)
+    } else {
+        f
+    }
+}
+
+impl TileOps for Emulator {
+    unsafe fn config(&mut self, cfg: &TileConfig) {
+        // ldtilecfg zeroes every tile.
+        *self = Emulator { cfg: *cfg, ..Emulator::default() };
+    }
+
+    unsafe fn zero<const T: u8>(&mut self) {
+        self.shape(T);
+        self.tiles[usize::from(T)].fill(0);
+    }
+
+    unsafe fn load<const T: u8>(&mut self, p: *const u8, stride: usize) {
+        let (rows, colsb) = self.shape(T);
+        let tile = &mut self.tiles[usize::from(T)];
+        tile.fill(0);
+        for r in 0..rows {
+            // SAFETY: the trait's contract: rows × colsb readable at p + r·stride.
+            let src = unsafe { core::slice::from_raw_parts(p.add(r * stride), colsb) };
+            tile[r * COLSB..r * COLSB + colsb].copy_from_slice(src);
+        }
+    }
+
+    unsafe fn store<const T: u8>(&mut self, p: *mut u8, stride: usize) {
+        let (rows, colsb) = self.shape(T);
+        for r in 0..rows {
+            // SAFETY: the trait's contract: rows × colsb writable at p + r·stride.
+            let dst = unsafe { core::slice::from_raw_parts_mut(p.add(r * stride), colsb) };
+            dst.copy_from_slice(&self.tiles[usize::from(T)][r * COLSB..r * COLSB + colsb]);
+        }
+    }
+
+    unsafe fn dpbusd<const C: u8, const A: u8, const B: u8>(&mut self) {
+        let (mm, kk, nn) = self.dims(C, A, B);
+        let (a, b) = (self.tiles[usize::from(A)], self.tiles[usize::from(B)]);
+        for m in 0..mm {
+            for n in 0..nn {
+                let mut acc = self.i32_at(C, m, n);
+                for k in 0..kk {
+                    for i in 0..4 {
+                        let x = i32::from(a[m * COLSB + 4 * k + i]);
+                        let w = i32::from(b[k * COLSB + 4 * n + i] as i8);
+                        acc = acc.wrapping_add(x * w);
+                    }
+                }
+                self.put(C, m, n, acc.to_le_bytes());
+            }
+        }
+    }
+
+    unsafe fn dpbf16ps<const C: u8, const A: u8, const B: u8>(&mut self) {
+        let (mm, kk, nn) = self.dims(C, A, B);
+        let (a, b) = (self.tiles[usize::from(A)], self.tiles[usize::from(B)]);
+        let h = |t: &[u8; ROWS * COLSB], at: usize| bf16_daz(u16::from_le_bytes([t[at], t[at + 1]]));
+        for m in 0..mm {
+            for n in 0..nn {
+                let mut acc = ftz(f32::from_bits(self.i32_at(C, m, n) as u32));
+                for k in 0..kk {
+                    for i in 0..2 {
+                        // The product of two bf16 is exact in f32; each addition rounds.
+                        let p = h(&a, m * COLSB + 4 * k + 2 * i) * h(&b, k * COLSB + 4 * n + 2 * i);
+                        acc = ftz(acc + p);
+                    }
+                }
+                self.put(C, m, n, acc.to_bits().to_le_bytes());
+            }
+        }
+    }
+}
