@@ -445,6 +445,7 @@ fn run_soak(a: &SoakArgs) -> ExitCode {
         seconds: a.seconds,
         report_every: 1000,
         max_rss_growth: (a.max_rss_growth_mib * (1u64 << 20) as f64) as u64,
+        max_fd_growth: 0,
         seed: a.seed,
     };
     let opts = kt_host::LayerOptions::threads(a.threads);
