@@ -13,14 +13,24 @@
 //!    int8, bf16 panels  B6 = panel + 2048·j, B7 = + 64, stride 128
 //!  int4 (KT's order): each 2048-byte tile of 128 K unpacked in L1 to four int8 B tiles (low
 //!    nibbles = k 0-63, high = k 64-127; values n, the 16 is in the scale)
+//!  K-group int4, mxfp4 (panels): 8 units (64 K) unpacked in L1 to one int8 B tile per half, a
+//!    unit's low nibbles (k 0-3 of 16 rows) one B row, its high ones (k 4-7) the next; g32
+//!    steps 32 K (B tiles of 8 rows, A of 32 bytes)
+//!  fp8, mxfp8 (panels in bf16-pair order): 8 units (32 K) decoded in L1 to one bf16 B tile per
+//!    half (`fp8_tile_rows`: a unit's (k0,k1) pairs one B row, its (k2,k3) the next)
 //! ```
 //!
 //! Integer tiles multiply the int8 + 128 activations (`tdpbusd`: unsigned × signed) and take
-//! off 128·Σw after, then scale as the AVX-512 kernels do, `((Σ + bias) · s_act) · s_w`: the
-//! sums are exact, so the results are theirs bit for bit.
+//! off 128·Σw after, then scale as the AVX-512 kernels do, `((Σ + bias) · s_act) · s_w` (per
+//! row) or `Σ_g (Σ_g + bias_g) · (s_act,g · s_w,g)` fused (per K-group, the C tiles stored
+//! and cleared at each group's end): the sums are exact, so the results are theirs bit for
+//! bit. Scaled float blocks (fp8's 128 K, mxfp8's 32) are stored and added the same way, in
+//! the tiles' own order of additions (close to the AVX-512 kernels', not the same bits).
 
 use kt_backend_avx512::act::Act;
 use kt_backend_avx512::pack::{Packed, HALF, KT_TILE, PANEL, UNIT};
+use kt_core::format::mx::MX_BLOCK;
+use kt_core::format::FP8_BLOCK;
 use kt_core::WeightFormat;
 
 use crate::tile::{TileConfig, TileOps, COLSB, ROWS};
@@ -31,24 +41,49 @@ pub const MAX_TOKENS: usize = 2 * ROWS;
 /// Results of a block: `[token][row in panel]`.
 pub type Block = [[f32; PANEL]; MAX_TOKENS];
 
-/// Whether the tile kernels run `w`: int8 whose K is whole tiles (64 bytes), KT's int4, and
-/// bf16 whose K is whole tiles (32 values). The other formats run on the AVX-512 kernels.
+/// Units a tile step of the decoded formats covers: 64 K of int4, 32 K of fp8.
+const STEP_UNITS: usize = 8;
+
+/// Whether the tile kernels run `w`: int8 and bf16 whose K is whole tiles (64 bytes), KT's
+/// int4, the K-group int4 kinds, and the fp8 kinds packed in bf16 pairs whose K is whole
+/// steps (32 values). Others run on the AVX-512 kernels.
 pub fn runs(w: &Packed) -> bool {
     match w.format {
         WeightFormat::Int8Row | WeightFormat::Bf16 => w.kt || w.units % ROWS == 0,
         WeightFormat::Int4Row => w.kt,
+        // K is a multiple of the group (`col_multiple`), so of a step's 4 or 8 units.
+        WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => !w.kt,
+        WeightFormat::Fp8Block | WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => w.pairs && w.units % STEP_UNITS == 0,
         _ => false,
     }
 }
 
-/// The tiles' shapes for a block of `nt` tokens: A and C rows are the tokens of each half.
-pub(crate) fn config(nt: usize) -> TileConfig {
+/// The tiles' shapes for a block of `nt` tokens stepping `kb` bytes of K: A and C rows are the
+/// tokens of each half, A rows `kb` bytes, B rows `kb / 4`.
+pub(crate) fn config(nt: usize, kb: usize) -> TileConfig {
     let (r0, r1) = (nt.min(ROWS), nt.saturating_sub(ROWS));
-    let c = TileConfig::new().with(0, r0, COLSB).with(1, r0, COLSB).with(4, r0, COLSB);
-    let c = c.with(6, ROWS, COLSB).with(7, ROWS, COLSB);
+    let c = TileConfig::new().with(0, r0, COLSB).with(1, r0, COLSB).with(4, r0, kb);
+    let c = c.with(6, kb / 4, COLSB).with(7, kb / 4, COLSB);
     match r1 {
         0 => c,
-        _ => c.with(2, r1, COLSB).with(3, r1, COLSB).with(5, r1, COLSB),
+        _ => c.with(2, r1, COLSB).with(3, r1, COLSB).with(5, r1, kb),
+    }
+}
+
+/// Clear the C tiles.
+///
+/// # Safety
+/// As [`step`].
+#[inline(always)]
+unsafe fn zero_c<T: TileOps>(t: &mut T, two: bool) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        t.zero::<0>();
+        t.zero::<1>();
+        if two {
+            t.zero::<2>();
+            t.zero::<3>();
+        }
     }
 }
 
@@ -107,6 +142,75 @@ pub(crate) unsafe fn store_c<T: TileOps>(t: &mut T, c: &mut [[u32; PANEL]; MAX_T
     }
 }
 
+/// Decoded B tiles of one step: one per half, `HALF_B` bytes apart (64-byte rows).
+#[repr(C, align(64))]
+struct BTiles([u8; 2 * HALF_B]);
+
+/// Bytes of one half's B tile.
+const HALF_B: usize = ROWS * COLSB;
+
+/// Units `u0..u0+n` (n ≤ 8) of a K-group int4 panel as int8 B tiles: unit `j`'s half `h` as
+/// rows `2j` (low nibbles) and `2j + 1` (high nibbles) of half `h`'s tile, each nibble through
+/// the format's table.
+///
+/// # Safety
+/// AVX-512F/BW are present; `panel` holds `u0 + n` units.
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn unpack_group(panel: *const u8, u0: usize, n: usize, lut: &[i8; 16], dst: &mut BTiles) {
+    use core::arch::x86_64::*;
+    debug_assert!(n <= STEP_UNITS);
+    // SAFETY: the caller's contract; 128·n ≤ HALF_B bytes per half of `dst`.
+    unsafe {
+        let lut = _mm512_broadcast_i32x4(_mm_loadu_si128(lut.as_ptr().cast()));
+        let low = _mm512_set1_epi8(0x0F);
+        for j in 0..n {
+            for h in 0..2 {
+                let v = _mm512_loadu_si512(panel.add((u0 + j) * UNIT + 64 * h).cast());
+                let lo = _mm512_shuffle_epi8(lut, _mm512_and_si512(v, low));
+                let hi = _mm512_shuffle_epi8(lut, _mm512_and_si512(_mm512_srli_epi16::<4>(v), low));
+                let d = dst.0.as_mut_ptr().add(h * HALF_B + 2 * j * COLSB);
+                _mm512_storeu_si512(d.cast(), lo);
+                _mm512_storeu_si512(d.add(COLSB).cast(), hi);
+            }
+        }
+    }
+}
+
+/// `out[t][r] += (c[t][r] + bias[r]) · (sa(t) · sw[r])`, one fused multiply-add, as the
+/// AVX-512 kernels add up K-groups; `f32` sums (`bias` None) are `out += c · s[r]`.
+///
+/// # Safety
+/// AVX-512F is present.
+#[target_feature(enable = "avx512f")]
+unsafe fn add_scaled(
+    out: &mut Block,
+    c: &[[u32; PANEL]; MAX_TOKENS],
+    nt: usize,
+    bias: Option<&[i32]>,
+    sw: &[f32; PANEL],
+    sa: impl Fn(usize) -> f32,
+) {
+    use core::arch::x86_64::*;
+    // SAFETY: every row holds PANEL = 2·16 values; bias, when given, 32 (asserted).
+    unsafe {
+        let bias = bias.map(|b| &b[..PANEL]);
+        for t in 0..nt {
+            let a = _mm512_set1_ps(sa(t));
+            for h in 0..2 {
+                let at = h * HALF;
+                let c = _mm512_loadu_si512(c[t].as_ptr().add(at).cast());
+                let sum = match bias {
+                    Some(b) => _mm512_cvtepi32_ps(_mm512_add_epi32(c, _mm512_loadu_si512(b.as_ptr().add(at).cast()))),
+                    None => _mm512_castsi512_ps(c),
+                };
+                let s = _mm512_mul_ps(a, _mm512_loadu_ps(sw.as_ptr().add(at)));
+                let o = out[t].as_mut_ptr().add(at);
+                _mm512_storeu_ps(o, _mm512_fmadd_ps(sum, s, _mm512_loadu_ps(o)));
+            }
+        }
+    }
+}
+
 /// KT int4's 2048-byte tile as four int8 B tiles `[low half 0, low half 1, high 0, high 1]`:
 /// each nibble's two's-complement value.
 fn unpack_int4(src: &[u8], dst: &mut [u8; 2 * KT_TILE]) {
@@ -154,8 +258,8 @@ unsafe fn unpack_int4_avx512(src: &[u8], dst: &mut [u8; 2 * KT_TILE]) {
 /// Tokens `t0..t0+nt` (nt ≤ [`MAX_TOKENS`]) × panel `p` of `w` into `out[..nt]`.
 ///
 /// # Safety
-/// `t`'s CPU contract ([`TileOps`]); [`runs`]`(w)`; `act` prepared by the AVX-512 backend at
-/// its bf16 level for `w`'s format and K, with at least `t0 + nt` rows.
+/// `t`'s CPU contract ([`TileOps`]) and AVX-512F/BW/VBMI; [`runs`]`(w)`; `act` prepared by the
+/// AVX-512 backend at its bf16 level for `w`'s format and K, with at least `t0 + nt` rows.
 pub unsafe fn panel_block<T: TileOps>(
     t: &mut T,
     w: &Packed,
@@ -166,18 +270,45 @@ pub unsafe fn panel_block<T: TileOps>(
     out: &mut Block,
 ) {
     debug_assert!(runs(w) && (1..=MAX_TOKENS).contains(&nt));
+    // SAFETY: the caller's contract.
+    unsafe {
+        match (act, w.format) {
+            (&Act::Float { x16, kp, .. }, f) if f != WeightFormat::Bf16 => {
+                let a = x16[t0 * kp..].as_ptr().cast::<u8>();
+                fp8_block(t, w, p, (a, 2 * kp), nt, out)
+            }
+            (&Act::Int { q, kp, scales, groups }, WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4) => {
+                let sa = |tok: usize, g: usize| scales[(t0 + tok) * groups + g];
+                group_block(t, w, p, (q[t0 * kp..].as_ptr(), kp), sa, nt, out)
+            }
+            _ => {
+                let mut c = [[0u32; PANEL]; MAX_TOKENS];
+                whole_block(t, w, p, act, t0, nt, &mut c);
+                epilogue(w, p, act, t0, nt, &c, out);
+            }
+        }
+    }
+}
+
+/// bf16, per-row int8 and KT's int4: the block's sums over the whole K into `c`.
+///
+/// # Safety
+/// As [`panel_block`].
+unsafe fn whole_block<T: TileOps>(
+    t: &mut T,
+    w: &Packed,
+    p: usize,
+    act: &Act<'_>,
+    t0: usize,
+    nt: usize,
+    c: &mut [[u32; PANEL]; MAX_TOKENS],
+) {
     let two = nt > ROWS;
-    let mut c = [[0u32; PANEL]; MAX_TOKENS];
     // SAFETY: the caller's contract; every address below lies in the panel's runs and the
     // activation rows t0..t0+nt (the second half only when `two`).
     unsafe {
-        t.config(&config(nt));
-        t.zero::<0>();
-        t.zero::<1>();
-        if two {
-            t.zero::<2>();
-            t.zero::<3>();
-        }
+        t.config(&config(nt, COLSB));
+        zero_c(t, two);
         match (act, w.format) {
             (&Act::Float { x16, kp, .. }, _) => {
                 let (a, stride) = (x16[t0 * kp..].as_ptr().cast::<u8>(), 2 * kp);
@@ -217,9 +348,92 @@ pub unsafe fn panel_block<T: TileOps>(
                 }
             }
         }
-        store_c(t, &mut c, two);
+        store_c(t, c, two);
     }
-    epilogue(w, p, act, t0, nt, &c, out);
+}
+
+/// K-group int4 and mxfp4: each group's integer sums stored and added, scaled, into `out`.
+///
+/// # Safety
+/// As [`panel_block`]; `a` the block's first activation row, rows `stride` bytes apart.
+unsafe fn group_block<T: TileOps>(
+    t: &mut T,
+    w: &Packed,
+    p: usize,
+    (a, stride): (*const u8, usize),
+    sa: impl Fn(usize, usize) -> f32,
+    nt: usize,
+    out: &mut Block,
+) {
+    let two = nt > ROWS;
+    let upg = w.format.k_group().expect("a K-group format") / 8;
+    let step_units = upg.min(STEP_UNITS);
+    let lut = kt_x86::int4::nibble_table(w.format);
+    let panel = w.panel(p).as_ptr();
+    let groups = w.units / upg;
+    let (mut b, mut c) = (BTiles([0; 2 * HALF_B]), [[0u32; PANEL]; MAX_TOKENS]);
+    out[..nt].iter_mut().for_each(|o| o.fill(0.0));
+    // SAFETY: the caller's contract; the units g·upg.. of every group lie in the panel, and an
+    // int8 activation row holds K = 8·units bytes.
+    unsafe {
+        t.config(&config(nt, 8 * step_units));
+        for g in 0..groups {
+            zero_c(t, two);
+            for u in (g * upg..(g + 1) * upg).step_by(step_units) {
+                unpack_group(panel, u, step_units, &lut, &mut b);
+                step::<T, false>(t, (a.add(8 * u), stride), (b.0.as_ptr(), HALF_B, COLSB), two);
+            }
+            store_c(t, &mut c, two);
+            let at = (p * groups + g) * PANEL;
+            let sw = w.scales[at..at + PANEL].try_into().unwrap();
+            add_scaled(out, &c, nt, Some(&w.bias[at..]), sw, |tok| sa(tok, g));
+        }
+    }
+}
+
+/// fp8 (128×128 blocks or per row) and mxfp8: each scale block's f32 sums stored and added,
+/// scaled, into `out` (per-row scales: one block, multiplied).
+///
+/// # Safety
+/// As [`panel_block`]; `a` the block's first bf16 activation row, rows `stride` bytes apart.
+unsafe fn fp8_block<T: TileOps>(
+    t: &mut T,
+    w: &Packed,
+    p: usize,
+    (a, stride): (*const u8, usize),
+    nt: usize,
+    out: &mut Block,
+) {
+    let two = nt > ROWS;
+    // (units per scale block, scales per block: one for the panel or one per row)
+    let (per_block, per_row) = match w.format {
+        WeightFormat::Fp8Channel => (w.units, true),
+        WeightFormat::Mxfp8 => (MX_BLOCK / 4, true),
+        _ => (FP8_BLOCK / 4, false),
+    };
+    let blocks = w.units.div_ceil(per_block);
+    let panel = w.panel(p).as_ptr();
+    let (mut b, mut c) = (BTiles([0; 2 * HALF_B]), [[0u32; PANEL]; MAX_TOKENS]);
+    out[..nt].iter_mut().for_each(|o| o.fill(0.0));
+    // SAFETY: the caller's contract; units % 8 == 0 (`runs`), so every step's 8 units lie in
+    // the panel and its 32 K in the activation rows (2 bytes each).
+    unsafe {
+        t.config(&config(nt, COLSB));
+        for blk in 0..blocks {
+            zero_c(t, two);
+            for u in (blk * per_block..((blk + 1) * per_block).min(w.units)).step_by(STEP_UNITS) {
+                let dst = b.0.as_mut_ptr();
+                kt_backend_avx512::fp8_tile_rows(panel, u, u + STEP_UNITS, [dst, dst.add(HALF_B)]);
+                step::<T, true>(t, (a.add(8 * u), stride), (b.0.as_ptr(), HALF_B, COLSB), two);
+            }
+            store_c(t, &mut c, two);
+            let s: [f32; PANEL] = match per_row {
+                true => w.scales[(p * blocks + blk) * PANEL..][..PANEL].try_into().unwrap(),
+                false => [w.scales[p * blocks + blk]; PANEL],
+            };
+            add_scaled(out, &c, nt, None, &s, |_| 1.0);
+        }
+    }
 }
 
 /// The block's sums as results: f32 as they are, integers `((Σ + bias) · s_act) · s_w`.

@@ -3,10 +3,11 @@
 //!
 //! The weights are packed as the `avx512_bf16` backend packs them (`kt_backend_avx512::pack`):
 //! per-row int8 and int4 in KT's own `BufferB` order (so KT's converted files load by copying),
-//! the rest in 32-row panels whose 128-byte units are rows of AMX B tiles of both halves. Each
-//! expert runs on tiles from [`TILE_FROM`] tokens, where the kernels have them (`kernels`:
-//! int8, KT's int4, bf16), and on the AVX-512 kernels otherwise; per-row int8 and int4 give the
-//! same bits either way (exact integer sums, one scaling order).
+//! the rest in 32-row panels whose 128-byte units are rows of AMX B tiles of both halves (or,
+//! for int4 and fp8 kinds, decode to them in L1). Each expert runs on tiles from
+//! [`TILE_FROM`] tokens (`kernels`: every KT format: int8, int4 per row and per K-group, mxfp4
+//! on int8 tiles; bf16, fp8, mxfp8 on bf16 tiles), and on the AVX-512 kernels otherwise; the
+//! integer formats give the same bits either way (exact sums, one scaling order).
 //!
 //! The tile instructions sit behind a seam (`tile::TileOps`) with a scalar emulator, so the
 //! tile loops are tested on CPUs without AMX (the `amx_emulated` backend of the tests).
@@ -273,8 +274,13 @@ mod imp {
 
         fn instructions(&self, format: WeightFormat) -> Instructions {
             match format {
-                WeightFormat::Int8Row | WeightFormat::Int4Row => Instructions::AmxInt8,
-                WeightFormat::Bf16 => Instructions::AmxBf16,
+                WeightFormat::Int8Row
+                | WeightFormat::Int4Row
+                | WeightFormat::Int4Group { .. }
+                | WeightFormat::Mxfp4 => Instructions::AmxInt8,
+                WeightFormat::Bf16 | WeightFormat::Fp8Block | WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => {
+                    Instructions::AmxBf16
+                }
                 f => SIMD.instructions(f),
             }
         }

@@ -21,7 +21,7 @@ pub fn block_steps(bf16: bool, steps: u64) -> Result<(), &'static str> {
     let mut t = Amx;
     // SAFETY: AMX granted (above); A and B hold two 16 × 64-byte tiles each, C four.
     unsafe {
-        t.config(&config(MAX_TOKENS));
+        t.config(&config(MAX_TOKENS, COLSB));
         for _ in 0..steps {
             if bf16 {
                 step::<Amx, true>(&mut t, (a.0.as_ptr(), COLSB), (b.0.as_ptr(), ROWS * COLSB, COLSB), true);

@@ -18,9 +18,10 @@ mod hardware {
     kt_core::conformance_suite!(&crate::AMX);
 }
 
-/// Per-row int8 and int4 on tiles give the AVX-512 kernels' bits at every token count from 1
-/// to 70 (one and three token halves, short last blocks), in KT's order across K blocks
-/// (3712 and 7424 columns) and in panels (int8 with 192 rows: K of down not KT's).
+/// The integer formats on tiles give the AVX-512 kernels' bits at every token count from 1 to
+/// 70 (one and three token halves, short last blocks): per-row int8 and int4 in KT's order
+/// across K blocks (3712 and 7424 columns) and in panels (int8 with 192 rows: K of down not
+/// KT's), the K-group kinds in panels.
 #[test]
 fn tiles_give_the_avx512_kernels_bits() {
     let Ok(()) = EMULATED_ALL.cpu_support() else {
@@ -33,8 +34,15 @@ fn tiles_give_the_avx512_kernels_bits() {
         Ok(()) => backends.push(&crate::AMX),
         Err(why) => eprintln!("hardware tiles skipped: this CPU lacks {why}"),
     }
-    let cases =
-        [(WeightFormat::Int8Row, 3712, 128), (WeightFormat::Int4Row, 7424, 128), (WeightFormat::Int8Row, 192, 96)];
+    let cases = [
+        (WeightFormat::Int8Row, 3712, 128),
+        (WeightFormat::Int4Row, 7424, 128),
+        (WeightFormat::Int8Row, 192, 96),
+        (WeightFormat::Int4Group { group: 32 }, 256, 96),
+        (WeightFormat::Int4Group { group: 64 }, 384, 128),
+        (WeightFormat::Int4Group { group: 128 }, 256, 256),
+        (WeightFormat::Mxfp4, 192, 160),
+    ];
     for (f, h, i) in cases {
         let cfg = MoeConfig { max_tokens: 70, ..MoeConfig::new(3, 1, h, i) };
         for tokens in (1..=70).step_by(if h > 1000 { 7 } else { 1 }) {
@@ -56,7 +64,7 @@ fn the_emulator_gives_the_hardwares_bits() {
         return;
     }
     let mut r = SplitMix64::new(5);
-    for f in [WeightFormat::Bf16, WeightFormat::Int8Row, WeightFormat::Int4Row] {
+    for f in WeightFormat::ALL {
         let cfg = MoeConfig { max_tokens: 40, ..MoeConfig::new(4, 2, 256, 384) };
         for tokens in [4, 17, 40] {
             let s = [Scenario::Random, Scenario::Skewed][r.next_u64() as usize % 2];

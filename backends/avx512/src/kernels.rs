@@ -278,6 +278,47 @@ pub(crate) const fn fp8_bf16_bytes() -> [[u8; 128]; 2] {
     t
 }
 
+/// One half of an fp8 unit in bf16-pair order (`pack`) decoded: its 16 rows' (k0,k1) bf16
+/// pairs, then their (k2,k3): each bf16 from the byte tables (`vpermi2b`), its sign put back
+/// (`vpternlogd`), low and high bytes interleaved.
+///
+/// # Safety
+/// AVX-512F/BW/VBMI are present (inlined into a kernel that enables them).
+#[inline(always)]
+unsafe fn fp8_pairs(tab: &Fp8Tables, half: __m512i) -> [__m512i; 2] {
+    // SAFETY: register operations only, under the caller's features.
+    unsafe {
+        let lo = _mm512_permutex2var_epi8(tab.lo[0], half, tab.lo[1]);
+        let hi = _mm512_permutex2var_epi8(tab.hi[0], half, tab.hi[1]);
+        let hi = _mm512_ternarylogic_epi32::<0xF8>(hi, half, _mm512_set1_epi8(-128)); // hi | (r & 0x80)
+        [_mm512_unpacklo_epi8(lo, hi), _mm512_unpackhi_epi8(lo, hi)]
+    }
+}
+
+/// Units `u0..u1` of an fp8 panel in bf16-pair order (`pack`) decoded for AMX bf16 tiles: unit
+/// `u`'s half `h` as its (k0,k1) then (k2,k3) pairs of 16 rows, the two 64-byte rows of a B
+/// tile at `dst[h] + 128·(u − u0)`.
+///
+/// # Safety
+/// AVX-512F/BW/VBMI are present; `panel` holds `u1` units; each `dst[h]` has `128·(u1 − u0)`
+/// writable bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
+pub unsafe fn fp8_tile_rows(panel: *const u8, u0: usize, u1: usize, dst: [*mut u8; 2]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let tab = Fp8Tables::new();
+        for u in u0..u1 {
+            let r = load_unit(panel, u);
+            for h in 0..2 {
+                let [w01, w23] = fp8_pairs(&tab, r[h]);
+                let d = dst[h].add(UNIT * (u - u0));
+                _mm512_storeu_si512(d.cast(), w01);
+                _mm512_storeu_si512(d.add(64).cast(), w23);
+            }
+        }
+    }
+}
+
 /// `acc[t] += Σ w · x[t]` over units `u0..u1` of an fp8 panel packed in bf16-pair order
 /// (`pack`): each half to bf16 by the byte tables (`vpermi2b`), its sign put back
 /// (`vpternlogd`), unpacked to 16 rows of (k0,k1) and of (k2,k3), then two `vdpbf16ps`.
@@ -298,15 +339,10 @@ unsafe fn fp8_dot_units<const N: usize>(
     // SAFETY: the caller's contract; u < u1 is inside the panel, and a row of kp = 4·units bf16
     // holds 2·units pairs.
     unsafe {
-        let sign = _mm512_set1_epi8(-128);
         for u in u0..u1 {
             let r = load_unit(panel, u);
             for h in 0..2 {
-                let lo = _mm512_permutex2var_epi8(tab.lo[0], r[h], tab.lo[1]);
-                let hi = _mm512_permutex2var_epi8(tab.hi[0], r[h], tab.hi[1]);
-                let hi = _mm512_ternarylogic_epi32::<0xF8>(hi, r[h], sign); // hi | (r & 0x80)
-                let w01 = bh(_mm512_unpacklo_epi8(lo, hi));
-                let w23 = bh(_mm512_unpackhi_epi8(lo, hi));
+                let [w01, w23] = fp8_pairs(tab, r[h]).map(bh);
                 for t in 0..N {
                     let x01 = bh(_mm512_set1_epi32(x[t].add(2 * u).read_unaligned() as i32));
                     let x23 = bh(_mm512_set1_epi32(x[t].add(2 * u + 1).read_unaligned() as i32));

@@ -57,6 +57,8 @@ pub fn registered() -> &'static [&'static dyn Backend] {
 
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 pub use imp::{Avx512, AVX512, BF16 as AVX512_BF16};
+#[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+pub use kernels::fp8_tile_rows;
 
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 pub use kernels::Level;
