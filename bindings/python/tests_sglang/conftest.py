@@ -1,0 +1,111 @@
+"""SGLang's own KT integration code (`sglang/srt/layers/moe/kt_ep_wrapper.py`, from the PyPI
+wheels that scripts/sglang-env.sh unpacks) driving this package, on a CPU-only machine.
+
+`KT_SGLANG_ROOT` names the unpacked tree to import (upstream sglang or KT's fork: both are
+the package `sglang`, so one per pytest run; scripts/sglang-tests.sh runs both). What needs a
+GPU is stood in for, and only that:
+- the GPU MoE kernels: the wrapped GPU method computes its experts in torch fp32 on the CPU
+  (`GpuMoe`), and the `sgl_kernel` extension (CUDA-only, imported by the fork's modules) is a
+  module whose functions raise;
+- CUDA's runtime calls: `torch.cuda.synchronize` does nothing, `current_stream()` is stream 0
+  (so our package takes its CPU path), `get_device_capability()` is an H100's (9, 0) (the
+  fork asks at import time);
+- the launcher's process state: one tensor-parallel rank (rank 0) and the identity
+  physical-to-logical expert map (what `get_global_expert_location_metadata` holds without
+  expert-parallel load balancing).
+"""
+
+import importlib.abc
+import importlib.machinery
+import json
+import os
+import pathlib
+import sys
+import types
+
+import pytest
+import torch
+
+ROOT = os.environ.get("KT_SGLANG_ROOT")
+if not ROOT or not (pathlib.Path(ROOT) / "sglang").is_dir():
+    raise pytest.UsageError("KT_SGLANG_ROOT must name an unpacked sglang wheel (scripts/sglang-tests.sh sets it)")
+sys.path.insert(0, ROOT)
+
+
+def _gpu_only(name):
+    if name.startswith("__"):
+        raise AttributeError(name)
+
+    def call(*args, **kwargs):
+        raise RuntimeError(f"sgl_kernel's {name} needs a GPU (stood in by the tests)")
+
+    return call
+
+
+class _GpuKernels(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+    """`sgl_kernel` and its submodules: packages whose every function raises. Left absent:
+    `scalar_type`, for which SGLang has its own fallback."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name == "sgl_kernel.scalar_type":
+            raise ModuleNotFoundError(name)
+        if name == "sgl_kernel" or name.startswith("sgl_kernel."):
+            return importlib.machinery.ModuleSpec(name, self, is_package=True)
+        return None
+
+    def create_module(self, spec):
+        return None
+
+    def exec_module(self, module):
+        module.__path__ = []
+        module.__getattr__ = _gpu_only
+
+
+sys.meta_path.insert(0, _GpuKernels())
+torch.cuda.synchronize = lambda *a, **k: None
+torch.cuda.current_stream = lambda *a, **k: types.SimpleNamespace(cuda_stream=0)
+torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
+
+
+def experts(e, h, i, seed):
+    """bf16-representable fp32 weights `[E, I, H]`, `[E, I, H]`, `[E, H, I]`."""
+    g = torch.Generator().manual_seed(seed)
+    w = {
+        "gate": torch.randn(e, i, h, generator=g) / h**0.5,
+        "up": torch.randn(e, i, h, generator=g) / h**0.5,
+        "down": torch.randn(e, h, i, generator=g) / i**0.5,
+    }
+    return {k: v.to(torch.bfloat16).float() for k, v in w.items()}
+
+
+def write_checkpoint(d, layers, k):
+    """A Hugging Face Qwen3-MoE-style checkpoint of `layers` (bf16, written by safetensors)."""
+    from safetensors.torch import save_file
+
+    e, i, h = layers[0]["gate"].shape
+    tensors = {}
+    for li, w in enumerate(layers):
+        for x in range(e):
+            for p in ("gate", "up", "down"):
+                tensors[f"model.layers.{li}.mlp.experts.{x}.{p}_proj.weight"] = w[p][x].to(torch.bfloat16).contiguous()
+    save_file(tensors, str(pathlib.Path(d) / "model.safetensors"))
+    cfg = {"num_experts": e, "num_experts_per_tok": k, "hidden_size": h, "moe_intermediate_size": i,
+           "num_hidden_layers": len(layers)}
+    (pathlib.Path(d) / "config.json").write_text(json.dumps(cfg))
+
+
+def moe(x, ids, weights, w, on):
+    """fp32 MoE over the experts `on(e)` admits; ids < 0 skipped."""
+    out = torch.zeros(x.shape, dtype=torch.float32)
+    x = x.float()
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            if e >= 0 and on(e):
+                h = torch.nn.functional.silu(w["gate"][e] @ x[t]) * (w["up"][e] @ x[t])
+                out[t] += float(weights[t, j]) * (w["down"][e] @ h)
+    return out
+
+
+def rel_err(out, ref):
+    return float((out.float() - ref).abs().sum() / ref.abs().sum().clamp_min(1e-30))

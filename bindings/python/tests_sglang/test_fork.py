@@ -1,0 +1,174 @@
+"""KT's fork (sglang-kt 0.7.2): its `KTEPWrapperMethod` with a GPU-expert mask (experts
+anywhere in the id range on the GPU, their ids remapped to GPU slots), its CPU stream and
+staging buffer, deferred experts, and the mask updated in place between steps."""
+
+import os
+import types
+
+import pytest
+import torch
+
+from conftest import experts, moe, rel_err, write_checkpoint
+
+if not os.path.isdir(os.path.join(os.environ["KT_SGLANG_ROOT"], "sglang_kt_sgl_kernel_payload")):
+    pytest.skip("KT_SGLANG_ROOT is not KT's fork sglang-kt 0.7.2", allow_module_level=True)
+
+
+class _Stream:
+    """Stands in for torch.cuda.Stream: work on it runs in order on the CPU."""
+
+    cuda_stream = 0
+
+    def __init__(self, *a, **k):
+        pass
+
+    def wait_stream(self, other):
+        pass
+
+    def wait_event(self, event):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def record_event(self, event=None):
+        return event or _Event()
+
+
+class _Event:
+    """Stands in for torch.cuda.Event."""
+
+    def __init__(self, *a, **k):
+        pass
+
+    def record(self, stream=None):
+        pass
+
+    def wait(self, stream=None):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        return True
+
+
+class _StreamContext:
+    def __init__(self, stream):
+        pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False
+
+
+torch.cuda.Stream, torch.cuda.Event, torch.cuda.stream = _Stream, _Event, _StreamContext
+torch.cuda.current_stream = lambda *a, **k: _Stream()
+
+import sglang.srt.eplb.expert_location_dispatch as location  # noqa: E402
+import sglang.srt.layers.moe.kt_ep_wrapper as kt_ep  # noqa: E402
+from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig  # noqa: E402
+from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput, StandardDispatchOutput  # noqa: E402
+from sglang.srt.layers.moe.topk import StandardTopKOutput  # noqa: E402
+from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase  # noqa: E402
+
+E, K, H, I, LAYERS = 8, 2, 256, 512, 3
+LIMITS = {"BF16": 0.01, "AMXINT8": 0.04, "AMXINT4": 0.30, "FP8": 0.08}
+
+
+class GpuMoe(FusedMoEMethodBase):
+    """Stands in for the GPU method the fork wraps: its experts (ids remapped to GPU slots by
+    the wrapper, CPU ones -1) in torch fp32, each slot's logical expert read from the mask."""
+
+    def __init__(self, weights, mask):
+        self.weights, self.mask = weights, mask
+
+    def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **kw):
+        layer.register_parameter("w13_weight", torch.nn.Parameter(torch.empty(0), requires_grad=False))
+
+    def create_moe_runner(self, layer, moe_runner_config):
+        pass
+
+    def apply(self, layer, dispatch_output):
+        x, topk = dispatch_output.hidden_states, dispatch_output.topk_output
+        logical = torch.where(self.mask)[0]
+        ids = torch.where(topk.topk_ids >= 0, logical[topk.topk_ids.clamp_min(0).long()], -1)
+        out = moe(x, ids, topk.topk_weights, self.weights[layer.layer_idx], lambda e: True)
+        return StandardCombineInput(hidden_states=out.to(x.dtype))
+
+
+# The merge keeps the CPU result alive on the GPU stream (CUDA's caching allocator): nothing
+# to keep alive on the CPU.
+torch.Tensor.record_stream = lambda self, stream: None
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    weights = [experts(E, H, I, seed=10 + li) for li in range(LAYERS)]
+    d = tmp_path_factory.mktemp("qwen3-moe")
+    write_checkpoint(d, weights, K)
+    return str(d), weights
+
+
+def build(path, weights, method, mask, deferred):
+    identity = torch.arange(E).repeat(LAYERS, 1)
+    location.get_global_expert_location_metadata = lambda: types.SimpleNamespace(physical_to_logical_map_cpu=identity)
+    kt_ep.get_tensor_model_parallel_rank = lambda: 0
+    layers = []
+    for li in range(LAYERS):
+        cfg = kt_ep.KTConfig(layer_idx=li, gpu_experts_mask=mask.clone(), cpuinfer_threads=2, threadpool_count=1,
+                             weight_path=path, chunked_prefill_size=64, max_deferred_experts_per_token=deferred,
+                             method=method, num_layers=LAYERS)
+        gpu = GpuMoe(weights, cfg.gpu_experts_mask)
+        m = kt_ep.KTEPWrapperMethod(gpu, cfg)
+        layer = torch.nn.Module()
+        layer.layer_idx, layer.top_k, layer.num_experts = li, K, E
+        layer.intermediate_size_per_partition, layer.moe_tp_size = I, 1
+        m.create_weights(layer, E, H, I, torch.bfloat16)
+        m.process_weights_after_loading(layer)
+        m.create_moe_runner(layer, MoeRunnerConfig(activation="silu", num_experts=E, top_k=K))
+        layers.append((m, layer))
+    return layers
+
+
+def move_experts(m, on_gpu):
+    """What the fork's dynamic expert update does to a layer's routing state: new mappings,
+    the wrapper's mask updated in place (KT reads it by pointer)."""
+    mask, to_gpu, _ = kt_ep.update_gpu_expert_mappings(on_gpu, E, torch.device("cpu"))
+    kt_ep.update_kt_wrapper_masks(m.wrapper, mask)
+    m.gpu_experts_mask.copy_(mask)
+    m.gpu_experts_mask_cuda, m.logical_to_gpu_index_cuda = mask.clone(), to_gpu
+
+
+@pytest.mark.parametrize("method", list(LIMITS))
+@pytest.mark.parametrize("gpu_ids,deferred", [([1, 4, 6], None), ([], None), ([0, 7], 1)])
+def test_layers_match_a_torch_moe(model, method, gpu_ids, deferred):
+    """Each layer against the fp32 MoE of all its experts (with deferred experts, the sum of
+    the layers' outputs); between steps the GPU experts move, the mask updated in place."""
+    path, weights = model
+    mask = torch.zeros(E, dtype=torch.bool)
+    mask[gpu_ids] = True
+    layers = build(path, weights, method, mask, deferred)
+    g = torch.Generator().manual_seed(len(gpu_ids))
+    for step, n in enumerate((1, 5, 64, 3)):
+        if step == 2 and gpu_ids:
+            for m, _ in layers:
+                move_experts(m, torch.tensor(sorted({(i + 3) % E for i in gpu_ids})))
+        got, want = [], []
+        for li, (m, layer) in enumerate(layers):
+            x = torch.randn(n, H, generator=g).to(torch.bfloat16)
+            logits = torch.randn(n, E, generator=g)
+            w, ids = torch.topk(torch.softmax(logits, -1), K)
+            ids = ids.to(torch.int32)
+            want.append(moe(x, ids, w, weights[li], lambda e: True))
+            out = m.apply(layer, StandardDispatchOutput(x, None, StandardTopKOutput(w, ids, logits))).hidden_states
+            assert out.shape == x.shape and out.dtype == torch.bfloat16
+            got.append(out.float())
+            if deferred is None:
+                err = rel_err(got[-1], want[-1])
+                assert err < LIMITS[method], f"{method} layer {li}, step {step}, {n} tokens: {err}"
+        err = rel_err(sum(got), sum(want))
+        assert err < LIMITS[method], f"{method}, step {step}, {n} tokens, the layers' sum: {err}"
