@@ -103,22 +103,27 @@ pub(crate) unsafe fn step<T: TileOps, const BF16: bool>(
         t.load::<4>(a, a_stride);
         t.load::<6>(b, b_stride);
         t.load::<7>(b.add(half), b_stride);
-        if BF16 {
-            t.dpbf16ps::<0, 4, 6>();
-            t.dpbf16ps::<1, 4, 7>();
-        } else {
-            t.dpbusd::<0, 4, 6>();
-            t.dpbusd::<1, 4, 7>();
-        }
+        dp::<T, BF16, 0, 4, 6>(t);
+        dp::<T, BF16, 1, 4, 7>(t);
         if two {
             t.load::<5>(a.add(ROWS * a_stride), a_stride);
-            if BF16 {
-                t.dpbf16ps::<2, 5, 6>();
-                t.dpbf16ps::<3, 5, 7>();
-            } else {
-                t.dpbusd::<2, 5, 6>();
-                t.dpbusd::<3, 5, 7>();
-            }
+            dp::<T, BF16, 2, 5, 6>(t);
+            dp::<T, BF16, 3, 5, 7>(t);
+        }
+    }
+}
+
+/// `C += A · B`: `tdpbf16ps` for `BF16`, else `tdpbusd`.
+///
+/// # Safety
+/// As [`TileOps`].
+#[inline(always)]
+unsafe fn dp<T: TileOps, const BF16: bool, const C: u8, const A: u8, const B: u8>(t: &mut T) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match BF16 {
+            true => t.dpbf16ps::<C, A, B>(),
+            false => t.dpbusd::<C, A, B>(),
         }
     }
 }

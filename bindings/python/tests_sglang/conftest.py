@@ -67,6 +67,12 @@ torch.cuda.current_stream = lambda *a, **k: types.SimpleNamespace(cuda_stream=0)
 torch.cuda.get_device_capability = lambda *a, **k: (9, 0)
 
 
+E, K, H, I, LAYERS = 8, 2, 256, 512, 3
+# Mean relative error against the fp32 MoE (the package tests' limits; FP8's e4m3 rounding,
+# 2^-4 per weight, is measured here on single tokens too, where nothing averages it: 0.08).
+LIMITS = {"BF16": 0.01, "AMXINT8": 0.04, "AMXINT4": 0.30, "FP8": 0.08}
+
+
 def experts(e, h, i, seed):
     """bf16-representable fp32 weights `[E, I, H]`, `[E, I, H]`, `[E, H, I]`."""
     g = torch.Generator().manual_seed(seed)
@@ -109,3 +115,37 @@ def moe(x, ids, weights, w, on):
 
 def rel_err(out, ref):
     return float((out.float() - ref).abs().sum() / ref.abs().sum().clamp_min(1e-30))
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    """The checkpoint's directory and its layers' weights."""
+    weights = [experts(E, H, I, seed=li) for li in range(LAYERS)]
+    d = tmp_path_factory.mktemp("qwen3-moe")
+    write_checkpoint(d, weights, K)
+    return str(d), weights
+
+
+def check_step(layers, weights, n, g, deferred, limit, label):
+    """One step of `n` tokens through every `(method, layer)` by SGLang's `apply`: each layer
+    against the fp32 MoE of all its experts; with deferred experts (a layer's deferred part is
+    added to the next layer's output, the last layer defers none) the sum of the outputs."""
+    from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+
+    got, want = [], []
+    for li, (m, layer) in enumerate(layers):
+        x = torch.randn(n, H, generator=g).to(torch.bfloat16)
+        logits = torch.randn(n, E, generator=g)
+        w, ids = torch.topk(torch.softmax(logits, -1), K)
+        ids = ids.to(torch.int32)
+        # Upstream masks the CPU experts' ids in place after submitting: keep a copy.
+        want.append(moe(x, ids.clone(), w, weights[li], lambda e: True))
+        out = m.apply(layer, StandardDispatchOutput(x, None, StandardTopKOutput(w, ids, logits))).hidden_states
+        assert out.shape == x.shape and out.dtype == torch.bfloat16
+        got.append(out.float())
+        if deferred is None:
+            err = rel_err(got[-1], want[-1])
+            assert err < limit, f"{label}, layer {li}, {n} tokens: {err}"
+    err = rel_err(sum(got), sum(want))
+    assert err < limit, f"{label}, {n} tokens, the layers' sum: {err}"

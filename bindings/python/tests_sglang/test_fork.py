@@ -8,7 +8,7 @@ import types
 import pytest
 import torch
 
-from conftest import experts, moe, rel_err, write_checkpoint
+from conftest import E, H, I, K, LAYERS, LIMITS, check_step, moe
 
 if not os.path.isdir(os.path.join(os.environ["KT_SGLANG_ROOT"], "sglang_kt_sgl_kernel_payload")):
     pytest.skip("KT_SGLANG_ROOT is not KT's fork sglang-kt 0.7.2", allow_module_level=True)
@@ -71,12 +71,8 @@ torch.cuda.current_stream = lambda *a, **k: _Stream()
 import sglang.srt.eplb.expert_location_dispatch as location  # noqa: E402
 import sglang.srt.layers.moe.kt_ep_wrapper as kt_ep  # noqa: E402
 from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig  # noqa: E402
-from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput, StandardDispatchOutput  # noqa: E402
-from sglang.srt.layers.moe.topk import StandardTopKOutput  # noqa: E402
+from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput  # noqa: E402
 from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase  # noqa: E402
-
-E, K, H, I, LAYERS = 8, 2, 256, 512, 3
-LIMITS = {"BF16": 0.01, "AMXINT8": 0.04, "AMXINT4": 0.30, "FP8": 0.08}
 
 
 class GpuMoe(FusedMoEMethodBase):
@@ -103,14 +99,6 @@ class GpuMoe(FusedMoEMethodBase):
 # The merge keeps the CPU result alive on the GPU stream (CUDA's caching allocator): nothing
 # to keep alive on the CPU.
 torch.Tensor.record_stream = lambda self, stream: None
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    weights = [experts(E, H, I, seed=10 + li) for li in range(LAYERS)]
-    d = tmp_path_factory.mktemp("qwen3-moe")
-    write_checkpoint(d, weights, K)
-    return str(d), weights
 
 
 def build(path, weights, method, mask, deferred):
@@ -146,8 +134,8 @@ def move_experts(m, on_gpu):
 @pytest.mark.parametrize("method", list(LIMITS))
 @pytest.mark.parametrize("gpu_ids,deferred", [([1, 4, 6], None), ([], None), ([0, 7], 1)])
 def test_layers_match_a_torch_moe(model, method, gpu_ids, deferred):
-    """Each layer against the fp32 MoE of all its experts (with deferred experts, the sum of
-    the layers' outputs); between steps the GPU experts move, the mask updated in place."""
+    """`check_step` at several token counts; before the third step the GPU experts move, the
+    mask updated in place."""
     path, weights = model
     mask = torch.zeros(E, dtype=torch.bool)
     mask[gpu_ids] = True
@@ -157,18 +145,4 @@ def test_layers_match_a_torch_moe(model, method, gpu_ids, deferred):
         if step == 2 and gpu_ids:
             for m, _ in layers:
                 move_experts(m, torch.tensor(sorted({(i + 3) % E for i in gpu_ids})))
-        got, want = [], []
-        for li, (m, layer) in enumerate(layers):
-            x = torch.randn(n, H, generator=g).to(torch.bfloat16)
-            logits = torch.randn(n, E, generator=g)
-            w, ids = torch.topk(torch.softmax(logits, -1), K)
-            ids = ids.to(torch.int32)
-            want.append(moe(x, ids, w, weights[li], lambda e: True))
-            out = m.apply(layer, StandardDispatchOutput(x, None, StandardTopKOutput(w, ids, logits))).hidden_states
-            assert out.shape == x.shape and out.dtype == torch.bfloat16
-            got.append(out.float())
-            if deferred is None:
-                err = rel_err(got[-1], want[-1])
-                assert err < LIMITS[method], f"{method} layer {li}, step {step}, {n} tokens: {err}"
-        err = rel_err(sum(got), sum(want))
-        assert err < LIMITS[method], f"{method}, step {step}, {n} tokens, the layers' sum: {err}"
+        check_step(layers, weights, n, g, deferred, LIMITS[method], f"{method} step {step}")

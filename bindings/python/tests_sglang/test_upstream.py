@@ -8,21 +8,15 @@ import types
 import pytest
 import torch
 
-from conftest import experts, moe, rel_err, write_checkpoint
+from conftest import E, H, I, K, LAYERS, LIMITS, check_step, moe
 
 if not os.path.isfile(os.path.join(os.environ["KT_SGLANG_ROOT"], "sglang/srt/arg_groups/overrides.py")):
     pytest.skip("KT_SGLANG_ROOT is not upstream sglang 0.5.23", allow_module_level=True)
 
 import sglang.srt.eplb.expert_location_dispatch as location  # noqa: E402
 import sglang.srt.layers.moe.kt_ep_wrapper as kt_ep  # noqa: E402
-from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput, StandardDispatchOutput  # noqa: E402
-from sglang.srt.layers.moe.topk import StandardTopKOutput  # noqa: E402
+from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput  # noqa: E402
 from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase  # noqa: E402
-
-E, K, H, I, LAYERS = 8, 2, 256, 512, 3
-# Mean relative error against the fp32 MoE (the package tests' limits; FP8's e4m3 rounding,
-# 2^-4 per weight, is measured here on single tokens too, where nothing averages it: 0.08).
-LIMITS = {"BF16": 0.01, "AMXINT8": 0.04, "AMXINT4": 0.30, "FP8": 0.08}
 
 
 class GpuMoe(FusedMoEMethodBase):
@@ -43,14 +37,6 @@ class GpuMoe(FusedMoEMethodBase):
         assert bool((topk.topk_ids < self.num_experts).all()), "a CPU expert reached the GPU method"
         out = moe(x, topk.topk_ids, topk.topk_weights, self.weights[layer.layer_idx], lambda e: True)
         return StandardCombineInput(hidden_states=out.to(x.dtype))
-
-
-@pytest.fixture(scope="module")
-def model(tmp_path_factory):
-    weights = [experts(E, H, I, seed=li) for li in range(LAYERS)]
-    d = tmp_path_factory.mktemp("qwen3-moe")
-    write_checkpoint(d, weights, K)
-    return str(d), weights
 
 
 def build(path, weights, method, num_gpu, deferred):
@@ -75,26 +61,8 @@ def build(path, weights, method, num_gpu, deferred):
 @pytest.mark.parametrize("method", list(LIMITS))
 @pytest.mark.parametrize("num_gpu,deferred", [(3, None), (0, None), (2, 1)])
 def test_layers_match_a_torch_moe(model, method, num_gpu, deferred):
-    """Each layer against the fp32 MoE of all its experts; with deferred experts (a layer's
-    deferred part is added to the next layer's output, the last layer defers none) the sum of
-    the layers' outputs."""
     path, weights = model
     layers = build(path, weights, method, num_gpu, deferred)
     g = torch.Generator().manual_seed(num_gpu)
     for n in (1, 5, 64):
-        got, want = [], []
-        for li, (m, layer) in enumerate(layers):
-            x = torch.randn(n, H, generator=g).to(torch.bfloat16)
-            logits = torch.randn(n, E, generator=g)
-            w, ids = torch.topk(torch.softmax(logits, -1), K)
-            ids = ids.to(torch.int32)
-            # The wrapper masks the CPU experts' ids in place after submitting: keep a copy.
-            want.append(moe(x, ids.clone(), w, weights[li], lambda e: True))
-            out = m.apply(layer, StandardDispatchOutput(x, None, StandardTopKOutput(w, ids, logits))).hidden_states
-            assert out.shape == x.shape and out.dtype == torch.bfloat16
-            got.append(out.float())
-            if deferred is None:
-                err = rel_err(got[-1], want[-1])
-                assert err < LIMITS[method], f"{method} layer {li}, {n} tokens: {err}"
-        err = rel_err(sum(got), sum(want))
-        assert err < LIMITS[method], f"{method}, {n} tokens, the layers' sum: {err}"
+        check_step(layers, weights, n, g, deferred, LIMITS[method], method)
