@@ -205,10 +205,7 @@ pub fn kt_matrix(
 /// A matrix from KT's packed bytes and per-row scales as they are (a converted file's
 /// tensors): copied, with the row sums the kernels take off read from them.
 pub fn from_kt(f: WeightFormat, rows: usize, cols: usize, bytes: &[u8], scales: &[f32]) -> Result<Packed, Error> {
-    let len = kt_packed::packed_bytes(f, rows, cols)?;
-    if bytes.len() != len {
-        return Err(Error::ShapeMismatch { what: "KT packed weight bytes", expected: len, found: bytes.len() });
-    }
+    let len = kt_packed::checked_len(f, rows, cols, bytes)?;
     if scales.len() != rows {
         return Err(Error::ShapeMismatch { what: "KT per-row scales", expected: rows, found: scales.len() });
     }

@@ -96,6 +96,21 @@ fn for_each_word(rows: usize, rb: usize, (nblk, kblk): (usize, usize), mut f: im
     }
 }
 
+/// A `rows × cols` shape's bytes per row and (N block, K block). The shape must be one
+/// [`packed_bytes`] accepts.
+fn geometry(format: WeightFormat, rows: usize, cols: usize) -> (usize, (usize, usize)) {
+    (format.data_bytes(rows, cols) / rows, blocks(format).expect("an int8 or int4 format"))
+}
+
+/// [`packed_bytes`] of the shape, with `data` checked to hold exactly that many.
+pub fn checked_len(format: WeightFormat, rows: usize, cols: usize, data: &[u8]) -> Result<usize, Error> {
+    let len = packed_bytes(format, rows, cols)?;
+    if data.len() != len {
+        return Err(Error::ShapeMismatch { what: "KT packed weight bytes", expected: len, found: data.len() });
+    }
+    Ok(len)
+}
+
 /// A per-row int8 or int4 matrix in KT's packed byte order.
 pub fn to_kt(m: &QuantMatrix) -> Result<Vec<u8>, Error> {
     let (rows, cols, format) = (m.rows(), m.cols(), m.format());
@@ -115,8 +130,7 @@ pub fn to_kt(m: &QuantMatrix) -> Result<Vec<u8>, Error> {
 /// Where column `c` of row `r` lives in a packed `rows × cols` matrix: (byte offset, whether
 /// it is the high nibble). The shape must be one [`packed_bytes`] accepts.
 pub fn position(format: WeightFormat, rows: usize, cols: usize, r: usize, c: usize) -> (usize, bool) {
-    let (nblk, kblk) = blocks(format).expect("an int8 or int4 format");
-    let rb = format.data_bytes(rows, cols) / rows;
+    let (rb, (nblk, kblk)) = geometry(format, rows, cols);
     let (b, high) = if format == WeightFormat::Int4Row { int4_place(c) } else { (c, false) };
     (offset(r, b, rows, rb, nblk, kblk), high)
 }
@@ -132,8 +146,7 @@ pub fn row_tile_run(
     r0: usize,
     s: usize,
 ) -> Option<(usize, core::ops::Range<usize>)> {
-    let (nblk, kblk) = blocks(format).expect("an int8 or int4 format");
-    let rb = format.data_bytes(rows, cols) / rows;
+    let (rb, (nblk, kblk)) = geometry(format, rows, cols);
     let kb = s * kblk;
     (kb < rb).then(|| (offset(r0, kb, rows, rb, nblk, kblk), kb..(kb + kblk).min(rb)))
 }
@@ -141,8 +154,7 @@ pub fn row_tile_run(
 /// Σ of each row's signed weights (int4: the nibble's value n, not 16·n), read from packed
 /// bytes: what a kernel that offsets activations to unsigned takes off.
 pub fn row_sums(format: WeightFormat, rows: usize, cols: usize, data: &[u8]) -> Vec<i32> {
-    let (nblk, kblk) = blocks(format).expect("an int8 or int4 format");
-    let rb = format.data_bytes(rows, cols) / rows;
+    let (rb, (nblk, kblk)) = geometry(format, rows, cols);
     let mut sums = vec![0i32; rows];
     for_each_word(rows, rb, (nblk, kblk), |r, _, at| {
         for &b in &data[at..at + 4] {
@@ -164,10 +176,7 @@ pub fn from_kt(
     data: &[u8],
     scales: Vec<f32>,
 ) -> Result<QuantMatrix, Error> {
-    let len = packed_bytes(format, rows, cols)?;
-    if data.len() != len {
-        return Err(Error::ShapeMismatch { what: "KT packed weight bytes", expected: len, found: data.len() });
-    }
+    let len = checked_len(format, rows, cols, data)?;
     let rb = len / rows;
     let mut ordered = vec![0u8; len];
     for_each_word(rows, rb, blocks(format).expect("checked by packed_bytes"), |r, b, at| {
