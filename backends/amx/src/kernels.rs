@@ -22,9 +22,9 @@
 //!
 //! Integer tiles multiply the int8 + 128 activations (`tdpbusd`: unsigned × signed) and take
 //! off 128·Σw after, then scale as the AVX-512 kernels do, `((Σ + bias) · s_act) · s_w` (per
-//! row) or `Σ_g (Σ_g + bias_g) · (s_act,g · s_w,g)` fused (per K-group, the C tiles stored
-//! and cleared at each group's end): the sums are exact, so the results are theirs bit for
-//! bit. Scaled float blocks (fp8's 128 K, mxfp8's 32) are stored and added the same way, in
+//! row); the K-group kinds multiply signed activations by signed weights (`tdpbssd`) and add
+//! `Σ_g · (s_act,g · s_w,g)` fused (the C tiles stored and cleared at each group's end): the
+//! sums are exact, so the results are theirs bit for bit. Scaled float blocks (fp8's 128 K, mxfp8's 32) are stored and added the same way, in
 //! the tiles' own order of additions (close to the AVX-512 kernels', not the same bits).
 
 use kt_backend_avx512::act::Act;
@@ -40,6 +40,13 @@ pub const MAX_TOKENS: usize = 2 * ROWS;
 
 /// Results of a block: `[token][row in panel]`.
 pub type Block = [[f32; PANEL]; MAX_TOKENS];
+
+/// The tile product of a step ([`dp`]): `tdpbusd` (u8 activations × i8 weights).
+pub(crate) const US8: u8 = 0;
+/// `tdpbssd` (i8 × i8).
+pub(crate) const SS8: u8 = 1;
+/// `tdpbf16ps`.
+pub(crate) const BF16: u8 = 2;
 
 /// Units a tile step of the decoded formats covers: 64 K of int4, 32 K of fp8.
 const STEP_UNITS: usize = 8;
@@ -92,7 +99,7 @@ unsafe fn zero_c<T: TileOps>(t: &mut T, two: bool) {
 /// # Safety
 /// As [`TileOps`], with the tiles configured by [`config`]; `two`: the second token half is.
 #[inline(always)]
-pub(crate) unsafe fn step<T: TileOps, const BF16: bool>(
+pub(crate) unsafe fn step<T: TileOps, const OP: u8>(
     t: &mut T,
     (a, a_stride): (*const u8, usize),
     (b, half, b_stride): (*const u8, usize, usize),
@@ -103,27 +110,28 @@ pub(crate) unsafe fn step<T: TileOps, const BF16: bool>(
         t.load::<4>(a, a_stride);
         t.load::<6>(b, b_stride);
         t.load::<7>(b.add(half), b_stride);
-        dp::<T, BF16, 0, 4, 6>(t);
-        dp::<T, BF16, 1, 4, 7>(t);
+        dp::<T, OP, 0, 4, 6>(t);
+        dp::<T, OP, 1, 4, 7>(t);
         if two {
             t.load::<5>(a.add(ROWS * a_stride), a_stride);
-            dp::<T, BF16, 2, 5, 6>(t);
-            dp::<T, BF16, 3, 5, 7>(t);
+            dp::<T, OP, 2, 5, 6>(t);
+            dp::<T, OP, 3, 5, 7>(t);
         }
     }
 }
 
-/// `C += A · B`: `tdpbf16ps` for `BF16`, else `tdpbusd`.
+/// `C += A · B` by the product `OP` names ([`US8`], [`SS8`], [`BF16`]).
 ///
 /// # Safety
 /// As [`TileOps`].
 #[inline(always)]
-unsafe fn dp<T: TileOps, const BF16: bool, const C: u8, const A: u8, const B: u8>(t: &mut T) {
+unsafe fn dp<T: TileOps, const OP: u8, const C: u8, const A: u8, const B: u8>(t: &mut T) {
     // SAFETY: the caller's contract.
     unsafe {
-        match BF16 {
-            true => t.dpbf16ps::<C, A, B>(),
-            false => t.dpbusd::<C, A, B>(),
+        match OP {
+            BF16 => t.dpbf16ps::<C, A, B>(),
+            SS8 => t.dpbssd::<C, A, B>(),
+            _ => t.dpbusd::<C, A, B>(),
         }
     }
 }
@@ -181,33 +189,28 @@ unsafe fn unpack_group(panel: *const u8, u0: usize, n: usize, lut: &[i8; 16], ds
     }
 }
 
-/// `out[t][r] += (c[t][r] + bias[r]) · (sa(t) · sw[r])`, one fused multiply-add, as the
-/// AVX-512 kernels add up K-groups; `f32` sums (`bias` None) are `out += c · s[r]`.
+/// `out[t][r] += c[t][r] · (sa(t) · sw[r])`, one fused multiply-add, as the AVX-512 kernels
+/// add up K-groups; `c` holds i32 sums (`INT`) or f32 ones.
 ///
 /// # Safety
 /// AVX-512F is present.
 #[target_feature(enable = "avx512f")]
-unsafe fn add_scaled(
+unsafe fn add_scaled<const INT: bool>(
     out: &mut Block,
     c: &[[u32; PANEL]; MAX_TOKENS],
     nt: usize,
-    bias: Option<&[i32]>,
     sw: &[f32; PANEL],
     sa: impl Fn(usize) -> f32,
 ) {
     use core::arch::x86_64::*;
-    // SAFETY: every row holds PANEL = 2·16 values; bias, when given, 32 (asserted).
+    // SAFETY: every row holds PANEL = 2·16 values.
     unsafe {
-        let bias = bias.map(|b| &b[..PANEL]);
         for t in 0..nt {
             let a = _mm512_set1_ps(sa(t));
             for h in 0..2 {
                 let at = h * HALF;
                 let c = _mm512_loadu_si512(c[t].as_ptr().add(at).cast());
-                let sum = match bias {
-                    Some(b) => _mm512_cvtepi32_ps(_mm512_add_epi32(c, _mm512_loadu_si512(b.as_ptr().add(at).cast()))),
-                    None => _mm512_castsi512_ps(c),
-                };
+                let sum = if INT { _mm512_cvtepi32_ps(c) } else { _mm512_castsi512_ps(c) };
                 let s = _mm512_mul_ps(a, _mm512_loadu_ps(sw.as_ptr().add(at)));
                 let o = out[t].as_mut_ptr().add(at);
                 _mm512_storeu_ps(o, _mm512_fmadd_ps(sum, s, _mm512_loadu_ps(o)));
@@ -282,7 +285,7 @@ pub unsafe fn panel_block<T: TileOps>(
                 let a = x16[t0 * kp..].as_ptr().cast::<u8>();
                 fp8_block(t, w, p, (a, 2 * kp), nt, out)
             }
-            (&Act::Int { q, kp, scales, groups }, WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4) => {
+            (&Act::Int { q, kp, scales, groups, .. }, WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4) => {
                 let sa = |tok: usize, g: usize| scales[(t0 + tok) * groups + g];
                 group_block(t, w, p, (q[t0 * kp..].as_ptr(), kp), sa, nt, out)
             }
@@ -320,7 +323,7 @@ unsafe fn whole_block<T: TileOps>(
                 let panel = w.panel(p).as_ptr();
                 for j in 0..w.units / ROWS {
                     let b = (panel.add(j * ROWS * UNIT), 64, UNIT);
-                    step::<T, true>(t, (a.add(j * COLSB), stride), b, two);
+                    step::<T, BF16>(t, (a.add(j * COLSB), stride), b, two);
                 }
             }
             (&Act::Int { q, kp, .. }, WeightFormat::Int8Row) => {
@@ -333,7 +336,7 @@ unsafe fn whole_block<T: TileOps>(
                             true => (run.add(j * KT_TILE), KT_TILE / 2, COLSB),
                             false => (run.add(j * ROWS * UNIT), 64, UNIT),
                         };
-                        step::<T, false>(t, (a.add(k), kp), b, two);
+                        step::<T, US8>(t, (a.add(k), kp), b, two);
                     }
                     s += 1;
                 }
@@ -346,8 +349,8 @@ unsafe fn whole_block<T: TileOps>(
                     for j in 0..units.len() / ROWS {
                         let k = 8 * units.start + j * 2 * COLSB;
                         unpack_int4(core::slice::from_raw_parts(run.add(j * KT_TILE), KT_TILE), &mut b);
-                        step::<T, false>(t, (a.add(k), kp), (b.as_ptr(), KT_TILE / 2, COLSB), two);
-                        step::<T, false>(t, (a.add(k + COLSB), kp), (b[KT_TILE..].as_ptr(), KT_TILE / 2, COLSB), two);
+                        step::<T, US8>(t, (a.add(k), kp), (b.as_ptr(), KT_TILE / 2, COLSB), two);
+                        step::<T, US8>(t, (a.add(k + COLSB), kp), (b[KT_TILE..].as_ptr(), KT_TILE / 2, COLSB), two);
                     }
                     s += 1;
                 }
@@ -386,12 +389,12 @@ unsafe fn group_block<T: TileOps>(
             zero_c(t, two);
             for u in (g * upg..(g + 1) * upg).step_by(step_units) {
                 unpack_group(panel, u, step_units, &lut, &mut b);
-                step::<T, false>(t, (a.add(8 * u), stride), (b.0.as_ptr(), HALF_B, COLSB), two);
+                step::<T, SS8>(t, (a.add(8 * u), stride), (b.0.as_ptr(), HALF_B, COLSB), two);
             }
             store_c(t, &mut c, two);
             let at = (p * groups + g) * PANEL;
             let sw = w.scales[at..at + PANEL].try_into().unwrap();
-            add_scaled(out, &c, nt, Some(&w.bias[at..]), sw, |tok| sa(tok, g));
+            add_scaled::<true>(out, &c, nt, sw, |tok| sa(tok, g));
         }
     }
 }
@@ -429,14 +432,14 @@ unsafe fn fp8_block<T: TileOps>(
             for u in (blk * per_block..((blk + 1) * per_block).min(w.units)).step_by(STEP_UNITS) {
                 let dst = b.0.as_mut_ptr();
                 kt_backend_avx512::fp8_tile_rows(panel, u, u + STEP_UNITS, [dst, dst.add(HALF_B)]);
-                step::<T, true>(t, (a.add(8 * u), stride), (b.0.as_ptr(), HALF_B, COLSB), two);
+                step::<T, BF16>(t, (a.add(8 * u), stride), (b.0.as_ptr(), HALF_B, COLSB), two);
             }
             store_c(t, &mut c, two);
             let s: [f32; PANEL] = match per_row {
                 true => w.scales[(p * blocks + blk) * PANEL..][..PANEL].try_into().unwrap(),
                 false => [w.scales[p * blocks + blk]; PANEL],
             };
-            add_scaled(out, &c, nt, None, &s, |_| 1.0);
+            add_scaled::<false>(out, &c, nt, &s, |_| 1.0);
         }
     }
 }

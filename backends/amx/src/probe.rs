@@ -2,7 +2,7 @@
 //! 16 × 16 × 64-byte tiles with A and B loaded from L1 every step (not tiles kept in registers,
 //! which no kernel can do).
 
-use crate::kernels::{config, step, store_c, MAX_TOKENS};
+use crate::kernels::{config, step, store_c, BF16, MAX_TOKENS, US8};
 use crate::tile::{Amx, TileOps, COLSB, ROWS};
 use kt_backend_avx512::pack::PANEL;
 
@@ -24,9 +24,9 @@ pub fn block_steps(bf16: bool, steps: u64) -> Result<(), &'static str> {
         t.config(&config(MAX_TOKENS, COLSB));
         for _ in 0..steps {
             if bf16 {
-                step::<Amx, true>(&mut t, (a.0.as_ptr(), COLSB), (b.0.as_ptr(), ROWS * COLSB, COLSB), true);
+                step::<Amx, BF16>(&mut t, (a.0.as_ptr(), COLSB), (b.0.as_ptr(), ROWS * COLSB, COLSB), true);
             } else {
-                step::<Amx, false>(&mut t, (a.0.as_ptr(), COLSB), (b.0.as_ptr(), ROWS * COLSB, COLSB), true);
+                step::<Amx, US8>(&mut t, (a.0.as_ptr(), COLSB), (b.0.as_ptr(), ROWS * COLSB, COLSB), true);
             }
         }
         store_c(&mut t, &mut c, true);

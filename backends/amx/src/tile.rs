@@ -6,6 +6,7 @@
 //! ```text
 //!  tile t: rows(t) × colsb(t) bytes (≤ 16 × 64), set by a 64-byte configuration (palette 1)
 //!  tdpbusd  c, a, b:  c[m][n] (i32) += Σ_k Σ_i a[m][4k+i] (u8) · b[k][4n+i] (i8)
+//!  tdpbssd  c, a, b:  the same with a signed
 //!  tdpbf16ps c, a, b: c[m][n] (f32) += a[m][2k]·b[k][2n], then += a[m][2k+1]·b[k][2n+1]
 //! ```
 //!
@@ -91,6 +92,11 @@ pub trait TileOps {
     /// # Safety
     /// The trait's contract.
     unsafe fn dpbusd<const C: u8, const A: u8, const B: u8>(&mut self);
+    /// `C += A (i8) · B (i8)` in i32.
+    ///
+    /// # Safety
+    /// The trait's contract.
+    unsafe fn dpbssd<const C: u8, const A: u8, const B: u8>(&mut self);
     /// `C += A (bf16) · B (bf16)` in f32.
     ///
     /// # Safety
@@ -155,6 +161,15 @@ impl TileOps for Amx {
     }
 
     #[inline(always)]
+    unsafe fn dpbssd<const C: u8, const A: u8, const B: u8>(&mut self) {
+        // SAFETY: the trait's contract.
+        unsafe {
+            asm!("tdpbssd tmm{c}, tmm{a}, tmm{b}", c = const C, a = const A, b = const B,
+                options(nomem, nostack, preserves_flags))
+        };
+    }
+
+    #[inline(always)]
     unsafe fn dpbf16ps<const C: u8, const A: u8, const B: u8>(&mut self) {
         // SAFETY: the trait's contract.
         unsafe {
@@ -214,6 +229,26 @@ impl Emulator {
         assert!(cr == ar && cc == bc && ac == 4 * br, "tile shapes disagree: C {cr}x{cc}, A {ar}x{ac}, B {br}x{bc}");
         (cr, br, cc / 4)
     }
+
+    /// `C += A · B` in i32, A's bytes read by `a_value`, B's signed (products exact, the sum
+    /// wrapping as the hardware's does).
+    fn int8_product<const C: u8, const A: u8, const B: u8>(&mut self, a_value: impl Fn(u8) -> i32) {
+        let (mm, kk, nn) = self.dims(C, A, B);
+        let (a, b) = (self.tiles[usize::from(A)], self.tiles[usize::from(B)]);
+        for m in 0..mm {
+            for n in 0..nn {
+                let mut acc = self.i32_at(C, m, n);
+                for k in 0..kk {
+                    for i in 0..4 {
+                        let x = a_value(a[m * COLSB + 4 * k + i]);
+                        let w = i32::from(b[k * COLSB + 4 * n + i] as i8);
+                        acc = acc.wrapping_add(x * w);
+                    }
+                }
+                self.put(C, m, n, acc.to_le_bytes());
+            }
+        }
+    }
 }
 
 /// bf16 bits as f32, denormals flushed to zero.
@@ -267,21 +302,11 @@ impl TileOps for Emulator {
     }
 
     unsafe fn dpbusd<const C: u8, const A: u8, const B: u8>(&mut self) {
-        let (mm, kk, nn) = self.dims(C, A, B);
-        let (a, b) = (self.tiles[usize::from(A)], self.tiles[usize::from(B)]);
-        for m in 0..mm {
-            for n in 0..nn {
-                let mut acc = self.i32_at(C, m, n);
-                for k in 0..kk {
-                    for i in 0..4 {
-                        let x = i32::from(a[m * COLSB + 4 * k + i]);
-                        let w = i32::from(b[k * COLSB + 4 * n + i] as i8);
-                        acc = acc.wrapping_add(x * w);
-                    }
-                }
-                self.put(C, m, n, acc.to_le_bytes());
-            }
-        }
+        self.int8_product::<C, A, B>(i32::from);
+    }
+
+    unsafe fn dpbssd<const C: u8, const A: u8, const B: u8>(&mut self) {
+        self.int8_product::<C, A, B>(|x| i32::from(x as i8));
     }
 
     unsafe fn dpbf16ps<const C: u8, const A: u8, const B: u8>(&mut self) {

@@ -4,10 +4,12 @@
 //!  float kinds [rows × Kp] f32 (FMA kernels), or [rows × Kp] bf16 (`dot`: the pairs
 //!              `vdpbf16ps` broadcasts, at the bf16 level)
 //!  int kinds   [rows × Kp] u8 = int8 + 128, then [rows × groups] f32 scales (4-byte aligned)
+//!  K-group     [rows × Kp] i8, then [rows × groups] f32 scales, then [rows × groups] i32 Σ of
+//!   kinds      the group's int8 values (the kernels take the weights unsigned: see `kernels`)
 //! ```
 //!
 //! int8 values are quantized exactly as the reference backend does (per token, or per K-group
-//! for `int4-gG` and `mxfp4`); padding is 0x80, a zero.
+//! for `int4-gG` and `mxfp4`); padding is a zero (0x80 offset, 0 signed).
 
 use core::arch::x86_64::*;
 
@@ -27,6 +29,11 @@ pub fn padded(f: WeightFormat, cols: usize) -> usize {
     cols.next_multiple_of(unit_k(f))
 }
 
+/// Whether `f`'s int8 activations are kept signed, with their group sums: the K-group kinds.
+pub fn signed(f: WeightFormat) -> bool {
+    f.act_group().is_some()
+}
+
 /// End of the int8 part, where the scales start; for float kinds, the whole.
 fn first_part(f: WeightFormat, rows: usize, cols: usize, dot: bool) -> usize {
     let kp = padded(f, cols);
@@ -39,8 +46,12 @@ fn first_part(f: WeightFormat, rows: usize, cols: usize, dot: bool) -> usize {
 
 /// Bytes of `rows` prepared rows; `dot`: float kinds in bf16 for `vdpbf16ps`.
 pub fn bytes(f: WeightFormat, rows: usize, cols: usize, dot: bool) -> usize {
-    let scales = if f.int_activations() { 4 * rows * groups(f, cols) } else { 0 };
-    first_part(f, rows, cols, dot) + scales
+    let per_group = match f {
+        f if signed(f) => 8,
+        f if f.int_activations() => 4,
+        _ => 0,
+    };
+    first_part(f, rows, cols, dot) + per_group * rows * groups(f, cols)
 }
 
 /// The layout `f`'s kernels read: formats with the same value share one prepared copy.
@@ -59,7 +70,7 @@ pub fn scratch_bytes(cols: usize) -> usize {
     4 * cols
 }
 
-/// Quantize one group of a token row into `q` (int8 + 128) and return its scale: the
+/// Quantize one group of a token row into `q` (int8, + 128 unless `SIGNED`) and return its scale: the
 /// reference's `int8_row::quantize_row`, 16 values at a time. The same bits: the max, the
 /// scalar `int8_row::scale` and `1 / d`, one product per value and its round to nearest even are
 /// the same operations; `None` (nothing written) for a group with an infinite or NaN value,
@@ -68,7 +79,7 @@ pub fn scratch_bytes(cols: usize) -> usize {
 /// # Safety
 /// The CPU has AVX-512F/BW/VL; `q` holds `x.len()` bytes.
 #[target_feature(enable = "avx512f,avx512bw,avx512vl")]
-unsafe fn quantize_group(x: &[bf16], q: &mut [u8]) -> Option<f32> {
+unsafe fn quantize_group<const SIGNED: bool>(x: &[bf16], q: &mut [u8]) -> Option<f32> {
     let n = x.len();
     let mask = |i: usize| if n - i >= 16 { 0xFFFF } else { (1u16 << (n - i)) - 1 };
     // SAFETY: masked loads read only the lanes below n.
@@ -90,7 +101,7 @@ unsafe fn quantize_group(x: &[bf16], q: &mut [u8]) -> Option<f32> {
     let d = int8_row::scale(amax);
     let inv = 1.0 / d;
     let inv = if d != 0.0 && inv.is_finite() { inv } else { 0.0 };
-    let (vinv, flip) = (_mm512_set1_ps(inv), _mm_set1_epi8(-128));
+    let (vinv, flip) = (_mm512_set1_ps(inv), _mm_set1_epi8(if SIGNED { 0 } else { -128 }));
     for i in (0..n).step_by(16) {
         // |v · inv| ≤ 127.5: the conversion rounds to nearest even, the narrowing saturates; a
         // NaN value gives 0, as the reference's saturating cast does.
@@ -135,27 +146,41 @@ pub fn prepare(
         }
         return;
     }
-    let g = groups(f, cols);
+    let (g, signed) = (groups(f, cols), signed(f));
     let gw = cols / g;
-    let scales: &mut [f32] = bytemuck::cast_slice_mut(&mut rest[..4 * rows.len() * g]);
+    let (scales, sums) = rest.split_at_mut(4 * rows.len() * g);
+    let scales: &mut [f32] = bytemuck::cast_slice_mut(scales);
+    let sums: &mut [i32] = bytemuck::cast_slice_mut(&mut sums[..if signed { 4 * rows.len() * g } else { 0 }]);
     let x: &mut [f32] = bytemuck::cast_slice_mut(&mut scratch[..4 * cols]);
+    let flip = if signed { 0 } else { 0x80 };
     for i in 0..rows.len() {
         let qrow = &mut first[i * kp..(i + 1) * kp];
-        qrow[cols..].fill(0x80);
+        qrow[cols..].fill(flip);
         for gi in 0..g {
             let (src, q) = (&row(i)[gi * gw..(gi + 1) * gw], &mut qrow[gi * gw..(gi + 1) * gw]);
             // SAFETY: the backend runs only where the CPU has AVX-512F/BW/VL (cpu_support).
-            if let Some(d) = unsafe { quantize_group(src, q) } {
-                scales[i * g + gi] = d;
-                continue;
-            }
-            for (o, v) in x.iter_mut().zip(src) {
-                *o = v.to_f32();
-            }
-            let (vals, d) = int8_row::quantize_row(&x[..gw]);
-            scales[i * g + gi] = d;
-            for (o, v) in q.iter_mut().zip(vals) {
-                *o = v as u8 ^ 0x80;
+            let vector = unsafe {
+                if signed {
+                    quantize_group::<true>(src, q)
+                } else {
+                    quantize_group::<false>(src, q)
+                }
+            };
+            scales[i * g + gi] = match vector {
+                Some(d) => d,
+                None => {
+                    for (o, v) in x.iter_mut().zip(src) {
+                        *o = v.to_f32();
+                    }
+                    let (vals, d) = int8_row::quantize_row(&x[..gw]);
+                    for (o, v) in q.iter_mut().zip(vals) {
+                        *o = v as u8 ^ flip;
+                    }
+                    d
+                }
+            };
+            if signed {
+                sums[i * g + gi] = q.iter().map(|&v| i32::from(v as i8)).sum();
             }
         }
     }
@@ -172,9 +197,10 @@ pub enum Act<'a> {
         /// Values per row: K padded to a unit.
         kp: usize,
     },
-    /// int8 + 128 rows of `kp`, with `groups` scales per row.
+    /// int8 rows of `kp` (+ 128, or signed with their group sums: [`signed`]), with `groups`
+    /// scales per row.
     Int {
-        /// int8 + 128 rows.
+        /// int8 (+ 128) rows.
         q: &'a [u8],
         /// Bytes per row: K padded to a unit.
         kp: usize,
@@ -182,6 +208,8 @@ pub enum Act<'a> {
         scales: &'a [f32],
         /// Scale groups per row.
         groups: usize,
+        /// `[row][group]` Σ of the signed int8 values ([`signed`] kinds; else empty).
+        sums: &'a [i32],
     },
 }
 
@@ -196,7 +224,9 @@ impl<'a> Act<'a> {
             _ => return Act::Float { x: bytemuck::cast_slice(first), x16: &[], kp },
         }
         let g = groups(f, cols);
-        Act::Int { q: &first[..rows * kp], kp, scales: bytemuck::cast_slice(&rest[..4 * rows * g]), groups: g }
+        let (scales, sums) = rest.split_at(4 * rows * g);
+        let sums = if signed(f) { bytemuck::cast_slice(&sums[..4 * rows * g]) } else { &[][..] };
+        Act::Int { q: &first[..rows * kp], kp, scales: bytemuck::cast_slice(scales), groups: g, sums }
     }
 }
 
@@ -226,16 +256,16 @@ mod tests {
             let src: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
             let wide: Vec<f32> = src.iter().map(|v| v.to_f32()).collect();
             let (want, d) = int8_row::quantize_row(&wide);
-            let mut q = vec![0u8; src.len()];
+            let (mut q, mut s) = (vec![0u8; src.len()], vec![0u8; src.len()]);
             // SAFETY: AVX-512F/BW/VL checked above.
-            let got = unsafe { quantize_group(&src, &mut q) };
-            assert_eq!(got.map(f32::to_bits), Some(d.to_bits()), "scale, {} values", src.len());
-            let want: Vec<u8> = want.map(|v| v as u8 ^ 0x80).collect();
-            assert_eq!(q, want, "{} values", src.len());
+            let got = unsafe { [quantize_group::<false>(&src, &mut q), quantize_group::<true>(&src, &mut s)] };
+            assert_eq!(got.map(|d| d.map(f32::to_bits)), [Some(d.to_bits()); 2], "scale, {} values", src.len());
+            let (signed, offset): (Vec<u8>, Vec<u8>) = want.map(|v| (v as u8, v as u8 ^ 0x80)).unzip();
+            assert_eq!((q, s), (offset, signed), "{} values", src.len());
         }
         let mut q = vec![0u8; 4];
         let inf = [bf16::ONE, bf16::INFINITY, bf16::ZERO, bf16::ONE];
         // SAFETY: as above.
-        assert_eq!(unsafe { quantize_group(&inf, &mut q) }, None, "non-finite groups go the scalar way");
+        assert_eq!(unsafe { quantize_group::<false>(&inf, &mut q) }, None, "non-finite groups go the scalar way");
     }
 }

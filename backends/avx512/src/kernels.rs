@@ -14,6 +14,11 @@
 //!          base: |w| · (x_t · sign w) by vpmaddubsw → vpmaddwd (|x| ≤ 127: no saturation)
 //!  int4    lo, hi = table[nibble] (vpshufb); vnni: two vpdpbusd (k0..3, k4..7); base:
 //!          vpmaddubsw(x + 128, lo) + vpmaddubsw(x + 128, hi) in i16 → vpmaddwd; from −128·Σw
+//!  int4-gG, mxfp4: the roles swapped: weights unsigned (w + o: int4-gG's nibble as stored,
+//!          mxfp4's through a table), activations signed; each group's accumulators start at
+//!          −o·Σx_g (prepared with the activations), so the panels carry no per-row bias: decode
+//!          streams 0.625 bytes a weight, not 0.75. (The broadcasts stay instructions: folded
+//!          into vpdpbusd as {1to16} operands by `asm!` they measured the same.)
 //! ```
 //!
 //! The integer sums are exact in every variant, and scaled in the same order (the reference's:
@@ -566,6 +571,61 @@ unsafe fn quad(x: *const u8, at: usize) -> __m512i {
     unsafe { _mm512_set1_epi32(x.add(at).cast::<i32>().read_unaligned()) }
 }
 
+/// The K-group kinds' weights as `vpdpbusd`'s unsigned operand, `w + offset`: the table from
+/// the stored nibble (`None`: the nibble itself, int4-gG's `w + 8`), and the offset.
+fn unsigned_weights(f: WeightFormat) -> (Option<[i8; 16]>, i32) {
+    match f {
+        WeightFormat::Mxfp4 => (Some(kt_core::format::mx::FP4_X2.map(|v| v + 12)), 12),
+        _ => (None, 8),
+    }
+}
+
+/// `acc[t] += Σ (w + o) · x[t]` over units `u0..u1` of a K-group int4 or mxfp4 panel: each
+/// nibble unsigned (through `lut` when `LUT`), the signed activations broadcast from memory
+/// into `vpdpbusd` (`VNNI`) or `vpmaddubsw`/`vpmaddwd` (|x| ≤ 127, w + o ≤ 24: no saturation).
+///
+/// # Safety
+/// AVX-512F/BW (and VNNI if `VNNI`) are present; `panel` holds `u1` units; each `x[t]` the
+/// padded K.
+#[inline(always)]
+unsafe fn group_units<const N: usize, const LUT: bool, const VNNI: bool>(
+    panel: *const u8,
+    u0: usize,
+    u1: usize,
+    lut: __m512i,
+    x: &[*const u8; N],
+    acc: &mut [[__m512i; 2]; N],
+) {
+    // SAFETY: AVX-512F/BW (and VNNI where used) by the contract; u < u1 is inside the panel and
+    // every quad read lies in the padded K of its row.
+    unsafe {
+        let mut a = *acc;
+        let (lo4, ones) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi16(1));
+        for u in u0..u1 {
+            let r = load_unit(panel, u);
+            let mut lo = [_mm512_and_si512(r[0], lo4), _mm512_and_si512(r[1], lo4)];
+            let mut hi = [_mm512_srli_epi16::<4>(r[0]), _mm512_srli_epi16::<4>(r[1])];
+            hi = [_mm512_and_si512(hi[0], lo4), _mm512_and_si512(hi[1], lo4)];
+            if LUT {
+                lo = [_mm512_shuffle_epi8(lut, lo[0]), _mm512_shuffle_epi8(lut, lo[1])];
+                hi = [_mm512_shuffle_epi8(lut, hi[0]), _mm512_shuffle_epi8(lut, hi[1])];
+            }
+            for t in 0..N {
+                let (xl, xh) = (quad(x[t], 8 * u), quad(x[t], 8 * u + 4));
+                for h in 0..2 {
+                    a[t][h] = if VNNI {
+                        _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a[t][h], lo[h], xl), hi[h], xh)
+                    } else {
+                        let s = _mm512_add_epi16(_mm512_maddubs_epi16(lo[h], xl), _mm512_maddubs_epi16(hi[h], xh));
+                        _mm512_add_epi32(a[t][h], _mm512_madd_epi16(s, ones))
+                    };
+                }
+            }
+        }
+        *acc = a;
+    }
+}
+
 /// Prepared int activations of a tile.
 #[derive(Clone, Copy)]
 struct IntAct<'a> {
@@ -573,11 +633,12 @@ struct IntAct<'a> {
     kp: usize,
     scales: &'a [f32],
     groups: usize,
+    sums: &'a [i32],
 }
 
 /// # Safety
 /// AVX-512F/BW (and VNNI if `VNNI`) are present; `act` holds `t0 + N` rows for `w`'s format.
-/// The scales and biases hold 32 per panel and group (`pack`).
+/// The scales (and the per-row kinds' biases) hold 32 per panel and group (`pack`).
 #[inline(always)]
 unsafe fn int_panel<const N: usize, const VNNI: bool>(
     w: &Packed,
@@ -608,10 +669,19 @@ unsafe fn int_panel<const N: usize, const VNNI: bool>(
             f @ (WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4) => {
                 let upg = f.k_group().unwrap_or(w.cols) / 8;
                 let panel = w.panel(p).as_ptr();
+                let (table, offset) = unsigned_weights(f);
+                let lut = _mm512_broadcast_i32x4(_mm_loadu_si128(table.unwrap_or_default().as_ptr().cast()));
                 for g in 0..groups {
                     let at = (p * groups + g) * PANEL;
-                    let mut acc = [start(at); N];
-                    int_units::<N, true, VNNI, false>(panel, g * upg, (g + 1) * upg, lut, &xs, &mut acc);
+                    let mut acc = [[_mm512_setzero_si512(); 2]; N];
+                    for (t, a) in acc.iter_mut().enumerate() {
+                        *a = [_mm512_set1_epi32(-offset * act.sums[(t0 + t) * groups + g]); 2];
+                    }
+                    let (u0, u1) = (g * upg, (g + 1) * upg);
+                    match table {
+                        Some(_) => group_units::<N, true, VNNI>(panel, u0, u1, lut, &xs, &mut acc),
+                        None => group_units::<N, false, VNNI>(panel, u0, u1, lut, &xs, &mut acc),
+                    }
                     let s = load32(w.scales[at..].as_ptr());
                     for t in 0..N {
                         let a = _mm512_set1_ps(act.scales[(t0 + t) * groups + g]);
@@ -689,8 +759,8 @@ pub unsafe fn panel_tile(level: Level, w: &Packed, p: usize, act: &Act<'_>, t0: 
                 by_n!(float_panel_dot, w, p, x, x16, kp, t0, out)
             }
             Act::Float { x, x16, kp } => by_n!(float_panel, w, p, x, x16, kp, t0, out),
-            Act::Int { q, kp, scales, groups } => {
-                let a = IntAct { q, kp, scales, groups };
+            Act::Int { q, kp, scales, groups, sums } => {
+                let a = IntAct { q, kp, scales, groups, sums };
                 if level >= Level::Vnni {
                     by_n!(int_panel_vnni, w, p, a, t0, out)
                 } else {

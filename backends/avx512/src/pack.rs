@@ -15,9 +15,10 @@
 //!    int4 kinds   unit = 8 k:  byte j = w(k0+j) | w(k0+4+j) << 4, j < 4; nibbles as `kt_x86::int4`
 //! ```
 //!
-//! Integer panels carry `bias` (−128·Σw per row, per K-group for the grouped kinds): the kernels
-//! feed activations offset by +128 (unsigned, as `vpdpbusd` wants them) into accumulators that
-//! start at −128·Σw.
+//! Per-row int8 and int4 panels carry `bias` (−128·Σw per row): the kernels feed activations
+//! offset by +128 (unsigned, as `vpdpbusd` wants them) into accumulators that start at −128·Σw.
+//! The K-group kinds carry none: their kernels take the weights unsigned and the activations
+//! signed, whose group sums come with them (`act`).
 //!
 //! Per-row int8 and int4 in the shapes KT packs (rows a multiple of 32, K of 64 / 128) are
 //! kept in KT's own order instead (`kt`: `kt_core::format::kt_packed`, its `BufferB`), so KT's
@@ -63,7 +64,7 @@ pub struct Packed {
     pub data: AlignedBuf,
     /// Scales as the module docs lay them out.
     pub scales: Vec<f32>,
-    /// int formats: −128·Σw per row `[panel][group][32]` (one group for per-row scales).
+    /// Per-row int8 and int4: −128·Σw per row `[panel][32]` (module docs).
     pub bias: Vec<i32>,
     /// fp8 kinds in bf16-pair order (module docs), for the `vdpbf16ps` kernels.
     pub pairs: bool,
@@ -176,7 +177,7 @@ pub fn pack(m: &QuantMatrix, level: Level) -> Packed {
         }
     }
     let scales = pack_scales(m, panels, if pairs { 1.0 } else { FP8_SCALE_FIX });
-    let bias = if f.int_activations() { biases(m, panels) } else { Vec::new() };
+    let bias = if f.int_activations() && f.k_group().is_none() { biases(m, panels) } else { Vec::new() };
     Packed { format: f, rows, cols, units, data, scales, bias, pairs, kt: false }
 }
 
@@ -227,16 +228,12 @@ fn int_weight(f: WeightFormat, row: &[u8], c: usize) -> i32 {
     }
 }
 
-/// −128·Σw per row and group, padded rows 0: `[panel][group][32]`.
+/// −128·Σw per row, padded rows 0: `[panel][32]`.
 fn biases(m: &QuantMatrix, panels: usize) -> Vec<i32> {
-    let g = m.format().k_group().unwrap_or(m.cols());
-    let groups = m.cols() / g;
-    let mut v = vec![0i32; panels * groups * PANEL];
-    for r in 0..m.rows() {
+    let mut v = vec![0i32; panels * PANEL];
+    for (r, b) in v.iter_mut().enumerate().take(m.rows()) {
         let row = m.row_data(r);
-        for c in 0..m.cols() {
-            v[((r / PANEL) * groups + c / g) * PANEL + r % PANEL] -= 128 * int_weight(m.format(), row, c);
-        }
+        *b = -128 * (0..m.cols()).map(|c| int_weight(m.format(), row, c)).sum::<i32>();
     }
     v
 }
