@@ -83,7 +83,12 @@ struct Shared {
     /// forward; 0 = none.
     mask_ptr: usize,
     layer: Mutex<Option<Arc<MoeLayer>>>,
+    /// Where `load_from_checkpoint` read the layer, for the layerwise prefill's GPU buffers.
+    origin: Mutex<Option<Origin>>,
 }
+
+/// A checkpoint-loaded layer's source: the checkpoint, the layer index and the slot map.
+type Origin = (Arc<WeightSource>, usize, Vec<usize>);
 
 /// One layer's experts on the CPU.
 #[pyclass(frozen, module = "kt_kernel.kt_kernel_ext")]
@@ -158,7 +163,9 @@ impl Moe {
             None => cfg.validate().map_err(value_error)?,
         }
         let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
-        Ok(Moe { shared: Arc::new(Shared { id, cfg, format, mask_ptr, layer: Mutex::new(None) }) })
+        Ok(Moe {
+            shared: Arc::new(Shared { id, cfg, format, mask_ptr, layer: Mutex::new(None), origin: Mutex::new(None) }),
+        })
     }
 
     /// Quantize and pack experts from row-major arrays at these addresses: gate and up
@@ -207,6 +214,7 @@ impl Moe {
         });
         let layer = layer.map_err(value_error)?;
         *s.layer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(layer));
+        *s.origin.lock().unwrap_or_else(|e| e.into_inner()) = None;
         Ok(())
     }
 
@@ -225,15 +233,70 @@ impl Moe {
         let s = &self.shared;
         let map = checked_map(&map, s.cfg.experts)?;
         let opts = LayerOptions::executor(infer.pool.clone());
-        let loaded = py.detach(|| -> Result<MoeLayer, WeightError> {
+        let loaded = py.detach(|| -> Result<(MoeLayer, Arc<WeightSource>), WeightError> {
             // Every expert is packed (as KT): SGLang moves experts between GPU and CPU by
             // updating the mask in place.
             let slots = Slots { map: Some(&map), gpu: None };
-            source(&path)?.load_layer(layer, s.format, &s.cfg, slots, &opts)
+            let src = source(&path)?;
+            Ok((src.load_layer(layer, s.format, &s.cfg, slots, &opts)?, src))
         });
-        let l = loaded.map_err(value_error)?;
+        let (l, src) = loaded.map_err(value_error)?;
         *s.layer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(l));
+        *s.origin.lock().unwrap_or_else(|e| e.into_inner()) = Some((src, layer, map));
         Ok(())
+    }
+
+    /// Write slot `expert`'s weights for SGLang's layerwise prefill into one set of host
+    /// buffers per GPU tensor-parallel rank (addresses; `kt_host::weights::gpu_buffer` gives the
+    /// layout), read from the checkpoint `load_from_checkpoint` loaded. Returns the encoding
+    /// written (`Bf16`, `Fp8Block`, `Fp8Row`, `Int4 { group: g }`). Blocks, GIL released.
+    fn write_gpu_expert(
+        &self,
+        py: Python<'_>,
+        expert: usize,
+        w13: Vec<usize>,
+        w13_scale: Vec<usize>,
+        w2: Vec<usize>,
+        w2_scale: Vec<usize>,
+    ) -> PyResult<String> {
+        use kt_host::weights::gpu_buffer::{write_expert, RankBuffers};
+        let s = &self.shared;
+        let origin = s.origin.lock().unwrap_or_else(|e| e.into_inner()).clone();
+        let Some((src, layer, map)) = origin else {
+            return Err(PyRuntimeError::new_err(
+                "layerwise prefill writes experts from the checkpoint: load this layer with load_weights() from a \
+                 Hugging Face safetensors checkpoint first",
+            ));
+        };
+        let WeightSource::Hf(ck) = &*src else {
+            return Err(PyNotImplementedError::new_err(format!(
+                "layerwise prefill needs a Hugging Face safetensors checkpoint (the GPU layer's own weights); {} is \
+                 not one",
+                src.path().display()
+            )));
+        };
+        let tp = w13.len();
+        if tp == 0 || [w13_scale.len(), w2.len(), w2_scale.len()] != [tp; 3] || w13.iter().chain(&w2).any(|&p| p == 0) {
+            return Err(value_error(format!(
+                "expected one non-null w13 and w2 buffer address per GPU rank and as many scale addresses, got {}, {}, \
+                 {}, {}",
+                w13.len(),
+                w13_scale.len(),
+                w2.len(),
+                w2_scale.len()
+            )));
+        }
+        let logical = *map.get(expert).ok_or_else(|| {
+            value_error(format!("expert_id {expert} is not a slot in [0, {})", s.cfg.experts))
+        })?;
+        let ranks: Vec<RankBuffers> = (0..tp)
+            .map(|r| RankBuffers { w13: w13[r], w13_scale: w13_scale[r], w2: w2[r], w2_scale: w2_scale[r] })
+            .collect();
+        let (h, i) = (s.cfg.hidden, s.cfg.intermediate);
+        // SAFETY: SGLang's (and the tests') buffers hold one expert each in the GPU layer's
+        // layout for this many ranks, which the wrapper documents and the caller sizes.
+        let enc = py.detach(|| unsafe { write_expert(ck, layer, logical, h, i, &ranks) });
+        Ok(format!("{:?}", enc.map_err(value_error)?))
     }
 
     /// Queue a forward over the staging buffers at these addresses (`bsz`: int32 token count,

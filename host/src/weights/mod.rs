@@ -6,6 +6,7 @@
 mod checkpoint;
 mod config;
 pub mod fuzzing;
+pub mod gpu_buffer;
 mod int4;
 pub mod kt_format;
 mod layout;

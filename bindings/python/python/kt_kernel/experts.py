@@ -364,6 +364,7 @@ class NativeMoEWrapper:
         )
         self._staging = None
         self._submitted_deferred = False
+        self._write = None
 
     def _own_mask(self, mask):
         """The wrapper's own ``[E]`` bool mask, read live by every forward (update it in place)."""
@@ -514,16 +515,50 @@ class NativeMoEWrapper:
         self.submit_forward(hidden_states, topk_ids, topk_weights, cuda_stream)
         return self.sync_forward(hidden_states, cuda_stream)
 
-    def submit_write_weight_scale_to_buffer(self, *args, **kwargs):
-        """KT fork's layerwise prefill (``--kt-gpu-prefill-token-threshold``): not here yet."""
-        raise NotImplementedError(
-            "kt_kernel (kt-kernel-rs): layerwise prefill (write_weight_scale_to_buffer, SGLang's "
-            "--kt-gpu-prefill-token-threshold) is not implemented yet; launch without that flag"
-        )
+    # -- layerwise prefill ------------------------------------------------------------------
 
-    def sync_write_weight_scale_to_buffer(self, *args, **kwargs):
-        """See :meth:`submit_write_weight_scale_to_buffer`."""
-        self.submit_write_weight_scale_to_buffer()
+    def submit_write_weight_scale_to_buffer(
+        self, gpu_tp_count, expert_id, w13_weight_ptrs, w13_scale_ptrs, w2_weight_ptrs, w2_scale_ptrs
+    ):
+        """KT fork's layerwise prefill (``--kt-gpu-prefill-token-threshold``): write slot
+        ``expert_id`` into one set of host buffers per GPU tensor-parallel rank (addresses), in
+        the GPU layer's layout and the checkpoint's encoding: ``w13`` = the rank's gate rows then
+        its up rows ``[2·I/tp, H]``, ``w2`` = its columns of down ``[H, I/tp]``; bf16 (scale
+        addresses unused, 0), fp8 e4m3 with f32 128×128-block or per-row scales, or
+        compressed-tensors int4 with bf16 ``[rows, cols/g]`` scales. Runs in the background;
+        :meth:`sync_write_weight_scale_to_buffer` waits for it and raises its error. Needs the
+        layer loaded by :meth:`load_weights` from a Hugging Face safetensors checkpoint."""
+        if self._write is not None:
+            raise RuntimeError("a write is already submitted: call sync_write_weight_scale_to_buffer first")
+        tp = int(gpu_tp_count)
+        lists = [w13_weight_ptrs, w13_scale_ptrs, w2_weight_ptrs, w2_scale_ptrs]
+        names = ["w13_weight_ptrs", "w13_scale_ptrs", "w2_weight_ptrs", "w2_scale_ptrs"]
+        for name, ptrs in zip(names, lists):
+            if len(ptrs) != tp:
+                raise ValueError(f"{name} has {len(ptrs)} addresses, expected gpu_tp_count = {tp}")
+        ptrs = [[int(p) for p in ptrs] for ptrs in lists]
+        result = {}
+
+        def run():
+            try:
+                result["encoding"] = self.moe.write_gpu_expert(int(expert_id), *ptrs)
+            except BaseException as e:  # re-raised by the sync, on the caller's thread
+                result["error"] = e
+
+        t = threading.Thread(target=run, name="kt-write-expert", daemon=True)
+        t.start()
+        self._write = (t, result)
+
+    def sync_write_weight_scale_to_buffer(self):
+        """Wait for the write :meth:`submit_write_weight_scale_to_buffer` started (nothing to
+        wait for: returns at once, as KT's) and raise its error, if any."""
+        if self._write is None:
+            return
+        t, result = self._write
+        self._write = None
+        t.join()
+        if "error" in result:
+            raise result["error"]
 
     def select_deferred_experts(self, expert_ids, expert_scores, protected_k):
         return select_deferred_experts(expert_ids, expert_scores, protected_k)

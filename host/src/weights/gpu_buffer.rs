@@ -1,0 +1,234 @@
+//! One expert written in the GPU layer's layout, for SGLang's layerwise prefill (KT's
+//! `write_weight_scale_to_buffer`: above a token threshold the KT fork runs a whole MoE layer on
+//! the GPU, filling its experts from host buffers one at a time). For each GPU tensor-parallel
+//! rank `r` of `tp`, `w13` holds the rank's `I/tp` gate rows then its up rows, `w2` every down
+//! row's `I/tp` columns of the rank, row-major, in the checkpoint's own encoding (what SGLang's
+//! GPU layer holds):
+//!
+//! | checkpoint | weights | scales (`w13`: gate's then up's) |
+//! |---|---|---|
+//! | bf16, f16, f32 | bf16 | none |
+//! | fp8 e4m3, 128 × 128 block scales | e4m3 bytes | f32 `[rows/128, cols/128]` |
+//! | fp8 e4m3, one scale a row | e4m3 bytes | f32 `[rows]` |
+//! | compressed-tensors int4 | its packed nibbles as stored | bf16 `[rows, cols/g]` |
+//!
+//! The bytes come from the checkpoint, not from the CPU's packed copy (which is quantized for
+//! the CPU's kernels and need not be the checkpoint's encoding).
+
+use half::bf16;
+use safetensors::Dtype;
+
+use super::load::floats;
+use super::{expert_f32, Checkpoint, ExpertLayout, Layout, WeightError};
+
+/// How an expert is encoded in the GPU buffers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GpuEncoding {
+    /// bf16 weights, no scales.
+    Bf16,
+    /// e4m3 weights, f32 scales per 128 × 128 block.
+    Fp8Block,
+    /// e4m3 weights, one f32 scale per row.
+    Fp8Row,
+    /// Packed int4 nibbles, bf16 scales per `group` columns of a row.
+    Int4 {
+        /// Columns per scale.
+        group: usize,
+    },
+}
+
+impl GpuEncoding {
+    /// (numerator, denominator) of weight bytes per element.
+    fn weight_bytes(self) -> (usize, usize) {
+        match self {
+            GpuEncoding::Bf16 => (2, 1),
+            GpuEncoding::Fp8Block | GpuEncoding::Fp8Row => (1, 1),
+            GpuEncoding::Int4 { .. } => (1, 2),
+        }
+    }
+
+    /// (rows, columns) of weights per scale and bytes per scale; `None` without scales.
+    fn scale_block(self) -> Option<(usize, usize, usize)> {
+        match self {
+            GpuEncoding::Bf16 => None,
+            GpuEncoding::Fp8Block => Some((128, 128, 4)),
+            GpuEncoding::Fp8Row => Some((1, usize::MAX, 4)),
+            GpuEncoding::Int4 { group } => Some((1, group, 2)),
+        }
+    }
+}
+
+/// One GPU rank's four host buffers (addresses; a scale address may be 0 for bf16).
+#[derive(Clone, Copy, Debug)]
+pub struct RankBuffers {
+    /// `[2·I/tp, H]` gate and up.
+    pub w13: usize,
+    /// Their scales.
+    pub w13_scale: usize,
+    /// `[H, I/tp]` down.
+    pub w2: usize,
+    /// Its scales.
+    pub w2_scale: usize,
+}
+
+/// One projection: its weights and scales row-major in the GPU encoding.
+struct Matrix {
+    rows: usize,
+    cols: usize,
+    weights: Vec<u8>,
+    scales: Vec<u8>,
+}
+
+impl Matrix {
+    /// Bytes of rows `r0..r1`, columns `c0..c1` (weights), in row order.
+    fn weight_rows(&self, enc: GpuEncoding, r0: usize, r1: usize, c0: usize, c1: usize, out: &mut Vec<u8>) {
+        let (num, den) = enc.weight_bytes();
+        let row = self.cols * num / den;
+        for r in r0..r1 {
+            out.extend_from_slice(&self.weights[r * row + c0 * num / den..r * row + c1 * num / den]);
+        }
+    }
+
+    /// The scales of rows `r0..r1`, columns `c0..c1` (whole scale blocks), in row order.
+    fn scale_rows(&self, enc: GpuEncoding, r0: usize, r1: usize, c0: usize, c1: usize, out: &mut Vec<u8>) {
+        let Some((rb, cb, size)) = enc.scale_block() else { return };
+        let per_row = self.cols.div_ceil(cb.min(self.cols));
+        let (c0, c1) = if cb == usize::MAX { (0, 1) } else { (c0 / cb, c1.div_ceil(cb)) };
+        for r in r0 / rb..r1.div_ceil(rb) {
+            out.extend_from_slice(&self.scales[(r * per_row + c0) * size..(r * per_row + c1) * size]);
+        }
+    }
+}
+
+/// Write expert `e` of layer `layer` (`hidden` H, `intermediate` I) into `ranks` (one per GPU
+/// tensor-parallel rank), in the checkpoint's encoding, which is returned.
+///
+/// # Safety
+/// Each rank's buffers hold the sizes the module docs give for its encoding (bytes for
+/// `2·I/tp × H` and `H × I/tp` weights and their scales), writable and not otherwise in use.
+pub unsafe fn write_expert(
+    ck: &Checkpoint,
+    layer: usize,
+    e: usize,
+    hidden: usize,
+    intermediate: usize,
+    ranks: &[RankBuffers],
+) -> Result<GpuEncoding, WeightError> {
+    let layout = Layout::detect(ck, layer)?;
+    let (enc, [gate, up, down]) = expert(ck, &layout, e, hidden, intermediate)?;
+    let tp = ranks.len();
+    let shape_error = |detail: String| WeightError::Config { path: ck.dir().to_path_buf(), detail };
+    let part = intermediate / tp.max(1);
+    let align = match enc.scale_block() {
+        Some((rb, cb, _)) if cb != usize::MAX => rb.max(cb),
+        _ => 2,
+    };
+    if tp == 0 || intermediate % tp != 0 || part % align != 0 {
+        return Err(shape_error(format!(
+            "layerwise prefill: {tp} GPU ranks must split the intermediate size {intermediate} into parts of a \
+             multiple of {align} ({enc:?})"
+        )));
+    }
+    if enc.scale_block().is_some() && ranks.iter().any(|b| b.w13_scale == 0 || b.w2_scale == 0) {
+        return Err(shape_error(format!("layerwise prefill: the checkpoint's experts are {enc:?}, which needs scale buffers, and a scale pointer is 0")));
+    }
+    let mut buf = Vec::new();
+    for (r, b) in ranks.iter().enumerate() {
+        let (r0, r1) = (r * part, (r + 1) * part);
+        let mut put = |dst: usize, fill: &dyn Fn(&mut Vec<u8>)| {
+            buf.clear();
+            fill(&mut buf);
+            // SAFETY: the caller's contract: `dst` holds this rank's buffer of that size.
+            unsafe { core::ptr::copy_nonoverlapping(buf.as_ptr(), dst as *mut u8, buf.len()) };
+        };
+        put(b.w13, &|o| {
+            gate.weight_rows(enc, r0, r1, 0, hidden, o);
+            up.weight_rows(enc, r0, r1, 0, hidden, o);
+        });
+        put(b.w2, &|o| down.weight_rows(enc, 0, hidden, r0, r1, o));
+        if enc.scale_block().is_some() {
+            put(b.w13_scale, &|o| {
+                gate.scale_rows(enc, r0, r1, 0, hidden, o);
+                up.scale_rows(enc, r0, r1, 0, hidden, o);
+            });
+            put(b.w2_scale, &|o| down.scale_rows(enc, 0, hidden, r0, r1, o));
+        }
+    }
+    Ok(enc)
+}
+
+/// Expert `e`'s gate, up and down in the checkpoint's encoding.
+fn expert(
+    ck: &Checkpoint,
+    layout: &Layout,
+    e: usize,
+    h: usize,
+    i: usize,
+) -> Result<(GpuEncoding, [Matrix; 3]), WeightError> {
+    let shapes = [(i, h), (i, h), (h, i)];
+    let weight = |p: usize| layout.expert_tensor(e, p, "weight");
+    let stem = |p: usize| weight(p).strip_suffix(".weight").map(str::to_owned).unwrap_or_else(|| weight(p));
+    let per_expert = layout.kind != ExpertLayout::Fused;
+    let fp8 = per_expert && ck.get(&weight(0)).is_some_and(|t| t.dtype == Dtype::F8_E4M3);
+    let int4 = per_expert && ck.contains(&format!("{}.weight_packed", stem(0)));
+    if !fp8 && !int4 {
+        let f = expert_f32(ck, layout, e, h, i)?;
+        let m = |p: usize, v: &[f32]| Matrix {
+            rows: shapes[p].0,
+            cols: shapes[p].1,
+            weights: v.iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect(),
+            scales: Vec::new(),
+        };
+        return Ok((GpuEncoding::Bf16, [m(0, &f[0]), m(1, &f[1]), m(2, &f[2])]));
+    }
+    let mut enc = None;
+    let mut mats = Vec::with_capacity(3);
+    for (p, &(rows, cols)) in shapes.iter().enumerate() {
+        let (wname, sname, want) = match fp8 {
+            true => (weight(p), scale_name(ck, &stem(p))?, vec![rows, cols]),
+            false => (format!("{}.weight_packed", stem(p)), format!("{}.weight_scale", stem(p)), vec![rows, cols / 8]),
+        };
+        let get = |n: &str| ck.get(n).ok_or_else(|| WeightError::Missing { name: n.into() });
+        let (w, s) = (get(&wname)?, get(&sname)?);
+        let weights = ck.bytes(w);
+        let packed_u8 = !fp8 && matches!(w.dtype, Dtype::U8 | Dtype::I8) && w.shape == [rows, cols / 2];
+        if w.shape != want && !packed_u8 {
+            return Err(WeightError::Shape { name: wname, expected: want, found: w.shape.clone() });
+        }
+        let scales = floats(&sname, s.dtype, ck.bytes(s))?;
+        let this = match fp8 {
+            true if s.shape == [rows] || s.shape == [rows, 1] => GpuEncoding::Fp8Row,
+            true if s.shape == [rows.div_ceil(128), cols.div_ceil(128)] => GpuEncoding::Fp8Block,
+            false if s.shape.len() == 2 && s.shape[0] == rows && s.shape[1] > 0 && cols % s.shape[1] == 0 => {
+                GpuEncoding::Int4 { group: cols / s.shape[1] }
+            }
+            _ => {
+                let expected = if fp8 { vec![rows.div_ceil(128), cols.div_ceil(128)] } else { vec![rows, cols / 32] };
+                return Err(WeightError::Shape { name: sname, expected, found: s.shape.clone() });
+            }
+        };
+        if enc.is_some_and(|e| e != this) {
+            return Err(WeightError::Config {
+                path: ck.dir().to_path_buf(),
+                detail: format!("expert {e}'s projections are encoded differently ({enc:?} and {this:?})"),
+            });
+        }
+        enc = Some(this);
+        let scales = match this {
+            GpuEncoding::Int4 { .. } => scales.iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect(),
+            _ => scales.iter().flat_map(|&x| x.to_le_bytes()).collect(),
+        };
+        mats.push(Matrix { rows, cols, weights: weights.to_vec(), scales });
+    }
+    let [g, u, d]: [Matrix; 3] = mats.try_into().map_err(|_| WeightError::Missing { name: weight(0) })?;
+    debug_assert!(g.rows == u.rows && d.cols == g.rows);
+    Ok((enc.expect("three projections"), [g, u, d]))
+}
+
+/// The fp8 scale tensor's name: `weight_scale_inv` (DeepSeek) or `weight_scale`.
+fn scale_name(ck: &Checkpoint, stem: &str) -> Result<String, WeightError> {
+    [format!("{stem}.weight_scale_inv"), format!("{stem}.weight_scale")]
+        .into_iter()
+        .find(|n| ck.contains(n))
+        .ok_or_else(|| WeightError::Missing { name: format!("{stem}.weight_scale_inv (or .weight_scale)") })
+}
