@@ -73,19 +73,24 @@ def bf16_bits(a):
     return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
 
 
-def write_bf16_safetensors(path, tensors):
-    """numpy's safetensors API has no bfloat16: write the file by hand (8-byte header length,
-    JSON header, data), as the format specifies."""
+def write_safetensors(path, tensors):
+    """``{name: (dtype, shape, raw bytes)}`` as a safetensors file, written by hand (8-byte header
+    length, JSON header, data) as the format specifies: numpy's safetensors API has neither
+    bfloat16 nor float8."""
     header, blobs, at = {}, [], 0
-    for name, a in tensors.items():
-        b = bf16_bits(a).tobytes()
-        header[name] = {"dtype": "BF16", "shape": list(a.shape), "data_offsets": [at, at + len(b)]}
+    for name, (dtype, shape, b) in tensors.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [at, at + len(b)]}
         blobs.append(b)
         at += len(b)
     h = json.dumps(header).encode()
     h += b" " * (-len(h) % 8)
     with open(path, "wb") as f:
         f.write(len(h).to_bytes(8, "little") + h + b"".join(blobs))
+
+
+def write_bf16_safetensors(path, tensors):
+    """float arrays as a bf16 safetensors file."""
+    write_safetensors(path, {n: ("BF16", a.shape, bf16_bits(a).tobytes()) for n, a in tensors.items()})
 
 
 def write_config(d, e, k, h, i, layers):

@@ -2,28 +2,12 @@
 written per GPU rank in the GPU layer's layout and the checkpoint's own encoding, checked byte
 for byte against slices of the tensors the checkpoint file holds."""
 
-import json
-
 import numpy as np
 import pytest
 
-from conftest import bf16_bits, make, write_config
+from conftest import bf16_bits, make, write_config, write_safetensors
 
 E, H, I = 4, 256, 256
-
-
-def write_safetensors(path, tensors):
-    """``{name: (dtype, shape, raw bytes)}`` as a safetensors file (numpy's API has neither
-    bfloat16 nor float8)."""
-    header, blobs, at = {}, [], 0
-    for name, (dtype, shape, b) in tensors.items():
-        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [at, at + len(b)]}
-        blobs.append(b)
-        at += len(b)
-    h = json.dumps(header).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(len(h).to_bytes(8, "little") + h + b"".join(blobs))
 
 
 def name(e, proj, suffix):
