@@ -286,9 +286,9 @@ impl Moe {
                 w2_scale.len()
             )));
         }
-        let logical = *map.get(expert).ok_or_else(|| {
-            value_error(format!("expert_id {expert} is not a slot in [0, {})", s.cfg.experts))
-        })?;
+        let logical = *map
+            .get(expert)
+            .ok_or_else(|| value_error(format!("expert_id {expert} is not a slot in [0, {})", s.cfg.experts)))?;
         let ranks: Vec<RankBuffers> = (0..tp)
             .map(|r| RankBuffers { w13: w13[r], w13_scale: w13_scale[r], w2: w2[r], w2_scale: w2_scale[r] })
             .collect();
