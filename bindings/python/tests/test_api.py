@@ -221,13 +221,3 @@ def test_select_deferred_experts_follows_kts_batch_rule():
 def test_load_weights_from_a_missing_path_names_it():
     with pytest.raises(FileNotFoundError, match="/nonexistent/kt-weights"):
         make().load_weights(np.arange(8, dtype=np.int64))
-
-
-def test_layerwise_prefill_says_it_is_not_implemented():
-    """The fork calls these for --kt-gpu-prefill-token-threshold: a clear error, not an
-    AttributeError from deep inside SGLang."""
-    w = KTMoEWrapper(**_args())
-    with pytest.raises(NotImplementedError, match="layerwise prefill"):
-        w.submit_write_weight_scale_to_buffer(1, 0, [0], [0], [0], [0])
-    with pytest.raises(NotImplementedError, match="layerwise prefill"):
-        w.sync_write_weight_scale_to_buffer()
