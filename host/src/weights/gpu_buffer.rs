@@ -15,6 +15,8 @@
 //! The bytes come from the checkpoint, not from the CPU's packed copy (which is quantized for
 //! the CPU's kernels and need not be the checkpoint's encoding).
 
+use std::borrow::Cow;
+
 use half::bf16;
 use safetensors::Dtype;
 
@@ -71,31 +73,57 @@ pub struct RankBuffers {
     pub w2_scale: usize,
 }
 
-/// One projection: its weights and scales row-major in the GPU encoding.
-struct Matrix {
-    rows: usize,
+/// One projection: its weights (the checkpoint's bytes where they are the GPU encoding) and
+/// scales, row-major in the GPU encoding.
+struct Matrix<'a> {
     cols: usize,
-    weights: Vec<u8>,
+    weights: Cow<'a, [u8]>,
     scales: Vec<u8>,
 }
 
-impl Matrix {
-    /// Bytes of rows `r0..r1`, columns `c0..c1` (weights), in row order.
-    fn weight_rows(&self, enc: GpuEncoding, r0: usize, r1: usize, c0: usize, c1: usize, out: &mut Vec<u8>) {
+/// A host buffer, written front to back.
+struct Dst(*mut u8);
+
+impl Dst {
+    /// Append `b`.
+    ///
+    /// # Safety
+    /// The buffer has room for `b` after what was written.
+    unsafe fn put(&mut self, b: &[u8]) {
+        // SAFETY: the caller's contract; the checkpoint's bytes do not overlap a host buffer.
+        unsafe {
+            core::ptr::copy_nonoverlapping(b.as_ptr(), self.0, b.len());
+            self.0 = self.0.add(b.len());
+        }
+    }
+}
+
+impl Matrix<'_> {
+    /// Append rows `r0..r1`, columns `c0..c1` of the weights to `dst`, in row order.
+    ///
+    /// # Safety
+    /// As [`Dst::put`], for those bytes.
+    unsafe fn weight_rows(&self, enc: GpuEncoding, r0: usize, r1: usize, c0: usize, c1: usize, dst: &mut Dst) {
         let (num, den) = enc.weight_bytes();
         let row = self.cols * num / den;
         for r in r0..r1 {
-            out.extend_from_slice(&self.weights[r * row + c0 * num / den..r * row + c1 * num / den]);
+            // SAFETY: the caller's contract.
+            unsafe { dst.put(&self.weights[r * row + c0 * num / den..r * row + c1 * num / den]) };
         }
     }
 
-    /// The scales of rows `r0..r1`, columns `c0..c1` (whole scale blocks), in row order.
-    fn scale_rows(&self, enc: GpuEncoding, r0: usize, r1: usize, c0: usize, c1: usize, out: &mut Vec<u8>) {
+    /// Append the scales of rows `r0..r1`, columns `c0..c1` (whole scale blocks) to `dst`, in
+    /// row order.
+    ///
+    /// # Safety
+    /// As [`Dst::put`], for those bytes.
+    unsafe fn scale_rows(&self, enc: GpuEncoding, r0: usize, r1: usize, c0: usize, c1: usize, dst: &mut Dst) {
         let Some((rb, cb, size)) = enc.scale_block() else { return };
         let per_row = self.cols.div_ceil(cb.min(self.cols));
         let (c0, c1) = if cb == usize::MAX { (0, 1) } else { (c0 / cb, c1.div_ceil(cb)) };
         for r in r0 / rb..r1.div_ceil(rb) {
-            out.extend_from_slice(&self.scales[(r * per_row + c0) * size..(r * per_row + c1) * size]);
+            // SAFETY: the caller's contract.
+            unsafe { dst.put(&self.scales[(r * per_row + c0) * size..(r * per_row + c1) * size]) };
         }
     }
 }
@@ -132,39 +160,34 @@ pub unsafe fn write_expert(
     if enc.scale_block().is_some() && ranks.iter().any(|b| b.w13_scale == 0 || b.w2_scale == 0) {
         return Err(shape_error(format!("layerwise prefill: the checkpoint's experts are {enc:?}, which needs scale buffers, and a scale pointer is 0")));
     }
-    let mut buf = Vec::new();
     for (r, b) in ranks.iter().enumerate() {
         let (r0, r1) = (r * part, (r + 1) * part);
-        let mut put = |dst: usize, fill: &dyn Fn(&mut Vec<u8>)| {
-            buf.clear();
-            fill(&mut buf);
-            // SAFETY: the caller's contract: `dst` holds this rank's buffer of that size.
-            unsafe { core::ptr::copy_nonoverlapping(buf.as_ptr(), dst as *mut u8, buf.len()) };
-        };
-        put(b.w13, &|o| {
-            gate.weight_rows(enc, r0, r1, 0, hidden, o);
-            up.weight_rows(enc, r0, r1, 0, hidden, o);
-        });
-        put(b.w2, &|o| down.weight_rows(enc, 0, hidden, r0, r1, o));
-        if enc.scale_block().is_some() {
-            put(b.w13_scale, &|o| {
-                gate.scale_rows(enc, r0, r1, 0, hidden, o);
-                up.scale_rows(enc, r0, r1, 0, hidden, o);
-            });
-            put(b.w2_scale, &|o| down.scale_rows(enc, 0, hidden, r0, r1, o));
+        // SAFETY: the caller's contract: each buffer holds what the module docs give for this
+        // rank, which is exactly what is appended to it here.
+        unsafe {
+            let w13 = &mut Dst(b.w13 as *mut u8);
+            gate.weight_rows(enc, r0, r1, 0, hidden, w13);
+            up.weight_rows(enc, r0, r1, 0, hidden, w13);
+            down.weight_rows(enc, 0, hidden, r0, r1, &mut Dst(b.w2 as *mut u8));
+            if enc.scale_block().is_some() {
+                let w13_scale = &mut Dst(b.w13_scale as *mut u8);
+                gate.scale_rows(enc, r0, r1, 0, hidden, w13_scale);
+                up.scale_rows(enc, r0, r1, 0, hidden, w13_scale);
+                down.scale_rows(enc, 0, hidden, r0, r1, &mut Dst(b.w2_scale as *mut u8));
+            }
         }
     }
     Ok(enc)
 }
 
 /// Expert `e`'s gate, up and down in the checkpoint's encoding.
-fn expert(
-    ck: &Checkpoint,
+fn expert<'a>(
+    ck: &'a Checkpoint,
     layout: &Layout,
     e: usize,
     h: usize,
     i: usize,
-) -> Result<(GpuEncoding, [Matrix; 3]), WeightError> {
+) -> Result<(GpuEncoding, [Matrix<'a>; 3]), WeightError> {
     let shapes = [(i, h), (i, h), (h, i)];
     let weight = |p: usize| layout.expert_tensor(e, p, "weight");
     let stem = |p: usize| weight(p).strip_suffix(".weight").map(str::to_owned).unwrap_or_else(|| weight(p));
@@ -174,9 +197,8 @@ fn expert(
     if !fp8 && !int4 {
         let f = expert_f32(ck, layout, e, h, i)?;
         let m = |p: usize, v: &[f32]| Matrix {
-            rows: shapes[p].0,
             cols: shapes[p].1,
-            weights: v.iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect(),
+            weights: Cow::Owned(v.iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect()),
             scales: Vec::new(),
         };
         return Ok((GpuEncoding::Bf16, [m(0, &f[0]), m(1, &f[1]), m(2, &f[2])]));
@@ -218,10 +240,9 @@ fn expert(
             GpuEncoding::Int4 { .. } => scales.iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect(),
             _ => scales.iter().flat_map(|&x| x.to_le_bytes()).collect(),
         };
-        mats.push(Matrix { rows, cols, weights: weights.to_vec(), scales });
+        mats.push(Matrix { cols, weights: Cow::Borrowed(weights), scales });
     }
     let [g, u, d]: [Matrix; 3] = mats.try_into().map_err(|_| WeightError::Missing { name: weight(0) })?;
-    debug_assert!(g.rows == u.rows && d.cols == g.rows);
     Ok((enc.expect("three projections"), [g, u, d]))
 }
 
