@@ -65,13 +65,12 @@ mod imp {
 
     use half::bf16;
     use kt_backend_avx512::act::Act;
-    use kt_backend_avx512::pack::{self, Packed, HALF, PANEL};
-    use kt_backend_avx512::AVX512_BF16 as SIMD;
+    use kt_backend_avx512::pack::{self, Packed, PANEL};
+    use kt_backend_avx512::{glu_panel, AVX512_BF16 as SIMD};
     use kt_core::backend::{ActLayout, Instructions, TaskShape};
     use kt_core::mat::MatMut;
     use kt_core::swiglu::Glu;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
-    use kt_x86::swiglu::glu16;
     use kt_x86::tiles::{balanced_token_tiles, row_tiles};
 
     use crate::kernels::{self, panel_block, Block, MAX_TOKENS};
@@ -239,22 +238,13 @@ mod imp {
             let au = Act::parse(u.format, u.cols, n, act_up, true);
             let mut ub: Block = [[0.0; PANEL]; MAX_TOKENS];
             let mut tiles = T::default();
-            let mut hv = [0u16; PANEL];
             Self::for_blocks(g, &rows, &ag, n, |at, t0, nt, gb| {
                 let p = (rows.start + at.start) / PANEL;
                 // SAFETY: as in for_blocks, for `u`.
                 unsafe { panel_block(&mut tiles, u, p, &au, t0, nt, &mut ub) };
                 for t in 0..nt {
-                    for half in 0..2 {
-                        let r = half * HALF..(half + 1) * HALF;
-                        let (gh, uh) = (gb[t][r.clone()].try_into().unwrap(), ub[t][r.clone()].try_into().unwrap());
-                        // SAFETY: SIMD's cpu_support (AVX2 and FMA among it) holds.
-                        unsafe { glu16(glu, gh, uh, (&mut hv[r]).try_into().unwrap()) };
-                    }
-                    let out = &mut h.row_mut(t0 + t)[at.clone()];
-                    for (o, &v) in out.iter_mut().zip(&hv) {
-                        *o = bf16::from_bits(v);
-                    }
+                    // SAFETY: SIMD's cpu_support (AVX2 and FMA among it) holds.
+                    unsafe { glu_panel(glu, &gb[t], &ub[t], 0..at.len(), &mut h.row_mut(t0 + t)[at.clone()]) };
                 }
             });
         }

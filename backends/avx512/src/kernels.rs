@@ -29,11 +29,14 @@
 #![allow(clippy::needless_range_loop)]
 
 use core::arch::x86_64::*;
+use core::ops::Range;
 
 use half::bf16;
 use kt_core::format::FP8_BLOCK;
+use kt_core::swiglu::Glu;
 use kt_core::WeightFormat;
 use kt_x86::int4::nibble_table;
+use kt_x86::swiglu::glu16;
 
 use crate::act::Act;
 use crate::pack::{Packed, HALF, KT_TILE, PANEL, UNIT};
@@ -185,6 +188,24 @@ unsafe fn store_tile<const N: usize>(acc: &[[__m512; 2]; N], out: &mut Tile) {
             _mm512_storeu_ps(o.as_mut_ptr(), a[0]);
             _mm512_storeu_ps(o.as_mut_ptr().add(HALF), a[1]);
         }
+    }
+}
+
+/// One token's SwiGLU over a panel's gate and up results, half a panel (16 rows) at a time, its
+/// rows `within` into `out` as bf16 (this backend's tiles and the AMX backend's blocks).
+///
+/// # Safety
+/// The CPU supports AVX2 and FMA.
+pub unsafe fn glu_panel(glu: Glu, g: &[f32; PANEL], u: &[f32; PANEL], within: Range<usize>, out: &mut [bf16]) {
+    let mut hv = [0u16; PANEL];
+    for half in 0..2 {
+        let r = half * HALF..(half + 1) * HALF;
+        let (gh, uh) = (g[r.clone()].try_into().unwrap(), u[r.clone()].try_into().unwrap());
+        // SAFETY: the caller's contract.
+        unsafe { glu16(glu, gh, uh, (&mut hv[r]).try_into().unwrap()) };
+    }
+    for (o, &v) in out.iter_mut().zip(&hv[within]) {
+        *o = bf16::from_bits(v);
     }
 }
 
@@ -503,8 +524,7 @@ unsafe fn int_units<const N: usize, const INT4: bool, const VNNI: bool, const KT
     // every quad read lies in the padded K of its row.
     unsafe {
         let mut a = *acc;
-        let (lo4, ones, flip, zero) =
-            (_mm512_set1_epi8(0x0F), _mm512_set1_epi16(1), _mm512_set1_epi8(-128), _mm512_setzero_si512());
+        let (ones, flip, zero) = (_mm512_set1_epi16(1), _mm512_set1_epi8(-128), _mm512_setzero_si512());
         // One pointer walk per stretch: KT's order in tiles of 16 units (stride 64, second half
         // 1024 on), panels in one stretch (stride 128, second half 64 on). (A unit index turned
         // into an address inside the loop cost 25% at 12 tokens: its registers spilled.)
@@ -516,11 +536,7 @@ unsafe fn int_units<const N: usize, const INT4: bool, const VNNI: bool, const KT
             for (i, u) in (start..end).enumerate() {
                 let r = load_halves(base.add(i * stride), second, base.wrapping_add(i * UNIT));
                 if INT4 {
-                    let lo = [_mm512_and_si512(r[0], lo4), _mm512_and_si512(r[1], lo4)];
-                    let lo = [_mm512_shuffle_epi8(lut, lo[0]), _mm512_shuffle_epi8(lut, lo[1])];
-                    let hi = [_mm512_srli_epi16::<4>(r[0]), _mm512_srli_epi16::<4>(r[1])];
-                    let hi = [_mm512_and_si512(hi[0], lo4), _mm512_and_si512(hi[1], lo4)];
-                    let hi = [_mm512_shuffle_epi8(lut, hi[0]), _mm512_shuffle_epi8(lut, hi[1])];
+                    let [lo, hi] = nibbles::<true>(r, lut);
                     // Where the unit's low and high nibbles' k are (module docs of `pack`).
                     let (kl, kh) = if KT { (start / 16 * 128 + 4 * i, 64) } else { (8 * u, 4) };
                     for t in 0..N {
@@ -571,6 +587,28 @@ unsafe fn quad(x: *const u8, at: usize) -> __m512i {
     unsafe { _mm512_set1_epi32(x.add(at).cast::<i32>().read_unaligned()) }
 }
 
+/// A unit's two halves' low nibbles and high nibbles, each through `lut` when `LUT`.
+///
+/// # Safety
+/// AVX-512F/BW are present (inlined into the kernels, whose features it uses).
+#[inline(always)]
+unsafe fn nibbles<const LUT: bool>(r: [__m512i; 2], lut: __m512i) -> [[__m512i; 2]; 2] {
+    // SAFETY: the caller's contract. (No closures: they would not get the kernels' features.)
+    unsafe {
+        let lo4 = _mm512_set1_epi8(0x0F);
+        let lo = [_mm512_and_si512(r[0], lo4), _mm512_and_si512(r[1], lo4)];
+        let hi = [_mm512_srli_epi16::<4>(r[0]), _mm512_srli_epi16::<4>(r[1])];
+        let hi = [_mm512_and_si512(hi[0], lo4), _mm512_and_si512(hi[1], lo4)];
+        if !LUT {
+            return [lo, hi];
+        }
+        [
+            [_mm512_shuffle_epi8(lut, lo[0]), _mm512_shuffle_epi8(lut, lo[1])],
+            [_mm512_shuffle_epi8(lut, hi[0]), _mm512_shuffle_epi8(lut, hi[1])],
+        ]
+    }
+}
+
 /// The K-group kinds' weights as `vpdpbusd`'s unsigned operand, `w + offset`: the table from
 /// the stored nibble (`None`: the nibble itself, int4-gG's `w + 8`), and the offset.
 fn unsigned_weights(f: WeightFormat) -> (Option<[i8; 16]>, i32) {
@@ -600,16 +638,9 @@ unsafe fn group_units<const N: usize, const LUT: bool, const VNNI: bool>(
     // every quad read lies in the padded K of its row.
     unsafe {
         let mut a = *acc;
-        let (lo4, ones) = (_mm512_set1_epi8(0x0F), _mm512_set1_epi16(1));
+        let ones = _mm512_set1_epi16(1);
         for u in u0..u1 {
-            let r = load_unit(panel, u);
-            let mut lo = [_mm512_and_si512(r[0], lo4), _mm512_and_si512(r[1], lo4)];
-            let mut hi = [_mm512_srli_epi16::<4>(r[0]), _mm512_srli_epi16::<4>(r[1])];
-            hi = [_mm512_and_si512(hi[0], lo4), _mm512_and_si512(hi[1], lo4)];
-            if LUT {
-                lo = [_mm512_shuffle_epi8(lut, lo[0]), _mm512_shuffle_epi8(lut, lo[1])];
-                hi = [_mm512_shuffle_epi8(lut, hi[0]), _mm512_shuffle_epi8(lut, hi[1])];
-            }
+            let [lo, hi] = nibbles::<LUT>(load_unit(panel, u), lut);
             for t in 0..N {
                 let (xl, xh) = (quad(x[t], 8 * u), quad(x[t], 8 * u + 4));
                 for h in 0..2 {

@@ -58,7 +58,7 @@ pub fn registered() -> &'static [&'static dyn Backend] {
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 pub use imp::{Avx512, AVX512, BF16 as AVX512_BF16};
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
-pub use kernels::fp8_tile_rows;
+pub use kernels::{fp8_tile_rows, glu_panel};
 
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 pub use kernels::Level;
@@ -72,12 +72,11 @@ mod imp {
     use kt_core::mat::MatMut;
     use kt_core::swiglu::Glu;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
-    use kt_x86::swiglu::glu16;
     use kt_x86::tiles::{balanced_token_tiles, row_tiles, RowTile};
 
     use crate::act::{self, Act};
-    use crate::kernels::{max_tokens, panel_tile, Level, Tile, MAX_NT};
-    use crate::pack::{self, Packed, HALF, PANEL};
+    use crate::kernels::{glu_panel, max_tokens, panel_tile, Level, Tile, MAX_NT};
+    use crate::pack::{self, Packed, PANEL};
 
     /// An AVX-512 backend: one of KT's sub-variants, or (`level: None`) the best this CPU runs.
     #[derive(Debug)]
@@ -245,7 +244,6 @@ mod imp {
             let ag = Act::parse(g.format, g.cols, n, act_gate, self.dot(g.format));
             let au = Act::parse(u.format, u.cols, n, act_up, self.dot(u.format));
             let mut ut: Tile = [[0.0; PANEL]; MAX_NT];
-            let mut hv = [0u16; PANEL];
             // Each up tile is paired with the gate tile of the same panel and tokens.
             let max_nt = max_tokens(g).min(max_tokens(u));
             for_tiles(level, g, &rows, &ag, (n, max_nt), |panel, t0, nt, gt| {
@@ -253,17 +251,9 @@ mod imp {
                 unsafe { panel_tile(level, u, panel.index, &au, t0, nt, &mut ut) };
                 let (at, within) = (panel.rows.start - rows.start, panel.in_tile(PANEL));
                 for t in 0..nt {
-                    for half in 0..2 {
-                        let r = half * HALF..(half + 1) * HALF;
-                        let (gh, uh) = (gt[t][r.clone()].try_into().unwrap(), ut[t][r.clone()].try_into().unwrap());
-                        let out = (&mut hv[r]).try_into().unwrap();
-                        // SAFETY: cpu_support guarantees AVX2+FMA before this backend is used.
-                        unsafe { glu16(glu, gh, uh, out) };
-                    }
                     let out = &mut h.row_mut(t0 + t)[at..at + within.len()];
-                    for (o, &v) in out.iter_mut().zip(&hv[within.clone()]) {
-                        *o = bf16::from_bits(v);
-                    }
+                    // SAFETY: cpu_support guarantees AVX2+FMA before this backend is used.
+                    unsafe { glu_panel(glu, &gt[t], &ut[t], within.clone(), out) };
                 }
             });
         }
