@@ -20,6 +20,7 @@ AMXINT8 (AMXInt8_MOE) and AMXINT4 (AMXInt4_MOE) quantized online from bf16 weigh
 
 import argparse
 import importlib.util
+import itertools
 import statistics
 import sys
 import tempfile
@@ -141,14 +142,24 @@ def main():
     cpu.submit(layer.moe.load_weights_task(layer.map.ctypes.data))
     cpu.sync()
     for n in tokens:
-        ids = np.stack([rng.choice(E, k, replace=False) for _ in range(n)]).astype(np.int64)
-        w = rng.random((n, k), dtype=np.float32)
-        x = bf16(rng.standard_normal((n, H), dtype=np.float32))
-        out = np.zeros((n, H), dtype=np.uint16)
-        bsz = np.array([n], dtype=np.int32)
-        task = lambda: layer.moe.forward_task(
-            bsz.ctypes.data, k, ids.ctypes.data, w.ctypes.data, x.ctypes.data, out.ctypes.data, False
-        )
+        # Several routings, cycled, so that few-token forwards touch every expert in turn and
+        # stream their weights from DRAM, as `kt bench` does by rotating layers (one routing
+        # would keep its few experts in a large L3).
+        tasks = []
+        for _ in range(max(1, 64 // n)):
+            ids = np.stack([rng.choice(E, k, replace=False) for _ in range(n)]).astype(np.int64)
+            w = rng.random((n, k), dtype=np.float32)
+            x = bf16(rng.standard_normal((n, H), dtype=np.float32))
+            out = np.zeros((n, H), dtype=np.uint16)
+            bsz = np.array([n], dtype=np.int32)
+            keep = (ids, w, x, out, bsz)
+            tasks.append(
+                lambda keep=keep: layer.moe.forward_task(
+                    keep[4].ctypes.data, k, keep[0].ctypes.data, keep[1].ctypes.data, keep[2].ctypes.data, keep[3].ctypes.data, False
+                )
+            )
+        turns = itertools.cycle(tasks)
+        task = lambda: next(turns)()  # noqa: E731
         for _ in range(3):
             cpu.submit(task())
             cpu.sync()

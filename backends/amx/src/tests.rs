@@ -7,6 +7,7 @@ use kt_core::testing::{layer_outputs, Scenario};
 use kt_core::{Backend, MoeConfig, WeightFormat};
 
 use crate::imp::{EMULATED, EMULATED_ALL};
+use crate::tile::{Amx, Emulator, TileConfig, TileOps};
 
 mod emulated {
     kt_core::conformance_suite!(&crate::imp::EMULATED);
@@ -56,7 +57,84 @@ fn tiles_give_the_avx512_kernels_bits() {
     }
 }
 
-/// The emulated tiles against the hardware's, bit for bit, bf16 included, where both run.
+/// Tile products recorded on AMX hardware (`examples/tile_dump.rs`, a Sapphire Rapids-class
+/// Xeon): `tdpbf16ps` with K of one bf16 pair (every input family: near one, wide exponents,
+/// cancelling pairs, C far larger, denormals and underflow, C zero) and of a whole tile, and
+/// `tdpbusd`/`tdpbssd` over a whole tile. Each record is a 4-byte header (op: 0 `tdpbf16ps`,
+/// 1 `tdpbusd`, 2 `tdpbssd`; K in dwords; input family; 0) and the A, B, C-before and
+/// C-after tiles, 16 rows of 64 bytes each.
+const HARDWARE_TILES: &[u8] = include_bytes!("../tests/data/hardware_tiles.bin");
+
+/// One tile product `C += A · B` (16 rows, K of `kd` dwords) on `t`, from 16 × 64-byte tiles.
+fn tile_product<T: TileOps>(t: &mut T, op: u8, kd: usize, a: &[u8], b: &[u8], c: &[u8]) -> [u8; 1024] {
+    let cfg = TileConfig::new().with(0, 16, 64).with(1, 16, 4 * kd).with(2, kd, 64);
+    let mut after = [0u8; 1024];
+    assert!(a.len() == 1024 && b.len() == 1024 && c.len() == 1024);
+    // SAFETY: every tile is 16 rows of 64 bytes at a 64-byte stride; the callers run `Amx`
+    // only where AMX is granted.
+    unsafe {
+        t.config(&cfg);
+        t.load::<0>(c.as_ptr(), 64);
+        t.load::<1>(a.as_ptr(), 64);
+        t.load::<2>(b.as_ptr(), 64);
+        match op {
+            0 => t.dpbf16ps::<0, 1, 2>(),
+            1 => t.dpbusd::<0, 1, 2>(),
+            _ => t.dpbssd::<0, 1, 2>(),
+        }
+        t.store::<0>(after.as_mut_ptr(), 64);
+    }
+    after
+}
+
+/// The emulator's C-after against the hardware's: the same bits for the integer products and
+/// for `tdpbf16ps` over one pair; over more pairs (where the hardware sums in an order of its
+/// own) within twice the bound any order of 2·kd rounded f32 additions obeys,
+/// 2·(2·kd)·2⁻²⁴·(|C| + Σ|products|), checked per output. `Err` names the first that is not.
+fn check_against_emulator(op: u8, kd: usize, a: &[u8], b: &[u8], c: &[u8], hw: &[u8]) -> Result<(), String> {
+    let emu = tile_product(&mut Emulator::default(), op, kd, a, b, c);
+    if op != 0 || kd == 1 {
+        return if emu[..] == hw[..] { Ok(()) } else { Err(format!("op {op}, K {kd} dwords: bits differ")) };
+    }
+    let f32_at = |t: &[u8], at: usize| f32::from_le_bytes(t[at..at + 4].try_into().unwrap());
+    let bf16_at = |t: &[u8], at: usize| f32::from_bits(u32::from(u16::from_le_bytes([t[at], t[at + 1]])) << 16);
+    for m in 0..16 {
+        for n in 0..16 {
+            let magnitude = (0..kd)
+                .flat_map(|k| (0..2).map(move |i| (k, i)))
+                .map(|(k, i)| (bf16_at(a, m * 64 + 4 * k + 2 * i) * bf16_at(b, k * 64 + 4 * n + 2 * i)).abs())
+                .sum::<f32>()
+                + f32_at(c, m * 64 + 4 * n).abs();
+            let (e, h) = (f32_at(&emu, m * 64 + 4 * n), f32_at(hw, m * 64 + 4 * n));
+            let bound = 4.0 * kd as f32 * f32::EPSILON / 2.0 * magnitude;
+            if (e - h).abs() > bound {
+                return Err(format!(
+                    "tdpbf16ps, K {kd} dwords, C[{m}][{n}]: emulator {e}, hardware {h}, bound {bound}"
+                ));
+            }
+        }
+    }
+    Ok(())
+}
+
+/// The emulator against the recorded hardware products: every machine checks the model the
+/// emulated conformance runs rest on.
+#[test]
+fn the_emulator_gives_the_recorded_hardware_bits() {
+    let records: Vec<&[u8]> = HARDWARE_TILES.chunks_exact(4 + 4 * 1024).collect();
+    assert_eq!(records.len(), 38);
+    for rec in records {
+        let (op, kd, family) = (rec[0], usize::from(rec[1]), rec[2]);
+        let tile = |i: usize| &rec[4 + 1024 * i..4 + 1024 * (i + 1)];
+        let checked = check_against_emulator(op, kd, tile(0), tile(1), tile(2), tile(3));
+        assert!(checked.is_ok(), "input family {family}: {}", checked.unwrap_err());
+    }
+}
+
+/// The emulator against this CPU's tiles where it has AMX: random tile products (bf16 over one
+/// pair and a whole tile, both int8 kinds), then whole layers of the integer formats bit for bit
+/// (the bf16-tile formats meet the reference in `hardware::conformance`; their bf16 rounding of
+/// the SwiGLU output turns last-bit differences into larger ones).
 #[test]
 fn the_emulator_gives_the_hardwares_bits() {
     if let Err(why) = crate::AMX.cpu_support() {
@@ -64,7 +142,26 @@ fn the_emulator_gives_the_hardwares_bits() {
         return;
     }
     let mut r = SplitMix64::new(5);
-    for f in WeightFormat::ALL {
+    for (op, kd) in [(0, 1), (0, 16), (1, 16), (2, 16)] {
+        for _ in 0..20 {
+            let mut tiles = [[0u8; 1024]; 3];
+            for t in &mut tiles {
+                for x in t.chunks_exact_mut(2) {
+                    // bf16 (and C's f32 halves) of random sign, mantissa and an exponent within
+                    // 2^±8 of one's for tdpbf16ps; any bytes for the int8 kinds.
+                    let v = r.next_u64();
+                    let v = if op == 0 { (v & 0x807f | (119 + (v >> 16) % 16) << 7) as u16 } else { v as u16 };
+                    x.copy_from_slice(&v.to_le_bytes());
+                }
+            }
+            let [a, b, c] = &tiles;
+            let hw = tile_product(&mut Amx, op, kd, a, b, c);
+            crate::tile::release();
+            let checked = check_against_emulator(op, kd, a, b, c, &hw);
+            assert!(checked.is_ok(), "{}", checked.unwrap_err());
+        }
+    }
+    for f in WeightFormat::ALL.into_iter().filter(|f| f.int_activations()) {
         let cfg = MoeConfig { max_tokens: 40, ..MoeConfig::new(4, 2, 256, 384) };
         for tokens in [4, 17, 40] {
             let s = [Scenario::Random, Scenario::Skewed][r.next_u64() as usize % 2];

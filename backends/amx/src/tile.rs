@@ -7,7 +7,7 @@
 //!  tile t: rows(t) × colsb(t) bytes (≤ 16 × 64), set by a 64-byte configuration (palette 1)
 //!  tdpbusd  c, a, b:  c[m][n] (i32) += Σ_k Σ_i a[m][4k+i] (u8) · b[k][4n+i] (i8)
 //!  tdpbssd  c, a, b:  the same with a signed
-//!  tdpbf16ps c, a, b: c[m][n] (f32) += a[m][2k]·b[k][2n], then += a[m][2k+1]·b[k][2n+1]
+//!  tdpbf16ps c, a, b: c[m][n] (f32) += Σ_k (a[m][2k]·b[k][2n] + a[m][2k+1]·b[k][2n+1])
 //! ```
 //!
 //! Tile registers are named by const generics (0-7): the instruction text holds the number.
@@ -189,10 +189,15 @@ pub fn release() {
     }
 }
 
-/// A scalar model of the tile registers and instructions (the Intel SDM's pseudo-code), for
-/// tests on any CPU. Its integer results are the hardware's exactly; bf16 ones follow the
-/// SDM's order of operations (two rounded additions per pair, products exact) with its
-/// denormal rule (inputs and results flushed to zero).
+/// A scalar model of the tile registers and instructions, for tests on any CPU. Its integer
+/// results are the hardware's exactly. For `tdpbf16ps` it follows what the hardware was
+/// recorded doing (`backends/amx/tests/data`, a Sapphire Rapids-class Xeon), not the SDM's
+/// pseudo-code (two rounded additions per pair): each pair's two products are summed with one
+/// rounding, then added to C; a product with a zero or denormal factor is +0, one below the
+/// normal range is a zero of its sign, C's denormals are zeros of theirs. That gives the
+/// hardware's bits for one pair (K = 4 bytes); over more pairs the hardware sums in an order of
+/// its own (neither sequential nor one rounding per K), so longer bf16 products agree to
+/// rounding only.
 #[derive(Clone)]
 pub struct Emulator {
     cfg: TileConfig,
@@ -251,17 +256,16 @@ impl Emulator {
     }
 }
 
-/// bf16 bits as f32, denormals flushed to zero.
-fn bf16_daz(bits: u16) -> f32 {
-    let f = f32::from_bits(u32::from(bits) << 16);
-    if f.is_subnormal() {
-        0.0
-    } else {
-        f
+/// The product of two bf16 (exact in f32) as `tdpbf16ps` forms it: +0 when either is zero or
+/// denormal, a zero of its sign below the normal range.
+fn bf16_product(a: u16, b: u16) -> f32 {
+    if a & 0x7f80 == 0 || b & 0x7f80 == 0 {
+        return 0.0;
     }
+    ftz(f32::from_bits(u32::from(a) << 16) * f32::from_bits(u32::from(b) << 16))
 }
 
-/// `f` with a denormal result flushed to zero (keeping the sign).
+/// `f` with a denormal flushed to zero (keeping the sign).
 fn ftz(f: f32) -> f32 {
     if f.is_subnormal() {
         f32::from_bits(f.to_bits() & 0x8000_0000)
@@ -312,16 +316,13 @@ impl TileOps for Emulator {
     unsafe fn dpbf16ps<const C: u8, const A: u8, const B: u8>(&mut self) {
         let (mm, kk, nn) = self.dims(C, A, B);
         let (a, b) = (self.tiles[usize::from(A)], self.tiles[usize::from(B)]);
-        let h = |t: &[u8; ROWS * COLSB], at: usize| bf16_daz(u16::from_le_bytes([t[at], t[at + 1]]));
+        let h = |t: &[u8; ROWS * COLSB], at: usize| u16::from_le_bytes([t[at], t[at + 1]]);
         for m in 0..mm {
             for n in 0..nn {
                 let mut acc = ftz(f32::from_bits(self.i32_at(C, m, n) as u32));
                 for k in 0..kk {
-                    for i in 0..2 {
-                        // The product of two bf16 is exact in f32; each addition rounds.
-                        let p = h(&a, m * COLSB + 4 * k + 2 * i) * h(&b, k * COLSB + 4 * n + 2 * i);
-                        acc = ftz(acc + p);
-                    }
+                    let p = |i: usize| bf16_product(h(&a, m * COLSB + 4 * k + 2 * i), h(&b, k * COLSB + 4 * n + 2 * i));
+                    acc = ftz(acc + ftz(p(0) + p(1)));
                 }
                 self.put(C, m, n, acc.to_bits().to_le_bytes());
             }
