@@ -2,33 +2,27 @@
 //! `cargo run --release -p kt-backend-amx --example tile_dump -- OUT.bin`. Each record is
 //! 4 tiles of 1024 bytes (A, B, C before, C after) after a 4-byte header (op: 0 tdpbf16ps,
 //! 1 tdpbusd, 2 tdpbssd; dwords of K; input family; 0). A is 16 × 4K bytes, B K × 64, C 16 × 16.
+//! `tests/data/hardware_tiles.bin` holds 38 of the records one run wrote (the families of
+//! `tdpbf16ps` at one pair and a whole tile, both int8 kinds), which the emulator must match.
 use kt_backend_amx::tile::{Amx, TileConfig, TileOps};
 use kt_core::backend::Backend;
+use kt_core::rng::SplitMix64;
 use std::io::Write;
 
-struct Rng(u64);
-impl Rng {
-    fn next(&mut self) -> u64 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^ (z >> 31)
-    }
-    fn below(&mut self, n: u64) -> u64 {
-        self.next() % n
-    }
+/// `0..n` (modulo, as the committed records were drawn).
+fn below(r: &mut SplitMix64, n: u64) -> u64 {
+    r.next_u64() % n
 }
 
 /// A bf16 with a random sign and mantissa and an exponent in `lo..hi` (biased).
-fn bf16(r: &mut Rng, lo: u64, hi: u64) -> u16 {
-    let e = lo + r.below(hi - lo);
-    ((r.below(2) << 15) | (e << 7) | r.below(128)) as u16
+fn bf16(r: &mut SplitMix64, lo: u64, hi: u64) -> u16 {
+    let e = lo + below(r, hi - lo);
+    ((below(r, 2) << 15) | (e << 7) | below(r, 128)) as u16
 }
 
-fn f32_bits(r: &mut Rng, lo: u64, hi: u64) -> u32 {
-    let e = lo + r.below(hi - lo);
-    ((r.below(2) << 31) | (e << 23) | r.below(1 << 23)) as u32
+fn f32_bits(r: &mut SplitMix64, lo: u64, hi: u64) -> u32 {
+    let e = lo + below(r, hi - lo);
+    ((below(r, 2) << 31) | (e << 23) | below(r, 1 << 23)) as u32
 }
 
 fn main() {
@@ -38,7 +32,7 @@ fn main() {
         std::process::exit(2);
     }
     let mut f = std::io::BufWriter::new(std::fs::File::create(&out).unwrap());
-    let mut r = Rng(7);
+    let mut r = SplitMix64::new(7);
     let mut t = Amx;
     let mut records = 0;
     for op in 0u8..3 {
@@ -74,7 +68,7 @@ fn main() {
                                         // b1 = -b0 · a0/a1 roughly, by copying b0 negated onto
                                         // the pair whose a's are equal in row 0
                                         v = u16::from_le_bytes([b[k * 64 + 4 * n], b[k * 64 + 4 * n + 1]]) ^ 0x8000;
-                                        v ^= r.below(4) as u16;
+                                        v ^= below(&mut r, 4) as u16;
                                     }
                                     let at = k * 64 + 4 * n + 2 * i;
                                     b[at..at + 2].copy_from_slice(&v.to_le_bytes());
@@ -92,7 +86,7 @@ fn main() {
                         for i in 0..256 {
                             let v = match family {
                                 3 => f32_bits(&mut r, 140, 155),
-                                4 => f32_bits(&mut r, 0, 8) & 0x807f_ffff | (r.below(2) as u32) << 23,
+                                4 => f32_bits(&mut r, 0, 8) & 0x807f_ffff | (below(&mut r, 2) as u32) << 23,
                                 5 => 0,
                                 _ => f32_bits(&mut r, 118, 137),
                             };
@@ -100,10 +94,10 @@ fn main() {
                         }
                     } else {
                         for x in a.iter_mut().chain(b.iter_mut()) {
-                            *x = r.next() as u8;
+                            *x = r.next_u64() as u8;
                         }
                         for i in 0..256 {
-                            let v = if family == 0 { r.next() as u32 >> 8 } else { r.next() as u32 };
+                            let v = if family == 0 { r.next_u64() as u32 >> 8 } else { r.next_u64() as u32 };
                             c[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
                         }
                     }
