@@ -21,10 +21,14 @@ def checkpoint(tmp_path, kind, seed=3):
     tensors, want = {}, {}
     for e in range(E):
         for proj, (n, k) in zip(["gate", "up", "down"], [(I, H), (I, H), (H, I)]):
-            if kind == "bf16":
+            if kind in ("bf16", "f32"):
+                # bf16 tensors are copied; f32 ones are written as bf16 (rounded to nearest).
                 w = (r.standard_normal((n, k)) * 0.05).astype(np.float32)
                 bits = bf16_bits(w)
-                tensors[name(e, proj, "weight")] = ("BF16", (n, k), bits.tobytes())
+                if kind == "bf16":
+                    tensors[name(e, proj, "weight")] = ("BF16", (n, k), bits.tobytes())
+                else:
+                    tensors[name(e, proj, "weight")] = ("F32", (n, k), w.tobytes())
                 want[e, proj] = (bits.view(np.uint8).reshape(n, 2 * k), None)
             elif kind.startswith("fp8"):
                 codes = r.integers(0, 256, (n, k), dtype=np.uint8)
@@ -55,7 +59,7 @@ def expected(want, e, tp, kind):
         rows, cols = slice(r * part, (r + 1) * part), slice(r * part * d.shape[1] // I, (r + 1) * part * d.shape[1] // I)
         w13 = np.concatenate([g[rows], u[rows]]).tobytes()
         w2 = np.ascontiguousarray(d[:, cols]).tobytes()
-        if kind == "bf16":
+        if kind in ("bf16", "f32"):
             s13 = s2 = b""
         elif kind == "fp8-block":
             b = slice(r * part // 128, (r + 1) * part // 128)
@@ -69,7 +73,7 @@ def expected(want, e, tp, kind):
     return out
 
 
-METHODS = {"bf16": "BF16", "fp8-block": "FP8", "fp8-row": "FP8_PERCHANNEL", "int4": "RAWINT4"}
+METHODS = {"bf16": "BF16", "f32": "BF16", "fp8-block": "FP8", "fp8-row": "FP8_PERCHANNEL", "int4": "RAWINT4"}
 
 
 @pytest.mark.parametrize("kind", list(METHODS))

@@ -3,6 +3,7 @@
 //! distinct experts touched / t), their ratios to the roofline, and the error against the
 //! reference backend on up to 16 of the tokens.
 
+pub mod layerwise;
 mod report;
 pub mod roofline;
 pub mod synth;

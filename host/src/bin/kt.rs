@@ -165,6 +165,14 @@ struct BenchArgs {
     /// of synthetic ones; the shape comes from its config.json.
     #[arg(long)]
     weights: Option<std::path::PathBuf>,
+    /// Time SGLang's layerwise-prefill writes instead (every expert of the --weights
+    /// checkpoint's first MoE layer into GPU-layout host buffers), against one thread's DRAM
+    /// bandwidth.
+    #[arg(long, requires = "weights")]
+    layerwise: bool,
+    /// GPU tensor-parallel ranks each --layerwise write splits an expert over.
+    #[arg(long, default_value_t = 1, requires = "layerwise")]
+    tp: usize,
 }
 
 /// A one-line usage error (exit status 2).
@@ -302,6 +310,9 @@ fn run_bench(a: BenchArgs) -> ExitCode {
     if !(a.min_time.is_finite() && a.min_time >= 0.0) {
         return usage("--min-time must be a non-negative number of seconds");
     }
+    if a.layerwise {
+        return run_layerwise(&a);
+    }
     let mut p = p;
     let mut source = None;
     if let Some(w) = &a.weights {
@@ -387,6 +398,53 @@ fn run_bench(a: BenchArgs) -> ExitCode {
         }
         Err(e) => usage(e),
     }
+}
+
+/// `kt bench --layerwise --weights DIR`: one line (or JSON object) for the first MoE layer.
+fn run_layerwise(a: &BenchArgs) -> ExitCode {
+    let w = a.weights.as_ref().expect("clap requires --weights");
+    let opened = WeightSource::open(w).and_then(|src| Ok((src.moe_config()?, src)));
+    let (mc, src) = match opened {
+        Ok(x) => x,
+        Err(e) => return usage(e),
+    };
+    let (WeightSource::Hf(ck), Some(&layer)) = (&src, src.moe_layers().first()) else {
+        return usage(format!(
+            "{} is not a Hugging Face safetensors checkpoint with MoE layers, which --layerwise writes from",
+            w.display()
+        ));
+    };
+    if a.tp == 0 {
+        return usage("--tp must be positive");
+    }
+    let r = match bench::layerwise::run(ck, layer, (mc.hidden, mc.intermediate, mc.experts), a.tp, a.min_time) {
+        Ok(r) => r,
+        Err(e) => return usage(e),
+    };
+    if a.json {
+        println!(
+            "{{\"layerwise\": {{\"encoding\": \"{:?}\", \"layer\": {}, \"tp\": {}, \"experts\": {}, \"expert_bytes\": {}, \
+             \"ms_best\": {}, \"ms_median\": {}, \"gbps\": {}, \"dram_gbps\": {}, \"dram_ratio\": {}, \"reps\": {}}}}}",
+            r.encoding, r.layer, r.tp, r.experts, r.expert_bytes, r.ms_best, r.ms_median, r.gbps, r.dram_gbps, r.dram_ratio(), r.reps
+        );
+    } else {
+        println!(
+            "layerwise writes, layer {} ({:?}, tp {}): {:.2} MB an expert, best {:.3} ms, median {:.3} ms over {} reps of {} experts: \
+             {:.1} GB/s, {:.2} x one thread's DRAM read ({:.1} GB/s)",
+            r.layer,
+            r.encoding,
+            r.tp,
+            r.expert_bytes as f64 / 1e6,
+            r.ms_best,
+            r.ms_median,
+            r.reps,
+            r.experts,
+            r.gbps,
+            r.dram_ratio(),
+            r.dram_gbps
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 fn run_convert(a: ConvertArgs) -> ExitCode {
