@@ -4,7 +4,7 @@
 //! 1 tdpbusd, 2 tdpbssd; dwords of K; input family; 0). A is 16 × 4K bytes, B K × 64, C 16 × 16.
 //! `tests/data/hardware_tiles.bin` holds 38 of the records one run wrote (the families of
 //! `tdpbf16ps` at one pair and a whole tile, both int8 kinds), which the emulator must match.
-use kt_backend_amx::tile::{Amx, TileConfig, TileOps};
+use kt_backend_amx::tile::{self, Amx};
 use kt_core::backend::Backend;
 use kt_core::rng::SplitMix64;
 use std::io::Write;
@@ -101,22 +101,8 @@ fn main() {
                             c[4 * i..4 * i + 4].copy_from_slice(&v.to_le_bytes());
                         }
                     }
-                    let cfg = TileConfig::new().with(0, 16, 64).with(1, 16, 4 * kd).with(2, kd, 64);
-                    let mut after = [0u8; 1024];
-                    // SAFETY: AMX is present and permitted (cpu_support); each tile's rows lie in
-                    // its 1024-byte array at a 64-byte stride.
-                    unsafe {
-                        t.config(&cfg);
-                        t.load::<0>(c.as_ptr(), 64);
-                        t.load::<1>(a.as_ptr(), 64);
-                        t.load::<2>(b.as_ptr(), 64);
-                        match op {
-                            0 => t.dpbf16ps::<0, 1, 2>(),
-                            1 => t.dpbusd::<0, 1, 2>(),
-                            _ => t.dpbssd::<0, 1, 2>(),
-                        }
-                        t.store::<0>(after.as_mut_ptr(), 64);
-                    }
+                    // SAFETY: AMX is present and permitted (cpu_support).
+                    let after = unsafe { tile::product(&mut t, op, kd, &a, &b, &c) };
                     f.write_all(&[op, kd as u8, family, 0]).unwrap();
                     for x in [&a, &b, &c, &after] {
                         f.write_all(x).unwrap();
@@ -126,7 +112,7 @@ fn main() {
             }
         }
     }
-    kt_backend_amx::tile::release();
+    tile::release();
     f.flush().unwrap();
     println!("{records} records in {out}");
 }

@@ -7,7 +7,7 @@ use kt_core::testing::{layer_outputs, Scenario};
 use kt_core::{Backend, MoeConfig, WeightFormat};
 
 use crate::imp::{EMULATED, EMULATED_ALL};
-use crate::tile::{Amx, Emulator, TileConfig, TileOps};
+use crate::tile::{product, Amx, Emulator};
 
 mod emulated {
     kt_core::conformance_suite!(&crate::imp::EMULATED);
@@ -65,34 +65,20 @@ fn tiles_give_the_avx512_kernels_bits() {
 /// C-after tiles, 16 rows of 64 bytes each.
 const HARDWARE_TILES: &[u8] = include_bytes!("../tests/data/hardware_tiles.bin");
 
-/// One tile product `C += A · B` (16 rows, K of `kd` dwords) on `t`, from 16 × 64-byte tiles.
-fn tile_product<T: TileOps>(t: &mut T, op: u8, kd: usize, a: &[u8], b: &[u8], c: &[u8]) -> [u8; 1024] {
-    let cfg = TileConfig::new().with(0, 16, 64).with(1, 16, 4 * kd).with(2, kd, 64);
-    let mut after = [0u8; 1024];
-    assert!(a.len() == 1024 && b.len() == 1024 && c.len() == 1024);
-    // SAFETY: every tile is 16 rows of 64 bytes at a 64-byte stride; the callers run `Amx`
-    // only where AMX is granted.
-    unsafe {
-        t.config(&cfg);
-        t.load::<0>(c.as_ptr(), 64);
-        t.load::<1>(a.as_ptr(), 64);
-        t.load::<2>(b.as_ptr(), 64);
-        match op {
-            0 => t.dpbf16ps::<0, 1, 2>(),
-            1 => t.dpbusd::<0, 1, 2>(),
-            _ => t.dpbssd::<0, 1, 2>(),
-        }
-        t.store::<0>(after.as_mut_ptr(), 64);
-    }
-    after
-}
-
 /// The emulator's C-after against the hardware's: the same bits for the integer products and
 /// for `tdpbf16ps` over one pair; over more pairs (where the hardware sums in an order of its
 /// own) within twice the bound any order of 2·kd rounded f32 additions obeys,
 /// 2·(2·kd)·2⁻²⁴·(|C| + Σ|products|), checked per output. `Err` names the first that is not.
-fn check_against_emulator(op: u8, kd: usize, a: &[u8], b: &[u8], c: &[u8], hw: &[u8]) -> Result<(), String> {
-    let emu = tile_product(&mut Emulator::default(), op, kd, a, b, c);
+fn check_against_emulator(
+    op: u8,
+    kd: usize,
+    a: &[u8; 1024],
+    b: &[u8; 1024],
+    c: &[u8; 1024],
+    hw: &[u8],
+) -> Result<(), String> {
+    // SAFETY: the emulator runs anywhere.
+    let emu = unsafe { product(&mut Emulator::default(), op, kd, a, b, c) };
     if op != 0 || kd == 1 {
         return if emu[..] == hw[..] { Ok(()) } else { Err(format!("op {op}, K {kd} dwords: bits differ")) };
     }
@@ -125,7 +111,7 @@ fn the_emulator_gives_the_recorded_hardware_bits() {
     assert_eq!(records.len(), 38);
     for rec in records {
         let (op, kd, family) = (rec[0], usize::from(rec[1]), rec[2]);
-        let tile = |i: usize| &rec[4 + 1024 * i..4 + 1024 * (i + 1)];
+        let tile = |i: usize| -> &[u8; 1024] { rec[4 + 1024 * i..4 + 1024 * (i + 1)].try_into().unwrap() };
         let checked = check_against_emulator(op, kd, tile(0), tile(1), tile(2), tile(3));
         assert!(checked.is_ok(), "input family {family}: {}", checked.unwrap_err());
     }
@@ -155,7 +141,8 @@ fn the_emulator_gives_the_hardwares_bits() {
                 }
             }
             let [a, b, c] = &tiles;
-            let hw = tile_product(&mut Amx, op, kd, a, b, c);
+            // SAFETY: AMX is present and permitted (cpu_support, above).
+            let hw = unsafe { product(&mut Amx, op, kd, a, b, c) };
             crate::tile::release();
             let checked = check_against_emulator(op, kd, a, b, c, &hw);
             assert!(checked.is_ok(), "{}", checked.unwrap_err());

@@ -179,6 +179,38 @@ impl TileOps for Amx {
     }
 }
 
+/// One whole-tile product `C += A · B` from 16-row, 64-byte-stride tiles (A's rows `4·kd`
+/// bytes, B `kd` rows), returning C after: `op` 0 `tdpbf16ps`, 1 `tdpbusd`, 2 `tdpbssd` (the
+/// codes of `examples/tile_dump.rs`'s records, which the emulator is checked against).
+///
+/// # Safety
+/// `T`'s contract ([`Amx`]: AMX present and permitted); `1 ≤ kd ≤ 16`.
+pub unsafe fn product<T: TileOps>(
+    t: &mut T,
+    op: u8,
+    kd: usize,
+    a: &[u8; 1024],
+    b: &[u8; 1024],
+    c: &[u8; 1024],
+) -> [u8; 1024] {
+    let cfg = TileConfig::new().with(0, ROWS, COLSB).with(1, ROWS, 4 * kd).with(2, kd, COLSB);
+    let mut after = [0u8; 1024];
+    // SAFETY: every tile is 16 rows of 64 bytes at a 64-byte stride; the rest is the caller's.
+    unsafe {
+        t.config(&cfg);
+        t.load::<0>(c.as_ptr(), COLSB);
+        t.load::<1>(a.as_ptr(), COLSB);
+        t.load::<2>(b.as_ptr(), COLSB);
+        match op {
+            0 => t.dpbf16ps::<0, 1, 2>(),
+            1 => t.dpbusd::<0, 1, 2>(),
+            _ => t.dpbssd::<0, 1, 2>(),
+        }
+        t.store::<0>(after.as_mut_ptr(), COLSB);
+    }
+    after
+}
+
 /// Release this thread's tiles (`tilerelease`) if it configured them: the tile state returns to
 /// its initial one, which context switches do not save. Costs nothing on a thread that holds
 /// none (and so on a CPU without AMX).
