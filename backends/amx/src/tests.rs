@@ -106,7 +106,7 @@ fn check_against_emulator(
 /// The emulator against the recorded hardware products: every machine checks the model the
 /// emulated conformance runs rest on.
 #[test]
-fn the_emulator_gives_the_recorded_hardware_bits() {
+fn the_emulator_matches_the_recorded_hardware_products() {
     let records: Vec<&[u8]> = HARDWARE_TILES.chunks_exact(4 + 4 * 1024).collect();
     assert_eq!(records.len(), 38);
     for rec in records {
