@@ -152,12 +152,13 @@ def main():
             x = bf16(rng.standard_normal((n, H), dtype=np.float32))
             out = np.zeros((n, H), dtype=np.uint16)
             bsz = np.array([n], dtype=np.int32)
-            keep = (ids, w, x, out, bsz)
-            tasks.append(
-                lambda keep=keep: layer.moe.forward_task(
-                    keep[4].ctypes.data, k, keep[0].ctypes.data, keep[1].ctypes.data, keep[2].ctypes.data, keep[3].ctypes.data, False
+
+            def forward(ids=ids, w=w, x=x, out=out, bsz=bsz):  # this routing's arrays, kept alive
+                return layer.moe.forward_task(
+                    bsz.ctypes.data, k, ids.ctypes.data, w.ctypes.data, x.ctypes.data, out.ctypes.data, False
                 )
-            )
+
+            tasks.append(forward)
         turns = itertools.cycle(tasks)
         task = lambda: next(turns)()  # noqa: E731
         for _ in range(3):

@@ -422,11 +422,12 @@ fn run_layerwise(a: &BenchArgs) -> ExitCode {
         Err(e) => return usage(e),
     };
     if a.json {
-        println!(
-            "{{\"layerwise\": {{\"encoding\": \"{:?}\", \"layer\": {}, \"tp\": {}, \"experts\": {}, \"expert_bytes\": {}, \
-             \"ms_best\": {}, \"ms_median\": {}, \"gbps\": {}, \"dram_gbps\": {}, \"dram_ratio\": {}, \"reps\": {}}}}}",
-            r.encoding, r.layer, r.tp, r.experts, r.expert_bytes, r.ms_best, r.ms_median, r.gbps, r.dram_gbps, r.dram_ratio(), r.reps
-        );
+        let j = serde_json::json!({"layerwise": {
+            "encoding": format!("{:?}", r.encoding), "layer": r.layer, "tp": r.tp, "experts": r.experts,
+            "expert_bytes": r.expert_bytes, "ms_best": r.ms_best, "ms_median": r.ms_median, "gbps": r.gbps,
+            "dram_gbps": r.dram_gbps, "dram_ratio": r.dram_ratio(), "reps": r.reps,
+        }});
+        println!("{j}");
     } else {
         println!(
             "layerwise writes, layer {} ({:?}, tp {}): {:.2} MB an expert, best {:.3} ms, median {:.3} ms over {} reps of {} experts: \

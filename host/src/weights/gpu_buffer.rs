@@ -231,7 +231,7 @@ fn expert<'a>(
         let f = expert_f32(ck, layout, e, h, i)?;
         let m = |p: usize, v: &[f32]| Matrix {
             cols: shapes[p].1,
-            weights: Cow::Owned(v.iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect()),
+            weights: Cow::Owned(bf16_bytes(v)),
             scales: Cow::Borrowed(&[]),
         };
         return Ok((GpuEncoding::Bf16, [m(0, &f[0]), m(1, &f[1]), m(2, &f[2])]));
@@ -273,15 +273,18 @@ fn expert<'a>(
             (GpuEncoding::Int4 { .. }, Dtype::BF16) | (GpuEncoding::Fp8Block | GpuEncoding::Fp8Row, Dtype::F32) => {
                 Cow::Borrowed(ck.bytes(s))
             }
-            (GpuEncoding::Int4 { .. }, _) => {
-                floats(&sname, s.dtype, ck.bytes(s))?.iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect()
-            }
+            (GpuEncoding::Int4 { .. }, _) => Cow::Owned(bf16_bytes(&floats(&sname, s.dtype, ck.bytes(s))?)),
             _ => floats(&sname, s.dtype, ck.bytes(s))?.iter().flat_map(|&x| x.to_le_bytes()).collect(),
         };
         mats.push(Matrix { cols, weights: Cow::Borrowed(weights), scales });
     }
     let [g, u, d]: [Matrix; 3] = mats.try_into().map_err(|_| WeightError::Missing { name: weight(0) })?;
     Ok((enc.expect("three projections"), [g, u, d]))
+}
+
+/// `v` rounded to bf16, as little-endian bytes.
+fn bf16_bytes(v: &[f32]) -> Vec<u8> {
+    v.iter().flat_map(|&x| bf16::from_f32(x).to_le_bytes()).collect()
 }
 
 /// The fp8 scale tensor's name: `weight_scale_inv` (DeepSeek) or `weight_scale`.
