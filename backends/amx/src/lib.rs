@@ -9,8 +9,9 @@
 //! on int8 tiles; bf16, fp8, mxfp8 on bf16 tiles), and on the AVX-512 kernels otherwise; the
 //! integer formats give the same bits either way (exact sums, one scaling order).
 //!
-//! The tile instructions sit behind a seam (`tile::TileOps`) with a scalar emulator, so the
-//! tile loops are tested on CPUs without AMX (the `amx_emulated` backend of the tests).
+//! The tile instructions sit behind a seam (`tile::TileOps`, `kt_x86::amx`, which the `llamafile`
+//! backend's tile kernels share) with a scalar emulator, so the tile loops are tested on CPUs
+//! without AMX (the `amx_emulated` backend of the tests).
 //!
 //! **Must not** depend on another backend crate but `avx512` (every AMX CPU has AVX-512), nor
 //! serve GGML formats (the `llamafile` backend's).
@@ -22,8 +23,9 @@
 pub mod kernels;
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 pub mod probe;
+/// The tile seam, `kt_x86::amx`.
 #[cfg(target_arch = "x86_64")]
-pub mod tile;
+pub use kt_x86::amx as tile;
 
 use kt_core::Backend;
 
@@ -47,12 +49,10 @@ pub fn release_tiles() {
     tile::release();
 }
 
-/// Tokens per expert from which the tile kernels run; below, the AVX-512 kernels on the same
-/// bytes. Provisional: KT switches at 4 tokens per expert on average (`qlen > 4·E/k`), and
-/// this crate's threshold has not yet been measured on an AMX CPU (the session that wrote it
-/// had none); `kt bench --method` on one, with `KT_AMX_TILE_FROM` set to each candidate, is
-/// the benchmark that should replace it.
-pub const TILE_FROM: usize = 4;
+/// Tokens per expert from which the tile kernels run (`kt_x86::amx::TILE_FROM`, shared with
+/// the `llamafile` backend's tiles; `KT_AMX_TILE_FROM` overrides it).
+#[cfg(target_arch = "x86_64")]
+pub use kt_x86::amx::TILE_FROM;
 
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 pub use imp::{AmxBackend, AMX};
@@ -61,7 +61,6 @@ pub use imp::{AmxBackend, AMX};
 mod imp {
     use core::marker::PhantomData;
     use core::ops::Range;
-    use std::sync::OnceLock;
 
     use half::bf16;
     use kt_backend_avx512::act::Act;
@@ -74,29 +73,12 @@ mod imp {
     use kt_x86::tiles::{balanced_token_tiles, row_tiles};
 
     use crate::kernels::{self, panel_block, Block, MAX_TOKENS};
-    use crate::tile::{Amx, Emulator, TileOps};
-
-    /// Where the tile instructions come from, and whether this CPU has them.
-    pub trait Tiles: TileOps + Default + 'static {
-        /// `Ok` if the tiles can run here (for the hardware: the CPU's flags and Linux's
-        /// permission, asked once per process), else what is missing.
-        fn available() -> Result<(), &'static str>;
-    }
-
-    impl Tiles for Amx {
-        fn available() -> Result<(), &'static str> {
-            kt_x86::isa::request_amx()
-        }
-    }
-
-    impl Tiles for Emulator {
-        fn available() -> Result<(), &'static str> {
-            Ok(())
-        }
-    }
+    #[cfg(test)]
+    use crate::tile::Emulator;
+    use crate::tile::{tile_from, Amx, Tiles};
 
     /// The AMX backend over tile instructions `T`: [`Amx`] (the `amx` backend), or the
-    /// [`Emulator`] (the tests' `amx_emulated`).
+    /// [`Emulator`](crate::tile::Emulator) (the tests' `amx_emulated`).
     pub struct AmxBackend<T> {
         name: &'static str,
         /// Tokens from which an expert runs on tiles; 0: [`tile_from`].
@@ -128,15 +110,6 @@ mod imp {
 
     fn packed(m: &PackedMatrix) -> &Packed {
         m.get::<Packed>().expect("a layer hands a backend only the matrices it packed")
-    }
-
-    /// Tokens from which an expert runs on tiles (`KT_AMX_TILE_FROM` overrides
-    /// [`crate::TILE_FROM`], for the benchmark that measures it).
-    fn tile_from() -> usize {
-        static FROM: OnceLock<usize> = OnceLock::new();
-        *FROM.get_or_init(|| {
-            std::env::var("KT_AMX_TILE_FROM").ok().and_then(|v| v.parse().ok()).unwrap_or(crate::TILE_FROM).max(1)
-        })
     }
 
     impl<T: Tiles> AmxBackend<T> {

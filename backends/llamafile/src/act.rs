@@ -5,7 +5,8 @@
 //! - 32-column types: `[groups of 8 blocks][tokens]` of [`ActG8`]: Q8_0 blocks (scales widened
 //!   to f32) with `s = d·Σq` (ggml's Q8_1: the offsets of the weights fold in with it), the
 //!   values in the pairwise order of [`crate::legacy`]; for q8_0 [`ActW8`] (widened to i16),
-//!   or on a VNNI CPU [`ActV8`] ([`layout`]);
+//!   or on a VNNI CPU [`ActV8`] ([`layout`]); for an expert that runs on AMX tiles, every
+//!   32-column type's [`ActT8`] (each block's values in column order, rows of A tiles);
 //! - float types: `[tokens][cols]` f32.
 //!
 //! Values are quantized as core's scalar quantizers do (`d = amax/127`, ties away from zero),
@@ -95,6 +96,21 @@ impl ActV8 {
     }
 }
 
+/// 8 activation blocks of 32 columns for the AMX tile kernels (`kernels::on_amx`): block `k`'s
+/// values in column order at `32k`, so one token's block is one 32-byte row of an A tile and
+/// a token tile's rows are `size_of::<ActT8>()` apart. Scales and sums as [`ActG8`]'s, but
+/// in block order.
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+#[repr(C)]
+pub struct ActT8 {
+    /// Scales, block `k` at `k`.
+    pub d: [f32; G],
+    /// `d · Σ qs` of each block, in the same order.
+    pub s: [f32; G],
+    /// Values.
+    pub qs: [i8; 32 * G],
+}
+
 /// The layout of a 32-column type's activations.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Layout {
@@ -104,6 +120,8 @@ pub enum Layout {
     W8,
     /// [`ActV8`].
     V8,
+    /// [`ActT8`] (an expert on tiles, whatever the type).
+    T8,
 }
 
 /// The layout 32-column type `t` reads (`vnni`: its VNNI kernels run).
@@ -115,16 +133,24 @@ pub fn layout(t: GgmlType, vnni: bool) -> Layout {
     }
 }
 
-/// Bytes of prepared activations for `rows` tokens of `cols` columns.
+/// Bytes of prepared activations for `rows` tokens of `cols` columns: enough for the tile layout
+/// too ([`ActT8`] is no larger than the others).
 pub fn bytes(t: GgmlType, rows: usize, cols: usize, vnni: bool) -> usize {
+    const { assert!(size_of::<ActT8>() <= size_of::<ActG8>() && size_of::<ActT8>() <= size_of::<ActV8>()) };
+    layout_bytes(t, layout(t, vnni), rows, cols)
+}
+
+/// Bytes of `rows` tokens of `cols` columns prepared in `kind` (for a 32-column type).
+fn layout_bytes(t: GgmlType, kind: Layout, rows: usize, cols: usize) -> usize {
     rows * match t.act() {
         ActKind::F32 => 4 * cols,
         ActKind::Q8_0 => {
             (cols / QK).div_ceil(G)
-                * match layout(t, vnni) {
+                * match kind {
                     Layout::G8 => size_of::<ActG8>(),
                     Layout::W8 => size_of::<ActW8>(),
                     Layout::V8 => size_of::<ActV8>(),
+                    Layout::T8 => size_of::<ActT8>(),
                 }
         }
         ActKind::Q8K => cols / QK_K * size_of::<ActK>(),
@@ -136,7 +162,8 @@ pub fn scratch_bytes(cols: usize) -> usize {
     4 * cols
 }
 
-/// Prepare rows `rows` of `src` (`[*, cols]` bf16) into `dst` (`vnni`: as for [`layout`]).
+/// Prepare rows `rows` of `src` (`[*, cols]` bf16) into `dst`, a 32-column type's in `kind`
+/// ([`layout`], or [`Layout::T8`] for an expert on tiles).
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be present.
@@ -147,11 +174,11 @@ pub unsafe fn prepare(
     src: &[bf16],
     rows: &[u32],
     dst: &mut [u8],
-    vnni: bool,
+    kind: Layout,
     scratch: &mut [u8],
 ) {
     let n = rows.len();
-    let dst = &mut dst[..bytes(t, n, cols, vnni)];
+    let dst = &mut dst[..layout_bytes(t, kind, n, cols)];
     let x: &mut [f32] = bytemuck::cast_slice_mut(&mut scratch[..scratch_bytes(cols)]);
     for (i, &r) in rows.iter().enumerate() {
         let row = &src[r as usize * cols..(r as usize + 1) * cols];
@@ -164,10 +191,11 @@ pub unsafe fn prepare(
                 out.copy_from_slice(x);
             }
             // SAFETY (all three): AVX2, FMA and F16C by this function's contract.
-            ActKind::Q8_0 => match layout(t, vnni) {
+            ActKind::Q8_0 => match kind {
                 Layout::G8 => unsafe { fill::<ActG8>(bytemuck::cast_slice_mut(dst), x, n, i) },
                 Layout::W8 => unsafe { fill_wide(bytemuck::cast_slice_mut(dst), x, n, i) },
                 Layout::V8 => unsafe { fill_v8(bytemuck::cast_slice_mut(dst), x, n, i) },
+                Layout::T8 => unsafe { fill::<ActT8>(bytemuck::cast_slice_mut(dst), x, n, i) },
             },
             ActKind::Q8K => {
                 let out: &mut [ActK] = bytemuck::cast_slice_mut(dst);
@@ -210,6 +238,13 @@ impl Group for ActV8 {
     fn put(&mut self, k: usize, d: f32, sum: i32, q: &[i8; QK]) {
         (self.d[slot(k)], self.neg[slot(k)]) = (d, -128 * sum);
         q.iter().enumerate().for_each(|(j, &v)| self.qs[ActV8::at(k, j)] = v);
+    }
+}
+
+impl Group for ActT8 {
+    fn put(&mut self, k: usize, d: f32, sum: i32, q: &[i8; QK]) {
+        (self.d[k], self.s[k]) = (d, d * sum as f32);
+        self.qs[QK * k..QK * (k + 1)].copy_from_slice(q);
     }
 }
 
@@ -330,7 +365,7 @@ unsafe fn fill_v8(out: &mut [ActV8], x: &[f32], n: usize, i: usize) {
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline]
 #[target_feature(enable = "avx2")]
-unsafe fn transpose8(r: [__m256i; G]) -> [__m256i; G] {
+pub(crate) unsafe fn transpose8(r: [__m256i; G]) -> [__m256i; G] {
     let mut t = [_mm256_setzero_si256(); G];
     for p in 0..G / 2 {
         // Words 0, 1, 4, 5 (lo) and 2, 3, 6, 7 (hi) of rows 2p and 2p + 1, interleaved.
@@ -459,17 +494,27 @@ mod tests {
             x[0] = 127.0;
             x[1..9].copy_from_slice(&[2.5, -2.5, 0.5, -0.5, 1.5, 3.5, -126.5, 0.0]);
             let src: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
-            // q8_0 twice: ActW8, ActV8 (two tokens, the same row twice).
-            for (t, vnni) in
-                [(GgmlType::Q4_K, false), (GgmlType::Q4_0, false), (GgmlType::Q8_0, false), (GgmlType::Q8_0, true)]
-            {
-                let n = 1 + usize::from(vnni);
+            // q8_0 twice: ActW8, ActV8 (two tokens, the same row twice); then ActT8 (tiles).
+            let cases = [(GgmlType::Q4_K, false, false), (GgmlType::Q4_0, false, false)];
+            let q8 = [(GgmlType::Q8_0, false, false), (GgmlType::Q8_0, true, false), (GgmlType::Q5_1, false, true)];
+            for (t, vnni, tiles) in cases.into_iter().chain(q8) {
+                let n = 1 + usize::from(vnni || tiles);
                 // u32 storage: the blocks hold f32s and need 4-byte alignment.
                 let mut words = vec![0u32; bytes(t, n, 512, vnni) / 4];
                 let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
                 // SAFETY: AVX2, FMA and F16C checked above.
-                unsafe { prepare(t, 512, &src, &vec![0; n], dst, vnni, &mut vec![0; scratch_bytes(512)]) };
-                if t == GgmlType::Q4_K {
+                let kind = if tiles { Layout::T8 } else { layout(t, vnni) };
+                unsafe { prepare(t, 512, &src, &vec![0; n], dst, kind, &mut vec![0; scratch_bytes(512)]) };
+                if tiles {
+                    let got: &[ActT8] = bytemuck::cast_slice(dst);
+                    for b in 0..512 / 32 {
+                        let (g, k) = (&got[(b / G) * n + 1], b % G);
+                        let want = BlockQ8_0::quantize(&x[32 * b..]);
+                        assert_eq!((&g.qs[32 * k..32 * k + 32], g.d[k]), (&want.qs[..], want.scale()), "block {b}");
+                        let sum: i32 = want.qs.iter().map(|&v| i32::from(v)).sum();
+                        assert_eq!(g.s[k], g.d[k] * sum as f32);
+                    }
+                } else if t == GgmlType::Q4_K {
                     let got: &[ActK] = bytemuck::cast_slice(dst);
                     for (b, g) in got.iter().enumerate() {
                         let mut want = BlockQ8K::quantize(&x[256 * b..]);

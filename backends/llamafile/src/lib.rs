@@ -6,8 +6,8 @@
 //!
 //! Modules: `pack` (weights rearranged at load), `act` (prepared activations), `kernels`
 //! (`kquant` for the 256-column types, `q32` for the 32-column ones, `float`, and the VNNI and
-//! 512-bit variants `on_vnni`, `on_zmm`), and the layouts they share (`decode`, `lanes`,
-//! `lattice`, `legacy`).
+//! 512-bit variants `on_vnni`, `on_zmm`, and the AMX tiles' `on_amx`), `tiled` (an expert's
+//! projections on tiles), and the layouts they share (`decode`, `lanes`, `lattice`, `legacy`).
 //!
 //! Weights keep their GGUF values, rearranged at load (`pack::Packed`: 32-column types in
 //! groups of 8 blocks, 256-column ones with their levels in the lane layout of `lanes`, q3_K's,
@@ -17,7 +17,10 @@
 //! Q8_0 with sums for 32-column ones, f32 for float types) in a block-major layout (`act`).
 //! Where the CPU has VNNI (AVX-VNNI or AVX512-VNNI), q8_0 (packed for it), q4_0, q4_1, q5_0,
 //! q5_1, q4_K, q5_K and iq4_xs run on `vpdpbusd` (`vnni`, `kernels::on_vnni`,
-//! `kernels::on_zmm`), with the same results bit for bit.
+//! `kernels::on_zmm`), with the same results bit for bit. Where the CPU has AMX, an expert with
+//! at least `kt_x86::amx::TILE_FROM` tokens of a 32-column type runs on int8 tiles
+//! (`kernels::on_amx`, driven by `tiled`; its activations then in the tile layout `act::ActT8`),
+//! with the same results bit for bit again.
 //!
 //! **Must not** depend on another backend crate (what the x86 backends share is `kt-x86`'s),
 //! nor serve a format that is not GGML's (our formats are the `avx2` backend's).
@@ -25,7 +28,8 @@
 //! # Safety
 //! Every `unsafe fn` here needs the CPU features it enables, or its caller's (AVX2, FMA and
 //! F16C, checked once by `cpu_support` before the backend is selected; AVX-VNNI or AVX512-VNNI
-//! for `kernels::on_vnni` and `kernels::on_zmm`, checked by `vnni::detect`), and slices as
+//! for `kernels::on_vnni` and `kernels::on_zmm`, checked by `vnni::detect`; AVX-512F and the
+//! granted AMX permission for the tiles, checked by `Llamafile::tiles_here`), and slices as
 //! long as its doc says (a tile's rows, a token's prepared activations).
 
 #[cfg(target_arch = "x86_64")]
@@ -42,6 +46,8 @@ mod lattice;
 mod legacy;
 #[cfg(target_arch = "x86_64")]
 mod pack;
+#[cfg(all(target_arch = "x86_64", vnni_intrinsics))]
+mod tiled;
 #[cfg(target_arch = "x86_64")]
 mod vnni;
 
@@ -83,19 +89,85 @@ mod imp {
     pub struct Llamafile {
         /// Whether kernels with VNNI run where the CPU has it.
         vnni: bool,
+        /// Where its AMX tiles come from.
+        tiles: TileSource,
+        /// Tokens per expert from which an expert runs on tiles; 0: `kt_x86::amx::tile_from`.
+        from: usize,
     }
 
-    /// The instance the host registers: VNNI kernels where the CPU has VNNI.
-    pub static LLAMAFILE: Llamafile = Llamafile { vnni: true };
+    /// Where an instance's tile instructions come from.
+    #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+    enum TileSource {
+        /// It has no tile kernels.
+        Off,
+        /// The CPU's AMX, where it has it and Linux permits it.
+        Hardware,
+        /// The scalar emulator (tests, on any CPU with AVX-512).
+        #[cfg_attr(not(test), allow(dead_code))]
+        Emulated,
+    }
+
+    /// The instance the host registers: VNNI kernels where the CPU has VNNI, AMX tiles for the
+    /// 32-column types' experts with many tokens where it has AMX.
+    pub static LLAMAFILE: Llamafile = Llamafile { vnni: true, tiles: TileSource::Hardware, from: 0 };
 
     /// AVX2 kernels only, whatever the CPU: for comparing the two on a VNNI CPU (tests, benches).
-    pub static LLAMAFILE_AVX2: Llamafile = Llamafile { vnni: false };
+    pub static LLAMAFILE_AVX2: Llamafile = Llamafile { vnni: false, tiles: TileSource::Off, from: 0 };
+
+    /// Emulated tiles at every token count, over the VNNI kernels (tests).
+    #[cfg(test)]
+    pub(crate) static LLAMAFILE_EMULATED: Llamafile = Llamafile { vnni: true, tiles: TileSource::Emulated, from: 1 };
+
+    /// The hardware's tiles at every token count (tests; tiles only where the CPU has AMX).
+    #[cfg(test)]
+    pub(crate) static LLAMAFILE_TILES_ALL: Llamafile = Llamafile { vnni: true, tiles: TileSource::Hardware, from: 1 };
 
     impl Llamafile {
         /// The VNNI encoding this instance's kernels use on this CPU.
         fn vnni(&self) -> Option<Vnni> {
             self.vnni.then(vnni::detect).flatten()
         }
+
+        /// Whether this instance's tiles run here: AVX-512F (their results' scaling) and, for
+        /// the hardware, AMX with Linux's permission; built with rustc ≥ 1.89 (the intrinsics).
+        fn tiles_here(&self) -> bool {
+            let avx512 = cfg!(vnni_intrinsics) && is_x86_feature_detected!("avx512f");
+            match self.tiles {
+                TileSource::Off => false,
+                TileSource::Hardware => avx512 && kt_x86::isa::request_amx().is_ok(),
+                TileSource::Emulated => avx512,
+            }
+        }
+
+        /// Whether an expert of type `t` with `n` tokens runs on tiles (its activations then in
+        /// the tile layout): the one rule its activations and its kernels both follow.
+        fn on_tiles(&self, t: kt_core::ggml::GgmlType, n: usize) -> bool {
+            let from = if self.from == 0 { kt_x86::amx::tile_from() } else { self.from };
+            n >= from && self.tiles_here() && tile_type(t, self.vnni().is_some())
+        }
+    }
+
+    /// `crate::tiled::$f::<T>(args)` with `T` the tile instructions `$source` names.
+    #[cfg(vnni_intrinsics)]
+    macro_rules! by_source {
+        ($source:expr, $f:ident($($a:expr),*)) => {
+            match $source {
+                TileSource::Hardware => crate::tiled::$f::<kt_x86::amx::Amx>($($a),*),
+                TileSource::Emulated => crate::tiled::$f::<kt_x86::amx::Emulator>($($a),*),
+                TileSource::Off => unreachable!("on_tiles is false for an instance without tiles"),
+            }
+        };
+    }
+
+    /// Whether type `t` has tile kernels (`quads`: q8_0 is packed for VNNI).
+    fn tile_type(t: kt_core::ggml::GgmlType, quads: bool) -> bool {
+        #[cfg(vnni_intrinsics)]
+        return crate::kernels::on_amx::runs(t, quads);
+        #[cfg(not(vnni_intrinsics))]
+        return {
+            let _ = (t, quads);
+            false
+        };
     }
 
     fn packed(m: &PackedMatrix) -> &Packed {
@@ -183,20 +255,22 @@ mod imp {
 
     impl Backend for Llamafile {
         fn name(&self) -> &'static str {
-            if self.vnni {
-                "llamafile"
-            } else {
-                "llamafile-avx2"
+            match (self.vnni, self.tiles) {
+                (_, TileSource::Emulated) => "llamafile_emulated_tiles",
+                (true, _) => "llamafile",
+                (false, _) => "llamafile-avx2",
             }
         }
 
         fn cpu_support(&self) -> Result<(), &'static str> {
             kt_x86::isa::avx2_fma()?;
-            if is_x86_feature_detected!("f16c") {
-                Ok(())
-            } else {
-                Err("F16C")
+            if !is_x86_feature_detected!("f16c") {
+                return Err("F16C");
             }
+            if self.tiles == TileSource::Emulated && !self.tiles_here() {
+                return Err("AVX-512F (the tile kernels' scaling)");
+            }
+            Ok(())
         }
 
         fn serves(&self, format: WeightFormat, _rows: usize, cols: usize) -> bool {
@@ -219,7 +293,13 @@ mod imp {
         }
 
         fn scratch_bytes(&self, shape: TaskShape) -> usize {
-            work_bytes(shape.tokens, shape.rows.next_multiple_of(R)).max(crate::act::scratch_bytes(shape.cols))
+            let vector =
+                work_bytes(shape.tokens, shape.rows.next_multiple_of(R)).max(crate::act::scratch_bytes(shape.cols));
+            #[cfg(vnni_intrinsics)]
+            if self.tiles_here() {
+                return vector.max(crate::tiled::bytes(shape.tokens, shape.cols));
+            }
+            vector
         }
 
         fn quantize_act(
@@ -231,8 +311,13 @@ mod imp {
             dst: &mut [u8],
             scratch: &mut [u8],
         ) {
+            let t = ggml(format);
+            let kind = match self.on_tiles(t, rows.len()) {
+                true => crate::act::Layout::T8,
+                false => crate::act::layout(t, self.vnni().is_some()),
+            };
             // SAFETY: cpu_support passed before this backend was selected.
-            unsafe { crate::act::prepare(ggml(format), cols, src, rows, dst, self.vnni().is_some(), scratch) }
+            unsafe { crate::act::prepare(t, cols, src, rows, dst, kind, scratch) }
         }
 
         fn gate_up(
@@ -248,6 +333,14 @@ mod imp {
         ) {
             let (g, u) = (packed(gate), packed(up));
             let (n, nr) = (h.rows(), rows.len());
+            #[cfg(vnni_intrinsics)]
+            if self.on_tiles(g.t, n) || self.on_tiles(u.t, n) {
+                let gate = crate::tiled::Operand { w: g, act: act_gate, tiles: self.on_tiles(g.t, n) };
+                let up = crate::tiled::Operand { w: u, act: act_up, tiles: self.on_tiles(u.t, n) };
+                // SAFETY: cpu_support and tiles_here passed (on_tiles); each operand's
+                // activations were prepared by quantize_act under the same rule.
+                return unsafe { by_source!(self.tiles, gate_up(gate, up, rows, glu, h, scratch)) };
+            }
             let Work { tile, out, ut, gs, us } = work(scratch, n, nr);
             if n == 1 {
                 let (gs, us) = (&mut gs[..nr], &mut us[..nr]);
@@ -290,6 +383,12 @@ mod imp {
         ) {
             let d = packed(down);
             let n = y.rows();
+            #[cfg(vnni_intrinsics)]
+            if self.on_tiles(d.t, n) {
+                let d = crate::tiled::Operand { w: d, act, tiles: true };
+                // SAFETY: as in gate_up.
+                return unsafe { by_source!(self.tiles, down(d, rows, y, scratch)) };
+            }
             if n == 1 {
                 // SAFETY: as in for_tiles.
                 unsafe { gemv(d, rows.clone(), act, y.row_mut(0)) };
@@ -305,7 +404,9 @@ mod imp {
 
         fn instructions(&self, format: WeightFormat) -> Instructions {
             let t = ggml(format);
-            if self.vnni().is_some() && vnni::runs(t) {
+            if self.tiles_here() && tile_type(t, self.vnni().is_some()) {
+                Instructions::AmxInt8
+            } else if self.vnni().is_some() && vnni::runs(t) {
                 Instructions::Int8Vnni
             } else if t.act() == kt_core::ggml::ActKind::F32 {
                 Instructions::FmaF32
@@ -350,6 +451,59 @@ mod tests {
     }
 
     kt_core::conformance_suite!(&crate::LLAMAFILE);
+
+    mod emulated_tiles {
+        kt_core::conformance_suite!(&crate::imp::LLAMAFILE_EMULATED);
+    }
+
+    /// Every layer of the GGML suite with a type that runs on tiles, on tiles at every token
+    /// count from 1 to 70 (one and two token halves, short last token blocks, row ranges
+    /// starting inside a panel, a row's last group part padding, gate and up one on tiles and
+    /// one not), emulated and, on an AMX CPU, on the hardware: the vector kernels' bits.
+    #[test]
+    fn tiles_give_the_vector_kernels_bits() {
+        use kt_core::testing::{build_ggml_layer, ggml_layer_formats, random_input, run, scenario_routing, Scenario};
+        use kt_core::{Backend, MoeConfig, Routing, SerialExecutor};
+
+        use crate::imp::{LLAMAFILE_EMULATED, LLAMAFILE_TILES_ALL};
+        if let Err(missing) = LLAMAFILE_EMULATED.cpu_support() {
+            eprintln!("skipped: this CPU lacks {missing}");
+            return;
+        }
+        let mut tiled: Vec<&'static dyn Backend> = vec![&LLAMAFILE_EMULATED];
+        match kt_x86::isa::request_amx() {
+            Ok(()) => tiled.push(&LLAMAFILE_TILES_ALL),
+            Err(why) => eprintln!("hardware tiles skipped: this CPU lacks {why}"),
+        }
+        let vector: &'static dyn Backend = &LLAMAFILE_AVX2;
+        let on_tiles =
+            |f: kt_core::WeightFormat| LLAMAFILE_EMULATED.instructions(f) == kt_core::backend::Instructions::AmxInt8;
+        let mut checked = 0;
+        for lf in ggml_layer_formats() {
+            if ![lf.gate, lf.up, lf.down].into_iter().any(on_tiles) {
+                continue;
+            }
+            let wide = [lf.gate, lf.up, lf.down].iter().any(|f| f.col_multiple() == 256);
+            let (h, i) = if wide { (512, 256) } else { (288, 160) };
+            let cfg = MoeConfig { max_tokens: 70, ..MoeConfig::new(3, 2, h, i) };
+            let want_layer = build_ggml_layer(vector, &cfg, lf, 11).0;
+            let layers: Vec<_> = tiled.iter().map(|&b| (b, build_ggml_layer(b, &cfg, lf, 11).0)).collect();
+            for tokens in 1..=70 {
+                let input = random_input(tokens, h, tokens as u64);
+                let s = if tokens % 3 == 0 { Scenario::Random } else { Scenario::Skewed };
+                let (ids, w, mask) = scenario_routing(s, tokens, &cfg, tokens as u64);
+                let r = Routing { tokens, k: 2, ids: &ids, weights: &w, gpu_mask: mask.as_deref() };
+                let want = run(&SerialExecutor, &cfg, &want_layer, &input, &r);
+                for (b, layer) in &layers {
+                    let got = run(&SerialExecutor, &cfg, layer, &input, &r);
+                    let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{} differs from {} on {lf}, {tokens} tokens ({s:?})", b.name(), vector.name());
+                }
+            }
+            checked += 1;
+        }
+        assert!(checked >= 6, "only {checked} layer formats had a type on tiles");
+    }
 
     /// The AVX2 kernels where this CPU would otherwise run VNNI ones (the registered instance
     /// runs the suite above).

@@ -1,13 +1,15 @@
 //! # kt-x86
 //!
 //! What the x86 backends share, so that no backend crate depends on another: run-time ISA
-//! detection (with the AMX tile permission Linux wants first), KT's SwiGLU on vectors, software
+//! detection (with the AMX tile permission Linux wants first), the AMX tile seam, KT's SwiGLU on vectors, software
 //! prefetch, the VNNI `vpdpbusd` encodings, the int4 nibble coding, huge-page weight buffers, and
 //! the walk that cuts a task's rows into a kernel's row tiles.
 //!
 //! **Must not** hold a backend's kernels, packing or activation layouts (those live in the
 //! backend crates), nor depend on a backend crate or on the host.
 
+#[cfg(target_arch = "x86_64")]
+pub mod amx;
 pub mod int4;
 #[cfg(target_arch = "x86_64")]
 pub mod isa;

@@ -431,7 +431,8 @@ mod tests {
                     // SAFETY: AVX2/FMA/F16C and AVX-VNNI checked above; act prepared for w.
                     unsafe {
                         let mut xs = vec![0u8; crate::act::scratch_bytes(cols)];
-                        crate::act::prepare(t, cols, &x, &ids, act.as_mut_slice(), v.is_some(), &mut xs);
+                        let kind = crate::act::layout(t, v.is_some());
+                        crate::act::prepare(t, cols, &x, &ids, act.as_mut_slice(), kind, &mut xs);
                         if n == 1 {
                             let mut out = vec![0.0f32; rows];
                             gemv(&w, 0..rows, act.as_mut_slice(), &mut out);

@@ -1,7 +1,9 @@
-//! The tile seam: the few AMX instructions the kernels use, behind [`TileOps`], with two
+//! The AMX tile seam: the few tile instructions the kernels use, behind [`TileOps`], with two
 //! implementations: [`Amx`], the instructions themselves through `asm!` (their intrinsics and
 //! target features are unstable), and [`Emulator`], a scalar model of them, so the tile loops,
 //! layouts and edge cases (short last blocks, odd token counts) are tested on CPUs without AMX.
+//! Shared here by the two backends with tile kernels (`amx` for KT's formats, `llamafile` for
+//! GGML's), so a thread's tile configuration is tracked in one place whichever ran last.
 //!
 //! ```text
 //!  tile t: rows(t) × colsb(t) bytes (≤ 16 × 64), set by a 64-byte configuration (palette 1)
@@ -209,6 +211,40 @@ pub unsafe fn product<T: TileOps>(
         t.store::<0>(after.as_mut_ptr(), COLSB);
     }
     after
+}
+
+/// Where the tile instructions come from, and whether this CPU has them.
+pub trait Tiles: TileOps + Default + 'static {
+    /// `Ok` if the tiles can run here (for the hardware: the CPU's flags and Linux's
+    /// permission, asked once per process), else what is missing.
+    fn available() -> Result<(), &'static str>;
+}
+
+impl Tiles for Amx {
+    fn available() -> Result<(), &'static str> {
+        crate::isa::request_amx()
+    }
+}
+
+impl Tiles for Emulator {
+    fn available() -> Result<(), &'static str> {
+        Ok(())
+    }
+}
+
+/// Tokens per expert from which the backends run an expert on tiles; below, their vector
+/// kernels on the same bytes. Provisional: KT switches at 4 tokens per expert on average
+/// (`qlen > 4·E/k`), and this threshold has not yet been measured on an AMX CPU; `kt bench
+/// --method` on one, with `KT_AMX_TILE_FROM` set to each candidate, is the benchmark that
+/// should replace it.
+pub const TILE_FROM: usize = 4;
+
+/// Tokens from which an expert runs on tiles: `KT_AMX_TILE_FROM` if set (for the benchmark
+/// that measures it), else [`TILE_FROM`]; read once.
+pub fn tile_from() -> usize {
+    static FROM: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
+    *FROM
+        .get_or_init(|| std::env::var("KT_AMX_TILE_FROM").ok().and_then(|v| v.parse().ok()).unwrap_or(TILE_FROM).max(1))
 }
 
 /// Release this thread's tiles (`tilerelease`) if it configured them: the tile state returns to
