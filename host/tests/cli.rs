@@ -28,10 +28,15 @@ fn info_reports_cpu_and_backends() {
         let name = l.split_whitespace().next().unwrap_or("");
         let vnni_part = l.split("on VNNI:").nth(1).unwrap_or("");
         match name {
+            // (q8_0 on AMX tiles where the CPU has them: that list follows on the line.)
             "llamafile" => assert!(vnni_part.contains("q8_0"), "{out}"),
             n if n.starts_with("avx512") => assert!(vnni_part.contains("int8") && n != "avx512_base", "{out}"),
             _ => {}
         }
+    }
+    // Kernels said to run on AMX tiles only where the CPU has them.
+    if out.lines().any(|l| l.contains("on AMX tiles")) {
+        assert!(out.lines().any(|l| l.starts_with("ISA:") && l.contains("amx")), "{out}");
     }
 }
 
@@ -154,6 +159,7 @@ fn bench_json_has_the_documented_schema() {
         let avx512_bf16 = std::arch::is_x86_feature_detected!("avx512bf16")
             && std::arch::is_x86_feature_detected!("avx512vbmi")
             && std::arch::is_x86_feature_detected!("avx512vnni");
+        let amx = !roof["amx_int8_gops"].is_null();
         let expected = match (r["backend"].as_str().unwrap(), r["method"].as_str().unwrap()) {
             ("reference", _) => "Scalar",
             ("avx2", "bf16") => "FmaF32",
@@ -164,6 +170,8 @@ fn bench_json_has_the_documented_schema() {
             ("avx512", "bf16") => "FmaF32Zmm",
             ("avx512", _) if std::arch::is_x86_feature_detected!("avx512vnni") => "Int8Vnni",
             ("avx512", _) => "Int8PairsZmm",
+            // An AMX CPU: llamafile's 32-column types on int8 tiles.
+            ("llamafile", _) if ins == "AmxInt8" && amx => "AmxInt8",
             ("llamafile", _) if vnni.is_null() => "Int8Pairs",
             // A VNNI CPU: VNNI, unless a rustc older than 1.89 built the crate without its kernels.
             ("llamafile", _) if ins == "Int8Pairs" => "Int8Pairs",
@@ -174,13 +182,14 @@ fn bench_json_has_the_documented_schema() {
         let judged = r["judged_by"].as_str().expect("judged_by: a string");
         let peak = match ins {
             "Int8Vnni" => vnni.as_f64(),
+            "AmxInt8" => roof["amx_int8_gops"].as_f64().or(vnni.as_f64()),
             "Int8Pairs" => roof["int8_gops"].as_f64(),
             "Int8PairsZmm" => roof["int8_512_gops"].as_f64(),
             "FmaF32Zmm" => roof["fma512_gflops"].as_f64(),
             "Bf16DotZmm" => roof["bf16dot512_gflops"].as_f64(),
             _ => roof["fma_gflops"].as_f64(),
         };
-        let named = ["vnni", "int8", "int8-512", "fma-512", "bf16dot", "fma"];
+        let named = ["vnni", "int8", "int8-512", "fma-512", "bf16dot", "fma", "amx-int8"];
         assert!(named.contains(&judged), "judged_by {judged}");
         assert!(
             (f("dram_ratio") - f("weight_gbps") / roof["dram_gbps"].as_f64().unwrap()).abs() <= 1e-9 * f("dram_ratio")

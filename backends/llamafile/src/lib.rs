@@ -431,8 +431,9 @@ mod tests {
         }
     }
 
-    /// The instruction family of each type's kernels: VNNI for the types `vnni::runs` names
-    /// on a VNNI CPU, f32 FMA for the float types, AVX2's pairs for the rest.
+    /// The instruction family of each type's kernels: AMX int8 tiles for the 32-column types on
+    /// an AMX CPU, VNNI for the types `vnni::runs` names on a VNNI CPU, f32 FMA for the float
+    /// types, AVX2's pairs for the rest.
     #[test]
     fn instructions_name_the_kernels_that_run() {
         use kt_core::backend::Instructions;
@@ -440,11 +441,16 @@ mod tests {
         use kt_core::{Backend, WeightFormat};
         let g = WeightFormat::Ggml;
         let vnni = if crate::vnni::detect().is_some() { Instructions::Int8Vnni } else { Instructions::Int8Pairs };
+        // The 32-column types run on tiles (prefill) where the CPU has AMX.
+        let tiles = cfg!(vnni_intrinsics) && is_x86_feature_detected!("avx512f") && kt_x86::isa::request_amx().is_ok();
+        let on_tiles = |other| if tiles { Instructions::AmxInt8 } else { other };
         for t in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::IQ4_XS] {
-            assert_eq!(LLAMAFILE.instructions(g(t)), vnni, "{t}");
+            let want = if t.act() == kt_core::ggml::ActKind::Q8_0 { on_tiles(vnni) } else { vnni };
+            assert_eq!(LLAMAFILE.instructions(g(t)), want, "{t}");
             assert_eq!(LLAMAFILE_AVX2.instructions(g(t)), Instructions::Int8Pairs, "{t}");
         }
-        for t in [GgmlType::IQ4_NL, GgmlType::Q6_K, GgmlType::Q2_K] {
+        assert_eq!(LLAMAFILE.instructions(g(GgmlType::IQ4_NL)), on_tiles(Instructions::Int8Pairs));
+        for t in [GgmlType::Q6_K, GgmlType::Q2_K] {
             assert_eq!(LLAMAFILE.instructions(g(t)), Instructions::Int8Pairs, "{t}");
         }
         assert_eq!(LLAMAFILE.instructions(g(GgmlType::F16)), Instructions::FmaF32);

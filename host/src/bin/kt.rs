@@ -277,9 +277,18 @@ fn served(b: &dyn kt_core::Backend) -> String {
         .filter(|f| b.instructions(**f) == Instructions::Int8Vnni)
         .map(|f| f.to_string())
         .collect();
+    let on_tiles: Vec<String> = ours
+        .iter()
+        .chain(&ggml)
+        .filter(|f| matches!(b.instructions(**f), Instructions::AmxInt8 | Instructions::AmxBf16))
+        .map(|f| f.to_string())
+        .collect();
     let mut s = parts.join(" and ");
     if !on_vnni.is_empty() {
         s += &format!(" (on VNNI: {})", on_vnni.join(", "));
+    }
+    if !on_tiles.is_empty() {
+        s += &format!(" (on AMX tiles for many tokens per expert: {})", on_tiles.join(", "));
     }
     s
 }
