@@ -105,7 +105,7 @@ pub fn repack_row(t: GgmlType, src: &[u8], out: &mut [u8]) {
             }
             qh[k] = h;
         }
-        let mut at = if matches!(t, GgmlType::Q4_1 | GgmlType::Q5_1) { 4 * G } else { 2 * G };
+        let mut at = levels_at(t);
         if t == GgmlType::Q8_0 {
             // Column pair c (columns 2c, 2c+1) of the 8 blocks in slot order: widened to i16,
             // one `madd` gives each block's share in its own lane ([`crate::act::ActW8`]).
@@ -155,6 +155,26 @@ pub enum Offset {
     OfD(f32),
     /// Stored f16 after the scales.
     Stored,
+}
+
+/// The offset of 32-column type `t`'s levels (q4_0's and q5_0's are unsigned, their midpoint
+/// in `m`).
+pub const fn offset(t: GgmlType) -> Offset {
+    match t {
+        GgmlType::Q4_0 => Offset::OfD(-8.0),
+        GgmlType::Q5_0 => Offset::OfD(-16.0),
+        GgmlType::Q4_1 | GgmlType::Q5_1 => Offset::Stored,
+        _ => Offset::Zero,
+    }
+}
+
+/// Byte offset of the levels in a group of 32-column type `t`: after the 8 scales, and the 8
+/// offsets of the `_1` types.
+pub const fn levels_at(t: GgmlType) -> usize {
+    match t {
+        GgmlType::Q4_1 | GgmlType::Q5_1 => 4 * G,
+        _ => 2 * G,
+    }
 }
 
 /// A repacked 32-column type.
@@ -247,8 +267,8 @@ pub struct Iq4Nl;
 impl LGroup for Q40 {
     const SIGNED: bool = false;
     const FOUR_BIT: bool = true;
-    const OFFSET: Offset = Offset::OfD(-8.0);
-    const LEVELS: usize = 2 * G;
+    const OFFSET: Offset = offset(GgmlType::Q4_0);
+    const LEVELS: usize = levels_at(GgmlType::Q4_0);
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
         unsafe { nibbles(load(&g[Self::LEVELS + 32 * p..])) }
@@ -258,8 +278,8 @@ impl LGroup for Q40 {
 impl LGroup for Q41 {
     const SIGNED: bool = false;
     const FOUR_BIT: bool = true;
-    const OFFSET: Offset = Offset::Stored;
-    const LEVELS: usize = 4 * G;
+    const OFFSET: Offset = offset(GgmlType::Q4_1);
+    const LEVELS: usize = levels_at(GgmlType::Q4_1);
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
         unsafe { nibbles(load(&g[Self::LEVELS + 32 * p..])) }
@@ -269,8 +289,8 @@ impl LGroup for Q41 {
 impl LGroup for Q50 {
     const SIGNED: bool = false;
     const FOUR_BIT: bool = false;
-    const OFFSET: Offset = Offset::OfD(-16.0);
-    const LEVELS: usize = 2 * G;
+    const OFFSET: Offset = offset(GgmlType::Q5_0);
+    const LEVELS: usize = levels_at(GgmlType::Q5_0);
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
         unsafe { five_bits(g, Self::LEVELS, p) }
@@ -280,8 +300,8 @@ impl LGroup for Q50 {
 impl LGroup for Q51 {
     const SIGNED: bool = false;
     const FOUR_BIT: bool = false;
-    const OFFSET: Offset = Offset::Stored;
-    const LEVELS: usize = 4 * G;
+    const OFFSET: Offset = offset(GgmlType::Q5_1);
+    const LEVELS: usize = levels_at(GgmlType::Q5_1);
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
         unsafe { five_bits(g, Self::LEVELS, p) }
@@ -291,8 +311,8 @@ impl LGroup for Q51 {
 impl LGroup for Iq4Nl {
     const SIGNED: bool = true;
     const FOUR_BIT: bool = false;
-    const OFFSET: Offset = Offset::Zero;
-    const LEVELS: usize = 2 * G;
+    const OFFSET: Offset = offset(GgmlType::IQ4_NL);
+    const LEVELS: usize = levels_at(GgmlType::IQ4_NL);
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
         unsafe {
@@ -369,7 +389,7 @@ mod tests {
                 GgmlType::Q4_1 | GgmlType::Q5_1 => f16::from_le_bytes([g[16 + s], g[17 + s]]).to_f32(),
                 _ => 0.0,
             };
-            let lv = if matches!(t, GgmlType::Q4_1 | GgmlType::Q5_1) { 4 * G } else { 2 * G };
+            let lv = levels_at(t);
             let (p, second) = (k / 2, k % 2);
             let q: f32 = if t == GgmlType::Q8_0 {
                 f32::from(g[lv + 16 * (j / 2) + 2 * slot(k) + j % 2] as i8)

@@ -295,9 +295,16 @@ mod imp {
         fn scratch_bytes(&self, shape: TaskShape) -> usize {
             let vector =
                 work_bytes(shape.tokens, shape.rows.next_multiple_of(R)).max(crate::act::scratch_bytes(shape.cols));
+            // The tile path's room only for a layer with a type on tiles (its panels are
+            // K-sized: a DeepSeek-V3 hidden makes them half a megabyte).
             #[cfg(vnni_intrinsics)]
             if self.tiles_here() {
-                return vector.max(crate::tiled::bytes(shape.tokens, shape.cols));
+                let f = shape.format;
+                let quads = self.vnni().is_some();
+                if [f.gate, f.up, f.down].into_iter().any(|f| matches!(f, WeightFormat::Ggml(t) if tile_type(t, quads)))
+                {
+                    return vector.max(crate::tiled::bytes(shape.tokens, shape.cols));
+                }
             }
             vector
         }

@@ -111,7 +111,7 @@ unsafe fn levels(t: GgmlType, g: &[u8]) -> [__m256i; G] {
             }
             return out;
         }
-        let at = if matches!(t, GgmlType::Q4_1 | GgmlType::Q5_1) { 4 * G } else { 2 * G };
+        let at = legacy::levels_at(t);
         let low = _mm_set1_epi8(0x0F);
         let lut = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast());
         for k in 0..G {
@@ -158,7 +158,7 @@ unsafe fn bit4(plane: __m128i, i: usize) -> __m128i {
 pub unsafe fn unpack(w: &Packed, r0: usize, nr: usize, p: &mut Panel<'_>) {
     debug_assert!((1..=PANEL).contains(&nr) && r0 + nr <= w.rows);
     let (gb, t) = (w.slice_bytes, w.t);
-    let offset = offset(t);
+    let offset = legacy::offset(t);
     for q in 0..PANEL / 8 {
         // The 8 rows' starts (past `nr`, the last row's).
         let rows = array!(0usize; 8, |i| (r0 + (8 * q + i).min(nr - 1)) * w.row_bytes);
@@ -191,16 +191,6 @@ pub unsafe fn unpack(w: &Packed, r0: usize, nr: usize, p: &mut Panel<'_>) {
                 }
             }
         }
-    }
-}
-
-/// The offset the type's vector kernel adds (`legacy::LGroup::OFFSET`).
-fn offset(t: GgmlType) -> Offset {
-    match t {
-        GgmlType::Q4_0 => Offset::OfD(-8.0),
-        GgmlType::Q5_0 => Offset::OfD(-16.0),
-        GgmlType::Q4_1 | GgmlType::Q5_1 => Offset::Stored,
-        _ => Offset::Zero,
     }
 }
 
@@ -237,7 +227,7 @@ pub unsafe fn block<T: TileOps>(
 ) {
     debug_assert!((1..=MAX_TOKENS).contains(&nt) && t0 + nt <= n && act.len() >= groups * n);
     let two = nt > ROWS;
-    let offset = offset(t) != Offset::Zero;
+    let offset = legacy::offset(t) != Offset::Zero;
     let a_stride = size_of::<ActT8>();
     // SAFETY (whole body): the caller's contract; the tile loads read `nt` ActT8 rows of 32
     // bytes and 8 rows of 64 bytes inside the panel's block; the stores write `sums`.
