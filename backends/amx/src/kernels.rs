@@ -65,18 +65,6 @@ pub fn runs(w: &Packed) -> bool {
     }
 }
 
-/// The tiles' shapes for a block of `nt` tokens stepping `kb` bytes of K: A and C rows are the
-/// tokens of each half, A rows `kb` bytes, B rows `kb / 4`.
-pub(crate) fn config(nt: usize, kb: usize) -> TileConfig {
-    let (r0, r1) = (nt.min(ROWS), nt.saturating_sub(ROWS));
-    let c = TileConfig::new().with(0, r0, COLSB).with(1, r0, COLSB).with(4, r0, kb);
-    let c = c.with(6, kb / 4, COLSB).with(7, kb / 4, COLSB);
-    match r1 {
-        0 => c,
-        _ => c.with(2, r1, COLSB).with(3, r1, COLSB).with(5, r1, kb),
-    }
-}
-
 /// Clear the C tiles.
 ///
 /// # Safety
@@ -315,7 +303,7 @@ unsafe fn whole_block<T: TileOps>(
     // SAFETY: the caller's contract; every address below lies in the panel's runs and the
     // activation rows t0..t0+nt (the second half only when `two`).
     unsafe {
-        t.config(&config(nt, COLSB));
+        t.config(&TileConfig::block(nt, COLSB));
         zero_c(t, two);
         match (act, w.format) {
             (&Act::Float { x16, kp, .. }, _) => {
@@ -384,7 +372,7 @@ unsafe fn group_block<T: TileOps>(
     // SAFETY: the caller's contract; the units g·upg.. of every group lie in the panel, and an
     // int8 activation row holds K = 8·units bytes.
     unsafe {
-        t.config(&config(nt, 8 * step_units));
+        t.config(&TileConfig::block(nt, 8 * step_units));
         for g in 0..groups {
             zero_c(t, two);
             for u in (g * upg..(g + 1) * upg).step_by(step_units) {
@@ -426,7 +414,7 @@ unsafe fn fp8_block<T: TileOps>(
     // SAFETY: the caller's contract; units % 8 == 0 (`runs`), so every step's 8 units lie in
     // the panel and its 32 K in the activation rows (2 bytes each).
     unsafe {
-        t.config(&config(nt, COLSB));
+        t.config(&TileConfig::block(nt, COLSB));
         for blk in 0..blocks {
             zero_c(t, two);
             for u in (blk * per_block..((blk + 1) * per_block).min(w.units)).step_by(STEP_UNITS) {

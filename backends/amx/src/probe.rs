@@ -2,8 +2,8 @@
 //! 16 × 16 × 64-byte tiles with A and B loaded from L1 every step (not tiles kept in registers,
 //! which no kernel can do).
 
-use crate::kernels::{config, step, store_c, BF16, MAX_TOKENS, US8};
-use crate::tile::{Amx, TileOps, COLSB, ROWS};
+use crate::kernels::{step, store_c, BF16, MAX_TOKENS, US8};
+use crate::tile::{Amx, TileConfig, TileOps, COLSB, ROWS};
 use kt_backend_avx512::pack::PANEL;
 
 /// Operations of one step: four tile products of 16 × 16 outputs over 64 bytes of K, an int8
@@ -21,7 +21,7 @@ pub fn block_steps(bf16: bool, steps: u64) -> Result<(), &'static str> {
     let mut t = Amx;
     // SAFETY: AMX granted (above); A and B hold two 16 × 64-byte tiles each, C four.
     unsafe {
-        t.config(&config(MAX_TOKENS, COLSB));
+        t.config(&TileConfig::block(MAX_TOKENS, COLSB));
         for _ in 0..steps {
             if bf16 {
                 step::<Amx, BF16>(&mut t, (a.0.as_ptr(), COLSB), (b.0.as_ptr(), ROWS * COLSB, COLSB), true);

@@ -1,7 +1,8 @@
 //! Prepared activations, block-major so that one weight block meets every token's matching
 //! block in one place:
-//! - K-quants and IQ4_XS: `[blocks][tokens]` of [`ActK`] (Q8_K as core quantizes it, the
-//!   values in the lane layout of [`crate::lanes`]);
+//! - K-quants, IQ4_XS and the lattice types: `[blocks][tokens]` of [`ActK`] (Q8_K as core
+//!   quantizes it, the values in the lane layout of [`crate::lanes`]; for an expert on AMX
+//!   tiles, [`Layout::T8`], in column order);
 //! - 32-column types: `[groups of 8 blocks][tokens]` of [`ActG8`]: Q8_0 blocks (scales widened
 //!   to f32) with `s = d·Σq` (ggml's Q8_1: the offsets of the weights fold in with it), the
 //!   values in the pairwise order of [`crate::legacy`]; for q8_0 [`ActW8`] (widened to i16),
@@ -120,7 +121,8 @@ pub enum Layout {
     W8,
     /// [`ActV8`].
     V8,
-    /// [`ActT8`] (an expert on tiles, whatever the type).
+    /// [`ActT8`] (an expert on tiles, whatever the type); for the 256-column types, [`ActK`]
+    /// with its values in column order.
     T8,
 }
 
@@ -207,7 +209,10 @@ pub unsafe fn prepare(
                     for (s, q) in a.bsums.iter_mut().zip(a.qs.chunks_exact(16)) {
                         *s = q.iter().map(|&v| i16::from(v)).sum();
                     }
-                    unsafe { crate::lanes::order_act_avx2(&mut a.qs) };
+                    // The tiles read them in column order.
+                    if kind != Layout::T8 {
+                        unsafe { crate::lanes::order_act_avx2(&mut a.qs) };
+                    }
                 }
             }
         }
@@ -494,8 +499,9 @@ mod tests {
             x[0] = 127.0;
             x[1..9].copy_from_slice(&[2.5, -2.5, 0.5, -0.5, 1.5, 3.5, -126.5, 0.0]);
             let src: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
-            // q8_0 twice: ActW8, ActV8 (two tokens, the same row twice); then ActT8 (tiles).
-            let cases = [(GgmlType::Q4_K, false, false), (GgmlType::Q4_0, false, false)];
+            // q4_K in the lane layout and in column order (tiles); q8_0 twice: ActW8, ActV8 (two
+            // tokens, the same row twice); then ActT8 (tiles).
+            let cases = [(GgmlType::Q4_K, false, false), (GgmlType::Q4_K, false, true), (GgmlType::Q4_0, false, false)];
             let q8 = [(GgmlType::Q8_0, false, false), (GgmlType::Q8_0, true, false), (GgmlType::Q5_1, false, true)];
             for (t, vnni, tiles) in cases.into_iter().chain(q8) {
                 let n = 1 + usize::from(vnni || tiles);
@@ -505,7 +511,14 @@ mod tests {
                 // SAFETY: AVX2, FMA and F16C checked above.
                 let kind = if tiles { Layout::T8 } else { layout(t, vnni) };
                 unsafe { prepare(t, 512, &src, &vec![0; n], dst, kind, &mut vec![0; scratch_bytes(512)]) };
-                if tiles {
+                if tiles && t == GgmlType::Q4_K {
+                    // Token 1 of two, its values in column order.
+                    let got: &[ActK] = bytemuck::cast_slice(dst);
+                    for b in 0..512 / QK_K {
+                        let (g, want) = (&got[b * n + 1], BlockQ8K::quantize(&x[256 * b..]));
+                        assert_eq!((g.d, g.qs, g.bsums), (want.d, want.qs, want.bsums), "block {b}");
+                    }
+                } else if tiles {
                     let got: &[ActT8] = bytemuck::cast_slice(dst);
                     for b in 0..512 / 32 {
                         let (g, k) = (&got[(b / G) * n + 1], b % G);

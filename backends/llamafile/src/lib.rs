@@ -18,9 +18,9 @@
 //! Where the CPU has VNNI (AVX-VNNI or AVX512-VNNI), q8_0 (packed for it), q4_0, q4_1, q5_0,
 //! q5_1, q4_K, q5_K and iq4_xs run on `vpdpbusd` (`vnni`, `kernels::on_vnni`,
 //! `kernels::on_zmm`), with the same results bit for bit. Where the CPU has AMX, an expert with
-//! at least `kt_x86::amx::TILE_FROM` tokens of a 32-column type runs on int8 tiles
-//! (`kernels::on_amx`, driven by `tiled`; its activations then in the tile layout `act::ActT8`),
-//! with the same results bit for bit again.
+//! at least `kt_x86::amx::TILE_FROM` tokens (and two at least) of a quantized type runs on int8
+//! tiles (`kernels::on_amx`, driven by `tiled`; its activations then in a tile layout:
+//! `act::ActT8`, or `act::ActK` in column order), with the same results bit for bit again.
 //!
 //! **Must not** depend on another backend crate (what the x86 backends share is `kt-x86`'s),
 //! nor serve a format that is not GGML's (our formats are the `avx2` backend's).
@@ -108,17 +108,18 @@ mod imp {
     }
 
     /// The instance the host registers: VNNI kernels where the CPU has VNNI, AMX tiles for the
-    /// 32-column types' experts with many tokens where it has AMX.
+    /// quantized types' experts with many tokens where it has AMX.
     pub static LLAMAFILE: Llamafile = Llamafile { vnni: true, tiles: TileSource::Hardware, from: 0 };
 
     /// AVX2 kernels only, whatever the CPU: for comparing the two on a VNNI CPU (tests, benches).
     pub static LLAMAFILE_AVX2: Llamafile = Llamafile { vnni: false, tiles: TileSource::Off, from: 0 };
 
-    /// Emulated tiles at every token count, over the VNNI kernels (tests).
+    /// Emulated tiles from two tokens per expert (every count `on_tiles` allows), over the VNNI
+    /// kernels (tests).
     #[cfg(test)]
     pub(crate) static LLAMAFILE_EMULATED: Llamafile = Llamafile { vnni: true, tiles: TileSource::Emulated, from: 1 };
 
-    /// The hardware's tiles at every token count (tests; tiles only where the CPU has AMX).
+    /// The hardware's tiles from two tokens per expert (tests; tiles only where the CPU has AMX).
     #[cfg(test)]
     pub(crate) static LLAMAFILE_TILES_ALL: Llamafile = Llamafile { vnni: true, tiles: TileSource::Hardware, from: 1 };
 
@@ -128,10 +129,12 @@ mod imp {
             self.vnni.then(vnni::detect).flatten()
         }
 
-        /// Whether this instance's tiles run here: AVX-512F (their results' scaling) and, for
-        /// the hardware, AMX with Linux's permission; built with rustc ≥ 1.89 (the intrinsics).
+        /// Whether this instance's tiles run here: AVX-512F and BW (their results' scaling) and,
+        /// for the hardware, AMX with Linux's permission; built with rustc ≥ 1.89 (the
+        /// intrinsics).
         fn tiles_here(&self) -> bool {
-            let avx512 = cfg!(vnni_intrinsics) && is_x86_feature_detected!("avx512f");
+            let avx512 =
+                cfg!(vnni_intrinsics) && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
             match self.tiles {
                 TileSource::Off => false,
                 TileSource::Hardware => avx512 && kt_x86::isa::request_amx().is_ok(),
@@ -140,10 +143,13 @@ mod imp {
         }
 
         /// Whether an expert of type `t` with `n` tokens runs on tiles (its activations then in
-        /// the tile layout): the one rule its activations and its kernels both follow.
+        /// the tile layout): the one rule its activations and its kernels both follow. Never
+        /// for one token: the one-token kernels accumulate in orders of their own (the
+        /// K-quants with 16-column scales subtract their mins before scaling), which the tiles
+        /// repeat only for two tokens or more.
         fn on_tiles(&self, t: kt_core::ggml::GgmlType, n: usize) -> bool {
             let from = if self.from == 0 { kt_x86::amx::tile_from() } else { self.from };
-            n >= from && self.tiles_here() && tile_type(t, self.vnni().is_some())
+            n >= from.max(2) && self.tiles_here() && tile_type(t, self.vnni().is_some())
         }
     }
 
@@ -268,7 +274,7 @@ mod imp {
                 return Err("F16C");
             }
             if self.tiles == TileSource::Emulated && !self.tiles_here() {
-                return Err("AVX-512F (the tile kernels' scaling)");
+                return Err("AVX-512F and AVX-512BW (the tile kernels' scaling)");
             }
             Ok(())
         }
@@ -299,11 +305,11 @@ mod imp {
             // K-sized: a DeepSeek-V3 hidden makes them half a megabyte).
             #[cfg(vnni_intrinsics)]
             if self.tiles_here() {
-                let f = shape.format;
+                let [g, u, d] = [shape.format.gate, shape.format.up, shape.format.down].map(ggml);
                 let quads = self.vnni().is_some();
-                if [f.gate, f.up, f.down].into_iter().any(|f| matches!(f, WeightFormat::Ggml(t) if tile_type(t, quads)))
-                {
-                    return vector.max(crate::tiled::bytes(shape.tokens, shape.cols));
+                if [g, u, d].into_iter().any(|t| tile_type(t, quads)) {
+                    let tiled = |t| crate::tiled::bytes(shape.tokens, shape.cols, t);
+                    return vector.max(tiled([g, u])).max(tiled([d, d]));
                 }
             }
             vector
@@ -438,7 +444,7 @@ mod tests {
         }
     }
 
-    /// The instruction family of each type's kernels: AMX int8 tiles for the 32-column types on
+    /// The instruction family of each type's kernels: AMX int8 tiles for the quantized types on
     /// an AMX CPU, VNNI for the types `vnni::runs` names on a VNNI CPU, f32 FMA for the float
     /// types, AVX2's pairs for the rest.
     #[test]
@@ -448,17 +454,16 @@ mod tests {
         use kt_core::{Backend, WeightFormat};
         let g = WeightFormat::Ggml;
         let vnni = if crate::vnni::detect().is_some() { Instructions::Int8Vnni } else { Instructions::Int8Pairs };
-        // The 32-column types run on tiles (prefill) where the CPU has AMX.
-        let tiles = cfg!(vnni_intrinsics) && is_x86_feature_detected!("avx512f") && kt_x86::isa::request_amx().is_ok();
+        // The quantized types run on tiles (prefill) where the CPU has AMX.
+        let avx512 = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
+        let tiles = cfg!(vnni_intrinsics) && avx512 && kt_x86::isa::request_amx().is_ok();
         let on_tiles = |other| if tiles { Instructions::AmxInt8 } else { other };
         for t in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::IQ4_XS] {
-            let want = if t.act() == kt_core::ggml::ActKind::Q8_0 { on_tiles(vnni) } else { vnni };
-            assert_eq!(LLAMAFILE.instructions(g(t)), want, "{t}");
+            assert_eq!(LLAMAFILE.instructions(g(t)), on_tiles(vnni), "{t}");
             assert_eq!(LLAMAFILE_AVX2.instructions(g(t)), Instructions::Int8Pairs, "{t}");
         }
-        assert_eq!(LLAMAFILE.instructions(g(GgmlType::IQ4_NL)), on_tiles(Instructions::Int8Pairs));
-        for t in [GgmlType::Q6_K, GgmlType::Q2_K] {
-            assert_eq!(LLAMAFILE.instructions(g(t)), Instructions::Int8Pairs, "{t}");
+        for t in [GgmlType::IQ4_NL, GgmlType::Q6_K, GgmlType::Q2_K, GgmlType::IQ2_XS] {
+            assert_eq!(LLAMAFILE.instructions(g(t)), on_tiles(Instructions::Int8Pairs), "{t}");
         }
         assert_eq!(LLAMAFILE.instructions(g(GgmlType::F16)), Instructions::FmaF32);
     }
@@ -469,10 +474,12 @@ mod tests {
         kt_core::conformance_suite!(&crate::imp::LLAMAFILE_EMULATED);
     }
 
-    /// Every layer of the GGML suite with a type that runs on tiles, on tiles at every token
-    /// count from 1 to 70 (one and two token halves, short last token blocks, row ranges
-    /// starting inside a panel, a row's last group part padding, gate and up one on tiles and
-    /// one not), emulated and, on an AMX CPU, on the hardware: the vector kernels' bits.
+    /// Every layer of the GGML suite with a type that runs on tiles (every quantized type:
+    /// the 32-column ones, the K-quants with scales of 32 and of 16 columns, iq4_xs, the
+    /// lattice types), on tiles for every expert of two tokens or more, at every token count
+    /// from 1 to 70 (one and two token halves, short last token blocks, row ranges starting
+    /// inside a panel, a row's last group part padding, gate and up one on tiles and one
+    /// not), emulated and, on an AMX CPU, on the hardware: the vector kernels' bits.
     #[test]
     fn tiles_give_the_vector_kernels_bits() {
         use kt_core::testing::{build_ggml_layer, ggml_layer_formats, random_input, run, scenario_routing, Scenario};
@@ -515,7 +522,8 @@ mod tests {
             }
             checked += 1;
         }
-        assert!(checked >= 6, "only {checked} layer formats had a type on tiles");
+        // Every layer of the suite but the float ones (f32, f16, bf16).
+        assert!(checked >= ggml_layer_formats().len() - 3, "only {checked} layer formats had a type on tiles");
     }
 
     /// The AVX2 kernels where this CPU would otherwise run VNNI ones (the registered instance

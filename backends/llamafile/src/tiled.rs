@@ -10,14 +10,14 @@
 use core::ops::Range;
 
 use half::bf16;
+use kt_core::ggml::GgmlType;
 use kt_core::mat::MatMut;
 use kt_core::swiglu::Glu;
 use kt_x86::amx::TileOps;
 use kt_x86::swiglu::glu_row;
 use kt_x86::tiles::{balanced_token_tiles, row_blocks};
 
-use crate::act::ActT8;
-use crate::kernels::on_amx::{self, Acc, Block, Panel, Sums, MAX_TOKENS, PANEL};
+use crate::kernels::on_amx::{self, Acc, Block, Panel, Sums, ACT_BYTES, MAX_TOKENS, PANEL};
 use crate::kernels::{dots, gemv, Packed, Scratch, R};
 
 /// A task's scratch for the tile path.
@@ -38,16 +38,17 @@ struct Room<'a> {
     rows: &'a mut [[f32; R]],
 }
 
-/// Bytes of a [`Work`] for `n` tokens and activations of `cols` columns.
-pub fn bytes(n: usize, cols: usize) -> usize {
+/// Bytes of a [`Work`] for `n` tokens, activations of `cols` columns and matrices of types
+/// `t` (gate's and up's, or down's twice).
+pub fn bytes(n: usize, cols: usize, t: [GgmlType; 2]) -> usize {
     let fixed = size_of::<Scratch>() + size_of::<Acc>() + size_of::<Sums>() + size_of::<Block>();
-    fixed + 2 * on_amx::panel_bytes(cols) + 4 * n * (2 * PANEL + R)
+    fixed + t.iter().map(|&t| on_amx::panel_bytes(t, cols)).sum::<usize>() + 4 * n * (2 * PANEL + R)
 }
 
-fn work(bytes: &mut [u8], n: usize, cols: usize) -> Work<'_> {
+fn work(bytes: &mut [u8], n: usize, cols: usize, [tg, tu]: [GgmlType; 2]) -> Work<'_> {
     let (vector, rest) = Scratch::from_bytes(bytes);
-    let (g, rest) = Panel::from_bytes(rest, cols);
-    let (u, rest) = Panel::from_bytes(rest, cols);
+    let (g, rest) = Panel::from_bytes(rest, tg, cols);
+    let (u, rest) = Panel::from_bytes(rest, tu, cols);
     let (acc, rest) = rest.split_at_mut(size_of::<Acc>());
     let (sums, rest) = rest.split_at_mut(size_of::<Sums>());
     let (block, rest) = rest.split_at_mut(size_of::<Block>());
@@ -90,9 +91,13 @@ unsafe fn panel_rows<T: TileOps>(
     unsafe {
         if m.tiles {
             on_amx::unpack(w, rows.start, nr, panel);
-            let acts: &[ActT8] = bytemuck::cast_slice(&m.act[..w.slices * n * size_of::<ActT8>()]);
+            let acts = &m.act[..w.slices * n * ACT_BYTES];
+            // The next panel's rows, brought in while the first token block computes.
+            let at = (rows.end * w.row_bytes).min(w.data.len());
+            let next = &w.data[at..(at + PANEL * w.row_bytes).min(w.data.len())];
             for (t0, nt) in balanced_token_tiles(n, MAX_TOKENS) {
-                on_amx::block(tiles, w.t, panel, w.slices, acts, (n, t0, nt), (acc, sums), block);
+                let next = if t0 == 0 { next } else { &[] };
+                on_amx::block(tiles, w.t, panel, w.slices, acts, (n, t0, nt), (acc, sums), block, next);
                 for (r, b) in res[t0..t0 + nt].iter_mut().zip(block.iter()) {
                     r[..nr].copy_from_slice(&b[..nr]);
                 }
@@ -125,7 +130,8 @@ pub unsafe fn gate_up<T: TileOps + Default>(
     scratch: &mut [u8],
 ) {
     let n = h.rows();
-    let Work { panels: [mut pg, mut pu], res: [gr, ur], mut room } = work(scratch, n, gate.w.cols);
+    let types = [gate.w.t, up.w.t];
+    let Work { panels: [mut pg, mut pu], res: [gr, ur], mut room } = work(scratch, n, gate.w.cols, types);
     let mut tiles = T::default();
     for panel in row_blocks(rows.clone(), PANEL) {
         // SAFETY: the caller's contract.
@@ -156,7 +162,7 @@ pub unsafe fn down<T: TileOps + Default>(
     scratch: &mut [u8],
 ) {
     let n = y.rows();
-    let Work { panels: [mut p, _], res: [res, _], mut room } = work(scratch, n, d.w.cols);
+    let Work { panels: [mut p, _], res: [res, _], mut room } = work(scratch, n, d.w.cols, [d.w.t; 2]);
     let mut tiles = T::default();
     for panel in row_blocks(rows.clone(), PANEL) {
         // SAFETY: the caller's contract.

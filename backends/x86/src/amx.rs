@@ -44,6 +44,20 @@ impl TileConfig {
         self
     }
 
+    /// The kernels' 2×2 block for `tokens` (≤ 32) tokens stepping `k` bytes of K: C0-C3 the
+    /// token halves × two 16-column halves (64-byte rows), A4 and A5 the token halves' `k`
+    /// bytes each, B6 and B7 `k / 4` rows of 64 bytes; the second token half's tiles only
+    /// when there is one.
+    pub const fn block(tokens: usize, k: usize) -> Self {
+        let (h0, h1) = (if tokens < ROWS { tokens } else { ROWS }, tokens.saturating_sub(ROWS));
+        let c = Self::new().with(0, h0, COLSB).with(1, h0, COLSB).with(4, h0, k);
+        let c = c.with(6, k / 4, COLSB).with(7, k / 4, COLSB);
+        match h1 {
+            0 => c,
+            _ => c.with(2, h1, COLSB).with(3, h1, COLSB).with(5, h1, k),
+        }
+    }
+
     /// Rows of tile `t`.
     pub fn rows(&self, t: usize) -> usize {
         usize::from(self.0[48 + t])

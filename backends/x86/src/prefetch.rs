@@ -14,3 +14,18 @@ pub fn ahead(p: *const u8, l1: usize, l2: usize) {
         _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(l2).cast());
     }
 }
+
+/// Prefetch share `i` of `n` of `bytes` into L2, a line at a time: a range that a loop of `n`
+/// steps brings in while it computes, step `i` at a time (a panel's next rows while the tiles
+/// work on this one's).
+#[inline(always)]
+pub fn share_to_l2(bytes: &[u8], i: usize, n: usize) {
+    let share = bytes.len().div_ceil(n.max(1)).next_multiple_of(64);
+    let end = ((i + 1) * share).min(bytes.len());
+    let mut at = i * share;
+    while at < end {
+        // SAFETY: as in `ahead`; the address is inside `bytes`.
+        unsafe { _mm_prefetch::<_MM_HINT_T1>(bytes.as_ptr().add(at).cast()) };
+        at += 64;
+    }
+}

@@ -5,8 +5,8 @@
 //! `madd` with the 16-column scales (K-quants, in the lane layout of [`crate::lanes`], several
 //! registers summed in i16 first) or by gathering block sums (32-column types), then f32;
 //! q8_0, the unsigned 32-column types, q4_K and q5_K on VNNI by `vpdpbusd` ([`on_vnni`]; with
-//! AVX512-VNNI q4_K, q5_K and q8_0 for several tokens in 512-bit registers, [`on_zmm`]); the
-//! 32-column types on AMX int8 tiles for an expert with many tokens ([`on_amx`]). Every
+//! AVX512-VNNI q4_K, q5_K and q8_0 for several tokens in 512-bit registers, [`on_zmm`]); every
+//! quantized type on AMX int8 tiles for an expert with many tokens ([`on_amx`]). Every
 //! output is computed in block order by one call, whatever the tile: results do not depend on
 //! how rows are split over tasks.
 
@@ -20,7 +20,7 @@ use core::ops::Range;
 use kt_core::ggml::{self, ActKind, GgmlType, QK};
 
 use crate::act::{ActG8, ActK, ActW8};
-use crate::decode::{reg_of, Iq4XsU, KBlock, Q3KU, Q4KU, Q5KU, Q6KP};
+use crate::decode::{reg_of, KBlock};
 use crate::lanes::REGS;
 use crate::legacy::{self, LGroup, Offset};
 pub use crate::pack::Packed;
@@ -36,6 +36,30 @@ macro_rules! array {
         }
         a
     }};
+}
+
+/// `$f!(B)` with `B` the kernels' block type of 256-column type `$t` (the lane layout's:
+/// [`crate::decode`]'s for the K-quants and iq4_xs, core's for q2_K and the lattice types), or
+/// `$other` for a type of another kind.
+macro_rules! by_kblock {
+    ($t:expr, $f:ident, $other:expr) => {
+        match $t {
+            GgmlType::Q2_K => $f!(kt_core::ggml::BlockQ2K),
+            GgmlType::Q3_K => $f!(crate::decode::Q3KU),
+            GgmlType::Q4_K => $f!(crate::decode::Q4KU),
+            GgmlType::Q5_K => $f!(crate::decode::Q5KU),
+            GgmlType::Q6_K => $f!(crate::decode::Q6KP),
+            GgmlType::IQ4_XS => $f!(crate::decode::Iq4XsU),
+            GgmlType::IQ1_S => $f!(kt_core::ggml::BlockIq1S),
+            GgmlType::IQ1_M => $f!(kt_core::ggml::BlockIq1M),
+            GgmlType::IQ2_XXS => $f!(kt_core::ggml::BlockIq2Xxs),
+            GgmlType::IQ2_XS => $f!(kt_core::ggml::BlockIq2Xs),
+            GgmlType::IQ2_S => $f!(kt_core::ggml::BlockIq2S),
+            GgmlType::IQ3_XXS => $f!(kt_core::ggml::BlockIq3Xxs),
+            GgmlType::IQ3_S => $f!(kt_core::ggml::BlockIq3S),
+            _ => $other,
+        }
+    };
 }
 
 /// Rows per tile.
@@ -234,42 +258,34 @@ pub unsafe fn dots(
             unsafe { legacy_tiles::<$b, Maddubs>(&raw, out, scratch) }
         }};
     }
-    match w.t {
-        GgmlType::Q2_K => k!(ggml::BlockQ2K),
-        GgmlType::Q3_K => k!(Q3KU),
-        GgmlType::Q4_K => k!(Q4KU),
-        GgmlType::Q5_K => k!(Q5KU),
-        GgmlType::Q6_K => k!(Q6KP),
-        GgmlType::IQ4_XS => k!(Iq4XsU),
-        GgmlType::IQ1_S => k!(ggml::BlockIq1S),
-        GgmlType::IQ1_M => k!(ggml::BlockIq1M),
-        GgmlType::IQ2_XXS => k!(ggml::BlockIq2Xxs),
-        GgmlType::IQ2_XS => k!(ggml::BlockIq2Xs),
-        GgmlType::IQ2_S => k!(ggml::BlockIq2S),
-        GgmlType::IQ3_XXS => k!(ggml::BlockIq3Xxs),
-        GgmlType::IQ3_S => k!(ggml::BlockIq3S),
-        GgmlType::Q4_0 => l!(legacy::Q40),
-        GgmlType::Q4_1 => l!(legacy::Q41),
-        GgmlType::Q5_0 => l!(legacy::Q50),
-        GgmlType::Q5_1 => l!(legacy::Q51),
-        GgmlType::Q8_0 => {
-            let tile = raw.cast::<ActW8>();
-            // SAFETY: the caller's contract; act holds [groups][n] ActW8, rows are repacked.
-            unsafe {
-                match n {
-                    ..=TC => wide::<TC, { 2 * TC }>(tile, out, &mut scratch.w, &mut scratch.acc),
-                    _ => wide::<{ 2 * TC }, { 2 * TC }>(tile, out, &mut scratch.w, &mut scratch.acc),
+    by_kblock!(
+        w.t,
+        k,
+        match w.t {
+            GgmlType::Q4_0 => l!(legacy::Q40),
+            GgmlType::Q4_1 => l!(legacy::Q41),
+            GgmlType::Q5_0 => l!(legacy::Q50),
+            GgmlType::Q5_1 => l!(legacy::Q51),
+            GgmlType::Q8_0 => {
+                let tile = raw.cast::<ActW8>();
+                // SAFETY: the caller's contract; act holds [groups][n] ActW8, rows are repacked.
+                unsafe {
+                    match n {
+                        ..=TC => wide::<TC, { 2 * TC }>(tile, out, &mut scratch.w, &mut scratch.acc),
+                        _ => wide::<{ 2 * TC }, { 2 * TC }>(tile, out, &mut scratch.w, &mut scratch.acc),
+                    }
                 }
             }
+            GgmlType::IQ4_NL => l!(legacy::Iq4Nl),
+            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+                debug_assert_eq!(w.t.act(), ActKind::F32);
+                // SAFETY: the caller's contract; act holds [n][cols] f32.
+                let tile = raw.cast::<f32>();
+                unsafe { float(w.t, tile.rows(), nr, w.cols, tile.act(), n, out) }
+            }
+            t => unreachable!("{t} is a 256-column type"),
         }
-        GgmlType::IQ4_NL => l!(legacy::Iq4Nl),
-        GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
-            debug_assert_eq!(w.t.act(), ActKind::F32);
-            // SAFETY: the caller's contract; act holds [n][cols] f32.
-            let tile = raw.cast::<f32>();
-            unsafe { float(w.t, tile.rows(), nr, w.cols, tile.act(), n, out) }
-        }
-    }
+    )
 }
 
 /// The body of a one-token kernel over rows `$rows` of `$w`: each tile (activations `$A`) into
@@ -360,38 +376,35 @@ pub unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) 
     }
     // SAFETY (every arm): the caller's contract; act holds one token in `w.t`'s layout.
     unsafe {
-        match w.t {
-            GgmlType::Q2_K => kquant1::<ggml::BlockQ2K>(w, rows, act, out),
-            GgmlType::Q3_K => kquant1::<Q3KU>(w, rows, act, out),
-            GgmlType::Q4_K => kquant1::<Q4KU>(w, rows, act, out),
-            GgmlType::Q5_K => kquant1::<Q5KU>(w, rows, act, out),
-            GgmlType::Q6_K => kquant1::<Q6KP>(w, rows, act, out),
-            GgmlType::IQ4_XS => kquant1::<Iq4XsU>(w, rows, act, out),
-            GgmlType::IQ1_S => kquant1::<ggml::BlockIq1S>(w, rows, act, out),
-            GgmlType::IQ1_M => kquant1::<ggml::BlockIq1M>(w, rows, act, out),
-            GgmlType::IQ2_XXS => kquant1::<ggml::BlockIq2Xxs>(w, rows, act, out),
-            GgmlType::IQ2_XS => kquant1::<ggml::BlockIq2Xs>(w, rows, act, out),
-            GgmlType::IQ2_S => kquant1::<ggml::BlockIq2S>(w, rows, act, out),
-            GgmlType::IQ3_XXS => kquant1::<ggml::BlockIq3Xxs>(w, rows, act, out),
-            GgmlType::IQ3_S => kquant1::<ggml::BlockIq3S>(w, rows, act, out),
-            GgmlType::Q4_0 => legacy1::<legacy::Q40>(w, rows, act, out),
-            GgmlType::Q4_1 => legacy1::<legacy::Q41>(w, rows, act, out),
-            GgmlType::Q5_0 => legacy1::<legacy::Q50>(w, rows, act, out),
-            GgmlType::Q5_1 => legacy1::<legacy::Q51>(w, rows, act, out),
-            GgmlType::IQ4_NL => legacy1::<legacy::Iq4Nl>(w, rows, act, out),
-            GgmlType::Q8_0 => wide1(w, rows, act, out),
-            GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
-                one_token_tiles!(w, rows, act, out, f32, |tile, res| float(
-                    w.t,
-                    tile.rows(),
-                    tile.nr,
-                    w.cols,
-                    tile.act(),
-                    1,
-                    &mut res
-                ))
-            }
+        macro_rules! k {
+            ($b:ty) => {
+                kquant1::<$b>(w, rows, act, out)
+            };
         }
+        by_kblock!(
+            w.t,
+            k,
+            match w.t {
+                GgmlType::Q4_0 => legacy1::<legacy::Q40>(w, rows, act, out),
+                GgmlType::Q4_1 => legacy1::<legacy::Q41>(w, rows, act, out),
+                GgmlType::Q5_0 => legacy1::<legacy::Q50>(w, rows, act, out),
+                GgmlType::Q5_1 => legacy1::<legacy::Q51>(w, rows, act, out),
+                GgmlType::IQ4_NL => legacy1::<legacy::Iq4Nl>(w, rows, act, out),
+                GgmlType::Q8_0 => wide1(w, rows, act, out),
+                GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
+                    one_token_tiles!(w, rows, act, out, f32, |tile, res| float(
+                        w.t,
+                        tile.rows(),
+                        tile.nr,
+                        w.cols,
+                        tile.act(),
+                        1,
+                        &mut res
+                    ))
+                }
+                t => unreachable!("{t} is a 256-column type"),
+            }
+        )
     }
 }
 
