@@ -127,6 +127,14 @@ pub enum Error {
         /// The expert id.
         expert: usize,
     },
+    /// An SFT backward with no saved forward to differentiate.
+    NoForwardCache,
+    /// An SFT forward asked to save its cache while `max_cache_depth` caches wait for their
+    /// backward.
+    CacheFull {
+        /// The layer's `max_cache_depth`.
+        depth: usize,
+    },
 }
 
 impl fmt::Display for Error {
@@ -184,6 +192,15 @@ impl fmt::Display for Error {
             Error::VariantUnavailable { variant, reason } => {
                 write!(f, "CPU variant {variant:?} cannot be used: {reason}")
             }
+            Error::NoForwardCache => write!(
+                f,
+                "no saved forward to differentiate: call forward with save_for_backward=True before backward"
+            ),
+            Error::CacheFull { depth } => write!(
+                f,
+                "max_cache_depth = {depth} forwards are already saved without their backward: run backward first, \
+                 or build the layer with a larger max_cache_depth"
+            ),
             Error::ExpertNotLoaded { expert } => write!(
                 f,
                 "expert {expert} is routed to the CPU but its weights were not loaded (it was GPU-resident when the layer was built)"

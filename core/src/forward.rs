@@ -15,7 +15,6 @@
 
 use alloc::vec::Vec;
 use core::ops::Range;
-use core::sync::atomic::{AtomicBool, Ordering};
 
 use half::bf16;
 
@@ -23,6 +22,7 @@ use crate::aligned::{round_up, AlignedBuf};
 use crate::backend::TaskShape;
 use crate::mat::SharedMut;
 use crate::plan::{target_tasks, Plan, StageKind, Task, SKIPPED};
+use crate::workers::WorkerScratch;
 use crate::{Backend, Error, Executor, LayerFormat, MoeConfig, PackedMatrix, QuantMatrix, Routing};
 
 /// One expert's packed matrices for one part: gate/up `[I_p, H]`, down `[H, I_p]`.
@@ -218,16 +218,13 @@ pub struct Workspace {
     out_parts: Vec<f32>,
     ident: Vec<u32>,
     /// The workers' scratch, one block each of what `Backend::scratch_bytes` asks for.
-    scratch: AlignedBuf,
+    scratch: WorkerScratch,
     /// Per active expert, where its gate and its up activations are in `act_x`.
     x_blocks: Vec<[Range<usize>; 2]>,
     /// Per part and active expert, where its down activations are in `act_h`.
     h_blocks: Vec<Range<usize>>,
     part_rows: Vec<usize>,
     h_base: Vec<usize>,
-    /// Per worker: whether a task of it holds its scratch. `Executor` promises one task at a
-    /// time per worker; this checks it (one atomic swap a task) instead of trusting it.
-    busy: Vec<AtomicBool>,
 }
 
 /// The row stride of the down projection's results `y` (`hidden` floats a row): one cache line
@@ -330,8 +327,6 @@ pub fn forward(
     // rows (more only where a token names it twice), a task at most a part's rows or `hidden`.
     let cols = part_rows.iter().fold(hd, |m, &ip| m.max(ip));
     let shape = TaskShape { format: w.format, tokens: max_rows.max(n), rows: cols, cols };
-    let stride = round_up(backend.scratch_bytes(shape));
-    ws.scratch.ensure(stride * exec.workers());
     ws.act_x.ensure(x_total.max(x_bound));
     ws.act_h.ensure(ah_total.max(ah_bound));
     grow(&mut ws.h, rows_total * cfg.intermediate);
@@ -343,21 +338,11 @@ pub fn forward(
     let (x_blocks, h_blocks, h_base) = (&ws.x_blocks[..], &ws.h_blocks[..], &ws.h_base[..]);
     let active = plan.experts.len();
     let expert = |p: usize, e: usize| w.parts[p].experts[plan.experts[e].id].as_ref().expect("checked above");
-    if ws.busy.len() < exec.workers() {
-        ws.busy = (0..exec.workers()).map(|_| AtomicBool::new(false)).collect();
-    }
-    let (scratch, busy) = (SharedMut::new(ws.scratch.as_mut_slice()), &ws.busy[..]);
+    let blocks = ws.scratch.blocks(exec, backend.scratch_bytes(shape));
     // Part tasks go to their part's sub-pool; Gather and Merge tasks are spread over all. Each
     // task gets its worker's scratch.
     let run = |tasks: &[Task], f: &(dyn Fn(&Task, &mut [u8]) + Sync)| {
-        exec.parallel_for_grouped(tasks.len(), &|i| tasks[i].part().unwrap_or(i), &|i, worker| {
-            let claim = &busy[worker];
-            assert!(!claim.swap(true, Ordering::Acquire), "executor ran two tasks at once as worker {worker}");
-            // SAFETY: workers' blocks are disjoint, and the claim above makes this task the only
-            // holder of its worker's block until it is released below.
-            f(&tasks[i], unsafe { scratch.slice_mut(worker * stride..(worker + 1) * stride) });
-            claim.store(false, Ordering::Release);
-        })
+        blocks.run(exec, tasks.len(), &|i| tasks[i].part().unwrap_or(i), &|i, scratch| f(&tasks[i], scratch))
     };
 
     for stage in &plan.stages {

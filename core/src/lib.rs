@@ -38,9 +38,11 @@ pub mod reference;
 pub mod rng;
 pub mod routing;
 pub mod select;
+pub mod sft;
 pub mod swiglu;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
+mod workers;
 
 pub use backend::{Backend, PackedMatrix};
 pub use config::MoeConfig;

@@ -261,8 +261,9 @@ pub fn accuracy_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> 
         .collect()
 }
 
-/// One line in a backend crate's tests runs the whole suite, printing a skip message when the
-/// CPU lacks the backend's ISA: `kt_core::conformance_suite!(&MY_BACKEND);`
+/// One line in a backend crate's tests runs the whole suite, inference and SFT
+/// ([`crate::sft::check`]), printing a skip message when the CPU lacks the backend's ISA:
+/// `kt_core::conformance_suite!(&MY_BACKEND);`
 #[macro_export]
 macro_rules! conformance_suite {
     ($backend:expr) => {
@@ -271,6 +272,17 @@ macro_rules! conformance_suite {
             if let Err(missing) = $crate::testing::conformance($backend) {
                 eprintln!("conformance skipped: this CPU lacks {missing}");
             }
+        }
+
+        #[test]
+        fn sft_conformance() {
+            let backend: &'static dyn $crate::Backend = $backend;
+            if let Err(missing) = backend.cpu_support() {
+                eprintln!("SFT conformance skipped: this CPU lacks {missing}");
+                return;
+            }
+            let failures = $crate::sft::check::sft_failures(backend, &$crate::SerialExecutor);
+            assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
         }
     };
 }

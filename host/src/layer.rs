@@ -271,6 +271,16 @@ impl MoeLayer {
         })
     }
 
+    /// Its packed weights.
+    pub fn weights(&self) -> &LayerWeights {
+        &self.weights
+    }
+
+    /// The executor it runs on.
+    pub fn executor(&self) -> &Arc<dyn Executor> {
+        &self.executor
+    }
+
     /// The layer's shape.
     pub fn config(&self) -> &MoeConfig {
         &self.cfg

@@ -23,6 +23,7 @@ pub mod placement;
 pub mod pool;
 pub mod queue;
 pub mod registry;
+pub mod sft;
 pub mod slots;
 pub mod soak;
 pub mod source;
@@ -33,3 +34,4 @@ pub mod weights;
 
 pub use kt_core::{bf16, Error, MoeConfig, WeightFormat};
 pub use layer::{LayerOptions, MoeLayer};
+pub use sft::SftLayer;

@@ -1,0 +1,288 @@
+//! The backward of a cached forward.
+
+use alloc::vec;
+use alloc::vec::Vec;
+use core::ops::Range;
+
+use half::bf16;
+
+use super::forward::{blocks_of, check_layer, resize, rows_of, widen, Workspace};
+use super::lora::{BackwardWeights, Lora, LoraGrads, Proj};
+use super::Cache;
+use crate::aligned::AlignedBuf;
+use crate::backend::TaskShape;
+use crate::forward::LayerWeights;
+use crate::mat::{MatMut, SharedMut};
+use crate::swiglu::silu;
+use crate::{Backend, Error, Executor, MoeConfig, PackedMatrix};
+
+/// Where a backward writes.
+#[derive(Debug)]
+pub struct Backward<'a> {
+    /// `[tokens, H]`: the gradient of the layer's input.
+    pub grad_input: &'a mut [bf16],
+    /// `[tokens, k]`: `⟨grad_output_t, y_tj⟩`, the routing weights' gradient (0 for slots
+    /// the CPU did not compute).
+    pub grad_weights: &'a mut [f32],
+    /// The LoRA matrices' gradients, added to (`None`: the base alone, KT's `SkipLoRA`).
+    pub lora: Option<LoraGrads<'a>>,
+}
+
+/// The backward of the forward `cache` holds, for the upstream gradient `grad_output`
+/// (`[tokens, H]`), with the layer's weights `w`, their transposes `back` and the same `lora`
+/// the forward ran with.
+#[allow(clippy::too_many_arguments)]
+pub fn backward(
+    exec: &dyn Executor,
+    cfg: &MoeConfig,
+    w: &LayerWeights,
+    back: &BackwardWeights,
+    lora: Option<&Lora<'_>>,
+    cache: &Cache,
+    grad_output: &[bf16],
+    out: Backward<'_>,
+    ws: &mut Workspace,
+) -> Result<(), Error> {
+    check_layer(cfg, w)?;
+    let (n, h, i, k) = (cache.tokens, cfg.hidden, cfg.intermediate, cache.k);
+    let check = |what, expected: usize, found: usize| match expected == found {
+        true => Ok(()),
+        false => Err(Error::ShapeMismatch { what, expected, found }),
+    };
+    check("grad_output", n * h, grad_output.len())?;
+    check("grad_input", n * h, out.grad_input.len())?;
+    check("grad_weights", n * k, out.grad_weights.len())?;
+    if let Some(l) = lora {
+        l.validate(cfg)?;
+        check("LoRA rank (the forward's)", cache.ax_g.len(), cache.row_tokens.len() * l.rank)?;
+        if let Some(g) = &out.lora {
+            g.validate(cfg, l.rank)?;
+        }
+    }
+    if let Some(a) = cache.experts.iter().find(|a| back.experts.get(a.id).is_none_or(Option::is_none)) {
+        return Err(Error::ExpertNotLoaded { expert: a.id });
+    }
+    let Backward { grad_input, grad_weights, lora: grads } = out;
+    let rows = cache.row_tokens.len();
+    resize(&mut ws.dx, rows * h);
+    grad_weights.fill(0.0);
+
+    let backend = w.backend();
+    let max_rows = cache.experts.iter().map(|a| a.rows).max().unwrap_or(0);
+    let shape = TaskShape { format: w.format, tokens: max_rows.max(1), rows: h.max(i), cols: h.max(i) };
+    let ident: Vec<u32> = (0..max_rows as u32).collect();
+    let blocks = ws.scratch.blocks(exec, backend.scratch_bytes(shape));
+    let (dx, gw) = (SharedMut::new(&mut ws.dx[..]), SharedMut::new(grad_weights));
+    let grads = grads.map(|g| [g.gate_a, g.gate_b, g.up_a, g.up_b, g.down_a, g.down_b].map(SharedMut::new));
+    blocks.run(exec, cache.experts.len(), &|e| e, &|e, scratch| {
+        let a = &cache.experts[e];
+        let [wg, wu, wd] = back.experts[a.id].as_ref().expect("checked above");
+        let (m, at) = (a.rows, a.row_range());
+        let mut prod = Product { backend, ident: &ident[..m], scratch };
+        // This expert's slices of the LoRA gradients ([`Lora::of`]'s order: A, then B).
+        let lora_grads = |p: Proj| {
+            let (din, dout) = p.dims(cfg);
+            let r = lora.map_or(0, |l| l.rank);
+            let at = match p {
+                Proj::Gate => 0,
+                Proj::Up => 2,
+                Proj::Down => 4,
+            };
+            grads.as_ref().map(|g| {
+                // SAFETY: expert `a.id`'s slices are written by its one task.
+                unsafe {
+                    (
+                        g[at].slice_mut(a.id * r * din..(a.id + 1) * r * din),
+                        g[at + 1].slice_mut(a.id * dout * r..(a.id + 1) * dout * r),
+                    )
+                }
+            })
+        };
+
+        // Each row's share of the upstream gradient, gy = w·grad_output, and ⟨grad_output, y⟩.
+        let mut gy = vec![0.0f32; m * h];
+        for (row, gy) in at.clone().zip(gy.chunks_exact_mut(h)) {
+            let slot = cache.row_slots[row] as usize;
+            let go = &grad_output[(slot / k) * h..][..h];
+            let wt = cache.weights[slot];
+            let mut s = 0.0f32;
+            for ((gy, go), y) in gy.iter_mut().zip(go).zip(&cache.y[row * h..][..h]) {
+                *gy = wt * go.to_f32();
+                s += go.to_f32() * y;
+            }
+            // SAFETY: each slot has one row, and the row is this task's.
+            unsafe { gw.slice_mut(slot..slot + 1)[0] = s };
+        }
+
+        // down: dh = W_dᵀ·gy (+ LoRA), then through SwiGLU.
+        let mut dh = prod.times(wd, &gy, m, i);
+        let hb: Vec<bf16> = cache.g[at.start * i..at.end * i]
+            .iter()
+            .zip(&cache.u[at.start * i..at.end * i])
+            .map(|(g, u)| cfg.glu.apply(g.to_f32(), u.to_f32()))
+            .collect();
+        if let Some(l) = lora {
+            let ah = &cache.ah[at.start * l.rank..at.end * l.rank];
+            lora_backward(
+                l,
+                Proj::Down,
+                a.id,
+                cfg,
+                (&gy, ah),
+                |row| &hb[row * i..][..i],
+                &mut dh,
+                lora_grads(Proj::Down),
+            );
+        }
+        let (mut dg, mut du) = (vec![0.0f32; m * i], vec![0.0f32; m * i]);
+        let gu = cache.g[at.start * i..at.end * i].iter().zip(&cache.u[at.start * i..at.end * i]);
+        for (((dg, du), dh), (g, u)) in dg.iter_mut().zip(du.iter_mut()).zip(&dh).zip(gu) {
+            (*dg, *du) = silu_backward(g.to_f32(), u.to_f32(), *dh);
+        }
+
+        // gate and up: dx = W_gᵀ·dg + W_uᵀ·du (+ LoRA).
+        let mut d = prod.times(wg, &dg, m, h);
+        for (d, e) in d.iter_mut().zip(prod.times(wu, &du, m, h)) {
+            *d += e;
+        }
+        if let Some(l) = lora {
+            let x = |row: usize| &cache.x[cache.row_tokens[at.start + row] as usize * h..][..h];
+            let r = l.rank;
+            let (axg, axu) = (&cache.ax_g[at.start * r..at.end * r], &cache.ax_u[at.start * r..at.end * r]);
+            lora_backward(l, Proj::Gate, a.id, cfg, (&dg, axg), x, &mut d, lora_grads(Proj::Gate));
+            lora_backward(l, Proj::Up, a.id, cfg, (&du, axu), x, &mut d, lora_grads(Proj::Up));
+        }
+        // SAFETY: expert e's rows are this task's.
+        unsafe { rows_of(&dx, &at, h) }.copy_from_slice(&d);
+    });
+
+    // grad_input[t] = Σ_j dx of its slots, j ascending.
+    let (dx, slot_rows) = (&ws.dx[..], slot_rows(cache));
+    let dst = SharedMut::new(grad_input);
+    let chunks: Vec<Range<usize>> = blocks_of(n, exec);
+    exec.parallel_for(chunks.len(), &|c, _| {
+        let tokens = chunks[c].clone();
+        // SAFETY: token chunks are disjoint.
+        let o = unsafe { dst.slice_mut(tokens.start * h..tokens.end * h) };
+        let mut acc = vec![0.0f32; h];
+        for (t, o) in tokens.zip(o.chunks_exact_mut(h)) {
+            acc.fill(0.0);
+            for row in slot_rows[t * k..(t + 1) * k].iter().flatten() {
+                for (a, &v) in acc.iter_mut().zip(&dx[row * h..][..h]) {
+                    *a += v;
+                }
+            }
+            for (o, &a) in o.iter_mut().zip(&acc) {
+                *o = bf16::from_f32(a);
+            }
+        }
+    });
+    Ok(())
+}
+
+/// Each slot's row, `None` where the slot was skipped.
+fn slot_rows(cache: &Cache) -> Vec<Option<usize>> {
+    let mut v = vec![None; cache.tokens * cache.k];
+    for (row, &slot) in cache.row_slots.iter().enumerate() {
+        v[slot as usize] = Some(row);
+    }
+    v
+}
+
+/// `(dg, du)` for `h = silu(g)·u` at the values SwiGLU saw, given `dh`.
+fn silu_backward(g: f32, u: f32, dh: f32) -> (f32, f32) {
+    let sig = 1.0 / (1.0 + libm::expf((-g).min(88.0)));
+    (dh * u * sig * (1.0 + g * (1.0 - sig)), dh * silu(g))
+}
+
+/// A task's products with a transposed base matrix.
+struct Product<'a, 's> {
+    backend: &'a dyn Backend,
+    ident: &'a [u32],
+    scratch: &'s mut [u8],
+}
+
+impl Product<'_, '_> {
+    /// `Wᵀ·v` of each of `m` rows of `v` (`[m, cols]`, rounded to bf16 and prepared as the
+    /// activations of the transposes' format): `[m, rows]` in f32.
+    fn times(&mut self, wt: &PackedMatrix, v: &[f32], m: usize, rows: usize) -> Vec<f32> {
+        let (cols, format, scratch) = (wt.cols(), wt.format(), &mut *self.scratch);
+        let vb: Vec<bf16> = v.iter().map(|&x| bf16::from_f32(x)).collect();
+        let mut act = AlignedBuf::zeroed(self.backend.act_bytes(format, m, cols));
+        self.backend.quantize_act(format, cols, &vb, self.ident, act.as_mut_slice(), scratch);
+        let mut out = vec![0.0f32; m * rows];
+        self.backend.down(wt, 0..rows, act.as_slice(), MatMut::from_slice(&mut out, m, rows, rows), scratch);
+        out
+    }
+}
+
+/// Projection `p`'s LoRA backward for expert `e`'s rows, given `gout` (`[m, out]`, the
+/// gradient of its output) and `ax` (`[m, r]`, the forward's `A·input`): `gin += s·Aᵀ·(Bᵀ·gout)`
+/// (`[m, in]`), and, where there are gradients, `grad B += s·Σ_rows gout·axᵀ`,
+/// `grad A += s·Σ_rows (Bᵀ·gout)·inputᵀ`, each summed over the rows in order in f32 and added
+/// to the bf16 gradient once.
+#[allow(clippy::too_many_arguments)]
+fn lora_backward<'x>(
+    l: &Lora<'_>,
+    p: Proj,
+    e: usize,
+    cfg: &MoeConfig,
+    (gout, ax): (&[f32], &[f32]),
+    input: impl Fn(usize) -> &'x [bf16],
+    gin: &mut [f32],
+    grads: Option<(&mut [bf16], &mut [bf16])>,
+) {
+    let (din, dout) = p.dims(cfg);
+    let (r, s) = (l.rank, l.scaling());
+    let (a, b) = l.of(p, e, cfg);
+    let (a, b) = (widen(a), widen(b));
+    let m = gout.len() / dout;
+    // gb[row][q] = Σ_o gout[row][o]·B[o][q]
+    let mut gb = vec![0.0f32; m * r];
+    for (gb, gout) in gb.chunks_exact_mut(r).zip(gout.chunks_exact(dout)) {
+        for (o, &go) in gout.iter().enumerate() {
+            for (gb, &b) in gb.iter_mut().zip(&b[o * r..][..r]) {
+                *gb += go * b;
+            }
+        }
+    }
+    for (gin, gb) in gin.chunks_exact_mut(din).zip(gb.chunks_exact(r)) {
+        for (q, &g) in gb.iter().enumerate() {
+            for (gin, &a) in gin.iter_mut().zip(&a[q * din..][..din]) {
+                *gin += s * g * a;
+            }
+        }
+    }
+    let Some((ga, gbm)) = grads else { return };
+    // grad B [out, r]
+    let mut acc = vec![0.0f32; dout * r];
+    for (gout, ax) in gout.chunks_exact(dout).zip(ax.chunks_exact(r)) {
+        for (acc, &go) in acc.chunks_exact_mut(r).zip(gout) {
+            for (acc, &x) in acc.iter_mut().zip(ax) {
+                *acc += go * x;
+            }
+        }
+    }
+    add_scaled(gbm, &acc, s);
+    // grad A [r, in]
+    let mut acc = vec![0.0f32; r * din];
+    let mut x = vec![0.0f32; din];
+    for (row, gb) in gb.chunks_exact(r).enumerate() {
+        for (x, v) in x.iter_mut().zip(input(row)) {
+            *x = v.to_f32();
+        }
+        for (acc, &g) in acc.chunks_exact_mut(din).zip(gb) {
+            for (acc, &x) in acc.iter_mut().zip(&x) {
+                *acc += g * x;
+            }
+        }
+    }
+    add_scaled(ga, &acc, s);
+}
+
+/// `grad = bf16(grad + s·acc)`, element by element.
+fn add_scaled(grad: &mut [bf16], acc: &[f32], s: f32) {
+    for (g, &a) in grad.iter_mut().zip(acc) {
+        *g = bf16::from_f32(g.to_f32() + s * a);
+    }
+}

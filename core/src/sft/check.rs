@@ -1,0 +1,277 @@
+//! The SFT half of the conformance suite: a textbook forward and backward in f64 on the same
+//! (dequantized) weights, and the checks every backend's SFT passes are held to.
+
+use alloc::format;
+use alloc::string::String;
+use alloc::vec;
+use alloc::vec::Vec;
+
+use half::bf16;
+
+use super::lora::Proj;
+use super::{backward, forward, Backward, BackwardWeights, Cache, Lora, LoraGrads, Workspace};
+use crate::rng::SplitMix64;
+use crate::testing::{
+    build_layer, dequantized, mean_rel_err, random_experts, random_input, scenario_routing, Expert, Scenario,
+};
+use crate::{Backend, Executor, MoeConfig, Routing, WeightFormat};
+
+/// Six LoRA matrices in [`Lora`]'s order, owned.
+pub type LoraMats = [Vec<bf16>; 6];
+
+/// Random LoRA matrices of rank `r` (std 0.1; B zero when `zero_b`).
+pub fn random_lora(cfg: &MoeConfig, r: usize, zero_b: bool, seed: u64) -> LoraMats {
+    let (e, h, i) = (cfg.experts, cfg.hidden, cfg.intermediate);
+    let mut rng = SplitMix64::new(seed);
+    let mut m = |len: usize, zero: bool| -> Vec<bf16> {
+        (0..len).map(|_| bf16::from_f32(if zero { 0.0 } else { 0.1 * rng.gaussian() })).collect()
+    };
+    [
+        m(e * r * h, false),
+        m(e * i * r, zero_b),
+        m(e * r * h, false),
+        m(e * i * r, zero_b),
+        m(e * r * i, false),
+        m(e * h * r, zero_b),
+    ]
+}
+
+/// [`Lora`] over owned matrices.
+pub fn lora_of(m: &LoraMats, rank: usize, alpha: f32) -> Lora<'_> {
+    Lora { rank, alpha, gate_a: &m[0], gate_b: &m[1], up_a: &m[2], up_b: &m[3], down_a: &m[4], down_b: &m[5] }
+}
+
+/// What the textbook computes: the output `[n, H]`, then for an upstream gradient the input's
+/// `[n, H]`, the routing weights' `[n, k]` and the six LoRA gradients.
+pub struct Textbook {
+    /// Output.
+    pub out: Vec<f64>,
+    /// Input gradient.
+    pub grad_input: Vec<f64>,
+    /// Routing weights' gradient.
+    pub grad_weights: Vec<f64>,
+    /// Each slot's `‖grad_output_t‖·‖y_tj‖ / √H`: the size of a dot product of two random
+    /// vectors of those norms, against which its error is judged (one such dot can cancel to
+    /// near zero, and a relative error of it then says nothing).
+    pub dot_scale: Vec<f64>,
+    /// LoRA gradients, [`Lora`]'s order.
+    pub grad_lora: [Vec<f64>; 6],
+}
+
+fn silu(g: f64) -> f64 {
+    g / (1.0 + libm::exp(-g))
+}
+
+/// `y = W·x + s·B·(A·x)` for one expert's `W [out, in]`, `A [r, in]`, `B [out, r]`; returns
+/// `(y, A·x)`.
+fn proj(w: &[f32], a: &[bf16], b: &[bf16], s: f64, x: &[f64], r: usize) -> (Vec<f64>, Vec<f64>) {
+    let din = x.len();
+    let dout = w.len() / din;
+    let ax: Vec<f64> = (0..r).map(|q| (0..din).map(|i| f64::from(a[q * din + i].to_f32()) * x[i]).sum()).collect();
+    let y = (0..dout)
+        .map(|o| {
+            let base: f64 = (0..din).map(|i| f64::from(w[o * din + i]) * x[i]).sum();
+            base + s * (0..r).map(|q| f64::from(b[o * r + q].to_f32()) * ax[q]).sum::<f64>()
+        })
+        .collect();
+    (y, ax)
+}
+
+/// Projection backward: `gin = Wᵀ·gout + s·Aᵀ·(Bᵀ·gout)`, and `grad A += s·(Bᵀ·gout)·xᵀ`,
+/// `grad B += s·gout·axᵀ` into `grads` at the expert's offsets `at`.
+fn proj_back(
+    (w, a, b): (&[f32], &[bf16], &[bf16]),
+    s: f64,
+    (x, ax, gout): (&[f64], &[f64], &[f64]),
+    r: usize,
+    (ga, gb): (&mut [f64], &mut [f64]),
+) -> Vec<f64> {
+    let (din, dout) = (x.len(), gout.len());
+    let bg: Vec<f64> = (0..r).map(|q| (0..dout).map(|o| f64::from(b[o * r + q].to_f32()) * gout[o]).sum()).collect();
+    for o in 0..dout {
+        for q in 0..r {
+            gb[o * r + q] += s * gout[o] * ax[q];
+        }
+    }
+    for q in 0..r {
+        for i in 0..din {
+            ga[q * din + i] += s * bg[q] * x[i];
+        }
+    }
+    (0..din)
+        .map(|i| {
+            let base: f64 = (0..dout).map(|o| f64::from(w[o * din + i]) * gout[o]).sum();
+            base + s * (0..r).map(|q| f64::from(a[q * din + i].to_f32()) * bg[q]).sum::<f64>()
+        })
+        .collect()
+}
+
+/// The textbook forward and backward of an SFT layer with experts `w` (f32, as the kernels
+/// see them), LoRA `l`, input `x`, routing `rt` and upstream gradient `go` (`[n, H]`).
+pub fn textbook(cfg: &MoeConfig, w: &[Expert], l: &Lora<'_>, x: &[bf16], rt: &Routing<'_>, go: &[f64]) -> Textbook {
+    let (h, i, k, r, s) = (cfg.hidden, cfg.intermediate, rt.k, l.rank, f64::from(l.scaling()));
+    let mut t = Textbook {
+        out: vec![0.0; rt.tokens * h],
+        grad_input: vec![0.0; rt.tokens * h],
+        grad_weights: vec![0.0; rt.tokens * k],
+        dot_scale: vec![0.0; rt.tokens * k],
+        grad_lora: [l.gate_a, l.gate_b, l.up_a, l.up_b, l.down_a, l.down_b].map(|m| vec![0.0; m.len()]),
+    };
+    for tok in 0..rt.tokens {
+        let xt: Vec<f64> = x[tok * h..][..h].iter().map(|v| f64::from(v.to_f32())).collect();
+        let got = &go[tok * h..][..h];
+        for j in 0..k {
+            let Some(e) = rt.expert(tok, j, cfg.experts) else { continue };
+            let wt = f64::from(rt.weights[tok * k + j]);
+            let [wg, wu, wd] = &w[e];
+            let of = |p| l.of(p, e, cfg);
+            let ((ag, bg), (au, bu), (ad, bd)) = (of(Proj::Gate), of(Proj::Up), of(Proj::Down));
+            let (g, axg) = proj(wg, ag, bg, s, &xt, r);
+            let (u, axu) = proj(wu, au, bu, s, &xt, r);
+            let hh: Vec<f64> = g.iter().zip(&u).map(|(g, u)| silu(*g) * u).collect();
+            let (y, ah) = proj(wd, ad, bd, s, &hh, r);
+            for (o, y) in t.out[tok * h..][..h].iter_mut().zip(&y) {
+                *o += wt * y;
+            }
+            t.grad_weights[tok * k + j] = got.iter().zip(&y).map(|(a, b)| a * b).sum();
+            let norm = |v: &[f64]| libm::sqrt(v.iter().map(|x| x * x).sum::<f64>());
+            t.dot_scale[tok * k + j] = norm(got) * norm(&y) / libm::sqrt(h as f64);
+            let gy: Vec<f64> = got.iter().map(|g| wt * g).collect();
+            let [ga_g, gb_g, ga_u, gb_u, ga_d, gb_d] = &mut t.grad_lora;
+            let at = |len: usize| e * len..(e + 1) * len;
+            let (a_d, b_d) = (at(r * i), at(h * r));
+            let dh = proj_back((wd, ad, bd), s, (&hh, &ah, &gy), r, (&mut ga_d[a_d], &mut gb_d[b_d]));
+            let sig: Vec<f64> = g.iter().map(|g| 1.0 / (1.0 + libm::exp(-g))).collect();
+            let dg: Vec<f64> = (0..i).map(|o| dh[o] * u[o] * sig[o] * (1.0 + g[o] * (1.0 - sig[o]))).collect();
+            let du: Vec<f64> = (0..i).map(|o| dh[o] * silu(g[o])).collect();
+            let (a_g, b_g, a_u, b_u) = (at(r * h), at(i * r), at(r * h), at(i * r));
+            let dxg = proj_back((wg, ag, bg), s, (&xt, &axg, &dg), r, (&mut ga_g[a_g], &mut gb_g[b_g]));
+            let dxu = proj_back((wu, au, bu), s, (&xt, &axu, &du), r, (&mut ga_u[a_u], &mut gb_u[b_u]));
+            for ((gi, a), b) in t.grad_input[tok * h..][..h].iter_mut().zip(&dxg).zip(&dxu) {
+                *gi += a + b;
+            }
+        }
+    }
+    t
+}
+
+/// Formats and tolerances the SFT suite runs: the float formats to 1e-2 (forward) and 2e-2
+/// (gradients), those with int8 activations to 3e-2 both (their activation quantization).
+fn cases() -> [(WeightFormat, f64, f64); 4] {
+    [
+        (WeightFormat::Bf16, 1e-2, 2e-2),
+        (WeightFormat::Fp8Block, 1e-2, 2e-2),
+        (WeightFormat::Int8Row, 3e-2, 3e-2),
+        (WeightFormat::Int4Group { group: 32 }, 3e-2, 3e-2),
+    ]
+}
+
+/// The failing SFT cases of `backend` on `exec`, each as a line (empty when it conforms): for
+/// each format it serves, with B zero the output is the inference forward's bit for bit; with
+/// random LoRA the output and every gradient are within the tolerance of the textbook on the
+/// dequantized weights, over token counts 1-9 and the routing scenarios (skipped ids, masked
+/// experts, duplicates); a backward with no LoRA gradients asked for gives the same input and
+/// weight gradients.
+pub fn sft_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<String> {
+    let mut failures = Vec::new();
+    let (r, alpha) = (4, 8.0);
+    for (format, tol_out, tol_grad) in cases() {
+        let cfg = MoeConfig { max_tokens: 16, ..MoeConfig::new(4, 2, 256, 128) };
+        if cfg.validate_for(format).is_err() || !backend.serves(format, 128, 256) || !backend.serves(format, 256, 128) {
+            continue;
+        }
+        let name = |what: &str| format!("{} {format} {what}", backend.name());
+        let experts = random_experts(&cfg, 31);
+        let layer = build_layer(backend, &cfg, format, &experts);
+        let deq = dequantized(&cfg, format, &experts);
+        let mut back = BackwardWeights::new(cfg.experts);
+        let bf = match BackwardWeights::format_for(backend, &cfg) {
+            Ok(f) => f,
+            Err(e) => {
+                failures.push(name(&format!("backward format: {e}")));
+                continue;
+            }
+        };
+        for (e, [g, u, d]) in deq.iter().enumerate() {
+            match BackwardWeights::pack(backend, &cfg, bf, [g, u, d]) {
+                Ok(p) => back.set(e, Some(p)).expect("an expert of the layer"),
+                Err(err) => failures.push(name(&format!("backward weights: {err}"))),
+            }
+        }
+        let zero = random_lora(&cfg, r, true, 5);
+        let mats = random_lora(&cfg, r, false, 6);
+        let scenarios = [Scenario::Random, Scenario::Skewed, Scenario::InvalidIds, Scenario::Masked];
+        for (tokens, s) in [(1, 0), (2, 1), (5, 2), (7, 3), (9, 0)] {
+            let s = scenarios[s];
+            let x = random_input(tokens, cfg.hidden, 40 + tokens as u64);
+            let (ids, wts, mask) = scenario_routing(s, tokens, &cfg, 50 + tokens as u64);
+            let rt = Routing { tokens, k: cfg.top_k, ids: &ids, weights: &wts, gpu_mask: mask.as_deref() };
+            let case = |what: &str| name(&format!("n{tokens} {s:?} {what}"));
+            let (mut ws, mut cache) = (Workspace::default(), Cache::default());
+            let mut out = vec![bf16::ZERO; tokens * cfg.hidden];
+            // B zero: the inference forward's bits.
+            let want = crate::testing::run(exec, &cfg, &layer, &x, &rt);
+            if let Err(e) =
+                forward(exec, &cfg, &layer, Some(&lora_of(&zero, r, alpha)), &x, &rt, &mut out, &mut cache, &mut ws)
+            {
+                failures.push(case(&format!("forward failed: {e}")));
+                continue;
+            }
+            if out.iter().zip(&want).any(|(a, b)| a.to_f32().to_bits() != b.to_bits()) {
+                failures.push(case("with B zero, the output differs from the inference forward's"));
+            }
+            // Random LoRA against the textbook.
+            let l = lora_of(&mats, r, alpha);
+            forward(exec, &cfg, &layer, Some(&l), &x, &rt, &mut out, &mut cache, &mut ws).expect("ran above");
+            let mut rng = SplitMix64::new(60 + tokens as u64);
+            let go: Vec<bf16> = (0..tokens * cfg.hidden).map(|_| bf16::from_f32(rng.gaussian())).collect();
+            let go64: Vec<f64> = go.iter().map(|v| f64::from(v.to_f32())).collect();
+            let tb = textbook(&cfg, &deq, &l, &x, &rt, &go64);
+            let outf: Vec<f32> = out.iter().map(|v| v.to_f32()).collect();
+            let err = mean_rel_err(&outf, &tb.out);
+            if err > tol_out {
+                failures.push(case(&format!("output rel err {err:.3e} > {tol_out}")));
+            }
+            let mut grads = random_lora(&cfg, r, false, 7);
+            let before = grads.clone();
+            let mut gi = vec![bf16::ZERO; tokens * cfg.hidden];
+            let mut gw = vec![0.0f32; tokens * cfg.top_k];
+            let [ga, gb, ua, ub, da, db] = &mut grads;
+            let lg = LoraGrads { gate_a: ga, gate_b: gb, up_a: ua, up_b: ub, down_a: da, down_b: db };
+            let outs = Backward { grad_input: &mut gi, grad_weights: &mut gw, lora: Some(lg) };
+            if let Err(e) = backward(exec, &cfg, &layer, &back, Some(&l), &cache, &go, outs, &mut ws) {
+                failures.push(case(&format!("backward failed: {e}")));
+                continue;
+            }
+            let scale = tb.dot_scale.iter().sum::<f64>().max(f64::MIN_POSITIVE);
+            let err = gw.iter().zip(&tb.grad_weights).map(|(a, b)| (f64::from(*a) - b).abs()).sum::<f64>() / scale;
+            if err > tol_grad {
+                failures.push(case(&format!("grad_weights error {err:.3e} of the dots' size > {tol_grad}")));
+            }
+            let mut check = |what: &str, got: Vec<f32>, want: &[f64]| {
+                let err = mean_rel_err(&got, want);
+                if err > tol_grad || got.iter().any(|v| !v.is_finite()) {
+                    failures.push(case(&format!("{what} rel err {err:.3e} > {tol_grad}")));
+                }
+            };
+            check("grad_input", gi.iter().map(|v| v.to_f32()).collect(), &tb.grad_input);
+
+            let names = ["grad gate_a", "grad gate_b", "grad up_a", "grad up_b", "grad down_a", "grad down_b"];
+            for ((g, b), (want, what)) in grads.iter().zip(&before).zip(tb.grad_lora.iter().zip(names)) {
+                // What the backward added.
+                let added: Vec<f32> = g.iter().zip(b).map(|(g, b)| g.to_f32() - b.to_f32()).collect();
+                if want.iter().any(|&v| v != 0.0) {
+                    check(what, added, want);
+                }
+            }
+            // No LoRA gradients asked for: the same input and weight gradients.
+            let (mut gi2, mut gw2) = (vec![bf16::ZERO; gi.len()], vec![0.0f32; gw.len()]);
+            let outs = Backward { grad_input: &mut gi2, grad_weights: &mut gw2, lora: None };
+            backward(exec, &cfg, &layer, &back, Some(&l), &cache, &go, outs, &mut ws).expect("ran above");
+            if gi2 != gi || gw2.iter().zip(&gw).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                failures.push(case("a backward without LoRA gradients changes the input or weight gradients"));
+            }
+        }
+    }
+    failures
+}

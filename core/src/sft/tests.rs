@@ -1,0 +1,57 @@
+use alloc::vec::Vec;
+
+use super::check::{lora_of, random_lora, sft_failures, textbook};
+use crate::reference::REFERENCE;
+use crate::rng::SplitMix64;
+use crate::testing::{random_experts, random_input, scenario_routing, Scenario};
+use crate::{MoeConfig, Routing, SerialExecutor};
+
+#[test]
+fn the_reference_backend_passes_the_sft_suite() {
+    let failures = sft_failures(&REFERENCE, &SerialExecutor);
+    assert!(failures.is_empty(), "{}", failures.join("\n"));
+}
+
+/// The textbook's gradients are the derivatives of its output: central differences of
+/// `⟨grad_output, out⟩` in a few inputs, routing weights and LoRA entries.
+#[test]
+fn the_textbook_gradients_are_its_outputs_derivatives() {
+    let cfg = MoeConfig::new(3, 2, 16, 8);
+    let experts = random_experts(&cfg, 3);
+    let mut mats = random_lora(&cfg, 2, false, 4);
+    let x = random_input(3, cfg.hidden, 5);
+    let (ids, mut w, _) = scenario_routing(Scenario::Random, 3, &cfg, 6);
+    let mut rng = SplitMix64::new(7);
+    let go: Vec<f64> = (0..3 * cfg.hidden).map(|_| f64::from(rng.gaussian())).collect();
+    let loss = |mats: &super::check::LoraMats, w: &[f32]| {
+        let rt = Routing { tokens: 3, k: 2, ids: &ids, weights: w, gpu_mask: None };
+        let t = textbook(&cfg, &experts, &lora_of(mats, 2, 4.0), &x, &rt, &go);
+        t.out.iter().zip(&go).map(|(o, g)| o * g).sum::<f64>()
+    };
+    let rt = Routing { tokens: 3, k: 2, ids: &ids, weights: &w, gpu_mask: None };
+    let t = textbook(&cfg, &experts, &lora_of(&mats, 2, 4.0), &x, &rt, &go);
+    // Routing weights: the loss is linear in them.
+    for s in 0..6 {
+        let (w0, eps) = (w[s], 1e-2);
+        w[s] = w0 + eps;
+        let up = loss(&mats, &w);
+        w[s] = w0 - eps;
+        let down = loss(&mats, &w);
+        w[s] = w0;
+        let fd = (up - down) / (2.0 * f64::from(eps));
+        assert!((fd - t.grad_weights[s]).abs() < 1e-3 * (1.0 + fd.abs()), "weight {s}: {fd} vs {}", t.grad_weights[s]);
+    }
+    // LoRA entries (bf16 steps, so a coarse difference of a smooth function).
+    for (m, at) in [(0, 5), (1, 3), (3, 7), (4, 2), (5, 9)] {
+        let v0 = mats[m][at];
+        let eps = 1.0f32 / 64.0;
+        mats[m][at] = half::bf16::from_f32(v0.to_f32() + eps);
+        let up = loss(&mats, &w);
+        mats[m][at] = half::bf16::from_f32(v0.to_f32() - eps);
+        let down = loss(&mats, &w);
+        mats[m][at] = v0;
+        let fd = (up - down) / (2.0 * f64::from(eps));
+        let want = t.grad_lora[m][at];
+        assert!((fd - want).abs() < 2e-2 * (1.0 + want.abs()), "lora {m}[{at}]: {fd} vs {want}");
+    }
+}

@@ -1,0 +1,171 @@
+//! `SftLayer`: one MoE layer for LoRA fine-tuning ([`kt_core::sft`]): the inference layer's
+//! packed experts, their transposes for the backward, and a stack of saved forwards (KT's
+//! `max_cache_depth`) that each backward pops.
+
+use std::sync::Mutex;
+
+use half::bf16;
+use kt_core::sft::{self, Backward, BackwardWeights, Cache, Lora, LoraGrads};
+use kt_core::{Backend, Error, LayerFormat, MoeConfig, PackedMatrix, QuantMatrix, Routing, WeightFormat};
+
+use crate::layer::{LayerOptions, MoeLayer};
+
+/// An expert's packed transposes, once packed (`None` inside: not on the CPU).
+type Transposes = Option<Result<[PackedMatrix; 3], Error>>;
+
+/// One layer's experts with what an SFT step needs.
+pub struct SftLayer {
+    base: MoeLayer,
+    back: BackwardWeights,
+    max_cache_depth: usize,
+    state: Mutex<State>,
+}
+
+#[derive(Default)]
+struct State {
+    ws: sft::Workspace,
+    /// Saved forwards, newest last.
+    saved: Vec<Cache>,
+    /// The cache of forwards not saved, reused.
+    spare: Cache,
+}
+
+impl std::fmt::Debug for SftLayer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "SftLayer({:?}, max_cache_depth {})", self.base, self.max_cache_depth)
+    }
+}
+
+impl SftLayer {
+    /// As [`MoeLayer::from_f32`], with the transposes the backward multiplies by (from the
+    /// quantized weights, so it differentiates the function the forward computes), keeping up
+    /// to `max_cache_depth` saved forwards. The layer runs as one part (`cfg.parts` must be 1).
+    pub fn from_f32(
+        cfg: &MoeConfig,
+        format: WeightFormat,
+        expert: impl Fn(usize) -> Option<[Vec<f32>; 3]> + Sync,
+        opts: &LayerOptions,
+        max_cache_depth: usize,
+    ) -> Result<Self, Error> {
+        if cfg.parts != 1 {
+            return Err(Error::InvalidConfig {
+                field: "parts (threadpool_count)",
+                value: cfg.parts,
+                expected: "1: an SFT layer runs as one part".into(),
+            });
+        }
+        if max_cache_depth == 0 {
+            return Err(Error::InvalidConfig { field: "max_cache_depth", value: 0, expected: "at least 1".into() });
+        }
+        let base = MoeLayer::from_f32(cfg, format, &expert, opts)?;
+        let backend = base.backend();
+        let bf = BackwardWeights::format_for(backend, cfg)?;
+        let (h, i) = (cfg.hidden, cfg.intermediate);
+        let packed: Mutex<Vec<Transposes>> = Mutex::new((0..cfg.experts).map(|_| None).collect());
+        opts.executor.parallel_for(cfg.experts, &|e, _| {
+            let Some([g, u, d]) = expert(e) else { return };
+            let q = |m: &[f32], r, c| QuantMatrix::quantize(format, r, c, m).map(|q| q.dequantize());
+            let t = (|| BackwardWeights::pack(backend, cfg, bf, [&q(&g, i, h)?, &q(&u, i, h)?, &q(&d, h, i)?]))();
+            packed.lock().unwrap_or_else(|e| e.into_inner())[e] = Some(t);
+        });
+        let mut back = BackwardWeights::new(cfg.experts);
+        for (e, p) in packed.into_inner().unwrap_or_else(|e| e.into_inner()).into_iter().enumerate() {
+            back.set(e, p.transpose()?)?;
+        }
+        Ok(SftLayer { base, back, max_cache_depth, state: Mutex::default() })
+    }
+
+    /// The layer's shape.
+    pub fn config(&self) -> &MoeConfig {
+        self.base.config()
+    }
+
+    /// The backend running it.
+    pub fn backend(&self) -> &'static dyn Backend {
+        self.base.backend()
+    }
+
+    /// The formats of its weights.
+    pub fn format(&self) -> LayerFormat {
+        self.base.format()
+    }
+
+    /// Bytes of the packed weights: the inference experts and their transposes.
+    pub fn bytes(&self) -> usize {
+        self.base.bytes() + self.back.bytes()
+    }
+
+    /// Forwards saved and not yet backwarded.
+    pub fn cache_depth(&self) -> usize {
+        self.lock().saved.len()
+    }
+
+    /// Bytes the saved forwards hold.
+    pub fn cache_bytes(&self) -> usize {
+        self.lock().saved.iter().map(Cache::bytes).sum()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// `out[n,H]` (as [`MoeLayer::forward`], with `lora` on every projection; `None`: the base
+    /// alone) for `routing`, saving what the backward needs when `save_for_backward`.
+    pub fn forward(
+        &self,
+        input: &[bf16],
+        routing: &Routing<'_>,
+        lora: Option<&Lora<'_>>,
+        save_for_backward: bool,
+        out: &mut [bf16],
+    ) -> Result<(), Error> {
+        let cfg = self.config();
+        let mut st = self.lock();
+        if save_for_backward && st.saved.len() >= self.max_cache_depth {
+            return Err(Error::CacheFull { depth: self.max_cache_depth });
+        }
+        let State { ws, spare, .. } = &mut *st;
+        let w = self.base.weights();
+        sft::forward(&**self.base.executor(), cfg, w, lora, input, routing, out, spare, ws)?;
+        if save_for_backward {
+            let cache = std::mem::take(&mut st.spare);
+            st.saved.push(cache);
+        }
+        Ok(())
+    }
+
+    /// The backward of the newest saved forward (which it pops), with the `lora` that forward
+    /// ran with: `grad_input` `[n, H]` and `grad_weights` `[n, k]` written, `grads` (if any)
+    /// added to.
+    pub fn backward(
+        &self,
+        grad_output: &[bf16],
+        lora: Option<&Lora<'_>>,
+        grad_input: &mut [bf16],
+        grad_weights: &mut [f32],
+        grads: Option<LoraGrads<'_>>,
+    ) -> Result<(), Error> {
+        let mut st = self.lock();
+        let cache = st.saved.last().ok_or(Error::NoForwardCache)?;
+        if grad_output.len() != cache.tokens() * self.config().hidden {
+            return Err(Error::ShapeMismatch {
+                what: "grad_output (the saved forward's tokens × hidden)",
+                expected: cache.tokens() * self.config().hidden,
+                found: grad_output.len(),
+            });
+        }
+        let State { ws, saved, spare } = &mut *st;
+        let cache = saved.last().expect("checked above");
+        let out = Backward { grad_input, grad_weights, lora: grads };
+        let (cfg, w) = (self.config(), self.base.weights());
+        sft::backward(&**self.base.executor(), cfg, w, &self.back, lora, cache, grad_output, out, ws)?;
+        // The popped cache's buffers serve the next unsaved forward.
+        *spare = saved.pop().expect("checked above");
+        Ok(())
+    }
+
+    /// Drop every saved forward.
+    pub fn clear_cache(&self) {
+        self.lock().saved.clear();
+    }
+}
