@@ -2,8 +2,9 @@
 # Every test: formatting, lints (all features and reference-only), rustdoc's link checks, the
 # no_std core built alone, the workspace tests, loom model checks, the Python package (wheel
 # built with maturin as a manylinux wheel, installed in a venv, pytest), SGLang's own
-# integration code driving it (torch and SGLang's wheels in a cache outside the checkout), a
-# 20-second soak, and short fuzz smoke runs. CI runs exactly this (.ci/run).
+# integration code driving it and kt_kernel.sft in torch's autograd (torch and SGLang's wheels
+# in a cache outside the checkout), a 20-second soak, and short fuzz smoke runs. CI runs
+# exactly this (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh --test
@@ -28,7 +29,7 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p kt-host --rele
 echo "== Python package kt_kernel: wheel, install into target/pyenv, pytest"
 bash scripts/python.sh
 (cd bindings/python/tests && ../../../target/pyenv/bin/python -m pytest -q)
-echo "== SGLang's own KT integration code (upstream and KT's fork, from their wheels) on our package, with torch"
+echo "== SGLang's own KT integration code (upstream and KT's fork, from their wheels) on our package, and kt_kernel.sft, with torch"
 bash scripts/sglang-tests.sh
 echo "== soak smoke (20 s; docs/reliability.md)"
 bash scripts/soak.sh --seconds 20

@@ -4,13 +4,18 @@
 use std::sync::Arc;
 
 use kt_core::bf16;
-use kt_core::sft::check::{lora_of, random_lora, sft_failures, LoraMats};
-use kt_core::sft::LoraGrads;
+use kt_core::sft::check::sft_failures;
+use kt_core::sft::{lora_of, random_lora, Backward, LoraGrads, LoraMats};
 use kt_core::testing::{random_input, scenario_routing, Scenario};
 use kt_core::{Backend, Error, MoeConfig, Routing, WeightFormat};
 use kt_host::pool::Pool;
 use kt_host::{registry, LayerOptions, SftLayer};
 use kt_tests::{experts, owned};
+
+/// A backward's outputs, LoRA gradients unscaled.
+fn outs<'a>(gi: &'a mut [bf16], gw: &'a mut [f32], lora: Option<LoraGrads<'a>>) -> Backward<'a> {
+    Backward { grad_input: gi, grad_weights: gw, lora, lora_grad_scale: 1.0 }
+}
 
 /// Every backend this build registers that this CPU can run.
 fn runnable() -> Vec<&'static dyn Backend> {
@@ -38,7 +43,7 @@ fn step(layer: &SftLayer, cfg: &MoeConfig, mats: &LoraMats, tokens: usize, seed:
     let mut grads = random_lora(cfg, 4, true, 0);
     let [a, b, c, d, e, f] = &mut grads;
     let lg = LoraGrads { gate_a: a, gate_b: b, up_a: c, up_b: d, down_a: e, down_b: f };
-    layer.backward(&go, Some(&l), &mut gi, &mut gw, Some(lg)).unwrap();
+    layer.backward(&go, Some(&l), outs(&mut gi, &mut gw, Some(lg))).unwrap();
     let b16 = |v: &[bf16]| v.iter().map(|x| u32::from(x.to_bits())).collect::<Vec<_>>();
     let mut all = vec![b16(&out), b16(&gi), gw.iter().map(|x| x.to_bits()).collect()];
     all.extend(grads.iter().map(|g| b16(g)));
@@ -76,7 +81,7 @@ fn saved_forwards_are_a_stack_of_max_cache_depth() {
     let (h, k) = (cfg.hidden, cfg.top_k);
     let (mut gi, mut gw) = (vec![bf16::ZERO; 3 * h], vec![0.0f32; 3 * k]);
     let go = random_input(3, h, 1);
-    assert_eq!(layer.backward(&go, Some(&l), &mut gi, &mut gw, None), Err(Error::NoForwardCache));
+    assert_eq!(layer.backward(&go, Some(&l), outs(&mut gi, &mut gw, None)), Err(Error::NoForwardCache));
     // Two saved forwards of 3 and 5 tokens, a third refused; backwards pop the newest first.
     let run = |tokens: usize, seed: u64, save: bool| {
         let x = random_input(tokens, h, seed);
@@ -92,12 +97,12 @@ fn saved_forwards_are_a_stack_of_max_cache_depth() {
     assert_eq!(run(3, 3, true), Err(Error::CacheFull { depth: 2 }));
     run(3, 3, false).unwrap();
     // The newest (5 tokens) first: a 3-token gradient is refused, naming the shape.
-    let e = layer.backward(&go, Some(&l), &mut gi, &mut gw, None).unwrap_err();
+    let e = layer.backward(&go, Some(&l), outs(&mut gi, &mut gw, None)).unwrap_err();
     assert!(matches!(e, Error::ShapeMismatch { expected, .. } if expected == 5 * h), "{e}");
     let go5 = random_input(5, h, 2);
     let (mut gi5, mut gw5) = (vec![bf16::ZERO; 5 * h], vec![0.0f32; 5 * k]);
-    layer.backward(&go5, Some(&l), &mut gi5, &mut gw5, None).unwrap();
-    layer.backward(&go, Some(&l), &mut gi, &mut gw, None).unwrap();
+    layer.backward(&go5, Some(&l), outs(&mut gi5, &mut gw5, None)).unwrap();
+    layer.backward(&go, Some(&l), outs(&mut gi, &mut gw, None)).unwrap();
     assert_eq!(layer.cache_depth(), 0);
     // The first forward's backward, run alone, gives the same bits.
     let alone = sft_layer(&kt_core::reference::REFERENCE, &cfg, WeightFormat::Bf16, 1, 1);
@@ -108,7 +113,7 @@ fn saved_forwards_are_a_stack_of_max_cache_depth() {
         .forward(&x, &Routing { tokens: 3, k, ids: &ids, weights: &w, gpu_mask: None }, Some(&l), true, &mut out)
         .unwrap();
     let (mut gi1, mut gw1) = (vec![bf16::ZERO; 3 * h], vec![0.0f32; 3 * k]);
-    alone.backward(&go, Some(&l), &mut gi1, &mut gw1, None).unwrap();
+    alone.backward(&go, Some(&l), outs(&mut gi1, &mut gw1, None)).unwrap();
     assert_eq!((gi1, gw1), (gi, gw));
 }
 

@@ -5,13 +5,14 @@
 use std::sync::Mutex;
 
 use half::bf16;
-use kt_core::sft::{self, Backward, BackwardWeights, Cache, Lora, LoraGrads};
+use kt_core::sft::{self, Backward, BackwardWeights, Cache, Lora};
 use kt_core::{Backend, Error, LayerFormat, MoeConfig, PackedMatrix, QuantMatrix, Routing, WeightFormat};
 
 use crate::layer::{LayerOptions, MoeLayer};
+use crate::weights::{expert_f32, Checkpoint, Layout, Slots, WeightError};
 
-/// An expert's packed transposes, once packed (`None` inside: not on the CPU).
-type Transposes = Option<Result<[PackedMatrix; 3], Error>>;
+/// An expert's packed transposes, or why they are not (`None`: not on the CPU).
+type Transposes<E> = Option<Result<[PackedMatrix; 3], E>>;
 
 /// One layer's experts with what an SFT step needs.
 pub struct SftLayer {
@@ -47,32 +48,65 @@ impl SftLayer {
         opts: &LayerOptions,
         max_cache_depth: usize,
     ) -> Result<Self, Error> {
+        Self::try_from_f32(cfg, format, |e| Ok(expert(e)), opts, max_cache_depth)
+    }
+
+    /// [`SftLayer::from_f32`] with a fallible reader (its error type, or the layer's converted
+    /// into it). Each expert is read twice: for the inference weights, then for the transposes.
+    pub fn try_from_f32<E: From<Error> + Send>(
+        cfg: &MoeConfig,
+        format: WeightFormat,
+        expert: impl Fn(usize) -> Result<Option<[Vec<f32>; 3]>, E> + Sync,
+        opts: &LayerOptions,
+        max_cache_depth: usize,
+    ) -> Result<Self, E> {
         if cfg.parts != 1 {
-            return Err(Error::InvalidConfig {
+            return Err(E::from(Error::InvalidConfig {
                 field: "parts (threadpool_count)",
                 value: cfg.parts,
                 expected: "1: an SFT layer runs as one part".into(),
-            });
+            }));
         }
         if max_cache_depth == 0 {
-            return Err(Error::InvalidConfig { field: "max_cache_depth", value: 0, expected: "at least 1".into() });
+            let e = Error::InvalidConfig { field: "max_cache_depth", value: 0, expected: "at least 1".into() };
+            return Err(E::from(e));
         }
-        let base = MoeLayer::from_f32(cfg, format, &expert, opts)?;
+        let base = MoeLayer::try_from_f32(cfg, format, &expert, opts)?;
         let backend = base.backend();
         let bf = BackwardWeights::format_for(backend, cfg)?;
         let (h, i) = (cfg.hidden, cfg.intermediate);
-        let packed: Mutex<Vec<Transposes>> = Mutex::new((0..cfg.experts).map(|_| None).collect());
+        let packed: Mutex<Vec<Transposes<E>>> = Mutex::new((0..cfg.experts).map(|_| None).collect());
         opts.executor.parallel_for(cfg.experts, &|e, _| {
-            let Some([g, u, d]) = expert(e) else { return };
-            let q = |m: &[f32], r, c| QuantMatrix::quantize(format, r, c, m).map(|q| q.dequantize());
-            let t = (|| BackwardWeights::pack(backend, cfg, bf, [&q(&g, i, h)?, &q(&u, i, h)?, &q(&d, h, i)?]))();
-            packed.lock().unwrap_or_else(|e| e.into_inner())[e] = Some(t);
+            let t = expert(e).and_then(|x| {
+                let Some([g, u, d]) = x else { return Ok(None) };
+                let q = |m: &[f32], r, c| QuantMatrix::quantize(format, r, c, m).map(|q| q.dequantize());
+                let t = (|| BackwardWeights::pack(backend, cfg, bf, [&q(&g, i, h)?, &q(&u, i, h)?, &q(&d, h, i)?]))();
+                Ok(Some(t.map_err(E::from)?))
+            });
+            packed.lock().unwrap_or_else(|e| e.into_inner())[e] = t.transpose();
         });
         let mut back = BackwardWeights::new(cfg.experts);
         for (e, p) in packed.into_inner().unwrap_or_else(|e| e.into_inner()).into_iter().enumerate() {
             back.set(e, p.transpose()?)?;
         }
         Ok(SftLayer { base, back, max_cache_depth, state: Mutex::default() })
+    }
+
+    /// Layer `layer` of a Hugging Face safetensors checkpoint (any expert layout and dtype the
+    /// inference loader reads) in `format`, slot `p` holding `slots`' expert.
+    pub fn from_checkpoint(
+        ck: &Checkpoint,
+        layer: usize,
+        format: WeightFormat,
+        cfg: &MoeConfig,
+        slots: Slots<'_>,
+        opts: &LayerOptions,
+        max_cache_depth: usize,
+    ) -> Result<Self, WeightError> {
+        let layout = Layout::detect(ck, layer)?;
+        let (h, i) = (cfg.hidden, cfg.intermediate);
+        let expert = |slot| slots.expert(slot).map(|e| expert_f32(ck, &layout, e, h, i)).transpose();
+        Self::try_from_f32(cfg, format, expert, opts, max_cache_depth)
     }
 
     /// The layer's shape.
@@ -135,16 +169,9 @@ impl SftLayer {
     }
 
     /// The backward of the newest saved forward (which it pops), with the `lora` that forward
-    /// ran with: `grad_input` `[n, H]` and `grad_weights` `[n, k]` written, `grads` (if any)
-    /// added to.
-    pub fn backward(
-        &self,
-        grad_output: &[bf16],
-        lora: Option<&Lora<'_>>,
-        grad_input: &mut [bf16],
-        grad_weights: &mut [f32],
-        grads: Option<LoraGrads<'_>>,
-    ) -> Result<(), Error> {
+    /// ran with: `out`'s input and weight gradients written, its LoRA gradients (if any) added
+    /// to.
+    pub fn backward(&self, grad_output: &[bf16], lora: Option<&Lora<'_>>, out: Backward<'_>) -> Result<(), Error> {
         let mut st = self.lock();
         let cache = st.saved.last().ok_or(Error::NoForwardCache)?;
         if grad_output.len() != cache.tokens() * self.config().hidden {
@@ -156,7 +183,6 @@ impl SftLayer {
         }
         let State { ws, saved, spare } = &mut *st;
         let cache = saved.last().expect("checked above");
-        let out = Backward { grad_input, grad_weights, lora: grads };
         let (cfg, w) = (self.config(), self.base.weights());
         sft::backward(&**self.base.executor(), cfg, w, &self.back, lora, cache, grad_output, out, ws)?;
         // The popped cache's buffers serve the next unsaved forward.

@@ -217,6 +217,7 @@ fn bad_bench_input_is_one_line_and_exit_2() {
         (&["bench", "--preset", "deepseek-v3", "--layers", "20", "--method", "bf16"][..], "GB"),
         (&["bench", "--experts", "8", "--tokens", "50000000"][..], "--tokens"),
         (&["bench", "--nonsense"][..], "--nonsense"),
+        (&["bench", "--sft", "0", "--hidden", "256", "--intermediate", "128"][..], "positive LoRA rank"),
     ] {
         let (code, out, err) = kt(args);
         assert_eq!(code, 2, "{args:?}: {err}");
@@ -224,5 +225,26 @@ fn bad_bench_input_is_one_line_and_exit_2() {
         let lines: Vec<_> = err.lines().filter(|l| !l.starts_with("kt bench: seed")).collect();
         assert_eq!(lines.len(), 1, "{args:?}: one line, got {err:?}");
         assert!(lines[0].contains(needle), "{args:?}: {err}");
+    }
+}
+
+/// `kt bench --sft`: one JSON object of per-case times and cache bytes, each step timed.
+#[test]
+fn bench_sft_json_has_the_documented_schema() {
+    let args = ["bench", "--sft", "4", "--method", "bf16,int8", "--hidden", "256", "--intermediate", "128"];
+    let more = ["--experts", "8", "--top-k", "2", "--tokens", "5,17", "--threads", "1", "--min-time", "0", "--json"];
+    let (code, out, err) = kt(&[&args[..], &more[..]].concat());
+    assert_eq!(code, 0, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
+    assert_eq!((j["threads"].as_u64(), j["hidden"].as_u64(), j["top_k"].as_u64()), (Some(1), Some(256), Some(2)));
+    let cases = j["sft"].as_array().expect("sft: a list");
+    assert_eq!(cases.len(), 4, "{j}");
+    for c in cases {
+        assert!(["bf16", "int8"].contains(&c["method"].as_str().unwrap()) && c["rank"] == 4, "{c}");
+        for k in ["inference_ms", "forward_ms", "backward_ms"] {
+            let (best, median) = (c[k][0].as_f64().unwrap(), c[k][1].as_f64().unwrap());
+            assert!(best > 0.0 && best <= median, "{k}: {c}");
+        }
+        assert!(c["cache_bytes"].as_u64().unwrap() > 0 && c["reps"].as_u64().unwrap() >= 3, "{c}");
     }
 }

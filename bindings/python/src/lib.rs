@@ -10,6 +10,7 @@
 mod cuda;
 mod infer;
 mod moe;
+mod sft;
 
 use pyo3::prelude::*;
 
@@ -24,6 +25,8 @@ mod kt_kernel_ext {
     use super::infer::CpuInfer;
     #[pymodule_export]
     use super::moe::Moe;
+    #[pymodule_export]
+    use super::sft::SftMoe;
 
     use pyo3::prelude::*;
 

@@ -21,14 +21,14 @@ use crate::value_error;
 /// Element types of staging buffers and weight arrays.
 #[derive(Clone, Copy, Debug)]
 #[repr(u8)]
-enum DType {
+pub(crate) enum DType {
     Bf16,
     F16,
     F32,
 }
 
 impl DType {
-    fn parse(s: &str) -> PyResult<Self> {
+    pub(crate) fn parse(s: &str) -> PyResult<Self> {
         match s {
             "bf16" => Ok(DType::Bf16),
             "f16" => Ok(DType::F16),
@@ -41,7 +41,7 @@ impl DType {
     ///
     /// # Safety
     /// `ptr` must address `len` readable elements of this type.
-    unsafe fn read(self, ptr: usize, len: usize) -> Vec<f32> {
+    pub(crate) unsafe fn read(self, ptr: usize, len: usize) -> Vec<f32> {
         // SAFETY: per the contract above.
         unsafe {
             match self {
@@ -52,11 +52,19 @@ impl DType {
         }
     }
 
+    /// Bytes of one element.
+    pub(crate) fn size(self) -> usize {
+        match self {
+            DType::Bf16 | DType::F16 => 2,
+            DType::F32 => 4,
+        }
+    }
+
     /// Write `v` at `ptr`, rounding to nearest even.
     ///
     /// # Safety
     /// `ptr` must address `v.len()` writable elements of this type, aliased by nothing else.
-    unsafe fn write(self, ptr: usize, v: &[f32]) {
+    pub(crate) unsafe fn write(self, ptr: usize, v: &[f32]) {
         // SAFETY: per the contract above.
         unsafe {
             match self {
@@ -203,9 +211,9 @@ impl Moe {
                     // arrays and keeps them alive for this call.
                     Some(unsafe {
                         [
-                            dtype.read(gate + l * i * h * size(dtype), i * h),
-                            dtype.read(up + l * i * h * size(dtype), i * h),
-                            dtype.read(down + l * h * i * size(dtype), h * i),
+                            dtype.read(gate + l * i * h * dtype.size(), i * h),
+                            dtype.read(up + l * i * h * dtype.size(), i * h),
+                            dtype.read(down + l * h * i * dtype.size(), h * i),
                         ]
                     })
                 },
@@ -359,7 +367,7 @@ impl Moe {
 }
 
 /// The physical→logical expert map as indices, each checked to be an expert id.
-fn checked_map(map: &[i64], e: usize) -> PyResult<Vec<usize>> {
+pub(crate) fn checked_map(map: &[i64], e: usize) -> PyResult<Vec<usize>> {
     if map.len() != e {
         return Err(value_error(format!("physical_to_logical_map has {} entries, expected {e}", map.len())));
     }
@@ -374,7 +382,7 @@ fn checked_map(map: &[i64], e: usize) -> PyResult<Vec<usize>> {
 }
 
 /// The process's weights (KT keeps one loader per process): reopened only for a new path.
-fn source(path: &std::path::Path) -> Result<Arc<WeightSource>, WeightError> {
+pub(crate) fn source(path: &std::path::Path) -> Result<Arc<WeightSource>, WeightError> {
     static OPEN: Mutex<Option<(std::path::PathBuf, Arc<WeightSource>)>> = Mutex::new(None);
     let mut slot = OPEN.lock().unwrap_or_else(|e| e.into_inner());
     if let Some((_, src)) = slot.as_ref().filter(|(p, _)| p == path) {
@@ -383,13 +391,6 @@ fn source(path: &std::path::Path) -> Result<Arc<WeightSource>, WeightError> {
     let src = Arc::new(WeightSource::open(path)?);
     *slot = Some((path.to_path_buf(), src.clone()));
     Ok(src)
-}
-
-fn size(d: DType) -> usize {
-    match d {
-        DType::Bf16 | DType::F16 => 2,
-        DType::F32 => 4,
-    }
 }
 
 /// The body of a forward task.

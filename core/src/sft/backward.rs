@@ -26,6 +26,9 @@ pub struct Backward<'a> {
     pub grad_weights: &'a mut [f32],
     /// The LoRA matrices' gradients, added to (`None`: the base alone, KT's `SkipLoRA`).
     pub lora: Option<LoraGrads<'a>>,
+    /// What the LoRA gradients' contributions are multiplied by before they are added (KT's
+    /// `optimizer_grad_scale`; 1 for none).
+    pub lora_grad_scale: f32,
 }
 
 /// The backward of the forward `cache` holds, for the upstream gradient `grad_output`
@@ -62,7 +65,7 @@ pub fn backward(
     if let Some(a) = cache.experts.iter().find(|a| back.experts.get(a.id).is_none_or(Option::is_none)) {
         return Err(Error::ExpertNotLoaded { expert: a.id });
     }
-    let Backward { grad_input, grad_weights, lora: grads } = out;
+    let Backward { grad_input, grad_weights, lora: grads, lora_grad_scale } = out;
     let rows = cache.row_tokens.len();
     resize(&mut ws.dx, rows * h);
     grad_weights.fill(0.0);
@@ -88,13 +91,12 @@ pub fn backward(
                 Proj::Up => 2,
                 Proj::Down => 4,
             };
-            grads.as_ref().map(|g| {
-                // SAFETY: expert `a.id`'s slices are written by its one task.
-                unsafe {
-                    (
-                        g[at].slice_mut(a.id * r * din..(a.id + 1) * r * din),
-                        g[at + 1].slice_mut(a.id * dout * r..(a.id + 1) * dout * r),
-                    )
+            // SAFETY: expert `a.id`'s slices are written by its one task.
+            grads.as_ref().map(|g| unsafe {
+                LoraSlices {
+                    a: g[at].slice_mut(a.id * r * din..(a.id + 1) * r * din),
+                    b: g[at + 1].slice_mut(a.id * dout * r..(a.id + 1) * dout * r),
+                    scale: lora_grad_scale,
                 }
             })
         };
@@ -216,11 +218,18 @@ impl Product<'_, '_> {
     }
 }
 
+/// One expert's gradients of one projection's A and B, and what contributions are scaled by.
+struct LoraSlices<'a> {
+    a: &'a mut [bf16],
+    b: &'a mut [bf16],
+    scale: f32,
+}
+
 /// Projection `p`'s LoRA backward for expert `e`'s rows, given `gout` (`[m, out]`, the
 /// gradient of its output) and `ax` (`[m, r]`, the forward's `A·input`): `gin += s·Aᵀ·(Bᵀ·gout)`
 /// (`[m, in]`), and, where there are gradients, `grad B += s·Σ_rows gout·axᵀ`,
 /// `grad A += s·Σ_rows (Bᵀ·gout)·inputᵀ`, each summed over the rows in order in f32 and added
-/// to the bf16 gradient once.
+/// to the bf16 gradient once (times the slices' scale).
 #[allow(clippy::too_many_arguments)]
 fn lora_backward<'x>(
     l: &Lora<'_>,
@@ -230,7 +239,7 @@ fn lora_backward<'x>(
     (gout, ax): (&[f32], &[f32]),
     input: impl Fn(usize) -> &'x [bf16],
     gin: &mut [f32],
-    grads: Option<(&mut [bf16], &mut [bf16])>,
+    grads: Option<LoraSlices<'_>>,
 ) {
     let (din, dout) = p.dims(cfg);
     let (r, s) = (l.rank, l.scaling());
@@ -253,7 +262,7 @@ fn lora_backward<'x>(
             }
         }
     }
-    let Some((ga, gbm)) = grads else { return };
+    let Some(LoraSlices { a: ga, b: gbm, scale }) = grads else { return };
     // grad B [out, r]
     let mut acc = vec![0.0f32; dout * r];
     for (gout, ax) in gout.chunks_exact(dout).zip(ax.chunks_exact(r)) {
@@ -263,7 +272,7 @@ fn lora_backward<'x>(
             }
         }
     }
-    add_scaled(gbm, &acc, s);
+    add_scaled(gbm, &acc, s * scale);
     // grad A [r, in]
     let mut acc = vec![0.0f32; r * din];
     let mut x = vec![0.0f32; din];
@@ -277,7 +286,7 @@ fn lora_backward<'x>(
             }
         }
     }
-    add_scaled(ga, &acc, s);
+    add_scaled(ga, &acc, s * scale);
 }
 
 /// `grad = bf16(grad + s·acc)`, element by element.

@@ -9,37 +9,12 @@ use alloc::vec::Vec;
 use half::bf16;
 
 use super::lora::Proj;
-use super::{backward, forward, Backward, BackwardWeights, Cache, Lora, LoraGrads, Workspace};
+use super::{backward, forward, lora_of, random_lora, Backward, BackwardWeights, Cache, Lora, LoraGrads, Workspace};
 use crate::rng::SplitMix64;
 use crate::testing::{
     build_layer, dequantized, mean_rel_err, random_experts, random_input, scenario_routing, Expert, Scenario,
 };
 use crate::{Backend, Executor, MoeConfig, Routing, WeightFormat};
-
-/// Six LoRA matrices in [`Lora`]'s order, owned.
-pub type LoraMats = [Vec<bf16>; 6];
-
-/// Random LoRA matrices of rank `r` (std 0.1; B zero when `zero_b`).
-pub fn random_lora(cfg: &MoeConfig, r: usize, zero_b: bool, seed: u64) -> LoraMats {
-    let (e, h, i) = (cfg.experts, cfg.hidden, cfg.intermediate);
-    let mut rng = SplitMix64::new(seed);
-    let mut m = |len: usize, zero: bool| -> Vec<bf16> {
-        (0..len).map(|_| bf16::from_f32(if zero { 0.0 } else { 0.1 * rng.gaussian() })).collect()
-    };
-    [
-        m(e * r * h, false),
-        m(e * i * r, zero_b),
-        m(e * r * h, false),
-        m(e * i * r, zero_b),
-        m(e * r * i, false),
-        m(e * h * r, zero_b),
-    ]
-}
-
-/// [`Lora`] over owned matrices.
-pub fn lora_of(m: &LoraMats, rank: usize, alpha: f32) -> Lora<'_> {
-    Lora { rank, alpha, gate_a: &m[0], gate_b: &m[1], up_a: &m[2], up_b: &m[3], down_a: &m[4], down_b: &m[5] }
-}
 
 /// What the textbook computes: the output `[n, H]`, then for an upstream gradient the input's
 /// `[n, H]`, the routing weights' `[n, k]` and the six LoRA gradients.
@@ -238,7 +213,7 @@ pub fn sft_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<S
             let mut gw = vec![0.0f32; tokens * cfg.top_k];
             let [ga, gb, ua, ub, da, db] = &mut grads;
             let lg = LoraGrads { gate_a: ga, gate_b: gb, up_a: ua, up_b: ub, down_a: da, down_b: db };
-            let outs = Backward { grad_input: &mut gi, grad_weights: &mut gw, lora: Some(lg) };
+            let outs = Backward { grad_input: &mut gi, grad_weights: &mut gw, lora: Some(lg), lora_grad_scale: 1.0 };
             if let Err(e) = backward(exec, &cfg, &layer, &back, Some(&l), &cache, &go, outs, &mut ws) {
                 failures.push(case(&format!("backward failed: {e}")));
                 continue;
@@ -266,7 +241,7 @@ pub fn sft_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<S
             }
             // No LoRA gradients asked for: the same input and weight gradients.
             let (mut gi2, mut gw2) = (vec![bf16::ZERO; gi.len()], vec![0.0f32; gw.len()]);
-            let outs = Backward { grad_input: &mut gi2, grad_weights: &mut gw2, lora: None };
+            let outs = Backward { grad_input: &mut gi2, grad_weights: &mut gw2, lora: None, lora_grad_scale: 1.0 };
             backward(exec, &cfg, &layer, &back, Some(&l), &cache, &go, outs, &mut ws).expect("ran above");
             if gi2 != gi || gw2.iter().zip(&gw).any(|(a, b)| a.to_bits() != b.to_bits()) {
                 failures.push(case("a backward without LoRA gradients changes the input or weight gradients"));

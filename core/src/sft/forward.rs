@@ -238,9 +238,19 @@ pub(crate) fn add_lora<'x>(
     }
 }
 
-/// `Σ a[i]·b[i]` in order.
+/// `Σ a[i]·b[i]`, in 8 interleaved partial sums added at the end (independent chains the
+/// compiler puts in vector registers; one chain in order ran the rank-r products at a scalar
+/// add's latency: the SFT forward took 2.7× the inference forward at qwen3-30b-a3b n=256).
 pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    a.iter().zip(b).fold(0.0, |s, (a, b)| s + a * b)
+    let mut acc = [0.0f32; 8];
+    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
+    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(a, b)| a * b).sum();
+    for (a, b) in ac.zip(bc) {
+        for l in 0..8 {
+            acc[l] += a[l] * b[l];
+        }
+    }
+    ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail
 }
 
 /// bf16 values as f32.

@@ -195,3 +195,28 @@ impl BackwardWeights {
         self.experts.iter().flatten().flat_map(|m| m.iter()).map(PackedMatrix::bytes).sum()
     }
 }
+
+/// Six LoRA matrices in [`Lora`]'s order, owned.
+pub type LoraMats = [Vec<bf16>; 6];
+
+/// Random LoRA matrices of rank `r` (std 0.1; B zero when `zero_b`).
+pub fn random_lora(cfg: &MoeConfig, r: usize, zero_b: bool, seed: u64) -> LoraMats {
+    let (e, h, i) = (cfg.experts, cfg.hidden, cfg.intermediate);
+    let mut rng = crate::rng::SplitMix64::new(seed);
+    let mut m = |len: usize, zero: bool| -> Vec<bf16> {
+        (0..len).map(|_| bf16::from_f32(if zero { 0.0 } else { 0.1 * rng.gaussian() })).collect()
+    };
+    [
+        m(e * r * h, false),
+        m(e * i * r, zero_b),
+        m(e * r * h, false),
+        m(e * i * r, zero_b),
+        m(e * r * i, false),
+        m(e * h * r, zero_b),
+    ]
+}
+
+/// [`Lora`] over owned matrices.
+pub fn lora_of(m: &LoraMats, rank: usize, alpha: f32) -> Lora<'_> {
+    Lora { rank, alpha, gate_a: &m[0], gate_b: &m[1], up_a: &m[2], up_b: &m[3], down_a: &m[4], down_b: &m[5] }
+}

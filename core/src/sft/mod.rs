@@ -39,7 +39,7 @@ mod lora;
 pub use backward::{backward, Backward};
 pub use cache::Cache;
 pub use forward::{forward, Workspace};
-pub use lora::{BackwardWeights, Lora, LoraGrads};
+pub use lora::{lora_of, random_lora, BackwardWeights, Lora, LoraGrads, LoraMats};
 
 #[cfg(test)]
 mod tests;

@@ -1,6 +1,7 @@
 use alloc::vec::Vec;
 
-use super::check::{lora_of, random_lora, sft_failures, textbook};
+use super::check::{sft_failures, textbook};
+use super::{lora_of, random_lora, LoraMats};
 use crate::reference::REFERENCE;
 use crate::rng::SplitMix64;
 use crate::testing::{random_experts, random_input, scenario_routing, Scenario};
@@ -23,7 +24,7 @@ fn the_textbook_gradients_are_its_outputs_derivatives() {
     let (ids, mut w, _) = scenario_routing(Scenario::Random, 3, &cfg, 6);
     let mut rng = SplitMix64::new(7);
     let go: Vec<f64> = (0..3 * cfg.hidden).map(|_| f64::from(rng.gaussian())).collect();
-    let loss = |mats: &super::check::LoraMats, w: &[f32]| {
+    let loss = |mats: &LoraMats, w: &[f32]| {
         let rt = Routing { tokens: 3, k: 2, ids: &ids, weights: w, gpu_mask: None };
         let t = textbook(&cfg, &experts, &lora_of(mats, 2, 4.0), &x, &rt, &go);
         t.out.iter().zip(&go).map(|(o, g)| o * g).sum::<f64>()

@@ -6,6 +6,7 @@
 pub mod layerwise;
 mod report;
 pub mod roofline;
+pub mod sft;
 pub mod synth;
 
 use std::fmt;

@@ -173,6 +173,10 @@ struct BenchArgs {
     /// GPU tensor-parallel ranks each --layerwise write splits an expert over.
     #[arg(long, default_value_t = 1, requires = "layerwise")]
     tp: usize,
+    /// Time LoRA fine-tuning instead, with LoRA of this rank on every projection: the
+    /// inference forward, the forward that saves its cache, and its backward (one NUMA part).
+    #[arg(long, value_name = "RANK", conflicts_with_all = ["layerwise", "weights"])]
+    sft: Option<usize>,
 }
 
 /// A one-line usage error (exit status 2).
@@ -377,6 +381,9 @@ fn run_bench(a: BenchArgs) -> ExitCode {
             return usage(e);
         }
     }
+    if let Some(rank) = a.sft {
+        return run_sft(&a, MoeConfig { parts: 1, ..cfg }, &methods, rank, &pool, &topo);
+    }
     let spec = BenchSpec {
         preset: match &a.weights {
             Some(w) => format!("checkpoint {}", w.display()),
@@ -407,6 +414,82 @@ fn run_bench(a: BenchArgs) -> ExitCode {
         }
         Err(e) => usage(e),
     }
+}
+
+/// `kt bench --sft RANK`: per method and token count, the inference forward, the forward with
+/// its cache and the backward (best / median ms), their ratios and the cache's bytes.
+fn run_sft(
+    a: &BenchArgs,
+    cfg: MoeConfig,
+    methods: &[LayerFormat],
+    rank: usize,
+    pool: &PoolConfig,
+    topo: &Topology,
+) -> ExitCode {
+    if rank == 0 {
+        return usage("--sft takes a positive LoRA rank");
+    }
+    let executor = match kt_host::numa_pool::NumaPool::new(pool, topo) {
+        Ok(p) => std::sync::Arc::new(p),
+        Err(e) => return usage(e),
+    };
+    let mut rows = Vec::new();
+    for m in methods {
+        if m.gate != m.up || m.gate != m.down {
+            return usage(format!("--sft runs one format per layer, not {m}"));
+        }
+        match bench::sft::run(&cfg, m.gate, rank, &a.tokens, executor.clone(), a.min_time, a.seed) {
+            Ok(cases) => rows.extend(cases.into_iter().map(|c| (m.gate, c))),
+            Err(e) => return usage(e),
+        }
+    }
+    if a.json {
+        let cases: Vec<_> = rows
+            .iter()
+            .map(|(f, c)| {
+                serde_json::json!({
+                    "method": f.to_string(), "tokens": c.tokens, "rank": rank, "reps": c.reps,
+                    "inference_ms": [c.inference.0, c.inference.1], "forward_ms": [c.forward.0, c.forward.1],
+                    "backward_ms": [c.backward.0, c.backward.1], "cache_bytes": c.cache_bytes,
+                })
+            })
+            .collect();
+        println!(
+            "{}",
+            serde_json::json!({ "sft": cases, "threads": pool.threads(), "experts": cfg.experts,
+            "hidden": cfg.hidden, "intermediate": cfg.intermediate, "top_k": cfg.top_k })
+        );
+        return ExitCode::SUCCESS;
+    }
+    println!(
+        "SFT, LoRA rank {rank} on every projection, E {} k {} H {} I {}, {} thread(s); ms best / median",
+        cfg.experts,
+        cfg.top_k,
+        cfg.hidden,
+        cfg.intermediate,
+        pool.threads()
+    );
+    println!(
+        "{:<12} {:>6} {:>17} {:>17} {:>17} {:>8} {:>8} {:>10}",
+        "method", "tokens", "inference", "forward+cache", "backward", "fwd/inf", "bwd/fwd", "cache MB"
+    );
+    for (f, c) in &rows {
+        println!(
+            "{:<12} {:>6} {:>8.2} / {:>6.2} {:>8.2} / {:>6.2} {:>8.2} / {:>6.2} {:>8.2} {:>8.2} {:>10.1}",
+            f.to_string(),
+            c.tokens,
+            c.inference.0,
+            c.inference.1,
+            c.forward.0,
+            c.forward.1,
+            c.backward.0,
+            c.backward.1,
+            c.forward.0 / c.inference.0,
+            c.backward.0 / c.forward.0,
+            c.cache_bytes as f64 / 1e6
+        );
+    }
+    ExitCode::SUCCESS
 }
 
 /// `kt bench --layerwise --weights DIR`: one line (or JSON object) for the first MoE layer.

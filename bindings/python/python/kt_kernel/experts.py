@@ -124,7 +124,26 @@ class KTMoEWrapper:
                 raise TypeError(f"KTMoEWrapper() missing required argument: {name!r}")
         gpu_experts_mask = _gpu_mask(gpu_experts_mask, num_gpu_experts, num_experts)
         if mode == "sft":
-            raise NotImplementedError("kt_kernel (kt-kernel-rs): SFT mode is not implemented")
+            from .sft import SFTMoEWrapper
+
+            return SFTMoEWrapper(
+                layer_idx=layer_idx,
+                num_experts=num_experts,
+                num_experts_per_tok=num_experts_per_tok,
+                hidden_size=hidden_size,
+                moe_intermediate_size=moe_intermediate_size,
+                gpu_experts_mask=gpu_experts_mask,
+                cpuinfer_threads=cpuinfer_threads,
+                threadpool_count=threadpool_count,
+                weight_path=weight_path,
+                chunked_prefill_size=chunked_prefill_size,
+                method=method,
+                numa_nodes=numa_nodes,
+                lora_rank=lora_rank,
+                lora_alpha=lora_alpha,
+                max_cache_depth=max_cache_depth,
+                group_size=group_size,
+            )
         if method not in WORKING_METHODS:
             raise NotImplementedError(
                 f"kt_kernel (kt-kernel-rs): method {method} has no CPU backend in this build yet; "
@@ -291,10 +310,21 @@ class _Staging:
             np.copyto(dst, np.asarray(src).reshape(dst.shape), casting="unsafe")
 
 
+_CPU_INFER = []
+
+
+def cpu_infer(cpuinfer_threads, threadpool_count, numa_nodes):
+    """The process's one engine (KT's: the first configuration wins): ``cpuinfer_threads``
+    threads in ``threadpool_count`` sub-pools on ``numa_nodes``."""
+    if not _CPU_INFER:
+        tp, threads = int(threadpool_count), int(cpuinfer_threads)
+        counts = [threads // tp + (1 if i < threads % tp else 0) for i in range(tp)]
+        _CPU_INFER.append(ext.CpuInfer(counts, None if numa_nodes is None else list(numa_nodes)))
+    return _CPU_INFER[0]
+
+
 class NativeMoEWrapper:
     """The backend object ``KTMoEWrapper`` returns (KT's ``BaseMoEWrapper`` surface)."""
-
-    _cpu_infer = None
 
     def __init__(
         self,
@@ -345,11 +375,7 @@ class NativeMoEWrapper:
         self.method = method
         self.gpu_experts_mask = self._own_mask(gpu_experts_mask)
         self.num_gpu_experts = int(self.gpu_experts_mask.sum())
-        if NativeMoEWrapper._cpu_infer is None:
-            tp, threads = int(threadpool_count), int(cpuinfer_threads)
-            counts = [threads // tp + (1 if i < threads % tp else 0) for i in range(tp)]
-            NativeMoEWrapper._cpu_infer = ext.CpuInfer(counts, None if numa_nodes is None else list(numa_nodes))
-        self.cpu_infer = NativeMoEWrapper._cpu_infer
+        self.cpu_infer = cpu_infer(cpuinfer_threads, threadpool_count, numa_nodes)
         self.moe = ext.Moe(
             self.cpu_infer,
             self.num_experts,

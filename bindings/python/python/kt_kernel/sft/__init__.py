@@ -1,0 +1,30 @@
+"""kt_kernel.sft: LoRA fine-tuning of MoE experts on the CPU (KT-Kernel's SFT MoE).
+
+Importing ``kt_kernel`` does not import this module. ``KTMoEWrapper(mode="sft", ...)`` returns
+the same wrapper as ``SFTMoEWrapper(...)``::
+
+    from kt_kernel.sft import SFTMoEWrapper, KTMoEFunction
+
+The base weights stay frozen in an inference format (``AMXBF16_SFT``: bf16, ``AMXINT8_SFT``,
+``AMXINT4_SFT``, ``AMXINT4_KGroup_SFT``, ``AMXFP8_SFT``; ``*_SkipLoRA``: no LoRA); every
+projection of every expert gets ``x·Wᵀ + (alpha/rank)·(x·Aᵀ)·Bᵀ`` with the caller's bf16 A and B,
+whose gradients the backward adds to (zero-copy, as KT). ``KTMoEFunction`` (torch) makes the
+layer a node of torch's autograd graph.
+"""
+
+from .wrapper import SFTMoEWrapper
+
+AMXSFTMoEWrapper = SFTMoEWrapper
+BaseSFTMoEWrapper = SFTMoEWrapper
+
+
+def __getattr__(name):
+    # torch is imported only for what needs it.
+    if name == "KTMoEFunction":
+        from .autograd import KTMoEFunction
+
+        return KTMoEFunction
+    raise AttributeError(f"module 'kt_kernel.sft' has no attribute {name!r}")
+
+
+__all__ = ["SFTMoEWrapper", "AMXSFTMoEWrapper", "BaseSFTMoEWrapper", "KTMoEFunction"]

@@ -1,0 +1,311 @@
+"""``SFTMoEWrapper``: KT-Kernel's SFT MoE wrapper surface (``kt_kernel/sft/base.py`` and
+``amx.py`` of its wheel) on the native ``SftMoe``. Tensors by duck typing: torch tensors (any
+device; results come back as CPU bf16 tensors, or on ``output_device``) or numpy arrays (results
+float32). LoRA matrices and their gradients are bf16: torch ``bfloat16`` tensors, or numpy
+``uint16`` arrays of bf16 bits (``ml_dtypes.bfloat16`` too), C-contiguous on the CPU; their
+addresses are kept (zero-copy), so the caller keeps them alive and updates them in place."""
+
+import numpy as np
+
+from .. import _tensors as T
+from .. import kt_kernel_ext as ext
+from ..experts import cpu_infer
+
+
+def _bf16_address(x, name, shape):
+    """The address of a C-contiguous CPU bf16 tensor or array of ``shape``."""
+    if T.shape(x) != tuple(shape):
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(T.shape(x))}")
+    if T.is_torch(x):
+        if str(x.dtype) != "torch.bfloat16":
+            raise TypeError(f"{name} must be bfloat16, got {x.dtype}")
+        if T.on_cuda(x) or not x.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous CPU tensor (its address is kept), got device {x.device}")
+        return int(x.data_ptr())
+    a = x if isinstance(x, np.ndarray) else None
+    if a is None or a.dtype.name not in ("uint16", "bfloat16") or not a.flags.c_contiguous:
+        kind = a.dtype.name if a is not None else type(x).__name__
+        raise TypeError(f"{name} must be a C-contiguous bf16 array (torch.bfloat16, or numpy uint16 bits), got {kind}")
+    return int(a.ctypes.data)
+
+
+class SFTMoEWrapper:
+    """One MoE layer's routed experts for LoRA fine-tuning, KT's constructor and methods."""
+
+    def __init__(
+        self,
+        layer_idx,
+        num_experts,
+        num_experts_per_tok,
+        hidden_size,
+        moe_intermediate_size,
+        num_gpu_experts=0,
+        cpuinfer_threads=1,
+        threadpool_count=1,
+        weight_path=None,
+        chunked_prefill_size=512,
+        lora_rank=16,
+        lora_alpha=32.0,
+        max_cache_depth=1,
+        method="AMXBF16_SFT",
+        group_size=128,
+        gpu_experts_mask=None,
+        numa_nodes=None,
+    ):
+        for name, v in [
+            ("num_experts", num_experts),
+            ("num_experts_per_tok", num_experts_per_tok),
+            ("hidden_size", hidden_size),
+            ("moe_intermediate_size", moe_intermediate_size),
+            ("cpuinfer_threads", cpuinfer_threads),
+            ("threadpool_count", threadpool_count),
+            ("chunked_prefill_size", chunked_prefill_size),
+        ]:
+            if int(v) <= 0:
+                raise ValueError(f"{name} must be positive, got {v}")
+        if lora_rank <= 0:
+            raise ValueError(f"lora_rank must be positive, got {lora_rank}")
+        if not lora_alpha > 0:
+            raise ValueError(f"lora_alpha must be positive, got {lora_alpha}")
+        if max_cache_depth <= 0:
+            raise ValueError(f"max_cache_depth must be positive, got {max_cache_depth}")
+        gpu = int(num_gpu_experts or 0)
+        if gpu_experts_mask is not None:
+            gpu = int(np.asarray(T.host(gpu_experts_mask.cpu() if T.is_torch(gpu_experts_mask) else gpu_experts_mask)).sum())
+        if gpu:
+            raise NotImplementedError(
+                f"SFT experts on the GPU ({gpu} here) are not supported: the CPU layer computes every routed expert"
+            )
+        self.layer_idx = int(layer_idx)
+        self.num_experts = int(num_experts)
+        self.num_experts_per_tok = int(num_experts_per_tok)
+        self.hidden_size = int(hidden_size)
+        self.moe_intermediate_size = int(moe_intermediate_size)
+        self.num_gpu_experts = 0
+        self.weight_path = weight_path
+        self.chunked_prefill_size = int(chunked_prefill_size)
+        self.lora_rank = int(lora_rank)
+        self.lora_alpha = float(lora_alpha)
+        self.lora_scaling = self.lora_alpha / self.lora_rank
+        self.max_cache_depth = int(max_cache_depth)
+        self.method = method
+        self._is_skip_lora = method.endswith("_SkipLoRA")
+        self.cpu_infer = cpu_infer(cpuinfer_threads, threadpool_count, numa_nodes)
+        self.moe = ext.SftMoe(
+            self.num_experts,
+            self.num_experts_per_tok,
+            self.hidden_size,
+            self.moe_intermediate_size,
+            self.chunked_prefill_size,
+            method,
+            self.max_cache_depth,
+            int(group_size),
+        )
+        self._lora = None
+        self._grads = None
+        self._pending = None
+
+    # -- weights ---------------------------------------------------------------------------
+
+    def _map(self, m):
+        e = self.num_experts
+        if m is None:
+            return list(range(e))
+        a = T.int_array(m, "physical_to_logical_map_cpu")
+        if a.shape != (e,):
+            raise ValueError(f"physical_to_logical_map_cpu must have shape [{e}], got {list(a.shape)}")
+        return [int(v) for v in a]
+
+    @property
+    def _weights_loaded(self):
+        return self.moe.loaded
+
+    def load_weights(self, physical_to_logical_map_cpu=None):
+        """The base weights of layer ``layer_idx`` from the Hugging Face safetensors checkpoint
+        at ``weight_path`` (any layout and dtype the inference loader reads), frozen in this
+        wrapper's method. Blocks."""
+        import os
+
+        if self.weight_path is None:
+            raise ValueError("weight_path is None: pass the checkpoint directory, or use load_weights_from_tensors")
+        if not os.path.exists(self.weight_path):
+            raise FileNotFoundError(f"weight_path {self.weight_path!r} does not exist")
+        path = os.fspath(self.weight_path)
+        self.moe.load_from_checkpoint(self.cpu_infer, path, self.layer_idx, self._map(physical_to_logical_map_cpu))
+
+    def load_weights_from_tensors(self, gate_proj, up_proj, down_proj, physical_to_logical_map_cpu=None):
+        """The base weights from bf16/f16/f32 ``gate_proj``/``up_proj`` ``[E, I, H]`` and
+        ``down_proj`` ``[E, H, I]``, quantized to this wrapper's method. Blocks."""
+        e, h, i = self.num_experts, self.hidden_size, self.moe_intermediate_size
+        arrays, code = [], None
+        for name, x, want in [("gate_proj", gate_proj, (e, i, h)), ("up_proj", up_proj, (e, i, h)), ("down_proj", down_proj, (e, h, i))]:
+            x = T.host(x)
+            if T.shape(x) != want:
+                raise ValueError(f"{name} must have shape {list(want)}, got {list(T.shape(x))}")
+            c = T.float_code(x)
+            if c is None:
+                if T.is_torch(x):
+                    raise TypeError(f"{name}: expected bfloat16, float16 or float32, got {x.dtype}")
+                x, c = np.asarray(x, dtype=np.float32), "f32"
+            if code is not None and c != code:
+                raise TypeError(f"gate_proj, up_proj and down_proj must share a dtype, got {code} and {c}")
+            code = c
+            arrays.append(T.to_host_array(x, name))
+        (g, gp), (u, upp), (d, dp) = arrays
+        self.moe.load_from_arrays(self.cpu_infer, gp, upp, dp, code, self._map(physical_to_logical_map_cpu))
+        del g, u, d
+
+    def _lora_shapes(self):
+        e, h, i, r = self.num_experts, self.hidden_size, self.moe_intermediate_size, self.lora_rank
+        return [("gate_lora_a", (e, r, h)), ("gate_lora_b", (e, i, r)), ("up_lora_a", (e, r, h)),
+                ("up_lora_b", (e, i, r)), ("down_lora_a", (e, r, i)), ("down_lora_b", (e, h, r))]
+
+    def init_lora_weights(
+        self,
+        gate_lora_a, gate_lora_b, up_lora_a, up_lora_b, down_lora_a, down_lora_b,
+        grad_gate_lora_a, grad_gate_lora_b, grad_up_lora_a, grad_up_lora_b, grad_down_lora_a, grad_down_lora_b,
+    ):
+        """Register the six bf16 LoRA matrices (A ``[E, r, in]``, B ``[E, out, r]``) and their
+        gradients (same shapes; the backward adds to them): their addresses are kept."""
+        mats = [gate_lora_a, gate_lora_b, up_lora_a, up_lora_b, down_lora_a, down_lora_b]
+        grads = [grad_gate_lora_a, grad_gate_lora_b, grad_up_lora_a, grad_up_lora_b, grad_down_lora_a, grad_down_lora_b]
+        shapes = self._lora_shapes()
+        ptrs = [_bf16_address(x, n, s) for x, (n, s) in zip(mats, shapes)]
+        gptrs = [_bf16_address(x, "grad_" + n, s) for x, (n, s) in zip(grads, shapes)]
+        self.moe.set_lora(self.lora_rank, self.lora_alpha, ptrs)
+        self.moe.set_lora_grads(gptrs)
+        (self.gate_lora_a, self.gate_lora_b, self.up_lora_a, self.up_lora_b, self.down_lora_a, self.down_lora_b) = mats
+        self._lora, self._grads = mats, grads
+
+    @property
+    def _lora_initialized(self):
+        return self._lora is not None
+
+    def update_lora_weights(self):
+        """Register the LoRA tensors' addresses again: the kernels read them in place, so an
+        optimizer step that updates them in place needs nothing; call this when they were
+        replaced by new storage."""
+        if self._lora is None:
+            raise RuntimeError("LoRA weights not initialized. Call init_lora_weights() first.")
+        self.init_lora_weights(*self._lora, *self._grads)
+
+    # -- forward / backward ----------------------------------------------------------------
+
+    def _check_ready(self):
+        if not self.moe.loaded:
+            raise RuntimeError("Weights not loaded. Call load_weights() or load_weights_from_tensors() first.")
+        if self._lora is None and not self._is_skip_lora:
+            raise RuntimeError("LoRA weights not initialized. Call init_lora_weights() first.")
+
+    def _host_floats(self, x, name, rows):
+        x = T.host(x)
+        if T.shape(x) != (rows, self.hidden_size):
+            raise ValueError(f"{name} must have shape [{rows}, {self.hidden_size}], got {list(T.shape(x))}")
+        if T.float_code(x) is None:
+            x = np.asarray(x, dtype=np.float32)
+        a, p = T.to_host_array(x, name)
+        return a, p, T.float_code(a)
+
+    def _out(self, like, shape, torch_dtype="bfloat16"):
+        """A result buffer: a CPU torch tensor for torch input, else a float32 array."""
+        if T.is_torch(like):
+            torch = T.torch_module()
+            t = torch.empty(shape, dtype=getattr(torch, torch_dtype))
+            return t, int(t.data_ptr()), "bf16" if torch_dtype == "bfloat16" else "f32"
+        a = np.empty(shape, dtype=np.float32)
+        return a, int(a.ctypes.data), "f32"
+
+    def submit_forward(self, hidden_states, expert_ids, weights, save_for_backward=True):
+        """Queue a forward (non-blocking); ``sync_forward`` returns its output."""
+        self._check_ready()
+        n, k = int(T.shape(hidden_states)[0]), self.num_experts_per_tok
+        if n > self.chunked_prefill_size:
+            raise ValueError(
+                f"qlen ({n}) exceeds chunked_prefill_size ({self.chunked_prefill_size}). "
+                "Increase chunked_prefill_size or reduce qlen to avoid buffer overrun."
+            )
+        x, xp, xc = self._host_floats(hidden_states, "hidden_states", n)
+        ids = np.ascontiguousarray(T.int_array(expert_ids, "expert_ids"))
+        if ids.shape != (n, k):
+            raise ValueError(f"expert_ids shape {tuple(ids.shape)} must be ({n}, {k}).")
+        w = weights.detach().cpu().float().numpy() if T.is_torch(weights) else np.asarray(T.host(weights))
+        w = np.ascontiguousarray(w, dtype=np.float32)
+        if w.shape != (n, k):
+            raise ValueError(f"weights shape {tuple(w.shape)} must be ({n}, {k}).")
+        out, op, oc = self._out(hidden_states, (n, self.hidden_size))
+        ticket = self.moe.submit_forward(self.cpu_infer, n, xp, xc, int(ids.ctypes.data), int(w.ctypes.data), op, oc, bool(save_for_backward))
+        self._pending = ("forward", ticket, out, (x, ids, w))
+        return None
+
+    def _wait(self, kind):
+        if self._pending is None or self._pending[0] != kind:
+            raise RuntimeError(f"No pending {kind}. Call submit_{kind}{'_async' if kind == 'backward' else ''}() first.")
+        _, ticket, out, _keep = self._pending
+        self._pending = None
+        self.cpu_infer.sync_until(ticket)
+        return out
+
+    @staticmethod
+    def _to(x, device):
+        return x if device is None or not T.is_torch(x) else x.to(device=device, non_blocking=True)
+
+    def sync_forward(self, output_device=None):
+        """Wait for the queued forward and return its ``[n, H]`` output."""
+        return self._to(self._wait("forward"), output_device)
+
+    def forward(self, hidden_states, expert_ids, weights, save_for_backward=True, output_device=None):
+        """``Σ_j weights[t,j]·expert(x_t)`` with LoRA on every projection, saving what the
+        backward needs when ``save_for_backward`` (up to ``max_cache_depth`` forwards)."""
+        self.submit_forward(hidden_states, expert_ids, weights, save_for_backward)
+        return self.sync_forward(output_device)
+
+    def submit_backward_async(self, grad_output, optimizer_grad_scale=1.0):
+        """Queue the backward of the newest saved forward; ``sync_backward`` returns
+        ``(grad_input, grad_weights)``. The LoRA gradients are added to, times
+        ``optimizer_grad_scale``."""
+        self._check_ready()
+        if self.moe.cache_depth == 0:
+            raise RuntimeError("No forward cache available. Call forward(save_for_backward=True) first.")
+        n = int(T.shape(grad_output)[0])
+        g, gp, gc = self._host_floats(grad_output, "grad_output", n)
+        gi, gip, gic = self._out(grad_output, (n, self.hidden_size))
+        gw, gwp, _ = self._out(grad_output, (n, self.num_experts_per_tok), "float32")
+        ticket = self.moe.submit_backward(self.cpu_infer, n, gp, gc, gip, gic, gwp, float(optimizer_grad_scale))
+        self._pending = ("backward", ticket, (gi, gw), (g,))
+
+    def sync_backward(self, output_device=None):
+        gi, gw = self._wait("backward")
+        return self._to(gi, output_device), self._to(gw, output_device)
+
+    def backward(self, grad_output, output_device=None, optimizer_grad_scale=1.0):
+        """``(grad_input [n, H], grad_weights [n, k])`` of the newest saved forward (which it
+        drops); the LoRA gradients registered by ``init_lora_weights`` are added to."""
+        self.submit_backward_async(grad_output, optimizer_grad_scale)
+        return self.sync_backward(output_device)
+
+    # -- serving (SGLang's LoRA experts) ---------------------------------------------------
+
+    def submit_forward_inference(self, hidden_states, expert_ids, weights, cuda_stream=0):
+        """A forward for serving, saving nothing; ``sync_forward_inference`` returns it on the
+        input's device. (The CUDA-stream staging of inference is not used: the inputs are
+        copied to the host here.)"""
+        self._inference_device = getattr(hidden_states, "device", None) if T.is_torch(hidden_states) else None
+        self.submit_forward(hidden_states, expert_ids, weights, save_for_backward=False)
+
+    def sync_forward_inference(self, cuda_stream=0):
+        return self.sync_forward(getattr(self, "_inference_device", None))
+
+    # -- cache ------------------------------------------------------------------------------
+
+    @property
+    def _cache_depth(self):
+        return self.moe.cache_depth
+
+    @property
+    def cache_bytes(self):
+        """Bytes the saved forwards hold."""
+        return self.moe.cache_bytes
+
+    def clear_cache(self):
+        """Drop every saved forward."""
+        self.moe.clear_cache()

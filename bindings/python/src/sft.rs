@@ -1,0 +1,420 @@
+//! `SftMoe`: one MoE layer for LoRA fine-tuning (`kt_host::SftLayer`). The LoRA matrices and
+//! their gradients stay the caller's (torch parameters and their `.grad`, or numpy arrays):
+//! their addresses are registered once and read or added to by every step, as KT keeps its
+//! zero-copy pointers. Forward and backward are tasks on the `CpuInfer` queue, so they take
+//! their turn with inference forwards and their errors surface at the next sync.
+
+use std::sync::{Arc, Mutex};
+
+use half::bf16;
+use kt_core::sft::{Backward, Lora, LoraGrads};
+use kt_core::{MoeConfig, Routing, WeightFormat};
+use kt_host::error::WeightError;
+use kt_host::slots::Slots;
+use kt_host::source::WeightSource;
+use kt_host::{LayerOptions, SftLayer};
+use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
+use pyo3::prelude::*;
+
+use crate::infer::CpuInfer;
+use crate::moe::{checked_map, source, DType};
+use crate::value_error;
+
+/// Addresses of the six bf16 LoRA matrices (or their gradients) in `Lora`'s order.
+type Six = [usize; 6];
+
+/// A registered LoRA: rank, alpha and the matrices' addresses.
+type Registered = (usize, f32, Six);
+
+struct Shared {
+    cfg: MoeConfig,
+    format: WeightFormat,
+    /// KT's `_SkipLoRA` methods: the base alone.
+    skip_lora: bool,
+    max_cache_depth: usize,
+    layer: Mutex<Option<Arc<SftLayer>>>,
+    /// `(rank, alpha, matrices)` once `set_lora` ran.
+    lora: Mutex<Option<Registered>>,
+    /// The gradients' addresses once `set_lora_grads` ran.
+    grads: Mutex<Option<Six>>,
+}
+
+/// One layer's experts for LoRA fine-tuning.
+#[pyclass(frozen, module = "kt_kernel.kt_kernel_ext")]
+pub struct SftMoe {
+    shared: Arc<Shared>,
+}
+
+/// A step's buffers (the wrapper keeps them alive and in place until the task's sync).
+#[derive(Clone, Copy)]
+struct Buffers {
+    n: usize,
+    /// `[n, H]`: the input (forward) or the output's gradient (backward).
+    x: usize,
+    x_dtype: DType,
+    /// `[n, k]` int64 ids and float32 weights (forward).
+    ids: usize,
+    weights: usize,
+    /// `[n, H]`: the output (forward) or the input's gradient (backward).
+    out: usize,
+    out_dtype: DType,
+    /// `[n, k]` float32: the weights' gradient (backward).
+    grad_weights: usize,
+}
+
+#[pymethods]
+impl SftMoe {
+    /// A layer of `experts` experts, `top_k` per token, hidden `hidden`, intermediate
+    /// `intermediate`, at most `max_tokens` a step, in `method`'s format (KT's SFT method names:
+    /// `AMXBF16_SFT`, `AMXINT8_SFT`/`INT8_SFT`, `AMXINT4_SFT`, `AMXINT4_KGroup_SFT` with
+    /// `group_size`, `AMXFP8_SFT`, each with `_SkipLoRA`), keeping up to `max_cache_depth`
+    /// saved forwards.
+    #[new]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (experts, top_k, hidden, intermediate, max_tokens, method, max_cache_depth = 1, group_size = 128))]
+    fn new(
+        experts: usize,
+        top_k: usize,
+        hidden: usize,
+        intermediate: usize,
+        max_tokens: usize,
+        method: &str,
+        max_cache_depth: usize,
+        group_size: usize,
+    ) -> PyResult<Self> {
+        let (base, skip_lora) = match method.strip_suffix("_SkipLoRA") {
+            Some(b) => (b, true),
+            None => (method, false),
+        };
+        let format = match base {
+            "AMXBF16_SFT" => WeightFormat::Bf16,
+            "AMXINT8_SFT" | "INT8_SFT" => WeightFormat::Int8Row,
+            "AMXINT4_SFT" => WeightFormat::Int4Row,
+            "AMXINT4_KGroup_SFT" => WeightFormat::Int4Group {
+                group: group_size
+                    .try_into()
+                    .map_err(|_| value_error(format!("group_size {group_size} is too large")))?,
+            },
+            "AMXFP8_SFT" => WeightFormat::Fp8Block,
+            _ => {
+                return Err(PyNotImplementedError::new_err(format!(
+                    "SFT method {method} has no CPU backend in this build (the zero-point int4 kinds AMXINT4_1_SFT and \
+                     AMXINT4_1KGroup_SFT are not implemented); working: AMXBF16_SFT, AMXINT8_SFT, INT8_SFT, \
+                     AMXINT4_SFT, AMXINT4_KGroup_SFT, AMXFP8_SFT and their _SkipLoRA variants"
+                )))
+            }
+        };
+        if max_cache_depth == 0 {
+            return Err(value_error("max_cache_depth must be positive, got 0"));
+        }
+        let cfg = MoeConfig { max_tokens, ..MoeConfig::new(experts, top_k, hidden, intermediate) };
+        cfg.validate_for(format).map_err(value_error)?;
+        Ok(SftMoe {
+            shared: Arc::new(Shared {
+                cfg,
+                format,
+                skip_lora,
+                max_cache_depth,
+                layer: Mutex::new(None),
+                lora: Mutex::new(None),
+                grads: Mutex::new(None),
+            }),
+        })
+    }
+
+    /// Quantize and pack experts from row-major arrays at these addresses (gate and up
+    /// `[E, I, H]`, down `[E, H, I]`, of `dtype`; slot `p` gets logical expert `map[p]`), with
+    /// their transposes for the backward. Blocks, GIL released.
+    #[allow(clippy::too_many_arguments)]
+    fn load_from_arrays(
+        &self,
+        py: Python<'_>,
+        infer: &CpuInfer,
+        gate: usize,
+        up: usize,
+        down: usize,
+        dtype: &str,
+        map: Vec<i64>,
+    ) -> PyResult<()> {
+        let (dtype, s) = (DType::parse(dtype)?, &self.shared);
+        let (e, h, i) = (s.cfg.experts, s.cfg.hidden, s.cfg.intermediate);
+        let map = checked_map(&map, e)?;
+        let opts = LayerOptions::executor(infer.pool.clone());
+        let esize = dtype.size();
+        let layer = py.detach(|| {
+            SftLayer::from_f32(
+                &s.cfg,
+                s.format,
+                |slot| {
+                    let l = map[slot];
+                    // SAFETY: the wrapper checked shapes, dtypes and contiguity of the three
+                    // arrays and keeps them alive for this call.
+                    Some(unsafe {
+                        [
+                            dtype.read(gate + l * i * h * esize, i * h),
+                            dtype.read(up + l * i * h * esize, i * h),
+                            dtype.read(down + l * h * i * esize, h * i),
+                        ]
+                    })
+                },
+                &opts,
+                s.max_cache_depth,
+            )
+        });
+        *s.layer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(layer.map_err(value_error)?));
+        Ok(())
+    }
+
+    /// Load layer `layer` of the Hugging Face safetensors checkpoint at `path` (any layout and
+    /// dtype the inference loader reads), slot `p` holding logical expert `map[p]`. Blocks,
+    /// GIL released.
+    fn load_from_checkpoint(
+        &self,
+        py: Python<'_>,
+        infer: &CpuInfer,
+        path: std::path::PathBuf,
+        layer: usize,
+        map: Vec<i64>,
+    ) -> PyResult<()> {
+        let s = &self.shared;
+        let map = checked_map(&map, s.cfg.experts)?;
+        let opts = LayerOptions::executor(infer.pool.clone());
+        let loaded = py.detach(|| -> Result<SftLayer, WeightError> {
+            let src = source(&path)?;
+            let WeightSource::Hf(ck) = &*src else {
+                return Err(WeightError::Config {
+                    path: path.clone(),
+                    detail: "SFT loads base weights from a Hugging Face safetensors checkpoint (KT's converted files \
+                             and GGUF models are not read for SFT); or pass tensors to load_weights_from_tensors"
+                        .into(),
+                });
+            };
+            let slots = Slots { map: Some(&map), gpu: None };
+            SftLayer::from_checkpoint(ck, layer, s.format, &s.cfg, slots, &opts, s.max_cache_depth)
+        });
+        *s.layer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(loaded.map_err(value_error)?));
+        Ok(())
+    }
+
+    /// Register the six bf16 LoRA matrices' addresses (`[E, r, H]`, `[E, I, r]`, `[E, r, H]`,
+    /// `[E, I, r]`, `[E, r, I]`, `[E, H, r]`; the wrapper checked them), read by every step.
+    fn set_lora(&self, rank: usize, alpha: f32, ptrs: Six) -> PyResult<()> {
+        let lora = (rank, alpha, ptrs);
+        // Check the shapes' arithmetic once, on a view of no data.
+        let cfg = &self.shared.cfg;
+        let empty = [bf16::ZERO; 0];
+        let l = Lora {
+            rank,
+            alpha,
+            gate_a: &empty,
+            gate_b: &empty,
+            up_a: &empty,
+            up_b: &empty,
+            down_a: &empty,
+            down_b: &empty,
+        };
+        if let Err(e @ kt_core::Error::InvalidConfig { .. }) = l.validate(cfg) {
+            return Err(value_error(e));
+        }
+        *self.shared.lora.lock().unwrap_or_else(|e| e.into_inner()) = Some(lora);
+        Ok(())
+    }
+
+    /// Register the LoRA gradients' addresses (bf16, the matrices' shapes), added to by every
+    /// backward; `None` to stop.
+    fn set_lora_grads(&self, ptrs: Option<Six>) {
+        *self.shared.grads.lock().unwrap_or_else(|e| e.into_inner()) = ptrs;
+    }
+
+    /// Queue a forward: `n` tokens of `input` (`[n, H]`, `input_dtype`), `ids` int64 and
+    /// `weights` float32 `[n, k]`, into `output` (`[n, H]`, `output_dtype`), saving its cache
+    /// when `save`. Returns the ticket to `CpuInfer.sync_until`.
+    #[allow(clippy::too_many_arguments)]
+    fn submit_forward(
+        &self,
+        infer: &CpuInfer,
+        n: usize,
+        input: usize,
+        input_dtype: &str,
+        ids: usize,
+        weights: usize,
+        output: usize,
+        output_dtype: &str,
+        save: bool,
+    ) -> PyResult<u64> {
+        let b = Buffers {
+            n,
+            x: input,
+            x_dtype: DType::parse(input_dtype)?,
+            ids,
+            weights,
+            out: output,
+            out_dtype: DType::parse(output_dtype)?,
+            grad_weights: 0,
+        };
+        let (layer, lora) = self.ready()?;
+        let s = self.shared.clone();
+        Ok(infer.queue.submit(Box::new(move || forward(&s, &layer, lora, b, save))))
+    }
+
+    /// Queue the backward of the newest saved forward: `n` tokens of `grad_output` into
+    /// `grad_input` (`[n, H]`) and `grad_weights` (float32 `[n, k]`), the LoRA gradients (if
+    /// registered) added to, times `grad_scale`. Returns the ticket.
+    #[allow(clippy::too_many_arguments)]
+    fn submit_backward(
+        &self,
+        infer: &CpuInfer,
+        n: usize,
+        grad_output: usize,
+        grad_output_dtype: &str,
+        grad_input: usize,
+        grad_input_dtype: &str,
+        grad_weights: usize,
+        grad_scale: f32,
+    ) -> PyResult<u64> {
+        let b = Buffers {
+            n,
+            x: grad_output,
+            x_dtype: DType::parse(grad_output_dtype)?,
+            ids: 0,
+            weights: 0,
+            out: grad_input,
+            out_dtype: DType::parse(grad_input_dtype)?,
+            grad_weights,
+        };
+        let (layer, lora) = self.ready()?;
+        let grads = *self.shared.grads.lock().unwrap_or_else(|e| e.into_inner());
+        let s = self.shared.clone();
+        Ok(infer.queue.submit(Box::new(move || backward(&s, &layer, lora, grads, b, grad_scale))))
+    }
+
+    /// Forwards saved and not yet backwarded.
+    #[getter]
+    fn cache_depth(&self) -> usize {
+        self.layer().map_or(0, |l| l.cache_depth())
+    }
+
+    /// Bytes the saved forwards hold.
+    #[getter]
+    fn cache_bytes(&self) -> usize {
+        self.layer().map_or(0, |l| l.cache_bytes())
+    }
+
+    /// Drop every saved forward.
+    fn clear_cache(&self) {
+        if let Some(l) = self.layer() {
+            l.clear_cache();
+        }
+    }
+
+    /// Whether weights are loaded.
+    #[getter]
+    fn loaded(&self) -> bool {
+        self.layer().is_some()
+    }
+
+    /// The backend running the layer (after loading).
+    #[getter]
+    fn backend(&self) -> Option<&'static str> {
+        self.layer().map(|l| l.backend().name())
+    }
+
+    /// Bytes of the packed weights (the inference experts and the backward's transposes).
+    #[getter]
+    fn weight_bytes(&self) -> usize {
+        self.layer().map_or(0, |l| l.bytes())
+    }
+}
+
+impl SftMoe {
+    fn layer(&self) -> Option<Arc<SftLayer>> {
+        self.shared.layer.lock().unwrap_or_else(|e| e.into_inner()).clone()
+    }
+
+    /// The loaded layer and the LoRA a step runs with (`None` for the `_SkipLoRA` methods).
+    fn ready(&self) -> PyResult<(Arc<SftLayer>, Option<Registered>)> {
+        let layer = self.layer().ok_or_else(|| {
+            PyRuntimeError::new_err("weights are not loaded: call load_weights() or load_weights_from_tensors() first")
+        })?;
+        let lora = *self.shared.lora.lock().unwrap_or_else(|e| e.into_inner());
+        if lora.is_none() && !self.shared.skip_lora {
+            return Err(PyRuntimeError::new_err("LoRA weights are not initialized: call init_lora_weights() first"));
+        }
+        Ok((layer, lora.filter(|_| !self.shared.skip_lora)))
+    }
+}
+
+/// The registered LoRA as slices.
+///
+/// # Safety
+/// The addresses hold the six matrices of `cfg` at this rank, alive while the slices are.
+unsafe fn lora_view<'a>(cfg: &MoeConfig, (rank, alpha, p): Registered) -> Lora<'a> {
+    let (e, h, i) = (cfg.experts, cfg.hidden, cfg.intermediate);
+    let lens = [e * rank * h, e * i * rank, e * rank * h, e * i * rank, e * rank * i, e * h * rank];
+    // SAFETY: the caller's contract.
+    let m = |k: usize| unsafe { std::slice::from_raw_parts(p[k] as *const bf16, lens[k]) };
+    Lora { rank, alpha, gate_a: m(0), gate_b: m(1), up_a: m(2), up_b: m(3), down_a: m(4), down_b: m(5) }
+}
+
+/// `len` values at `ptr` of `dtype` as bf16.
+///
+/// # Safety
+/// `ptr` holds `len` readable values.
+unsafe fn bf16s(ptr: usize, dtype: DType, len: usize) -> Vec<bf16> {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match dtype {
+            DType::Bf16 => std::slice::from_raw_parts(ptr as *const bf16, len).to_vec(),
+            d => d.read(ptr, len).into_iter().map(bf16::from_f32).collect(),
+        }
+    }
+}
+
+/// The body of a forward task.
+fn forward(s: &Shared, layer: &SftLayer, lora: Option<Registered>, b: Buffers, save: bool) -> Result<(), String> {
+    let (h, k) = (s.cfg.hidden, s.cfg.top_k);
+    // SAFETY (every access below): the wrapper's buffers hold `n` rows, stay alive and are not
+    // touched by Python until the matching sync; the LoRA it registered stays alive likewise.
+    let input = unsafe { bf16s(b.x, b.x_dtype, b.n * h) };
+    let ids = unsafe { std::slice::from_raw_parts(b.ids as *const i64, b.n * k) };
+    let weights = unsafe { std::slice::from_raw_parts(b.weights as *const f32, b.n * k) };
+    let lora = lora.map(|l| unsafe { lora_view(&s.cfg, l) });
+    let routing = Routing { tokens: b.n, k, ids, weights, gpu_mask: None };
+    let mut out = vec![bf16::ZERO; b.n * h];
+    layer.forward(&input, &routing, lora.as_ref(), save, &mut out).map_err(|e| e.to_string())?;
+    let v: Vec<f32> = out.iter().map(|x| x.to_f32()).collect();
+    unsafe { b.out_dtype.write(b.out, &v) };
+    Ok(())
+}
+
+/// The body of a backward task.
+fn backward(
+    s: &Shared,
+    layer: &SftLayer,
+    lora: Option<Registered>,
+    grads: Option<Six>,
+    b: Buffers,
+    grad_scale: f32,
+) -> Result<(), String> {
+    let (cfg, h, k) = (&s.cfg, s.cfg.hidden, s.cfg.top_k);
+    // SAFETY: as in `forward`; the gradients' buffers likewise, and nothing else writes them
+    // while the task runs.
+    let grad_output = unsafe { bf16s(b.x, b.x_dtype, b.n * h) };
+    let grad_weights = unsafe { std::slice::from_raw_parts_mut(b.grad_weights as *mut f32, b.n * k) };
+    let view = lora.map(|l| unsafe { lora_view(cfg, l) });
+    let grads = match (lora, grads) {
+        (Some((rank, _, _)), Some(p)) => {
+            let (e, h, i) = (cfg.experts, cfg.hidden, cfg.intermediate);
+            let lens = [e * rank * h, e * i * rank, e * rank * h, e * i * rank, e * rank * i, e * h * rank];
+            let m = |k: usize| unsafe { std::slice::from_raw_parts_mut(p[k] as *mut bf16, lens[k]) };
+            Some(LoraGrads { gate_a: m(0), gate_b: m(1), up_a: m(2), up_b: m(3), down_a: m(4), down_b: m(5) })
+        }
+        _ => None,
+    };
+    let mut grad_input = vec![bf16::ZERO; b.n * h];
+    let out = Backward { grad_input: &mut grad_input, grad_weights, lora: grads, lora_grad_scale: grad_scale };
+    layer.backward(&grad_output, view.as_ref(), out).map_err(|e| e.to_string())?;
+    let v: Vec<f32> = grad_input.iter().map(|x| x.to_f32()).collect();
+    unsafe { b.out_dtype.write(b.out, &v) };
+    Ok(())
+}

@@ -1,0 +1,229 @@
+"""kt_kernel.sft with numpy alone: LoRA on every projection, forward and backward against a
+numpy textbook in float64, finite differences of the Rust forward, the inference forward's bits
+with LoRA B zero, gradient accumulation and scaling, the cache stack and the errors."""
+
+import numpy as np
+import pytest
+from conftest import experts, silu
+
+from kt_kernel import KTMoEWrapper
+
+E, K, H, I, R, ALPHA = 8, 2, 256, 128, 4, 8.0
+
+
+def bf16_bits(x):
+    """float32 -> bf16 bits (uint16), rounding to nearest even."""
+    b = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bits(b):
+    return (b.astype(np.uint32) << 16).view(np.float32)
+
+
+def lora(seed, zero_b=False):
+    r = np.random.default_rng(seed)
+    shapes = [(E, R, H), (E, I, R), (E, R, H), (E, I, R), (E, R, I), (E, H, R)]
+    return [bf16_bits(np.zeros(s) if (zero_b and n % 2) else 0.1 * r.standard_normal(s)) for n, s in enumerate(shapes)]
+
+
+def wrapper(method="AMXBF16_SFT", depth=1, mode="sft"):
+    return KTMoEWrapper(
+        layer_idx=0, num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I,
+        cpuinfer_threads=2, threadpool_count=1, weight_path=None, chunked_prefill_size=64, method=method,
+        mode=mode, lora_rank=R, lora_alpha=ALPHA, max_cache_depth=depth,
+    )
+
+
+def layer(method="AMXBF16_SFT", depth=1, seed=1, zero_b=False):
+    """A loaded wrapper, its bf16-rounded base weights, LoRA matrices and zeroed gradients."""
+    w = wrapper(method, depth)
+    gate, up, down = experts(E, H, I, seed)
+    # bf16 weights, so the textbook and the layer see the same values (method AMXBF16_SFT).
+    gate, up, down = (from_bits(bf16_bits(m)) for m in (gate, up, down))
+    w.load_weights_from_tensors(gate, up, down)
+    mats = lora(seed + 1, zero_b)
+    grads = [np.zeros_like(m) for m in mats]
+    w.init_lora_weights(*mats, *grads)
+    return w, (gate, up, down), mats, grads
+
+
+def inputs(n, seed):
+    r = np.random.default_rng(seed)
+    x = from_bits(bf16_bits(r.standard_normal((n, H))))
+    ids = np.stack([r.choice(E, K, replace=False) for _ in range(n)]).astype(np.int64)
+    wts = r.uniform(0.1, 1.0, (n, K)).astype(np.float32)
+    return x, ids, wts
+
+
+def textbook(x, ids, wts, base, mats, go):
+    """float64 forward and backward: out, grad_input, grad_weights, dot scales, LoRA grads."""
+    gate, up, down = (m.astype(np.float64) for m in base)
+    ga, gb, ua, ub, da, db = (from_bits(m).astype(np.float64) for m in mats)
+    s = ALPHA / R
+    n = x.shape[0]
+    out, gi, gw, scale = np.zeros((n, H)), np.zeros((n, H)), np.zeros((n, K)), np.zeros((n, K))
+    gl = [np.zeros(m.shape) for m in mats]
+    for t in range(n):
+        xt = x[t].astype(np.float64)
+        for j in range(K):
+            e, wt = int(ids[t, j]), float(wts[t, j])
+            axg, axu = ga[e] @ xt, ua[e] @ xt
+            g = gate[e] @ xt + s * gb[e] @ axg
+            u = up[e] @ xt + s * ub[e] @ axu
+            h = silu(g) * u
+            ah = da[e] @ h
+            y = down[e] @ h + s * db[e] @ ah
+            out[t] += wt * y
+            gw[t, j] = go[t] @ y
+            scale[t, j] = np.linalg.norm(go[t]) * np.linalg.norm(y) / np.sqrt(H)
+            gy = wt * go[t]
+            bgy = db[e].T @ gy
+            gl[5][e] += s * np.outer(gy, ah)
+            gl[4][e] += s * np.outer(bgy, h)
+            dh = down[e].T @ gy + s * da[e].T @ bgy
+            sig = 1 / (1 + np.exp(-g))
+            dg, du = dh * u * sig * (1 + g * (1 - sig)), dh * silu(g)
+            bdg, bdu = gb[e].T @ dg, ub[e].T @ du
+            gl[1][e] += s * np.outer(dg, axg)
+            gl[0][e] += s * np.outer(bdg, xt)
+            gl[3][e] += s * np.outer(du, axu)
+            gl[2][e] += s * np.outer(bdu, xt)
+            gi[t] += gate[e].T @ dg + up[e].T @ du + s * (ga[e].T @ bdg + ua[e].T @ bdu)
+    return out, gi, gw, scale, gl
+
+
+def rel(a, b):
+    return float(np.abs(np.asarray(a, np.float64) - b).sum() / max(np.abs(b).sum(), 1e-30))
+
+
+@pytest.mark.parametrize("method, tol", [("AMXBF16_SFT", 2e-2), ("AMXINT8_SFT", 3e-2)])
+def test_forward_and_backward_match_the_textbook(method, tol):
+    w, base, mats, grads = layer(method)
+    if method != "AMXBF16_SFT":
+        # The layer quantized the weights: compare with what it multiplies by.
+        base = tuple(dequantized(method, m) for m in base)
+    x, ids, wts = inputs(7, 3)
+    out = w.forward(x, ids, wts)
+    go = from_bits(bf16_bits(np.random.default_rng(4).standard_normal((7, H)))).astype(np.float64)
+    ref_out, ref_gi, ref_gw, scale, ref_gl = textbook(x, ids, wts, base, mats, go)
+    assert rel(out, ref_out) < (1e-2 if method == "AMXBF16_SFT" else 3e-2)
+    assert w.cache_bytes > 0
+    gi, gw = w.backward(go.astype(np.float32))
+    assert w.cache_bytes == 0
+    assert rel(gi, ref_gi) < tol
+    assert np.abs(gw - ref_gw).sum() / scale.sum() < tol
+    for name, g, ref in zip(["gate_a", "gate_b", "up_a", "up_b", "down_a", "down_b"], grads, ref_gl):
+        assert rel(from_bits(g), ref) < tol, name
+
+
+def dequantized(method, m):
+    """What an INT8 layer multiplies by: symmetric per-row int8 (KT's AMXINT8)."""
+    assert method == "AMXINT8_SFT"
+    flat = m.reshape(-1, m.shape[-1]).astype(np.float32)
+    d = np.abs(flat).max(axis=1, keepdims=True) / 127.0
+    q = np.clip(np.round(flat / np.where(d == 0, 1, d)), -127, 127)
+    return (q * d).reshape(m.shape)
+
+
+def test_lora_b_zero_gives_the_inference_forward_bits():
+    w, base, _, _ = layer(zero_b=True)
+    inf = wrapper("BF16", mode="inference")
+    inf.load_weights_from_tensors(*base)
+    x, ids, wts = inputs(9, 5)
+    assert np.array_equal(w.forward(x, ids, wts, save_for_backward=False), np.asarray(inf.forward(x, ids, wts)))
+
+
+def test_finite_differences_of_the_rust_forward():
+    """``⟨G, out⟩`` as the routing weights and one LoRA B entry move, against the backward."""
+    w, _, mats, grads = layer()
+    x, ids, wts = inputs(5, 6)
+    go = np.random.default_rng(7).standard_normal((5, H)).astype(np.float32)
+    w.forward(x, ids, wts)
+    _, gw = w.backward(go)
+    loss = lambda v: float((w.forward(x, ids, v, save_for_backward=False).astype(np.float64) * go).sum())
+    for t, j in [(0, 0), (2, 1), (4, 0)]:
+        eps = 0.25
+        up, down = wts.copy(), wts.copy()
+        up[t, j] += eps
+        down[t, j] -= eps
+        fd = (loss(up) - loss(down)) / (2 * eps)
+        assert abs(fd - gw[t, j]) < 0.05 * (abs(gw[t, j]) + np.abs(go[t]).mean()), (t, j, fd, gw[t, j])
+    # A LoRA B entry of down (expert ids[0, 0], output row 3, rank 1): exact bf16 steps.
+    e, b = int(ids[0, 0]), mats[5]
+    g_before = from_bits(grads[5][e, 3, 1]).item()
+    w.forward(x, ids, wts)
+    w.backward(go)
+    analytic = from_bits(grads[5][e, 3, 1]).item() - g_before
+    v0 = b[e, 3, 1:2].copy()
+    vals = []
+    for step in (1, -1):
+        b[e, 3, 1:2] = bf16_bits(from_bits(v0) + step * 0.5)
+        vals.append(loss(wts))
+    b[e, 3, 1:2] = v0
+    fd = (vals[0] - vals[1]) / 1.0
+    assert abs(fd - analytic) < 0.05 * abs(analytic) + 0.05, (fd, analytic)
+
+
+def test_gradients_accumulate_and_scale():
+    w, _, _, grads = layer()
+    x, ids, wts = inputs(6, 8)
+    go = np.random.default_rng(9).standard_normal((6, H)).astype(np.float32)
+    w.forward(x, ids, wts)
+    w.backward(go)
+    once = [from_bits(g).copy() for g in grads]
+    w.forward(x, ids, wts)
+    w.backward(go, optimizer_grad_scale=0.5)
+    for a, g in zip(once, grads):
+        # bf16 accumulation: 1.5x within its rounding.
+        assert np.allclose(from_bits(g), 1.5 * a, rtol=2e-2, atol=1e-3 * np.abs(a).max())
+
+
+def test_saved_forwards_form_a_stack_of_max_cache_depth():
+    w, _, _, _ = layer(depth=2)
+    x3, ids3, w3 = inputs(3, 1)
+    x5, ids5, w5 = inputs(5, 2)
+    with pytest.raises(RuntimeError, match="No forward cache"):
+        w.backward(np.zeros((3, H), np.float32))
+    w.forward(x3, ids3, w3)
+    w.forward(x5, ids5, w5)
+    with pytest.raises(RuntimeError, match="max_cache_depth = 2"):
+        w.forward(x3, ids3, w3)
+    gi5, _ = w.backward(np.ones((5, H), np.float32))  # the newest first
+    gi3, gw3 = w.backward(np.ones((3, H), np.float32))
+    assert gi5.shape == (5, H) and gi3.shape == (3, H) and gw3.shape == (3, K)
+
+
+def test_errors_name_what_is_wrong():
+    w = wrapper()
+    x, ids, wts = inputs(2, 1)
+    with pytest.raises(RuntimeError, match="load_weights"):
+        w.forward(x, ids, wts)
+    gate, up, down = experts(E, H, I, 1)
+    w.load_weights_from_tensors(gate, up, down)
+    with pytest.raises(RuntimeError, match="init_lora_weights"):
+        w.forward(x, ids, wts)
+    mats = lora(2)
+    bad = list(mats)
+    bad[1] = np.zeros((E, I, R + 1), np.uint16)
+    with pytest.raises(ValueError, match=r"gate_lora_b must have shape \[8, 128, 4\]"):
+        w.init_lora_weights(*bad, *[np.zeros_like(m) for m in mats])
+    with pytest.raises(TypeError, match="bf16"):
+        w.init_lora_weights(*[m.astype(np.float32) for m in mats], *[np.zeros_like(m) for m in mats])
+    with pytest.raises(NotImplementedError, match="AMXINT4_1_SFT"):
+        wrapper("AMXINT4_1_SFT")
+    with pytest.raises(ValueError, match="chunked_prefill_size"):
+        w.init_lora_weights(*mats, *[np.zeros_like(m) for m in mats])
+        w.forward(*inputs(65, 1))
+
+
+def test_skip_lora_runs_the_base_alone():
+    w = wrapper("AMXBF16_SFT_SkipLoRA")
+    gate, up, down = experts(E, H, I, 1)
+    w.load_weights_from_tensors(gate, up, down)
+    inf = wrapper("BF16", mode="inference")
+    inf.load_weights_from_tensors(gate, up, down)
+    x, ids, wts = inputs(4, 3)
+    assert np.array_equal(w.forward(x, ids, wts), np.asarray(inf.forward(x, ids, wts)))
+    gi, gw = w.backward(np.ones((4, H), np.float32))
+    assert np.isfinite(gi).all() and np.abs(gw).sum() > 0
