@@ -205,18 +205,9 @@ impl Moe {
             MoeLayer::from_f32(
                 &s.cfg,
                 format,
-                |slot| {
-                    let l = map[slot];
-                    // SAFETY: the wrapper checked shapes, dtypes and contiguity of the three
-                    // arrays and keeps them alive for this call.
-                    Some(unsafe {
-                        [
-                            dtype.read(gate + l * i * h * dtype.size(), i * h),
-                            dtype.read(up + l * i * h * dtype.size(), i * h),
-                            dtype.read(down + l * h * i * dtype.size(), h * i),
-                        ]
-                    })
-                },
+                // SAFETY: the wrapper checked shapes, dtypes and contiguity of the three arrays
+                // and keeps them alive for this call.
+                |slot| Some(unsafe { array_expert(dtype, [gate, up, down], map[slot], h, i) }),
                 &opts,
             )
         });
@@ -364,6 +355,23 @@ impl Moe {
     fn backend(&self) -> Option<&'static str> {
         self.shared.layer.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map(|l| l.backend().name())
     }
+}
+
+/// Expert `l` of row-major arrays at these addresses (gate and up `[E, I, H]`, down `[E, H, I]`,
+/// of `dtype`) as f32.
+///
+/// # Safety
+/// The addresses hold arrays of those shapes (`E > l`) and type.
+pub(crate) unsafe fn array_expert(
+    dtype: DType,
+    [gate, up, down]: [usize; 3],
+    l: usize,
+    h: usize,
+    i: usize,
+) -> [Vec<f32>; 3] {
+    let at = |base: usize| base + l * i * h * dtype.size();
+    // SAFETY: the caller's contract.
+    unsafe { [dtype.read(at(gate), i * h), dtype.read(at(up), i * h), dtype.read(at(down), h * i)] }
 }
 
 /// The physical→logical expert map as indices, each checked to be an expert id.

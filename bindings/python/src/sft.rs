@@ -17,7 +17,7 @@ use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;
 
 use crate::infer::CpuInfer;
-use crate::moe::{checked_map, source, DType};
+use crate::moe::{array_expert, checked_map, source, DType};
 use crate::value_error;
 
 /// Addresses of the six bf16 LoRA matrices (or their gradients) in `Lora`'s order.
@@ -137,26 +137,16 @@ impl SftMoe {
         map: Vec<i64>,
     ) -> PyResult<()> {
         let (dtype, s) = (DType::parse(dtype)?, &self.shared);
-        let (e, h, i) = (s.cfg.experts, s.cfg.hidden, s.cfg.intermediate);
-        let map = checked_map(&map, e)?;
+        let (h, i) = (s.cfg.hidden, s.cfg.intermediate);
+        let map = checked_map(&map, s.cfg.experts)?;
         let opts = LayerOptions::executor(infer.pool.clone());
-        let esize = dtype.size();
         let layer = py.detach(|| {
             SftLayer::from_f32(
                 &s.cfg,
                 s.format,
-                |slot| {
-                    let l = map[slot];
-                    // SAFETY: the wrapper checked shapes, dtypes and contiguity of the three
-                    // arrays and keeps them alive for this call.
-                    Some(unsafe {
-                        [
-                            dtype.read(gate + l * i * h * esize, i * h),
-                            dtype.read(up + l * i * h * esize, i * h),
-                            dtype.read(down + l * h * i * esize, h * i),
-                        ]
-                    })
-                },
+                // SAFETY: the wrapper checked shapes, dtypes and contiguity of the three arrays
+                // and keeps them alive for this call.
+                |slot| Some(unsafe { array_expert(dtype, [gate, up, down], map[slot], h, i) }),
                 &opts,
                 s.max_cache_depth,
             )

@@ -2,11 +2,10 @@
 
 use alloc::vec;
 use alloc::vec::Vec;
-use core::ops::Range;
 
 use half::bf16;
 
-use super::forward::{blocks_of, check_layer, resize, rows_of, widen, Workspace};
+use super::forward::{check_layer, reduce, resize, rows_of, widen, Workspace};
 use super::lora::{BackwardWeights, Lora, LoraGrads, Proj};
 use super::Cache;
 use crate::aligned::AlignedBuf;
@@ -159,26 +158,8 @@ pub fn backward(
     });
 
     // grad_input[t] = Σ_j dx of its slots, j ascending.
-    let (dx, slot_rows) = (&ws.dx[..], slot_rows(cache));
-    let dst = SharedMut::new(grad_input);
-    let chunks: Vec<Range<usize>> = blocks_of(n, exec);
-    exec.parallel_for(chunks.len(), &|c, _| {
-        let tokens = chunks[c].clone();
-        // SAFETY: token chunks are disjoint.
-        let o = unsafe { dst.slice_mut(tokens.start * h..tokens.end * h) };
-        let mut acc = vec![0.0f32; h];
-        for (t, o) in tokens.zip(o.chunks_exact_mut(h)) {
-            acc.fill(0.0);
-            for row in slot_rows[t * k..(t + 1) * k].iter().flatten() {
-                for (a, &v) in acc.iter_mut().zip(&dx[row * h..][..h]) {
-                    *a += v;
-                }
-            }
-            for (o, &a) in o.iter_mut().zip(&acc) {
-                *o = bf16::from_f32(a);
-            }
-        }
-    });
+    let rows = slot_rows(cache);
+    reduce(exec, (n, k, h), &|s| rows[s].map(|r| (r, 1.0)), &ws.dx, grad_input);
     Ok(())
 }
 

@@ -138,9 +138,23 @@ pub fn forward(
     });
 
     // out[t] = Σ_j w·y in slot order, as the inference forward's Reduce and Merge add it.
-    let (y, slot_rows) = (&cache.y[..], &plan.slot_rows[..]);
+    let (y, slot_rows, wts) = (&cache.y[..], &plan.slot_rows[..], routing.weights);
+    let slot = |s: usize| (slot_rows[s] != SKIPPED).then(|| (slot_rows[s] as usize, wts[s]));
+    reduce(exec, (n, k, h), &slot, y, out);
+    Ok(())
+}
+
+/// `out[t] = bf16(0 + Σ_j w·src[row])` for every token `t` over its slots `j` ascending, where
+/// `slot(t·k + j)` gives `(row, w)` (`None`: skipped), on `exec` in token chunks.
+pub(crate) fn reduce(
+    exec: &dyn Executor,
+    (n, k, h): (usize, usize, usize),
+    slot: &(dyn Fn(usize) -> Option<(usize, f32)> + Sync),
+    src: &[f32],
+    out: &mut [bf16],
+) {
     let dst = SharedMut::new(out);
-    let chunks: Vec<Range<usize>> = blocks_of(n, exec);
+    let chunks: Vec<Range<usize>> = blocks(n, target_tasks(exec.workers()), 1).collect();
     exec.parallel_for(chunks.len(), &|c, _| {
         let tokens = chunks[c].clone();
         // SAFETY: token chunks are disjoint.
@@ -148,14 +162,9 @@ pub fn forward(
         let mut acc = vec![0.0f32; h];
         for (t, o) in tokens.zip(o.chunks_exact_mut(h)) {
             acc.fill(0.0);
-            for j in 0..k {
-                let row = slot_rows[t * k + j];
-                if row == SKIPPED {
-                    continue;
-                }
-                let wt = routing.weights[t * k + j];
-                for (a, &v) in acc.iter_mut().zip(&y[row as usize * h..][..h]) {
-                    *a += wt * v;
+            for (row, w) in (t * k..(t + 1) * k).filter_map(slot) {
+                for (a, &v) in acc.iter_mut().zip(&src[row * h..][..h]) {
+                    *a += w * v;
                 }
             }
             for (o, &a) in o.iter_mut().zip(&acc) {
@@ -163,7 +172,6 @@ pub fn forward(
             }
         }
     });
-    Ok(())
 }
 
 /// Rows `at` of a `[rows, width]` buffer.
@@ -178,11 +186,6 @@ pub(crate) unsafe fn rows_of<'a, T>(v: &SharedMut<'a, T>, at: &Range<usize>, wid
 /// `v` at length `len`, its old values kept (every element is written before it is read).
 pub(crate) fn resize<T: Copy + Default>(v: &mut Vec<T>, len: usize) {
     v.resize(len, T::default());
-}
-
-/// Token chunks for a per-token stage on `exec`.
-pub(crate) fn blocks_of(n: usize, exec: &dyn Executor) -> Vec<Range<usize>> {
-    blocks(n, target_tasks(exec.workers()), 1).collect()
 }
 
 /// The cache's input, routing and row maps from `plan`.

@@ -123,33 +123,7 @@ class KTMoEWrapper:
             if v is None:
                 raise TypeError(f"KTMoEWrapper() missing required argument: {name!r}")
         gpu_experts_mask = _gpu_mask(gpu_experts_mask, num_gpu_experts, num_experts)
-        if mode == "sft":
-            from .sft import SFTMoEWrapper
-
-            return SFTMoEWrapper(
-                layer_idx=layer_idx,
-                num_experts=num_experts,
-                num_experts_per_tok=num_experts_per_tok,
-                hidden_size=hidden_size,
-                moe_intermediate_size=moe_intermediate_size,
-                gpu_experts_mask=gpu_experts_mask,
-                cpuinfer_threads=cpuinfer_threads,
-                threadpool_count=threadpool_count,
-                weight_path=weight_path,
-                chunked_prefill_size=chunked_prefill_size,
-                method=method,
-                numa_nodes=numa_nodes,
-                lora_rank=lora_rank,
-                lora_alpha=lora_alpha,
-                max_cache_depth=max_cache_depth,
-                group_size=group_size,
-            )
-        if method not in WORKING_METHODS:
-            raise NotImplementedError(
-                f"kt_kernel (kt-kernel-rs): method {method} has no CPU backend in this build yet; "
-                f"working methods: {sorted(WORKING_METHODS)}"
-            )
-        return NativeMoEWrapper(
+        common = dict(
             layer_idx=layer_idx,
             num_experts=num_experts,
             num_experts_per_tok=num_experts_per_tok,
@@ -160,9 +134,23 @@ class KTMoEWrapper:
             threadpool_count=threadpool_count,
             weight_path=weight_path,
             chunked_prefill_size=chunked_prefill_size,
-            max_deferred_experts_per_token=max_deferred_experts_per_token,
             method=method,
             numa_nodes=numa_nodes,
+        )
+        if mode == "sft":
+            from .sft import SFTMoEWrapper
+
+            return SFTMoEWrapper(
+                **common, lora_rank=lora_rank, lora_alpha=lora_alpha, max_cache_depth=max_cache_depth, group_size=group_size
+            )
+        if method not in WORKING_METHODS:
+            raise NotImplementedError(
+                f"kt_kernel (kt-kernel-rs): method {method} has no CPU backend in this build yet; "
+                f"working methods: {sorted(WORKING_METHODS)}"
+            )
+        return NativeMoEWrapper(
+            **common,
+            max_deferred_experts_per_token=max_deferred_experts_per_token,
             swiglu_limit=swiglu_limit,
             swiglu_alpha=swiglu_alpha,
         )
@@ -313,6 +301,14 @@ class _Staging:
 _CPU_INFER = []
 
 
+def check_sizes(num_experts, num_experts_per_tok, hidden_size, moe_intermediate_size, cpuinfer_threads,
+                threadpool_count, chunked_prefill_size):
+    """KT's ValueError for a size that is not positive, naming it."""
+    for name, v in locals().items():
+        if int(v) <= 0:
+            raise ValueError(f"{name} must be positive, got {v}")
+
+
 def cpu_infer(cpuinfer_threads, threadpool_count, numa_nodes):
     """The process's one engine (KT's: the first configuration wins): ``cpuinfer_threads``
     threads in ``threadpool_count`` sub-pools on ``numa_nodes``."""
@@ -323,7 +319,60 @@ def cpu_infer(cpuinfer_threads, threadpool_count, numa_nodes):
     return _CPU_INFER[0]
 
 
-class NativeMoEWrapper:
+class ExpertWeights:
+    """Loading a layer's experts into ``self.moe`` (the native layer), shared by the inference
+    and the SFT wrappers."""
+
+    def load_weights(self, physical_to_logical_map_cpu=None):
+        """Load this layer from ``weight_path`` and block until done (as KT's): for LLAMAFILE a
+        GGUF model (a ``.gguf`` file, split files, or a directory of them) run in its own
+        types; else KT's converted INT4/INT8 files (inference only), or a Hugging Face
+        safetensors checkpoint (a directory, sharded or not, or one file) in any layout KT's
+        loaders detect, bf16 / f16 / f32 / fp8 / int4, quantized on the CPU to this wrapper's
+        method."""
+        if self.weight_path is None:
+            raise ValueError("weight_path is None: pass the checkpoint directory, or use load_weights_from_tensors")
+        import os
+
+        if not os.path.exists(self.weight_path):
+            raise FileNotFoundError(f"weight_path {self.weight_path!r} does not exist")
+        self.moe.load_from_checkpoint(self.cpu_infer, os.fspath(self.weight_path), self.layer_idx, self._map(physical_to_logical_map_cpu))
+
+    def load_weights_from_tensors(self, gate_proj, up_proj, down_proj, physical_to_logical_map_cpu=None):
+        """Quantize bf16/f16/f32 ``gate_proj``/``up_proj`` ``[E, I, H]`` and ``down_proj``
+        ``[E, H, I]`` to this wrapper's method on the CPU (any method, not only KT's INT4/INT8)."""
+        e, h, i = self.num_experts, self.hidden_size, self.moe_intermediate_size
+        arrays, code = [], None
+        for name, x, want in [("gate_proj", gate_proj, (e, i, h)), ("up_proj", up_proj, (e, i, h)), ("down_proj", down_proj, (e, h, i))]:
+            x = T.host(x)
+            if T.shape(x) != want:
+                raise ValueError(f"{name} must have shape {list(want)}, got {list(T.shape(x))}")
+            c = T.float_code(x)
+            if c is None:
+                if T.is_torch(x):
+                    raise TypeError(f"{name}: expected bfloat16, float16 or float32, got {x.dtype}")
+                x, c = np.asarray(x, dtype=np.float32), "f32"
+            if code is not None and c != code:
+                raise TypeError(f"gate_proj, up_proj and down_proj must share a dtype, got {code} and {c}")
+            code = c
+            arrays.append(T.to_host_array(x, name))
+        m = self._map(physical_to_logical_map_cpu)
+        (g, gp), (u, up), (d, dp) = arrays
+        self.moe.load_from_arrays(self.cpu_infer, gp, up, dp, code, m)
+        del g, u, d
+
+    def _map(self, m):
+        e = self.num_experts
+        if m is None:
+            return list(range(e))
+        a = T.int_array(m, "physical_to_logical_map_cpu")
+        if a.shape != (e,):
+            raise ValueError(f"physical_to_logical_map_cpu must have shape [{e}], got {list(a.shape)}")
+        return [int(v) for v in a]
+
+
+
+class NativeMoEWrapper(ExpertWeights):
     """The backend object ``KTMoEWrapper`` returns (KT's ``BaseMoEWrapper`` surface)."""
 
     def __init__(
@@ -344,17 +393,8 @@ class NativeMoEWrapper:
         swiglu_limit=0.0,
         swiglu_alpha=0.0,
     ):
-        for name, v in [
-            ("num_experts", num_experts),
-            ("num_experts_per_tok", num_experts_per_tok),
-            ("hidden_size", hidden_size),
-            ("moe_intermediate_size", moe_intermediate_size),
-            ("cpuinfer_threads", cpuinfer_threads),
-            ("threadpool_count", threadpool_count),
-            ("chunked_prefill_size", chunked_prefill_size),
-        ]:
-            if int(v) <= 0:
-                raise ValueError(f"{name} must be positive, got {v}")
+        check_sizes(num_experts, num_experts_per_tok, hidden_size, moe_intermediate_size, cpuinfer_threads,
+                    threadpool_count, chunked_prefill_size)
         if num_experts_per_tok > num_experts:
             raise ValueError(f"num_experts_per_tok ({num_experts_per_tok}) > num_experts ({num_experts})")
         if numa_nodes is not None and len(numa_nodes) != threadpool_count:
@@ -406,54 +446,6 @@ class NativeMoEWrapper:
         if mask is not None:
             own[:] = np.asarray(T.host(mask)).astype(bool)
         return own
-
-    # -- weights ---------------------------------------------------------------------------
-
-    def load_weights(self, physical_to_logical_map_cpu=None):
-        """Load this layer from ``weight_path`` and block until done (as KT's): for LLAMAFILE a
-        GGUF model (a ``.gguf`` file, split files, or a directory of them) run in its own
-        types; else KT's converted INT4/INT8 files, or a Hugging Face safetensors checkpoint
-        (a directory, sharded or not, or one file) in any layout KT's loaders detect, bf16 /
-        f16 / f32 / fp8 / int4, quantized on the CPU to this wrapper's method."""
-        if self.weight_path is None:
-            raise ValueError("weight_path is None: pass the checkpoint directory, or use load_weights_from_tensors")
-        import os
-
-        if not os.path.exists(self.weight_path):
-            raise FileNotFoundError(f"weight_path {self.weight_path!r} does not exist")
-        self.moe.load_from_checkpoint(self.cpu_infer, os.fspath(self.weight_path), self.layer_idx, self._map(physical_to_logical_map_cpu))
-
-    def load_weights_from_tensors(self, gate_proj, up_proj, down_proj, physical_to_logical_map_cpu=None):
-        """Quantize bf16/f16/f32 ``gate_proj``/``up_proj`` ``[E, I, H]`` and ``down_proj``
-        ``[E, H, I]`` to this wrapper's method on the CPU (any method, not only KT's INT4/INT8)."""
-        e, h, i = self.num_experts, self.hidden_size, self.moe_intermediate_size
-        arrays, code = [], None
-        for name, x, want in [("gate_proj", gate_proj, (e, i, h)), ("up_proj", up_proj, (e, i, h)), ("down_proj", down_proj, (e, h, i))]:
-            x = T.host(x)
-            if T.shape(x) != want:
-                raise ValueError(f"{name} must have shape {list(want)}, got {list(T.shape(x))}")
-            c = T.float_code(x)
-            if c is None:
-                if T.is_torch(x):
-                    raise TypeError(f"{name}: expected bfloat16, float16 or float32, got {x.dtype}")
-                x, c = np.asarray(x, dtype=np.float32), "f32"
-            if code is not None and c != code:
-                raise TypeError(f"gate_proj, up_proj and down_proj must share a dtype, got {code} and {c}")
-            code = c
-            arrays.append(T.to_host_array(x, name))
-        m = self._map(physical_to_logical_map_cpu)
-        (g, gp), (u, up), (d, dp) = arrays
-        self.moe.load_from_arrays(self.cpu_infer, gp, up, dp, code, m)
-        del g, u, d
-
-    def _map(self, m):
-        e = self.num_experts
-        if m is None:
-            return list(range(e))
-        a = T.int_array(m, "physical_to_logical_map_cpu")
-        if a.shape != (e,):
-            raise ValueError(f"physical_to_logical_map_cpu must have shape [{e}], got {list(a.shape)}")
-        return [int(v) for v in a]
 
     # -- forward ---------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import _tensors as T
 from .. import kt_kernel_ext as ext
-from ..experts import cpu_infer
+from ..experts import ExpertWeights, check_sizes, cpu_infer
 
 
 def _bf16_address(x, name, shape):
@@ -29,7 +29,7 @@ def _bf16_address(x, name, shape):
     return int(a.ctypes.data)
 
 
-class SFTMoEWrapper:
+class SFTMoEWrapper(ExpertWeights):
     """One MoE layer's routed experts for LoRA fine-tuning, KT's constructor and methods."""
 
     def __init__(
@@ -52,17 +52,8 @@ class SFTMoEWrapper:
         gpu_experts_mask=None,
         numa_nodes=None,
     ):
-        for name, v in [
-            ("num_experts", num_experts),
-            ("num_experts_per_tok", num_experts_per_tok),
-            ("hidden_size", hidden_size),
-            ("moe_intermediate_size", moe_intermediate_size),
-            ("cpuinfer_threads", cpuinfer_threads),
-            ("threadpool_count", threadpool_count),
-            ("chunked_prefill_size", chunked_prefill_size),
-        ]:
-            if int(v) <= 0:
-                raise ValueError(f"{name} must be positive, got {v}")
+        check_sizes(num_experts, num_experts_per_tok, hidden_size, moe_intermediate_size, cpuinfer_threads,
+                    threadpool_count, chunked_prefill_size)
         if lora_rank <= 0:
             raise ValueError(f"lora_rank must be positive, got {lora_rank}")
         if not lora_alpha > 0:
@@ -105,55 +96,11 @@ class SFTMoEWrapper:
         self._grads = None
         self._pending = None
 
-    # -- weights ---------------------------------------------------------------------------
-
-    def _map(self, m):
-        e = self.num_experts
-        if m is None:
-            return list(range(e))
-        a = T.int_array(m, "physical_to_logical_map_cpu")
-        if a.shape != (e,):
-            raise ValueError(f"physical_to_logical_map_cpu must have shape [{e}], got {list(a.shape)}")
-        return [int(v) for v in a]
+    # -- weights (load_weights, load_weights_from_tensors: ExpertWeights) --------------------
 
     @property
     def _weights_loaded(self):
         return self.moe.loaded
-
-    def load_weights(self, physical_to_logical_map_cpu=None):
-        """The base weights of layer ``layer_idx`` from the Hugging Face safetensors checkpoint
-        at ``weight_path`` (any layout and dtype the inference loader reads), frozen in this
-        wrapper's method. Blocks."""
-        import os
-
-        if self.weight_path is None:
-            raise ValueError("weight_path is None: pass the checkpoint directory, or use load_weights_from_tensors")
-        if not os.path.exists(self.weight_path):
-            raise FileNotFoundError(f"weight_path {self.weight_path!r} does not exist")
-        path = os.fspath(self.weight_path)
-        self.moe.load_from_checkpoint(self.cpu_infer, path, self.layer_idx, self._map(physical_to_logical_map_cpu))
-
-    def load_weights_from_tensors(self, gate_proj, up_proj, down_proj, physical_to_logical_map_cpu=None):
-        """The base weights from bf16/f16/f32 ``gate_proj``/``up_proj`` ``[E, I, H]`` and
-        ``down_proj`` ``[E, H, I]``, quantized to this wrapper's method. Blocks."""
-        e, h, i = self.num_experts, self.hidden_size, self.moe_intermediate_size
-        arrays, code = [], None
-        for name, x, want in [("gate_proj", gate_proj, (e, i, h)), ("up_proj", up_proj, (e, i, h)), ("down_proj", down_proj, (e, h, i))]:
-            x = T.host(x)
-            if T.shape(x) != want:
-                raise ValueError(f"{name} must have shape {list(want)}, got {list(T.shape(x))}")
-            c = T.float_code(x)
-            if c is None:
-                if T.is_torch(x):
-                    raise TypeError(f"{name}: expected bfloat16, float16 or float32, got {x.dtype}")
-                x, c = np.asarray(x, dtype=np.float32), "f32"
-            if code is not None and c != code:
-                raise TypeError(f"gate_proj, up_proj and down_proj must share a dtype, got {code} and {c}")
-            code = c
-            arrays.append(T.to_host_array(x, name))
-        (g, gp), (u, upp), (d, dp) = arrays
-        self.moe.load_from_arrays(self.cpu_infer, gp, upp, dp, code, self._map(physical_to_logical_map_cpu))
-        del g, u, d
 
     def _lora_shapes(self):
         e, h, i, r = self.num_experts, self.hidden_size, self.moe_intermediate_size, self.lora_rank
