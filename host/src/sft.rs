@@ -9,7 +9,7 @@ use kt_core::sft::{self, Backward, BackwardWeights, Cache, Lora};
 use kt_core::{Backend, Error, LayerFormat, MoeConfig, PackedMatrix, QuantMatrix, Routing, WeightFormat};
 
 use crate::layer::{LayerOptions, MoeLayer};
-use crate::weights::{expert_f32, Checkpoint, Layout, Slots, WeightError};
+use crate::weights::{slot_reader, Checkpoint, Slots, WeightError};
 
 /// An expert's packed transposes, or why they are not (`None`: not on the CPU).
 type Transposes<E> = Option<Result<[PackedMatrix; 3], E>>;
@@ -103,10 +103,7 @@ impl SftLayer {
         opts: &LayerOptions,
         max_cache_depth: usize,
     ) -> Result<Self, WeightError> {
-        let layout = Layout::detect(ck, layer)?;
-        let (h, i) = (cfg.hidden, cfg.intermediate);
-        let expert = |slot| slots.expert(slot).map(|e| expert_f32(ck, &layout, e, h, i)).transpose();
-        Self::try_from_f32(cfg, format, expert, opts, max_cache_depth)
+        Self::try_from_f32(cfg, format, slot_reader(ck, layer, cfg, slots)?, opts, max_cache_depth)
     }
 
     /// The layer's shape.

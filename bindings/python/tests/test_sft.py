@@ -27,10 +27,10 @@ def lora(seed, zero_b=False):
     return [bf16_bits(np.zeros(s) if (zero_b and n % 2) else 0.1 * r.standard_normal(s)) for n, s in enumerate(shapes)]
 
 
-def wrapper(method="AMXBF16_SFT", depth=1, mode="sft"):
+def wrapper(method="AMXBF16_SFT", depth=1, mode="sft", path=None, layer_idx=0):
     return KTMoEWrapper(
-        layer_idx=0, num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I,
-        cpuinfer_threads=2, threadpool_count=1, weight_path=None, chunked_prefill_size=64, method=method,
+        layer_idx=layer_idx, num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I,
+        cpuinfer_threads=2, threadpool_count=2, weight_path=path, chunked_prefill_size=64, method=method,
         mode=mode, lora_rank=R, lora_alpha=ALPHA, max_cache_depth=depth,
     )
 
@@ -227,3 +227,34 @@ def test_skip_lora_runs_the_base_alone():
     assert np.array_equal(w.forward(x, ids, wts), np.asarray(inf.forward(x, ids, wts)))
     gi, gw = w.backward(np.ones((4, H), np.float32))
     assert np.isfinite(gi).all() and np.abs(gw).sum() > 0
+
+
+def test_load_weights_reads_a_hugging_face_checkpoint(tmp_path):
+    """A checkpoint written by the safetensors package, through a slot map: the same steps as
+    the same tensors loaded directly; a path that is no checkpoint of SFT's kind is refused."""
+    from safetensors.numpy import save_file
+
+    from conftest import write_config
+
+    g, u, d = (a.astype(np.float16) for a in experts(E, H, I, 21))
+    names = lambda e: [f"model.layers.2.mlp.experts.{e}.{p}_proj.weight" for p in ("gate", "up", "down")]
+    save_file({n: m for e in range(E) for n, m in zip(names(e), (g[e], u[e], d[e]))}, str(tmp_path / "model.safetensors"))
+    write_config(tmp_path, E, K, H, I, 3)
+    m = np.roll(np.arange(E, dtype=np.int64), 3)
+    mats = lora(4)
+    steps = []
+    for w in (wrapper(path=str(tmp_path), layer_idx=2), wrapper()):
+        if w.weight_path:
+            w.load_weights(m)
+        else:
+            w.load_weights_from_tensors(g, u, d, m)
+        w.init_lora_weights(*mats, *[np.zeros_like(x) for x in mats])
+        x, ids, wts = inputs(6, 5)
+        out = w.forward(x, ids, wts)
+        steps.append((out, *w.backward(np.ones((6, H), np.float32))))
+    for a, b in zip(*steps):
+        assert np.array_equal(a, b)
+    with pytest.raises(FileNotFoundError, match="does not exist"):
+        wrapper(path=str(tmp_path / "missing")).load_weights()
+    with pytest.raises(ValueError, match="weight_path is None"):
+        wrapper().load_weights()

@@ -141,11 +141,20 @@ pub fn load_layer(
     slots: Slots<'_>,
     opts: &LayerOptions,
 ) -> Result<MoeLayer, WeightError> {
-    let layout = Layout::detect(ck, layer)?;
-    MoeLayer::try_from_f32(
-        cfg,
-        format,
-        |slot| slots.expert(slot).map(|e| expert_f32(ck, &layout, e, cfg.hidden, cfg.intermediate)).transpose(),
-        opts,
-    )
+    MoeLayer::try_from_f32(cfg, format, slot_reader(ck, layer, cfg, slots)?, opts)
+}
+
+/// An expert's gate `[I,H]`, up `[I,H]` and down `[H,I]` in f32.
+type F32Expert = [Vec<f32>; 3];
+
+/// Slot `p`'s expert of layer `layer` as f32 (`Ok(None)` for a GPU-resident slot): the reader
+/// the inference and SFT layers are built from.
+pub fn slot_reader<'a>(
+    ck: &'a Checkpoint,
+    layer: usize,
+    cfg: &MoeConfig,
+    slots: Slots<'a>,
+) -> Result<impl Fn(usize) -> Result<Option<F32Expert>, WeightError> + Sync + 'a, WeightError> {
+    let (layout, h, i) = (Layout::detect(ck, layer)?, cfg.hidden, cfg.intermediate);
+    Ok(move |slot| slots.expert(slot).map(|e| expert_f32(ck, &layout, e, h, i)).transpose())
 }
