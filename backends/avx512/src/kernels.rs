@@ -405,7 +405,7 @@ unsafe fn fp8_span<const N: usize, const DOT: bool>(
     }
 }
 
-/// A float panel's tile: per-block sums times the block's scale(s), added block by block.
+/// An fp8 panel's tile: per-block sums times the block's scale(s), added block by block.
 ///
 /// # Safety
 /// AVX-512F/BW (and VBMI/BF16 if `DOT`) are present; `x16` (if `DOT`) or `x` (if not) holds
@@ -434,16 +434,6 @@ unsafe fn float_body<const N: usize, const DOT: bool>(
         let span = |u0: usize, units: usize| (u0, (u0 + units).min(w.units));
         // (units per scale block, scale stride between blocks, per-row scales?)
         let (per_block, stride, rows) = match w.format {
-            WeightFormat::Bf16 => {
-                // No tables here: four registers fewer for the 24 accumulators (with them one
-                // accumulator went through the stack every unit).
-                match DOT {
-                    true => bf16_dot_units::<N>(panel, 0, w.units, &xh, &mut acc),
-                    false => float_units::<N, true>(panel, 0, w.units, &xs, &mut acc),
-                }
-                store_tile(&acc, out);
-                return;
-            }
             WeightFormat::Fp8Channel => (w.units, 0, true),
             WeightFormat::Mxfp8 => (kt_core::format::mx::MX_BLOCK / 4, PANEL, true),
             _ => (FP8_BLOCK / 4, 1, false),
@@ -468,6 +458,70 @@ unsafe fn float_body<const N: usize, const DOT: bool>(
         }
         store_tile(&acc, out);
     }
+}
+
+/// A bf16 panel's tile, by `vdpbf16ps` (`DOT`) or widened into FMAs. Kept out of the fp8
+/// kernels' function: beside them LLVM hoisted the fp8 byte tables above the format test, and
+/// with 4 registers fewer one of the 24 accumulators of a 12-token tile went through the stack
+/// every unit (a store-to-load chain each unit: docs/performance.md, "bf16 tiles").
+///
+/// # Safety
+/// As [`float_body`].
+#[inline(always)]
+unsafe fn bf16_body<const N: usize, const DOT: bool>(
+    w: &Packed,
+    p: usize,
+    x: &[f32],
+    x16: &[bf16],
+    kp: usize,
+    t0: usize,
+    out: &mut Tile,
+) {
+    let panel = w.panel(p).as_ptr();
+    // SAFETY: the panel spans w.units units, x and x16 rows kp = 2·units values.
+    unsafe {
+        let mut acc = [[_mm512_setzero_ps(); 2]; N];
+        if DOT {
+            let xh: [*const u32; N] = core::array::from_fn(|t| x16[(t0 + t) * kp..].as_ptr().cast());
+            bf16_dot_units::<N>(panel, 0, w.units, &xh, &mut acc)
+        } else {
+            let xs: [*const f32; N] = core::array::from_fn(|t| x[(t0 + t) * kp..].as_ptr());
+            float_units::<N, true>(panel, 0, w.units, &xs, &mut acc)
+        }
+        store_tile(&acc, out);
+    }
+}
+
+/// # Safety
+/// AVX-512F/BW are present; as [`float_body`].
+#[target_feature(enable = "avx512f,avx512bw")]
+unsafe fn bf16_panel<const N: usize>(
+    w: &Packed,
+    p: usize,
+    x: &[f32],
+    x16: &[bf16],
+    kp: usize,
+    t0: usize,
+    out: &mut Tile,
+) {
+    // SAFETY: forwarded.
+    unsafe { bf16_body::<N, false>(w, p, x, x16, kp, t0, out) }
+}
+
+/// # Safety
+/// AVX-512F/BW/BF16 are present; as [`float_body`].
+#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
+unsafe fn bf16_panel_dot<const N: usize>(
+    w: &Packed,
+    p: usize,
+    x: &[f32],
+    x16: &[bf16],
+    kp: usize,
+    t0: usize,
+    out: &mut Tile,
+) {
+    // SAFETY: forwarded.
+    unsafe { bf16_body::<N, true>(w, p, x, x16, kp, t0, out) }
 }
 
 /// # Safety
@@ -786,7 +840,11 @@ pub unsafe fn panel_tile(level: Level, w: &Packed, p: usize, act: &Act<'_>, t0: 
             // threads: 1176 against 580 GFLOP/s), and it needs no widening and one broadcast per
             // two k (avx512_bf16 against avx512_vbmi: docs/performance.md). On a Xeon its peak
             // equals the FMA's (one 32-pair instruction a cycle against two 16-lane FMAs).
-            Act::Float { x, x16, kp } if level == Level::Bf16 && (w.format == WeightFormat::Bf16 || w.pairs) => {
+            Act::Float { x, x16, kp } if w.format == WeightFormat::Bf16 => match level {
+                Level::Bf16 => by_n!(bf16_panel_dot, w, p, x, x16, kp, t0, out),
+                _ => by_n!(bf16_panel, w, p, x, x16, kp, t0, out),
+            },
+            Act::Float { x, x16, kp } if level == Level::Bf16 && w.pairs => {
                 by_n!(float_panel_dot, w, p, x, x16, kp, t0, out)
             }
             Act::Float { x, x16, kp } => by_n!(float_panel, w, p, x, x16, kp, t0, out),
