@@ -177,6 +177,13 @@ pub trait Backend: Send + Sync + Debug {
     /// `act_bytes(all rows) + 64` per expert, whatever the routing.
     fn act_bytes(&self, format: WeightFormat, rows: usize, cols: usize) -> usize;
 
+    /// The SFT forward's LoRA products and SwiGLU ([`crate::sft::SftKernels`]); the SwiGLU
+    /// must be the one `gate_up` runs, so that an SFT forward with zero LoRA keeps the
+    /// inference forward's bits.
+    fn sft_kernels(&self) -> &'static crate::sft::SftKernels {
+        &crate::sft::PORTABLE
+    }
+
     /// Bytes of scratch one task may use at most, for tasks up to `shape`. Each worker owns a
     /// buffer this large (64-byte aligned), allocated once and handed to every task it runs.
     fn scratch_bytes(&self, _shape: TaskShape) -> usize {

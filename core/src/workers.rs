@@ -57,3 +57,37 @@ impl Blocks<'_> {
         })
     }
 }
+
+/// Typed pieces cut one after another from a worker's block, each starting 64-byte aligned, so
+/// a task's buffers come from the block its worker reuses instead of the allocator (fresh
+/// allocations in worker threads were page faults on every call: the SFT forward spent more
+/// time zeroing new pages than in its products).
+pub(crate) struct Carve<'a>(&'a mut [u8]);
+
+impl<'a> Carve<'a> {
+    /// Cut from `block`, which must be 64-byte aligned (the blocks of [`WorkerScratch`] are).
+    pub(crate) fn new(block: &'a mut [u8]) -> Self {
+        Carve(block)
+    }
+
+    /// Bytes a piece of `len` `T` takes.
+    pub(crate) const fn bytes<T>(len: usize) -> usize {
+        round_up(len * size_of::<T>())
+    }
+
+    /// The next `len` values, their old contents (any bit pattern is a valid `T`).
+    ///
+    /// # Panics
+    /// If fewer bytes are left than [`Carve::bytes`] of the piece: the block was sized for
+    /// fewer pieces than are cut (a bug).
+    pub(crate) fn take<T: bytemuck::Pod>(&mut self, len: usize) -> &'a mut [T] {
+        let (piece, rest) = core::mem::take(&mut self.0).split_at_mut(Self::bytes::<T>(len));
+        self.0 = rest;
+        bytemuck::cast_slice_mut(&mut piece[..len * size_of::<T>()])
+    }
+
+    /// What is left, for the backend's own scratch.
+    pub(crate) fn rest(self) -> &'a mut [u8] {
+        self.0
+    }
+}

@@ -176,6 +176,10 @@ mod imp {
             SIMD.act_bytes(format, rows, cols)
         }
 
+        fn sft_kernels(&self) -> &'static kt_core::sft::SftKernels {
+            &kt_x86::sft::KERNELS
+        }
+
         fn scratch_bytes(&self, shape: TaskShape) -> usize {
             SIMD.scratch_bytes(shape)
         }

@@ -212,6 +212,10 @@ mod imp {
             act::bytes(format, rows, cols, self.dot(format))
         }
 
+        fn sft_kernels(&self) -> &'static kt_core::sft::SftKernels {
+            &kt_x86::sft::KERNELS
+        }
+
         fn scratch_bytes(&self, shape: TaskShape) -> usize {
             act::scratch_bytes(shape.cols)
         }

@@ -298,6 +298,10 @@ mod imp {
             crate::act::bytes(ggml(format), rows, cols, self.vnni().is_some())
         }
 
+        fn sft_kernels(&self) -> &'static kt_core::sft::SftKernels {
+            &kt_x86::sft::KERNELS
+        }
+
         fn scratch_bytes(&self, shape: TaskShape) -> usize {
             let vector =
                 work_bytes(shape.tokens, shape.rows.next_multiple_of(R)).max(crate::act::scratch_bytes(shape.cols));

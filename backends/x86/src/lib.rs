@@ -1,7 +1,8 @@
 //! # kt-x86
 //!
 //! What the x86 backends share, so that no backend crate depends on another: run-time ISA
-//! detection (with the AMX tile permission Linux wants first), the AMX tile seam, KT's SwiGLU on vectors, software
+//! detection (with the AMX tile permission Linux wants first), the AMX tile seam, KT's SwiGLU on vectors, the SFT
+//! forward's LoRA products on vectors, software
 //! prefetch, the VNNI `vpdpbusd` encodings, the int4 nibble coding, huge-page weight buffers, and
 //! the walk that cuts a task's rows into a kernel's row tiles.
 //!
@@ -16,6 +17,8 @@ pub mod isa;
 pub mod memory;
 #[cfg(target_arch = "x86_64")]
 pub mod prefetch;
+#[cfg(target_arch = "x86_64")]
+pub mod sft;
 #[cfg(target_arch = "x86_64")]
 pub mod swiglu;
 pub mod tiles;

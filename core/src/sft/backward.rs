@@ -6,13 +6,13 @@ use alloc::vec::Vec;
 use half::bf16;
 
 use super::forward::{check_layer, reduce, resize, rows_of, widen, Workspace};
+use super::kernels::{LoraBack, SftKernels};
 use super::lora::{BackwardWeights, Lora, LoraGrads, Proj};
 use super::Cache;
 use crate::aligned::AlignedBuf;
 use crate::backend::TaskShape;
 use crate::forward::LayerWeights;
 use crate::mat::{MatMut, SharedMut};
-use crate::swiglu::silu;
 use crate::{Backend, Error, Executor, MoeConfig, PackedMatrix};
 
 /// Where a backward writes.
@@ -81,6 +81,7 @@ pub fn backward(
         let [wg, wu, wd] = back.experts[a.id].as_ref().expect("checked above");
         let (m, at) = (a.rows, a.row_range());
         let mut prod = Product { backend, ident: &ident[..m], scratch };
+        let kernels = backend.sft_kernels();
         // This expert's slices of the LoRA gradients ([`Lora::of`]'s order: A, then B).
         let lora_grads = |p: Proj| {
             let (din, dout) = p.dims(cfg);
@@ -92,11 +93,11 @@ pub fn backward(
             };
             // SAFETY: expert `a.id`'s slices are written by its one task.
             grads.as_ref().map(|g| unsafe {
-                LoraSlices {
-                    a: g[at].slice_mut(a.id * r * din..(a.id + 1) * r * din),
-                    b: g[at + 1].slice_mut(a.id * dout * r..(a.id + 1) * dout * r),
-                    scale: lora_grad_scale,
-                }
+                (
+                    g[at].slice_mut(a.id * r * din..(a.id + 1) * r * din),
+                    g[at + 1].slice_mut(a.id * dout * r..(a.id + 1) * dout * r),
+                    lora_grad_scale,
+                )
             })
         };
 
@@ -115,31 +116,21 @@ pub fn backward(
             unsafe { gw.slice_mut(slot..slot + 1)[0] = s };
         }
 
-        // down: dh = W_dᵀ·gy (+ LoRA), then through SwiGLU.
+        // down: dh = W_dᵀ·gy (+ LoRA), then through SwiGLU at the g and u it saw (bf16).
         let mut dh = prod.times(wd, &gy, m, i);
-        let hb: Vec<bf16> = cache.g[at.start * i..at.end * i]
-            .iter()
-            .zip(&cache.u[at.start * i..at.end * i])
-            .map(|(g, u)| cfg.glu.apply(g.to_f32(), u.to_f32()))
-            .collect();
+        let (mut g32, mut u32_) = (vec![0.0f32; m * i], vec![0.0f32; m * i]);
+        widen(&cache.g[at.start * i..at.end * i], &mut g32);
+        widen(&cache.u[at.start * i..at.end * i], &mut u32_);
         if let Some(l) = lora {
+            // h as the forward made it: the backend's SwiGLU.
+            let mut hb = vec![bf16::ZERO; m * i];
+            (kernels.glu)(cfg.glu, i, &g32, &u32_, &mut hb);
             let ah = &cache.ah[at.start * l.rank..at.end * l.rank];
-            lora_backward(
-                l,
-                Proj::Down,
-                a.id,
-                cfg,
-                (&gy, ah),
-                |row| &hb[row * i..][..i],
-                &mut dh,
-                lora_grads(Proj::Down),
-            );
+            let input = (&hb[..], &ident[..m]);
+            lora_backward(kernels, l, Proj::Down, a.id, cfg, (&gy, ah), input, &mut dh, lora_grads(Proj::Down));
         }
         let (mut dg, mut du) = (vec![0.0f32; m * i], vec![0.0f32; m * i]);
-        let gu = cache.g[at.start * i..at.end * i].iter().zip(&cache.u[at.start * i..at.end * i]);
-        for (((dg, du), dh), (g, u)) in dg.iter_mut().zip(du.iter_mut()).zip(&dh).zip(gu) {
-            (*dg, *du) = silu_backward(g.to_f32(), u.to_f32(), *dh);
-        }
+        (kernels.glu_backward)(&g32, &u32_, &dh, &mut dg, &mut du);
 
         // gate and up: dx = W_gᵀ·dg + W_uᵀ·du (+ LoRA).
         let mut d = prod.times(wg, &dg, m, h);
@@ -147,11 +138,11 @@ pub fn backward(
             *d += e;
         }
         if let Some(l) = lora {
-            let x = |row: usize| &cache.x[cache.row_tokens[at.start + row] as usize * h..][..h];
+            let x = (&cache.x[..], &cache.row_tokens[at.clone()]);
             let r = l.rank;
             let (axg, axu) = (&cache.ax_g[at.start * r..at.end * r], &cache.ax_u[at.start * r..at.end * r]);
-            lora_backward(l, Proj::Gate, a.id, cfg, (&dg, axg), x, &mut d, lora_grads(Proj::Gate));
-            lora_backward(l, Proj::Up, a.id, cfg, (&du, axu), x, &mut d, lora_grads(Proj::Up));
+            lora_backward(kernels, l, Proj::Gate, a.id, cfg, (&dg, axg), x, &mut d, lora_grads(Proj::Gate));
+            lora_backward(kernels, l, Proj::Up, a.id, cfg, (&du, axu), x, &mut d, lora_grads(Proj::Up));
         }
         // SAFETY: expert e's rows are this task's.
         unsafe { rows_of(&dx, &at, h) }.copy_from_slice(&d);
@@ -170,12 +161,6 @@ fn slot_rows(cache: &Cache) -> Vec<Option<usize>> {
         v[slot as usize] = Some(row);
     }
     v
-}
-
-/// `(dg, du)` for `h = silu(g)·u` at the values SwiGLU saw, given `dh`.
-fn silu_backward(g: f32, u: f32, dh: f32) -> (f32, f32) {
-    let sig = 1.0 / (1.0 + libm::expf((-g).min(88.0)));
-    (dh * u * sig * (1.0 + g * (1.0 - sig)), dh * silu(g))
 }
 
 /// A task's products with a transposed base matrix.
@@ -199,80 +184,22 @@ impl Product<'_, '_> {
     }
 }
 
-/// One expert's gradients of one projection's A and B, and what contributions are scaled by.
-struct LoraSlices<'a> {
-    a: &'a mut [bf16],
-    b: &'a mut [bf16],
-    scale: f32,
-}
-
-/// Projection `p`'s LoRA backward for expert `e`'s rows, given `gout` (`[m, out]`, the
-/// gradient of its output) and `ax` (`[m, r]`, the forward's `A·input`): `gin += s·Aᵀ·(Bᵀ·gout)`
-/// (`[m, in]`), and, where there are gradients, `grad B += s·Σ_rows gout·axᵀ`,
-/// `grad A += s·Σ_rows (Bᵀ·gout)·inputᵀ`, each summed over the rows in order in f32 and added
-/// to the bf16 gradient once (times the slices' scale).
+/// Projection `p`'s LoRA backward for expert `e`'s rows by `kernels` ([`LoraBack`]): `gout`
+/// (`[m, out]`) is the gradient of its output, `ax` (`[m, r]`) the forward's `A·input`, the
+/// input rows are `rows` of `x`; `grads` this expert's gradients of A and B (`None`: none
+/// asked for) and what their contributions are scaled by.
 #[allow(clippy::too_many_arguments)]
-fn lora_backward<'x>(
+fn lora_backward(
+    kernels: &SftKernels,
     l: &Lora<'_>,
     p: Proj,
     e: usize,
     cfg: &MoeConfig,
     (gout, ax): (&[f32], &[f32]),
-    input: impl Fn(usize) -> &'x [bf16],
+    (x, rows): (&[bf16], &[u32]),
     gin: &mut [f32],
-    grads: Option<LoraSlices<'_>>,
+    grads: Option<(&mut [bf16], &mut [bf16], f32)>,
 ) {
-    let (din, dout) = p.dims(cfg);
-    let (r, s) = (l.rank, l.scaling());
     let (a, b) = l.of(p, e, cfg);
-    let (a, b) = (widen(a), widen(b));
-    let m = gout.len() / dout;
-    // gb[row][q] = Σ_o gout[row][o]·B[o][q]
-    let mut gb = vec![0.0f32; m * r];
-    for (gb, gout) in gb.chunks_exact_mut(r).zip(gout.chunks_exact(dout)) {
-        for (o, &go) in gout.iter().enumerate() {
-            for (gb, &b) in gb.iter_mut().zip(&b[o * r..][..r]) {
-                *gb += go * b;
-            }
-        }
-    }
-    for (gin, gb) in gin.chunks_exact_mut(din).zip(gb.chunks_exact(r)) {
-        for (q, &g) in gb.iter().enumerate() {
-            for (gin, &a) in gin.iter_mut().zip(&a[q * din..][..din]) {
-                *gin += s * g * a;
-            }
-        }
-    }
-    let Some(LoraSlices { a: ga, b: gbm, scale }) = grads else { return };
-    // grad B [out, r]
-    let mut acc = vec![0.0f32; dout * r];
-    for (gout, ax) in gout.chunks_exact(dout).zip(ax.chunks_exact(r)) {
-        for (acc, &go) in acc.chunks_exact_mut(r).zip(gout) {
-            for (acc, &x) in acc.iter_mut().zip(ax) {
-                *acc += go * x;
-            }
-        }
-    }
-    add_scaled(gbm, &acc, s * scale);
-    // grad A [r, in]
-    let mut acc = vec![0.0f32; r * din];
-    let mut x = vec![0.0f32; din];
-    for (row, gb) in gb.chunks_exact(r).enumerate() {
-        for (x, v) in x.iter_mut().zip(input(row)) {
-            *x = v.to_f32();
-        }
-        for (acc, &g) in acc.chunks_exact_mut(din).zip(gb) {
-            for (acc, &x) in acc.iter_mut().zip(&x) {
-                *acc += g * x;
-            }
-        }
-    }
-    add_scaled(ga, &acc, s * scale);
-}
-
-/// `grad = bf16(grad + s·acc)`, element by element.
-fn add_scaled(grad: &mut [bf16], acc: &[f32], s: f32) {
-    for (g, &a) in grad.iter_mut().zip(acc) {
-        *g = bf16::from_f32(g.to_f32() + s * a);
-    }
+    (kernels.lora_backward)(LoraBack { a, b, s: l.scaling(), gout, ax, x, rows, gin, grads });
 }

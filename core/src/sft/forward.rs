@@ -6,15 +6,15 @@ use core::ops::Range;
 
 use half::bf16;
 
+use super::kernels::SftKernels;
 use super::lora::{Lora, Proj};
 use super::Cache;
-use crate::aligned::AlignedBuf;
-use crate::backend::TaskShape;
+use crate::backend::{Backend, TaskShape};
 use crate::forward::LayerWeights;
 use crate::mat::{MatMut, SharedMut};
 use crate::plan::{blocks, target_tasks, Plan, SKIPPED};
-use crate::workers::WorkerScratch;
-use crate::{Error, Executor, MoeConfig, Routing};
+use crate::workers::{Carve, WorkerScratch};
+use crate::{Error, Executor, LayerFormat, MoeConfig, Routing, WeightFormat};
 
 /// Scratch reused across SFT calls; grows to the largest and stays.
 #[derive(Debug, Default)]
@@ -89,11 +89,12 @@ pub fn forward(
     let max_rows = plan.experts.iter().map(|a| a.rows).max().unwrap_or(0);
     let shape = TaskShape { format: w.format, tokens: max_rows.max(1), rows: h.max(i), cols: h.max(i) };
     let ident = (0..max_rows as u32).collect::<Vec<_>>();
-    let blocks = ws.scratch.blocks(exec, backend.scratch_bytes(shape));
+    let pieces = TaskPieces { m: max_rows, h, i, r };
+    let blocks = ws.scratch.blocks(exec, pieces.bytes(backend, w.format) + backend.scratch_bytes(shape));
     let Cache { g, u, y, ax_g, ax_u, ah, .. } = cache;
     let (g, u, y) = (SharedMut::new(&mut g[..]), SharedMut::new(&mut u[..]), SharedMut::new(&mut y[..]));
     let (ax_g, ax_u, ah) = (SharedMut::new(&mut ax_g[..]), SharedMut::new(&mut ax_u[..]), SharedMut::new(&mut ah[..]));
-    blocks.run(exec, plan.experts.len(), &|e| e, &|e, scratch| {
+    blocks.run(exec, plan.experts.len(), &|e| e, &|e, block| {
         let a = &plan.experts[e];
         let ew = w.parts[0].experts[a.id].as_ref().expect("checked above");
         let (m, at) = (a.rows, a.row_range());
@@ -101,39 +102,38 @@ pub fn forward(
         let f = w.format;
         // SAFETY (every `rows_of` below): expert e's rows `at` are written by this task only.
         let (g, u, y) = unsafe { (rows_of(&g, &at, i), rows_of(&u, &at, i), rows_of(&y, &at, h)) };
+        let mut carve = Carve::new(block);
+        let (act, g32, u32_) = (carve.take::<u8>(pieces.act(backend, f)), carve.take(m * i), carve.take(m * i));
+        let (hb, lora_f32) = (carve.take::<bf16>(m * i), carve.take::<f32>(pieces.lora()));
+        let scratch = carve.rest();
 
         // gate and up: the base by `down` on the packed rows, then LoRA.
-        let mut act = AlignedBuf::zeroed(backend.act_bytes(f.gate, m, h));
-        backend.quantize_act(f.gate, h, input, tokens, act.as_mut_slice(), scratch);
-        let (mut g32, mut u32_) = (vec![0.0f32; m * i], vec![0.0f32; m * i]);
-        backend.down(&ew.gate, 0..i, act.as_slice(), MatMut::from_slice(&mut g32, m, i, i), scratch);
-        if backend.act_layout(f.up) != backend.act_layout(f.gate) {
-            act = AlignedBuf::zeroed(backend.act_bytes(f.up, m, h));
-            backend.quantize_act(f.up, h, input, tokens, act.as_mut_slice(), scratch);
-        }
-        backend.down(&ew.up, 0..i, act.as_slice(), MatMut::from_slice(&mut u32_, m, i, i), scratch);
+        let len = prepare(backend, f.gate, h, input, tokens, act, scratch);
+        backend.down(&ew.gate, 0..i, &act[..len], MatMut::from_slice(g32, m, i, i), scratch);
+        let len = match backend.act_layout(f.up) != backend.act_layout(f.gate) {
+            true => prepare(backend, f.up, h, input, tokens, act, scratch),
+            false => len,
+        };
+        backend.down(&ew.up, 0..i, &act[..len], MatMut::from_slice(u32_, m, i, i), scratch);
+        let kernels = backend.sft_kernels();
         if let Some(l) = lora {
-            let x = |row: usize| &input[tokens[row] as usize * h..][..h];
             // SAFETY: as above.
             let (axg, axu) = unsafe { (rows_of(&ax_g, &at, l.rank), rows_of(&ax_u, &at, l.rank)) };
-            add_lora(l, Proj::Gate, a.id, cfg, x, axg, &mut g32);
-            add_lora(l, Proj::Up, a.id, cfg, x, axu, &mut u32_);
+            add_lora(kernels, l, Proj::Gate, a.id, cfg, (input, tokens), axg, g32, lora_f32);
+            add_lora(kernels, l, Proj::Up, a.id, cfg, (input, tokens), axu, u32_, lora_f32);
         }
-        let mut hb = vec![bf16::ZERO; m * i];
-        for (((hb, g), u), (g32, u32_)) in hb.iter_mut().zip(g.iter_mut()).zip(u.iter_mut()).zip(g32.iter().zip(&u32_))
-        {
-            *hb = cfg.glu.apply(*g32, *u32_);
+        (kernels.glu)(cfg.glu, i, g32, u32_, hb);
+        for ((g, u), (g32, u32_)) in g.iter_mut().zip(u.iter_mut()).zip(g32.iter().zip(&*u32_)) {
             (*g, *u) = (bf16::from_f32(*g32), bf16::from_f32(*u32_));
         }
 
         // down on h, then LoRA.
-        let mut act = AlignedBuf::zeroed(backend.act_bytes(f.down, m, i));
-        backend.quantize_act(f.down, i, &hb, &ident[..m], act.as_mut_slice(), scratch);
-        backend.down(&ew.down, 0..h, act.as_slice(), MatMut::from_slice(&mut y[..], m, h, h), scratch);
+        let len = prepare(backend, f.down, i, hb, &ident[..m], act, scratch);
+        backend.down(&ew.down, 0..h, &act[..len], MatMut::from_slice(&mut y[..], m, h, h), scratch);
         if let Some(l) = lora {
             // SAFETY: as above.
             let ah = unsafe { rows_of(&ah, &at, l.rank) };
-            add_lora(l, Proj::Down, a.id, cfg, |row| &hb[row * i..][..i], ah, y);
+            add_lora(kernels, l, Proj::Down, a.id, cfg, (hb, &ident[..m]), ah, y, lora_f32);
         }
     });
 
@@ -142,6 +142,58 @@ pub fn forward(
     let slot = |s: usize| (slot_rows[s] != SKIPPED).then(|| (slot_rows[s] as usize, wts[s]));
     reduce(exec, (n, k, h), &slot, y, out);
     Ok(())
+}
+
+/// `rows` of `input` (`[_, cols]`) prepared for `format` into the front of `act`; its length.
+fn prepare(
+    backend: &dyn Backend,
+    format: WeightFormat,
+    cols: usize,
+    input: &[bf16],
+    rows: &[u32],
+    act: &mut [u8],
+    scratch: &mut [u8],
+) -> usize {
+    let act = &mut act[..backend.act_bytes(format, rows.len(), cols)];
+    act.fill(0);
+    backend.quantize_act(format, cols, input, rows, act, scratch);
+    act.len()
+}
+
+/// The buffers an SFT forward task cuts from its worker's block, for experts of up to `m` rows
+/// and LoRA of rank `r`.
+#[derive(Clone, Copy)]
+struct TaskPieces {
+    m: usize,
+    h: usize,
+    i: usize,
+    r: usize,
+}
+
+impl TaskPieces {
+    /// Bytes of the largest activations a task prepares (gate/up's of H, down's of I).
+    fn act(&self, backend: &dyn Backend, f: LayerFormat) -> usize {
+        let (m, h, i) = (self.m, self.h, self.i);
+        [backend.act_bytes(f.gate, m, h), backend.act_bytes(f.up, m, h), backend.act_bytes(f.down, m, i)]
+            .into_iter()
+            .max()
+            .unwrap_or(0)
+    }
+
+    /// f32 scratch of one projection's LoRA term ([`add_lora`]).
+    fn lora(&self) -> usize {
+        let d = self.h.max(self.i);
+        (self.r * d).max(SftKernels::project_scratch(d))
+    }
+
+    /// Bytes of every piece, in the order the task cuts them.
+    fn bytes(&self, backend: &dyn Backend, f: LayerFormat) -> usize {
+        let mi = self.m * self.i;
+        Carve::bytes::<u8>(self.act(backend, f))
+            + 2 * Carve::bytes::<f32>(mi)
+            + Carve::bytes::<bf16>(mi)
+            + Carve::bytes::<f32>(self.lora())
+    }
 }
 
 /// `out[t] = bf16(0 + Σ_j w·src[row])` for every token `t` over its slots `j` ascending, where
@@ -207,56 +259,31 @@ fn fill_routing(cache: &mut Cache, plan: &Plan, input: &[bf16], routing: &Routin
     }
 }
 
-/// Projection `p`'s LoRA term of expert `e` added to `out` (`[rows, out]`): for each row,
-/// `ax = A·input(row)` (kept in `ax`, `[rows, r]`), then `out += s·B·ax`. A term that is zero
-/// is not added, so a LoRA whose B is zero leaves the base's bits.
-pub(crate) fn add_lora<'x>(
+/// Projection `p`'s LoRA term of expert `e` added to `out` (`[rows, out]`) by `kernels`: for
+/// each row, `ax = A·input(row)` (kept in `ax`, `[rows, r]`), then `out += s·B·ax`, where the
+/// input rows are `rows` of `x` (`[_, in]`). A term that is zero is not added, so a LoRA whose
+/// B is zero leaves the base's bits.
+#[allow(clippy::too_many_arguments)]
+pub(crate) fn add_lora(
+    kernels: &SftKernels,
     l: &Lora<'_>,
     p: Proj,
     e: usize,
     cfg: &MoeConfig,
-    input: impl Fn(usize) -> &'x [bf16],
+    (x, rows): (&[bf16], &[u32]),
     ax: &mut [f32],
     out: &mut [f32],
+    scratch: &mut [f32],
 ) {
-    let (din, dout) = p.dims(cfg);
+    let (din, _) = p.dims(cfg);
     let (a, b) = l.of(p, e, cfg);
-    let (r, s) = (l.rank, l.scaling());
-    let a = widen(a);
-    let b = widen(b);
-    let mut x = vec![0.0f32; din];
-    for (row, (ax, out)) in ax.chunks_exact_mut(r).zip(out.chunks_exact_mut(dout)).enumerate() {
-        for (x, v) in x.iter_mut().zip(input(row)) {
-            *x = v.to_f32();
-        }
-        for (q, ax) in ax.iter_mut().enumerate() {
-            *ax = dot(&a[q * din..][..din], &x);
-        }
-        for (o, out) in out.iter_mut().enumerate() {
-            let d = dot(&b[o * r..][..r], ax);
-            if d != 0.0 {
-                *out += s * d;
-            }
-        }
-    }
+    (kernels.project)(a, din, x, rows, scratch, ax);
+    (kernels.expand)(b, l.rank, ax, l.scaling(), scratch, out);
 }
 
-/// `Σ a[i]·b[i]`, in 8 interleaved partial sums added at the end (independent chains the
-/// compiler puts in vector registers; one chain in order ran the rank-r products at a scalar
-/// add's latency: the SFT forward took 2.7× the inference forward at qwen3-30b-a3b n=256).
-pub(crate) fn dot(a: &[f32], b: &[f32]) -> f32 {
-    let mut acc = [0.0f32; 8];
-    let (ac, bc) = (a.chunks_exact(8), b.chunks_exact(8));
-    let tail: f32 = ac.remainder().iter().zip(bc.remainder()).map(|(a, b)| a * b).sum();
-    for (a, b) in ac.zip(bc) {
-        for l in 0..8 {
-            acc[l] += a[l] * b[l];
-        }
+/// bf16 values as f32, into `out`.
+pub(crate) fn widen(v: &[bf16], out: &mut [f32]) {
+    for (o, v) in out.iter_mut().zip(v) {
+        *o = v.to_f32();
     }
-    ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7])) + tail
-}
-
-/// bf16 values as f32.
-pub(crate) fn widen(v: &[bf16]) -> Vec<f32> {
-    v.iter().map(|v| v.to_f32()).collect()
 }

@@ -26,19 +26,22 @@
 //!
 //! The base products run on the layer's backend (`down`, whose per-element results do not
 //! depend on the rows asked for), so with every B zero the output is the inference forward's
-//! bit for bit; the LoRA products are f32 loops. Results are bit-identical for any thread
-//! count: every element is written by one task in a fixed order.
+//! bit for bit (the SwiGLU between the projections is the backend's too); the LoRA products
+//! and that SwiGLU are the backend's [`SftKernels`] (f32 vector loops on x86). Results are
+//! bit-identical for any thread count: every element is written by one task in a fixed order.
 
 mod backward;
 mod cache;
 #[cfg(any(test, feature = "test-util"))]
 pub mod check;
 mod forward;
+mod kernels;
 mod lora;
 
 pub use backward::{backward, Backward};
 pub use cache::Cache;
 pub use forward::{forward, Workspace};
+pub use kernels::{add_scaled, LoraBack, SftKernels, PORTABLE};
 pub use lora::{lora_of, random_lora, BackwardWeights, Lora, LoraGrads, LoraMats};
 
 #[cfg(test)]

@@ -1,0 +1,501 @@
+//! The SFT forward's rank-r LoRA products and its SwiGLU on AVX2/FMA vectors, for every x86
+//! backend (`Backend::sft_kernels`): the SwiGLU is [`crate::swiglu::glu_row`], the one their
+//! `gate_up` runs, so with B zero the SFT forward keeps the inference forward's bits.
+
+use core::arch::x86_64::*;
+
+use half::bf16;
+use kt_core::sft::{add_scaled, LoraBack, SftKernels, PORTABLE};
+use kt_core::swiglu::Glu;
+
+/// The kernels; on a CPU without AVX2 and FMA each call runs [`PORTABLE`]'s.
+pub static KERNELS: SftKernels = SftKernels { project, expand, glu, glu_backward, lora_backward };
+
+fn vectors() -> bool {
+    crate::isa::avx2_fma().is_ok()
+}
+
+fn project(a: &[bf16], din: usize, x: &[bf16], rows: &[u32], xw: &mut [f32], ax: &mut [f32]) {
+    if !vectors() {
+        return (PORTABLE.project)(a, din, x, rows, xw, ax);
+    }
+    // SAFETY: AVX2 and FMA checked above.
+    unsafe { project_avx2(a, din, x, rows, xw, ax) }
+}
+
+fn expand(b: &[bf16], r: usize, ax: &[f32], s: f32, bt: &mut [f32], out: &mut [f32]) {
+    if !vectors() {
+        return (PORTABLE.expand)(b, r, ax, s, bt, out);
+    }
+    // SAFETY: AVX2 and FMA checked above.
+    unsafe { expand_avx2(b, r, ax, s, bt, out) }
+}
+
+fn glu(glu: Glu, width: usize, g: &[f32], u: &[f32], out: &mut [bf16]) {
+    if !vectors() {
+        return (PORTABLE.glu)(glu, width, g, u, out);
+    }
+    let rows = g.chunks_exact(width).zip(u.chunks_exact(width)).zip(out.chunks_exact_mut(width));
+    for ((g, u), out) in rows {
+        // SAFETY: AVX2 and FMA checked above.
+        unsafe { crate::swiglu::glu_row(glu, g, u, out) };
+    }
+}
+
+fn glu_backward(g: &[f32], u: &[f32], dh: &[f32], dg: &mut [f32], du: &mut [f32]) {
+    if !vectors() {
+        return (PORTABLE.glu_backward)(g, u, dh, dg, du);
+    }
+    // SAFETY: AVX2 and FMA checked above.
+    unsafe { glu_backward_avx2(g, u, dh, dg, du) }
+}
+
+fn lora_backward(args: LoraBack<'_>) {
+    if !vectors() {
+        return (PORTABLE.lora_backward)(args);
+    }
+    // SAFETY: AVX2 and FMA checked above.
+    unsafe { lora_backward_avx2(args) }
+}
+
+/// SiLU's derivative 8 lanes at a time with the SwiGLU kernels' exp; the tail as [`PORTABLE`].
+///
+/// # Safety
+/// AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn glu_backward_avx2(g: &[f32], u: &[f32], dh: &[f32], dg: &mut [f32], du: &mut [f32]) {
+    let n = dg.len().min(du.len()).min(dh.len()).min(g.len()).min(u.len());
+    let body = n / 8 * 8;
+    // SAFETY: AVX2/FMA enabled here; i + 8 <= body <= every slice's length.
+    unsafe {
+        let one = _mm256_set1_ps(1.0);
+        for i in (0..body).step_by(8) {
+            let (gv, uv, dv) = (_mm256_loadu_ps(&g[i]), _mm256_loadu_ps(&u[i]), _mm256_loadu_ps(&dh[i]));
+            let e = crate::swiglu::exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv), _mm256_set1_ps(88.0)));
+            let sig = _mm256_div_ps(one, _mm256_add_ps(one, e));
+            // dh·u·σ·(1 + g·(1 − σ)), and dh·g·σ.
+            let slope = _mm256_fmadd_ps(gv, _mm256_sub_ps(one, sig), one);
+            _mm256_storeu_ps(&mut dg[i], _mm256_mul_ps(_mm256_mul_ps(_mm256_mul_ps(dv, uv), sig), slope));
+            _mm256_storeu_ps(&mut du[i], _mm256_mul_ps(dv, _mm256_mul_ps(gv, sig)));
+        }
+    }
+    (PORTABLE.glu_backward)(&g[body..n], &u[body..n], &dh[body..n], &mut dg[body..n], &mut du[body..n]);
+}
+
+/// 8 bf16 as f32.
+///
+/// # Safety
+/// AVX2; 8 readable values at `p`.
+#[inline(always)]
+unsafe fn widen8(p: *const bf16) -> __m256 {
+    // SAFETY: the caller's contract.
+    unsafe { _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast())))) }
+}
+
+/// The sum of 8 lanes.
+///
+/// # Safety
+/// AVX2.
+#[inline(always)]
+unsafe fn hsum(v: __m256) -> f32 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
+        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+    }
+}
+
+/// Up to 4 rows of x (widened into `xw`) against up to 2 rows of A at a time: each A load
+/// feeds 4 FMAs, 8 accumulators in flight.
+///
+/// # Safety
+/// AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn project_avx2(a: &[bf16], din: usize, x: &[bf16], rows: &[u32], xw: &mut [f32], ax: &mut [f32]) {
+    let r = a.len() / din.max(1);
+    if r == 0 {
+        return;
+    }
+    for (rows, ax) in rows.chunks(4).zip(ax.chunks_mut(4 * r)) {
+        for (j, &row) in rows.iter().enumerate() {
+            for (w, v) in xw[j * din..][..din].iter_mut().zip(&x[row as usize * din..][..din]) {
+                *w = v.to_f32();
+            }
+        }
+        let mut q = 0;
+        while q < r {
+            // SAFETY: AVX2/FMA enabled here; the rows and A rows named are inside their slices.
+            unsafe {
+                match (rows.len(), (r - q).min(2)) {
+                    (4, 2) => block::<4, 2>(a, din, q, xw, r, ax),
+                    (4, _) => block::<4, 1>(a, din, q, xw, r, ax),
+                    (3, 2) => block::<3, 2>(a, din, q, xw, r, ax),
+                    (3, _) => block::<3, 1>(a, din, q, xw, r, ax),
+                    (2, 2) => block::<2, 2>(a, din, q, xw, r, ax),
+                    (2, _) => block::<2, 1>(a, din, q, xw, r, ax),
+                    (_, 2) => block::<1, 2>(a, din, q, xw, r, ax),
+                    _ => block::<1, 1>(a, din, q, xw, r, ax),
+                }
+            }
+            q += 2;
+        }
+    }
+}
+
+/// `ax[j][q + i] = A[q + i] · xw[j]` for `j < R`, `i < Q`.
+///
+/// # Safety
+/// AVX2 and FMA (inlined into [`project_avx2`]); `xw` holds R rows of `din`, A rows `q + Q`.
+#[inline(always)]
+unsafe fn block<const R: usize, const Q: usize>(
+    a: &[bf16],
+    din: usize,
+    q: usize,
+    xw: &[f32],
+    r: usize,
+    ax: &mut [f32],
+) {
+    let body = din / 8 * 8;
+    // SAFETY: the caller's contract; k + 8 <= body <= din.
+    unsafe {
+        let mut acc = [[_mm256_setzero_ps(); Q]; R];
+        for k in (0..body).step_by(8) {
+            let w: [__m256; Q] = core::array::from_fn(|i| widen8(a.as_ptr().add((q + i) * din + k)));
+            for (j, acc) in acc.iter_mut().enumerate() {
+                let xv = _mm256_loadu_ps(xw.as_ptr().add(j * din + k));
+                for i in 0..Q {
+                    acc[i] = _mm256_fmadd_ps(w[i], xv, acc[i]);
+                }
+            }
+        }
+        for (j, acc) in acc.iter().enumerate() {
+            for i in 0..Q {
+                let tail: f32 = (body..din).map(|k| a[(q + i) * din + k].to_f32() * xw[j * din + k]).sum();
+                ax[j * r + q + i] = hsum(acc[i]) + tail;
+            }
+        }
+    }
+}
+
+/// B transposed and widened into `bt` (`[r, dout]`), then per 4 rows of ax and 16 outputs,
+/// `Σ_q ax[q]·Bᵀ[q]` (8 independent sums: with one row's 2 the FMAs' latency was the bound);
+/// each sum that is not zero is added, times `s`, to `out`.
+///
+/// # Safety
+/// AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn expand_avx2(b: &[bf16], r: usize, ax: &[f32], s: f32, bt: &mut [f32], out: &mut [f32]) {
+    if r == 0 {
+        return;
+    }
+    let dout = b.len() / r;
+    // SAFETY: AVX2 and FMA enabled here; b is [dout, r], bt holds dout·r.
+    unsafe {
+        transpose(b, r, dout, bt);
+        gemm(ax, r, &bt[..r * dout], s, out);
+    }
+}
+
+/// `out[j][o] += s · Σ_q a[j][q] · b[q][o]` (`a` `[J, q]`, `b` `[q, O]`, `out` `[J, O]`)
+/// wherever that sum is not zero, 4 rows of `a` at a time.
+///
+/// # Safety
+/// AVX2 and FMA (inlined into the kernels, whose features it uses).
+#[inline(always)]
+unsafe fn gemm(a: &[f32], q: usize, b: &[f32], s: f32, out: &mut [f32]) {
+    if q == 0 {
+        return;
+    }
+    let o = b.len() / q;
+    for (a, out) in a.chunks(4 * q).zip(out.chunks_mut(4 * o)) {
+        // SAFETY: the caller's contract; a holds the rows' q values, out their o.
+        unsafe {
+            match a.len() / q {
+                4 => rows_out::<4>(b, q, o, a, s, out),
+                3 => rows_out::<3>(b, q, o, a, s, out),
+                2 => rows_out::<2>(b, q, o, a, s, out),
+                _ => rows_out::<1>(b, q, o, a, s, out),
+            }
+        }
+    }
+}
+
+/// [`SftKernels::lora_backward`]'s four products as [`gemm`]s: `gb = gout·B`, `gin += s·gb·A`,
+/// `grad B += goutᵀ·ax`, `grad A += gbᵀ·input` (the portable loops are `y += c·x` over rows of
+/// 16 for the rank-wide ones, where a stored row carried each sum from one step to the next).
+///
+/// # Safety
+/// AVX2 and FMA.
+#[target_feature(enable = "avx2,fma")]
+unsafe fn lora_backward_avx2(LoraBack { a, b, s, gout, ax, x, rows, gin, grads }: LoraBack<'_>) {
+    let (m, r) = (rows.len(), ax.len() / rows.len().max(1));
+    if r == 0 {
+        return;
+    }
+    let (din, dout) = (a.len() / r, b.len() / r);
+    let widened = |v: &[bf16]| v.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
+    let transposed = |v: &[f32], rows: usize, cols: usize| {
+        let mut t = vec![0.0f32; v.len()];
+        for (i, row) in v.chunks_exact(cols).enumerate() {
+            for (j, &e) in row.iter().enumerate() {
+                t[j * rows + i] = e;
+            }
+        }
+        t
+    };
+    // SAFETY: AVX2 and FMA enabled here; every shape as `gemm` wants it.
+    unsafe {
+        let mut gb = vec![0.0f32; m * r];
+        gemm(gout, dout, &widened(b), 1.0, &mut gb);
+        gemm(&gb, r, &widened(a), s, gin);
+        let Some((ga, gbm, scale)) = grads else { return };
+        let mut acc = vec![0.0f32; dout * r];
+        gemm(&transposed(gout, m, dout), m, ax, 1.0, &mut acc);
+        add_scaled(gbm, &acc, s * scale);
+        let mut xw = vec![0.0f32; m * din];
+        for (xw, &row) in xw.chunks_exact_mut(din).zip(rows) {
+            for (w, v) in xw.iter_mut().zip(&x[row as usize * din..][..din]) {
+                *w = v.to_f32();
+            }
+        }
+        let mut acc = vec![0.0f32; r * din];
+        gemm(&transposed(&gb, m, r), m, &xw, 1.0, &mut acc);
+        add_scaled(ga, &acc, s * scale);
+    }
+}
+
+/// `bt[q][o] = b[o][q]` as f32, 8×8 blocks in registers (element by element, the strided
+/// stores took three times the products' time), the edges one by one.
+///
+/// # Safety
+/// AVX2 (inlined into [`expand_avx2`]); `b` `[dout, r]`, `bt` at least `r · dout`.
+#[inline(always)]
+unsafe fn transpose(b: &[bf16], r: usize, dout: usize, bt: &mut [f32]) {
+    let (ob, qb) = (dout / 8 * 8, r / 8 * 8);
+    // SAFETY: the caller's contract; o + 8 <= ob <= dout and q + 8 <= qb <= r.
+    unsafe {
+        for o in (0..ob).step_by(8) {
+            for q in (0..qb).step_by(8) {
+                let v: [__m256; 8] = core::array::from_fn(|i| widen8(b.as_ptr().add((o + i) * r + q)));
+                let t = |lo: bool, x: __m256, y: __m256| {
+                    if lo {
+                        _mm256_unpacklo_ps(x, y)
+                    } else {
+                        _mm256_unpackhi_ps(x, y)
+                    }
+                };
+                let t = [
+                    t(true, v[0], v[1]),
+                    t(false, v[0], v[1]),
+                    t(true, v[2], v[3]),
+                    t(false, v[2], v[3]),
+                    t(true, v[4], v[5]),
+                    t(false, v[4], v[5]),
+                    t(true, v[6], v[7]),
+                    t(false, v[6], v[7]),
+                ];
+                let u = [
+                    _mm256_shuffle_ps::<0x44>(t[0], t[2]),
+                    _mm256_shuffle_ps::<0xEE>(t[0], t[2]),
+                    _mm256_shuffle_ps::<0x44>(t[1], t[3]),
+                    _mm256_shuffle_ps::<0xEE>(t[1], t[3]),
+                    _mm256_shuffle_ps::<0x44>(t[4], t[6]),
+                    _mm256_shuffle_ps::<0xEE>(t[4], t[6]),
+                    _mm256_shuffle_ps::<0x44>(t[5], t[7]),
+                    _mm256_shuffle_ps::<0xEE>(t[5], t[7]),
+                ];
+                for j in 0..4 {
+                    _mm256_storeu_ps(
+                        bt.as_mut_ptr().add((q + j) * dout + o),
+                        _mm256_permute2f128_ps::<0x20>(u[j], u[j + 4]),
+                    );
+                    _mm256_storeu_ps(
+                        bt.as_mut_ptr().add((q + j + 4) * dout + o),
+                        _mm256_permute2f128_ps::<0x31>(u[j], u[j + 4]),
+                    );
+                }
+            }
+        }
+    }
+    for o in 0..dout {
+        let qs = if o < ob { qb..r } else { 0..r };
+        for q in qs {
+            bt[q * dout + o] = b[o * r + q].to_f32();
+        }
+    }
+}
+
+/// [`gemm`] for `R` rows (`r`: the summed length, `dout`: the output width).
+///
+/// # Safety
+/// AVX2 and FMA (inlined into [`gemm`]); `ax` `[R, r]`, `out` `[R, dout]`, `bt`
+/// `[r, dout]`.
+#[inline(always)]
+unsafe fn rows_out<const R: usize>(bt: &[f32], r: usize, dout: usize, ax: &[f32], s: f32, out: &mut [f32]) {
+    let body = dout / 16 * 16;
+    // SAFETY: the caller's contract; o + 16 <= body <= dout, q < r, j < R.
+    unsafe {
+        let sv = _mm256_set1_ps(s);
+        for o in (0..body).step_by(16) {
+            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+            for q in 0..r {
+                let w = [
+                    _mm256_loadu_ps(bt.as_ptr().add(q * dout + o)),
+                    _mm256_loadu_ps(bt.as_ptr().add(q * dout + o + 8)),
+                ];
+                for (j, acc) in acc.iter_mut().enumerate() {
+                    let c = _mm256_set1_ps(*ax.get_unchecked(j * r + q));
+                    acc[0] = _mm256_fmadd_ps(c, w[0], acc[0]);
+                    acc[1] = _mm256_fmadd_ps(c, w[1], acc[1]);
+                }
+            }
+            for (j, acc) in acc.iter().enumerate() {
+                for (h, acc) in acc.iter().enumerate() {
+                    let at = out.as_mut_ptr().add(j * dout + o + 8 * h);
+                    let old = _mm256_loadu_ps(at);
+                    let nonzero = _mm256_cmp_ps::<_CMP_NEQ_UQ>(*acc, _mm256_setzero_ps());
+                    let new = _mm256_add_ps(old, _mm256_mul_ps(sv, *acc));
+                    _mm256_storeu_ps(at, _mm256_blendv_ps(old, new, nonzero));
+                }
+            }
+        }
+    }
+    for (ax, out) in ax.chunks_exact(r).zip(out.chunks_exact_mut(dout)) {
+        for (o, out) in out.iter_mut().enumerate().skip(body) {
+            let d = (0..r).fold(0.0f32, |d, q| ax[q].mul_add(bt[q * dout + o], d));
+            if d != 0.0 {
+                *out += s * d;
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn values(n: usize, seed: u32) -> Vec<f32> {
+        let mut s = seed.wrapping_mul(2_654_435_761).wrapping_add(1);
+        (0..n)
+            .map(|_| {
+                s ^= s << 13;
+                s ^= s >> 17;
+                s ^= s << 5;
+                (s % 2001) as f32 / 1000.0 - 1.0
+            })
+            .collect()
+    }
+
+    fn bf16s(n: usize, seed: u32) -> Vec<bf16> {
+        values(n, seed).into_iter().map(bf16::from_f32).collect()
+    }
+
+    /// Against the portable kernels on odd shapes: every row count 1-9 (blocks of 4 and their
+    /// remainders), ranks 1-5, 8, 9 and 16 (pairs of A rows and the odd one; B's 8×8
+    /// transposes and their edges), widths with and without an 8- or 16-wide tail, gathered rows with duplicates; a zero B leaves `out`'s bits (a -0.0
+    /// too).
+    #[test]
+    fn the_vector_kernels_agree_with_the_portable_ones() {
+        if let Err(missing) = crate::isa::avx2_fma() {
+            eprintln!("skipped: the CPU lacks {missing}");
+            return;
+        }
+        let mut cases = 0;
+        for (din, dout) in [(8, 16), (13, 5), (64, 48), (100, 37)] {
+            for r in [1, 2, 3, 4, 5, 8, 9, 16] {
+                for m in 1..=9 {
+                    let a = bf16s(r * din, (din * r + m) as u32);
+                    let x = bf16s(6 * din, 7);
+                    let rows: Vec<u32> = (0..m).map(|j| (j * 5 % 6) as u32).collect();
+                    let mut xw = vec![0.0; SftKernels::project_scratch(din)];
+                    let (mut want, mut got) = (vec![0.0; m * r], vec![0.0; m * r]);
+                    (PORTABLE.project)(&a, din, &x, &rows, &mut xw, &mut want);
+                    (KERNELS.project)(&a, din, &x, &rows, &mut xw, &mut got);
+                    for (w, g) in want.iter().zip(&got) {
+                        assert!((w - g).abs() <= 1e-5 * (din as f32), "project din {din} r {r} m {m}: {w} vs {g}");
+                    }
+                    let b = bf16s(dout * r, 11 + m as u32);
+                    let base = values(m * dout, 3);
+                    let mut bt = vec![0.0; dout * r];
+                    let (mut want, mut got) = (base.clone(), base.clone());
+                    (PORTABLE.expand)(&b, r, &values(m * r, 5), 0.5, &mut bt, &mut want);
+                    (KERNELS.expand)(&b, r, &values(m * r, 5), 0.5, &mut bt, &mut got);
+                    for (w, g) in want.iter().zip(&got) {
+                        assert!((w - g).abs() <= 1e-5 * (r as f32 + 1.0), "expand dout {dout} r {r} m {m}: {w} vs {g}");
+                    }
+                    let zero = vec![bf16::ZERO; dout * r];
+                    let mut signed = base.clone();
+                    signed[0] = -0.0;
+                    let mut got = signed.clone();
+                    (KERNELS.expand)(&zero, r, &values(m * r, 5), 0.5, &mut bt, &mut got);
+                    assert!(got.iter().zip(&signed).all(|(g, w)| g.to_bits() == w.to_bits()), "zero B changed out");
+                    cases += 1;
+                }
+            }
+        }
+        assert_eq!(cases, 4 * 8 * 9);
+    }
+
+    /// SiLU's derivative within 1e-6 relative of the portable one (the exp differs), over
+    /// a range that reaches both clamps and a tail; the LoRA backward's within f32 rounding of
+    /// the portable one's (rank 3 with odd widths: every product's edges; rank 16: their
+    /// vector bodies).
+    #[test]
+    fn the_backward_kernels_agree_with_the_portable_ones() {
+        if let Err(missing) = crate::isa::avx2_fma() {
+            eprintln!("skipped: the CPU lacks {missing}");
+            return;
+        }
+        let n = 203;
+        let g: Vec<f32> = (0..n).map(|i| (i as f32 - 100.0) * 0.93).collect();
+        let (u, dh) = (values(n, 8), values(n, 9));
+        let mut want = (vec![0.0; n], vec![0.0; n]);
+        let mut got = (vec![0.0; n], vec![0.0; n]);
+        (PORTABLE.glu_backward)(&g, &u, &dh, &mut want.0, &mut want.1);
+        (KERNELS.glu_backward)(&g, &u, &dh, &mut got.0, &mut got.1);
+        for (w, v) in want.0.iter().chain(&want.1).zip(got.0.iter().chain(&got.1)) {
+            assert!((w - v).abs() <= 1e-6 * w.abs().max(1e-3), "{w} vs {v}");
+        }
+        for (r, din, dout, m) in [(3, 37, 21, 5), (16, 40, 48, 6)] {
+            let (a, b, x) = (bf16s(r * din, 1), bf16s(dout * r, 2), bf16s(4 * din, 3));
+            let (gout, ax) = (values(m * dout, 4), values(m * r, 5));
+            let rows: Vec<u32> = (0..m).map(|j| (j * 3 % 4) as u32).collect();
+            let run = |k: &SftKernels| {
+                let (mut gin, mut ga, mut gb) = (values(m * din, 6), bf16s(r * din, 7), bf16s(dout * r, 8));
+                let grads = Some((&mut ga[..], &mut gb[..], 0.5));
+                let args =
+                    LoraBack { a: &a, b: &b, s: 2.0, gout: &gout, ax: &ax, x: &x, rows: &rows, gin: &mut gin, grads };
+                (k.lora_backward)(args);
+                (gin, ga, gb)
+            };
+            let ((gin, ga, gb), (want_gin, want_ga, want_gb)) = (run(&KERNELS), run(&PORTABLE));
+            for (g, w) in gin.iter().zip(&want_gin) {
+                assert!((g - w).abs() <= 1e-4 * (dout as f32), "r {r}: grad input {g} vs {w}");
+            }
+            for (g, w) in ga.iter().chain(&gb).zip(want_ga.iter().chain(&want_gb)) {
+                // bf16 sums: a last-bit difference in f32 may round to the next bf16.
+                let (g, w) = (g.to_f32(), w.to_f32());
+                assert!((g - w).abs() <= 1e-2 * w.abs().max(1e-2), "r {r}: grad {g} vs {w}");
+            }
+        }
+    }
+
+    #[test]
+    fn the_glu_is_the_row_kernels() {
+        if let Err(missing) = crate::isa::avx2_fma() {
+            eprintln!("skipped: the CPU lacks {missing}");
+            return;
+        }
+        let (width, m) = (40, 3);
+        let (g, u) = (values(width * m, 1), values(width * m, 2));
+        let mut want = vec![bf16::ZERO; width * m];
+        for ((g, u), out) in g.chunks(width).zip(u.chunks(width)).zip(want.chunks_mut(width)) {
+            // SAFETY: AVX2 and FMA checked above.
+            unsafe { crate::swiglu::glu_row(Glu::SILU, g, u, out) };
+        }
+        let mut got = vec![bf16::ZERO; width * m];
+        (KERNELS.glu)(Glu::SILU, width, &g, &u, &mut got);
+        assert_eq!(got, want);
+    }
+}
