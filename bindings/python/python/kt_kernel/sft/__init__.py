@@ -9,7 +9,10 @@ The base weights stay frozen in an inference format (``AMXBF16_SFT``: bf16, ``AM
 ``AMXINT4_SFT``, ``AMXINT4_KGroup_SFT``, ``AMXFP8_SFT``; ``*_SkipLoRA``: no LoRA); every
 projection of every expert gets ``x·Wᵀ + (alpha/rank)·(x·Aᵀ)·Bᵀ`` with the caller's bf16 A and B,
 whose gradients the backward adds to (zero-copy, as KT). ``KTMoEFunction`` (torch) makes the
-layer a node of torch's autograd graph.
+layer a node of torch's autograd graph; ``attach(model, ...)`` (torch, transformers >= 5) puts
+the routed experts of a Hugging Face Qwen3-MoE, Qwen2-MoE, Mixtral or DeepSeek-V2/V3 model on
+these layers, with LoRA parameters to train (``save_adapter`` / ``load_adapter``: the LoRA as a
+PEFT-style adapter directory).
 """
 
 from .wrapper import SFTMoEWrapper
@@ -24,7 +27,12 @@ def __getattr__(name):
         from .autograd import KTMoEFunction
 
         return KTMoEFunction
+    if name in ("attach", "KTExperts", "save_adapter", "load_adapter"):
+        from . import hf
+
+        return getattr(hf, name)
     raise AttributeError(f"module 'kt_kernel.sft' has no attribute {name!r}")
 
 
-__all__ = ["SFTMoEWrapper", "AMXSFTMoEWrapper", "BaseSFTMoEWrapper", "KTMoEFunction"]
+__all__ = ["SFTMoEWrapper", "AMXSFTMoEWrapper", "BaseSFTMoEWrapper", "KTMoEFunction", "attach", "KTExperts", "save_adapter",
+           "load_adapter"]

@@ -1,0 +1,183 @@
+"""Hugging Face MoE models with their routed experts on the CPU's SFT layers (torch).
+
+    import transformers
+    from kt_kernel.sft import attach
+
+    model = transformers.AutoModelForCausalLM.from_pretrained(path)      # or from_config
+    attach(model, lora_rank=16, lora_alpha=32.0, method="AMXBF16_SFT", cpuinfer_threads=32)
+    opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=1e-4)
+
+``attach`` finds the architecture from ``model.config.model_type`` (Qwen3-MoE, Qwen2-MoE,
+Mixtral, DeepSeek-V2, DeepSeek-V3) and replaces each MoE block's routed-experts module, the
+transformers (>= 5) ``<Arch>Experts`` with fused ``gate_up_proj [E, 2I, H]`` and ``down_proj
+[E, H, I]``, by a ``KTExperts``: the same ``forward(hidden_states, top_k_index,
+top_k_weights)``, its base weights quantized once into ``method`` and frozen, and six bf16 LoRA
+parameters (A ``[E, r, in]`` PEFT's uniform init, B ``[E, out, r]`` zero, so training starts
+from the model's own outputs). The router, attention and everything else stay the model's;
+gradients reach them through the experts' input and routing weights.
+"""
+
+import math
+
+import torch
+
+from .autograd import KTMoEFunction
+from .wrapper import SFTMoEWrapper
+
+SUPPORTED = ("qwen3_moe", "qwen2_moe", "mixtral", "deepseek_v2", "deepseek_v3")
+_NAMES = ("gate_lora_a", "gate_lora_b", "up_lora_a", "up_lora_b", "down_lora_a", "down_lora_b")
+
+
+class KTExperts(torch.nn.Module):
+    """A transformers ``<Arch>Experts`` module's drop-in on an ``SFTMoEWrapper``."""
+
+    def __init__(self, experts, layer_idx, top_k, lora_rank=16, lora_alpha=32.0, method="AMXBF16_SFT",
+                 cpuinfer_threads=1, threadpool_count=1, max_tokens=4096, max_cache_depth=1, seed=0):
+        super().__init__()
+        gate_up, down = experts.gate_up_proj.detach(), experts.down_proj.detach()
+        e, two_i, h = gate_up.shape
+        i = two_i // 2
+        if tuple(down.shape) != (e, h, i):
+            raise ValueError(f"down_proj must have shape [{e}, {h}, {i}] for gate_up_proj {list(gate_up.shape)}, "
+                             f"got {list(down.shape)}")
+        self.layer_idx, self.top_k = int(layer_idx), int(top_k)
+        self.wrapper = SFTMoEWrapper(layer_idx, e, top_k, h, i, cpuinfer_threads=cpuinfer_threads,
+                                     threadpool_count=threadpool_count, chunked_prefill_size=max_tokens,
+                                     lora_rank=lora_rank, lora_alpha=lora_alpha, max_cache_depth=max_cache_depth,
+                                     method=method)
+        host = lambda t: t.to(device="cpu", dtype=torch.bfloat16 if t.dtype not in (torch.float32, torch.float16,
+                                                                                   torch.bfloat16) else t.dtype)
+        self.wrapper.load_weights_from_tensors(host(gate_up[:, :i]).contiguous(), host(gate_up[:, i:]).contiguous(),
+                                               host(down).contiguous())
+        g = torch.Generator().manual_seed(seed + layer_idx)
+        r = lora_rank
+        for name, (fan_in, shape) in zip(_NAMES, [(h, (e, r, h)), (r, (e, i, r)), (h, (e, r, h)), (r, (e, i, r)),
+                                                  (i, (e, r, i)), (r, (e, h, r))]):
+            if name.endswith("_a"):
+                bound = 1.0 / math.sqrt(fan_in)
+                value = (torch.rand(shape, generator=g) * 2 - 1) * bound
+            else:
+                value = torch.zeros(shape)
+            p = torch.nn.Parameter(value.to(torch.bfloat16))
+            p.grad = torch.zeros_like(p)
+            self.register_parameter(name, p)
+        params = self.lora_parameters()
+        self.wrapper.init_lora_weights(*params, *[p.grad for p in params])
+
+    def lora_parameters(self):
+        """The six LoRA parameters, in ``init_lora_weights``' order."""
+        return [getattr(self, n) for n in _NAMES]
+
+    def forward(self, hidden_states, top_k_index, top_k_weights):
+        shape = hidden_states.shape
+        x = hidden_states.reshape(-1, shape[-1])
+        if torch.is_grad_enabled():
+            out = KTMoEFunction.apply(x, top_k_index, top_k_weights, self.wrapper, *self.lora_parameters())
+        else:
+            # No graph: nothing will call the backward, so keep no cache.
+            out = self.wrapper.forward(x, top_k_index, top_k_weights, save_for_backward=False)
+            out = out.to(device=x.device, dtype=x.dtype)
+        return out.reshape(shape)
+
+    def extra_repr(self):
+        w = self.wrapper
+        return (f"layer {self.layer_idx}, experts {w.num_experts}, top_k {self.top_k}, hidden {w.hidden_size}, "
+                f"intermediate {w.moe_intermediate_size}, {w.method}, rank {w.lora_rank}, alpha {w.lora_alpha}")
+
+
+def _experts_modules(model):
+    """``(parent, attribute name, module)`` for every routed-experts module of ``model``."""
+    found = []
+    for parent in model.modules():
+        for name, child in parent.named_children():
+            p = dict(child.named_parameters(recurse=False))
+            if isinstance(p.get("gate_up_proj"), torch.Tensor) and p["gate_up_proj"].dim() == 3 \
+                    and isinstance(p.get("down_proj"), torch.Tensor) and p["down_proj"].dim() == 3:
+                found.append((parent, name, child))
+    return found
+
+
+def attach(model, lora_rank=16, lora_alpha=32.0, method="AMXBF16_SFT", cpuinfer_threads=1, threadpool_count=1,
+           max_tokens=4096, max_cache_depth=1, seed=0):
+    """Replace every routed-experts module of a Hugging Face MoE ``model`` by a ``KTExperts``
+    (in place) and freeze nothing else; returns the new modules, one per MoE layer in order.
+    ``max_tokens`` bounds the tokens (batch × sequence) of one forward."""
+    cfg = model.config
+    kind = getattr(cfg, "model_type", None)
+    if kind not in SUPPORTED:
+        raise ValueError(f"model_type {kind!r} is not supported; kt_kernel.sft.attach supports {', '.join(SUPPORTED)}")
+    act = getattr(cfg, "hidden_act", "silu")
+    if act != "silu":
+        raise ValueError(f"the experts' activation must be silu (SwiGLU), the config has hidden_act={act!r}")
+    top_k = int(cfg.num_experts_per_tok)
+    found = _experts_modules(model)
+    if not found:
+        raise ValueError(f"no routed-experts module (fused gate_up_proj [E, 2I, H] and down_proj [E, H, I]) in this "
+                         f"{kind} model: kt_kernel.sft.attach needs transformers >= 5")
+    layers = []
+    for layer_idx, (parent, name, experts) in enumerate(found):
+        kt = KTExperts(experts, layer_idx, top_k, lora_rank, lora_alpha, method, cpuinfer_threads, threadpool_count,
+                       max_tokens, max_cache_depth, seed)
+        setattr(parent, name, kt)
+        layers.append(kt)
+    return layers
+
+
+def _lora_state(model):
+    """``{name: parameter}`` of every KTExperts' LoRA parameter, by its path in ``model``."""
+    state = {}
+    for path, module in model.named_modules():
+        if isinstance(module, KTExperts):
+            for n in _NAMES:
+                state[f"{path}.{n}"] = getattr(module, n)
+    if not state:
+        raise ValueError("the model has no KTExperts: call kt_kernel.sft.attach(model, ...) first")
+    return state
+
+
+def save_adapter(model, directory):
+    """Write the experts' LoRA as a PEFT-style adapter: ``adapter_config.json`` (rank, alpha,
+    the model type) and ``adapter_model.safetensors`` (one bf16 tensor per LoRA matrix, named by
+    its path in the model, e.g. ``model.layers.0.mlp.experts.gate_lora_a`` ``[E, r, H]``)."""
+    import json
+    import os
+
+    from safetensors.torch import save_file
+
+    state = _lora_state(model)
+    first = next(m for m in model.modules() if isinstance(m, KTExperts)).wrapper
+    os.makedirs(directory, exist_ok=True)
+    config = {"peft_type": "LORA", "r": first.lora_rank, "lora_alpha": first.lora_alpha,
+              "target_modules": ["experts"], "base_model_type": model.config.model_type,
+              "kt_kernel_method": first.method}
+    save_file({k: v.detach().contiguous() for k, v in state.items()}, os.path.join(directory, "adapter_model.safetensors"))
+    with open(os.path.join(directory, "adapter_config.json"), "w") as f:
+        json.dump(config, f, indent=2)
+
+
+def load_adapter(model, directory):
+    """Read an adapter ``save_adapter`` wrote into the attached ``model``'s LoRA parameters, in
+    place (the SFT layers keep reading the same storage). Every tensor must be there with its
+    shape, and the rank and alpha must be the model's."""
+    import json
+    import os
+
+    from safetensors.torch import load_file
+
+    state = _lora_state(model)
+    with open(os.path.join(directory, "adapter_config.json")) as f:
+        config = json.load(f)
+    first = next(m for m in model.modules() if isinstance(m, KTExperts)).wrapper
+    for key, have in [("r", first.lora_rank), ("lora_alpha", first.lora_alpha)]:
+        if config.get(key) != have:
+            raise ValueError(f"adapter {key} is {config.get(key)!r}, the attached model's is {have!r}")
+    tensors = load_file(os.path.join(directory, "adapter_model.safetensors"))
+    missing = sorted(set(state) - set(tensors))
+    if missing:
+        raise ValueError(f"adapter lacks {len(missing)} LoRA tensor(s), first {missing[0]!r}")
+    with torch.no_grad():
+        for name, p in state.items():
+            t = tensors[name]
+            if tuple(t.shape) != tuple(p.shape):
+                raise ValueError(f"adapter tensor {name!r} has shape {list(t.shape)}, expected {list(p.shape)}")
+            p.copy_(t.to(p.dtype))
