@@ -146,3 +146,55 @@ def test_layers_match_a_torch_moe(model, method, gpu_ids, deferred):
             for m, _ in layers:
                 move_experts(m, torch.tensor(sorted({(i + 3) % E for i in gpu_ids})))
         check_step(layers, weights, n, g, deferred, LIMITS[method], f"{method} step {step}")
+
+
+def test_expert_lora_adapters_serve_through_the_forks_path(tmp_path):
+    """An adapter trained with kt_kernel.sft (attach + save_adapter) read by the fork's
+    `--kt-expert-lora-path` loader, then served by the fork's call sequence (SFT wrapper,
+    init_lora_weights, submit/sync_forward_inference): the same tensors, and the output of the
+    trained layer bit for bit."""
+    transformers = pytest.importorskip("transformers")
+    import copy
+
+    from kt_kernel import KTMoEWrapper
+    from kt_kernel.sft import attach, save_adapter
+
+    cfg = transformers.Qwen3MoeConfig(vocab_size=96, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+                                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16,
+                                      num_experts=8, num_experts_per_tok=2)
+    torch.manual_seed(0)
+    model = transformers.Qwen3MoeForCausalLM(cfg).float()
+    base = copy.deepcopy(model.model.layers[1].mlp.experts)
+    layers = attach(model, lora_rank=4, lora_alpha=8.0, cpuinfer_threads=2, max_tokens=64)
+    with torch.no_grad():
+        for kt in layers:
+            for p in kt.lora_parameters():
+                p.add_((0.05 * torch.randn(p.shape)).to(p.dtype))
+    save_adapter(model, tmp_path)
+
+    lw = kt_ep._load_kt_expert_lora_weights(str(tmp_path), 1, 8, 64, 32)
+    names = ["gate_lora_a", "gate_lora_b", "up_lora_a", "up_lora_b", "down_lora_a", "down_lora_b"]
+    assert (lw.rank, lw.alpha) == (4, 8.0)
+    for n in names:
+        assert torch.equal(getattr(lw, n), getattr(layers[1], n).detach()), n
+
+    method = kt_ep._map_kt_method_to_sft_method("BF16")
+    kt_ep._validate_kt_sft_runtime(method)
+    w = KTMoEWrapper(layer_idx=1, num_experts=8, num_experts_per_tok=2, hidden_size=64, moe_intermediate_size=32,
+                     gpu_experts_mask=None, cpuinfer_threads=2, threadpool_count=1, weight_path=None,
+                     chunked_prefill_size=64, method=method, mode="sft", num_gpu_experts=0, lora_rank=lw.rank,
+                     lora_alpha=lw.alpha, max_cache_depth=1)
+    kt_ep._configure_kt_sft_wrapper_for_serving(w, method)
+    gate_up = base.gate_up_proj.detach()
+    w.load_weights_from_tensors(gate_up[:, :32].contiguous(), gate_up[:, 32:].contiguous(),
+                                base.down_proj.detach().contiguous())
+    w.init_lora_weights(*[getattr(lw, n) for n in names], *[torch.zeros_like(getattr(lw, n)) for n in names])
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(7, 64, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(8, generator=g)[:2] for _ in range(7)])
+    wts = torch.rand(7, 2, generator=g)
+    w.submit_forward_inference(x, ids, wts, 0)
+    served = w.sync_forward_inference(0)
+    with torch.no_grad():
+        trained = layers[1](x, ids, wts)
+    assert torch.equal(served.to(torch.bfloat16), trained.to(torch.bfloat16))

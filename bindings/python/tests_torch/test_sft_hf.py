@@ -120,6 +120,12 @@ def test_adapters_round_trip_and_refuse_mismatches(tmp_path):
         want = trained(input_ids=ids).logits
     save_adapter(trained, tmp_path / "adapter")
     assert {p.name for p in (tmp_path / "adapter").iterdir()} == {"adapter_config.json", "adapter_model.safetensors"}
+    from safetensors.torch import load_file
+
+    saved = load_file(tmp_path / "adapter" / "adapter_model.safetensors")
+    assert len(saved) == 2 * 8 * 3 * 2  # layers, experts, projections, A and B
+    key = "base_model.model.model.layers.1.mlp.experts.7.down_proj.lora_B.weight"
+    assert torch.equal(saved[key], layers[1].down_lora_b[7])
 
     fresh = tiny_model()
     fresh_layers = attach(fresh, lora_rank=R, lora_alpha=ALPHA, cpuinfer_threads=2, max_tokens=64)

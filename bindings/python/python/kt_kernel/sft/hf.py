@@ -18,6 +18,7 @@ gradients reach them through the experts' input and routing weights.
 """
 
 import math
+import re
 
 import torch
 
@@ -86,14 +87,14 @@ class KTExperts(torch.nn.Module):
 
 
 def _experts_modules(model):
-    """``(parent, attribute name, module)`` for every routed-experts module of ``model``."""
+    """``(path, parent, attribute name, module)`` for every routed-experts module of ``model``."""
     found = []
-    for parent in model.modules():
+    for parent_path, parent in model.named_modules():
         for name, child in parent.named_children():
             p = dict(child.named_parameters(recurse=False))
             if isinstance(p.get("gate_up_proj"), torch.Tensor) and p["gate_up_proj"].dim() == 3 \
                     and isinstance(p.get("down_proj"), torch.Tensor) and p["down_proj"].dim() == 3:
-                found.append((parent, name, child))
+                found.append((f"{parent_path}.{name}" if parent_path else name, parent, name, child))
     return found
 
 
@@ -115,7 +116,10 @@ def attach(model, lora_rank=16, lora_alpha=32.0, method="AMXBF16_SFT", cpuinfer_
         raise ValueError(f"no routed-experts module (fused gate_up_proj [E, 2I, H] and down_proj [E, H, I]) in this "
                          f"{kind} model: kt_kernel.sft.attach needs transformers >= 5")
     layers = []
-    for layer_idx, (parent, name, experts) in enumerate(found):
+    for n, (path, parent, name, experts) in enumerate(found):
+        # The decoder layer's index (what SGLang's KT layers are keyed by), else the order found.
+        m = re.search(r"layers\.(\d+)\.", path + ".")
+        layer_idx = int(m.group(1)) if m else n
         kt = KTExperts(experts, layer_idx, top_k, lora_rank, lora_alpha, method, cpuinfer_threads, threadpool_count,
                        max_tokens, max_cache_depth, seed)
         setattr(parent, name, kt)
@@ -123,61 +127,80 @@ def attach(model, lora_rank=16, lora_alpha=32.0, method="AMXBF16_SFT", cpuinfer_
     return layers
 
 
-def _lora_state(model):
-    """``{name: parameter}`` of every KTExperts' LoRA parameter, by its path in ``model``."""
-    state = {}
-    for path, module in model.named_modules():
-        if isinstance(module, KTExperts):
-            for n in _NAMES:
-                state[f"{path}.{n}"] = getattr(module, n)
-    if not state:
+_PROJ = (("gate_proj", "gate_lora"), ("up_proj", "up_lora"), ("down_proj", "down_lora"))
+_PREFIX = "base_model.model."
+
+
+def _attached(model):
+    """``(path, KTExperts)`` of every attached experts module."""
+    found = [(path, m) for path, m in model.named_modules() if isinstance(m, KTExperts)]
+    if not found:
         raise ValueError("the model has no KTExperts: call kt_kernel.sft.attach(model, ...) first")
-    return state
+    return found
 
 
 def save_adapter(model, directory):
-    """Write the experts' LoRA as a PEFT-style adapter: ``adapter_config.json`` (rank, alpha,
-    the model type) and ``adapter_model.safetensors`` (one bf16 tensor per LoRA matrix, named by
-    its path in the model, e.g. ``model.layers.0.mlp.experts.gate_lora_a`` ``[E, r, H]``)."""
+    """Write the experts' LoRA as a PEFT adapter directory: ``adapter_config.json`` (``r``,
+    ``lora_alpha``, the target projections) and ``adapter_model.safetensors`` with PEFT's key for
+    each expert's projection, ``base_model.model.<path>.<e>.<gate|up|down>_proj.lora_<A|B>.weight``
+    (A ``[r, in]``, B ``[out, r]``, bf16): the layout SGLang's KT fork reads for
+    ``--kt-expert-lora-path``."""
     import json
     import os
 
     from safetensors.torch import save_file
 
-    state = _lora_state(model)
-    first = next(m for m in model.modules() if isinstance(m, KTExperts)).wrapper
+    found = _attached(model)
+    tensors = {}
+    for path, kt in found:
+        for proj, stem in _PROJ:
+            a, b = getattr(kt, stem + "_a").detach(), getattr(kt, stem + "_b").detach()
+            for e in range(a.shape[0]):
+                tensors[f"{_PREFIX}{path}.{e}.{proj}.lora_A.weight"] = a[e].contiguous()
+                tensors[f"{_PREFIX}{path}.{e}.{proj}.lora_B.weight"] = b[e].contiguous()
+    first = found[0][1].wrapper
+    config = {"peft_type": "LORA", "task_type": "CAUSAL_LM", "r": first.lora_rank, "lora_alpha": first.lora_alpha,
+              "target_modules": [p for p, _ in _PROJ], "lora_dropout": 0.0, "bias": "none",
+              "base_model_name_or_path": getattr(model.config, "_name_or_path", "") or None,
+              "base_model_type": model.config.model_type, "kt_kernel_method": first.method}
     os.makedirs(directory, exist_ok=True)
-    config = {"peft_type": "LORA", "r": first.lora_rank, "lora_alpha": first.lora_alpha,
-              "target_modules": ["experts"], "base_model_type": model.config.model_type,
-              "kt_kernel_method": first.method}
-    save_file({k: v.detach().contiguous() for k, v in state.items()}, os.path.join(directory, "adapter_model.safetensors"))
+    save_file(tensors, os.path.join(directory, "adapter_model.safetensors"))
     with open(os.path.join(directory, "adapter_config.json"), "w") as f:
         json.dump(config, f, indent=2)
 
 
 def load_adapter(model, directory):
-    """Read an adapter ``save_adapter`` wrote into the attached ``model``'s LoRA parameters, in
-    place (the SFT layers keep reading the same storage). Every tensor must be there with its
-    shape, and the rank and alpha must be the model's."""
+    """Read a PEFT adapter of the experts (``save_adapter``'s layout, with or without PEFT's
+    ``base_model.model.`` prefix) into the attached ``model``'s LoRA parameters, in place (the SFT
+    layers keep reading the same storage). Every expert's tensors must be there with their
+    shapes, and the rank and alpha must be the model's."""
     import json
     import os
 
     from safetensors.torch import load_file
 
-    state = _lora_state(model)
+    found = _attached(model)
     with open(os.path.join(directory, "adapter_config.json")) as f:
         config = json.load(f)
-    first = next(m for m in model.modules() if isinstance(m, KTExperts)).wrapper
+    first = found[0][1].wrapper
     for key, have in [("r", first.lora_rank), ("lora_alpha", first.lora_alpha)]:
         if config.get(key) != have:
             raise ValueError(f"adapter {key} is {config.get(key)!r}, the attached model's is {have!r}")
     tensors = load_file(os.path.join(directory, "adapter_model.safetensors"))
-    missing = sorted(set(state) - set(tensors))
-    if missing:
-        raise ValueError(f"adapter lacks {len(missing)} LoRA tensor(s), first {missing[0]!r}")
+
+    def tensor(name, shape):
+        for key in (_PREFIX + name, name):
+            if key in tensors:
+                t = tensors[key]
+                if tuple(t.shape) != tuple(shape):
+                    raise ValueError(f"adapter tensor {key!r} has shape {list(t.shape)}, expected {list(shape)}")
+                return t
+        raise ValueError(f"adapter lacks {_PREFIX + name!r}")
+
     with torch.no_grad():
-        for name, p in state.items():
-            t = tensors[name]
-            if tuple(t.shape) != tuple(p.shape):
-                raise ValueError(f"adapter tensor {name!r} has shape {list(t.shape)}, expected {list(p.shape)}")
-            p.copy_(t.to(p.dtype))
+        for path, kt in found:
+            for proj, stem in _PROJ:
+                a, b = getattr(kt, stem + "_a"), getattr(kt, stem + "_b")
+                for e in range(a.shape[0]):
+                    a[e].copy_(tensor(f"{path}.{e}.{proj}.lora_A.weight", a.shape[1:]).to(a.dtype))
+                    b[e].copy_(tensor(f"{path}.{e}.{proj}.lora_B.weight", b.shape[1:]).to(b.dtype))
