@@ -1,6 +1,6 @@
-//! The SFT forward's rank-r LoRA products and its SwiGLU on AVX2/FMA vectors, for every x86
-//! backend (`Backend::sft_kernels`): the SwiGLU is [`crate::swiglu::glu_row`], the one their
-//! `gate_up` runs, so with B zero the SFT forward keeps the inference forward's bits.
+//! The SFT passes' rank-r LoRA products, SwiGLU and SiLU's derivative on AVX2/FMA vectors, for
+//! every x86 backend (`Backend::sft_kernels`): the SwiGLU is [`crate::swiglu::glu_row`], the one
+//! their `gate_up` runs, so with B zero the SFT forward keeps the inference forward's bits.
 
 use core::arch::x86_64::*;
 
