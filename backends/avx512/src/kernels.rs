@@ -492,68 +492,32 @@ unsafe fn bf16_body<const N: usize, const DOT: bool>(
     }
 }
 
-/// # Safety
-/// AVX-512F/BW are present; as [`float_body`].
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn bf16_panel<const N: usize>(
-    w: &Packed,
-    p: usize,
-    x: &[f32],
-    x16: &[bf16],
-    kp: usize,
-    t0: usize,
-    out: &mut Tile,
-) {
-    // SAFETY: forwarded.
-    unsafe { bf16_body::<N, false>(w, p, x, x16, kp, t0, out) }
+/// The float tile kernels: each body compiled with only the features its level allows.
+macro_rules! float_kernels {
+    ($($name:ident = $body:ident::<$dot:literal> with $features:literal;)*) => {$(
+        /// # Safety
+        #[doc = concat!("The CPU has ", $features, "; as [`float_body`].")]
+        #[target_feature(enable = $features)]
+        unsafe fn $name<const N: usize>(
+            w: &Packed,
+            p: usize,
+            x: &[f32],
+            x16: &[bf16],
+            kp: usize,
+            t0: usize,
+            out: &mut Tile,
+        ) {
+            // SAFETY: forwarded.
+            unsafe { $body::<N, $dot>(w, p, x, x16, kp, t0, out) }
+        }
+    )*};
 }
 
-/// # Safety
-/// AVX-512F/BW/BF16 are present; as [`float_body`].
-#[target_feature(enable = "avx512f,avx512bw,avx512bf16")]
-unsafe fn bf16_panel_dot<const N: usize>(
-    w: &Packed,
-    p: usize,
-    x: &[f32],
-    x16: &[bf16],
-    kp: usize,
-    t0: usize,
-    out: &mut Tile,
-) {
-    // SAFETY: forwarded.
-    unsafe { bf16_body::<N, true>(w, p, x, x16, kp, t0, out) }
-}
-
-/// # Safety
-/// AVX-512F/BW are present; as [`float_body`].
-#[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn float_panel<const N: usize>(
-    w: &Packed,
-    p: usize,
-    x: &[f32],
-    x16: &[bf16],
-    kp: usize,
-    t0: usize,
-    out: &mut Tile,
-) {
-    // SAFETY: forwarded.
-    unsafe { float_body::<N, false>(w, p, x, x16, kp, t0, out) }
-}
-
-/// # Safety
-/// AVX-512F/BW/VBMI/BF16 are present; as [`float_body`].
-#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bf16")]
-unsafe fn float_panel_dot<const N: usize>(
-    w: &Packed,
-    p: usize,
-    x: &[f32],
-    x16: &[bf16],
-    kp: usize,
-    t0: usize,
-    out: &mut Tile,
-) {
-    // SAFETY: forwarded.
-    unsafe { float_body::<N, true>(w, p, x, x16, kp, t0, out) }
+float_kernels! {
+    bf16_panel = bf16_body::<false> with "avx512f,avx512bw";
+    bf16_panel_dot = bf16_body::<true> with "avx512f,avx512bw,avx512bf16";
+    float_panel = float_body::<false> with "avx512f,avx512bw";
+    float_panel_dot = float_body::<true> with "avx512f,avx512bw,avx512vbmi,avx512bf16";
 }
 
 /// `acc[t] += Σ w · x[t]` over units `u0..u1` of an int8 or int4 (`INT4`) panel, with

@@ -8,11 +8,50 @@ use half::bf16;
 use kt_core::sft::{add_scaled, LoraBack, SftKernels, PORTABLE};
 use kt_core::swiglu::Glu;
 
-/// The kernels; on a CPU without AVX2 and FMA each call runs [`PORTABLE`]'s.
+/// The kernels at 8 lanes (AVX2); on a CPU without AVX2 and FMA each call runs [`PORTABLE`]'s.
 pub static KERNELS: SftKernels = SftKernels { project, expand, glu, glu_backward, lora_backward };
+
+/// The products at 16 lanes (AVX-512F: the avx512 and amx backends'; on Zen 5 the rank-r
+/// products took half the time), the rest as [`KERNELS`]; on a CPU without AVX-512F, [`KERNELS`].
+pub static KERNELS_512: SftKernels =
+    SftKernels { project: project512, expand: expand512, glu, glu_backward, lora_backward: lora_backward512 };
 
 fn vectors() -> bool {
     crate::isa::avx2_fma().is_ok()
+}
+
+/// AVX-512F here, and a rustc whose AVX-512 intrinsics are stable (1.89: this crate's
+/// `build.rs`; built with an older one, the 16-lane kernels are not compiled).
+#[cfg(vnni_intrinsics)]
+fn vectors512() -> bool {
+    vectors() && is_x86_feature_detected!("avx512f")
+}
+
+fn project512(a: &[bf16], din: usize, x: &[bf16], rows: &[u32], xw: &mut [f32], ax: &mut [f32]) {
+    #[cfg(vnni_intrinsics)]
+    if vectors512() {
+        // SAFETY: AVX2, FMA and AVX-512F checked above.
+        return unsafe { project_avx512(a, din, x, rows, xw, ax) };
+    }
+    project(a, din, x, rows, xw, ax)
+}
+
+fn expand512(b: &[bf16], r: usize, ax: &[f32], s: f32, bt: &mut [f32], out: &mut [f32]) {
+    #[cfg(vnni_intrinsics)]
+    if vectors512() {
+        // SAFETY: AVX2, FMA and AVX-512F checked above.
+        return unsafe { expand_avx512(b, r, ax, s, bt, out) };
+    }
+    expand(b, r, ax, s, bt, out)
+}
+
+fn lora_backward512(args: LoraBack<'_>) {
+    #[cfg(vnni_intrinsics)]
+    if vectors512() {
+        // SAFETY: AVX2, FMA and AVX-512F checked above.
+        return unsafe { lora_backward_avx512(args) };
+    }
+    lora_backward(args)
 }
 
 fn project(a: &[bf16], din: usize, x: &[bf16], rows: &[u32], xw: &mut [f32], ax: &mut [f32]) {
@@ -82,6 +121,121 @@ unsafe fn glu_backward_avx2(g: &[f32], u: &[f32], dh: &[f32], dg: &mut [f32], du
     (PORTABLE.glu_backward)(&g[body..n], &u[body..n], &dh[body..n], &mut dg[body..n], &mut du[body..n]);
 }
 
+/// The vector width the products run at: AVX2's 8 lanes ([`Y`]) or AVX-512's 16 ([`Z`]).
+/// Every method needs its type's instructions (AVX2 and FMA, or AVX-512F): it is inlined into
+/// the `#[target_feature]` kernels below.
+trait Lanes: Copy {
+    const N: usize;
+    unsafe fn zero() -> Self;
+    unsafe fn splat(x: f32) -> Self;
+    unsafe fn load(p: *const f32) -> Self;
+    unsafe fn store(self, p: *mut f32);
+    /// `N` bf16 as f32.
+    unsafe fn widen(p: *const bf16) -> Self;
+    /// `a·b + c`.
+    unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self;
+    unsafe fn sum(self) -> f32;
+    /// `old + s·acc` where `acc` is not zero, else `old` (its bits).
+    unsafe fn add_nonzero(old: Self, s: Self, acc: Self) -> Self;
+}
+
+#[derive(Clone, Copy)]
+struct Y(__m256);
+
+#[cfg(vnni_intrinsics)]
+#[derive(Clone, Copy)]
+struct Z(__m512);
+
+impl Lanes for Y {
+    const N: usize = 8;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        unsafe { Y(_mm256_setzero_ps()) }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self {
+        unsafe { Y(_mm256_set1_ps(x)) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        unsafe { Y(_mm256_loadu_ps(p)) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        unsafe { _mm256_storeu_ps(p, self.0) }
+    }
+    #[inline(always)]
+    unsafe fn widen(p: *const bf16) -> Self {
+        unsafe { Y(widen8(p)) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
+        unsafe { Y(_mm256_fmadd_ps(a.0, b.0, c.0)) }
+    }
+    #[inline(always)]
+    unsafe fn sum(self) -> f32 {
+        unsafe {
+            let s = _mm_add_ps(_mm256_castps256_ps128(self.0), _mm256_extractf128_ps::<1>(self.0));
+            let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+            _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn add_nonzero(old: Self, s: Self, acc: Self) -> Self {
+        unsafe {
+            let nonzero = _mm256_cmp_ps::<_CMP_NEQ_UQ>(acc.0, _mm256_setzero_ps());
+            Y(_mm256_blendv_ps(old.0, _mm256_add_ps(old.0, _mm256_mul_ps(s.0, acc.0)), nonzero))
+        }
+    }
+}
+
+#[cfg(vnni_intrinsics)]
+#[allow(clippy::incompatible_msrv)] // Built from rustc 1.89 only (this crate's `build.rs`).
+impl Lanes for Z {
+    const N: usize = 16;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        unsafe { Z(_mm512_setzero_ps()) }
+    }
+    #[inline(always)]
+    unsafe fn splat(x: f32) -> Self {
+        unsafe { Z(_mm512_set1_ps(x)) }
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        unsafe { Z(_mm512_loadu_ps(p)) }
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        unsafe { _mm512_storeu_ps(p, self.0) }
+    }
+    #[inline(always)]
+    unsafe fn widen(p: *const bf16) -> Self {
+        unsafe { Z(_mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()))))) }
+    }
+    #[inline(always)]
+    unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
+        unsafe { Z(_mm512_fmadd_ps(a.0, b.0, c.0)) }
+    }
+    #[inline(always)]
+    unsafe fn sum(self) -> f32 {
+        unsafe {
+            let h = _mm256_add_ps(
+                _mm512_castps512_ps256(self.0),
+                _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(self.0))),
+            );
+            Y(h).sum()
+        }
+    }
+    #[inline(always)]
+    unsafe fn add_nonzero(old: Self, s: Self, acc: Self) -> Self {
+        unsafe {
+            let nonzero = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(acc.0, _mm512_setzero_ps());
+            Z(_mm512_mask_add_ps(old.0, nonzero, old.0, _mm512_mul_ps(s.0, acc.0)))
+        }
+    }
+}
+
 /// 8 bf16 as f32.
 ///
 /// # Safety
@@ -92,27 +246,13 @@ unsafe fn widen8(p: *const bf16) -> __m256 {
     unsafe { _mm256_castsi256_ps(_mm256_slli_epi32::<16>(_mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast())))) }
 }
 
-/// The sum of 8 lanes.
-///
-/// # Safety
-/// AVX2.
-#[inline(always)]
-unsafe fn hsum(v: __m256) -> f32 {
-    // SAFETY: the caller's contract.
-    unsafe {
-        let s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps::<1>(v));
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        _mm_cvtss_f32(_mm_add_ss(s, _mm_movehdup_ps(s)))
-    }
-}
-
 /// Up to 4 rows of x (widened into `xw`) against up to 2 rows of A at a time: each A load
 /// feeds 4 FMAs, 8 accumulators in flight.
 ///
 /// # Safety
-/// AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn project_avx2(a: &[bf16], din: usize, x: &[bf16], rows: &[u32], xw: &mut [f32], ax: &mut [f32]) {
+/// `V`'s instructions (inlined into the `#[target_feature]` kernels).
+#[inline(always)]
+unsafe fn project_body<V: Lanes>(a: &[bf16], din: usize, x: &[bf16], rows: &[u32], xw: &mut [f32], ax: &mut [f32]) {
     let r = a.len() / din.max(1);
     if r == 0 {
         return;
@@ -125,17 +265,17 @@ unsafe fn project_avx2(a: &[bf16], din: usize, x: &[bf16], rows: &[u32], xw: &mu
         }
         let mut q = 0;
         while q < r {
-            // SAFETY: AVX2/FMA enabled here; the rows and A rows named are inside their slices.
+            // SAFETY: the caller's contract; the rows and A rows named are inside their slices.
             unsafe {
                 match (rows.len(), (r - q).min(2)) {
-                    (4, 2) => block::<4, 2>(a, din, q, xw, r, ax),
-                    (4, _) => block::<4, 1>(a, din, q, xw, r, ax),
-                    (3, 2) => block::<3, 2>(a, din, q, xw, r, ax),
-                    (3, _) => block::<3, 1>(a, din, q, xw, r, ax),
-                    (2, 2) => block::<2, 2>(a, din, q, xw, r, ax),
-                    (2, _) => block::<2, 1>(a, din, q, xw, r, ax),
-                    (_, 2) => block::<1, 2>(a, din, q, xw, r, ax),
-                    _ => block::<1, 1>(a, din, q, xw, r, ax),
+                    (4, 2) => block::<V, 4, 2>(a, din, q, xw, r, ax),
+                    (4, _) => block::<V, 4, 1>(a, din, q, xw, r, ax),
+                    (3, 2) => block::<V, 3, 2>(a, din, q, xw, r, ax),
+                    (3, _) => block::<V, 3, 1>(a, din, q, xw, r, ax),
+                    (2, 2) => block::<V, 2, 2>(a, din, q, xw, r, ax),
+                    (2, _) => block::<V, 2, 1>(a, din, q, xw, r, ax),
+                    (_, 2) => block::<V, 1, 2>(a, din, q, xw, r, ax),
+                    _ => block::<V, 1, 1>(a, din, q, xw, r, ax),
                 }
             }
             q += 2;
@@ -146,9 +286,9 @@ unsafe fn project_avx2(a: &[bf16], din: usize, x: &[bf16], rows: &[u32], xw: &mu
 /// `ax[j][q + i] = A[q + i] · xw[j]` for `j < R`, `i < Q`.
 ///
 /// # Safety
-/// AVX2 and FMA (inlined into [`project_avx2`]); `xw` holds R rows of `din`, A rows `q + Q`.
+/// `V`'s instructions; `xw` holds R rows of `din`, A rows `q + Q`.
 #[inline(always)]
-unsafe fn block<const R: usize, const Q: usize>(
+unsafe fn block<V: Lanes, const R: usize, const Q: usize>(
     a: &[bf16],
     din: usize,
     q: usize,
@@ -156,44 +296,42 @@ unsafe fn block<const R: usize, const Q: usize>(
     r: usize,
     ax: &mut [f32],
 ) {
-    let body = din / 8 * 8;
-    // SAFETY: the caller's contract; k + 8 <= body <= din.
+    let body = din / V::N * V::N;
+    // SAFETY: the caller's contract; k + N <= body <= din.
     unsafe {
-        let mut acc = [[_mm256_setzero_ps(); Q]; R];
-        for k in (0..body).step_by(8) {
-            let w: [__m256; Q] = core::array::from_fn(|i| widen8(a.as_ptr().add((q + i) * din + k)));
+        let mut acc = [[V::zero(); Q]; R];
+        for k in (0..body).step_by(V::N) {
+            let w: [V; Q] = core::array::from_fn(|i| V::widen(a.as_ptr().add((q + i) * din + k)));
             for (j, acc) in acc.iter_mut().enumerate() {
-                let xv = _mm256_loadu_ps(xw.as_ptr().add(j * din + k));
+                let xv = V::load(xw.as_ptr().add(j * din + k));
                 for i in 0..Q {
-                    acc[i] = _mm256_fmadd_ps(w[i], xv, acc[i]);
+                    acc[i] = V::fmadd(w[i], xv, acc[i]);
                 }
             }
         }
         for (j, acc) in acc.iter().enumerate() {
             for i in 0..Q {
                 let tail: f32 = (body..din).map(|k| a[(q + i) * din + k].to_f32() * xw[j * din + k]).sum();
-                ax[j * r + q + i] = hsum(acc[i]) + tail;
+                ax[j * r + q + i] = acc[i].sum() + tail;
             }
         }
     }
 }
 
-/// B transposed and widened into `bt` (`[r, dout]`), then per 4 rows of ax and 16 outputs,
-/// `Σ_q ax[q]·Bᵀ[q]` (8 independent sums: with one row's 2 the FMAs' latency was the bound);
-/// each sum that is not zero is added, times `s`, to `out`.
+/// B transposed and widened into `bt` (`[r, dout]`), then `out += s·ax·Bᵀ` by [`gemm`].
 ///
 /// # Safety
-/// AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn expand_avx2(b: &[bf16], r: usize, ax: &[f32], s: f32, bt: &mut [f32], out: &mut [f32]) {
+/// `V`'s instructions and AVX2.
+#[inline(always)]
+unsafe fn expand_body<V: Lanes>(b: &[bf16], r: usize, ax: &[f32], s: f32, bt: &mut [f32], out: &mut [f32]) {
     if r == 0 {
         return;
     }
     let dout = b.len() / r;
-    // SAFETY: AVX2 and FMA enabled here; b is [dout, r], bt holds dout·r.
+    // SAFETY: the caller's contract; b is [dout, r], bt holds dout·r.
     unsafe {
         transpose(b, r, dout, bt);
-        gemm(ax, r, &bt[..r * dout], s, out);
+        gemm::<V>(ax, r, &bt[..r * dout], s, out);
     }
 }
 
@@ -201,9 +339,9 @@ unsafe fn expand_avx2(b: &[bf16], r: usize, ax: &[f32], s: f32, bt: &mut [f32], 
 /// wherever that sum is not zero, 4 rows of `a` at a time.
 ///
 /// # Safety
-/// AVX2 and FMA (inlined into the kernels, whose features it uses).
+/// `V`'s instructions.
 #[inline(always)]
-unsafe fn gemm(a: &[f32], q: usize, b: &[f32], s: f32, out: &mut [f32]) {
+unsafe fn gemm<V: Lanes>(a: &[f32], q: usize, b: &[f32], s: f32, out: &mut [f32]) {
     if q == 0 {
         return;
     }
@@ -212,10 +350,10 @@ unsafe fn gemm(a: &[f32], q: usize, b: &[f32], s: f32, out: &mut [f32]) {
         // SAFETY: the caller's contract; a holds the rows' q values, out their o.
         unsafe {
             match a.len() / q {
-                4 => rows_out::<4>(b, q, o, a, s, out),
-                3 => rows_out::<3>(b, q, o, a, s, out),
-                2 => rows_out::<2>(b, q, o, a, s, out),
-                _ => rows_out::<1>(b, q, o, a, s, out),
+                4 => rows_out::<V, 4>(b, q, o, a, s, out),
+                3 => rows_out::<V, 3>(b, q, o, a, s, out),
+                2 => rows_out::<V, 2>(b, q, o, a, s, out),
+                _ => rows_out::<V, 1>(b, q, o, a, s, out),
             }
         }
     }
@@ -226,9 +364,9 @@ unsafe fn gemm(a: &[f32], q: usize, b: &[f32], s: f32, out: &mut [f32]) {
 /// 16 for the rank-wide ones, where a stored row carried each sum from one step to the next).
 ///
 /// # Safety
-/// AVX2 and FMA.
-#[target_feature(enable = "avx2,fma")]
-unsafe fn lora_backward_avx2(LoraBack { a, b, s, gout, ax, x, rows, gin, grads }: LoraBack<'_>) {
+/// `V`'s instructions.
+#[inline(always)]
+unsafe fn lora_backward_body<V: Lanes>(LoraBack { a, b, s, gout, ax, x, rows, gin, grads }: LoraBack<'_>) {
     let (m, r) = (rows.len(), ax.len() / rows.len().max(1));
     if r == 0 {
         return;
@@ -244,14 +382,14 @@ unsafe fn lora_backward_avx2(LoraBack { a, b, s, gout, ax, x, rows, gin, grads }
         }
         t
     };
-    // SAFETY: AVX2 and FMA enabled here; every shape as `gemm` wants it.
+    // SAFETY: the caller's contract; every shape as `gemm` wants it.
     unsafe {
         let mut gb = vec![0.0f32; m * r];
-        gemm(gout, dout, &widened(b), 1.0, &mut gb);
-        gemm(&gb, r, &widened(a), s, gin);
+        gemm::<V>(gout, dout, &widened(b), 1.0, &mut gb);
+        gemm::<V>(&gb, r, &widened(a), s, gin);
         let Some((ga, gbm, scale)) = grads else { return };
         let mut acc = vec![0.0f32; dout * r];
-        gemm(&transposed(gout, m, dout), m, ax, 1.0, &mut acc);
+        gemm::<V>(&transposed(gout, m, dout), m, ax, 1.0, &mut acc);
         add_scaled(gbm, &acc, s * scale);
         let mut xw = vec![0.0f32; m * din];
         for (xw, &row) in xw.chunks_exact_mut(din).zip(rows) {
@@ -260,16 +398,42 @@ unsafe fn lora_backward_avx2(LoraBack { a, b, s, gout, ax, x, rows, gin, grads }
             }
         }
         let mut acc = vec![0.0f32; r * din];
-        gemm(&transposed(&gb, m, r), m, &xw, 1.0, &mut acc);
+        gemm::<V>(&transposed(&gb, m, r), m, &xw, 1.0, &mut acc);
         add_scaled(ga, &acc, s * scale);
     }
+}
+
+/// The AVX2 and AVX-512 instances of the generic kernels.
+macro_rules! instances {
+    ($($(#[$attr:meta])* $name:ident = $body:ident::<$v:ty>($($arg:ident: $ty:ty),*) with $features:literal;)*) => {$(
+        /// # Safety
+        #[doc = concat!("The CPU has ", $features, ".")]
+        $(#[$attr])*
+        #[target_feature(enable = $features)]
+        unsafe fn $name($($arg: $ty),*) {
+            // SAFETY: forwarded; the features are enabled here.
+            unsafe { $body::<$v>($($arg),*) }
+        }
+    )*};
+}
+
+instances! {
+    project_avx2 = project_body::<Y>(a: &[bf16], din: usize, x: &[bf16], rows: &[u32], xw: &mut [f32], ax: &mut [f32]) with "avx2,fma";
+    #[cfg(vnni_intrinsics)]
+    project_avx512 = project_body::<Z>(a: &[bf16], din: usize, x: &[bf16], rows: &[u32], xw: &mut [f32], ax: &mut [f32]) with "avx2,fma,avx512f";
+    expand_avx2 = expand_body::<Y>(b: &[bf16], r: usize, ax: &[f32], s: f32, bt: &mut [f32], out: &mut [f32]) with "avx2,fma";
+    #[cfg(vnni_intrinsics)]
+    expand_avx512 = expand_body::<Z>(b: &[bf16], r: usize, ax: &[f32], s: f32, bt: &mut [f32], out: &mut [f32]) with "avx2,fma,avx512f";
+    lora_backward_avx2 = lora_backward_body::<Y>(args: LoraBack<'_>) with "avx2,fma";
+    #[cfg(vnni_intrinsics)]
+    lora_backward_avx512 = lora_backward_body::<Z>(args: LoraBack<'_>) with "avx2,fma,avx512f";
 }
 
 /// `bt[q][o] = b[o][q]` as f32, 8×8 blocks in registers (element by element, the strided
 /// stores took three times the products' time), the edges one by one.
 ///
 /// # Safety
-/// AVX2 (inlined into [`expand_avx2`]); `b` `[dout, r]`, `bt` at least `r · dout`.
+/// AVX2 (inlined into the kernels); `b` `[dout, r]`, `bt` at least `r · dout`.
 #[inline(always)]
 unsafe fn transpose(b: &[bf16], r: usize, dout: usize, bt: &mut [f32]) {
     let (ob, qb) = (dout / 8 * 8, r / 8 * 8);
@@ -326,49 +490,70 @@ unsafe fn transpose(b: &[bf16], r: usize, dout: usize, bt: &mut [f32]) {
     }
 }
 
-/// [`gemm`] for `R` rows (`r`: the summed length, `dout`: the output width).
+/// [`gemm`] for `R` rows (`r`: the summed length, `dout`: the output width): 2 vectors of
+/// outputs a step (8 independent sums for 4 rows: with one row's 2 the FMAs' latency was the
+/// bound), then 1, then one by one.
 ///
 /// # Safety
-/// AVX2 and FMA (inlined into [`gemm`]); `ax` `[R, r]`, `out` `[R, dout]`, `bt`
-/// `[r, dout]`.
+/// `V`'s instructions; `ax` `[R, r]`, `out` `[R, dout]`, `bt` `[r, dout]`.
 #[inline(always)]
-unsafe fn rows_out<const R: usize>(bt: &[f32], r: usize, dout: usize, ax: &[f32], s: f32, out: &mut [f32]) {
-    let body = dout / 16 * 16;
-    // SAFETY: the caller's contract; o + 16 <= body <= dout, q < r, j < R.
+unsafe fn rows_out<V: Lanes, const R: usize>(bt: &[f32], r: usize, dout: usize, ax: &[f32], s: f32, out: &mut [f32]) {
+    // SAFETY: the caller's contract; every vector read or written lies below `done <= dout`.
     unsafe {
-        let sv = _mm256_set1_ps(s);
-        for o in (0..body).step_by(16) {
-            let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        let mut done = 0;
+        done = outputs::<V, R, 2>(bt, r, dout, ax, s, out, done);
+        done = outputs::<V, R, 1>(bt, r, dout, ax, s, out, done);
+        for (ax, out) in ax.chunks_exact(r).zip(out.chunks_exact_mut(dout)) {
+            for (o, out) in out.iter_mut().enumerate().skip(done) {
+                let d = (0..r).fold(0.0f32, |d, q| ax[q].mul_add(bt[q * dout + o], d));
+                if d != 0.0 {
+                    *out += s * d;
+                }
+            }
+        }
+    }
+}
+
+/// Outputs `from..` of [`rows_out`] in steps of `W` vectors while whole steps fit; where it
+/// stopped.
+///
+/// # Safety
+/// As [`rows_out`].
+#[inline(always)]
+unsafe fn outputs<V: Lanes, const R: usize, const W: usize>(
+    bt: &[f32],
+    r: usize,
+    dout: usize,
+    ax: &[f32],
+    s: f32,
+    out: &mut [f32],
+    from: usize,
+) -> usize {
+    let step = W * V::N;
+    let end = from + (dout - from) / step * step;
+    // SAFETY: the caller's contract; o + step <= end <= dout, q < r, j < R.
+    unsafe {
+        let sv = V::splat(s);
+        for o in (from..end).step_by(step) {
+            let mut acc = [[V::zero(); W]; R];
             for q in 0..r {
-                let w = [
-                    _mm256_loadu_ps(bt.as_ptr().add(q * dout + o)),
-                    _mm256_loadu_ps(bt.as_ptr().add(q * dout + o + 8)),
-                ];
+                let w: [V; W] = core::array::from_fn(|h| V::load(bt.as_ptr().add(q * dout + o + h * V::N)));
                 for (j, acc) in acc.iter_mut().enumerate() {
-                    let c = _mm256_set1_ps(*ax.get_unchecked(j * r + q));
-                    acc[0] = _mm256_fmadd_ps(c, w[0], acc[0]);
-                    acc[1] = _mm256_fmadd_ps(c, w[1], acc[1]);
+                    let c = V::splat(*ax.get_unchecked(j * r + q));
+                    for h in 0..W {
+                        acc[h] = V::fmadd(c, w[h], acc[h]);
+                    }
                 }
             }
             for (j, acc) in acc.iter().enumerate() {
-                for (h, acc) in acc.iter().enumerate() {
-                    let at = out.as_mut_ptr().add(j * dout + o + 8 * h);
-                    let old = _mm256_loadu_ps(at);
-                    let nonzero = _mm256_cmp_ps::<_CMP_NEQ_UQ>(*acc, _mm256_setzero_ps());
-                    let new = _mm256_add_ps(old, _mm256_mul_ps(sv, *acc));
-                    _mm256_storeu_ps(at, _mm256_blendv_ps(old, new, nonzero));
+                for (h, &acc) in acc.iter().enumerate() {
+                    let at = out.as_mut_ptr().add(j * dout + o + h * V::N);
+                    V::add_nonzero(V::load(at), sv, acc).store(at);
                 }
             }
         }
     }
-    for (ax, out) in ax.chunks_exact(r).zip(out.chunks_exact_mut(dout)) {
-        for (o, out) in out.iter_mut().enumerate().skip(body) {
-            let d = (0..r).fold(0.0f32, |d, q| ax[q].mul_add(bt[q * dout + o], d));
-            if d != 0.0 {
-                *out += s * d;
-            }
-        }
-    }
+    end
 }
 
 #[cfg(test)]
@@ -393,7 +578,8 @@ mod tests {
 
     /// Against the portable kernels on odd shapes: every row count 1-9 (blocks of 4 and their
     /// remainders), ranks 1-5, 8, 9 and 16 (pairs of A rows and the odd one; B's 8×8
-    /// transposes and their edges), widths with and without an 8- or 16-wide tail, gathered rows with duplicates; a zero B leaves `out`'s bits (a -0.0
+    /// transposes and their edges), widths with and without an 8- or 16-wide tail, both lane
+    /// widths (the 16-lane set runs the 8-lane one where AVX-512F is missing), gathered rows with duplicates; a zero B leaves `out`'s bits (a -0.0
     /// too).
     #[test]
     fn the_vector_kernels_agree_with_the_portable_ones() {
@@ -411,25 +597,33 @@ mod tests {
                     let mut xw = vec![0.0; SftKernels::project_scratch(din)];
                     let (mut want, mut got) = (vec![0.0; m * r], vec![0.0; m * r]);
                     (PORTABLE.project)(&a, din, &x, &rows, &mut xw, &mut want);
-                    (KERNELS.project)(&a, din, &x, &rows, &mut xw, &mut got);
-                    for (w, g) in want.iter().zip(&got) {
-                        assert!((w - g).abs() <= 1e-5 * (din as f32), "project din {din} r {r} m {m}: {w} vs {g}");
+                    for k in [&KERNELS, &KERNELS_512] {
+                        (k.project)(&a, din, &x, &rows, &mut xw, &mut got);
+                        for (w, g) in want.iter().zip(&got) {
+                            assert!((w - g).abs() <= 1e-5 * (din as f32), "project din {din} r {r} m {m}: {w} vs {g}");
+                        }
                     }
                     let b = bf16s(dout * r, 11 + m as u32);
                     let base = values(m * dout, 3);
                     let mut bt = vec![0.0; dout * r];
-                    let (mut want, mut got) = (base.clone(), base.clone());
+                    let mut want = base.clone();
                     (PORTABLE.expand)(&b, r, &values(m * r, 5), 0.5, &mut bt, &mut want);
-                    (KERNELS.expand)(&b, r, &values(m * r, 5), 0.5, &mut bt, &mut got);
-                    for (w, g) in want.iter().zip(&got) {
-                        assert!((w - g).abs() <= 1e-5 * (r as f32 + 1.0), "expand dout {dout} r {r} m {m}: {w} vs {g}");
+                    for k in [&KERNELS, &KERNELS_512] {
+                        let mut got = base.clone();
+                        (k.expand)(&b, r, &values(m * r, 5), 0.5, &mut bt, &mut got);
+                        for (w, g) in want.iter().zip(&got) {
+                            assert!(
+                                (w - g).abs() <= 1e-5 * (r as f32 + 1.0),
+                                "expand dout {dout} r {r} m {m}: {w} vs {g}"
+                            );
+                        }
+                        let zero = vec![bf16::ZERO; dout * r];
+                        let mut signed = base.clone();
+                        signed[0] = -0.0;
+                        let mut got = signed.clone();
+                        (k.expand)(&zero, r, &values(m * r, 5), 0.5, &mut bt, &mut got);
+                        assert!(got.iter().zip(&signed).all(|(g, w)| g.to_bits() == w.to_bits()), "zero B changed out");
                     }
-                    let zero = vec![bf16::ZERO; dout * r];
-                    let mut signed = base.clone();
-                    signed[0] = -0.0;
-                    let mut got = signed.clone();
-                    (KERNELS.expand)(&zero, r, &values(m * r, 5), 0.5, &mut bt, &mut got);
-                    assert!(got.iter().zip(&signed).all(|(g, w)| g.to_bits() == w.to_bits()), "zero B changed out");
                     cases += 1;
                 }
             }
@@ -469,14 +663,17 @@ mod tests {
                 (k.lora_backward)(args);
                 (gin, ga, gb)
             };
-            let ((gin, ga, gb), (want_gin, want_ga, want_gb)) = (run(&KERNELS), run(&PORTABLE));
-            for (g, w) in gin.iter().zip(&want_gin) {
-                assert!((g - w).abs() <= 1e-4 * (dout as f32), "r {r}: grad input {g} vs {w}");
-            }
-            for (g, w) in ga.iter().chain(&gb).zip(want_ga.iter().chain(&want_gb)) {
-                // bf16 sums: a last-bit difference in f32 may round to the next bf16.
-                let (g, w) = (g.to_f32(), w.to_f32());
-                assert!((g - w).abs() <= 1e-2 * w.abs().max(1e-2), "r {r}: grad {g} vs {w}");
+            let (want_gin, want_ga, want_gb) = run(&PORTABLE);
+            for k in [&KERNELS, &KERNELS_512] {
+                let (gin, ga, gb) = run(k);
+                for (g, w) in gin.iter().zip(&want_gin) {
+                    assert!((g - w).abs() <= 1e-4 * (dout as f32), "r {r}: grad input {g} vs {w}");
+                }
+                for (g, w) in ga.iter().chain(&gb).zip(want_ga.iter().chain(&want_gb)) {
+                    // bf16 sums: a last-bit difference in f32 may round to the next bf16.
+                    let (g, w) = (g.to_f32(), w.to_f32());
+                    assert!((g - w).abs() <= 1e-2 * w.abs().max(1e-2), "r {r}: grad {g} vs {w}");
+                }
             }
         }
     }
