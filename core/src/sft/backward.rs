@@ -5,7 +5,7 @@ use alloc::vec::Vec;
 
 use half::bf16;
 
-use super::forward::{check_layer, reduce, resize, rows_of, widen, Workspace};
+use super::forward::{check_layer, reduce, resize, rows_of, Workspace};
 use super::kernels::{LoraBack, SftKernels};
 use super::lora::{BackwardWeights, Lora, LoraGrads, Proj};
 use super::Cache;
@@ -202,4 +202,11 @@ fn lora_backward(
 ) {
     let (a, b) = l.of(p, e, cfg);
     (kernels.lora_backward)(LoraBack { a, b, s: l.scaling(), gout, ax, x, rows, gin, grads });
+}
+
+/// bf16 values as f32, into `out`.
+fn widen(v: &[bf16], out: &mut [f32]) {
+    for (o, v) in out.iter_mut().zip(v) {
+        *o = v.to_f32();
+    }
 }

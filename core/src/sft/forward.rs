@@ -264,7 +264,7 @@ fn fill_routing(cache: &mut Cache, plan: &Plan, input: &[bf16], routing: &Routin
 /// input rows are `rows` of `x` (`[_, in]`). A term that is zero is not added, so a LoRA whose
 /// B is zero leaves the base's bits.
 #[allow(clippy::too_many_arguments)]
-pub(crate) fn add_lora(
+fn add_lora(
     kernels: &SftKernels,
     l: &Lora<'_>,
     p: Proj,
@@ -279,11 +279,4 @@ pub(crate) fn add_lora(
     let (a, b) = l.of(p, e, cfg);
     (kernels.project)(a, din, x, rows, scratch, ax);
     (kernels.expand)(b, l.rank, ax, l.scaling(), scratch, out);
-}
-
-/// bf16 values as f32, into `out`.
-pub(crate) fn widen(v: &[bf16], out: &mut [f32]) {
-    for (o, v) in out.iter_mut().zip(v) {
-        *o = v.to_f32();
-    }
 }
