@@ -142,3 +142,9 @@ def test_adapters_round_trip_and_refuse_mismatches(tmp_path):
         load_adapter(other, tmp_path / "adapter")
     with pytest.raises(ValueError, match="call kt_kernel.sft.attach"):
         save_adapter(tiny_model(), tmp_path / "none")
+    # A write that fails half way leaves no adapter file behind, whole or partial.
+    blocked = tmp_path / "blocked"
+    (blocked / "adapter_config.json").mkdir(parents=True)
+    with pytest.raises(IsADirectoryError):
+        save_adapter(trained, blocked)
+    assert {p.name for p in blocked.iterdir()} == {"adapter_config.json"}

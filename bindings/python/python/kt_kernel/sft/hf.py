@@ -164,9 +164,24 @@ def save_adapter(model, directory):
               "base_model_name_or_path": getattr(model.config, "_name_or_path", "") or None,
               "base_model_type": model.config.model_type, "kt_kernel_method": first.method}
     os.makedirs(directory, exist_ok=True)
-    save_file(tensors, os.path.join(directory, "adapter_model.safetensors"))
-    with open(os.path.join(directory, "adapter_config.json"), "w") as f:
-        json.dump(config, f, indent=2)
+    # Each file under a temporary name, renamed when both are whole; on an error, what this
+    # call wrote is removed: no partial adapter is left.
+    names = [os.path.join(directory, n) for n in ("adapter_model.safetensors", "adapter_config.json")]
+    written = []
+    try:
+        written.append(names[0] + ".tmp")
+        save_file(tensors, names[0] + ".tmp")
+        with open(names[1] + ".tmp", "w") as f:
+            written.append(names[1] + ".tmp")
+            json.dump(config, f, indent=2)
+        for name in names:
+            os.replace(name + ".tmp", name)
+            written[written.index(name + ".tmp")] = name
+    except BaseException:
+        for path in written:
+            if os.path.isfile(path):
+                os.remove(path)
+        raise
 
 
 def load_adapter(model, directory):
