@@ -14,7 +14,7 @@ use kt_tests::{experts, owned};
 
 /// A backward's outputs, LoRA gradients unscaled.
 fn outs<'a>(gi: &'a mut [bf16], gw: &'a mut [f32], lora: Option<LoraGrads<'a>>) -> Backward<'a> {
-    Backward { grad_input: gi, grad_weights: gw, lora, lora_grad_scale: 1.0 }
+    Backward { grad_input: gi, grad_weights: gw, lora, base: None, grad_scale: 1.0 }
 }
 
 /// Every backend this build registers that this CPU can run.
@@ -58,16 +58,18 @@ fn sft_layer(b: &'static dyn Backend, cfg: &MoeConfig, f: WeightFormat, threads:
 
 #[test]
 fn sft_steps_are_bit_identical_for_any_thread_count() {
-    let cfg = MoeConfig { max_tokens: 64, ..MoeConfig::new(8, 2, 256, 128) };
-    let mats = random_lora(&cfg, 4, false, 9);
-    for b in runnable() {
-        for f in [WeightFormat::Bf16, WeightFormat::Int8Row] {
-            if !(b.serves(f, 128, 256) && b.serves(f, 256, 128)) {
-                continue;
+    for parts in [1, 2] {
+        let cfg = MoeConfig { max_tokens: 64, parts, ..MoeConfig::new(8, 2, 256, 128) };
+        let mats = random_lora(&cfg, 4, false, 9);
+        for b in runnable() {
+            for f in [WeightFormat::Bf16, WeightFormat::Int8Row] {
+                if !(b.serves(f, 128, 256) && b.serves(f, 256, 128)) {
+                    continue;
+                }
+                let one = step(&sft_layer(b, &cfg, f, 1, 1), &cfg, &mats, 37, 5);
+                let three = step(&sft_layer(b, &cfg, f, 3, 1), &cfg, &mats, 37, 5);
+                assert!(one == three, "{} {f} {parts} parts: results differ between 1 and 3 threads", b.name());
             }
-            let one = step(&sft_layer(b, &cfg, f, 1, 1), &cfg, &mats, 37, 5);
-            let three = step(&sft_layer(b, &cfg, f, 3, 1), &cfg, &mats, 37, 5);
-            assert!(one == three, "{} {f}: results differ between 1 and 3 threads", b.name());
         }
     }
 }
@@ -119,12 +121,9 @@ fn saved_forwards_are_a_stack_of_max_cache_depth() {
 
 #[test]
 fn sft_layers_refuse_what_they_cannot_run() {
-    let cfg = MoeConfig { parts: 2, ..MoeConfig::new(4, 2, 256, 128) };
+    let cfg = MoeConfig::new(4, 2, 256, 128);
     let xs = experts(&cfg, 3);
     let opts = LayerOptions::threads(1);
-    let e = SftLayer::from_f32(&cfg, WeightFormat::Bf16, owned(&xs, &[]), &opts, 1).unwrap_err();
-    assert!(matches!(e, Error::InvalidConfig { field: "parts (threadpool_count)", .. }), "{e}");
-    let cfg = MoeConfig { parts: 1, ..cfg };
     let e = SftLayer::from_f32(&cfg, WeightFormat::Bf16, owned(&xs, &[]), &opts, 0).unwrap_err();
     assert!(matches!(e, Error::InvalidConfig { field: "max_cache_depth", .. }), "{e}");
     // A LoRA of the wrong shape.

@@ -40,7 +40,8 @@ impl std::fmt::Debug for SftLayer {
 impl SftLayer {
     /// As [`MoeLayer::from_f32`], with the transposes the backward multiplies by (from the
     /// quantized weights, so it differentiates the function the forward computes), keeping up
-    /// to `max_cache_depth` saved forwards. The layer runs as one part (`cfg.parts` must be 1).
+    /// to `max_cache_depth` saved forwards. The forward runs the layer's NUMA parts (`cfg.parts`)
+    /// as the inference forward sums them; the transposes are whole matrices.
     pub fn from_f32(
         cfg: &MoeConfig,
         format: WeightFormat,
@@ -60,13 +61,6 @@ impl SftLayer {
         opts: &LayerOptions,
         max_cache_depth: usize,
     ) -> Result<Self, E> {
-        if cfg.parts != 1 {
-            return Err(E::from(Error::InvalidConfig {
-                field: "parts (threadpool_count)",
-                value: cfg.parts,
-                expected: "1: an SFT layer runs as one part".into(),
-            }));
-        }
         if max_cache_depth == 0 {
             let e = Error::InvalidConfig { field: "max_cache_depth", value: 0, expected: "at least 1".into() };
             return Err(E::from(e));

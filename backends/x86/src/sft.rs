@@ -5,16 +5,22 @@
 use core::arch::x86_64::*;
 
 use half::bf16;
-use kt_core::sft::{add_scaled, LoraBack, SftKernels, PORTABLE};
+use kt_core::sft::{add_scaled, LoraBack, SftKernels, OUTER_ROWS, PORTABLE};
 use kt_core::swiglu::Glu;
 
 /// The kernels at 8 lanes (AVX2); on a CPU without AVX2 and FMA each call runs [`PORTABLE`]'s.
-pub static KERNELS: SftKernels = SftKernels { project, expand, glu, glu_backward, lora_backward };
+pub static KERNELS: SftKernels = SftKernels { project, expand, glu, glu_backward, lora_backward, outer };
 
 /// The products at 16 lanes (AVX-512F: the avx512 and amx backends'; on Zen 5 the rank-r
 /// products took half the time), the rest as [`KERNELS`]; on a CPU without AVX-512F, [`KERNELS`].
-pub static KERNELS_512: SftKernels =
-    SftKernels { project: project512, expand: expand512, glu, glu_backward, lora_backward: lora_backward512 };
+pub static KERNELS_512: SftKernels = SftKernels {
+    project: project512,
+    expand: expand512,
+    glu,
+    glu_backward,
+    lora_backward: lora_backward512,
+    outer: outer512,
+};
 
 fn vectors() -> bool {
     crate::isa::avx2_fma().is_ok()
@@ -52,6 +58,15 @@ fn lora_backward512(args: LoraBack<'_>) {
         return unsafe { lora_backward_avx512(args) };
     }
     lora_backward(args)
+}
+
+fn outer512(gout: &[f32], x: &[bf16], rows: &[u32], scale: f32, grad: &mut [bf16]) {
+    #[cfg(vnni_intrinsics)]
+    if vectors512() {
+        // SAFETY: AVX2, FMA and AVX-512F checked above.
+        return unsafe { outer_avx512(gout, x, rows, scale, grad) };
+    }
+    outer(gout, x, rows, scale, grad)
 }
 
 fn project(a: &[bf16], din: usize, x: &[bf16], rows: &[u32], xw: &mut [f32], ax: &mut [f32]) {
@@ -95,6 +110,14 @@ fn lora_backward(args: LoraBack<'_>) {
     }
     // SAFETY: AVX2 and FMA checked above.
     unsafe { lora_backward_avx2(args) }
+}
+
+fn outer(gout: &[f32], x: &[bf16], rows: &[u32], scale: f32, grad: &mut [bf16]) {
+    if !vectors() {
+        return (PORTABLE.outer)(gout, x, rows, scale, grad);
+    }
+    // SAFETY: AVX2 and FMA checked above.
+    unsafe { outer_avx2(gout, x, rows, scale, grad) }
 }
 
 /// SiLU's derivative 8 lanes at a time with the SwiGLU kernels' exp; the tail as [`PORTABLE`].
@@ -371,17 +394,8 @@ unsafe fn lora_backward_body<V: Lanes>(LoraBack { a, b, s, gout, ax, x, rows, gi
     if r == 0 {
         return;
     }
-    let (din, dout) = (a.len() / r, b.len() / r);
+    let dout = b.len() / r;
     let widened = |v: &[bf16]| v.iter().map(|v| v.to_f32()).collect::<Vec<f32>>();
-    let transposed = |v: &[f32], rows: usize, cols: usize| {
-        let mut t = vec![0.0f32; v.len()];
-        for (i, row) in v.chunks_exact(cols).enumerate() {
-            for (j, &e) in row.iter().enumerate() {
-                t[j * rows + i] = e;
-            }
-        }
-        t
-    };
     // SAFETY: the caller's contract; every shape as `gemm` wants it.
     unsafe {
         let mut gb = vec![0.0f32; m * r];
@@ -391,16 +405,49 @@ unsafe fn lora_backward_body<V: Lanes>(LoraBack { a, b, s, gout, ax, x, rows, gi
         let mut acc = vec![0.0f32; dout * r];
         gemm::<V>(&transposed(gout, m, dout), m, ax, 1.0, &mut acc);
         add_scaled(gbm, &acc, s * scale);
-        let mut xw = vec![0.0f32; m * din];
-        for (xw, &row) in xw.chunks_exact_mut(din).zip(rows) {
-            for (w, v) in xw.iter_mut().zip(&x[row as usize * din..][..din]) {
-                *w = v.to_f32();
-            }
-        }
-        let mut acc = vec![0.0f32; r * din];
-        gemm::<V>(&transposed(&gb, m, r), m, &xw, 1.0, &mut acc);
-        add_scaled(ga, &acc, s * scale);
+        outer_body::<V>(&gb, x, rows, s * scale, ga);
     }
+}
+
+/// [`SftKernels::outer`] as [`gemm`]s of [`OUTER_ROWS`] output rows: `acc = gout[:, rows]ᵀ·x`.
+///
+/// # Safety
+/// `V`'s instructions.
+#[inline(always)]
+unsafe fn outer_body<V: Lanes>(gout: &[f32], x: &[bf16], rows: &[u32], scale: f32, grad: &mut [bf16]) {
+    let m = rows.len();
+    let dout = gout.len() / m.max(1);
+    if m == 0 || dout == 0 {
+        return;
+    }
+    let din = grad.len() / dout;
+    let mut xw = vec![0.0f32; m * din];
+    for (xw, &row) in xw.chunks_exact_mut(din.max(1)).zip(rows) {
+        for (w, v) in xw.iter_mut().zip(&x[row as usize * din..][..din]) {
+            *w = v.to_f32();
+        }
+    }
+    let gt = transposed(gout, m, dout);
+    let mut acc = vec![0.0f32; OUTER_ROWS.min(dout) * din];
+    for (ob, grad) in grad.chunks_mut(OUTER_ROWS * din.max(1)).enumerate() {
+        let acc = &mut acc[..grad.len()];
+        acc.fill(0.0);
+        let nb = grad.len() / din.max(1);
+        // SAFETY: the caller's contract; `gt`'s rows ob·OUTER_ROWS.. hold m values each.
+        unsafe { gemm::<V>(&gt[ob * OUTER_ROWS * m..][..nb * m], m, &xw, 1.0, acc) };
+        add_scaled(grad, acc, scale);
+    }
+}
+
+/// `v` (`[rows, cols]`) transposed.
+fn transposed(v: &[f32], rows: usize, cols: usize) -> Vec<f32> {
+    let mut t = vec![0.0f32; v.len()];
+    for (i, row) in v.chunks_exact(cols.max(1)).enumerate() {
+        for (j, &e) in row.iter().enumerate() {
+            t[j * rows + i] = e;
+        }
+    }
+    t
 }
 
 /// The AVX2 and AVX-512 instances of the generic kernels.
@@ -427,6 +474,9 @@ instances! {
     lora_backward_avx2 = lora_backward_body::<Y>(args: LoraBack<'_>) with "avx2,fma";
     #[cfg(vnni_intrinsics)]
     lora_backward_avx512 = lora_backward_body::<Z>(args: LoraBack<'_>) with "avx2,fma,avx512f";
+    outer_avx2 = outer_body::<Y>(gout: &[f32], x: &[bf16], rows: &[u32], scale: f32, grad: &mut [bf16]) with "avx2,fma";
+    #[cfg(vnni_intrinsics)]
+    outer_avx512 = outer_body::<Z>(gout: &[f32], x: &[bf16], rows: &[u32], scale: f32, grad: &mut [bf16]) with "avx2,fma,avx512f";
 }
 
 /// `bt[q][o] = b[o][q]` as f32, 8×8 blocks in registers (element by element, the strided
@@ -673,6 +723,34 @@ mod tests {
                     // bf16 sums: a last-bit difference in f32 may round to the next bf16.
                     let (g, w) = (g.to_f32(), w.to_f32());
                     assert!((g - w).abs() <= 1e-2 * w.abs().max(1e-2), "r {r}: grad {g} vs {w}");
+                }
+            }
+        }
+    }
+
+    /// A matrix's gradient within f32 rounding of the portable one's: output rows below, at and
+    /// past a block of [`OUTER_ROWS`] (the last block short), widths with and without a vector
+    /// tail, 1-9 rows gathered with duplicates, added to a gradient that is not zero.
+    #[test]
+    fn the_outer_product_agrees_with_the_portable_one() {
+        if let Err(missing) = crate::isa::avx2_fma() {
+            eprintln!("skipped: the CPU lacks {missing}");
+            return;
+        }
+        for (dout, din) in [(3, 37), (64, 48), (70, 40), (129, 17)] {
+            for m in 1..=9 {
+                let (gout, x) = (values(m * dout, m as u32), bf16s(5 * din, 2));
+                let rows: Vec<u32> = (0..m).map(|j| (j * 3 % 5) as u32).collect();
+                let start = bf16s(dout * din, 3);
+                let mut want = start.clone();
+                (PORTABLE.outer)(&gout, &x, &rows, 0.5, &mut want);
+                for k in [&KERNELS, &KERNELS_512] {
+                    let mut got = start.clone();
+                    (k.outer)(&gout, &x, &rows, 0.5, &mut got);
+                    for (g, w) in got.iter().zip(&want) {
+                        let (g, w) = (g.to_f32(), w.to_f32());
+                        assert!((g - w).abs() <= 1e-2 * w.abs().max(1e-2), "{dout}x{din} m {m}: {g} vs {w}");
+                    }
                 }
             }
         }

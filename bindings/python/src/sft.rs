@@ -7,7 +7,7 @@
 use std::sync::{Arc, Mutex};
 
 use half::bf16;
-use kt_core::sft::{Backward, Lora, LoraGrads};
+use kt_core::sft::{Backward, BaseGrads, Lora, LoraGrads};
 use kt_core::{MoeConfig, Routing, WeightFormat};
 use kt_host::error::WeightError;
 use kt_host::slots::Slots;
@@ -29,7 +29,7 @@ type Registered = (usize, f32, Six);
 struct Shared {
     cfg: MoeConfig,
     format: WeightFormat,
-    /// KT's `_SkipLoRA` methods: the base alone.
+    /// KT's `_SkipLoRA` methods, or full fine-tuning at rank 0: the base alone.
     skip_lora: bool,
     max_cache_depth: usize,
     layer: Mutex<Option<Arc<SftLayer>>>,
@@ -37,6 +37,8 @@ struct Shared {
     lora: Mutex<Option<Registered>>,
     /// The gradients' addresses once `set_lora_grads` ran.
     grads: Mutex<Option<Six>>,
+    /// The base weights' gradients' addresses once `set_base_grads` ran (full fine-tuning).
+    base_grads: Mutex<Option<[usize; 3]>>,
 }
 
 /// One layer's experts for LoRA fine-tuning.
@@ -68,10 +70,10 @@ impl SftMoe {
     /// `intermediate`, at most `max_tokens` a step, in `method`'s format (KT's SFT method names:
     /// `AMXBF16_SFT`, `AMXINT8_SFT`/`INT8_SFT`, `AMXINT4_SFT`, `AMXINT4_KGroup_SFT` with
     /// `group_size`, `AMXFP8_SFT`, each with `_SkipLoRA`), keeping up to `max_cache_depth`
-    /// saved forwards.
+    /// saved forwards; `lora = False` runs the base alone (full fine-tuning without LoRA).
     #[new]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (experts, top_k, hidden, intermediate, max_tokens, method, max_cache_depth = 1, group_size = 128))]
+    #[pyo3(signature = (experts, top_k, hidden, intermediate, max_tokens, method, max_cache_depth = 1, group_size = 128, lora = true))]
     fn new(
         experts: usize,
         top_k: usize,
@@ -81,10 +83,11 @@ impl SftMoe {
         method: &str,
         max_cache_depth: usize,
         group_size: usize,
+        lora: bool,
     ) -> PyResult<Self> {
         let (base, skip_lora) = match method.strip_suffix("_SkipLoRA") {
             Some(b) => (b, true),
-            None => (method, false),
+            None => (method, !lora),
         };
         let format = match base {
             "AMXBF16_SFT" => WeightFormat::Bf16,
@@ -118,6 +121,7 @@ impl SftMoe {
                 layer: Mutex::new(None),
                 lora: Mutex::new(None),
                 grads: Mutex::new(None),
+                base_grads: Mutex::new(None),
             }),
         })
     }
@@ -139,10 +143,11 @@ impl SftMoe {
         let (dtype, s) = (DType::parse(dtype)?, &self.shared);
         let (h, i) = (s.cfg.hidden, s.cfg.intermediate);
         let map = checked_map(&map, s.cfg.experts)?;
+        let cfg = layer_config(s, infer)?;
         let opts = LayerOptions::executor(infer.pool.clone());
         let layer = py.detach(|| {
             SftLayer::from_f32(
-                &s.cfg,
+                &cfg,
                 s.format,
                 // SAFETY: the wrapper checked shapes, dtypes and contiguity of the three arrays
                 // and keeps them alive for this call.
@@ -168,6 +173,7 @@ impl SftMoe {
     ) -> PyResult<()> {
         let s = &self.shared;
         let map = checked_map(&map, s.cfg.experts)?;
+        let cfg = layer_config(s, infer)?;
         let opts = LayerOptions::executor(infer.pool.clone());
         let loaded = py.detach(|| -> Result<SftLayer, WeightError> {
             let src = source(&path)?;
@@ -180,7 +186,7 @@ impl SftMoe {
                 });
             };
             let slots = Slots { map: Some(&map), gpu: None };
-            SftLayer::from_checkpoint(ck, layer, s.format, &s.cfg, slots, &opts, s.max_cache_depth)
+            SftLayer::from_checkpoint(ck, layer, s.format, &cfg, slots, &opts, s.max_cache_depth)
         });
         *s.layer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(loaded.map_err(value_error)?));
         Ok(())
@@ -214,6 +220,12 @@ impl SftMoe {
     /// backward; `None` to stop.
     fn set_lora_grads(&self, ptrs: Option<Six>) {
         *self.shared.grads.lock().unwrap_or_else(|e| e.into_inner()) = ptrs;
+    }
+
+    /// Register the base weights' gradients' addresses (bf16 gate and up `[E, I, H]`, down
+    /// `[E, H, I]`; the wrapper checked them), added to by every backward; `None` to stop.
+    fn set_base_grads(&self, ptrs: Option<[usize; 3]>) {
+        *self.shared.base_grads.lock().unwrap_or_else(|e| e.into_inner()) = ptrs;
     }
 
     /// Queue a forward: `n` tokens of `input` (`[n, H]`, `input_dtype`), `ids` int64 and
@@ -274,8 +286,9 @@ impl SftMoe {
         };
         let (layer, lora) = self.ready()?;
         let grads = *self.shared.grads.lock().unwrap_or_else(|e| e.into_inner());
+        let base = *self.shared.base_grads.lock().unwrap_or_else(|e| e.into_inner());
         let s = self.shared.clone();
-        Ok(infer.queue.submit(Box::new(move || backward(&s, &layer, lora, grads, b, grad_scale))))
+        Ok(infer.queue.submit(Box::new(move || backward(&s, &layer, lora, (grads, base), b, grad_scale))))
     }
 
     /// Forwards saved and not yet backwarded.
@@ -334,6 +347,13 @@ impl SftMoe {
     }
 }
 
+/// The layer's shape on `infer`'s pool: one NUMA part per sub-pool, as an inference layer.
+fn layer_config(s: &Shared, infer: &CpuInfer) -> PyResult<MoeConfig> {
+    let cfg = MoeConfig { parts: infer.pool.subpools(), ..s.cfg.clone() };
+    cfg.validate_for(s.format).map_err(value_error)?;
+    Ok(cfg)
+}
+
 /// The registered LoRA as slices.
 ///
 /// # Safety
@@ -382,7 +402,7 @@ fn backward(
     s: &Shared,
     layer: &SftLayer,
     lora: Option<Registered>,
-    grads: Option<Six>,
+    (grads, base): (Option<Six>, Option<[usize; 3]>),
     b: Buffers,
     grad_scale: f32,
 ) -> Result<(), String> {
@@ -401,8 +421,13 @@ fn backward(
         }
         _ => None,
     };
+    let base = base.map(|p| {
+        let len = cfg.experts * h * cfg.intermediate;
+        let m = |k: usize| unsafe { std::slice::from_raw_parts_mut(p[k] as *mut bf16, len) };
+        BaseGrads { gate: m(0), up: m(1), down: m(2) }
+    });
     let mut grad_input = vec![bf16::ZERO; b.n * h];
-    let out = Backward { grad_input: &mut grad_input, grad_weights, lora: grads, lora_grad_scale: grad_scale };
+    let out = Backward { grad_input: &mut grad_input, grad_weights, lora: grads, base, grad_scale };
     layer.backward(&grad_output, view.as_ref(), out).map_err(|e| e.to_string())?;
     let v: Vec<f32> = grad_input.iter().map(|x| x.to_f32()).collect();
     unsafe { b.out_dtype.write(b.out, &v) };

@@ -27,11 +27,11 @@ def lora(seed, zero_b=False):
     return [bf16_bits(np.zeros(s) if (zero_b and n % 2) else 0.1 * r.standard_normal(s)) for n, s in enumerate(shapes)]
 
 
-def wrapper(method="AMXBF16_SFT", depth=1, mode="sft", path=None, layer_idx=0):
+def wrapper(method="AMXBF16_SFT", depth=1, mode="sft", path=None, layer_idx=0, rank=R, full=False):
     return KTMoEWrapper(
         layer_idx=layer_idx, num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I,
         cpuinfer_threads=2, threadpool_count=2, weight_path=path, chunked_prefill_size=64, method=method,
-        mode=mode, lora_rank=R, lora_alpha=ALPHA, max_cache_depth=depth,
+        mode=mode, lora_rank=rank, lora_alpha=ALPHA, max_cache_depth=depth, full_weight_grad=full,
     )
 
 
@@ -56,8 +56,9 @@ def inputs(n, seed):
     return x, ids, wts
 
 
-def textbook(x, ids, wts, base, mats, go):
-    """float64 forward and backward: out, grad_input, grad_weights, dot scales, LoRA grads."""
+def textbook(x, ids, wts, base, mats, go, base_grads=None):
+    """float64 forward and backward: out, grad_input, grad_weights, dot scales, LoRA grads (and
+    the base weights' gradients added into ``base_grads``, gate/up/down, when given)."""
     gate, up, down = (m.astype(np.float64) for m in base)
     ga, gb, ua, ub, da, db = (from_bits(m).astype(np.float64) for m in mats)
     s = ALPHA / R
@@ -89,6 +90,10 @@ def textbook(x, ids, wts, base, mats, go):
             gl[0][e] += s * np.outer(bdg, xt)
             gl[3][e] += s * np.outer(du, axu)
             gl[2][e] += s * np.outer(bdu, xt)
+            if base_grads is not None:
+                base_grads[0][e] += np.outer(dg, xt)
+                base_grads[1][e] += np.outer(du, xt)
+                base_grads[2][e] += np.outer(gy, h)
             gi[t] += gate[e].T @ dg + up[e].T @ du + s * (ga[e].T @ bdg + ua[e].T @ bdu)
     return out, gi, gw, scale, gl
 
@@ -215,6 +220,81 @@ def test_errors_name_what_is_wrong():
     with pytest.raises(ValueError, match="chunked_prefill_size"):
         w.init_lora_weights(*mats, *[np.zeros_like(m) for m in mats])
         w.forward(*inputs(65, 1))
+
+
+def test_full_weight_gradients_match_the_textbook_accumulate_and_update_the_layer():
+    """Full fine-tuning with LoRA: the base weights' gradients against the textbook's, added to
+    (times optimizer_grad_scale) by a second backward; an optimizer step on the base
+    parameters and ``update_base_weights`` give the forward of a layer loaded with the new
+    weights, bit for bit."""
+    w = wrapper(full=True)
+    gate, up, down = (from_bits(bf16_bits(m)) for m in experts(E, H, I, 11))
+    w.load_weights_from_tensors(gate, up, down)
+    mats = lora(12)
+    grads = [np.zeros_like(m) for m in mats]
+    w.init_lora_weights(*mats, *grads)
+    w.init_full_weight_grad_buffers(gate, up, down)
+    assert [b.shape for b in (w.gate_proj_buf, w.grad_up_proj_buf, w.grad_down_proj_buf)] == [(E, I, H), (E, I, H), (E, H, I)]
+    x, ids, wts = inputs(7, 13)
+    go = from_bits(bf16_bits(np.random.default_rng(14).standard_normal((7, H))))
+    ref = [np.zeros((E, I, H)), np.zeros((E, I, H)), np.zeros((E, H, I))]
+    textbook(x, ids, wts, (gate, up, down), mats, go.astype(np.float64), ref)
+    w.forward(x, ids, wts)
+    w.backward(go)
+    bufs = [w.grad_gate_proj_buf, w.grad_up_proj_buf, w.grad_down_proj_buf]
+    once = [from_bits(b).copy() for b in bufs]
+    for name, got, want in zip(["gate", "up", "down"], once, ref):
+        assert rel(got, want) < 2e-2, name
+    w.forward(x, ids, wts)
+    w.backward(go, optimizer_grad_scale=0.5)
+    for a, b in zip(once, bufs):
+        assert np.allclose(from_bits(b), 1.5 * a, rtol=2e-2, atol=1e-3 * np.abs(a).max())
+
+    # A step on the base, then the layer runs the new weights.
+    for p, g in zip([w.gate_proj_buf, w.up_proj_buf, w.down_proj_buf], bufs):
+        p[...] = bf16_bits(from_bits(p) - 0.01 * from_bits(g))
+    w.update_base_weights()
+    fresh = wrapper(full=True)
+    fresh.load_weights_from_tensors(*(from_bits(p) for p in (w.gate_proj_buf, w.up_proj_buf, w.down_proj_buf)))
+    fresh.init_lora_weights(*mats, *[np.zeros_like(m) for m in mats])
+    new = w.forward(x, ids, wts, save_for_backward=False)
+    assert np.array_equal(new, fresh.forward(x, ids, wts, save_for_backward=False))
+    old = wrapper()
+    old.load_weights_from_tensors(gate, up, down)
+    old.init_lora_weights(*mats, *[np.zeros_like(m) for m in mats])
+    assert not np.array_equal(new, old.forward(x, ids, wts, save_for_backward=False))
+
+
+def test_full_fine_tuning_without_lora():
+    """Rank 0 with full_weight_grad: no LoRA to register, the inference forward's bits, the
+    base gradients of the plain MoE; the mistakes KT refuses are refused."""
+    w = wrapper(rank=0, full=True)
+    gate, up, down = (from_bits(bf16_bits(m)) for m in experts(E, H, I, 21))
+    w.load_weights_from_tensors(gate, up, down)
+    w.init_full_weight_grad_buffers(gate, up, down)
+    inf = wrapper("BF16", mode="inference")
+    inf.load_weights_from_tensors(gate, up, down)
+    x, ids, wts = inputs(5, 22)
+    assert np.array_equal(w.forward(x, ids, wts), np.asarray(inf.forward(x, ids, wts)))
+    go = from_bits(bf16_bits(np.random.default_rng(23).standard_normal((5, H))))
+    w.backward(go)
+    zero = [np.zeros_like(m) for m in lora(1)]
+    ref = [np.zeros((E, I, H)), np.zeros((E, I, H)), np.zeros((E, H, I))]
+    textbook(x, ids, wts, (gate, up, down), zero, go.astype(np.float64), ref)
+    for name, b, want in zip(["gate", "up", "down"], [w.grad_gate_proj_buf, w.grad_up_proj_buf, w.grad_down_proj_buf], ref):
+        assert rel(from_bits(b), want) < 2e-2, name
+    with pytest.raises(ValueError, match="full_weight_grad=True"):
+        wrapper(rank=0)
+    with pytest.raises(RuntimeError, match="full_weight_grad=True"):
+        wrapper().init_full_weight_grad_buffers(gate, up, down)
+    with pytest.raises(ValueError, match="frozen-base LoRA only"):
+        wrapper("AMXFP8_SFT", full=True)
+    with pytest.raises(ValueError, match=r"down_proj must have shape \[8, 256, 128\]"):
+        w.init_full_weight_grad_buffers(gate, up, gate)
+    with pytest.raises(RuntimeError, match="init_full_weight_grad_buffers"):
+        w2 = wrapper(full=True)
+        w2.load_weights_from_tensors(gate, up, down)
+        w2.update_base_weights()
 
 
 def test_skip_lora_runs_the_base_alone():

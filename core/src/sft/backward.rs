@@ -25,9 +25,36 @@ pub struct Backward<'a> {
     pub grad_weights: &'a mut [f32],
     /// The LoRA matrices' gradients, added to (`None`: the base alone, KT's `SkipLoRA`).
     pub lora: Option<LoraGrads<'a>>,
-    /// What the LoRA gradients' contributions are multiplied by before they are added (KT's
-    /// `optimizer_grad_scale`; 1 for none).
-    pub lora_grad_scale: f32,
+    /// The base weights' gradients, added to (`None`: frozen base, the LoRA case).
+    pub base: Option<BaseGrads<'a>>,
+    /// What the LoRA and base gradients' contributions are multiplied by before they are added
+    /// (KT's `optimizer_grad_scale`; 1 for none).
+    pub grad_scale: f32,
+}
+
+/// Where the backward adds the base weights' gradients for full fine-tuning (`+=`, bf16 as KT
+/// keeps them), with respect to their dequantized values, per slot in the layer's shapes.
+#[derive(Debug)]
+pub struct BaseGrads<'a> {
+    /// `[E, I, H]`.
+    pub gate: &'a mut [bf16],
+    /// `[E, I, H]`.
+    pub up: &'a mut [bf16],
+    /// `[E, H, I]`.
+    pub down: &'a mut [bf16],
+}
+
+impl BaseGrads<'_> {
+    /// Check every gradient's length against `cfg`.
+    pub fn validate(&self, cfg: &MoeConfig) -> Result<(), Error> {
+        let want = cfg.experts * cfg.intermediate * cfg.hidden;
+        let found =
+            [("grad_gate_proj", self.gate.len()), ("grad_up_proj", self.up.len()), ("grad_down_proj", self.down.len())];
+        match found.into_iter().find(|&(_, len)| len != want) {
+            Some((what, found)) => Err(Error::ShapeMismatch { what, expected: want, found }),
+            None => Ok(()),
+        }
+    }
 }
 
 /// The backward of the forward `cache` holds, for the upstream gradient `grad_output`
@@ -61,10 +88,13 @@ pub fn backward(
             g.validate(cfg, l.rank)?;
         }
     }
+    if let Some(b) = &out.base {
+        b.validate(cfg)?;
+    }
     if let Some(a) = cache.experts.iter().find(|a| back.experts.get(a.id).is_none_or(Option::is_none)) {
         return Err(Error::ExpertNotLoaded { expert: a.id });
     }
-    let Backward { grad_input, grad_weights, lora: grads, lora_grad_scale } = out;
+    let Backward { grad_input, grad_weights, lora: grads, base, grad_scale } = out;
     let rows = cache.row_tokens.len();
     resize(&mut ws.dx, rows * h);
     grad_weights.fill(0.0);
@@ -76,6 +106,8 @@ pub fn backward(
     let blocks = ws.scratch.blocks(exec, backend.scratch_bytes(shape));
     let (dx, gw) = (SharedMut::new(&mut ws.dx[..]), SharedMut::new(grad_weights));
     let grads = grads.map(|g| [g.gate_a, g.gate_b, g.up_a, g.up_b, g.down_a, g.down_b].map(SharedMut::new));
+    let base = base.map(|b| [b.gate, b.up, b.down].map(SharedMut::new));
+    let hi = h * i;
     blocks.run(exec, cache.experts.len(), &|e| e, &|e, scratch| {
         let a = &cache.experts[e];
         let [wg, wu, wd] = back.experts[a.id].as_ref().expect("checked above");
@@ -96,7 +128,7 @@ pub fn backward(
                 (
                     g[at].slice_mut(a.id * r * din..(a.id + 1) * r * din),
                     g[at + 1].slice_mut(a.id * dout * r..(a.id + 1) * dout * r),
-                    lora_grad_scale,
+                    grad_scale,
                 )
             })
         };
@@ -116,21 +148,34 @@ pub fn backward(
             unsafe { gw.slice_mut(slot..slot + 1)[0] = s };
         }
 
+        // SAFETY: expert `a.id`'s slices are written by its one task.
+        let base_grad = |p: usize| base.as_ref().map(|b| unsafe { b[p].slice_mut(a.id * hi..(a.id + 1) * hi) });
+
         // down: dh = W_dᵀ·gy (+ LoRA), then through SwiGLU at the g and u it saw (bf16).
         let mut dh = prod.times(wd, &gy, m, i);
         let (mut g32, mut u32_) = (vec![0.0f32; m * i], vec![0.0f32; m * i]);
         widen(&cache.g[at.start * i..at.end * i], &mut g32);
         widen(&cache.u[at.start * i..at.end * i], &mut u32_);
-        if let Some(l) = lora {
+        if lora.is_some() || base.is_some() {
             // h as the forward made it: the backend's SwiGLU.
             let mut hb = vec![bf16::ZERO; m * i];
             (kernels.glu)(cfg.glu, i, &g32, &u32_, &mut hb);
-            let ah = &cache.ah[at.start * l.rank..at.end * l.rank];
-            let input = (&hb[..], &ident[..m]);
-            lora_backward(kernels, l, Proj::Down, a.id, cfg, (&gy, ah), input, &mut dh, lora_grads(Proj::Down));
+            if let Some(l) = lora {
+                let ah = &cache.ah[at.start * l.rank..at.end * l.rank];
+                let input = (&hb[..], &ident[..m]);
+                lora_backward(kernels, l, Proj::Down, a.id, cfg, (&gy, ah), input, &mut dh, lora_grads(Proj::Down));
+            }
+            if let Some(gd) = base_grad(2) {
+                (kernels.outer)(&gy, &hb, &ident[..m], grad_scale, gd);
+            }
         }
         let (mut dg, mut du) = (vec![0.0f32; m * i], vec![0.0f32; m * i]);
         (kernels.glu_backward)(&g32, &u32_, &dh, &mut dg, &mut du);
+        if let (Some(gg), Some(gu)) = (base_grad(0), base_grad(1)) {
+            let tokens = &cache.row_tokens[at.clone()];
+            (kernels.outer)(&dg, &cache.x, tokens, grad_scale, gg);
+            (kernels.outer)(&du, &cache.x, tokens, grad_scale, gu);
+        }
 
         // gate and up: dx = W_gᵀ·dg + W_uᵀ·du (+ LoRA).
         let mut d = prod.times(wg, &dg, m, h);
@@ -150,7 +195,7 @@ pub fn backward(
 
     // grad_input[t] = Σ_j dx of its slots, j ascending.
     let rows = slot_rows(cache);
-    reduce(exec, (n, k, h), &|s| rows[s].map(|r| (r, 1.0)), &ws.dx, grad_input);
+    reduce(exec, (n, k, h), &|s| rows[s].map(|r| (r, 1.0)), &[&ws.dx], grad_input);
     Ok(())
 }
 

@@ -9,7 +9,9 @@ use alloc::vec::Vec;
 use half::bf16;
 
 use super::lora::Proj;
-use super::{backward, forward, lora_of, random_lora, Backward, BackwardWeights, Cache, Lora, LoraGrads, Workspace};
+use super::{
+    backward, forward, lora_of, random_lora, Backward, BackwardWeights, BaseGrads, Cache, Lora, LoraGrads, Workspace,
+};
 use crate::rng::SplitMix64;
 use crate::testing::{
     build_layer, dequantized, mean_rel_err, random_experts, random_input, scenario_routing, Expert, Scenario,
@@ -31,6 +33,8 @@ pub struct Textbook {
     pub dot_scale: Vec<f64>,
     /// LoRA gradients, [`Lora`]'s order.
     pub grad_lora: [Vec<f64>; 6],
+    /// Base weights' gradients: gate, up `[E, I, H]`, down `[E, H, I]`.
+    pub grad_base: [Vec<f64>; 3],
 }
 
 fn silu(g: f64) -> f64 {
@@ -53,15 +57,20 @@ fn proj(w: &[f32], a: &[bf16], b: &[bf16], s: f64, x: &[f64], r: usize) -> (Vec<
 }
 
 /// Projection backward: `gin = Wᵀ·gout + s·Aᵀ·(Bᵀ·gout)`, and `grad A += s·(Bᵀ·gout)·xᵀ`,
-/// `grad B += s·gout·axᵀ` into `grads` at the expert's offsets `at`.
+/// `grad B += s·gout·axᵀ`, `grad W += gout·xᵀ` into the expert's slices of the gradients.
 fn proj_back(
     (w, a, b): (&[f32], &[bf16], &[bf16]),
     s: f64,
     (x, ax, gout): (&[f64], &[f64], &[f64]),
     r: usize,
-    (ga, gb): (&mut [f64], &mut [f64]),
+    (ga, gb, gw): (&mut [f64], &mut [f64], &mut [f64]),
 ) -> Vec<f64> {
     let (din, dout) = (x.len(), gout.len());
+    for (gw, &go) in gw.chunks_exact_mut(din).zip(gout) {
+        for (gw, &x) in gw.iter_mut().zip(x) {
+            *gw += go * x;
+        }
+    }
     let bg: Vec<f64> = (0..r).map(|q| (0..dout).map(|o| f64::from(b[o * r + q].to_f32()) * gout[o]).sum()).collect();
     for o in 0..dout {
         for q in 0..r {
@@ -91,6 +100,7 @@ pub fn textbook(cfg: &MoeConfig, w: &[Expert], l: &Lora<'_>, x: &[bf16], rt: &Ro
         grad_weights: vec![0.0; rt.tokens * k],
         dot_scale: vec![0.0; rt.tokens * k],
         grad_lora: [l.gate_a, l.gate_b, l.up_a, l.up_b, l.down_a, l.down_b].map(|m| vec![0.0; m.len()]),
+        grad_base: [(); 3].map(|_| vec![0.0; cfg.experts * h * i]),
     };
     for tok in 0..rt.tokens {
         let xt: Vec<f64> = x[tok * h..][..h].iter().map(|v| f64::from(v.to_f32())).collect();
@@ -113,15 +123,18 @@ pub fn textbook(cfg: &MoeConfig, w: &[Expert], l: &Lora<'_>, x: &[bf16], rt: &Ro
             t.dot_scale[tok * k + j] = norm(got) * norm(&y) / libm::sqrt(h as f64);
             let gy: Vec<f64> = got.iter().map(|g| wt * g).collect();
             let [ga_g, gb_g, ga_u, gb_u, ga_d, gb_d] = &mut t.grad_lora;
+            let [gw_g, gw_u, gw_d] = &mut t.grad_base;
             let at = |len: usize| e * len..(e + 1) * len;
-            let (a_d, b_d) = (at(r * i), at(h * r));
-            let dh = proj_back((wd, ad, bd), s, (&hh, &ah, &gy), r, (&mut ga_d[a_d], &mut gb_d[b_d]));
+            let (a_d, b_d, w_e) = (at(r * i), at(h * r), at(h * i));
+            let gd = (&mut ga_d[a_d], &mut gb_d[b_d], &mut gw_d[w_e.clone()]);
+            let dh = proj_back((wd, ad, bd), s, (&hh, &ah, &gy), r, gd);
             let sig: Vec<f64> = g.iter().map(|g| 1.0 / (1.0 + libm::exp(-g))).collect();
             let dg: Vec<f64> = (0..i).map(|o| dh[o] * u[o] * sig[o] * (1.0 + g[o] * (1.0 - sig[o]))).collect();
             let du: Vec<f64> = (0..i).map(|o| dh[o] * silu(g[o])).collect();
             let (a_g, b_g, a_u, b_u) = (at(r * h), at(i * r), at(r * h), at(i * r));
-            let dxg = proj_back((wg, ag, bg), s, (&xt, &axg, &dg), r, (&mut ga_g[a_g], &mut gb_g[b_g]));
-            let dxu = proj_back((wu, au, bu), s, (&xt, &axu, &du), r, (&mut ga_u[a_u], &mut gb_u[b_u]));
+            let gg = (&mut ga_g[a_g], &mut gb_g[b_g], &mut gw_g[w_e.clone()]);
+            let dxg = proj_back((wg, ag, bg), s, (&xt, &axg, &dg), r, gg);
+            let dxu = proj_back((wu, au, bu), s, (&xt, &axu, &du), r, (&mut ga_u[a_u], &mut gb_u[b_u], &mut gw_u[w_e]));
             for ((gi, a), b) in t.grad_input[tok * h..][..h].iter_mut().zip(&dxg).zip(&dxu) {
                 *gi += a + b;
             }
@@ -142,11 +155,12 @@ fn cases() -> [(WeightFormat, f64, f64); 4] {
 }
 
 /// The failing SFT cases of `backend` on `exec`, each as a line (empty when it conforms): for
-/// each format it serves, with B zero the output is the inference forward's bit for bit; with
+/// each format it serves, in layers of one and two NUMA parts, with B zero the output is the
+/// inference forward's bit for bit; with
 /// random LoRA the output and every gradient are within the tolerance of the textbook on the
-/// dequantized weights, over token counts 1-9 and the routing scenarios (skipped ids, masked
-/// experts, duplicates); a backward with no LoRA gradients asked for gives the same input and
-/// weight gradients.
+/// dequantized weights (the base weights' too), over token counts 1-9 and the routing
+/// scenarios (skipped ids, masked experts, duplicates); a backward with no LoRA or base
+/// gradients asked for gives the same input and weight gradients.
 pub fn sft_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<String> {
     let mut failures = Vec::new();
     let (r, alpha) = (4, 8.0);
@@ -157,7 +171,11 @@ pub fn sft_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<S
         }
         let name = |what: &str| format!("{} {format} {what}", backend.name());
         let experts = random_experts(&cfg, 31);
-        let layer = build_layer(backend, &cfg, format, &experts);
+        // One NUMA part and two (whose forward sums the parts as the inference forward does).
+        let layers = [1, 2].map(|parts| {
+            let cfg = MoeConfig { parts, ..cfg };
+            cfg.validate_for(format).is_ok().then(|| (build_layer(backend, &cfg, format, &experts), cfg))
+        });
         let deq = dequantized(&cfg, format, &experts);
         let mut back = BackwardWeights::new(cfg.experts);
         let bf = match BackwardWeights::format_for(backend, &cfg) {
@@ -176,18 +194,19 @@ pub fn sft_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<S
         let zero = random_lora(&cfg, r, true, 5);
         let mats = random_lora(&cfg, r, false, 6);
         let scenarios = [Scenario::Random, Scenario::Skewed, Scenario::InvalidIds, Scenario::Masked];
-        for (tokens, s) in [(1, 0), (2, 1), (5, 2), (7, 3), (9, 0)] {
+        for (tokens, s, parts) in [(1, 0, 1), (2, 1, 2), (5, 2, 1), (7, 3, 2), (9, 0, 2)] {
             let s = scenarios[s];
+            let Some((layer, cfg)) = &layers[parts - 1] else { continue };
             let x = random_input(tokens, cfg.hidden, 40 + tokens as u64);
-            let (ids, wts, mask) = scenario_routing(s, tokens, &cfg, 50 + tokens as u64);
+            let (ids, wts, mask) = scenario_routing(s, tokens, cfg, 50 + tokens as u64);
             let rt = Routing { tokens, k: cfg.top_k, ids: &ids, weights: &wts, gpu_mask: mask.as_deref() };
-            let case = |what: &str| name(&format!("n{tokens} {s:?} {what}"));
+            let case = |what: &str| name(&format!("n{tokens} {s:?} parts {parts} {what}"));
             let (mut ws, mut cache) = (Workspace::default(), Cache::default());
             let mut out = vec![bf16::ZERO; tokens * cfg.hidden];
             // B zero: the inference forward's bits.
-            let want = crate::testing::run(exec, &cfg, &layer, &x, &rt);
+            let want = crate::testing::run(exec, cfg, layer, &x, &rt);
             if let Err(e) =
-                forward(exec, &cfg, &layer, Some(&lora_of(&zero, r, alpha)), &x, &rt, &mut out, &mut cache, &mut ws)
+                forward(exec, cfg, layer, Some(&lora_of(&zero, r, alpha)), &x, &rt, &mut out, &mut cache, &mut ws)
             {
                 failures.push(case(&format!("forward failed: {e}")));
                 continue;
@@ -197,24 +216,28 @@ pub fn sft_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<S
             }
             // Random LoRA against the textbook.
             let l = lora_of(&mats, r, alpha);
-            forward(exec, &cfg, &layer, Some(&l), &x, &rt, &mut out, &mut cache, &mut ws).expect("ran above");
+            forward(exec, cfg, layer, Some(&l), &x, &rt, &mut out, &mut cache, &mut ws).expect("ran above");
             let mut rng = SplitMix64::new(60 + tokens as u64);
             let go: Vec<bf16> = (0..tokens * cfg.hidden).map(|_| bf16::from_f32(rng.gaussian())).collect();
             let go64: Vec<f64> = go.iter().map(|v| f64::from(v.to_f32())).collect();
-            let tb = textbook(&cfg, &deq, &l, &x, &rt, &go64);
+            let tb = textbook(cfg, &deq, &l, &x, &rt, &go64);
             let outf: Vec<f32> = out.iter().map(|v| v.to_f32()).collect();
             let err = mean_rel_err(&outf, &tb.out);
             if err > tol_out {
                 failures.push(case(&format!("output rel err {err:.3e} > {tol_out}")));
             }
-            let mut grads = random_lora(&cfg, r, false, 7);
+            let mut grads = random_lora(cfg, r, false, 7);
             let before = grads.clone();
             let mut gi = vec![bf16::ZERO; tokens * cfg.hidden];
             let mut gw = vec![0.0f32; tokens * cfg.top_k];
             let [ga, gb, ua, ub, da, db] = &mut grads;
             let lg = LoraGrads { gate_a: ga, gate_b: gb, up_a: ua, up_b: ub, down_a: da, down_b: db };
-            let outs = Backward { grad_input: &mut gi, grad_weights: &mut gw, lora: Some(lg), lora_grad_scale: 1.0 };
-            if let Err(e) = backward(exec, &cfg, &layer, &back, Some(&l), &cache, &go, outs, &mut ws) {
+            let mut base = [(); 3].map(|_| vec![bf16::ZERO; cfg.experts * cfg.hidden * cfg.intermediate]);
+            let [bg, bu, bd] = &mut base;
+            let bgrads = Some(BaseGrads { gate: bg, up: bu, down: bd });
+            let outs =
+                Backward { grad_input: &mut gi, grad_weights: &mut gw, lora: Some(lg), base: bgrads, grad_scale: 1.0 };
+            if let Err(e) = backward(exec, cfg, layer, &back, Some(&l), &cache, &go, outs, &mut ws) {
                 failures.push(case(&format!("backward failed: {e}")));
                 continue;
             }
@@ -239,10 +262,16 @@ pub fn sft_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<S
                     check(what, added, want);
                 }
             }
-            // No LoRA gradients asked for: the same input and weight gradients.
+            for ((g, want), what) in
+                base.iter().zip(&tb.grad_base).zip(["grad gate_proj", "grad up_proj", "grad down_proj"])
+            {
+                check(what, g.iter().map(|v| v.to_f32()).collect(), want);
+            }
+            // No LoRA or base gradients asked for: the same input and weight gradients.
             let (mut gi2, mut gw2) = (vec![bf16::ZERO; gi.len()], vec![0.0f32; gw.len()]);
-            let outs = Backward { grad_input: &mut gi2, grad_weights: &mut gw2, lora: None, lora_grad_scale: 1.0 };
-            backward(exec, &cfg, &layer, &back, Some(&l), &cache, &go, outs, &mut ws).expect("ran above");
+            let outs =
+                Backward { grad_input: &mut gi2, grad_weights: &mut gw2, lora: None, base: None, grad_scale: 1.0 };
+            backward(exec, cfg, layer, &back, Some(&l), &cache, &go, outs, &mut ws).expect("ran above");
             if gi2 != gi || gw2.iter().zip(&gw).any(|(a, b)| a.to_bits() != b.to_bits()) {
                 failures.push(case("a backward without LoRA gradients changes the input or weight gradients"));
             }

@@ -23,18 +23,12 @@ pub struct Workspace {
     pub(crate) scratch: WorkerScratch,
     /// The backward's per-row input gradients, `[rows, H]`.
     pub(crate) dx: Vec<f32>,
+    /// A forward's outputs per NUMA part, `[parts, rows, H]`, for a layer of several parts.
+    pub(crate) y_parts: Vec<f32>,
 }
 
-/// What an SFT layer must be: one part (the LoRA down product reads all of h) and plain
-/// SwiGLU (the backward differentiates `silu`).
-pub(crate) fn check_layer(cfg: &MoeConfig, w: &LayerWeights) -> Result<(), Error> {
-    if w.parts.len() != 1 {
-        return Err(Error::InvalidConfig {
-            field: "parts (threadpool_count)",
-            value: w.parts.len(),
-            expected: "1: an SFT layer runs as one part".into(),
-        });
-    }
+/// What an SFT layer must be: plain SwiGLU (the backward differentiates `silu`).
+pub(crate) fn check_layer(cfg: &MoeConfig, _w: &LayerWeights) -> Result<(), Error> {
     if !cfg.glu.is_silu() {
         return Err(Error::InvalidConfig {
             field: "swiglu_limit / swiglu_alpha",
@@ -47,7 +41,11 @@ pub(crate) fn check_layer(cfg: &MoeConfig, w: &LayerWeights) -> Result<(), Error
 
 /// `out = bf16(Σ_j w_j · y_j)` over each token's computed slots, and `cache` filled: the
 /// layer's inference forward with LoRA on every projection (`lora`: `None` runs the base
-/// alone, KT's `SkipLoRA`).
+/// alone, KT's `SkipLoRA`). A layer of several NUMA parts runs each expert's parts in its one
+/// task: gate and up by slices of I, down on each part's slice of h into that part's outputs,
+/// summed per token as the inference forward's Reduce and Merge sum them (its bits with B
+/// zero); the LoRA terms read the whole of g, u and h, and the down one goes to part 0's
+/// outputs.
 #[allow(clippy::too_many_arguments)]
 pub fn forward(
     exec: &dyn Executor,
@@ -77,7 +75,9 @@ pub fn forward(
         return Err(Error::ExpertNotLoaded { expert: a.id });
     }
     fill_routing(cache, plan, input, routing);
-    let (rows, r) = (plan.row_tokens.len(), lora.map_or(0, |l| l.rank));
+    let (rows, r, parts) = (plan.row_tokens.len(), lora.map_or(0, |l| l.rank), w.parts.len());
+    // Each part's outputs where there are several (the cache keeps their sum).
+    resize(&mut ws.y_parts, if parts > 1 { parts * rows * h } else { 0 });
     resize(&mut cache.g, rows * i);
     resize(&mut cache.u, rows * i);
     resize(&mut cache.y, rows * h);
@@ -89,32 +89,41 @@ pub fn forward(
     let max_rows = plan.experts.iter().map(|a| a.rows).max().unwrap_or(0);
     let shape = TaskShape { format: w.format, tokens: max_rows.max(1), rows: h.max(i), cols: h.max(i) };
     let ident = (0..max_rows as u32).collect::<Vec<_>>();
-    let pieces = TaskPieces { m: max_rows, h, i, r };
+    let pieces = TaskPieces { m: max_rows, h, i, r, parts };
     let blocks = ws.scratch.blocks(exec, pieces.bytes(backend, w.format) + backend.scratch_bytes(shape));
     let Cache { g, u, y, ax_g, ax_u, ah, .. } = cache;
     let (g, u, y) = (SharedMut::new(&mut g[..]), SharedMut::new(&mut u[..]), SharedMut::new(&mut y[..]));
     let (ax_g, ax_u, ah) = (SharedMut::new(&mut ax_g[..]), SharedMut::new(&mut ax_u[..]), SharedMut::new(&mut ah[..]));
+    let y_parts = SharedMut::new(&mut ws.y_parts[..]);
     blocks.run(exec, plan.experts.len(), &|e| e, &|e, block| {
         let a = &plan.experts[e];
-        let ew = w.parts[0].experts[a.id].as_ref().expect("checked above");
+        let part = |p: usize| w.parts[p].experts[a.id].as_ref().expect("checked above");
         let (m, at) = (a.rows, a.row_range());
         let tokens = &plan.row_tokens[at.clone()];
         let f = w.format;
-        // SAFETY (every `rows_of` below): expert e's rows `at` are written by this task only.
+        // SAFETY (every `rows_of` below): expert e's rows `at` are written by this task only
+        // (of each part's outputs too).
         let (g, u, y) = unsafe { (rows_of(&g, &at, i), rows_of(&u, &at, i), rows_of(&y, &at, h)) };
         let mut carve = Carve::new(block);
         let (act, g32, u32_) = (carve.take::<u8>(pieces.act(backend, f)), carve.take(m * i), carve.take(m * i));
         let (hb, lora_f32) = (carve.take::<bf16>(m * i), carve.take::<f32>(pieces.lora()));
+        let h_part = carve.take::<bf16>(pieces.h_part());
         let scratch = carve.rest();
 
-        // gate and up: the base by `down` on the packed rows, then LoRA.
+        // gate and up: the base by `down` on each part's packed rows, then LoRA.
         let len = prepare(backend, f.gate, h, input, tokens, act, scratch);
-        backend.down(&ew.gate, 0..i, &act[..len], MatMut::from_slice(g32, m, i, i), scratch);
+        for (p, range) in w.parts.iter().map(|p| p.range.clone()).enumerate() {
+            let view = MatMut::from_slice(&mut g32[range.start..], m, range.len(), i);
+            backend.down(&part(p).gate, 0..range.len(), &act[..len], view, scratch);
+        }
         let len = match backend.act_layout(f.up) != backend.act_layout(f.gate) {
             true => prepare(backend, f.up, h, input, tokens, act, scratch),
             false => len,
         };
-        backend.down(&ew.up, 0..i, &act[..len], MatMut::from_slice(u32_, m, i, i), scratch);
+        for (p, range) in w.parts.iter().map(|p| p.range.clone()).enumerate() {
+            let view = MatMut::from_slice(&mut u32_[range.start..], m, range.len(), i);
+            backend.down(&part(p).up, 0..range.len(), &act[..len], view, scratch);
+        }
         let kernels = backend.sft_kernels();
         if let Some(l) = lora {
             // SAFETY: as above.
@@ -127,20 +136,48 @@ pub fn forward(
             (*g, *u) = (bf16::from_f32(*g32), bf16::from_f32(*u32_));
         }
 
-        // down on h, then LoRA.
-        let len = prepare(backend, f.down, i, hb, &ident[..m], act, scratch);
-        backend.down(&ew.down, 0..h, &act[..len], MatMut::from_slice(&mut y[..], m, h, h), scratch);
+        // down on each part's slice of h into its outputs, then LoRA into part 0's.
+        // SAFETY: as above, in part p's outputs (several parts).
+        let part_out = |p: usize| unsafe { y_parts.slice_mut((p * rows + at.start) * h..(p * rows + at.end) * h) };
+        for (p, range) in w.parts.iter().map(|p| p.range.clone()).enumerate() {
+            let ip = range.len();
+            let src = match parts {
+                1 => &hb[..],
+                _ => {
+                    for (dst, src) in h_part.chunks_exact_mut(ip).zip(hb.chunks_exact(i)) {
+                        dst.copy_from_slice(&src[range.clone()]);
+                    }
+                    &h_part[..m * ip]
+                }
+            };
+            let len = prepare(backend, f.down, ip, src, &ident[..m], act, scratch);
+            let dst = if parts == 1 { &mut *y } else { part_out(p) };
+            backend.down(&part(p).down, 0..h, &act[..len], MatMut::from_slice(dst, m, h, h), scratch);
+        }
         if let Some(l) = lora {
             // SAFETY: as above.
             let ah = unsafe { rows_of(&ah, &at, l.rank) };
-            add_lora(kernels, l, Proj::Down, a.id, cfg, (hb, &ident[..m]), ah, y, lora_f32);
+            let dst = if parts == 1 { &mut *y } else { part_out(0) };
+            add_lora(kernels, l, Proj::Down, a.id, cfg, (hb, &ident[..m]), ah, dst, lora_f32);
+        }
+        if parts > 1 {
+            y.fill(0.0);
+            for p in 0..parts {
+                for (y, v) in y.iter_mut().zip(&*part_out(p)) {
+                    *y += v;
+                }
+            }
         }
     });
 
-    // out[t] = Σ_j w·y in slot order, as the inference forward's Reduce and Merge add it.
-    let (y, slot_rows, wts) = (&cache.y[..], &plan.slot_rows[..], routing.weights);
+    // out[t] = Σ_p Σ_j w·y_p in slot order, as the inference forward's Reduce and Merge add it.
+    let (slot_rows, wts) = (&plan.slot_rows[..], routing.weights);
     let slot = |s: usize| (slot_rows[s] != SKIPPED).then(|| (slot_rows[s] as usize, wts[s]));
-    reduce(exec, (n, k, h), &slot, y, out);
+    let part_ys: Vec<&[f32]> = match parts {
+        1 => vec![&cache.y[..]],
+        _ => ws.y_parts.chunks_exact(rows * h).collect(),
+    };
+    reduce(exec, (n, k, h), &slot, &part_ys, out);
     Ok(())
 }
 
@@ -168,6 +205,7 @@ struct TaskPieces {
     h: usize,
     i: usize,
     r: usize,
+    parts: usize,
 }
 
 impl TaskPieces {
@@ -186,6 +224,15 @@ impl TaskPieces {
         (self.r * d).max(SftKernels::project_scratch(d))
     }
 
+    /// bf16 of one part's slice of h, copied out where there are several parts.
+    fn h_part(&self) -> usize {
+        if self.parts > 1 {
+            self.m * self.i
+        } else {
+            0
+        }
+    }
+
     /// Bytes of every piece, in the order the task cuts them.
     fn bytes(&self, backend: &dyn Backend, f: LayerFormat) -> usize {
         let mi = self.m * self.i;
@@ -193,16 +240,18 @@ impl TaskPieces {
             + 2 * Carve::bytes::<f32>(mi)
             + Carve::bytes::<bf16>(mi)
             + Carve::bytes::<f32>(self.lora())
+            + Carve::bytes::<bf16>(self.h_part())
     }
 }
 
-/// `out[t] = bf16(0 + Σ_j w·src[row])` for every token `t` over its slots `j` ascending, where
-/// `slot(t·k + j)` gives `(row, w)` (`None`: skipped), on `exec` in token chunks.
+/// `out[t] = bf16(0 + Σ_p Σ_j w·src_p[row])` for every token `t` over its slots `j` ascending
+/// (parts `p` ascending, each part's sum made first), where `slot(t·k + j)` gives `(row, w)`
+/// (`None`: skipped), on `exec` in token chunks.
 pub(crate) fn reduce(
     exec: &dyn Executor,
     (n, k, h): (usize, usize, usize),
     slot: &(dyn Fn(usize) -> Option<(usize, f32)> + Sync),
-    src: &[f32],
+    srcs: &[&[f32]],
     out: &mut [bf16],
 ) {
     let dst = SharedMut::new(out);
@@ -211,16 +260,22 @@ pub(crate) fn reduce(
         let tokens = chunks[c].clone();
         // SAFETY: token chunks are disjoint.
         let o = unsafe { dst.slice_mut(tokens.start * h..tokens.end * h) };
-        let mut acc = vec![0.0f32; h];
+        let (mut sum, mut acc) = (vec![0.0f32; h], vec![0.0f32; h]);
         for (t, o) in tokens.zip(o.chunks_exact_mut(h)) {
-            acc.fill(0.0);
-            for (row, w) in (t * k..(t + 1) * k).filter_map(slot) {
-                for (a, &v) in acc.iter_mut().zip(&src[row * h..][..h]) {
-                    *a += w * v;
+            sum.fill(0.0);
+            for src in srcs {
+                acc.fill(0.0);
+                for (row, w) in (t * k..(t + 1) * k).filter_map(slot) {
+                    for (a, &v) in acc.iter_mut().zip(&src[row * h..][..h]) {
+                        *a += w * v;
+                    }
+                }
+                for (s, &a) in sum.iter_mut().zip(&acc) {
+                    *s += a;
                 }
             }
-            for (o, &a) in o.iter_mut().zip(&acc) {
-                *o = bf16::from_f32(0.0 + a);
+            for (o, &s) in o.iter_mut().zip(&sum) {
+                *o = bf16::from_f32(s);
             }
         }
     });

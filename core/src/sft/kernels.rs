@@ -16,6 +16,8 @@ pub type ProjectFn = fn(&[bf16], usize, &[bf16], &[u32], &mut [f32], &mut [f32])
 pub type ExpandFn = fn(&[bf16], usize, &[f32], f32, &mut [f32], &mut [f32]);
 /// [`SftKernels::glu_backward`]: `(g, u, dh, dg, du)`.
 pub type GluBackwardFn = fn(&[f32], &[f32], &[f32], &mut [f32], &mut [f32]);
+/// [`SftKernels::outer`]: `(gout, x, rows, scale, grad)`.
+pub type OuterFn = fn(&[f32], &[bf16], &[u32], f32, &mut [bf16]);
 
 /// Function pointers, so one backend crate can hand the same kernels to several backends.
 #[derive(Debug)]
@@ -34,7 +36,16 @@ pub struct SftKernels {
     pub glu_backward: GluBackwardFn,
     /// One projection's LoRA backward ([`LoraBack`]).
     pub lora_backward: fn(LoraBack<'_>),
+    /// `grad += scale · Σ_j gout[j]ᵀ·x[rows[j]]`: the gradient of a matrix `[dout, din]`
+    /// (bf16) that maps the input rows `rows` of `x` (`[_, din]`) to outputs whose gradient
+    /// is `gout` (`[rows.len(), dout]`): a base weight's, or LoRA's A. Each element is summed
+    /// over the rows in order in f32 and added to the bf16 gradient once; a few output rows at
+    /// a time ([`OUTER_ROWS`]), so the f32 sums of a whole `[I, H]` matrix are never held.
+    pub outer: OuterFn,
 }
+
+/// Output rows of [`SftKernels::outer`]'s f32 block: 64 rows of H = 7168 are 1.8 MB.
+pub const OUTER_ROWS: usize = 64;
 
 /// One projection's LoRA backward for an expert's `m` rows: `gin += s·Aᵀ·(Bᵀ·gout)`
 /// (`[m, in]`), and, where there are gradients, `grad B += scale·s·Σ_rows gout·axᵀ`,
@@ -70,7 +81,7 @@ impl SftKernels {
 }
 
 /// The plain Rust kernels (the reference backend's, and any backend's without its own).
-pub static PORTABLE: SftKernels = SftKernels { project, expand, glu, glu_backward, lora_backward };
+pub static PORTABLE: SftKernels = SftKernels { project, expand, glu, glu_backward, lora_backward, outer };
 
 fn project(a: &[bf16], din: usize, x: &[bf16], rows: &[u32], xw: &mut [f32], ax: &mut [f32]) {
     let r = a.len() / din.max(1);
@@ -146,20 +157,35 @@ fn lora_backward(LoraBack { a, b, s, gout, ax, x, rows, gin, grads }: LoraBack<'
         }
     }
     add_scaled(gbm, &acc, s * scale);
-    // grad A [r, in]
-    let mut acc = vec![0.0f32; r * din];
-    let mut xr = vec![0.0f32; din];
-    for (&row, gb) in rows.iter().zip(gb.chunks_exact(r)) {
-        for (xr, v) in xr.iter_mut().zip(&x[row as usize * din..][..din]) {
-            *xr = v.to_f32();
-        }
-        for (acc, &g) in acc.chunks_exact_mut(din).zip(gb) {
-            for (acc, &x) in acc.iter_mut().zip(&xr) {
-                *acc += g * x;
-            }
+    outer(&gb, x, rows, s * scale, ga);
+}
+
+fn outer(gout: &[f32], x: &[bf16], rows: &[u32], scale: f32, grad: &mut [bf16]) {
+    let m = rows.len();
+    let dout = gout.len() / m.max(1);
+    if m == 0 || dout == 0 {
+        return;
+    }
+    let din = grad.len() / dout;
+    let mut xw = vec![0.0f32; m * din];
+    for (xw, &row) in xw.chunks_exact_mut(din.max(1)).zip(rows) {
+        for (w, v) in xw.iter_mut().zip(&x[row as usize * din..][..din]) {
+            *w = v.to_f32();
         }
     }
-    add_scaled(ga, &acc, s * scale);
+    let mut acc = vec![0.0f32; OUTER_ROWS.min(dout) * din];
+    for (ob, grad) in grad.chunks_mut(OUTER_ROWS * din.max(1)).enumerate() {
+        let acc = &mut acc[..grad.len()];
+        acc.fill(0.0);
+        for (gout, xr) in gout.chunks_exact(dout).zip(xw.chunks_exact(din.max(1))) {
+            for (acc, &g) in acc.chunks_exact_mut(din.max(1)).zip(&gout[ob * OUTER_ROWS..]) {
+                for (acc, &x) in acc.iter_mut().zip(xr) {
+                    *acc += g * x;
+                }
+            }
+        }
+        add_scaled(grad, acc, scale);
+    }
 }
 
 /// `grad = bf16(grad + s·acc)`, element by element.

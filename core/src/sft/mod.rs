@@ -1,10 +1,13 @@
 //! LoRA fine-tuning of a layer's routed experts (KT-Kernel's SFT MoE): a forward that keeps
 //! what the backward needs, and the backward that turns the upstream gradient into the
-//! gradients of the input, the routing weights and the LoRA matrices.
+//! gradients of the input, the routing weights and the LoRA matrices (and, for full
+//! fine-tuning, of the base weights).
 //!
 //! Every projection of every expert gets a low-rank update, `proj(x) = x·Wᵀ + s·(x·Aᵀ)·Bᵀ` with
 //! `s = alpha / rank`, A `[E, r, in]` and B `[E, out, r]` in bf16; the base weights W are the
-//! layer's packed inference matrices, in any format, frozen.
+//! layer's packed inference matrices, in any format, frozen unless their gradients are asked
+//! for (with respect to their dequantized values: the caller updates a bf16 copy and packs the
+//! layer again, as KT's `update_base_weights` does).
 //!
 //! ```text
 //!  forward, per active expert (one task), its rows x (a token each):
@@ -21,6 +24,7 @@
 //!    dx = W_gᵀ·dg + W_uᵀ·du + s·(A_gᵀ·(B_gᵀ·dg) + A_uᵀ·(B_uᵀ·du))
 //!    grad B += s·(output grad)·(A·input)ᵀ,  grad A += s·(Bᵀ·output grad)·inputᵀ   (each expert's
 //!    rows in order, into its own slice of the gradients: one task writes each)
+//!    full-weight gradients, when asked for: grad W_d += gy·hᵀ, grad W_g += dg·xᵀ, grad W_u += du·xᵀ
 //!  per token: grad_input = bf16(Σ_j dx_j)                             j ascending
 //! ```
 //!
@@ -38,10 +42,10 @@ mod forward;
 mod kernels;
 mod lora;
 
-pub use backward::{backward, Backward};
+pub use backward::{backward, Backward, BaseGrads};
 pub use cache::Cache;
 pub use forward::{forward, Workspace};
-pub use kernels::{add_scaled, LoraBack, SftKernels, PORTABLE};
+pub use kernels::{add_scaled, LoraBack, OuterFn, SftKernels, OUTER_ROWS, PORTABLE};
 pub use lora::{lora_of, random_lora, BackwardWeights, Lora, LoraGrads, LoraMats};
 
 #[cfg(test)]

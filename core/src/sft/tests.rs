@@ -14,11 +14,11 @@ fn the_reference_backend_passes_the_sft_suite() {
 }
 
 /// The textbook's gradients are the derivatives of its output: central differences of
-/// `⟨grad_output, out⟩` in a few inputs, routing weights and LoRA entries.
+/// `⟨grad_output, out⟩` in a few routing weights, LoRA entries and base weights.
 #[test]
 fn the_textbook_gradients_are_its_outputs_derivatives() {
     let cfg = MoeConfig::new(3, 2, 16, 8);
-    let experts = random_experts(&cfg, 3);
+    let mut experts = random_experts(&cfg, 3);
     let mut mats = random_lora(&cfg, 2, false, 4);
     let x = random_input(3, cfg.hidden, 5);
     let (ids, mut w, _) = scenario_routing(Scenario::Random, 3, &cfg, 6);
@@ -54,5 +54,23 @@ fn the_textbook_gradients_are_its_outputs_derivatives() {
         let fd = (up - down) / (2.0 * f64::from(eps));
         let want = t.grad_lora[m][at];
         assert!((fd - want).abs() < 2e-2 * (1.0 + want.abs()), "lora {m}[{at}]: {fd} vs {want}");
+    }
+    // Base weights (f32): expert e's matrix p at `at`, within the layer's `[E, ...]` gradient.
+    let hi = cfg.hidden * cfg.intermediate;
+    for (slot, p, at) in [(0, 0, 5), (1, 1, 17), (2, 2, 100), (3, 2, 3)] {
+        let e = ids[slot] as usize;
+        let v0 = experts[e][p][at];
+        let mut loss_at = |v: f32| {
+            experts[e][p][at] = v;
+            let rt = Routing { tokens: 3, k: 2, ids: &ids, weights: &w, gpu_mask: None };
+            let t = textbook(&cfg, &experts, &lora_of(&mats, 2, 4.0), &x, &rt, &go);
+            t.out.iter().zip(&go).map(|(o, g)| o * g).sum::<f64>()
+        };
+        let eps = 1e-2f32;
+        let fd = (loss_at(v0 + eps) - loss_at(v0 - eps)) / (2.0 * f64::from(eps));
+        experts[e][p][at] = v0;
+        let want = t.grad_base[p][e * hi + at];
+        assert!(want != 0.0, "expert {e} is routed, so its gradient is not zero");
+        assert!((fd - want).abs() < 1e-3 * (1.0 + want.abs()), "base {e}/{p}[{at}]: {fd} vs {want}");
     }
 }

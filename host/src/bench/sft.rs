@@ -68,7 +68,8 @@ pub fn run(
             cache_bytes = layer.cache_bytes();
             let [a, b, c, d, e, f] = &mut grads;
             let g = LoraGrads { gate_a: a, gate_b: b, up_a: c, up_b: d, down_a: e, down_b: f };
-            let outs = Backward { grad_input: &mut gi, grad_weights: &mut gw, lora: Some(g), lora_grad_scale: 1.0 };
+            let outs =
+                Backward { grad_input: &mut gi, grad_weights: &mut gw, lora: Some(g), base: None, grad_scale: 1.0 };
             let t = Instant::now();
             layer.backward(&go, Some(&lora), outs)?;
             t_bwd.push(t.elapsed().as_secs_f64() * 1e3);

@@ -141,7 +141,13 @@ class KTMoEWrapper:
             from .sft import SFTMoEWrapper
 
             return SFTMoEWrapper(
-                **common, lora_rank=lora_rank, lora_alpha=lora_alpha, max_cache_depth=max_cache_depth, group_size=group_size
+                **common,
+                lora_rank=lora_rank,
+                lora_alpha=lora_alpha,
+                lora_dropout=lora_dropout,
+                max_cache_depth=max_cache_depth,
+                group_size=group_size,
+                full_weight_grad=full_weight_grad,
             )
         if method not in WORKING_METHODS:
             raise NotImplementedError(

@@ -4,10 +4,12 @@
 
 The forward saves its cache in the wrapper; the backward returns the gradients of
 ``hidden_states`` and ``topk_weights`` and adds the LoRA gradients into the buffers the wrapper
-was given by ``init_lora_weights``. Pass the LoRA parameters after the wrapper (in
-``init_lora_weights``' order) so that torch runs the backward even when no other input needs a
-gradient: a parameter whose ``.grad`` is ``None`` (``optimizer.zero_grad()`` sets it so) gets
-its buffer back, zeroed, before the backward adds to it.
+was given by ``init_lora_weights`` (and, for full fine-tuning, the base weights' into
+``grad_*_proj_buf``). Pass the trainable parameters after the wrapper (the LoRA ones in
+``init_lora_weights``' order, then ``gate_proj_buf``, ``up_proj_buf``, ``down_proj_buf``) so
+that torch runs the backward even when no other input needs a gradient: a parameter whose
+``.grad`` is ``None`` (``optimizer.zero_grad()`` sets it so) gets its buffer back, zeroed,
+before the backward adds to it.
 """
 
 import torch
@@ -25,7 +27,7 @@ class KTMoEFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_output):
         device, dtype, wdtype = ctx.like
-        for p, g in zip(ctx.lora, ctx.wrapper._grads or ()):
+        for p, g in zip(ctx.lora, ctx.wrapper._param_grads()):
             if p.grad is None:
                 g.zero_()
                 p.grad = g

@@ -29,6 +29,20 @@ def _bf16_address(x, name, shape):
     return int(a.ctypes.data)
 
 
+def _bf16_bits(a):
+    """A float array as C-contiguous bf16 bits (uint16), rounded to nearest even; bf16
+    arrays (``uint16`` bits or ``ml_dtypes.bfloat16``) as they are."""
+    if a.dtype.name in ("uint16", "bfloat16"):
+        return np.ascontiguousarray(a).view(np.uint16)
+    b = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def _bf16_values(bits):
+    """bf16 bits (uint16) as float32."""
+    return (np.asarray(bits).view(np.uint16).astype(np.uint32) << 16).view(np.float32)
+
+
 class SFTMoEWrapper(ExpertWeights):
     """One MoE layer's routed experts for LoRA fine-tuning, KT's constructor and methods."""
 
@@ -46,18 +60,28 @@ class SFTMoEWrapper(ExpertWeights):
         chunked_prefill_size=512,
         lora_rank=16,
         lora_alpha=32.0,
+        lora_dropout=0.0,
         max_cache_depth=1,
         method="AMXBF16_SFT",
         group_size=128,
+        full_weight_grad=False,
         gpu_experts_mask=None,
         numa_nodes=None,
     ):
         check_sizes(num_experts, num_experts_per_tok, hidden_size, moe_intermediate_size, cpuinfer_threads,
                     threadpool_count, chunked_prefill_size)
-        if lora_rank <= 0:
-            raise ValueError(f"lora_rank must be positive, got {lora_rank}")
-        if not lora_alpha > 0:
+        full_weight_grad = bool(full_weight_grad)
+        if lora_rank < 0 or (lora_rank == 0 and not full_weight_grad):
+            raise ValueError(
+                f"lora_rank must be positive in LoRA mode, got {lora_rank} (rank 0 is full fine-tuning: "
+                "pass full_weight_grad=True)"
+            )
+        if lora_rank > 0 and not lora_alpha > 0:
             raise ValueError(f"lora_alpha must be positive, got {lora_alpha}")
+        if lora_dropout != 0.0:
+            raise NotImplementedError(f"lora_dropout {lora_dropout}: LoRA dropout is not implemented (use 0.0)")
+        if full_weight_grad and method == "AMXFP8_SFT":
+            raise ValueError("AMXFP8_SFT supports frozen-base LoRA only (full_weight_grad=False)")
         if max_cache_depth <= 0:
             raise ValueError(f"max_cache_depth must be positive, got {max_cache_depth}")
         gpu = int(num_gpu_experts or 0)
@@ -77,10 +101,11 @@ class SFTMoEWrapper(ExpertWeights):
         self.chunked_prefill_size = int(chunked_prefill_size)
         self.lora_rank = int(lora_rank)
         self.lora_alpha = float(lora_alpha)
-        self.lora_scaling = self.lora_alpha / self.lora_rank
+        self.lora_scaling = self.lora_alpha / self.lora_rank if self.lora_rank else 0.0
+        self._full_weight_grad = full_weight_grad
         self.max_cache_depth = int(max_cache_depth)
         self.method = method
-        self._is_skip_lora = method.endswith("_SkipLoRA")
+        self._is_skip_lora = method.endswith("_SkipLoRA") or self.lora_rank == 0
         self.cpu_infer = cpu_infer(cpuinfer_threads, threadpool_count, numa_nodes)
         self.moe = ext.SftMoe(
             self.num_experts,
@@ -91,10 +116,13 @@ class SFTMoEWrapper(ExpertWeights):
             method,
             self.max_cache_depth,
             int(group_size),
+            not self._is_skip_lora,
         )
         self._lora = None
         self._grads = None
         self._pending = None
+        self.gate_proj_buf = self.up_proj_buf = self.down_proj_buf = None
+        self.grad_gate_proj_buf = self.grad_up_proj_buf = self.grad_down_proj_buf = None
 
     # -- weights (load_weights, load_weights_from_tensors: ExpertWeights) --------------------
 
@@ -135,6 +163,60 @@ class SFTMoEWrapper(ExpertWeights):
         if self._lora is None:
             raise RuntimeError("LoRA weights not initialized. Call init_lora_weights() first.")
         self.init_lora_weights(*self._lora, *self._grads)
+
+    # -- full fine-tuning -------------------------------------------------------------------
+
+    def init_full_weight_grad_buffers(self, gate_proj, up_proj, down_proj):
+        """Full fine-tuning (``full_weight_grad=True``): bf16 copies of the base weights as
+        parameters (``gate_proj_buf``, ``up_proj_buf`` ``[E, I, H]``, ``down_proj_buf``
+        ``[E, H, I]``, in slot order: ``nn.Parameter`` for torch input, numpy bf16 bits
+        otherwise) and zeroed gradients of the same shapes (``grad_*_proj_buf``) that every
+        backward adds to (times ``optimizer_grad_scale``), with respect to the dequantized
+        weights the forward ran. After an optimizer step on the parameters,
+        ``update_base_weights()`` packs them into the layer again."""
+        if not self._full_weight_grad:
+            raise RuntimeError("init_full_weight_grad_buffers needs a wrapper built with full_weight_grad=True")
+        e, h, i = self.num_experts, self.hidden_size, self.moe_intermediate_size
+        shapes = [("gate_proj", gate_proj, (e, i, h)), ("up_proj", up_proj, (e, i, h)), ("down_proj", down_proj, (e, h, i))]
+        params, grads = [], []
+        for name, x, shape in shapes:
+            if T.shape(x) != shape:
+                raise ValueError(f"{name} must have shape {list(shape)}, got {list(T.shape(x))}")
+            if T.is_torch(x):
+                torch = T.torch_module()
+                p = torch.nn.Parameter(x.detach().to(device="cpu", dtype=torch.bfloat16).contiguous(), requires_grad=True)
+                g = torch.zeros(shape, dtype=torch.bfloat16)
+            else:
+                p, g = _bf16_bits(np.asarray(T.host(x))), np.zeros(shape, dtype=np.uint16)
+            params.append(p)
+            grads.append(g)
+        ptrs = [_bf16_address(g, "grad_" + n, s) for g, (n, _, s) in zip(grads, shapes)]
+        self.moe.set_base_grads(ptrs)
+        (self.gate_proj_buf, self.up_proj_buf, self.down_proj_buf) = params
+        (self.grad_gate_proj_buf, self.grad_up_proj_buf, self.grad_down_proj_buf) = grads
+
+    def update_base_weights(self):
+        """Pack the base parameters (``*_proj_buf``, updated by the optimizer) into the layer
+        in its method's format, as ``load_weights_from_tensors`` does; saved forwards are
+        dropped. Nothing to do without ``full_weight_grad``."""
+        if not self.moe.loaded:
+            raise RuntimeError("Weights not loaded. Call load_weights() or load_weights_from_tensors() first.")
+        if not self._full_weight_grad:
+            return
+        if self.gate_proj_buf is None:
+            raise RuntimeError("Base weight buffers not initialized. Call init_full_weight_grad_buffers() first.")
+        bufs = [self.gate_proj_buf, self.up_proj_buf, self.down_proj_buf]
+        if T.is_torch(bufs[0]):
+            bufs = [b.detach() for b in bufs]
+        else:
+            bufs = [_bf16_values(b) for b in bufs]
+        self.load_weights_from_tensors(*bufs)
+
+    def _param_grads(self):
+        """The gradient buffers the backward adds to: the LoRA ones (``init_lora_weights``'
+        order), then the base ones when full fine-tuning."""
+        base = [self.grad_gate_proj_buf, self.grad_up_proj_buf, self.grad_down_proj_buf]
+        return list(self._grads or []) + ([] if base[0] is None else base)
 
     # -- forward / backward ----------------------------------------------------------------
 
