@@ -1,12 +1,13 @@
 //! `kt bench --sft`: one SFT layer's steps timed against its own inference forward, in one
 //! run: the inference forward, the forward that saves its cache (with LoRA of rank `r` on
-//! every projection), and the backward of that cache, with the cache's bytes.
+//! every projection), and the backward of that cache (with the base weights' gradients too
+//! for `--full-weight-grad`), with the cache's bytes.
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use half::bf16;
-use kt_core::sft::{lora_of, random_lora, Backward, LoraGrads};
+use kt_core::sft::{lora_of, random_lora, Backward, BaseGrads, LoraGrads};
 use kt_core::{Error, Executor, MoeConfig, Routing, WeightFormat};
 
 use super::synth;
@@ -30,17 +31,28 @@ pub struct SftCase {
     pub reps: usize,
 }
 
-/// Time `format` at each token count of `tokens` with LoRA of rank `rank` (alpha 2·rank) on
-/// `executor`, each for at least `min_seconds` (and 3 reps).
+/// What [`run`] times besides the layer and token counts.
+#[derive(Clone, Copy, Debug)]
+pub struct Run {
+    /// LoRA rank (alpha 2·rank).
+    pub rank: usize,
+    /// Whether the backward adds the base weights' gradients.
+    pub full_weight_grad: bool,
+    /// Each token count runs at least this long (and 3 reps).
+    pub min_seconds: f64,
+    /// Weights, inputs and routing.
+    pub seed: u64,
+}
+
+/// Time `format` at each token count of `tokens` on `executor` as `r` says.
 pub fn run(
     cfg: &MoeConfig,
     format: WeightFormat,
-    rank: usize,
     tokens: &[usize],
     executor: Arc<dyn Executor>,
-    min_seconds: f64,
-    seed: u64,
+    r: &Run,
 ) -> Result<Vec<SftCase>, Error> {
+    let (rank, seed) = (r.rank, r.seed);
     let opts = LayerOptions::executor(executor);
     let expert = |e| Some(synth::expert(cfg, seed, 0, e));
     let layer = SftLayer::from_f32(cfg, format, expert, &opts, 1)?;
@@ -48,6 +60,8 @@ pub fn run(
     let mats = random_lora(cfg, rank, false, seed);
     let lora = lora_of(&mats, rank, 2.0 * rank as f32);
     let mut grads = random_lora(cfg, rank, true, seed);
+    let base_len = if r.full_weight_grad { cfg.experts * cfg.hidden * cfg.intermediate } else { 0 };
+    let mut base = [(); 3].map(|_| vec![bf16::ZERO; base_len]);
     let mut cases = Vec::new();
     for &n in tokens {
         let (h, k) = (cfg.hidden, cfg.top_k);
@@ -58,7 +72,7 @@ pub fn run(
         let (mut out, mut gi, mut gw) = (vec![bf16::ZERO; n * h], vec![bf16::ZERO; n * h], vec![0.0f32; n * k]);
         let (mut t_inf, mut t_fwd, mut t_bwd, mut cache_bytes) = (Vec::new(), Vec::new(), Vec::new(), 0);
         let start = Instant::now();
-        while t_bwd.len() < 3 || start.elapsed().as_secs_f64() < min_seconds {
+        while t_bwd.len() < 3 || start.elapsed().as_secs_f64() < r.min_seconds {
             let t = Instant::now();
             inference.forward_into(&x, &ids, &w, None, &mut out)?;
             t_inf.push(t.elapsed().as_secs_f64() * 1e3);
@@ -68,8 +82,9 @@ pub fn run(
             cache_bytes = layer.cache_bytes();
             let [a, b, c, d, e, f] = &mut grads;
             let g = LoraGrads { gate_a: a, gate_b: b, up_a: c, up_b: d, down_a: e, down_b: f };
-            let outs =
-                Backward { grad_input: &mut gi, grad_weights: &mut gw, lora: Some(g), base: None, grad_scale: 1.0 };
+            let [bg, bu, bd] = &mut base;
+            let base = r.full_weight_grad.then(|| BaseGrads { gate: bg, up: bu, down: bd });
+            let outs = Backward { grad_input: &mut gi, grad_weights: &mut gw, lora: Some(g), base, grad_scale: 1.0 };
             let t = Instant::now();
             layer.backward(&go, Some(&lora), outs)?;
             t_bwd.push(t.elapsed().as_secs_f64() * 1e3);

@@ -174,9 +174,12 @@ struct BenchArgs {
     #[arg(long, default_value_t = 1, requires = "layerwise")]
     tp: usize,
     /// Time LoRA fine-tuning instead, with LoRA of this rank on every projection: the
-    /// inference forward, the forward that saves its cache, and its backward (one NUMA part).
+    /// inference forward, the forward that saves its cache, and its backward.
     #[arg(long, value_name = "RANK", conflicts_with_all = ["layerwise", "weights"])]
     sft: Option<usize>,
+    /// With --sft: full fine-tuning, the backward adding the base weights' gradients too.
+    #[arg(long, requires = "sft")]
+    full_weight_grad: bool,
 }
 
 /// A one-line usage error (exit status 2).
@@ -382,7 +385,7 @@ fn run_bench(a: BenchArgs) -> ExitCode {
         }
     }
     if let Some(rank) = a.sft {
-        return run_sft(&a, MoeConfig { parts: 1, ..cfg }, &methods, rank, &pool, &topo);
+        return run_sft(&a, cfg, &methods, rank, &pool, &topo);
     }
     let spec = BenchSpec {
         preset: match &a.weights {
@@ -438,7 +441,8 @@ fn run_sft(
         if m.gate != m.up || m.gate != m.down {
             return usage(format!("--sft runs one format per layer, not {m}"));
         }
-        match bench::sft::run(&cfg, m.gate, rank, &a.tokens, executor.clone(), a.min_time, a.seed) {
+        let run = bench::sft::Run { rank, full_weight_grad: a.full_weight_grad, min_seconds: a.min_time, seed: a.seed };
+        match bench::sft::run(&cfg, m.gate, &a.tokens, executor.clone(), &run) {
             Ok(cases) => rows.extend(cases.into_iter().map(|c| (m.gate, c))),
             Err(e) => return usage(e),
         }
@@ -449,6 +453,7 @@ fn run_sft(
             .map(|(f, c)| {
                 serde_json::json!({
                     "method": f.to_string(), "tokens": c.tokens, "rank": rank, "reps": c.reps,
+                    "full_weight_grad": a.full_weight_grad,
                     "inference_ms": [c.inference.0, c.inference.1], "forward_ms": [c.forward.0, c.forward.1],
                     "backward_ms": [c.backward.0, c.backward.1], "cache_bytes": c.cache_bytes,
                 })
@@ -462,7 +467,8 @@ fn run_sft(
         return ExitCode::SUCCESS;
     }
     println!(
-        "SFT, LoRA rank {rank} on every projection, E {} k {} H {} I {}, {} thread(s); ms best / median",
+        "SFT, LoRA rank {rank} on every projection{}, E {} k {} H {} I {}, {} thread(s); ms best / median",
+        if a.full_weight_grad { " and the base weights' gradients" } else { "" },
         cfg.experts,
         cfg.top_k,
         cfg.hidden,
