@@ -13,6 +13,7 @@
 //!  out_p : per part, [tokens × H] f32                           Reduce writes token chunks
 //! ```
 
+use alloc::vec;
 use alloc::vec::Vec;
 use core::ops::Range;
 
@@ -170,6 +171,34 @@ pub fn pack_part_f32(
         up: backend.pack(&rows(format.up, x.up)?)?,
         down: backend.pack(&QuantMatrix::quantize(format.down, h, r.len(), &down)?)?,
     })
+}
+
+/// What a layer packed by [`pack_expert_f32`] multiplies by: each part's slices quantized to
+/// `format` and dequantized again, put back together (gate and up `[I, H]`, down `[H, I]`).
+pub fn dequantized_expert_f32(
+    cfg: &MoeConfig,
+    format: impl Into<LayerFormat>,
+    x: ExpertF32<'_>,
+) -> Result<[Vec<f32>; 3], Error> {
+    let format = format.into();
+    let (h, i) = (cfg.hidden, cfg.intermediate);
+    let (mut g, mut u, mut d) = (vec![0.0f32; i * h], vec![0.0f32; i * h], vec![0.0f32; h * i]);
+    for r in cfg.part_ranges(format)? {
+        let rows = |f, m: &[f32], out: &mut [f32]| -> Result<(), Error> {
+            let q = QuantMatrix::quantize(f, r.len(), h, &m[r.start * h..r.end * h])?;
+            out[r.start * h..r.end * h].copy_from_slice(&q.dequantize());
+            Ok(())
+        };
+        rows(format.gate, x.gate, &mut g)?;
+        rows(format.up, x.up, &mut u)?;
+        let down: Vec<f32> =
+            (0..h).flat_map(|row| x.down[row * i + r.start..row * i + r.end].iter().copied()).collect();
+        let q = QuantMatrix::quantize(format.down, h, r.len(), &down)?.dequantize();
+        for (row, part) in d.chunks_exact_mut(i).zip(q.chunks_exact(r.len())) {
+            row[r.clone()].copy_from_slice(part);
+        }
+    }
+    Ok([g, u, d])
 }
 
 /// Slice already-quantized matrices into parts (exact) and pack them with `backend`.

@@ -64,14 +64,13 @@ pub fn build_layer(
     layer
 }
 
-/// Each expert's matrices quantized to `format` and dequantized again (what the kernels see).
+/// Each expert's matrices quantized to `format` and dequantized again (what the kernels of a
+/// layer of `cfg.parts` parts see).
 pub fn dequantized(cfg: &MoeConfig, format: WeightFormat, experts: &[Expert]) -> Vec<Expert> {
-    let (h, i) = (cfg.hidden, cfg.intermediate);
     experts
         .iter()
         .map(|[g, u, d]| {
-            let q = |m: &[f32], r, c| QuantMatrix::quantize(format, r, c, m).expect("finite").dequantize();
-            [q(g, i, h), q(u, i, h), q(d, h, i)]
+            crate::forward::dequantized_expert_f32(cfg, format, ExpertF32 { gate: g, up: u, down: d }).expect("finite")
         })
         .collect()
 }

@@ -131,6 +131,16 @@ impl PartMatrix<'_> {
         }
     }
 
+    /// Its values, row-major.
+    pub fn dequantize(self) -> Result<Vec<f32>, Error> {
+        Ok(match self {
+            PartMatrix::Quant(m) => m.dequantize(),
+            PartMatrix::Kt { format, rows, cols, bytes, scales } => {
+                kt_core::format::kt_packed::from_kt(format, rows, cols, bytes, scales)?.dequantize()
+            }
+        })
+    }
+
     /// Packed by `backend`: KT's bytes copied where it keeps their order.
     fn pack(self, backend: &dyn Backend) -> Result<PackedMatrix, Error> {
         match self {

@@ -5,11 +5,12 @@
 use std::sync::Mutex;
 
 use half::bf16;
+use kt_core::forward::{dequantized_expert_f32, ExpertF32};
 use kt_core::sft::{self, Backward, BackwardWeights, Cache, Lora};
-use kt_core::{Backend, Error, LayerFormat, MoeConfig, PackedMatrix, QuantMatrix, Routing, WeightFormat};
+use kt_core::{Backend, Error, LayerFormat, MoeConfig, PackedMatrix, Routing, WeightFormat};
 
 use crate::layer::{LayerOptions, MoeLayer};
-use crate::weights::{slot_reader, Checkpoint, Slots, WeightError};
+use crate::weights::{kt_format, slot_reader, Checkpoint, Slots, WeightError};
 
 /// An expert's packed transposes, or why they are not (`None`: not on the CPU).
 type Transposes<E> = Option<Result<[PackedMatrix; 3], E>>;
@@ -37,9 +38,18 @@ impl std::fmt::Debug for SftLayer {
     }
 }
 
+/// A saved-forward stack holds at least one.
+fn check_depth(max_cache_depth: usize) -> Result<(), Error> {
+    match max_cache_depth {
+        0 => Err(Error::InvalidConfig { field: "max_cache_depth", value: 0, expected: "at least 1".into() }),
+        _ => Ok(()),
+    }
+}
+
 impl SftLayer {
     /// As [`MoeLayer::from_f32`], with the transposes the backward multiplies by (from the
-    /// quantized weights, so it differentiates the function the forward computes), keeping up
+    /// weights as each part quantized them, so it differentiates the function the forward
+    /// computes), keeping up
     /// to `max_cache_depth` saved forwards. The forward runs the layer's NUMA parts (`cfg.parts`)
     /// as the inference forward sums them; the transposes are whole matrices.
     pub fn from_f32(
@@ -61,21 +71,30 @@ impl SftLayer {
         opts: &LayerOptions,
         max_cache_depth: usize,
     ) -> Result<Self, E> {
-        if max_cache_depth == 0 {
-            let e = Error::InvalidConfig { field: "max_cache_depth", value: 0, expected: "at least 1".into() };
-            return Err(E::from(e));
-        }
+        check_depth(max_cache_depth)?;
         let base = MoeLayer::try_from_f32(cfg, format, &expert, opts)?;
-        let backend = base.backend();
-        let bf = BackwardWeights::format_for(backend, cfg)?;
-        let (h, i) = (cfg.hidden, cfg.intermediate);
+        let dequantized = |e: usize| -> Result<Option<[Vec<f32>; 3]>, E> {
+            let Some([g, u, d]) = expert(e)? else { return Ok(None) };
+            Ok(Some(dequantized_expert_f32(cfg, format, ExpertF32 { gate: &g, up: &u, down: &d })?))
+        };
+        Self::with_transposes(base, dequantized, opts, max_cache_depth)
+    }
+
+    /// `base` with the transposes of what its forward multiplies by (`dequantized(slot)`: the
+    /// slot's gate, up and down as f32, or `None` for a slot not on the CPU).
+    fn with_transposes<E: From<Error> + Send>(
+        base: MoeLayer,
+        dequantized: impl Fn(usize) -> Result<Option<[Vec<f32>; 3]>, E> + Sync,
+        opts: &LayerOptions,
+        max_cache_depth: usize,
+    ) -> Result<Self, E> {
+        let (cfg, backend) = (base.config().clone(), base.backend());
+        let bf = BackwardWeights::format_for(backend, &cfg)?;
         let packed: Mutex<Vec<Transposes<E>>> = Mutex::new((0..cfg.experts).map(|_| None).collect());
         opts.executor.parallel_for(cfg.experts, &|e, _| {
-            let t = expert(e).and_then(|x| {
+            let t = dequantized(e).and_then(|x| {
                 let Some([g, u, d]) = x else { return Ok(None) };
-                let q = |m: &[f32], r, c| QuantMatrix::quantize(format, r, c, m).map(|q| q.dequantize());
-                let t = (|| BackwardWeights::pack(backend, cfg, bf, [&q(&g, i, h)?, &q(&u, i, h)?, &q(&d, h, i)?]))();
-                Ok(Some(t.map_err(E::from)?))
+                Ok(Some(BackwardWeights::pack(backend, &cfg, bf, [&g, &u, &d]).map_err(E::from)?))
             });
             packed.lock().unwrap_or_else(|e| e.into_inner())[e] = t.transpose();
         });
@@ -98,6 +117,27 @@ impl SftLayer {
         max_cache_depth: usize,
     ) -> Result<Self, WeightError> {
         Self::try_from_f32(cfg, format, slot_reader(ck, layer, cfg, slots)?, opts, max_cache_depth)
+    }
+
+    /// Layer `layer` of a `kt convert` (or KT-converted) checkpoint in `format`, made for
+    /// `cfg.parts` NUMA parts (KT's AMXINT8_SFT / AMXINT4_SFT files): the packed experts as
+    /// inference loads them, the transposes from their dequantized parts.
+    pub fn from_converted(
+        ck: &Checkpoint,
+        layer: usize,
+        format: WeightFormat,
+        cfg: &MoeConfig,
+        slots: Slots<'_>,
+        opts: &LayerOptions,
+        max_cache_depth: usize,
+    ) -> Result<Self, WeightError> {
+        check_depth(max_cache_depth)?;
+        let base = kt_format::load_kt_layer(ck, layer, format, cfg, slots, opts)?;
+        let dequantized = |slot: usize| match slots.expert(slot) {
+            Some(e) => kt_format::dequantized_expert(ck, layer, format, cfg, e).map(Some),
+            None => Ok(None),
+        };
+        Self::with_transposes(base, dequantized, opts, max_cache_depth)
     }
 
     /// The layer's shape.

@@ -11,11 +11,35 @@ use kt_core::{MoeConfig, WeightFormat};
 use kt_host::weights::kt_format::{key, load_kt_layer};
 use kt_host::weights::writer::{Planned, StreamWriter};
 use kt_host::weights::{Checkpoint, Slots};
-use kt_host::{LayerOptions, MoeLayer};
+use kt_host::{LayerOptions, MoeLayer, SftLayer};
 
 const E: usize = 4;
 const H: usize = 128;
 const I: usize = 256;
+
+/// One SFT step's output, input gradient, weights' gradient and LoRA gradients, as bits.
+fn sft_step(layer: &SftLayer, cfg: &MoeConfig) -> Vec<Vec<u32>> {
+    use kt_core::sft::{lora_of, random_lora, Backward, LoraGrads};
+    use kt_core::{bf16, Routing};
+    let (n, k) = (5, cfg.top_k);
+    let x = random_input(n, H, 3);
+    let (ids, w) = random_routing(n, k, E, 4);
+    let mats = random_lora(cfg, 4, false, 5);
+    let l = lora_of(&mats, 4, 8.0);
+    let mut out = vec![bf16::ZERO; n * H];
+    let rt = Routing { tokens: n, k, ids: &ids, weights: &w, gpu_mask: None };
+    layer.forward(&x, &rt, Some(&l), true, &mut out).unwrap();
+    let (mut gi, mut gw) = (vec![bf16::ZERO; n * H], vec![0.0f32; n * k]);
+    let mut grads = random_lora(cfg, 4, true, 6);
+    let [a, b, c, d, e, f] = &mut grads;
+    let lora = Some(LoraGrads { gate_a: a, gate_b: b, up_a: c, up_b: d, down_a: e, down_b: f });
+    let outs = Backward { grad_input: &mut gi, grad_weights: &mut gw, lora, base: None, grad_scale: 1.0 };
+    layer.backward(&random_input(n, H, 7), Some(&l), outs).unwrap();
+    let bits = |v: &[bf16]| v.iter().map(|x| u32::from(x.to_bits())).collect::<Vec<u32>>();
+    let mut all = vec![bits(&out), bits(&gi), gw.iter().map(|x| x.to_bits()).collect()];
+    all.extend(grads.iter().map(|g| bits(g)));
+    all
+}
 
 fn tmp(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("kt-convert-{tag}-{}", std::process::id()));
@@ -218,6 +242,17 @@ fn convert_sizes_resume_and_load() {
     let l4 = load_kt_layer(&ck4, 1, WeightFormat::Int4Row, &cfg, Slots::default(), &opts).unwrap();
     let o4 = MoeLayer::from_f32(&cfg, WeightFormat::Int4Row, |e| Some(layers[0][e].clone()), &opts).unwrap();
     assert_eq!(l4.forward(&input_x, &ids, &w, None).unwrap(), o4.forward(&input_x, &ids, &w, None).unwrap());
+
+    // SFT layers load converted files (KT's AMXINT8_SFT / AMXINT4_SFT take only these), slots
+    // mapped: a step gives the bits of the same layer quantized online.
+    let map = [2usize, 0, 3, 1];
+    let slots = Slots { map: Some(&map), gpu: None };
+    for (ck, layer, format) in [(&ck, 2, WeightFormat::Int8Row), (&ck4, 1, WeightFormat::Int4Row)] {
+        let from_file = SftLayer::from_converted(ck, layer, format, &cfg, slots, &opts, 1).unwrap();
+        let expert = |slot: usize| Some(layers[layer - 1][map[slot]].clone());
+        let online = SftLayer::from_f32(&cfg, format, expert, &opts, 1).unwrap();
+        assert!(sft_step(&from_file, &cfg) == sft_step(&online, &cfg), "{format}");
+    }
 
     // Our other formats convert and load exactly too (same keys, their own bytes).
     for (method, format) in [

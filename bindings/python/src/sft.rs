@@ -160,9 +160,10 @@ impl SftMoe {
         Ok(())
     }
 
-    /// Load layer `layer` of the Hugging Face safetensors checkpoint at `path` (any layout and
-    /// dtype the inference loader reads), slot `p` holding logical expert `map[p]`. Blocks,
-    /// GIL released.
+    /// Load layer `layer` of the checkpoint at `path`: Hugging Face safetensors (any layout and
+    /// dtype the inference loader reads) or converted (`kt convert`, KT's converter: for as
+    /// many NUMA parts as the pool has sub-pools), slot `p` holding logical expert `map[p]`.
+    /// Blocks, GIL released.
     fn load_from_checkpoint(
         &self,
         py: Python<'_>,
@@ -176,17 +177,18 @@ impl SftMoe {
         let cfg = layer_config(s, infer)?;
         let opts = LayerOptions::executor(infer.pool.clone());
         let loaded = py.detach(|| -> Result<SftLayer, WeightError> {
-            let src = source(&path)?;
-            let WeightSource::Hf(ck) = &*src else {
-                return Err(WeightError::Config {
-                    path: path.clone(),
-                    detail: "SFT loads base weights from a Hugging Face safetensors checkpoint (KT's converted files \
-                             and GGUF models are not read for SFT); or pass tensors to load_weights_from_tensors"
-                        .into(),
-                });
-            };
             let slots = Slots { map: Some(&map), gpu: None };
-            SftLayer::from_checkpoint(ck, layer, s.format, &cfg, slots, &opts, s.max_cache_depth)
+            match &*source(&path)? {
+                WeightSource::Hf(ck) => SftLayer::from_checkpoint(ck, layer, s.format, &cfg, slots, &opts, s.max_cache_depth),
+                WeightSource::Kt(ck) => SftLayer::from_converted(ck, layer, s.format, &cfg, slots, &opts, s.max_cache_depth),
+                _ => Err(WeightError::Config {
+                    path: path.clone(),
+                    detail: "SFT loads base weights from a Hugging Face safetensors checkpoint or a `kt convert` / \
+                             KT-converted one (GGUF models are not read for SFT); or pass tensors to \
+                             load_weights_from_tensors"
+                        .into(),
+                }),
+            }
         });
         *s.layer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(loaded.map_err(value_error)?));
         Ok(())

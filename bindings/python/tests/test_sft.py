@@ -310,8 +310,8 @@ def test_skip_lora_runs_the_base_alone():
 
 
 def test_load_weights_reads_a_hugging_face_checkpoint(tmp_path):
-    """A checkpoint written by the safetensors package, through a slot map: the same steps as
-    the same tensors loaded directly; a path that is no checkpoint of SFT's kind is refused."""
+    """A checkpoint written by the safetensors package, and its `kt convert` outputs, through a
+    slot map: the same steps as the same tensors loaded directly; mismatches are refused."""
     from safetensors.numpy import save_file
 
     from conftest import write_config
@@ -334,6 +334,30 @@ def test_load_weights_reads_a_hugging_face_checkpoint(tmp_path):
         steps.append((out, *w.backward(np.ones((6, H), np.float32))))
     for a, b in zip(*steps):
         assert np.array_equal(a, b)
+
+    # Converted files (`kt convert`, KT's AMXINT8_SFT / AMXINT4_SFT input) for the pool's two
+    # parts: the same steps as quantizing the tensors online; files for another part count are
+    # refused naming both counts.
+    from kt_kernel import kt_kernel_ext as ext
+
+    # (int4's KT packing wants 128 columns a part: tested from Rust on a wider layer.)
+    for method, kt in [("int8", "AMXINT8_SFT")]:
+        out = tmp_path / f"converted-{method}"
+        ext.convert(str(tmp_path), str(out), method, 2, 2)
+        steps = []
+        for w in (wrapper(kt, path=str(out), layer_idx=2), wrapper(kt)):
+            if w.weight_path:
+                w.load_weights(m)
+            else:
+                w.load_weights_from_tensors(g, u, d, m)
+            w.init_lora_weights(*mats, *[np.zeros_like(x) for x in mats])
+            x, ids, wts = inputs(6, 5)
+            steps.append((w.forward(x, ids, wts), *w.backward(np.ones((6, H), np.float32))))
+        for a, b in zip(*steps):
+            assert np.array_equal(a, b), method
+    ext.convert(str(tmp_path), str(tmp_path / "one-part"), "int8", 1, 2)
+    with pytest.raises(ValueError, match=r"1 NUMA part\(s\).*2 requested"):
+        wrapper("AMXINT8_SFT", path=str(tmp_path / "one-part"), layer_idx=2).load_weights(m)
     with pytest.raises(FileNotFoundError, match="does not exist"):
         wrapper(path=str(tmp_path / "missing")).load_weights()
     with pytest.raises(ValueError, match="weight_path is None"):

@@ -171,13 +171,6 @@ pub fn sft_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<S
         }
         let name = |what: &str| format!("{} {format} {what}", backend.name());
         let experts = random_experts(&cfg, 31);
-        // One NUMA part and two (whose forward sums the parts as the inference forward does).
-        let layers = [1, 2].map(|parts| {
-            let cfg = MoeConfig { parts, ..cfg };
-            cfg.validate_for(format).is_ok().then(|| (build_layer(backend, &cfg, format, &experts), cfg))
-        });
-        let deq = dequantized(&cfg, format, &experts);
-        let mut back = BackwardWeights::new(cfg.experts);
         let bf = match BackwardWeights::format_for(backend, &cfg) {
             Ok(f) => f,
             Err(e) => {
@@ -185,18 +178,27 @@ pub fn sft_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<S
                 continue;
             }
         };
-        for (e, [g, u, d]) in deq.iter().enumerate() {
-            match BackwardWeights::pack(backend, &cfg, bf, [g, u, d]) {
-                Ok(p) => back.set(e, Some(p)).expect("an expert of the layer"),
-                Err(err) => failures.push(name(&format!("backward weights: {err}"))),
+        // One NUMA part and two (whose forward sums the parts as the inference forward does),
+        // each with what its kernels multiply by and the transposes of that.
+        let layers = [1, 2].map(|parts| {
+            let cfg = MoeConfig { parts, ..cfg };
+            cfg.validate_for(format).ok()?;
+            let deq = dequantized(&cfg, format, &experts);
+            let mut back = BackwardWeights::new(cfg.experts);
+            for (e, [g, u, d]) in deq.iter().enumerate() {
+                match BackwardWeights::pack(backend, &cfg, bf, [g, u, d]) {
+                    Ok(p) => back.set(e, Some(p)).expect("an expert of the layer"),
+                    Err(err) => failures.push(name(&format!("backward weights: {err}"))),
+                }
             }
-        }
+            Some((build_layer(backend, &cfg, format, &experts), cfg, deq, back))
+        });
         let zero = random_lora(&cfg, r, true, 5);
         let mats = random_lora(&cfg, r, false, 6);
         let scenarios = [Scenario::Random, Scenario::Skewed, Scenario::InvalidIds, Scenario::Masked];
         for (tokens, s, parts) in [(1, 0, 1), (2, 1, 2), (5, 2, 1), (7, 3, 2), (9, 0, 2)] {
             let s = scenarios[s];
-            let Some((layer, cfg)) = &layers[parts - 1] else { continue };
+            let Some((layer, cfg, deq, back)) = &layers[parts - 1] else { continue };
             let x = random_input(tokens, cfg.hidden, 40 + tokens as u64);
             let (ids, wts, mask) = scenario_routing(s, tokens, cfg, 50 + tokens as u64);
             let rt = Routing { tokens, k: cfg.top_k, ids: &ids, weights: &wts, gpu_mask: mask.as_deref() };
@@ -220,7 +222,7 @@ pub fn sft_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<S
             let mut rng = SplitMix64::new(60 + tokens as u64);
             let go: Vec<bf16> = (0..tokens * cfg.hidden).map(|_| bf16::from_f32(rng.gaussian())).collect();
             let go64: Vec<f64> = go.iter().map(|v| f64::from(v.to_f32())).collect();
-            let tb = textbook(cfg, &deq, &l, &x, &rt, &go64);
+            let tb = textbook(cfg, deq, &l, &x, &rt, &go64);
             let outf: Vec<f32> = out.iter().map(|v| v.to_f32()).collect();
             let err = mean_rel_err(&outf, &tb.out);
             if err > tol_out {
@@ -237,7 +239,7 @@ pub fn sft_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<S
             let bgrads = Some(BaseGrads { gate: bg, up: bu, down: bd });
             let outs =
                 Backward { grad_input: &mut gi, grad_weights: &mut gw, lora: Some(lg), base: bgrads, grad_scale: 1.0 };
-            if let Err(e) = backward(exec, cfg, layer, &back, Some(&l), &cache, &go, outs, &mut ws) {
+            if let Err(e) = backward(exec, cfg, layer, back, Some(&l), &cache, &go, outs, &mut ws) {
                 failures.push(case(&format!("backward failed: {e}")));
                 continue;
             }
@@ -271,7 +273,7 @@ pub fn sft_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<S
             let (mut gi2, mut gw2) = (vec![bf16::ZERO; gi.len()], vec![0.0f32; gw.len()]);
             let outs =
                 Backward { grad_input: &mut gi2, grad_weights: &mut gw2, lora: None, base: None, grad_scale: 1.0 };
-            backward(exec, cfg, layer, &back, Some(&l), &cache, &go, outs, &mut ws).expect("ran above");
+            backward(exec, cfg, layer, back, Some(&l), &cache, &go, outs, &mut ws).expect("ran above");
             if gi2 != gi || gw2.iter().zip(&gw).any(|(a, b)| a.to_bits() != b.to_bits()) {
                 failures.push(case("a backward without LoRA gradients changes the input or weight gradients"));
             }

@@ -174,17 +174,8 @@ pub fn verify_layer(path: &std::path::Path, cfg: &MoeConfig, format: WeightForma
         && plan.iter().all(|t| ck.get(&t.name).is_some_and(|r| ck.bytes(r).len() == t.bytes))
 }
 
-/// Build layer `layer` from a converted checkpoint; `cfg.parts` must equal the file's part
-/// count, and `format` its method (from the tensor sizes, so KT-written files load too);
-/// GPU-resident `slots` are not read.
-pub fn load_kt_layer(
-    ck: &Checkpoint,
-    layer: usize,
-    format: WeightFormat,
-    cfg: &MoeConfig,
-    slots: Slots<'_>,
-    opts: &LayerOptions,
-) -> Result<MoeLayer, WeightError> {
+/// Check that `ck` holds layer `layer` converted for `cfg.parts` parts in `format`.
+fn check_layer(ck: &Checkpoint, layer: usize, format: WeightFormat, cfg: &MoeConfig) -> Result<(), WeightError> {
     let parts = kt_parts(ck, layer);
     if parts == 0 {
         return Err(WeightError::Missing { name: key(layer, 1, 0, 0, "weight") });
@@ -197,34 +188,55 @@ pub fn load_kt_layer(
         let (found, requested) = (m.to_string(), method_name(format));
         return Err(WeightError::Method { path: ck.dir().to_path_buf(), found, requested });
     }
-    let ranges = cfg.part_ranges(format).map_err(WeightError::Layer)?;
-    let read = |e: usize, proj: usize, n: usize| -> Result<PartMatrix<'_>, WeightError> {
-        let (rows, cols) = dims(proj, cfg.hidden, ranges[n].len());
-        let get = |what: &str| {
-            let name = key(layer, proj, e, n, what);
-            ck.get(&name).map(|t| (name.clone(), ck.bytes(t))).ok_or(WeightError::Missing { name })
-        };
-        let (want, count) = sizes(format, rows, cols)?;
-        let (wn, wb) = get("weight")?;
-        if wb.len() != want {
-            return Err(WeightError::Shape { name: wn, expected: vec![want], found: vec![wb.len()] });
-        }
-        let scales: Vec<f32> = if count == 0 {
-            Vec::new()
-        } else {
-            let (sn, sb) = get("scale")?;
-            if sb.len() != 4 * count {
-                return Err(WeightError::Shape { name: sn, expected: vec![count], found: vec![sb.len() / 4] });
-            }
-            sb.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
-        };
-        if kt_packed(format) {
-            return Ok(PartMatrix::Kt { format, rows, cols, bytes: wb, scales });
-        }
-        QuantMatrix::from_parts(format, rows, cols, wb.to_vec(), scales)
-            .map(PartMatrix::Quant)
-            .map_err(WeightError::Layer)
+    Ok(())
+}
+
+/// Projection `proj` of expert `e`, part `n` of layer `layer` (`ranges`: the parts' slices of I).
+fn read_part<'c>(
+    ck: &'c Checkpoint,
+    (layer, format, hidden): (usize, WeightFormat, usize),
+    ranges: &[std::ops::Range<usize>],
+    (e, proj, n): (usize, usize, usize),
+) -> Result<PartMatrix<'c>, WeightError> {
+    let (rows, cols) = dims(proj, hidden, ranges[n].len());
+    let get = |what: &str| {
+        let name = key(layer, proj, e, n, what);
+        ck.get(&name).map(|t| (name.clone(), ck.bytes(t))).ok_or(WeightError::Missing { name })
     };
+    let (want, count) = sizes(format, rows, cols)?;
+    let (wn, wb) = get("weight")?;
+    if wb.len() != want {
+        return Err(WeightError::Shape { name: wn, expected: vec![want], found: vec![wb.len()] });
+    }
+    let scales: Vec<f32> = if count == 0 {
+        Vec::new()
+    } else {
+        let (sn, sb) = get("scale")?;
+        if sb.len() != 4 * count {
+            return Err(WeightError::Shape { name: sn, expected: vec![count], found: vec![sb.len() / 4] });
+        }
+        sb.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+    };
+    if kt_packed(format) {
+        return Ok(PartMatrix::Kt { format, rows, cols, bytes: wb, scales });
+    }
+    QuantMatrix::from_parts(format, rows, cols, wb.to_vec(), scales).map(PartMatrix::Quant).map_err(WeightError::Layer)
+}
+
+/// Build layer `layer` from a converted checkpoint; `cfg.parts` must equal the file's part
+/// count, and `format` its method (from the tensor sizes, so KT-written files load too);
+/// GPU-resident `slots` are not read.
+pub fn load_kt_layer(
+    ck: &Checkpoint,
+    layer: usize,
+    format: WeightFormat,
+    cfg: &MoeConfig,
+    slots: Slots<'_>,
+    opts: &LayerOptions,
+) -> Result<MoeLayer, WeightError> {
+    check_layer(ck, layer, format, cfg)?;
+    let ranges = cfg.part_ranges(format).map_err(WeightError::Layer)?;
+    let read = |e: usize, proj: usize, n: usize| read_part(ck, (layer, format, cfg.hidden), &ranges, (e, proj, n));
     MoeLayer::from_part_sources(
         cfg,
         format,
@@ -234,4 +246,33 @@ pub fn load_kt_layer(
         },
         opts,
     )
+}
+
+/// Logical expert `e` of a converted layer as the forward multiplies by it: its parts
+/// dequantized and put together (gate and up `[I, H]` by rows, down `[H, I]` by columns).
+pub fn dequantized_expert(
+    ck: &Checkpoint,
+    layer: usize,
+    format: WeightFormat,
+    cfg: &MoeConfig,
+    e: usize,
+) -> Result<[Vec<f32>; 3], WeightError> {
+    check_layer(ck, layer, format, cfg)?;
+    let (h, i) = (cfg.hidden, cfg.intermediate);
+    let ranges = cfg.part_ranges(format).map_err(WeightError::Layer)?;
+    let mut out = [vec![0.0f32; i * h], vec![0.0f32; i * h], vec![0.0f32; h * i]];
+    for (n, r) in ranges.iter().enumerate() {
+        for (proj, whole) in out.iter_mut().enumerate() {
+            let m =
+                read_part(ck, (layer, format, h), &ranges, (e, proj, n))?.dequantize().map_err(WeightError::Layer)?;
+            if proj == 2 {
+                for (row, part) in whole.chunks_exact_mut(i).zip(m.chunks_exact(r.len())) {
+                    row[r.clone()].copy_from_slice(part);
+                }
+            } else {
+                whole[r.start * h..r.end * h].copy_from_slice(&m);
+            }
+        }
+    }
+    Ok(out)
 }
