@@ -9,7 +9,7 @@ use kt_core::sft::{lora_of, random_lora, Backward, LoraGrads, LoraMats};
 use kt_core::testing::{random_input, scenario_routing, Scenario};
 use kt_core::{Backend, Error, MoeConfig, Routing, WeightFormat};
 use kt_host::pool::Pool;
-use kt_host::{registry, LayerOptions, SftLayer};
+use kt_host::{registry, LayerOptions, SftLayer, SftOptions};
 use kt_tests::{experts, owned};
 
 /// A backward's outputs, LoRA gradients unscaled.
@@ -53,7 +53,7 @@ fn step(layer: &SftLayer, cfg: &MoeConfig, mats: &LoraMats, tokens: usize, seed:
 fn sft_layer(b: &'static dyn Backend, cfg: &MoeConfig, f: WeightFormat, threads: usize, depth: usize) -> SftLayer {
     let xs = experts(cfg, 3);
     let opts = LayerOptions { backend: Some(b), executor: Arc::new(Pool::new(threads)) };
-    SftLayer::from_f32(cfg, f, owned(&xs, &[]), &opts, depth).unwrap()
+    SftLayer::from_f32(cfg, f, owned(&xs, &[]), &opts, SftOptions::depth(depth)).unwrap()
 }
 
 #[test]
@@ -124,10 +124,10 @@ fn sft_layers_refuse_what_they_cannot_run() {
     let cfg = MoeConfig::new(4, 2, 256, 128);
     let xs = experts(&cfg, 3);
     let opts = LayerOptions::threads(1);
-    let e = SftLayer::from_f32(&cfg, WeightFormat::Bf16, owned(&xs, &[]), &opts, 0).unwrap_err();
+    let e = SftLayer::from_f32(&cfg, WeightFormat::Bf16, owned(&xs, &[]), &opts, SftOptions::depth(0)).unwrap_err();
     assert!(matches!(e, Error::InvalidConfig { field: "max_cache_depth", .. }), "{e}");
     // A LoRA of the wrong shape.
-    let layer = SftLayer::from_f32(&cfg, WeightFormat::Bf16, owned(&xs, &[]), &opts, 1).unwrap();
+    let layer = SftLayer::from_f32(&cfg, WeightFormat::Bf16, owned(&xs, &[]), &opts, SftOptions::default()).unwrap();
     let mats = random_lora(&MoeConfig::new(4, 2, 256, 64), 4, false, 1);
     let x = random_input(2, 256, 1);
     let mut out = vec![bf16::ZERO; 512];

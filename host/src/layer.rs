@@ -142,7 +142,7 @@ impl PartMatrix<'_> {
     }
 
     /// Packed by `backend`: KT's bytes copied where it keeps their order.
-    fn pack(self, backend: &dyn Backend) -> Result<PackedMatrix, Error> {
+    pub(crate) fn pack(self, backend: &dyn Backend) -> Result<PackedMatrix, Error> {
         match self {
             PartMatrix::Quant(m) => backend.pack(&m),
             PartMatrix::Kt { format, rows, cols, bytes, scales } => {

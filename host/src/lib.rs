@@ -34,4 +34,4 @@ pub mod weights;
 
 pub use kt_core::{bf16, Error, MoeConfig, WeightFormat};
 pub use layer::{LayerOptions, MoeLayer};
-pub use sft::SftLayer;
+pub use sft::{SftLayer, SftOptions};

@@ -6,14 +6,45 @@ use std::sync::Mutex;
 
 use half::bf16;
 use kt_core::forward::{dequantized_expert_f32, ExpertF32};
-use kt_core::sft::{self, Backward, BackwardWeights, Cache, Lora};
+use kt_core::sft::{self, Backward, BackwardWeights, Cache, Lora, TransposeFormat};
 use kt_core::{Backend, Error, LayerFormat, MoeConfig, PackedMatrix, Routing, WeightFormat};
 
-use crate::layer::{LayerOptions, MoeLayer};
+use crate::layer::{LayerOptions, MoeLayer, PartMatrix};
 use crate::weights::{kt_format, slot_reader, Checkpoint, Slots, WeightError};
 
-/// An expert's packed transposes, or why they are not (`None`: not on the CPU).
-type Transposes<E> = Option<Result<[PackedMatrix; 3], E>>;
+/// An expert's packed transposes (a set per slice of I), or why they are not (`None`: not on
+/// the CPU).
+type Transposes<E> = Option<Result<Vec<[PackedMatrix; 3]>, E>>;
+
+/// What an expert's transposes are made from.
+enum TransposeSource<'c> {
+    /// Its matrices (gate and up `[I, H]`, down `[H, I]`), transposed and quantized at load.
+    Values([Vec<f32>; 3]),
+    /// Transposes a converted file holds, a set per part.
+    Converted(Vec<[PartMatrix<'c>; 3]>),
+}
+
+/// How an SFT layer is built, besides its weights.
+#[derive(Clone, Copy, Debug)]
+pub struct SftOptions {
+    /// Saved forwards the stack holds (KT's `max_cache_depth`, at least 1).
+    pub max_cache_depth: usize,
+    /// What the backward's transposes are packed in.
+    pub transposes: TransposeFormat,
+}
+
+impl Default for SftOptions {
+    fn default() -> Self {
+        SftOptions { max_cache_depth: 1, transposes: TransposeFormat::Bf16 }
+    }
+}
+
+impl SftOptions {
+    /// A stack of `max_cache_depth`, bf16 transposes.
+    pub fn depth(max_cache_depth: usize) -> Self {
+        SftOptions { max_cache_depth, ..Self::default() }
+    }
+}
 
 /// One layer's experts with what an SFT step needs.
 pub struct SftLayer {
@@ -47,19 +78,19 @@ fn check_depth(max_cache_depth: usize) -> Result<(), Error> {
 }
 
 impl SftLayer {
-    /// As [`MoeLayer::from_f32`], with the transposes the backward multiplies by (from the
-    /// weights as each part quantized them, so it differentiates the function the forward
-    /// computes), keeping up
-    /// to `max_cache_depth` saved forwards. The forward runs the layer's NUMA parts (`cfg.parts`)
-    /// as the inference forward sums them; the transposes are whole matrices.
+    /// As [`MoeLayer::from_f32`], with the transposes the backward multiplies by (in bf16,
+    /// from the weights as each part quantized them, so it differentiates the function the
+    /// forward computes; in the layer's format, from `expert`'s values, as KT), keeping up to
+    /// `sft.max_cache_depth` saved forwards. The forward runs the layer's NUMA parts
+    /// (`cfg.parts`) as the inference forward sums them.
     pub fn from_f32(
         cfg: &MoeConfig,
         format: WeightFormat,
         expert: impl Fn(usize) -> Option<[Vec<f32>; 3]> + Sync,
         opts: &LayerOptions,
-        max_cache_depth: usize,
+        sft: SftOptions,
     ) -> Result<Self, Error> {
-        Self::try_from_f32(cfg, format, |e| Ok(expert(e)), opts, max_cache_depth)
+        Self::try_from_f32(cfg, format, |e| Ok(expert(e)), opts, sft)
     }
 
     /// [`SftLayer::from_f32`] with a fallible reader (its error type, or the layer's converted
@@ -69,39 +100,49 @@ impl SftLayer {
         format: WeightFormat,
         expert: impl Fn(usize) -> Result<Option<[Vec<f32>; 3]>, E> + Sync,
         opts: &LayerOptions,
-        max_cache_depth: usize,
+        sft: SftOptions,
     ) -> Result<Self, E> {
-        check_depth(max_cache_depth)?;
+        check_depth(sft.max_cache_depth)?;
         let base = MoeLayer::try_from_f32(cfg, format, &expert, opts)?;
-        let dequantized = |e: usize| -> Result<Option<[Vec<f32>; 3]>, E> {
+        let source = |e: usize| -> Result<Option<TransposeSource<'static>>, E> {
             let Some([g, u, d]) = expert(e)? else { return Ok(None) };
-            Ok(Some(dequantized_expert_f32(cfg, format, ExpertF32 { gate: &g, up: &u, down: &d })?))
+            Ok(Some(TransposeSource::Values(match sft.transposes {
+                TransposeFormat::Bf16 => dequantized_expert_f32(cfg, format, ExpertF32 { gate: &g, up: &u, down: &d })?,
+                TransposeFormat::Layer => [g, u, d],
+            })))
         };
-        Self::with_transposes(base, dequantized, opts, max_cache_depth)
+        Self::with_transposes(base, source, opts, sft)
     }
 
-    /// `base` with the transposes of what its forward multiplies by (`dequantized(slot)`: the
-    /// slot's gate, up and down as f32, or `None` for a slot not on the CPU).
-    fn with_transposes<E: From<Error> + Send>(
+    /// `base` with the transposes made from `source(slot)` (`None` for a slot not on the CPU).
+    fn with_transposes<'c, E: From<Error> + Send>(
         base: MoeLayer,
-        dequantized: impl Fn(usize) -> Result<Option<[Vec<f32>; 3]>, E> + Sync,
+        source: impl Fn(usize) -> Result<Option<TransposeSource<'c>>, E> + Sync,
         opts: &LayerOptions,
-        max_cache_depth: usize,
+        sft: SftOptions,
     ) -> Result<Self, E> {
         let (cfg, backend) = (base.config().clone(), base.backend());
-        let bf = BackwardWeights::format_for(backend, &cfg)?;
+        let (format, ranges) = BackwardWeights::layout(backend, &cfg, base.format(), sft.transposes)?;
         let packed: Mutex<Vec<Transposes<E>>> = Mutex::new((0..cfg.experts).map(|_| None).collect());
         opts.executor.parallel_for(cfg.experts, &|e, _| {
-            let t = dequantized(e).and_then(|x| {
-                let Some([g, u, d]) = x else { return Ok(None) };
-                Ok(Some(BackwardWeights::pack(backend, &cfg, bf, [&g, &u, &d]).map_err(E::from)?))
+            let t = source(e).and_then(|x| match x {
+                None => Ok(None),
+                Some(TransposeSource::Values([g, u, d])) => {
+                    Ok(Some(BackwardWeights::pack(backend, &cfg, (format, &ranges), [&g, &u, &d])?))
+                }
+                Some(TransposeSource::Converted(parts)) => {
+                    let pack =
+                        |[g, u, d]: [PartMatrix<'_>; 3]| Ok([g.pack(backend)?, u.pack(backend)?, d.pack(backend)?]);
+                    Ok(Some(parts.into_iter().map(pack).collect::<Result<Vec<_>, Error>>()?))
+                }
             });
             packed.lock().unwrap_or_else(|e| e.into_inner())[e] = t.transpose();
         });
-        let mut back = BackwardWeights::new(cfg.experts);
+        let mut back = BackwardWeights::new(cfg.experts, ranges);
         for (e, p) in packed.into_inner().unwrap_or_else(|e| e.into_inner()).into_iter().enumerate() {
             back.set(e, p.transpose()?)?;
         }
+        let max_cache_depth = sft.max_cache_depth;
         Ok(SftLayer { base, back, max_cache_depth, state: Mutex::default() })
     }
 
@@ -114,14 +155,16 @@ impl SftLayer {
         cfg: &MoeConfig,
         slots: Slots<'_>,
         opts: &LayerOptions,
-        max_cache_depth: usize,
+        sft: SftOptions,
     ) -> Result<Self, WeightError> {
-        Self::try_from_f32(cfg, format, slot_reader(ck, layer, cfg, slots)?, opts, max_cache_depth)
+        Self::try_from_f32(cfg, format, slot_reader(ck, layer, cfg, slots)?, opts, sft)
     }
 
     /// Layer `layer` of a `kt convert` (or KT-converted) checkpoint in `format`, made for
     /// `cfg.parts` NUMA parts (KT's AMXINT8_SFT / AMXINT4_SFT files): the packed experts as
-    /// inference loads them, the transposes from their dequantized parts.
+    /// inference loads them; transposes in the layer's format from the file's own (`kt convert
+    /// --backward`, KT's `ffn_*_bwd_exps`) where it has them, else (and in bf16) from the
+    /// dequantized parts.
     pub fn from_converted(
         ck: &Checkpoint,
         layer: usize,
@@ -129,15 +172,19 @@ impl SftLayer {
         cfg: &MoeConfig,
         slots: Slots<'_>,
         opts: &LayerOptions,
-        max_cache_depth: usize,
+        sft: SftOptions,
     ) -> Result<Self, WeightError> {
-        check_depth(max_cache_depth)?;
+        check_depth(sft.max_cache_depth)?;
         let base = kt_format::load_kt_layer(ck, layer, format, cfg, slots, opts)?;
-        let dequantized = |slot: usize| match slots.expert(slot) {
-            Some(e) => kt_format::dequantized_expert(ck, layer, format, cfg, e).map(Some),
-            None => Ok(None),
+        let from_file = sft.transposes == TransposeFormat::Layer && kt_format::has_backward(ck, layer);
+        let source = |slot: usize| {
+            let Some(e) = slots.expert(slot) else { return Ok(None) };
+            Ok(Some(match from_file {
+                true => TransposeSource::Converted(kt_format::backward_parts(ck, layer, format, cfg, e)?),
+                false => TransposeSource::Values(kt_format::dequantized_expert(ck, layer, format, cfg, e)?),
+            }))
         };
-        Self::with_transposes(base, dequantized, opts, max_cache_depth)
+        Self::with_transposes(base, source, opts, sft)
     }
 
     /// The layer's shape.

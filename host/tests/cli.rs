@@ -248,12 +248,13 @@ fn bench_sft_json_has_the_documented_schema() {
         assert!(c["cache_bytes"].as_u64().unwrap() > 0 && c["reps"].as_u64().unwrap() >= 3, "{c}");
         assert_eq!(c["full_weight_grad"], false, "{c}");
     }
-    // Full fine-tuning's backward, on two NUMA parts.
-    let full =
-        ["--experts", "8", "--top-k", "2", "--tokens", "5,17", "--min-time", "0", "--json", "--full-weight-grad"];
-    let (code, out, err) = kt(&[&args[..], &full[..], &["--threads", "2", "--numa-parts", "2"][..]].concat());
+    // Full fine-tuning's backward, on two NUMA parts, with transposes in the layer's format.
+    let full = ["--experts", "8", "--top-k", "2", "--tokens", "5,17", "--min-time", "0", "--json"];
+    let more = ["--full-weight-grad", "--transposes", "layer", "--threads", "2", "--numa-parts", "2"];
+    let (code, out, err) = kt(&[&args[..], &full[..], &more[..]].concat());
     assert_eq!(code, 0, "{err}");
     let j: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
     let cases = j["sft"].as_array().expect("sft: a list");
     assert!(cases.len() == 4 && cases.iter().all(|c| c["full_weight_grad"] == true), "{j}");
+    assert!(cases.iter().all(|c| c["transposes"] == "layer" && c["weight_bytes"].as_u64() > Some(0)), "{j}");
 }

@@ -6,12 +6,13 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 
 use kt_core::reference::REFERENCE;
+use kt_core::sft::TransposeFormat;
 use kt_core::testing::{random_experts, random_input, random_routing};
 use kt_core::{MoeConfig, WeightFormat};
-use kt_host::weights::kt_format::{key, load_kt_layer};
+use kt_host::weights::kt_format::{has_backward, key, load_kt_layer};
 use kt_host::weights::writer::{Planned, StreamWriter};
 use kt_host::weights::{Checkpoint, Slots};
-use kt_host::{LayerOptions, MoeLayer, SftLayer};
+use kt_host::{LayerOptions, MoeLayer, SftLayer, SftOptions};
 
 const E: usize = 4;
 const H: usize = 128;
@@ -244,14 +245,34 @@ fn convert_sizes_resume_and_load() {
     assert_eq!(l4.forward(&input_x, &ids, &w, None).unwrap(), o4.forward(&input_x, &ids, &w, None).unwrap());
 
     // SFT layers load converted files (KT's AMXINT8_SFT / AMXINT4_SFT take only these), slots
-    // mapped: a step gives the bits of the same layer quantized online.
+    // mapped: a step gives the bits of the same layer quantized online, with bf16 transposes
+    // and with transposes in the layer's format, read from `--backward` files (KT's
+    // `ffn_*_bwd_exps`, quantized from the same values as online).
     let map = [2usize, 0, 3, 1];
     let slots = Slots { map: Some(&map), gpu: None };
-    for (ck, layer, format) in [(&ck, 2, WeightFormat::Int8Row), (&ck4, 1, WeightFormat::Int4Row)] {
-        let from_file = SftLayer::from_converted(ck, layer, format, &cfg, slots, &opts, 1).unwrap();
+    let (bf16_t, layer_t) =
+        (SftOptions::default(), SftOptions { transposes: TransposeFormat::Layer, ..Default::default() });
+    for (method, layer, format) in [("int8", 2, WeightFormat::Int8Row), ("int4", 1, WeightFormat::Int4Row)] {
+        let out = tmp(&format!("bwd-{method}"));
+        let (i, o) = (input.to_str().unwrap(), out.to_str().unwrap());
+        let args = ["convert", "--input", i, "--output", o, "--method", method, "--parts", "2", "--backward"];
+        assert_eq!(kt(&args, &[]).0, Some(0), "{method}");
+        let ckb = Checkpoint::open(&out).unwrap();
+        let plain = if format == WeightFormat::Int8Row { &ck } else { &ck4 };
+        assert!(has_backward(&ckb, layer) && !has_backward(plain, layer));
         let expert = |slot: usize| Some(layers[layer - 1][map[slot]].clone());
-        let online = SftLayer::from_f32(&cfg, format, expert, &opts, 1).unwrap();
-        assert!(sft_step(&from_file, &cfg) == sft_step(&online, &cfg), "{format}");
+        for (sft, files) in [(bf16_t, [plain, &ckb]), (layer_t, [&ckb, &ckb])] {
+            let online = sft_step(&SftLayer::from_f32(&cfg, format, expert, &opts, sft).unwrap(), &cfg);
+            for ck in files {
+                let from_file = SftLayer::from_converted(ck, layer, format, &cfg, slots, &opts, sft).unwrap();
+                assert!(sft_step(&from_file, &cfg) == online, "{format} {:?}", sft.transposes);
+            }
+        }
+        // Transposes in the layer's format take its bytes (a quarter of bf16's for int4).
+        let sizes = [bf16_t, layer_t]
+            .map(|sft| SftLayer::from_converted(&ckb, layer, format, &cfg, slots, &opts, sft).unwrap().bytes());
+        assert!(sizes[1] < sizes[0], "{sizes:?}");
+        std::fs::remove_dir_all(&out).unwrap();
     }
 
     // Our other formats convert and load exactly too (same keys, their own bytes).

@@ -1,7 +1,8 @@
 //! KT-Kernel's own converted files and forward outputs (tests/fixtures/kt, written by
 //! `bash scripts/kt-fixtures.sh` with KT-Kernel 0.7.2's wheel): our quantization and packing
 //! give its bytes exactly, and every backend this CPU runs loads its files and gives its
-//! outputs (within 1e-2).
+//! outputs (within 1e-2). Its SFT backward transposes (tests/fixtures/kt_bwd, written by
+//! `bash scripts/kt-bwd-fixtures.sh`): `kt convert --backward` gives its bytes exactly.
 //!
 //! Weights and inputs are not in the fixtures: both sides make them from SplitMix64 (see
 //! `scripts/peers/kt_fixtures.py`).
@@ -13,12 +14,17 @@ use kt_host::weights::kt_format::{expert_tensors, load_kt_layer, plan};
 use kt_host::weights::{Checkpoint, Slots};
 use kt_host::{bf16, LayerOptions, MoeConfig, WeightFormat};
 
-fn fixtures() -> Vec<PathBuf> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures/kt");
+/// The case directories under tests/fixtures/`set`, at least `min` of them.
+fn fixture_set(set: &str, min: usize) -> Vec<PathBuf> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../tests/fixtures").join(set);
     let mut v: Vec<PathBuf> = std::fs::read_dir(&dir).unwrap().map(|e| e.unwrap().path()).collect();
     v.sort();
-    assert!(v.len() >= 4, "fixtures missing under {}", dir.display());
+    assert!(v.len() >= min, "fixtures missing under {}", dir.display());
     v
+}
+
+fn fixtures() -> Vec<PathBuf> {
+    fixture_set("kt", 4)
 }
 
 /// `n` values ((u >> 40) / 2^24 − 1/2) · scale from SplitMix64(seed), rounded to bf16.
@@ -48,7 +54,7 @@ fn case(dir: &Path) -> Case {
         max_tokens: 64,
         ..MoeConfig::new(num("experts"), num("top_k"), num("hidden"), num("intermediate"))
     };
-    let tokens = meta("tokens").split(',').map(|t| t.parse().unwrap()).collect();
+    let tokens = ck.metadata("tokens").map_or(Vec::new(), |t| t.split(',').map(|t| t.parse().unwrap()).collect());
     Case { ck, cfg, format, tokens }
 }
 
@@ -59,7 +65,19 @@ fn read<T: bytemuck::Pod>(ck: &Checkpoint, name: &str) -> Vec<T> {
 
 #[test]
 fn our_quantization_and_packing_give_kts_bytes() {
-    for dir in fixtures() {
+    check_bytes(fixtures(), false);
+}
+
+/// KT's SFT transposes (`save_backward_weights_from_tensors`): `kt convert --backward`'s.
+#[test]
+fn our_backward_transposes_are_kts_bytes() {
+    check_bytes(fixture_set("kt_bwd", 2), true);
+}
+
+/// Every tensor each fixture in `dirs` holds (the forward's, or with `backward` the
+/// transposes') equals ours, made from the same weights, byte for byte.
+fn check_bytes(dirs: Vec<PathBuf>, backward: bool) {
+    for dir in dirs {
         let Case { ck, cfg, format, .. } = case(&dir);
         let (e, h, i) = (cfg.experts, cfg.hidden, cfg.intermediate);
         let f32s = |v: Vec<bf16>| v.iter().map(|x| x.to_f32()).collect::<Vec<f32>>();
@@ -68,12 +86,18 @@ fn our_quantization_and_packing_give_kts_bytes() {
             f32s(values(2, e * i * h, 1.0 / 16.0)),
             f32s(values(3, e * h * i, 1.0 / 16.0)),
         );
-        let plan = plan(&cfg, format, 0).unwrap();
+        let plan = plan(&cfg, format, 0, backward).unwrap();
         let per_expert = plan.len() / e;
+        let mut checked = 0;
         for x in 0..e {
             let m = |v: &[f32]| v[x * i * h..(x + 1) * i * h].to_vec();
-            let ours = expert_tensors(&cfg, format, &[m(&gate), m(&up), m(&down)]).unwrap();
+            let ours = expert_tensors(&cfg, format, &[m(&gate), m(&up), m(&down)], backward).unwrap();
+            assert_eq!(ours.len(), per_expert);
             for (t, bytes) in plan[x * per_expert..(x + 1) * per_expert].iter().zip(&ours) {
+                if backward != t.name.contains("_bwd_") {
+                    continue;
+                }
+                checked += 1;
                 let kt = ck.bytes(ck.get(&t.name).unwrap_or_else(|| panic!("{}: no {}", dir.display(), t.name)));
                 let diff = kt.iter().zip(bytes).filter(|(a, b)| a != b).count();
                 assert!(
@@ -85,6 +109,7 @@ fn our_quantization_and_packing_give_kts_bytes() {
                 );
             }
         }
+        assert_eq!(checked, 6 * e * cfg.parts, "{}", dir.display());
     }
 }
 

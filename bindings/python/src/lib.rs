@@ -50,10 +50,10 @@ mod kt_kernel_ext {
     }
 
     /// Convert a Hugging Face checkpoint to KT's INT8/INT4 format or one of ours (as
-    /// `kt convert`); returns
-    /// (layers written, layers already complete). The GIL is released.
+    /// `kt convert`, with the backward's transposes when `backward`); returns (layers
+    /// written, layers already complete). The GIL is released.
     #[pyfunction]
-    #[pyo3(signature = (input, output, method = "AMXINT8", parts = 2, threads = 0))]
+    #[pyo3(signature = (input, output, method = "AMXINT8", parts = 2, threads = 0, backward = false))]
     fn convert(
         py: Python<'_>,
         input: std::path::PathBuf,
@@ -61,13 +61,14 @@ mod kt_kernel_ext {
         method: &str,
         parts: usize,
         threads: usize,
+        backward: bool,
     ) -> PyResult<(usize, usize)> {
         use kt_host::convert::{convert, ConvertSpec};
         let format = kt_core::WeightFormat::parse(method).ok_or_else(|| {
             super::value_error(format!("unknown method {method:?}; valid: {}", kt_core::WeightFormat::NAMES))
         })?;
         let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
-        let spec = ConvertSpec { input, output, format, parts, layers: None, threads, progress: false };
+        let spec = ConvertSpec { input, output, format, parts, layers: None, backward, threads, progress: false };
         let r = py.detach(|| convert(&spec)).map_err(super::value_error)?;
         Ok((r.written.len(), r.skipped.len()))
     }

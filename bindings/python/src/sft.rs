@@ -12,7 +12,8 @@ use kt_core::{MoeConfig, Routing, WeightFormat};
 use kt_host::error::WeightError;
 use kt_host::slots::Slots;
 use kt_host::source::WeightSource;
-use kt_host::{LayerOptions, SftLayer};
+use kt_core::sft::TransposeFormat;
+use kt_host::{LayerOptions, SftLayer, SftOptions};
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;
 
@@ -31,7 +32,7 @@ struct Shared {
     format: WeightFormat,
     /// KT's `_SkipLoRA` methods, or full fine-tuning at rank 0: the base alone.
     skip_lora: bool,
-    max_cache_depth: usize,
+    sft: SftOptions,
     layer: Mutex<Option<Arc<SftLayer>>>,
     /// `(rank, alpha, matrices)` once `set_lora` ran.
     lora: Mutex<Option<Registered>>,
@@ -70,10 +71,12 @@ impl SftMoe {
     /// `intermediate`, at most `max_tokens` a step, in `method`'s format (KT's SFT method names:
     /// `AMXBF16_SFT`, `AMXINT8_SFT`/`INT8_SFT`, `AMXINT4_SFT`, `AMXINT4_KGroup_SFT` with
     /// `group_size`, `AMXFP8_SFT`, each with `_SkipLoRA`), keeping up to `max_cache_depth`
-    /// saved forwards; `lora = False` runs the base alone (full fine-tuning without LoRA).
+    /// saved forwards; `lora = False` runs the base alone (full fine-tuning without LoRA);
+    /// `backward_weights` is what the backward's transposes are packed in: `"bf16"` (exact) or
+    /// `"method"` (the method's own format per part, as KT: a quarter of bf16's bytes for int4).
     #[new]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (experts, top_k, hidden, intermediate, max_tokens, method, max_cache_depth = 1, group_size = 128, lora = true))]
+    #[pyo3(signature = (experts, top_k, hidden, intermediate, max_tokens, method, max_cache_depth = 1, group_size = 128, lora = true, backward_weights = "bf16"))]
     fn new(
         experts: usize,
         top_k: usize,
@@ -84,6 +87,7 @@ impl SftMoe {
         max_cache_depth: usize,
         group_size: usize,
         lora: bool,
+        backward_weights: &str,
     ) -> PyResult<Self> {
         let (base, skip_lora) = match method.strip_suffix("_SkipLoRA") {
             Some(b) => (b, true),
@@ -110,6 +114,11 @@ impl SftMoe {
         if max_cache_depth == 0 {
             return Err(value_error("max_cache_depth must be positive, got 0"));
         }
+        let transposes = match backward_weights {
+            "bf16" => TransposeFormat::Bf16,
+            "method" => TransposeFormat::Layer,
+            w => return Err(value_error(format!("backward_weights must be \"bf16\" or \"method\", got {w:?}"))),
+        };
         let cfg = MoeConfig { max_tokens, ..MoeConfig::new(experts, top_k, hidden, intermediate) };
         cfg.validate_for(format).map_err(value_error)?;
         Ok(SftMoe {
@@ -117,7 +126,7 @@ impl SftMoe {
                 cfg,
                 format,
                 skip_lora,
-                max_cache_depth,
+                sft: SftOptions { max_cache_depth, transposes },
                 layer: Mutex::new(None),
                 lora: Mutex::new(None),
                 grads: Mutex::new(None),
@@ -153,7 +162,7 @@ impl SftMoe {
                 // and keeps them alive for this call.
                 |slot| Some(unsafe { array_expert(dtype, [gate, up, down], map[slot], h, i) }),
                 &opts,
-                s.max_cache_depth,
+                s.sft,
             )
         });
         *s.layer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(layer.map_err(value_error)?));
@@ -179,8 +188,8 @@ impl SftMoe {
         let loaded = py.detach(|| -> Result<SftLayer, WeightError> {
             let slots = Slots { map: Some(&map), gpu: None };
             match &*source(&path)? {
-                WeightSource::Hf(ck) => SftLayer::from_checkpoint(ck, layer, s.format, &cfg, slots, &opts, s.max_cache_depth),
-                WeightSource::Kt(ck) => SftLayer::from_converted(ck, layer, s.format, &cfg, slots, &opts, s.max_cache_depth),
+                WeightSource::Hf(ck) => SftLayer::from_checkpoint(ck, layer, s.format, &cfg, slots, &opts, s.sft),
+                WeightSource::Kt(ck) => SftLayer::from_converted(ck, layer, s.format, &cfg, slots, &opts, s.sft),
                 _ => Err(WeightError::Config {
                     path: path.clone(),
                     detail: "SFT loads base weights from a Hugging Face safetensors checkpoint or a `kt convert` / \

@@ -27,11 +27,12 @@ def lora(seed, zero_b=False):
     return [bf16_bits(np.zeros(s) if (zero_b and n % 2) else 0.1 * r.standard_normal(s)) for n, s in enumerate(shapes)]
 
 
-def wrapper(method="AMXBF16_SFT", depth=1, mode="sft", path=None, layer_idx=0, rank=R, full=False):
+def wrapper(method="AMXBF16_SFT", depth=1, mode="sft", path=None, layer_idx=0, rank=R, full=False, bwd="bf16"):
     return KTMoEWrapper(
         layer_idx=layer_idx, num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I,
         cpuinfer_threads=2, threadpool_count=2, weight_path=path, chunked_prefill_size=64, method=method,
         mode=mode, lora_rank=rank, lora_alpha=ALPHA, max_cache_depth=depth, full_weight_grad=full,
+        backward_weights=bwd,
     )
 
 
@@ -355,6 +356,28 @@ def test_load_weights_reads_a_hugging_face_checkpoint(tmp_path):
             steps.append((w.forward(x, ids, wts), *w.backward(np.ones((6, H), np.float32))))
         for a, b in zip(*steps):
             assert np.array_equal(a, b), method
+    # With the backward's transposes in the files (`kt convert --backward`, KT's
+    # ffn_*_bwd_exps) and backward_weights="method" (KT's int8 transposes, half of bf16's
+    # bytes): the same steps as making those transposes from the tensors.
+    out = tmp_path / "converted-bwd"
+    ext.convert(str(tmp_path), str(out), "int8", 2, 2, True)
+    steps, sizes = [], []
+    for w in (wrapper("AMXINT8_SFT", path=str(out), layer_idx=2, bwd="method"), wrapper("AMXINT8_SFT", bwd="method")):
+        if w.weight_path:
+            w.load_weights(m)
+        else:
+            w.load_weights_from_tensors(g, u, d, m)
+        w.init_lora_weights(*mats, *[np.zeros_like(x) for x in mats])
+        x, ids, wts = inputs(6, 5)
+        steps.append((w.forward(x, ids, wts), *w.backward(np.ones((6, H), np.float32))))
+        sizes.append(w.moe.weight_bytes)
+    for a, b in zip(*steps):
+        assert np.array_equal(a, b)
+    exact = wrapper("AMXINT8_SFT", path=str(out), layer_idx=2)
+    exact.load_weights(m)
+    assert sizes[0] == sizes[1] < exact.moe.weight_bytes
+    with pytest.raises(ValueError, match="backward_weights"):
+        wrapper("AMXINT8_SFT", bwd="int3")
     ext.convert(str(tmp_path), str(tmp_path / "one-part"), "int8", 1, 2)
     with pytest.raises(ValueError, match=r"1 NUMA part\(s\).*2 requested"):
         wrapper("AMXINT8_SFT", path=str(tmp_path / "one-part"), layer_idx=2).load_weights(m)

@@ -1,13 +1,16 @@
 //! The backward of a cached forward.
 
+use alloc::borrow::Cow;
 use alloc::vec;
 use alloc::vec::Vec;
+use core::ops::Range;
 
 use half::bf16;
 
 use super::forward::{check_layer, reduce, resize, rows_of, Workspace};
 use super::kernels::{LoraBack, SftKernels};
-use super::lora::{BackwardWeights, Lora, LoraGrads, Proj};
+use super::lora::{Lora, LoraGrads, Proj};
+use super::transposes::BackwardWeights;
 use super::Cache;
 use crate::aligned::AlignedBuf;
 use crate::backend::TaskShape;
@@ -110,7 +113,7 @@ pub fn backward(
     let hi = h * i;
     blocks.run(exec, cache.experts.len(), &|e| e, &|e, scratch| {
         let a = &cache.experts[e];
-        let [wg, wu, wd] = back.experts[a.id].as_ref().expect("checked above");
+        let slices = back.experts[a.id].as_deref().expect("checked above");
         let (m, at) = (a.rows, a.row_range());
         let mut prod = Product { backend, ident: &ident[..m], scratch };
         let kernels = backend.sft_kernels();
@@ -152,7 +155,7 @@ pub fn backward(
         let base_grad = |p: usize| base.as_ref().map(|b| unsafe { b[p].slice_mut(a.id * hi..(a.id + 1) * hi) });
 
         // down: dh = W_dᵀ·gy (+ LoRA), then through SwiGLU at the g and u it saw (bf16).
-        let mut dh = prod.times(wd, &gy, m, i);
+        let mut dh = prod.down_t(&back.ranges, slices, &gy, m, i);
         let (mut g32, mut u32_) = (vec![0.0f32; m * i], vec![0.0f32; m * i]);
         widen(&cache.g[at.start * i..at.end * i], &mut g32);
         widen(&cache.u[at.start * i..at.end * i], &mut u32_);
@@ -177,11 +180,8 @@ pub fn backward(
             (kernels.outer)(&du, &cache.x, tokens, grad_scale, gu);
         }
 
-        // gate and up: dx = W_gᵀ·dg + W_uᵀ·du (+ LoRA).
-        let mut d = prod.times(wg, &dg, m, h);
-        for (d, e) in d.iter_mut().zip(prod.times(wu, &du, m, h)) {
-            *d += e;
-        }
+        // gate and up: dx = Σ_slices W_gᵀ·dg + W_uᵀ·du (+ LoRA).
+        let mut d = prod.gate_up_t(&back.ranges, slices, (&dg, &du), m, (i, h));
         if let Some(l) = lora {
             let x = (&cache.x[..], &cache.row_tokens[at.clone()]);
             let r = l.rank;
@@ -216,6 +216,57 @@ struct Product<'a, 's> {
 }
 
 impl Product<'_, '_> {
+    /// `dh = W_dᵀ·gy` (`[m, I]`) from the transposes' slices, each giving its columns of I.
+    fn down_t(
+        &mut self,
+        ranges: &[Range<usize>],
+        slices: &[[PackedMatrix; 3]],
+        gy: &[f32],
+        m: usize,
+        i: usize,
+    ) -> Vec<f32> {
+        if let [[_, _, wd]] = slices {
+            return self.times(wd, gy, m, i);
+        }
+        let mut dh = vec![0.0f32; m * i];
+        for (r, [_, _, wd]) in ranges.iter().zip(slices) {
+            let part = self.times(wd, gy, m, r.len());
+            for (dh, part) in dh.chunks_exact_mut(i).zip(part.chunks_exact(r.len())) {
+                dh[r.clone()].copy_from_slice(part);
+            }
+        }
+        dh
+    }
+
+    /// `dx = W_gᵀ·dg + W_uᵀ·du` (`[m, H]`) from the transposes' slices: each multiplies its
+    /// columns of `dg` and `du` (`[m, I]`), summed slice by slice, gate before up.
+    fn gate_up_t<'v>(
+        &mut self,
+        ranges: &[Range<usize>],
+        slices: &[[PackedMatrix; 3]],
+        (dg, du): (&'v [f32], &'v [f32]),
+        m: usize,
+        (i, h): (usize, usize),
+    ) -> Vec<f32> {
+        let mut d: Option<Vec<f32>> = None;
+        for (r, [wg, wu, _]) in ranges.iter().zip(slices) {
+            let cols = |v: &'v [f32]| -> Cow<'v, [f32]> {
+                match r.len() == i {
+                    true => Cow::Borrowed(v),
+                    false => Cow::Owned(v.chunks_exact(i).flat_map(|row| row[r.clone()].iter().copied()).collect()),
+                }
+            };
+            for (w, v) in [(wg, dg), (wu, du)] {
+                let e = self.times(w, &cols(v), m, h);
+                match d.as_mut() {
+                    None => d = Some(e),
+                    Some(d) => d.iter_mut().zip(e).for_each(|(d, e)| *d += e),
+                }
+            }
+        }
+        d.unwrap_or_else(|| vec![0.0f32; m * h])
+    }
+
     /// `Wᵀ·v` of each of `m` rows of `v` (`[m, cols]`, rounded to bf16 and prepared as the
     /// activations of the transposes' format): `[m, rows]` in f32.
     fn times(&mut self, wt: &PackedMatrix, v: &[f32], m: usize, rows: usize) -> Vec<f32> {

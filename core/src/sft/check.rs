@@ -10,7 +10,8 @@ use half::bf16;
 
 use super::lora::Proj;
 use super::{
-    backward, forward, lora_of, random_lora, Backward, BackwardWeights, BaseGrads, Cache, Lora, LoraGrads, Workspace,
+    backward, forward, lora_of, random_lora, Backward, BackwardWeights, BaseGrads, Cache, Lora, LoraGrads,
+    TransposeFormat, Workspace,
 };
 use crate::rng::SplitMix64;
 use crate::testing::{
@@ -91,8 +92,18 @@ fn proj_back(
 }
 
 /// The textbook forward and backward of an SFT layer with experts `w` (f32, as the kernels
-/// see them), LoRA `l`, input `x`, routing `rt` and upstream gradient `go` (`[n, H]`).
-pub fn textbook(cfg: &MoeConfig, w: &[Expert], l: &Lora<'_>, x: &[bf16], rt: &Routing<'_>, go: &[f64]) -> Textbook {
+/// see them), LoRA `l`, input `x`, routing `rt` and upstream gradient `go` (`[n, H]`); the
+/// backward's products multiply by `wb` (`w` itself, or what quantized transposes hold).
+#[allow(clippy::too_many_arguments)]
+pub fn textbook(
+    cfg: &MoeConfig,
+    w: &[Expert],
+    wb: &[Expert],
+    l: &Lora<'_>,
+    x: &[bf16],
+    rt: &Routing<'_>,
+    go: &[f64],
+) -> Textbook {
     let (h, i, k, r, s) = (cfg.hidden, cfg.intermediate, rt.k, l.rank, f64::from(l.scaling()));
     let mut t = Textbook {
         out: vec![0.0; rt.tokens * h],
@@ -109,6 +120,7 @@ pub fn textbook(cfg: &MoeConfig, w: &[Expert], l: &Lora<'_>, x: &[bf16], rt: &Ro
             let Some(e) = rt.expert(tok, j, cfg.experts) else { continue };
             let wt = f64::from(rt.weights[tok * k + j]);
             let [wg, wu, wd] = &w[e];
+            let [bwg, bwu, bwd] = &wb[e];
             let of = |p| l.of(p, e, cfg);
             let ((ag, bg), (au, bu), (ad, bd)) = (of(Proj::Gate), of(Proj::Up), of(Proj::Down));
             let (g, axg) = proj(wg, ag, bg, s, &xt, r);
@@ -127,20 +139,51 @@ pub fn textbook(cfg: &MoeConfig, w: &[Expert], l: &Lora<'_>, x: &[bf16], rt: &Ro
             let at = |len: usize| e * len..(e + 1) * len;
             let (a_d, b_d, w_e) = (at(r * i), at(h * r), at(h * i));
             let gd = (&mut ga_d[a_d], &mut gb_d[b_d], &mut gw_d[w_e.clone()]);
-            let dh = proj_back((wd, ad, bd), s, (&hh, &ah, &gy), r, gd);
+            let dh = proj_back((bwd, ad, bd), s, (&hh, &ah, &gy), r, gd);
             let sig: Vec<f64> = g.iter().map(|g| 1.0 / (1.0 + libm::exp(-g))).collect();
             let dg: Vec<f64> = (0..i).map(|o| dh[o] * u[o] * sig[o] * (1.0 + g[o] * (1.0 - sig[o]))).collect();
             let du: Vec<f64> = (0..i).map(|o| dh[o] * silu(g[o])).collect();
             let (a_g, b_g, a_u, b_u) = (at(r * h), at(i * r), at(r * h), at(i * r));
             let gg = (&mut ga_g[a_g], &mut gb_g[b_g], &mut gw_g[w_e.clone()]);
-            let dxg = proj_back((wg, ag, bg), s, (&xt, &axg, &dg), r, gg);
-            let dxu = proj_back((wu, au, bu), s, (&xt, &axu, &du), r, (&mut ga_u[a_u], &mut gb_u[b_u], &mut gw_u[w_e]));
+            let dxg = proj_back((bwg, ag, bg), s, (&xt, &axg, &dg), r, gg);
+            let dxu =
+                proj_back((bwu, au, bu), s, (&xt, &axu, &du), r, (&mut ga_u[a_u], &mut gb_u[b_u], &mut gw_u[w_e]));
             for ((gi, a), b) in t.grad_input[tok * h..][..h].iter_mut().zip(&dxg).zip(&dxu) {
                 *gi += a + b;
             }
         }
     }
     t
+}
+
+/// `kind` transposes of `experts` for a layer of `cfg` in `format`, and what they hold (each
+/// expert's matrices as the backward multiplies by them, in the forward's shapes).
+fn transposes(
+    backend: &'static dyn Backend,
+    cfg: &MoeConfig,
+    format: WeightFormat,
+    kind: TransposeFormat,
+    experts: &[Expert],
+) -> Result<(BackwardWeights, Vec<Expert>), crate::Error> {
+    let (h, i) = (cfg.hidden, cfg.intermediate);
+    let (f, ranges) = BackwardWeights::layout(backend, cfg, format.into(), kind)?;
+    let mut back = BackwardWeights::new(cfg.experts, ranges.clone());
+    let mut held = Vec::new();
+    for (e, [g, u, d]) in experts.iter().enumerate() {
+        back.set(e, Some(BackwardWeights::pack(backend, cfg, (f, &ranges), [g, u, d])?))?;
+        let (mut wg, mut wu, mut wd) = (vec![0.0f32; i * h], vec![0.0f32; i * h], vec![0.0f32; h * i]);
+        for (r, [tg, tu, td]) in ranges.iter().zip(BackwardWeights::quantize(cfg, (f, &ranges), [g, u, d])?) {
+            let (tg, tu, td) = (tg.dequantize(), tu.dequantize(), td.dequantize());
+            let ip = r.len();
+            for (row, c) in (0..h).flat_map(|row| (0..ip).map(move |c| (row, c))) {
+                wg[(r.start + c) * h + row] = tg[row * ip + c];
+                wu[(r.start + c) * h + row] = tu[row * ip + c];
+                wd[row * i + r.start + c] = td[c * h + row];
+            }
+        }
+        held.push([wg, wu, wd]);
+    }
+    Ok((back, held))
 }
 
 /// Formats and tolerances the SFT suite runs: the float formats to 1e-2 (forward) and 2e-2
@@ -155,8 +198,8 @@ fn cases() -> [(WeightFormat, f64, f64); 4] {
 }
 
 /// The failing SFT cases of `backend` on `exec`, each as a line (empty when it conforms): for
-/// each format it serves, in layers of one and two NUMA parts, with B zero the output is the
-/// inference forward's bit for bit; with
+/// each format it serves, in layers of one and two NUMA parts with transposes in bf16 and in the
+/// layer's format, with B zero the output is the inference forward's bit for bit; with
 /// random LoRA the output and every gradient are within the tolerance of the textbook on the
 /// dequantized weights (the base weights' too), over token counts 1-9 and the routing
 /// scenarios (skipped ids, masked experts, duplicates); a backward with no LoRA or base
@@ -171,38 +214,37 @@ pub fn sft_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<S
         }
         let name = |what: &str| format!("{} {format} {what}", backend.name());
         let experts = random_experts(&cfg, 31);
-        let bf = match BackwardWeights::format_for(backend, &cfg) {
-            Ok(f) => f,
-            Err(e) => {
-                failures.push(name(&format!("backward format: {e}")));
-                continue;
-            }
-        };
         // One NUMA part and two (whose forward sums the parts as the inference forward does),
-        // each with what its kernels multiply by and the transposes of that.
+        // each with what its kernels multiply by; transposes in bf16 (of that) and in the
+        // layer's format (KT's: of the original weights, per part).
         let layers = [1, 2].map(|parts| {
             let cfg = MoeConfig { parts, ..cfg };
             cfg.validate_for(format).ok()?;
             let deq = dequantized(&cfg, format, &experts);
-            let mut back = BackwardWeights::new(cfg.experts);
-            for (e, [g, u, d]) in deq.iter().enumerate() {
-                match BackwardWeights::pack(backend, &cfg, bf, [g, u, d]) {
-                    Ok(p) => back.set(e, Some(p)).expect("an expert of the layer"),
-                    Err(err) => failures.push(name(&format!("backward weights: {err}"))),
+            let back = [TransposeFormat::Bf16, TransposeFormat::Layer].map(|kind| {
+                let source = if kind == TransposeFormat::Bf16 { &deq } else { &experts };
+                match transposes(backend, &cfg, format, kind, source) {
+                    Ok(t) => Some(t),
+                    Err(e) => {
+                        failures.push(name(&format!("{kind:?} transposes: {e}")));
+                        None
+                    }
                 }
-            }
+            });
             Some((build_layer(backend, &cfg, format, &experts), cfg, deq, back))
         });
         let zero = random_lora(&cfg, r, true, 5);
         let mats = random_lora(&cfg, r, false, 6);
         let scenarios = [Scenario::Random, Scenario::Skewed, Scenario::InvalidIds, Scenario::Masked];
-        for (tokens, s, parts) in [(1, 0, 1), (2, 1, 2), (5, 2, 1), (7, 3, 2), (9, 0, 2)] {
+        for (tokens, s, parts, kind) in [(1, 0, 1, 0), (2, 1, 2, 1), (5, 2, 1, 1), (7, 3, 2, 0), (9, 0, 2, 1)] {
             let s = scenarios[s];
             let Some((layer, cfg, deq, back)) = &layers[parts - 1] else { continue };
+            let Some((back, wb)) = &back[kind] else { continue };
+            let kind = [TransposeFormat::Bf16, TransposeFormat::Layer][kind];
             let x = random_input(tokens, cfg.hidden, 40 + tokens as u64);
             let (ids, wts, mask) = scenario_routing(s, tokens, cfg, 50 + tokens as u64);
             let rt = Routing { tokens, k: cfg.top_k, ids: &ids, weights: &wts, gpu_mask: mask.as_deref() };
-            let case = |what: &str| name(&format!("n{tokens} {s:?} parts {parts} {what}"));
+            let case = |what: &str| name(&format!("n{tokens} {s:?} parts {parts} {kind:?} transposes {what}"));
             let (mut ws, mut cache) = (Workspace::default(), Cache::default());
             let mut out = vec![bf16::ZERO; tokens * cfg.hidden];
             // B zero: the inference forward's bits.
@@ -222,7 +264,7 @@ pub fn sft_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<S
             let mut rng = SplitMix64::new(60 + tokens as u64);
             let go: Vec<bf16> = (0..tokens * cfg.hidden).map(|_| bf16::from_f32(rng.gaussian())).collect();
             let go64: Vec<f64> = go.iter().map(|v| f64::from(v.to_f32())).collect();
-            let tb = textbook(cfg, deq, &l, &x, &rt, &go64);
+            let tb = textbook(cfg, deq, wb, &l, &x, &rt, &go64);
             let outf: Vec<f32> = out.iter().map(|v| v.to_f32()).collect();
             let err = mean_rel_err(&outf, &tb.out);
             if err > tol_out {

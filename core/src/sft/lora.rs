@@ -5,7 +5,7 @@ use alloc::vec::Vec;
 
 use half::bf16;
 
-use crate::{Backend, Error, MoeConfig, PackedMatrix, QuantMatrix, WeightFormat};
+use crate::{Error, MoeConfig};
 
 /// A projection of an expert.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -128,71 +128,6 @@ impl LoraGrads<'_> {
             }
         }
         Ok(())
-    }
-}
-
-/// The base weights transposed and packed by the layer's backend in the layer's formats, for
-/// the backward's products (KT's `ffn_*_bwd_exps`): per expert `W_gᵀ`, `W_uᵀ` `[H, I]` and
-/// `W_dᵀ` `[I, H]`. Quantized formats are quantized again from the transposed values, as
-/// KT's converter does.
-#[derive(Debug)]
-pub struct BackwardWeights {
-    pub(crate) experts: Vec<Option<[PackedMatrix; 3]>>,
-}
-
-impl BackwardWeights {
-    /// No expert yet, for a layer of `experts`.
-    pub fn new(experts: usize) -> Self {
-        BackwardWeights { experts: (0..experts).map(|_| None).collect() }
-    }
-
-    /// An expert's transposes from its f32 matrices (gate and up `[I, H]`, down `[H, I]`),
-    /// packed by `backend` in `format` ([`BackwardWeights::format_for`]).
-    pub fn pack(
-        backend: &dyn Backend,
-        cfg: &MoeConfig,
-        format: WeightFormat,
-        [gate, up, down]: [&[f32]; 3],
-    ) -> Result<[PackedMatrix; 3], Error> {
-        let (h, i) = (cfg.hidden, cfg.intermediate);
-        let pack = |src: &[f32], rows: usize, cols: usize, what| {
-            if src.len() != rows * cols {
-                return Err(Error::ShapeMismatch { what, expected: rows * cols, found: src.len() });
-            }
-            // The transpose of a `cols × rows` matrix.
-            let t: Vec<f32> = (0..rows * cols).map(|at| src[(at % cols) * rows + at / cols]).collect();
-            backend.pack(&QuantMatrix::quantize(format, rows, cols, &t)?)
-        };
-        Ok([pack(gate, h, i, "gate_proj")?, pack(up, h, i, "up_proj")?, pack(down, i, h, "down_proj")?])
-    }
-
-    /// Install expert `e`'s transposes (`None`: not on the CPU).
-    pub fn set(&mut self, e: usize, packed: Option<[PackedMatrix; 3]>) -> Result<(), Error> {
-        let n = self.experts.len();
-        let slot = self.experts.get_mut(e).ok_or_else(|| Error::InvalidConfig {
-            field: "expert",
-            value: e,
-            expected: format!("below experts = {n}"),
-        })?;
-        *slot = packed;
-        Ok(())
-    }
-
-    /// The format the transposes are packed in on `backend`: bf16 (KT's `Bf16`, or GGML's
-    /// for the GGML backend), whatever the layer's own, so the backward multiplies by the
-    /// forward's dequantized weights to bf16 precision instead of quantizing them a second way
-    /// (a 4-bit base quantized again across its other axis would add its whole error again).
-    pub fn format_for(backend: &dyn Backend, cfg: &MoeConfig) -> Result<WeightFormat, Error> {
-        let (h, i) = (cfg.hidden, cfg.intermediate);
-        let ggml = WeightFormat::Ggml(crate::ggml::GgmlType::BF16);
-        [WeightFormat::Bf16, ggml].into_iter().find(|&f| backend.serves(f, h, i) && backend.serves(f, i, h)).ok_or(
-            Error::UnsupportedFormat { format: WeightFormat::Bf16, context: "by this backend for the SFT backward" },
-        )
-    }
-
-    /// Bytes held.
-    pub fn bytes(&self) -> usize {
-        self.experts.iter().flatten().flat_map(|m| m.iter()).map(PackedMatrix::bytes).sum()
     }
 }
 

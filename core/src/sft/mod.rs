@@ -41,12 +41,14 @@ pub mod check;
 mod forward;
 mod kernels;
 mod lora;
+mod transposes;
 
 pub use backward::{backward, Backward, BaseGrads};
 pub use cache::Cache;
 pub use forward::{forward, Workspace};
 pub use kernels::{add_scaled, LoraBack, OuterFn, SftKernels, OUTER_ROWS, PORTABLE};
-pub use lora::{lora_of, random_lora, BackwardWeights, Lora, LoraGrads, LoraMats};
+pub use lora::{lora_of, random_lora, Lora, LoraGrads, LoraMats};
+pub use transposes::{BackwardWeights, TransposeFormat};
 
 #[cfg(test)]
 mod tests;

@@ -26,11 +26,11 @@ fn the_textbook_gradients_are_its_outputs_derivatives() {
     let go: Vec<f64> = (0..3 * cfg.hidden).map(|_| f64::from(rng.gaussian())).collect();
     let loss = |mats: &LoraMats, w: &[f32]| {
         let rt = Routing { tokens: 3, k: 2, ids: &ids, weights: w, gpu_mask: None };
-        let t = textbook(&cfg, &experts, &lora_of(mats, 2, 4.0), &x, &rt, &go);
+        let t = textbook(&cfg, &experts, &experts, &lora_of(mats, 2, 4.0), &x, &rt, &go);
         t.out.iter().zip(&go).map(|(o, g)| o * g).sum::<f64>()
     };
     let rt = Routing { tokens: 3, k: 2, ids: &ids, weights: &w, gpu_mask: None };
-    let t = textbook(&cfg, &experts, &lora_of(&mats, 2, 4.0), &x, &rt, &go);
+    let t = textbook(&cfg, &experts, &experts, &lora_of(&mats, 2, 4.0), &x, &rt, &go);
     // Routing weights: the loss is linear in them.
     for s in 0..6 {
         let (w0, eps) = (w[s], 1e-2);
@@ -63,7 +63,7 @@ fn the_textbook_gradients_are_its_outputs_derivatives() {
         let mut loss_at = |v: f32| {
             experts[e][p][at] = v;
             let rt = Routing { tokens: 3, k: 2, ids: &ids, weights: &w, gpu_mask: None };
-            let t = textbook(&cfg, &experts, &lora_of(&mats, 2, 4.0), &x, &rt, &go);
+            let t = textbook(&cfg, &experts, &experts, &lora_of(&mats, 2, 4.0), &x, &rt, &go);
             t.out.iter().zip(&go).map(|(o, g)| o * g).sum::<f64>()
         };
         let eps = 1e-2f32;

@@ -7,12 +7,12 @@ use std::sync::Arc;
 use std::time::Instant;
 
 use half::bf16;
-use kt_core::sft::{lora_of, random_lora, Backward, BaseGrads, LoraGrads};
+use kt_core::sft::{lora_of, random_lora, Backward, BaseGrads, LoraGrads, TransposeFormat};
 use kt_core::{Error, Executor, MoeConfig, Routing, WeightFormat};
 
 use super::synth;
 use crate::layer::{LayerOptions, MoeLayer};
-use crate::sft::SftLayer;
+use crate::sft::{SftLayer, SftOptions};
 
 /// One token count's times (best and median ms over the reps).
 #[derive(Clone, Debug)]
@@ -27,6 +27,8 @@ pub struct SftCase {
     pub backward: (f64, f64),
     /// Bytes the saved cache held.
     pub cache_bytes: usize,
+    /// Bytes of the SFT layer's packed weights (inference experts and transposes).
+    pub weight_bytes: usize,
     /// Reps timed.
     pub reps: usize,
 }
@@ -38,6 +40,8 @@ pub struct Run {
     pub rank: usize,
     /// Whether the backward adds the base weights' gradients.
     pub full_weight_grad: bool,
+    /// What the backward's transposes are packed in.
+    pub transposes: TransposeFormat,
     /// Each token count runs at least this long (and 3 reps).
     pub min_seconds: f64,
     /// Weights, inputs and routing.
@@ -55,7 +59,8 @@ pub fn run(
     let (rank, seed) = (r.rank, r.seed);
     let opts = LayerOptions::executor(executor);
     let expert = |e| Some(synth::expert(cfg, seed, 0, e));
-    let layer = SftLayer::from_f32(cfg, format, expert, &opts, 1)?;
+    let sft = SftOptions { max_cache_depth: 1, transposes: r.transposes };
+    let layer = SftLayer::from_f32(cfg, format, expert, &opts, sft)?;
     let inference = MoeLayer::from_f32(cfg, format, expert, &opts)?;
     let mats = random_lora(cfg, rank, false, seed);
     let lora = lora_of(&mats, rank, 2.0 * rank as f32);
@@ -100,6 +105,7 @@ pub fn run(
             forward: stat(t_fwd),
             backward: stat(t_bwd),
             cache_bytes,
+            weight_bytes: layer.bytes(),
             reps,
         });
     }

@@ -80,6 +80,10 @@ struct ConvertArgs {
     /// Quantization threads (default: one per physical core).
     #[arg(long)]
     threads: Option<usize>,
+    /// Also write the backward's transposes (KT's ffn_*_bwd_exps), which SFT layers with
+    /// transposes in the layer's format load instead of making them.
+    #[arg(long)]
+    backward: bool,
 }
 
 #[derive(Args)]
@@ -180,6 +184,9 @@ struct BenchArgs {
     /// With --sft: full fine-tuning, the backward adding the base weights' gradients too.
     #[arg(long, requires = "sft")]
     full_weight_grad: bool,
+    /// With --sft: the backward's transposes in bf16 (exact) or in the layer's format (KT's).
+    #[arg(long, requires = "sft", default_value = "bf16", value_parser = ["bf16", "layer"])]
+    transposes: String,
 }
 
 /// A one-line usage error (exit status 2).
@@ -441,7 +448,17 @@ fn run_sft(
         if m.gate != m.up || m.gate != m.down {
             return usage(format!("--sft runs one format per layer, not {m}"));
         }
-        let run = bench::sft::Run { rank, full_weight_grad: a.full_weight_grad, min_seconds: a.min_time, seed: a.seed };
+        let transposes = match a.transposes.as_str() {
+            "layer" => kt_core::sft::TransposeFormat::Layer,
+            _ => kt_core::sft::TransposeFormat::Bf16,
+        };
+        let run = bench::sft::Run {
+            rank,
+            full_weight_grad: a.full_weight_grad,
+            transposes,
+            min_seconds: a.min_time,
+            seed: a.seed,
+        };
         match bench::sft::run(&cfg, m.gate, &a.tokens, executor.clone(), &run) {
             Ok(cases) => rows.extend(cases.into_iter().map(|c| (m.gate, c))),
             Err(e) => return usage(e),
@@ -453,9 +470,10 @@ fn run_sft(
             .map(|(f, c)| {
                 serde_json::json!({
                     "method": f.to_string(), "tokens": c.tokens, "rank": rank, "reps": c.reps,
-                    "full_weight_grad": a.full_weight_grad,
+                    "full_weight_grad": a.full_weight_grad, "transposes": a.transposes,
                     "inference_ms": [c.inference.0, c.inference.1], "forward_ms": [c.forward.0, c.forward.1],
                     "backward_ms": [c.backward.0, c.backward.1], "cache_bytes": c.cache_bytes,
+                    "weight_bytes": c.weight_bytes,
                 })
             })
             .collect();
@@ -467,8 +485,9 @@ fn run_sft(
         return ExitCode::SUCCESS;
     }
     println!(
-        "SFT, LoRA rank {rank} on every projection{}, E {} k {} H {} I {}, {} thread(s); ms best / median",
+        "SFT, LoRA rank {rank} on every projection{}, {} transposes, E {} k {} H {} I {}, {} thread(s); ms best / median",
         if a.full_weight_grad { " and the base weights' gradients" } else { "" },
+        a.transposes,
         cfg.experts,
         cfg.top_k,
         cfg.hidden,
@@ -476,12 +495,12 @@ fn run_sft(
         pool.threads()
     );
     println!(
-        "{:<12} {:>6} {:>17} {:>17} {:>17} {:>8} {:>8} {:>10}",
-        "method", "tokens", "inference", "forward+cache", "backward", "fwd/inf", "bwd/fwd", "cache MB"
+        "{:<12} {:>6} {:>17} {:>17} {:>17} {:>8} {:>8} {:>10} {:>10}",
+        "method", "tokens", "inference", "forward+cache", "backward", "fwd/inf", "bwd/fwd", "cache MB", "weights MB"
     );
     for (f, c) in &rows {
         println!(
-            "{:<12} {:>6} {:>8.2} / {:>6.2} {:>8.2} / {:>6.2} {:>8.2} / {:>6.2} {:>8.2} {:>8.2} {:>10.1}",
+            "{:<12} {:>6} {:>8.2} / {:>6.2} {:>8.2} / {:>6.2} {:>8.2} / {:>6.2} {:>8.2} {:>8.2} {:>10.1} {:>10.1}",
             f.to_string(),
             c.tokens,
             c.inference.0,
@@ -492,7 +511,8 @@ fn run_sft(
             c.backward.1,
             c.forward.0 / c.inference.0,
             c.backward.0 / c.forward.0,
-            c.cache_bytes as f64 / 1e6
+            c.cache_bytes as f64 / 1e6,
+            c.weight_bytes as f64 / 1e6
         );
     }
     ExitCode::SUCCESS
@@ -564,6 +584,7 @@ fn run_convert(a: ConvertArgs) -> ExitCode {
         format,
         parts: a.parts,
         layers,
+        backward: a.backward,
         threads: a.threads.unwrap_or_else(|| default_threads(&Topology::detect())),
         progress: true,
     };

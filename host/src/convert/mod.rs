@@ -35,6 +35,8 @@ pub struct ConvertSpec {
     pub parts: usize,
     /// Layers to convert (default: all).
     pub layers: Option<RangeInclusive<usize>>,
+    /// Also write the backward's transposes (KT's `ffn_*_bwd_exps`, for SFT).
+    pub backward: bool,
     /// Quantization threads.
     pub threads: usize,
     /// Show a progress bar.
@@ -82,7 +84,7 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
     let cfg = MoeConfig { parts: spec.parts, ..MoeConfig::new(mc.experts, mc.top_k, mc.hidden, mc.intermediate) };
     cfg.validate_for(spec.format).map_err(WeightError::Layer)?;
     // Also checks the packing constraints, before any work.
-    let layer_bytes: u64 = plan(&cfg, spec.format, 0)?.iter().map(|t| t.bytes as u64).sum();
+    let layer_bytes: u64 = plan(&cfg, spec.format, 0, spec.backward)?.iter().map(|t| t.bytes as u64).sum();
     std::fs::create_dir_all(&spec.output).map_err(io(&spec.output))?;
     let wanted = spec.layers.clone().unwrap_or(0..=mc.layers.saturating_sub(1));
     let moe: Vec<(usize, Layout)> =
@@ -100,10 +102,10 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
     let mut weight_map = serde_json::Map::new();
     for (i, (layer, layout)) in moe.iter().enumerate() {
         let path = spec.output.join(shard(i));
-        for t in plan(&cfg, spec.format, *layer)? {
+        for t in plan(&cfg, spec.format, *layer, spec.backward)? {
             weight_map.insert(t.name, shard(i).into());
         }
-        if verify_layer(&path, &cfg, spec.format, *layer) {
+        if verify_layer(&path, &cfg, spec.format, *layer, spec.backward) {
             pb.inc(layer_bytes);
             report.skipped.push(*layer);
             continue;
@@ -114,6 +116,7 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
             &cfg,
             spec.format,
             *layer,
+            spec.backward,
             &pool,
             |e| expert_f32(&ck, layout, e, cfg.hidden, cfg.intermediate),
             |e, bytes| {

@@ -7,6 +7,10 @@
 //! keys, and a file made for another count is refused naming both (down's per-part scales
 //! cannot be merged exactly).
 //!
+//! With `kt convert --backward` each expert also has the backward's transposes, KT's
+//! `blk.{L}.ffn_{gate|up|down}_bwd_exps.{e}.numa.{n}.{weight|scale}`: per part `W_gᵀ`, `W_uᵀ`
+//! `[H, I_n]` and `W_dᵀ` `[I_n, H]`, quantized from the original values in the same format.
+//!
 //! Our other formats (bf16, K-group int4, fp8) use the same keys with the format's own bytes
 //! (`U8`, the `QuantMatrix` layout) and f32 scales (none for bf16); `__metadata__` names the
 //! format. KT has no converted form for them.
@@ -14,6 +18,7 @@
 use std::sync::Mutex;
 
 use kt_core::format::kt_packed::{packed_bytes, to_kt};
+use kt_core::sft::BackwardWeights;
 use kt_core::{MoeConfig, QuantMatrix, WeightFormat};
 
 use super::writer::{Planned, StreamWriter};
@@ -30,6 +35,17 @@ pub fn key(layer: usize, proj: usize, e: usize, part: usize, what: &str) -> Stri
     format!("blk.{layer}.ffn_{}_exps.{e}.numa.{part}.{what}", PROJ[proj])
 }
 
+/// The key of one tensor of the backward's transposes (KT's `ffn_*_bwd_exps`: per part `n`,
+/// `W_gᵀ`, `W_uᵀ` `[H, I_n]` and `W_dᵀ` `[I_n, H]`).
+pub fn bwd_key(layer: usize, proj: usize, e: usize, part: usize, what: &str) -> String {
+    format!("blk.{layer}.ffn_{}_bwd_exps.{e}.numa.{part}.{what}", PROJ[proj])
+}
+
+/// Whether layer `layer` of `ck` holds the backward's transposes.
+pub fn has_backward(ck: &Checkpoint, layer: usize) -> bool {
+    ck.contains(&bwd_key(layer, 0, 0, 0, "weight"))
+}
+
 /// Whether a checkpoint is in KT's converted format.
 pub fn is_kt_converted(ck: &Checkpoint) -> bool {
     ck.names().any(|n| n.starts_with("blk.") && n.contains("_exps."))
@@ -40,12 +56,12 @@ pub fn kt_parts(ck: &Checkpoint, layer: usize) -> usize {
     (0..).take_while(|&n| ck.contains(&key(layer, 1, 0, n, "weight"))).count()
 }
 
-/// Rows and columns of projection `proj` of a part `ip` rows of I wide.
-fn dims(proj: usize, hidden: usize, ip: usize) -> (usize, usize) {
-    if proj == 2 {
-        (hidden, ip)
-    } else {
-        (ip, hidden)
+/// Rows and columns of projection `proj` of a part `ip` rows of I wide (`bwd`: of its
+/// transpose).
+fn dims(proj: usize, hidden: usize, ip: usize, bwd: bool) -> (usize, usize) {
+    match (proj == 2) != bwd {
+        true => (hidden, ip),
+        false => (ip, hidden),
     }
 }
 
@@ -64,25 +80,25 @@ fn sizes(format: WeightFormat, rows: usize, cols: usize) -> Result<(usize, usize
     Ok((bytes, format.scale_count(rows, cols)))
 }
 
-/// The tensors of one converted layer, in file order (expert, projection, part; weight, scale).
-pub fn plan(cfg: &MoeConfig, format: WeightFormat, layer: usize) -> Result<Vec<Planned>, WeightError> {
+/// The tensors of one converted layer, in file order (expert; projection, part; weight, scale;
+/// then with `backward` the same for the transposes).
+pub fn plan(cfg: &MoeConfig, format: WeightFormat, layer: usize, backward: bool) -> Result<Vec<Planned>, WeightError> {
     let ranges = cfg.part_ranges(format).map_err(WeightError::Layer)?;
     let dtype = if kt_packed(format) { "I8" } else { "U8" };
     let mut v = Vec::new();
     for e in 0..cfg.experts {
-        for proj in 0..3 {
-            for (n, r) in ranges.iter().enumerate() {
-                let (rows, cols) = dims(proj, cfg.hidden, r.len());
-                let (bytes, scales) = sizes(format, rows, cols)?;
-                v.push(Planned {
-                    name: key(layer, proj, e, n, "weight"),
-                    dtype: dtype.into(),
-                    shape: vec![bytes],
-                    bytes,
-                });
-                if scales > 0 {
-                    let name = key(layer, proj, e, n, "scale");
-                    v.push(Planned { name, dtype: "F32".into(), shape: vec![scales], bytes: 4 * scales });
+        for bwd in [false, true].into_iter().take(1 + usize::from(backward)) {
+            let name =
+                |proj, n, what| if bwd { bwd_key(layer, proj, e, n, what) } else { key(layer, proj, e, n, what) };
+            for proj in 0..3 {
+                for (n, r) in ranges.iter().enumerate() {
+                    let (rows, cols) = dims(proj, cfg.hidden, r.len(), bwd);
+                    let (bytes, scales) = sizes(format, rows, cols)?;
+                    v.push(Planned { name: name(proj, n, "weight"), dtype: dtype.into(), shape: vec![bytes], bytes });
+                    if scales > 0 {
+                        let name = name(proj, n, "scale");
+                        v.push(Planned { name, dtype: "F32".into(), shape: vec![scales], bytes: 4 * scales });
+                    }
                 }
             }
         }
@@ -99,22 +115,40 @@ pub fn method_name(format: WeightFormat) -> String {
     }
 }
 
-/// Quantize one f32 expert into its KT tensors (weight bytes, scale bytes) in [`plan`] order.
-pub fn expert_tensors(cfg: &MoeConfig, format: WeightFormat, x: &[Vec<f32>; 3]) -> Result<Vec<Vec<u8>>, WeightError> {
+/// Quantize one f32 expert into its KT tensors (weight bytes, scale bytes) in [`plan`] order;
+/// with `backward`, its transposes too (quantized from these values, as KT's converter does).
+pub fn expert_tensors(
+    cfg: &MoeConfig,
+    format: WeightFormat,
+    x: &[Vec<f32>; 3],
+    backward: bool,
+) -> Result<Vec<Vec<u8>>, WeightError> {
     let (h, i) = (cfg.hidden, cfg.intermediate);
+    let ranges = cfg.part_ranges(format).map_err(WeightError::Layer)?;
     let mut out = Vec::new();
+    let mut push = |q: &QuantMatrix| -> Result<(), WeightError> {
+        out.push(if kt_packed(format) { to_kt(q).map_err(WeightError::Layer)? } else { q.data().to_vec() });
+        if !q.scales().is_empty() {
+            out.push(q.scales().iter().flat_map(|s| s.to_le_bytes()).collect());
+        }
+        Ok(())
+    };
     for (proj, m) in x.iter().enumerate() {
-        for r in cfg.part_ranges(format).map_err(WeightError::Layer)? {
-            let (rows, cols) = dims(proj, h, r.len());
+        for r in &ranges {
+            let (rows, cols) = dims(proj, h, r.len(), false);
             let slice: Vec<f32> = if proj == 2 {
                 (0..h).flat_map(|row| m[row * i + r.start..row * i + r.end].iter().copied()).collect()
             } else {
                 m[r.start * h..r.end * h].to_vec()
             };
-            let q = QuantMatrix::quantize(format, rows, cols, &slice).map_err(WeightError::Layer)?;
-            out.push(if kt_packed(format) { to_kt(&q).map_err(WeightError::Layer)? } else { q.data().to_vec() });
-            if !q.scales().is_empty() {
-                out.push(q.scales().iter().flat_map(|s| s.to_le_bytes()).collect());
+            push(&QuantMatrix::quantize(format, rows, cols, &slice).map_err(WeightError::Layer)?)?;
+        }
+    }
+    if backward {
+        let t = BackwardWeights::quantize(cfg, (format, &ranges), [&x[0], &x[1], &x[2]]).map_err(WeightError::Layer)?;
+        for proj in 0..3 {
+            for part in &t {
+                push(&part[proj])?;
             }
         }
     }
@@ -123,17 +157,19 @@ pub fn expert_tensors(cfg: &MoeConfig, format: WeightFormat, x: &[Vec<f32>; 3]) 
 
 /// Write `layer`'s experts to `path`; `expert(e)` gives each in f32 (called from `exec`'s
 /// threads, a few experts at a time, in order of writing). Returns the bytes written.
+#[allow(clippy::too_many_arguments)]
 pub fn write_layer(
     path: &std::path::Path,
     cfg: &MoeConfig,
     format: WeightFormat,
     layer: usize,
+    backward: bool,
     exec: &dyn kt_core::Executor,
     expert: impl Fn(usize) -> Result<[Vec<f32>; 3], WeightError> + Sync,
     mut progress: impl FnMut(usize, u64),
 ) -> Result<u64, WeightError> {
     let method = method_name(format);
-    let plan = plan(cfg, format, layer)?;
+    let plan = plan(cfg, format, layer, backward)?;
     let total: u64 = plan.iter().map(|t| t.bytes as u64).sum();
     let io = |source| WeightError::Io { path: path.to_path_buf(), source };
     let meta = [
@@ -141,6 +177,7 @@ pub fn write_layer(
         ("method", method),
         ("numa_parts", cfg.parts.to_string()),
         ("layer", layer.to_string()),
+        ("backward", if backward { "transposes" } else { "none" }.to_string()),
     ];
     let mut w = StreamWriter::create(path, plan.clone(), &meta).map_err(io)?;
     let per_expert = plan.len() / cfg.experts.max(1);
@@ -149,7 +186,7 @@ pub fn write_layer(
         let ids: Vec<usize> = (start..(start + chunk).min(cfg.experts)).collect();
         let slots: Vec<Mutex<Option<ExpertResult>>> = ids.iter().map(|_| Mutex::new(None)).collect();
         exec.parallel_for(ids.len(), &|t, _| {
-            let r = expert(ids[t]).and_then(|x| expert_tensors(cfg, format, &x));
+            let r = expert(ids[t]).and_then(|x| expert_tensors(cfg, format, &x, backward));
             *slots[t].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
         });
         for (j, slot) in slots.into_iter().enumerate() {
@@ -166,9 +203,15 @@ pub fn write_layer(
 }
 
 /// Whether `path` is a complete converted layer for this config (resume skips it).
-pub fn verify_layer(path: &std::path::Path, cfg: &MoeConfig, format: WeightFormat, layer: usize) -> bool {
+pub fn verify_layer(
+    path: &std::path::Path,
+    cfg: &MoeConfig,
+    format: WeightFormat,
+    layer: usize,
+    backward: bool,
+) -> bool {
     let Ok(ck) = Checkpoint::open(path) else { return false };
-    let Ok(plan) = plan(cfg, format, layer) else { return false };
+    let Ok(plan) = plan(cfg, format, layer, backward) else { return false };
     ck.metadata("method") == Some(method_name(format).as_str())
         && ck.metadata("numa_parts") == Some(cfg.parts.to_string().as_str())
         && plan.iter().all(|t| ck.get(&t.name).is_some_and(|r| ck.bytes(r).len() == t.bytes))
@@ -191,16 +234,18 @@ fn check_layer(ck: &Checkpoint, layer: usize, format: WeightFormat, cfg: &MoeCon
     Ok(())
 }
 
-/// Projection `proj` of expert `e`, part `n` of layer `layer` (`ranges`: the parts' slices of I).
+/// Projection `proj` of expert `e`, part `n` of layer `layer` (`ranges`: the parts' slices of
+/// I), or with `bwd` its transpose.
 fn read_part<'c>(
     ck: &'c Checkpoint,
     (layer, format, hidden): (usize, WeightFormat, usize),
     ranges: &[std::ops::Range<usize>],
     (e, proj, n): (usize, usize, usize),
+    bwd: bool,
 ) -> Result<PartMatrix<'c>, WeightError> {
-    let (rows, cols) = dims(proj, hidden, ranges[n].len());
+    let (rows, cols) = dims(proj, hidden, ranges[n].len(), bwd);
     let get = |what: &str| {
-        let name = key(layer, proj, e, n, what);
+        let name = if bwd { bwd_key(layer, proj, e, n, what) } else { key(layer, proj, e, n, what) };
         ck.get(&name).map(|t| (name.clone(), ck.bytes(t))).ok_or(WeightError::Missing { name })
     };
     let (want, count) = sizes(format, rows, cols)?;
@@ -236,7 +281,8 @@ pub fn load_kt_layer(
 ) -> Result<MoeLayer, WeightError> {
     check_layer(ck, layer, format, cfg)?;
     let ranges = cfg.part_ranges(format).map_err(WeightError::Layer)?;
-    let read = |e: usize, proj: usize, n: usize| read_part(ck, (layer, format, cfg.hidden), &ranges, (e, proj, n));
+    let read =
+        |e: usize, proj: usize, n: usize| read_part(ck, (layer, format, cfg.hidden), &ranges, (e, proj, n), false);
     MoeLayer::from_part_sources(
         cfg,
         format,
@@ -263,8 +309,8 @@ pub fn dequantized_expert(
     let mut out = [vec![0.0f32; i * h], vec![0.0f32; i * h], vec![0.0f32; h * i]];
     for (n, r) in ranges.iter().enumerate() {
         for (proj, whole) in out.iter_mut().enumerate() {
-            let m =
-                read_part(ck, (layer, format, h), &ranges, (e, proj, n))?.dequantize().map_err(WeightError::Layer)?;
+            let m = read_part(ck, (layer, format, h), &ranges, (e, proj, n), false)?;
+            let m = m.dequantize().map_err(WeightError::Layer)?;
             if proj == 2 {
                 for (row, part) in whole.chunks_exact_mut(i).zip(m.chunks_exact(r.len())) {
                     row[r.clone()].copy_from_slice(part);
@@ -275,4 +321,19 @@ pub fn dequantized_expert(
         }
     }
     Ok(out)
+}
+
+/// Logical expert `e`'s transposes as the file holds them (KT's `ffn_*_bwd_exps`), a
+/// `[gate, up, down]` per part.
+pub fn backward_parts<'c>(
+    ck: &'c Checkpoint,
+    layer: usize,
+    format: WeightFormat,
+    cfg: &MoeConfig,
+    e: usize,
+) -> Result<Vec<[PartMatrix<'c>; 3]>, WeightError> {
+    check_layer(ck, layer, format, cfg)?;
+    let ranges = cfg.part_ranges(format).map_err(WeightError::Layer)?;
+    let read = |proj, n| read_part(ck, (layer, format, cfg.hidden), &ranges, (e, proj, n), true);
+    (0..ranges.len()).map(|n| Ok([read(0, n)?, read(1, n)?, read(2, n)?])).collect()
 }

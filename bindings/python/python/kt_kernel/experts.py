@@ -104,6 +104,7 @@ class KTMoEWrapper:
         full_weight_grad=False,
         swiglu_limit=0.0,
         swiglu_alpha=0.0,
+        backward_weights="bf16",
     ):
         if mode not in ("inference", "sft"):
             raise ValueError(f"Unsupported mode: {mode!r}. Supported modes: ['inference', 'sft']")
@@ -148,6 +149,7 @@ class KTMoEWrapper:
                 max_cache_depth=max_cache_depth,
                 group_size=group_size,
                 full_weight_grad=full_weight_grad,
+                backward_weights=backward_weights,
             )
         if method not in WORKING_METHODS:
             raise NotImplementedError(

@@ -65,6 +65,7 @@ class SFTMoEWrapper(ExpertWeights):
         method="AMXBF16_SFT",
         group_size=128,
         full_weight_grad=False,
+        backward_weights="bf16",
         gpu_experts_mask=None,
         numa_nodes=None,
     ):
@@ -117,6 +118,7 @@ class SFTMoEWrapper(ExpertWeights):
             self.max_cache_depth,
             int(group_size),
             not self._is_skip_lora,
+            backward_weights,
         )
         self._lora = None
         self._grads = None
