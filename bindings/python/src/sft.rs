@@ -7,12 +7,12 @@
 use std::sync::{Arc, Mutex};
 
 use half::bf16;
+use kt_core::sft::TransposeFormat;
 use kt_core::sft::{Backward, BaseGrads, Lora, LoraGrads};
 use kt_core::{MoeConfig, Routing, WeightFormat};
 use kt_host::error::WeightError;
 use kt_host::slots::Slots;
 use kt_host::source::WeightSource;
-use kt_core::sft::TransposeFormat;
 use kt_host::{LayerOptions, SftLayer, SftOptions};
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;

@@ -1,7 +1,7 @@
 """kt_kernel.sft.attach on a tiny Hugging Face Qwen3-MoE built by transformers from a config (no
-download): a few optimizer steps of LoRA fine-tuning through the CPU's SFT layers track the same
-model trained with its own experts (a torch LoRA on the same bf16 base weights) within 1e-3 of
-the loss, and the loss falls."""
+download): a few optimizer steps of LoRA fine-tuning (and of full fine-tuning) through the CPU's
+SFT layers track the same model trained with its own experts (a torch LoRA on the same bf16 base
+weights) within 1e-3 of the loss, and the loss falls."""
 
 import copy
 
@@ -38,17 +38,21 @@ class TorchLoraExperts(torch.nn.Module):
         for name, p in zip(("ga", "gb", "ua", "ub", "da", "db"), kt.lora_parameters()):
             self.register_parameter(name, torch.nn.Parameter(p.detach().float().clone()))
 
+    def base(self):
+        return self.gate_up, self.down
+
     def forward(self, x, idx, w):
         out = torch.zeros_like(x)
-        for e in range(self.gate_up.shape[0]):
+        gate_up, down = self.base()
+        for e in range(gate_up.shape[0]):
             tok, slot = torch.where(idx == e)
             if len(tok) == 0:
                 continue
             xe = x[tok]
-            g = xe @ self.gate_up[e, :self.i].T + self.s * (xe @ self.ga[e].T) @ self.gb[e].T
-            u = xe @ self.gate_up[e, self.i:].T + self.s * (xe @ self.ua[e].T) @ self.ub[e].T
+            g = xe @ gate_up[e, :self.i].T + self.s * (xe @ self.ga[e].T) @ self.gb[e].T
+            u = xe @ gate_up[e, self.i:].T + self.s * (xe @ self.ua[e].T) @ self.ub[e].T
             h = torch.nn.functional.silu(g) * u
-            y = h @ self.down[e].T + self.s * (h @ self.da[e].T) @ self.db[e].T
+            y = h @ down[e].T + self.s * (h @ self.da[e].T) @ self.db[e].T
             out.index_add_(0, tok, y * w[tok, slot, None])
         return out
 
@@ -93,6 +97,57 @@ def test_attach_replaces_the_experts_and_training_tracks_torch():
     with torch.no_grad():
         ours(input_ids=ids)
     assert all(kt.wrapper.moe.cache_depth == 0 for kt in layers)
+
+
+class TorchFullExperts(TorchLoraExperts):
+    """``TorchLoraExperts`` whose base weights train too: bf16 parameters, fp32 arithmetic."""
+
+    def __init__(self, experts, kt):
+        super().__init__(experts, kt)
+        self.gate_up = torch.nn.Parameter(experts.gate_up_proj.detach().to(torch.bfloat16))
+        self.down = torch.nn.Parameter(experts.down_proj.detach().to(torch.bfloat16))
+
+    def base(self):
+        return self.gate_up.float(), self.down.float()
+
+
+def test_full_fine_tuning_tracks_torch():
+    """attach(full_weight_grad=True): the experts' base weights and LoRA train; each optimizer
+    step's base weights are packed before the next forward; the loss tracks torch's own experts
+    trained the same way (bf16 parameters on both sides) within 1e-3."""
+    ours = tiny_model(5)
+    ref = copy.deepcopy(ours)
+    layers = attach(ours, lora_rank=R, lora_alpha=ALPHA, cpuinfer_threads=2, max_tokens=64, full_weight_grad=True)
+    for kt in layers:
+        assert [p.shape for p in kt.base_parameters()] == [(8, 32, 64), (8, 32, 64), (8, 64, 32)]
+    for block, kt in zip([layer.mlp for layer in ref.model.layers], layers):
+        block.experts = TorchFullExperts(block.experts, kt)
+
+    def experts(model):
+        return [p for n, p in model.named_parameters() if ".experts." in n]
+
+    for model in (ours, ref):
+        keep = set(map(id, experts(model)))
+        for p in model.parameters():
+            p.requires_grad_(id(p) in keep)
+    assert len(experts(ours)) == 2 * 9 and len(experts(ref)) == 2 * 8
+    ids = torch.randint(0, 96, (2, 16), generator=torch.Generator().manual_seed(6))
+    opts = [torch.optim.SGD(experts(m), lr=5.0) for m in (ours, ref)]
+    before = layers[0].gate_proj.detach().clone()
+    losses = []
+    for _ in range(5):
+        step = []
+        for model, opt in zip((ours, ref), opts):
+            opt.zero_grad()
+            loss = model(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            step.append(float(loss.detach()))
+        losses.append(step)
+    for ours_loss, ref_loss in losses:
+        assert abs(ours_loss - ref_loss) <= 1e-3 * ref_loss, losses
+    assert losses[-1][0] < 0.99 * losses[0][0], losses
+    assert not torch.equal(layers[0].gate_proj.detach(), before)
 
 
 def test_attach_refuses_what_it_cannot_run():

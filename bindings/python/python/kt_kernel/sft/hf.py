@@ -33,7 +33,8 @@ class KTExperts(torch.nn.Module):
     """A transformers ``<Arch>Experts`` module's drop-in on an ``SFTMoEWrapper``."""
 
     def __init__(self, experts, layer_idx, top_k, lora_rank=16, lora_alpha=32.0, method="AMXBF16_SFT",
-                 cpuinfer_threads=1, threadpool_count=1, max_tokens=4096, max_cache_depth=1, seed=0):
+                 cpuinfer_threads=1, threadpool_count=1, max_tokens=4096, max_cache_depth=1, seed=0,
+                 full_weight_grad=False):
         super().__init__()
         gate_up, down = experts.gate_up_proj.detach(), experts.down_proj.detach()
         e, two_i, h = gate_up.shape
@@ -45,15 +46,27 @@ class KTExperts(torch.nn.Module):
         self.wrapper = SFTMoEWrapper(layer_idx, e, top_k, h, i, cpuinfer_threads=cpuinfer_threads,
                                      threadpool_count=threadpool_count, chunked_prefill_size=max_tokens,
                                      lora_rank=lora_rank, lora_alpha=lora_alpha, max_cache_depth=max_cache_depth,
-                                     method=method)
+                                     method=method, full_weight_grad=full_weight_grad)
         host = lambda t: t.to(device="cpu", dtype=torch.bfloat16 if t.dtype not in (torch.float32, torch.float16,
                                                                                    torch.bfloat16) else t.dtype)
-        self.wrapper.load_weights_from_tensors(host(gate_up[:, :i]).contiguous(), host(gate_up[:, i:]).contiguous(),
-                                               host(down).contiguous())
+        base = [host(gate_up[:, :i]).contiguous(), host(gate_up[:, i:]).contiguous(), host(down).contiguous()]
+        self.wrapper.load_weights_from_tensors(*base)
+        self._full = bool(full_weight_grad)
+        if self._full:
+            # The base weights as bf16 parameters ([E, I, H], [E, I, H], [E, H, I]); the layer packs
+            # them again before a forward that follows an update (see `forward`).
+            self.wrapper.init_full_weight_grad_buffers(*base)
+            w = self.wrapper
+            for name, p, grad in [("gate_proj", w.gate_proj_buf, w.grad_gate_proj_buf),
+                                  ("up_proj", w.up_proj_buf, w.grad_up_proj_buf),
+                                  ("down_proj", w.down_proj_buf, w.grad_down_proj_buf)]:
+                p.grad = grad
+                self.register_parameter(name, p)
+            self._base_versions = self._versions()
         g = torch.Generator().manual_seed(seed + layer_idx)
         r = lora_rank
-        for name, (fan_in, shape) in zip(_NAMES, [(h, (e, r, h)), (r, (e, i, r)), (h, (e, r, h)), (r, (e, i, r)),
-                                                  (i, (e, r, i)), (r, (e, h, r))]):
+        shapes = [(h, (e, r, h)), (r, (e, i, r)), (h, (e, r, h)), (r, (e, i, r)), (i, (e, r, i)), (r, (e, h, r))]
+        for name, (fan_in, shape) in zip(_NAMES if r else (), shapes):
             if name.endswith("_a"):
                 bound = 1.0 / math.sqrt(fan_in)
                 value = (torch.rand(shape, generator=g) * 2 - 1) * bound
@@ -63,17 +76,31 @@ class KTExperts(torch.nn.Module):
             p.grad = torch.zeros_like(p)
             self.register_parameter(name, p)
         params = self.lora_parameters()
-        self.wrapper.init_lora_weights(*params, *[p.grad for p in params])
+        if params:
+            self.wrapper.init_lora_weights(*params, *[p.grad for p in params])
 
     def lora_parameters(self):
-        """The six LoRA parameters, in ``init_lora_weights``' order."""
-        return [getattr(self, n) for n in _NAMES]
+        """The six LoRA parameters, in ``init_lora_weights``' order (none at rank 0)."""
+        return [getattr(self, n) for n in _NAMES if hasattr(self, n)]
+
+    def base_parameters(self):
+        """The base weights' parameters when full fine-tuning (``gate_proj``, ``up_proj``,
+        ``down_proj``), else none."""
+        return [getattr(self, n) for n in ("gate_proj", "up_proj", "down_proj") if self._full]
+
+    def _versions(self):
+        return [p._version for p in self.base_parameters()]
 
     def forward(self, hidden_states, top_k_index, top_k_weights):
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
+        if self._full and self._versions() != self._base_versions:
+            # An optimizer step changed the base weights in place: pack them again.
+            self.wrapper.update_base_weights()
+            self._base_versions = self._versions()
         if torch.is_grad_enabled():
-            out = KTMoEFunction.apply(x, top_k_index, top_k_weights, self.wrapper, *self.lora_parameters())
+            params = self.lora_parameters() + self.base_parameters()
+            out = KTMoEFunction.apply(x, top_k_index, top_k_weights, self.wrapper, *params)
         else:
             # No graph: nothing will call the backward, so keep no cache.
             out = self.wrapper.forward(x, top_k_index, top_k_weights, save_for_backward=False)
@@ -99,10 +126,13 @@ def _experts_modules(model):
 
 
 def attach(model, lora_rank=16, lora_alpha=32.0, method="AMXBF16_SFT", cpuinfer_threads=1, threadpool_count=1,
-           max_tokens=4096, max_cache_depth=1, seed=0):
+           max_tokens=4096, max_cache_depth=1, seed=0, full_weight_grad=False):
     """Replace every routed-experts module of a Hugging Face MoE ``model`` by a ``KTExperts``
     (in place) and freeze nothing else; returns the new modules, one per MoE layer in order.
-    ``max_tokens`` bounds the tokens (batch × sequence) of one forward."""
+    ``max_tokens`` bounds the tokens (batch × sequence) of one forward. ``full_weight_grad``
+    trains the experts' base weights too (their bf16 parameters ``gate_proj``, ``up_proj``,
+    ``down_proj``, packed again before the first forward after an optimizer step);
+    ``lora_rank=0`` with it is full fine-tuning without LoRA."""
     cfg = model.config
     kind = getattr(cfg, "model_type", None)
     if kind not in SUPPORTED:
@@ -121,7 +151,7 @@ def attach(model, lora_rank=16, lora_alpha=32.0, method="AMXBF16_SFT", cpuinfer_
         m = re.search(r"layers\.(\d+)\.", path + ".")
         layer_idx = int(m.group(1)) if m else n
         kt = KTExperts(experts, layer_idx, top_k, lora_rank, lora_alpha, method, cpuinfer_threads, threadpool_count,
-                       max_tokens, max_cache_depth, seed)
+                       max_tokens, max_cache_depth, seed, full_weight_grad)
         setattr(parent, name, kt)
         layers.append(kt)
     return layers
