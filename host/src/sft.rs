@@ -7,7 +7,7 @@ use std::sync::Mutex;
 use half::bf16;
 use kt_core::forward::{dequantized_expert_f32, ExpertF32};
 use kt_core::sft::{self, Backward, BackwardWeights, Cache, Lora, TransposeFormat};
-use kt_core::{Backend, Error, LayerFormat, MoeConfig, PackedMatrix, Routing, WeightFormat};
+use kt_core::{Backend, Error, LayerFormat, MoeConfig, PackedMatrix, QuantMatrix, Routing, WeightFormat};
 
 use crate::layer::{LayerOptions, MoeLayer, PartMatrix};
 use crate::weights::{kt_format, slot_reader, Checkpoint, Slots, WeightError};
@@ -144,6 +144,24 @@ impl SftLayer {
         }
         let max_cache_depth = sft.max_cache_depth;
         Ok(SftLayer { base, back, max_cache_depth, state: Mutex::default() })
+    }
+
+    /// Already-quantized experts (a checkpoint's own int4 groups, loaded exactly): `expert(slot)`
+    /// gives `(gate, up, down)` in `format` (`None` for a slot not on the CPU), called once per
+    /// slot and NUMA part for the layer, then once more for the transposes (from the values).
+    pub fn from_quantized(
+        cfg: &MoeConfig,
+        format: WeightFormat,
+        expert: impl Fn(usize) -> Option<(QuantMatrix, QuantMatrix, QuantMatrix)> + Sync,
+        opts: &LayerOptions,
+        sft: SftOptions,
+    ) -> Result<Self, Error> {
+        check_depth(sft.max_cache_depth)?;
+        let base = MoeLayer::from_quantized(cfg, &expert, format, opts)?;
+        let source = |slot: usize| -> Result<Option<TransposeSource<'static>>, Error> {
+            Ok(expert(slot).map(|(g, u, d)| TransposeSource::Values([g.dequantize(), u.dequantize(), d.dequantize()])))
+        };
+        Self::with_transposes(base, source, opts, sft)
     }
 
     /// Layer `layer` of a Hugging Face safetensors checkpoint (any expert layout and dtype the

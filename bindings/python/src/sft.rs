@@ -9,7 +9,7 @@ use std::sync::{Arc, Mutex};
 use half::bf16;
 use kt_core::sft::TransposeFormat;
 use kt_core::sft::{Backward, BaseGrads, Lora, LoraGrads};
-use kt_core::{MoeConfig, Routing, WeightFormat};
+use kt_core::{MoeConfig, QuantMatrix, Routing, WeightFormat};
 use kt_host::error::WeightError;
 use kt_host::slots::Slots;
 use kt_host::source::WeightSource;
@@ -103,11 +103,12 @@ impl SftMoe {
                     .map_err(|_| value_error(format!("group_size {group_size} is too large")))?,
             },
             "AMXFP8_SFT" => WeightFormat::Fp8Block,
+            "RAWINT4_SFT" => WeightFormat::Int4Group { group: 32 },
             _ => {
                 return Err(PyNotImplementedError::new_err(format!(
                     "SFT method {method} has no CPU backend in this build (the zero-point int4 kinds AMXINT4_1_SFT and \
                      AMXINT4_1KGroup_SFT are not implemented); working: AMXBF16_SFT, AMXINT8_SFT, INT8_SFT, \
-                     AMXINT4_SFT, AMXINT4_KGroup_SFT, AMXFP8_SFT and their _SkipLoRA variants"
+                     AMXINT4_SFT, AMXINT4_KGroup_SFT, AMXFP8_SFT, RAWINT4_SFT and their _SkipLoRA variants"
                 )))
             }
         };
@@ -164,6 +165,55 @@ impl SftMoe {
                 &opts,
                 s.sft,
             )
+        });
+        *s.layer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(layer.map_err(value_error)?));
+        Ok(())
+    }
+
+    /// Load K-group int4 experts exactly as a checkpoint stores them (KT's RAWINT4, compressed-
+    /// tensors "pack-quantized": offset-8 nibbles, low nibble the even column, `[E, rows,
+    /// cols/2]` bytes, and `[E, rows, cols/group]` scales of `scale_dtype`) at these addresses
+    /// (gate, its scales, up, its scales, down, its scales), slot `p` getting logical expert
+    /// `map[p]`; the layer's method must be of that group. Blocks, GIL released.
+    fn load_from_int4_groups(
+        &self,
+        py: Python<'_>,
+        infer: &CpuInfer,
+        ptrs: [usize; 6],
+        scale_dtype: &str,
+        map: Vec<i64>,
+    ) -> PyResult<()> {
+        let (scale_dtype, s) = (DType::parse(scale_dtype)?, &self.shared);
+        let WeightFormat::Int4Group { group } = s.format else {
+            return Err(value_error(format!("int4 groups load into a RAWINT4_SFT layer, not {}", s.format)));
+        };
+        let (g, h, i) = (group as usize, s.cfg.hidden, s.cfg.intermediate);
+        let map = checked_map(&map, s.cfg.experts)?;
+        let cfg = layer_config(s, infer)?;
+        let opts = LayerOptions::executor(infer.pool.clone());
+        let matrix = |data: usize, scales: usize, e: usize, rows: usize, cols: usize| {
+            let (bytes, count) = (rows * cols / 2, rows * cols / g);
+            // SAFETY: the wrapper checked the six tensors' shapes, dtypes and contiguity and keeps
+            // them alive for this call.
+            let (d, sc) = unsafe {
+                (
+                    std::slice::from_raw_parts((data + e * bytes) as *const u8, bytes).to_vec(),
+                    scale_dtype.read(scales + e * count * scale_dtype.size(), count),
+                )
+            };
+            QuantMatrix::from_parts(s.format, rows, cols, d, sc)
+        };
+        // Every expert's lengths are these (the config fixed them): checked once, on expert 0.
+        for (w, sc, rows, cols) in [(0, 1, i, h), (2, 3, i, h), (4, 5, h, i)] {
+            matrix(ptrs[w], ptrs[sc], 0, rows, cols).map_err(value_error)?;
+        }
+        let layer = py.detach(|| {
+            let expert = |slot: usize| {
+                let e = map[slot];
+                let m = |w: usize, rows, cols| matrix(ptrs[w], ptrs[w + 1], e, rows, cols).ok();
+                Some((m(0, i, h)?, m(2, i, h)?, m(4, h, i)?))
+            };
+            SftLayer::from_quantized(&cfg, s.format, expert, &opts, s.sft)
         });
         *s.layer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(layer.map_err(value_error)?));
         Ok(())

@@ -7,6 +7,7 @@ import pytest
 from conftest import experts, silu
 
 from kt_kernel import KTMoEWrapper
+from kt_kernel.sft import SFTMoEWrapper
 
 E, K, H, I, R, ALPHA = 8, 2, 256, 128, 4, 8.0
 
@@ -27,13 +28,16 @@ def lora(seed, zero_b=False):
     return [bf16_bits(np.zeros(s) if (zero_b and n % 2) else 0.1 * r.standard_normal(s)) for n, s in enumerate(shapes)]
 
 
-def wrapper(method="AMXBF16_SFT", depth=1, mode="sft", path=None, layer_idx=0, rank=R, full=False, bwd="bf16"):
-    return KTMoEWrapper(
+def wrapper(method="AMXBF16_SFT", depth=1, mode="sft", path=None, layer_idx=0, rank=R, full=False, bwd=None):
+    kw = dict(
         layer_idx=layer_idx, num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I,
         cpuinfer_threads=2, threadpool_count=2, weight_path=path, chunked_prefill_size=64, method=method,
-        mode=mode, lora_rank=rank, lora_alpha=ALPHA, max_cache_depth=depth, full_weight_grad=full,
-        backward_weights=bwd,
+        lora_rank=rank, lora_alpha=ALPHA, max_cache_depth=depth, full_weight_grad=full,
     )
+    if bwd is None:
+        return KTMoEWrapper(mode=mode, **kw)
+    # backward_weights is ours: SFTMoEWrapper's (KTMoEWrapper keeps KT's signature).
+    return SFTMoEWrapper(backward_weights=bwd, **kw)
 
 
 def layer(method="AMXBF16_SFT", depth=1, seed=1, zero_b=False):
@@ -385,3 +389,50 @@ def test_load_weights_reads_a_hugging_face_checkpoint(tmp_path):
         wrapper(path=str(tmp_path / "missing")).load_weights()
     with pytest.raises(ValueError, match="weight_path is None"):
         wrapper().load_weights()
+
+
+def rawint4(seed, zero_b=False):
+    """A compressed-tensors int4 layer (groups of 32, q in [-7, 7] with a ±7 in every group, so
+    quantizing its values again gives the same nibbles): its RAWINT4ExpertWeights (numpy) and
+    its values."""
+    from kt_kernel.sft import RAWINT4ExpertWeights
+
+    r = np.random.default_rng(seed)
+    parts, values = [], []
+    for rows, cols in [(I, H), (I, H), (H, I)]:
+        q = r.integers(-7, 8, (E, rows, cols))
+        q[..., ::32] = 7 * r.choice([-1, 1], (E, rows, cols // 32))
+        s = from_bits(bf16_bits(r.uniform(0.005, 0.02, (E, rows, cols // 32))))
+        nib = (q + 8).astype(np.uint8)
+        parts += [nib[..., 0::2] | (nib[..., 1::2] << 4), bf16_bits(s)]
+        values.append((q * np.repeat(s, 32, axis=-1)).astype(np.float32))
+    return RAWINT4ExpertWeights(*parts), values
+
+
+def test_rawint4_weights_load_as_stored():
+    """RAWINT4_SFT takes a compressed-tensors model's nibbles and scales as they are: the same
+    steps, bit for bit, as quantizing their values (which requantize exactly here) into int4
+    groups of 32; mistakes are refused naming the tensor."""
+    raw, values = rawint4(31)
+    m = np.roll(np.arange(E, dtype=np.int64), 2)
+    mats = lora(32)
+    steps = []
+    for w in (wrapper("RAWINT4_SFT"), KTMoEWrapper(
+            layer_idx=0, num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I,
+            cpuinfer_threads=2, threadpool_count=2, weight_path=None, chunked_prefill_size=64,
+            method="AMXINT4_KGroup_SFT", group_size=32, mode="sft", lora_rank=R, lora_alpha=ALPHA)):
+        if w.method == "RAWINT4_SFT":
+            w.load_rawint4_weights(raw, m)
+        else:
+            w.load_weights_from_tensors(*values, m)
+        w.init_lora_weights(*mats, *[np.zeros_like(x) for x in mats])
+        x, ids, wts = inputs(5, 33)
+        steps.append((w.forward(x, ids, wts), *w.backward(np.ones((5, H), np.float32))))
+    for a, b in zip(*steps):
+        assert np.array_equal(a, b)
+    with pytest.raises(ValueError, match="needs method RAWINT4_SFT"):
+        wrapper().load_rawint4_weights(raw)
+    bad, _ = rawint4(34)
+    bad.down_scale = bad.down_scale[:, :, :-1]
+    with pytest.raises(ValueError, match=r"down_scale must have shape \[8, 256, 4\]"):
+        wrapper("RAWINT4_SFT").load_rawint4_weights(bad)

@@ -198,3 +198,75 @@ def test_expert_lora_adapters_serve_through_the_forks_path(tmp_path):
     with torch.no_grad():
         trained = layers[1](x, ids, wts)
     assert torch.equal(served.to(torch.bfloat16), trained.to(torch.bfloat16))
+
+
+def test_rawint4_expert_lora_serving_loads_the_checkpoint_as_stored(tmp_path):
+    """The fork's `--kt-expert-lora-path` on a compressed-tensors int4 model (method RAWINT4):
+    its runtime probe, its checkpoint reader (`_load_rawint4_sft_weights`: our
+    `get_rawint4_checkpoint_contract`, `MOEArchConfig`, `load_rawint4_experts_from_checkpoint_files`)
+    and `load_rawint4_weights` serve the layer's own nibbles and scales: the output of the same
+    layer quantized from their values (which requantize exactly: every group holds a ±7) bit for
+    bit. A zero-point scheme is refused."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from kt_kernel import KTMoEWrapper
+
+    e, k, h, i, layer = 8, 2, 64, 32, 1
+    g = torch.Generator().manual_seed(7)
+    tensors, values = {}, {}
+    for name, rows, cols in [("gate_proj", i, h), ("up_proj", i, h), ("down_proj", h, i)]:
+        q = torch.randint(-7, 8, (e, rows, cols), generator=g)
+        q[..., ::32] = 7 * (torch.randint(0, 2, (e, rows, cols // 32), generator=g) * 2 - 1)
+        s = (torch.rand(e, rows, cols // 32, generator=g) * 0.015 + 0.005).to(torch.bfloat16)
+        values[name] = q.float() * s.float().repeat_interleave(32, dim=-1)
+        nib = (q + 8).to(torch.int32)
+        words = sum(nib[..., j::8] << (4 * j) for j in range(8))  # 8 nibbles an int32, low first
+        for x in range(e):
+            stem = f"model.layers.{layer}.mlp.experts.{x}.{name}"
+            tensors[f"{stem}.weight_packed"] = words[x].contiguous()
+            tensors[f"{stem}.weight_scale"] = s[x].contiguous()
+            tensors[f"{stem}.weight_shape"] = torch.tensor([rows, cols], dtype=torch.int64)
+    save_file(tensors, str(tmp_path / "model-00001-of-00001.safetensors"))
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {n: "model-00001-of-00001.safetensors" for n in tensors}}))
+    scheme = {"type": "int", "num_bits": 4, "strategy": "group", "group_size": 32, "dynamic": False,
+              "symmetric": True, "actorder": None, "block_structure": None}
+    quant = {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+             "config_groups": {"group_0": {"weights": scheme, "targets": ["Linear"]}}}
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": quant}))
+
+    method = kt_ep._map_kt_method_to_sft_method("RAWINT4")
+    assert method == "RAWINT4_SFT"
+    kt_ep._validate_kt_sft_runtime(method)
+    raw = kt_ep._load_rawint4_sft_weights(weight_path=str(tmp_path), layer_idx=layer, num_experts=e, hidden_size=h,
+                                          moe_intermediate_size=i, num_experts_per_tok=k)
+    shapes = [(ln.shape, ln.dtype) for ln in (raw.gate_proj, raw.gate_scale, raw.down_proj)]
+    assert shapes == [((e, i, h // 2), torch.uint8), ((e, i, h // 32), torch.bfloat16), ((e, h, i // 2), torch.uint8)]
+    common = dict(layer_idx=layer, num_experts=e, num_experts_per_tok=k, hidden_size=h, moe_intermediate_size=i,
+                  gpu_experts_mask=None, cpuinfer_threads=2, threadpool_count=1, weight_path=None,
+                  chunked_prefill_size=64, mode="sft", num_gpu_experts=0, lora_rank=4, lora_alpha=8.0)
+    shapes = [(e, 4, h), (e, i, 4), (e, 4, h), (e, i, 4), (e, 4, i), (e, h, 4)]
+    lora = [(0.05 * torch.randn(*s, generator=g)).to(torch.bfloat16) for s in shapes]
+    x = torch.randn(7, h, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(7)])
+    wts = torch.rand(7, k, generator=g)
+    outs = []
+    for served in (True, False):
+        w = KTMoEWrapper(method=method if served else "AMXINT4_KGroup_SFT", group_size=32, **common)
+        if served:
+            kt_ep._configure_kt_sft_wrapper_for_serving(w, method)
+            w.load_rawint4_weights(raw, torch.arange(e))
+        else:
+            w.load_weights_from_tensors(values["gate_proj"], values["up_proj"], values["down_proj"])
+        w.init_lora_weights(*lora, *[torch.zeros_like(t) for t in lora])
+        w.submit_forward_inference(x, ids, wts, 0)
+        outs.append(w.sync_forward_inference(0))
+    assert torch.equal(outs[0], outs[1])
+
+    quant["config_groups"]["group_0"]["weights"] = {**scheme, "symmetric": False, "zero_point": True}
+    (tmp_path / "config.json").write_text(json.dumps({"quantization_config": quant}))
+    with pytest.raises(ValueError, match="group_0"):
+        kt_ep._load_rawint4_sft_weights(weight_path=str(tmp_path), layer_idx=layer, num_experts=e, hidden_size=h,
+                                        moe_intermediate_size=i, num_experts_per_tok=k)

@@ -177,7 +177,6 @@ pub fn write_layer(
         ("method", method),
         ("numa_parts", cfg.parts.to_string()),
         ("layer", layer.to_string()),
-        ("backward", if backward { "transposes" } else { "none" }.to_string()),
     ];
     let mut w = StreamWriter::create(path, plan.clone(), &meta).map_err(io)?;
     let per_expert = plan.len() / cfg.experts.max(1);

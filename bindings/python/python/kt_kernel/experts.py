@@ -41,6 +41,7 @@ SFT_METHODS = frozenset(
         "AMXINT4_1_SFT",
         "AMXINT4_KGroup_SFT",
         "AMXINT4_1KGroup_SFT",
+        "RAWINT4_SFT",
     }
     | {f"{m}_SkipLoRA" for m in ("AMXBF16_SFT", "AMXINT8_SFT", "AMXINT4_SFT", "AMXINT4_1_SFT", "AMXINT4_KGroup_SFT", "AMXINT4_1KGroup_SFT")}
 )
@@ -104,7 +105,6 @@ class KTMoEWrapper:
         full_weight_grad=False,
         swiglu_limit=0.0,
         swiglu_alpha=0.0,
-        backward_weights="bf16",
     ):
         if mode not in ("inference", "sft"):
             raise ValueError(f"Unsupported mode: {mode!r}. Supported modes: ['inference', 'sft']")
@@ -149,7 +149,6 @@ class KTMoEWrapper:
                 max_cache_depth=max_cache_depth,
                 group_size=group_size,
                 full_weight_grad=full_weight_grad,
-                backward_weights=backward_weights,
             )
         if method not in WORKING_METHODS:
             raise NotImplementedError(

@@ -6,7 +6,9 @@ the same wrapper as ``SFTMoEWrapper(...)``::
     from kt_kernel.sft import SFTMoEWrapper, KTMoEFunction
 
 The base weights stay frozen in an inference format (``AMXBF16_SFT``: bf16, ``AMXINT8_SFT``,
-``AMXINT4_SFT``, ``AMXINT4_KGroup_SFT``, ``AMXFP8_SFT``; ``*_SkipLoRA``: no LoRA); every
+``AMXINT4_SFT``, ``AMXINT4_KGroup_SFT``, ``AMXFP8_SFT``, ``RAWINT4_SFT``: a compressed-tensors
+int4 model's own weights, see ``rawint4``; ``*_SkipLoRA``: no LoRA; or trained too, with
+``full_weight_grad``); every
 projection of every expert gets ``x·Wᵀ + (alpha/rank)·(x·Aᵀ)·Bᵀ`` with the caller's bf16 A and B,
 whose gradients the backward adds to (zero-copy, as KT). ``KTMoEFunction`` (torch) makes the
 layer a node of torch's autograd graph; ``attach(model, ...)`` (torch, transformers >= 5) puts
@@ -16,6 +18,9 @@ PEFT-style adapter directory).
 """
 
 from .wrapper import SFTMoEWrapper
+
+_RAWINT4 = ("MOEArchConfig", "RAWINT4ExpertWeights", "get_rawint4_runtime", "get_rawint4_checkpoint_contract",
+            "load_rawint4_experts_from_checkpoint_files")
 
 AMXSFTMoEWrapper = SFTMoEWrapper
 BaseSFTMoEWrapper = SFTMoEWrapper
@@ -31,8 +36,12 @@ def __getattr__(name):
         from . import hf
 
         return getattr(hf, name)
+    if name in _RAWINT4:
+        from . import rawint4
+
+        return getattr(rawint4, name)
     raise AttributeError(f"module 'kt_kernel.sft' has no attribute {name!r}")
 
 
 __all__ = ["SFTMoEWrapper", "AMXSFTMoEWrapper", "BaseSFTMoEWrapper", "KTMoEFunction", "attach", "KTExperts", "save_adapter",
-           "load_adapter"]
+           "load_adapter", *_RAWINT4]

@@ -166,6 +166,34 @@ class SFTMoEWrapper(ExpertWeights):
             raise RuntimeError("LoRA weights not initialized. Call init_lora_weights() first.")
         self.init_lora_weights(*self._lora, *self._grads)
 
+    def load_rawint4_weights(self, weights, physical_to_logical_map_cpu=None):
+        """``RAWINT4_SFT``: load a compressed-tensors int4 model's experts as they are stored
+        (``kt_kernel.sft.RAWINT4ExpertWeights``: packed uint8 ``[E, rows, cols/2]`` and bf16 or
+        f32 scales ``[E, rows, cols/32]``, torch tensors or numpy arrays, bf16 as uint16 bits),
+        without quantizing them again."""
+        if self.method != "RAWINT4_SFT":
+            raise ValueError(f"load_rawint4_weights() needs method RAWINT4_SFT, got {self.method!r}")
+        if int(getattr(weights, "group_size", 32)) != 32:
+            raise ValueError(f"RAWINT4 SFT needs group_size 32, got {weights.group_size}")
+        e, h, i = self.num_experts, self.hidden_size, self.moe_intermediate_size
+        arrays, ptrs, codes = [], [], set()
+        for name, rows, cols in [("gate", i, h), ("up", i, h), ("down", h, i)]:
+            packed, scale = getattr(weights, f"{name}_proj"), getattr(weights, f"{name}_scale")
+            p = packed.detach().cpu().contiguous().numpy() if T.is_torch(packed) else np.asarray(T.host(packed))
+            p = np.ascontiguousarray(p)
+            if p.dtype != np.uint8 or p.shape != (e, rows, cols // 2):
+                raise ValueError(f"{name}_proj must be uint8 {[e, rows, cols // 2]}, got {p.dtype} {list(p.shape)}")
+            if T.shape(scale) != (e, rows, cols // 32):
+                raise ValueError(f"{name}_scale must have shape {[e, rows, cols // 32]}, got {list(T.shape(scale))}")
+            s, sp = T.to_host_array(T.host(scale), f"{name}_scale")
+            codes.add(T.float_code(s) or ("bf16" if np.asarray(s).dtype == np.uint16 else None))
+            arrays += [p, s]
+            ptrs += [int(p.ctypes.data), sp]
+        if len(codes) != 1 or None in codes or "f16" in codes:
+            raise TypeError(f"the scales must all be bf16 (or uint16 bf16 bits) or all float32, got {sorted(map(str, codes))}")
+        self.moe.load_from_int4_groups(self.cpu_infer, ptrs, codes.pop(), self._map(physical_to_logical_map_cpu))
+        del arrays
+
     # -- full fine-tuning -------------------------------------------------------------------
 
     def init_full_weight_grad_buffers(self, gate_proj, up_proj, down_proj):
