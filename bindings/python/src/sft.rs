@@ -170,50 +170,52 @@ impl SftMoe {
         Ok(())
     }
 
-    /// Load K-group int4 experts exactly as a checkpoint stores them (KT's RAWINT4, compressed-
-    /// tensors "pack-quantized": offset-8 nibbles, low nibble the even column, `[E, rows,
-    /// cols/2]` bytes, and `[E, rows, cols/group]` scales of `scale_dtype`) at these addresses
-    /// (gate, its scales, up, its scales, down, its scales), slot `p` getting logical expert
-    /// `map[p]`; the layer's method must be of that group. Blocks, GIL released.
-    fn load_from_int4_groups(
+    /// Load experts exactly as a checkpoint stores them, in the layer's own format (KT's
+    /// RAWINT4: int4 groups of 32 as compressed-tensors packs them, offset-8 nibbles with the
+    /// even column low, and a scale per group; FP8: e4m3 bytes and a scale per 128×128 block):
+    /// `ptrs` holds, per logical expert, the addresses of gate, its scales, up, its scales,
+    /// down and its scales (row-major, scales of `scale_dtype`); slot `p` gets logical expert
+    /// `map[p]`. Blocks, GIL released.
+    fn load_from_quantized(
         &self,
         py: Python<'_>,
         infer: &CpuInfer,
-        ptrs: [usize; 6],
+        ptrs: Vec<usize>,
         scale_dtype: &str,
         map: Vec<i64>,
     ) -> PyResult<()> {
         let (scale_dtype, s) = (DType::parse(scale_dtype)?, &self.shared);
-        let WeightFormat::Int4Group { group } = s.format else {
-            return Err(value_error(format!("int4 groups load into a RAWINT4_SFT layer, not {}", s.format)));
-        };
-        let (g, h, i) = (group as usize, s.cfg.hidden, s.cfg.intermediate);
-        let map = checked_map(&map, s.cfg.experts)?;
+        let (f, e, h, i) = (s.format, s.cfg.experts, s.cfg.hidden, s.cfg.intermediate);
+        if !matches!(f, WeightFormat::Int4Group { .. } | WeightFormat::Fp8Block) {
+            return Err(value_error(format!("stored weights load into RAWINT4_SFT and AMXFP8_SFT layers, not {f}")));
+        }
+        if ptrs.len() != 6 * e {
+            return Err(value_error(format!("expected 6 addresses for each of {e} experts, got {}", ptrs.len())));
+        }
+        let map = checked_map(&map, e)?;
         let cfg = layer_config(s, infer)?;
         let opts = LayerOptions::executor(infer.pool.clone());
-        let matrix = |data: usize, scales: usize, e: usize, rows: usize, cols: usize| {
-            let (bytes, count) = (rows * cols / 2, rows * cols / g);
-            // SAFETY: the wrapper checked the six tensors' shapes, dtypes and contiguity and keeps
+        let matrix = |e: usize, proj: usize| {
+            let (rows, cols) = if proj == 2 { (h, i) } else { (i, h) };
+            let (bytes, count) = (f.data_bytes(rows, cols), f.scale_count(rows, cols));
+            let (data, scales) = (ptrs[6 * e + 2 * proj], ptrs[6 * e + 2 * proj + 1]);
+            // SAFETY: the wrapper checked every tensor's shape, dtype and contiguity and keeps
             // them alive for this call.
             let (d, sc) = unsafe {
-                (
-                    std::slice::from_raw_parts((data + e * bytes) as *const u8, bytes).to_vec(),
-                    scale_dtype.read(scales + e * count * scale_dtype.size(), count),
-                )
+                (std::slice::from_raw_parts(data as *const u8, bytes).to_vec(), scale_dtype.read(scales, count))
             };
-            QuantMatrix::from_parts(s.format, rows, cols, d, sc)
+            QuantMatrix::from_parts(f, rows, cols, d, sc)
         };
         // Every expert's lengths are these (the config fixed them): checked once, on expert 0.
-        for (w, sc, rows, cols) in [(0, 1, i, h), (2, 3, i, h), (4, 5, h, i)] {
-            matrix(ptrs[w], ptrs[sc], 0, rows, cols).map_err(value_error)?;
+        for proj in 0..3 {
+            matrix(0, proj).map_err(value_error)?;
         }
         let layer = py.detach(|| {
             let expert = |slot: usize| {
-                let e = map[slot];
-                let m = |w: usize, rows, cols| matrix(ptrs[w], ptrs[w + 1], e, rows, cols).ok();
-                Some((m(0, i, h)?, m(2, i, h)?, m(4, h, i)?))
+                let m = |proj| matrix(map[slot], proj).ok();
+                Some((m(0)?, m(1)?, m(2)?))
             };
-            SftLayer::from_quantized(&cfg, s.format, expert, &opts, s.sft)
+            SftLayer::from_quantized(&cfg, f, expert, &opts, s.sft)
         });
         *s.layer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(layer.map_err(value_error)?));
         Ok(())

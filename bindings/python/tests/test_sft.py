@@ -436,3 +436,58 @@ def test_rawint4_weights_load_as_stored():
     bad.down_scale = bad.down_scale[:, :, :-1]
     with pytest.raises(ValueError, match=r"down_scale must have shape \[8, 256, 4\]"):
         wrapper("RAWINT4_SFT").load_rawint4_weights(bad)
+
+
+def e4m3_values(codes):
+    """float32 values of e4m3fn byte codes (no NaN codes given)."""
+    c = codes.astype(np.int32)
+    sign = np.where(c & 0x80, -1.0, 1.0)
+    e, m = (c >> 3) & 0xF, c & 7
+    v = np.where(e == 0, m / 8.0 * 2.0**-6, (1 + m / 8.0) * 2.0 ** (e - 7))
+    return (sign * v).astype(np.float32)
+
+
+def test_block_fp8_weights_load_as_stored():
+    """AMXFP8_SFT takes an FP8 model's e4m3 bytes and block scales as they are (KT's
+    BlockFP8ExpertWeights: lists per expert): the same steps, bit for bit, as quantizing their
+    values, which requantize exactly here (power-of-two scales, a ±448 in every block). I is
+    256 here: the pool's two NUMA parts take whole 128-column blocks."""
+    from kt_kernel.sft import BlockFP8ExpertWeights
+
+    i2 = 256
+    r = np.random.default_rng(41)
+    lists, values = [], []
+    for rows, cols in [(i2, H), (i2, H), (H, i2)]:
+        w, s, v = [], [], []
+        for _ in range(E):
+            codes = r.integers(0, 0x7F, (rows, cols)).astype(np.uint8) | (r.integers(0, 2, (rows, cols)) << 7).astype(np.uint8)
+            codes[::128, ::128] = 0x7E  # 448
+            scale = (2.0 ** r.integers(-12, -8, (rows // 128, cols // 128))).astype(np.float32)
+            w.append(codes)
+            s.append(scale)
+            v.append(e4m3_values(codes) * np.repeat(np.repeat(scale, 128, 0), 128, 1))
+        lists += [w, s]
+        values.append(np.stack(v))
+    fp8 = BlockFP8ExpertWeights(*lists)
+    shapes = [(E, R, H), (E, i2, R), (E, R, H), (E, i2, R), (E, R, i2), (E, H, R)]
+    mats = [bf16_bits(0.1 * r.standard_normal(sh)) for sh in shapes]
+    fp8_wrapper = lambda: SFTMoEWrapper(
+        0, E, K, H, i2, cpuinfer_threads=2, threadpool_count=2, chunked_prefill_size=64, lora_rank=R,
+        lora_alpha=ALPHA, method="AMXFP8_SFT")
+    steps = []
+    for stored in (True, False):
+        w = fp8_wrapper()
+        if stored:
+            w.load_block_fp8_weights(fp8)
+        else:
+            w.load_weights_from_tensors(*values)
+        w.init_lora_weights(*mats, *[np.zeros_like(x) for x in mats])
+        x, ids, wts = inputs(6, 43)
+        steps.append((w.forward(x, ids, wts), *w.backward(np.ones((6, H), np.float32))))
+    for a, b in zip(*steps):
+        assert np.array_equal(a, b)
+    with pytest.raises(ValueError, match="needs method AMXFP8_SFT"):
+        wrapper("RAWINT4_SFT").load_block_fp8_weights(fp8)
+    fp8.up_scale = fp8.up_scale[:-1]
+    with pytest.raises(ValueError, match="up: expected 8 experts"):
+        fp8_wrapper().load_block_fp8_weights(fp8)

@@ -270,3 +270,61 @@ def test_rawint4_expert_lora_serving_loads_the_checkpoint_as_stored(tmp_path):
     with pytest.raises(ValueError, match="group_0"):
         kt_ep._load_rawint4_sft_weights(weight_path=str(tmp_path), layer_idx=layer, num_experts=e, hidden_size=h,
                                         moe_intermediate_size=i, num_experts_per_tok=k)
+
+
+def test_fp8_expert_lora_serving_loads_the_checkpoint_as_stored(tmp_path):
+    """The fork's `--kt-expert-lora-path` on a block-FP8 model (method FP8): its runtime probe,
+    its checkpoint reader (`_load_native_fp8_sft_weights`: our `MOEArchConfig`,
+    `load_block_fp8_experts_from_checkpoint_files`) and `load_block_fp8_weights` serve the
+    layer's own e4m3 bytes and scales: the output of the same layer quantized from their values
+    (which requantize exactly: power-of-two scales, a ±448 in every block) bit for bit."""
+    import json
+
+    from safetensors.torch import save_file
+
+    from kt_kernel import KTMoEWrapper
+
+    e, k, h, i, layer = 4, 2, 256, 128, 1
+    g = torch.Generator().manual_seed(8)
+    tensors, values = {}, {}
+    for name, rows, cols in [("gate_proj", i, h), ("up_proj", i, h), ("down_proj", h, i)]:
+        w = (torch.randn(e, rows, cols, generator=g) * 100).clamp(-440, 440).to(torch.float8_e4m3fn)
+        w[:, ::128, ::128] = 448.0
+        s = 2.0 ** torch.randint(-12, -8, (e, rows // 128, cols // 128), generator=g).float()
+        values[name] = w.float() * s.repeat_interleave(128, 1).repeat_interleave(128, 2)
+        for x in range(e):
+            stem = f"model.layers.{layer}.mlp.experts.{x}.{name}"
+            tensors[f"{stem}.weight"] = w[x].contiguous()
+            tensors[f"{stem}.weight_scale_inv"] = s[x].contiguous()
+    save_file(tensors, str(tmp_path / "model-00001-of-00001.safetensors"))
+    (tmp_path / "model.safetensors.index.json").write_text(
+        json.dumps({"weight_map": {n: "model-00001-of-00001.safetensors" for n in tensors}}))
+
+    method = kt_ep._map_kt_method_to_sft_method("FP8")
+    assert method == "AMXFP8_SFT"
+    kt_ep._validate_kt_sft_runtime(method)
+    raw = kt_ep._load_native_fp8_sft_weights(weight_path=str(tmp_path), layer_idx=layer, num_experts=e, hidden_size=h,
+                                             moe_intermediate_size=i, num_experts_per_tok=k)
+    assert len(raw.gate_proj) == e and raw.down_scale[0].dtype == torch.float32
+    common = dict(layer_idx=layer, num_experts=e, num_experts_per_tok=k, hidden_size=h, moe_intermediate_size=i,
+                  gpu_experts_mask=None, cpuinfer_threads=2, threadpool_count=1, weight_path=None,
+                  chunked_prefill_size=64, mode="sft", num_gpu_experts=0, lora_rank=4, lora_alpha=8.0,
+                  method=method)
+    shapes = [(e, 4, h), (e, i, 4), (e, 4, h), (e, i, 4), (e, 4, i), (e, h, 4)]
+    lora = [(0.05 * torch.randn(*s, generator=g)).to(torch.bfloat16) for s in shapes]
+    x = torch.randn(7, h, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(7)])
+    wts = torch.rand(7, k, generator=g)
+    outs = []
+    for served in (True, False):
+        w = KTMoEWrapper(**common)
+        if served:
+            kt_ep._configure_kt_sft_wrapper_for_serving(w, method)
+            assert w.share_backward_bb
+            w.load_block_fp8_weights(raw, torch.arange(e))
+        else:
+            w.load_weights_from_tensors(values["gate_proj"], values["up_proj"], values["down_proj"])
+        w.init_lora_weights(*lora, *[torch.zeros_like(t) for t in lora])
+        w.submit_forward_inference(x, ids, wts, 0)
+        outs.append(w.sync_forward_inference(0))
+    assert torch.equal(outs[0], outs[1])

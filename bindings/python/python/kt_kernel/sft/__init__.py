@@ -7,7 +7,7 @@ the same wrapper as ``SFTMoEWrapper(...)``::
 
 The base weights stay frozen in an inference format (``AMXBF16_SFT``: bf16, ``AMXINT8_SFT``,
 ``AMXINT4_SFT``, ``AMXINT4_KGroup_SFT``, ``AMXFP8_SFT``, ``RAWINT4_SFT``: a compressed-tensors
-int4 model's own weights, see ``rawint4``; ``*_SkipLoRA``: no LoRA; or trained too, with
+int4 model's own weights, see ``stored``; ``*_SkipLoRA``: no LoRA; or trained too, with
 ``full_weight_grad``); every
 projection of every expert gets ``x·Wᵀ + (alpha/rank)·(x·Aᵀ)·Bᵀ`` with the caller's bf16 A and B,
 whose gradients the backward adds to (zero-copy, as KT). ``KTMoEFunction`` (torch) makes the
@@ -19,8 +19,9 @@ PEFT-style adapter directory).
 
 from .wrapper import SFTMoEWrapper
 
-_RAWINT4 = ("MOEArchConfig", "RAWINT4ExpertWeights", "get_rawint4_runtime", "get_rawint4_checkpoint_contract",
-            "load_rawint4_experts_from_checkpoint_files")
+_STORED = ("MOEArchConfig", "RAWINT4ExpertWeights", "BlockFP8ExpertWeights", "get_rawint4_runtime", "get_fp8_runtime",
+           "get_rawint4_checkpoint_contract", "load_rawint4_experts_from_checkpoint_files",
+           "load_block_fp8_experts_from_checkpoint_files")
 
 AMXSFTMoEWrapper = SFTMoEWrapper
 BaseSFTMoEWrapper = SFTMoEWrapper
@@ -36,12 +37,12 @@ def __getattr__(name):
         from . import hf
 
         return getattr(hf, name)
-    if name in _RAWINT4:
-        from . import rawint4
+    if name in _STORED:
+        from . import stored
 
-        return getattr(rawint4, name)
+        return getattr(stored, name)
     raise AttributeError(f"module 'kt_kernel.sft' has no attribute {name!r}")
 
 
 __all__ = ["SFTMoEWrapper", "AMXSFTMoEWrapper", "BaseSFTMoEWrapper", "KTMoEFunction", "attach", "KTExperts", "save_adapter",
-           "load_adapter", *_RAWINT4]
+           "load_adapter", *_STORED]

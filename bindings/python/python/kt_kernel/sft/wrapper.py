@@ -29,6 +29,34 @@ def _bf16_address(x, name, shape):
     return int(a.ctypes.data)
 
 
+def _bytes(x, name, shape):
+    """A tensor of stored bytes (uint8, or torch ``float8_e4m3fn``) as a C-contiguous uint8 array
+    of ``shape``."""
+    if T.is_torch(x):
+        x = x.detach().cpu().contiguous()
+        if "float8" in str(x.dtype):
+            x = x.view(T.torch_module().uint8)
+        x = x.numpy()
+    a = np.ascontiguousarray(np.asarray(T.host(x)))
+    if a.dtype != np.uint8 or a.shape != tuple(shape):
+        raise ValueError(f"{name} must be uint8 (or float8_e4m3fn) {list(shape)}, got {a.dtype} {list(a.shape)}")
+    return a
+
+
+def _scales(x, name, shape):
+    """Scales of ``shape`` as ``(array, address, bytes per element)``."""
+    if T.shape(x) != tuple(shape):
+        raise ValueError(f"{name} must have shape {list(shape)}, got {list(T.shape(x))}")
+    a, ptr = T.to_host_array(T.host(x), name)
+    return a, ptr, (a.element_size() if T.is_torch(a) else a.itemsize)
+
+
+def _scale_code(a):
+    """'bf16' or 'f32' for a scales array (numpy uint16: bf16 bits), else None."""
+    code = T.float_code(a) or ("bf16" if not T.is_torch(a) and a.dtype == np.uint16 else None)
+    return code if code in ("bf16", "f32") else None
+
+
 def _bf16_bits(a):
     """A float array as C-contiguous bf16 bits (uint16), rounded to nearest even; bf16
     arrays (``uint16`` bits or ``ml_dtypes.bfloat16``) as they are."""
@@ -175,24 +203,49 @@ class SFTMoEWrapper(ExpertWeights):
             raise ValueError(f"load_rawint4_weights() needs method RAWINT4_SFT, got {self.method!r}")
         if int(getattr(weights, "group_size", 32)) != 32:
             raise ValueError(f"RAWINT4 SFT needs group_size 32, got {weights.group_size}")
-        e, h, i = self.num_experts, self.hidden_size, self.moe_intermediate_size
-        arrays, ptrs, codes = [], [], set()
-        for name, rows, cols in [("gate", i, h), ("up", i, h), ("down", h, i)]:
-            packed, scale = getattr(weights, f"{name}_proj"), getattr(weights, f"{name}_scale")
-            p = packed.detach().cpu().contiguous().numpy() if T.is_torch(packed) else np.asarray(T.host(packed))
-            p = np.ascontiguousarray(p)
-            if p.dtype != np.uint8 or p.shape != (e, rows, cols // 2):
-                raise ValueError(f"{name}_proj must be uint8 {[e, rows, cols // 2]}, got {p.dtype} {list(p.shape)}")
-            if T.shape(scale) != (e, rows, cols // 32):
-                raise ValueError(f"{name}_scale must have shape {[e, rows, cols // 32]}, got {list(T.shape(scale))}")
-            s, sp = T.to_host_array(T.host(scale), f"{name}_scale")
-            codes.add(T.float_code(s) or ("bf16" if np.asarray(s).dtype == np.uint16 else None))
-            arrays += [p, s]
-            ptrs += [int(p.ctypes.data), sp]
-        if len(codes) != 1 or None in codes or "f16" in codes:
-            raise TypeError(f"the scales must all be bf16 (or uint16 bf16 bits) or all float32, got {sorted(map(str, codes))}")
-        self.moe.load_from_int4_groups(self.cpu_infer, ptrs, codes.pop(), self._map(physical_to_logical_map_cpu))
-        del arrays
+        e = self.num_experts
+        stored = []
+        for name, rows, cols in self._projections():
+            p = _bytes(getattr(weights, f"{name}_proj"), f"{name}_proj", (e, rows, cols // 2))
+            s = _scales(getattr(weights, f"{name}_scale"), f"{name}_scale", (e, rows, cols // 32))
+            stored.append([(p, int(p.ctypes.data) + x * p[0].nbytes) for x in range(e)])
+            stored.append([(s[0], s[1] + x * rows * (cols // 32) * s[2]) for x in range(e)])
+        self._load_stored(stored, physical_to_logical_map_cpu)
+
+    def load_block_fp8_weights(self, weights, physical_to_logical_map_cpu=None):
+        """``AMXFP8_SFT``: load an FP8 model's experts as they are stored (KT's
+        ``BlockFP8ExpertWeights``: per projection a list of ``E`` e4m3 matrices, torch
+        ``float8_e4m3fn`` or numpy uint8 bytes, and of ``E`` f32 (or bf16) ``weight_scale_inv``
+        scales, one per 128×128 block), without quantizing them again."""
+        if self.method != "AMXFP8_SFT":
+            raise ValueError(f"load_block_fp8_weights() needs method AMXFP8_SFT, got {self.method!r}")
+        if tuple(getattr(weights, "block_size", (128, 128))) != (128, 128):
+            raise ValueError(f"AMXFP8_SFT needs block_size (128, 128), got {weights.block_size}")
+        e = self.num_experts
+        stored = []
+        for name, rows, cols in self._projections():
+            ws, ss = getattr(weights, f"{name}_proj"), getattr(weights, f"{name}_scale")
+            if len(ws) != e or len(ss) != e:
+                raise ValueError(f"{name}: expected {e} experts' weights and scales, got {len(ws)} and {len(ss)}")
+            ps = [_bytes(w, f"{name}_proj[{x}]", (rows, cols)) for x, w in enumerate(ws)]
+            sc = [_scales(s, f"{name}_scale[{x}]", (rows // 128, cols // 128)) for x, s in enumerate(ss)]
+            stored.append([(p, int(p.ctypes.data)) for p in ps])
+            stored.append([(s[0], s[1]) for s in sc])
+        self._load_stored(stored, physical_to_logical_map_cpu)
+
+    def _projections(self):
+        h, i = self.hidden_size, self.moe_intermediate_size
+        return [("gate", i, h), ("up", i, h), ("down", h, i)]
+
+    def _load_stored(self, stored, physical_to_logical_map_cpu):
+        """Hand the native layer six ``(array, address)`` lists (gate, its scales, up, ..., one
+        entry per logical expert), the scales' dtype read from them, and block until loaded."""
+        codes = {_scale_code(a) for lst in stored[1::2] for a, _ in lst}
+        if len(codes) != 1 or None in codes:
+            raise TypeError("the scales must all be bf16 (torch bfloat16 or uint16 bits) or all float32")
+        ptrs = [stored[k][x][1] for x in range(self.num_experts) for k in range(6)]
+        self.moe.load_from_quantized(self.cpu_infer, ptrs, codes.pop(), self._map(physical_to_logical_map_cpu))
+        del stored
 
     # -- full fine-tuning -------------------------------------------------------------------
 

@@ -1,20 +1,23 @@
-"""KT's RAWINT4 SFT surface (what SGLang's KT fork calls to serve expert LoRA on a
-compressed-tensors int4 model): signed int4 in groups of 32 along K with one scale per group,
-stored as compressed-tensors "pack-quantized" stores it (offset-8 nibbles, the even column in
-the low nibble, int32 words or their bytes) and loaded into a ``RAWINT4_SFT`` layer as it is,
-without quantizing again (``SFTMoEWrapper.load_rawint4_weights``).
+"""KT's loaders for experts stored quantized (what SGLang's KT fork calls to serve expert LoRA
+on a quantized model), each loaded into the SFT layer as stored, without quantizing again:
 
-``MOEArchConfig`` and the dataclasses need nothing; ``load_rawint4_experts_from_checkpoint_files``
-reads torch tensors (torch and safetensors).
+- RAWINT4 (compressed-tensors int4): signed int4 in groups of 32 along K with one scale per
+  group, as "pack-quantized" stores it (offset-8 nibbles, the even column in the low nibble,
+  int32 words or their bytes), for ``RAWINT4_SFT`` (``SFTMoEWrapper.load_rawint4_weights``);
+- block FP8 (DeepSeek-V3 style): e4m3 matrices with one ``weight_scale_inv`` per 128×128
+  block, for ``AMXFP8_SFT`` (``SFTMoEWrapper.load_block_fp8_weights``).
+
+``MOEArchConfig`` and the dataclasses need nothing; the checkpoint readers return torch tensors
+(torch and safetensors).
 """
 
-import json
 import os
 from dataclasses import dataclass
 from typing import Any, Mapping
 
 RAWINT4_GROUP_SIZE = 32
 RAWINT4_WEIGHT_LAYOUT = "int4-g32: offset-8 nibbles (even column low), one scale per 32 columns"
+FP8_WEIGHT_LAYOUT = "fp8: e4m3 bytes, one f32 scale per 128x128 block"
 
 
 @dataclass
@@ -46,8 +49,29 @@ class RAWINT4ExpertWeights:
     group_size: int = RAWINT4_GROUP_SIZE
 
 
+@dataclass
+class BlockFP8ExpertWeights:
+    """One layer's experts, unstacked: per projection ``E`` e4m3 matrices (gate, up ``[I, H]``,
+    down ``[H, I]``) and ``E`` f32 scales, one per 128×128 block."""
+
+    gate_proj: list
+    gate_scale: list
+    up_proj: list
+    up_scale: list
+    down_proj: list
+    down_scale: list
+    block_size: tuple = (128, 128)
+
+
 @dataclass(frozen=True)
 class RAWINT4Runtime:
+    cpu_variant: str
+    kernel: str
+    weight_layout: str
+
+
+@dataclass(frozen=True)
+class FP8Runtime:
     cpu_variant: str
     kernel: str
     weight_layout: str
@@ -69,6 +93,13 @@ def get_rawint4_runtime():
     import kt_kernel
 
     return RAWINT4Runtime(kt_kernel.__cpu_variant__, f"{kt_kernel.__cpu_variant__}-int4-g32", RAWINT4_WEIGHT_LAYOUT)
+
+
+def get_fp8_runtime():
+    """The block-FP8 SFT runtime: every backend of this build runs e4m3 blocks."""
+    import kt_kernel
+
+    return FP8Runtime(kt_kernel.__cpu_variant__, f"{kt_kernel.__cpu_variant__}-fp8", FP8_WEIGHT_LAYOUT)
 
 
 def _get(config, name, default=None):
@@ -121,7 +152,6 @@ def load_rawint4_experts_from_checkpoint_files(checkpoint_files, sharded_metadat
     ``[rows, cols/32]``) and ``.weight_shape``; torch tensors stacked per projection. A missing
     tensor, a zero point or a shape that differs raises naming the tensor."""
     import torch
-    from safetensors import safe_open
 
     if int(group_size) != RAWINT4_GROUP_SIZE:
         raise ValueError(f"RAWINT4 SFT needs group_size {RAWINT4_GROUP_SIZE}, got {group_size}")
@@ -130,29 +160,8 @@ def load_rawint4_experts_from_checkpoint_files(checkpoint_files, sharded_metadat
     h, i = int(hidden_size), int(moe_config.intermediate_size)
     if h % group_size or i % group_size:
         raise ValueError(f"hidden_size {h} and intermediate_size {i} must be multiples of the group size {group_size}")
-    weight_map = (sharded_metadata or {}).get("weight_map") if isinstance(sharded_metadata, Mapping) else None
-    if weight_map:
-        base = os.path.dirname(checkpoint_files[0])
-        where = {k: os.path.join(base, f) for k, f in weight_map.items()}
-    else:
-        where = {}
-        for f in checkpoint_files:
-            with safe_open(f, framework="pt") as handle:
-                where.update({k: f for k in handle.keys()})
+    where = _tensor_files(checkpoint_files, sharded_metadata)
     prefix = f"{layers_prefix}.{layer_idx}.{moe_config.moe_layer_attr}.{moe_config.experts_attr}"
-
-    def read(keys):
-        by_file = {}
-        for k in keys:
-            if k not in where:
-                raise FileNotFoundError(f"layer {layer_idx}: the checkpoint has no tensor {k}")
-            by_file.setdefault(where[k], []).append(k)
-        out = {}
-        for f, ks in by_file.items():
-            with safe_open(f, framework="pt") as handle:
-                out.update({k: handle.get_tensor(k) for k in ks})
-        return out
-
     stacked = []
     for name, rows, cols in zip(moe_config.weight_names, (i, i, h), (h, h, i)):
         stems = [f"{prefix}.{e}.{name}" for e in range(int(moe_config.expert_num))]
@@ -160,7 +169,7 @@ def load_rawint4_experts_from_checkpoint_files(checkpoint_files, sharded_metadat
             for zp in (f"{s}.weight_zero_point", f"{s}.zero_point"):
                 if zp in where:
                     raise ValueError(f"RAWINT4 SFT takes symmetric weights; the checkpoint has {zp}")
-        t = read([f"{s}.{x}" for s in stems for x in ("weight_packed", "weight_scale", "weight_shape")])
+        t = _read(where, [f"{s}.{x}" for s in stems for x in ("weight_packed", "weight_scale", "weight_shape")], layer_idx)
         packed, scales = [], []
         for s in stems:
             shape = tuple(int(v) for v in t[f"{s}.weight_shape"].reshape(-1).tolist())
@@ -180,3 +189,75 @@ def load_rawint4_experts_from_checkpoint_files(checkpoint_files, sharded_metadat
             scales.append(sc.to(torch.bfloat16).contiguous())
         stacked += [torch.stack(packed).contiguous(), torch.stack(scales).contiguous()]
     return RAWINT4ExpertWeights(*stacked, group_size=int(group_size))
+
+
+def load_block_fp8_experts_from_checkpoint_files(checkpoint_files, sharded_metadata, layers_prefix, moe_config,
+                                                 layer_idx, hidden_size, block_size=(128, 128)):
+    """Layer ``layer_idx``'s experts from an FP8 checkpoint, as stored:
+    ``{layers_prefix}.{layer_idx}.{moe_layer_attr}.{experts_attr}.{e}.{name}.weight``
+    (``float8_e4m3fn``) and ``.weight_scale_inv`` (bf16 or f32 per 128×128 block, returned as
+    f32); lists of torch tensors per projection. Fused expert tensors, a missing tensor or a
+    shape that differs raise naming the tensor."""
+    import torch
+
+    if tuple(block_size) != (128, 128):
+        raise ValueError(f"AMXFP8_SFT needs 128x128 blocks, got {tuple(block_size)}")
+    if not checkpoint_files:
+        raise FileNotFoundError("checkpoint_files is empty")
+    h, i = int(hidden_size), int(moe_config.intermediate_size)
+    if h % 128 or i % 128:
+        raise ValueError(f"hidden_size {h} and intermediate_size {i} must be multiples of 128 for AMXFP8_SFT")
+    prefix = f"{layers_prefix}.{layer_idx}.{moe_config.moe_layer_attr}.{moe_config.experts_attr}"
+    where = _tensor_files(checkpoint_files, sharded_metadata)
+    fused = [k for k in (f"{prefix}.gate_up_proj", f"{prefix}.gate_up_proj.weight", f"{prefix}.down_proj",
+                         f"{prefix}.down_proj.weight") if k in where]
+    if fused:
+        raise ValueError(f"AMXFP8_SFT reads per-expert tensors; layer {layer_idx} has fused {fused[0]}")
+    out = []
+    for name, rows, cols in zip(moe_config.weight_names, (i, i, h), (h, h, i)):
+        stems = [f"{prefix}.{e}.{name}" for e in range(int(moe_config.expert_num))]
+        t = _read(where, [f"{s}.{x}" for s in stems for x in ("weight", "weight_scale_inv")], layer_idx)
+        weights, scales = [], []
+        for s in stems:
+            w, sc = t[f"{s}.weight"], t[f"{s}.weight_scale_inv"]
+            if w.dtype != torch.float8_e4m3fn or tuple(w.shape) != (rows, cols):
+                raise ValueError(f"{s}.weight is {w.dtype} {tuple(w.shape)}, expected float8_e4m3fn {(rows, cols)}")
+            if sc.dtype not in (torch.bfloat16, torch.float32) or tuple(sc.shape) != (rows // 128, cols // 128):
+                raise ValueError(f"{s}.weight_scale_inv is {sc.dtype} {tuple(sc.shape)}, expected bf16 or f32 "
+                                 f"{(rows // 128, cols // 128)}")
+            weights.append(w.contiguous())
+            scales.append(sc.to(torch.float32).contiguous())
+        out += [weights, scales]
+    return BlockFP8ExpertWeights(*out, block_size=(128, 128))
+
+
+def _tensor_files(checkpoint_files, sharded_metadata):
+    """Tensor name -> the file holding it: from the index's ``weight_map`` when given, else by
+    opening each file's header."""
+    from safetensors import safe_open
+
+    weight_map = sharded_metadata.get("weight_map") if isinstance(sharded_metadata, Mapping) else None
+    if weight_map:
+        base = os.path.dirname(checkpoint_files[0])
+        return {k: os.path.join(base, f) for k, f in weight_map.items()}
+    where = {}
+    for f in checkpoint_files:
+        with safe_open(f, framework="pt") as handle:
+            where.update({k: f for k in handle.keys()})
+    return where
+
+
+def _read(where, keys, layer_idx):
+    """Tensors ``keys`` (torch), each file opened once; a missing one raises naming it."""
+    from safetensors import safe_open
+
+    by_file = {}
+    for k in keys:
+        if k not in where:
+            raise FileNotFoundError(f"layer {layer_idx}: the checkpoint has no tensor {k}")
+        by_file.setdefault(where[k], []).append(k)
+    out = {}
+    for f, ks in by_file.items():
+        with safe_open(f, framework="pt") as handle:
+            out.update({k: handle.get_tensor(k) for k in ks})
+    return out
