@@ -40,6 +40,9 @@ struct Shared {
     grads: Mutex<Option<Six>>,
     /// The base weights' gradients' addresses once `set_base_grads` ran (full fine-tuning).
     base_grads: Mutex<Option<[usize; 3]>>,
+    /// The wrapper's `gpu_experts_mask` (`[E]` bytes, nonzero = on the GPU), read at every
+    /// forward (0: none).
+    mask_ptr: usize,
 }
 
 /// One layer's experts for LoRA fine-tuning.
@@ -73,10 +76,11 @@ impl SftMoe {
     /// `group_size`, `AMXFP8_SFT`, each with `_SkipLoRA`), keeping up to `max_cache_depth`
     /// saved forwards; `lora = False` runs the base alone (full fine-tuning without LoRA);
     /// `backward_weights` is what the backward's transposes are packed in: `"bf16"` (exact) or
-    /// `"method"` (the method's own format per part, as KT: a quarter of bf16's bytes for int4).
+    /// `"method"` (the method's own format per part, as KT: a quarter of bf16's bytes for int4);
+    /// `mask_ptr` is the address of the wrapper's `[E]` bool GPU-expert mask (0 for none).
     #[new]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (experts, top_k, hidden, intermediate, max_tokens, method, max_cache_depth = 1, group_size = 128, lora = true, backward_weights = "bf16"))]
+    #[pyo3(signature = (experts, top_k, hidden, intermediate, max_tokens, method, max_cache_depth = 1, group_size = 128, lora = true, backward_weights = "bf16", mask_ptr = 0))]
     fn new(
         experts: usize,
         top_k: usize,
@@ -88,6 +92,7 @@ impl SftMoe {
         group_size: usize,
         lora: bool,
         backward_weights: &str,
+        mask_ptr: usize,
     ) -> PyResult<Self> {
         let (base, skip_lora) = match method.strip_suffix("_SkipLoRA") {
             Some(b) => (b, true),
@@ -132,6 +137,7 @@ impl SftMoe {
                 lora: Mutex::new(None),
                 grads: Mutex::new(None),
                 base_grads: Mutex::new(None),
+                mask_ptr,
             }),
         })
     }
@@ -452,7 +458,11 @@ fn forward(s: &Shared, layer: &SftLayer, lora: Option<Registered>, b: Buffers, s
     let ids = unsafe { std::slice::from_raw_parts(b.ids as *const i64, b.n * k) };
     let weights = unsafe { std::slice::from_raw_parts(b.weights as *const f32, b.n * k) };
     let lora = lora.map(|l| unsafe { lora_view(&s.cfg, l) });
-    let routing = Routing { tokens: b.n, k, ids, weights, gpu_mask: None };
+    // SAFETY: the wrapper owns the `[E]` mask at `mask_ptr` for the layer's life.
+    let mask: Option<Vec<bool>> = (s.mask_ptr != 0).then(|| {
+        unsafe { std::slice::from_raw_parts(s.mask_ptr as *const u8, s.cfg.experts) }.iter().map(|&b| b != 0).collect()
+    });
+    let routing = Routing { tokens: b.n, k, ids, weights, gpu_mask: mask.as_deref() };
     let mut out = vec![bf16::ZERO; b.n * h];
     layer.forward(&input, &routing, lora.as_ref(), save, &mut out).map_err(|e| e.to_string())?;
     let v: Vec<f32> = out.iter().map(|x| x.to_f32()).collect();

@@ -491,3 +491,39 @@ def test_block_fp8_weights_load_as_stored():
     fp8.up_scale = fp8.up_scale[:-1]
     with pytest.raises(ValueError, match="up: expected 8 experts"):
         fp8_wrapper().load_block_fp8_weights(fp8)
+
+
+def test_gpu_experts_are_left_to_the_gpu():
+    """Experts on the GPU (a mask, or upstream's num_gpu_experts): the CPU layer's output,
+    input gradient and LoRA gradients are the textbook's over the other slots, the GPU slots'
+    routing-weight gradients are 0, and the mask is read live (updated in place)."""
+    mask = np.zeros(E, dtype=bool)
+    mask[[1, 4]] = True
+    gate, up, down = (from_bits(bf16_bits(m)) for m in experts(E, H, I, 51))
+    mats = lora(52)
+    x, ids, wts = inputs(9, 53)
+    go = from_bits(bf16_bits(np.random.default_rng(54).standard_normal((9, H)))).astype(np.float64)
+    on_cpu = ~mask[ids]
+    ref_out, ref_gi, ref_gw, scale, ref_gl = textbook(x, ids, wts * on_cpu, (gate, up, down), mats, go)
+    w = KTMoEWrapper(layer_idx=0, num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I,
+                     gpu_experts_mask=mask, cpuinfer_threads=2, threadpool_count=2, weight_path=None,
+                     chunked_prefill_size=64, method="AMXBF16_SFT", mode="sft", lora_rank=R, lora_alpha=ALPHA)
+    assert w.num_gpu_experts == 2
+    w.load_weights_from_tensors(gate, up, down)
+    grads = [np.zeros_like(m) for m in mats]
+    w.init_lora_weights(*mats, *grads)
+    assert rel(w.forward(x, ids, wts), ref_out) < 1e-2
+    gi, gw = w.backward(go.astype(np.float32))
+    assert rel(gi, ref_gi) < 2e-2
+    assert np.all(gw[~on_cpu] == 0) and np.abs(gw - ref_gw)[on_cpu].sum() / scale[on_cpu].sum() < 2e-2
+    for name, g, ref in zip(["gate_a", "gate_b", "up_a", "up_b", "down_a", "down_b"], grads, ref_gl):
+        assert rel(from_bits(g), ref) < 2e-2, name
+        assert not from_bits(g)[mask].any(), name  # the GPU experts' LoRA is the GPU's to train
+    # The mask is read live, and num_gpu_experts puts experts 0..n-1 on the GPU.
+    w.gpu_experts_mask[:] = False
+    all_cpu, _, _, _, _ = textbook(x, ids, wts, (gate, up, down), mats, go)
+    assert rel(w.forward(x, ids, wts, save_for_backward=False), all_cpu) < 1e-2
+    first = KTMoEWrapper(layer_idx=0, num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I,
+                         num_gpu_experts=3, cpuinfer_threads=2, threadpool_count=2, weight_path=None,
+                         chunked_prefill_size=64, method="AMXBF16_SFT", mode="sft", lora_rank=R, lora_alpha=ALPHA)
+    assert first.gpu_experts_mask.tolist() == [True] * 3 + [False] * (E - 3)

@@ -330,6 +330,21 @@ class ExpertWeights:
     """Loading a layer's experts into ``self.moe`` (the native layer), shared by the inference
     and the SFT wrappers."""
 
+    def _own_mask(self, mask):
+        """The wrapper's own ``[E]`` bool mask, read live by every forward (update it in place)."""
+        e = self.num_experts
+        if mask is not None and T.shape(mask) != (e,):
+            raise ValueError(f"gpu_experts_mask must have shape [{e}], got {T.shape(mask)}")
+        if T.is_torch(mask):
+            torch = T.torch_module()
+            own = torch.zeros(e, dtype=torch.bool, pin_memory=torch.cuda.is_available())
+            own.copy_(mask.to(torch.bool))
+            return own
+        own = np.zeros(e, dtype=bool)
+        if mask is not None:
+            own[:] = np.asarray(T.host(mask)).astype(bool)
+        return own
+
     def load_weights(self, physical_to_logical_map_cpu=None):
         """Load this layer from ``weight_path`` and block until done (as KT's): for LLAMAFILE a
         GGUF model (a ``.gguf`` file, split files, or a directory of them) run in its own
@@ -438,21 +453,6 @@ class NativeMoEWrapper(ExpertWeights):
         self._staging = None
         self._submitted_deferred = False
         self._write = None
-
-    def _own_mask(self, mask):
-        """The wrapper's own ``[E]`` bool mask, read live by every forward (update it in place)."""
-        e = self.num_experts
-        if mask is not None and T.shape(mask) != (e,):
-            raise ValueError(f"gpu_experts_mask must have shape [{e}], got {T.shape(mask)}")
-        if T.is_torch(mask):
-            torch = T.torch_module()
-            own = torch.zeros(e, dtype=torch.bool, pin_memory=torch.cuda.is_available())
-            own.copy_(mask.to(torch.bool))
-            return own
-        own = np.zeros(e, dtype=bool)
-        if mask is not None:
-            own[:] = np.asarray(T.host(mask)).astype(bool)
-        return own
 
     # -- forward ---------------------------------------------------------------------------
 

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import _tensors as T
 from .. import kt_kernel_ext as ext
-from ..experts import ExpertWeights, check_sizes, cpu_infer
+from ..experts import ExpertWeights, _gpu_mask, check_sizes, cpu_infer
 
 
 def _bf16_address(x, name, shape):
@@ -113,19 +113,16 @@ class SFTMoEWrapper(ExpertWeights):
             raise ValueError("AMXFP8_SFT supports frozen-base LoRA only (full_weight_grad=False)")
         if max_cache_depth <= 0:
             raise ValueError(f"max_cache_depth must be positive, got {max_cache_depth}")
-        gpu = int(num_gpu_experts or 0)
-        if gpu_experts_mask is not None:
-            gpu = int(np.asarray(T.host(gpu_experts_mask.cpu() if T.is_torch(gpu_experts_mask) else gpu_experts_mask)).sum())
-        if gpu:
-            raise NotImplementedError(
-                f"SFT experts on the GPU ({gpu} here) are not supported: the CPU layer computes every routed expert"
-            )
         self.layer_idx = int(layer_idx)
         self.num_experts = int(num_experts)
         self.num_experts_per_tok = int(num_experts_per_tok)
         self.hidden_size = int(hidden_size)
         self.moe_intermediate_size = int(moe_intermediate_size)
-        self.num_gpu_experts = 0
+        # Experts on the GPU (KT's mask, or upstream's first num_gpu_experts): the CPU layer
+        # leaves their slots out of the output and the gradients (their grad_weights are 0).
+        # The wrapper's own mask is read live by every forward: update it in place.
+        self.gpu_experts_mask = self._own_mask(_gpu_mask(gpu_experts_mask, num_gpu_experts, num_experts))
+        self.num_gpu_experts = int(self.gpu_experts_mask.sum())
         self.weight_path = weight_path
         self.chunked_prefill_size = int(chunked_prefill_size)
         self.lora_rank = int(lora_rank)
@@ -147,6 +144,7 @@ class SFTMoEWrapper(ExpertWeights):
             int(group_size),
             not self._is_skip_lora,
             backward_weights,
+            int(self.gpu_experts_mask.data_ptr()) if T.is_torch(self.gpu_experts_mask) else int(self.gpu_experts_mask.ctypes.data),
         )
         self._lora = None
         self._grads = None
