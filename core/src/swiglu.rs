@@ -71,6 +71,33 @@ impl Glu {
     }
 }
 
+impl Glu {
+    /// `(dg, du)` of [`Glu::apply`]'s value at the bf16 `g`, `u` it saw, given `dh`: zero
+    /// through a clamp that held (the gate above `limit`, up outside `±limit`), as torch's clamp
+    /// passes gradients only inside its bounds.
+    #[inline]
+    pub fn backward(self, g: f32, u: f32, dh: f32) -> (f32, f32) {
+        let sigmoid = |x: f32| 1.0 / (1.0 + libm::expf((-x).min(88.0)));
+        if self.is_silu() {
+            let s = sigmoid(g);
+            return (dh * u * s * (1.0 + g * (1.0 - s)), dh * silu(g));
+        }
+        let (limit, alpha) = (self.limit(), self.alpha());
+        let clamps = limit > 0.0;
+        let low = if alpha > 0.0 { -limit } else { f32::NEG_INFINITY };
+        let (gc, uc) = if clamps { (g.clamp(low, limit), u.clamp(-limit, limit)) } else { (g, u) };
+        let pass_g = if !clamps || (low..=limit).contains(&g) { 1.0 } else { 0.0 };
+        let pass_u = if !clamps || (-limit..=limit).contains(&u) { 1.0 } else { 0.0 };
+        if alpha > 0.0 {
+            let s = sigmoid(alpha * gc);
+            (pass_g * dh * (uc + 1.0) * s * (1.0 + alpha * gc * (1.0 - s)), pass_u * dh * gc * s)
+        } else {
+            let s = sigmoid(gc);
+            (pass_g * dh * uc * s * (1.0 + gc * (1.0 - s)), pass_u * dh * silu(gc))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -96,9 +96,10 @@ fn glu(glu: Glu, width: usize, g: &[f32], u: &[f32], out: &mut [bf16]) {
     }
 }
 
-fn glu_backward(g: &[f32], u: &[f32], dh: &[f32], dg: &mut [f32], du: &mut [f32]) {
-    if !vectors() {
-        return (PORTABLE.glu_backward)(g, u, dh, dg, du);
+fn glu_backward(glu: Glu, g: &[f32], u: &[f32], dh: &[f32], dg: &mut [f32], du: &mut [f32]) {
+    if !vectors() || !glu.is_silu() {
+        // The clamped variants element by element.
+        return (PORTABLE.glu_backward)(glu, g, u, dh, dg, du);
     }
     // SAFETY: AVX2 and FMA checked above.
     unsafe { glu_backward_avx2(g, u, dh, dg, du) }
@@ -141,7 +142,7 @@ unsafe fn glu_backward_avx2(g: &[f32], u: &[f32], dh: &[f32], dg: &mut [f32], du
             _mm256_storeu_ps(&mut du[i], _mm256_mul_ps(dv, _mm256_mul_ps(gv, sig)));
         }
     }
-    (PORTABLE.glu_backward)(&g[body..n], &u[body..n], &dh[body..n], &mut dg[body..n], &mut du[body..n]);
+    (PORTABLE.glu_backward)(Glu::SILU, &g[body..n], &u[body..n], &dh[body..n], &mut dg[body..n], &mut du[body..n]);
 }
 
 /// The vector width the products run at: AVX2's 8 lanes ([`Y`]) or AVX-512's 16 ([`Z`]).
@@ -696,8 +697,8 @@ mod tests {
         let (u, dh) = (values(n, 8), values(n, 9));
         let mut want = (vec![0.0; n], vec![0.0; n]);
         let mut got = (vec![0.0; n], vec![0.0; n]);
-        (PORTABLE.glu_backward)(&g, &u, &dh, &mut want.0, &mut want.1);
-        (KERNELS.glu_backward)(&g, &u, &dh, &mut got.0, &mut got.1);
+        (PORTABLE.glu_backward)(Glu::SILU, &g, &u, &dh, &mut want.0, &mut want.1);
+        (KERNELS.glu_backward)(Glu::SILU, &g, &u, &dh, &mut got.0, &mut got.1);
         for (w, v) in want.0.iter().chain(&want.1).zip(got.0.iter().chain(&got.1)) {
             assert!((w - v).abs() <= 1e-6 * w.abs().max(1e-3), "{w} vs {v}");
         }

@@ -77,10 +77,12 @@ impl SftMoe {
     /// saved forwards; `lora = False` runs the base alone (full fine-tuning without LoRA);
     /// `backward_weights` is what the backward's transposes are packed in: `"bf16"` (exact) or
     /// `"method"` (the method's own format per part, as KT: a quarter of bf16's bytes for int4);
-    /// `mask_ptr` is the address of the wrapper's `[E]` bool GPU-expert mask (0 for none).
+    /// `mask_ptr` is the address of the wrapper's `[E]` bool GPU-expert mask (0 for none);
+    /// `swiglu_limit` / `swiglu_alpha` select KT's clamped SwiGLU variants (gpt-oss's limit for
+    /// MXFP4_SFT), differentiated as torch's clamp is.
     #[new]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (experts, top_k, hidden, intermediate, max_tokens, method, max_cache_depth = 1, group_size = 128, lora = true, backward_weights = "bf16", mask_ptr = 0))]
+    #[pyo3(signature = (experts, top_k, hidden, intermediate, max_tokens, method, max_cache_depth = 1, group_size = 128, lora = true, backward_weights = "bf16", mask_ptr = 0, swiglu_limit = 0.0, swiglu_alpha = 0.0))]
     fn new(
         experts: usize,
         top_k: usize,
@@ -93,6 +95,8 @@ impl SftMoe {
         lora: bool,
         backward_weights: &str,
         mask_ptr: usize,
+        swiglu_limit: f32,
+        swiglu_alpha: f32,
     ) -> PyResult<Self> {
         let (base, skip_lora) = match method.strip_suffix("_SkipLoRA") {
             Some(b) => (b, true),
@@ -109,11 +113,12 @@ impl SftMoe {
             },
             "AMXFP8_SFT" => WeightFormat::Fp8Block,
             "RAWINT4_SFT" => WeightFormat::Int4Group { group: 32 },
+            "MXFP4_SFT" => WeightFormat::Mxfp4,
             _ => {
                 return Err(PyNotImplementedError::new_err(format!(
                     "SFT method {method} has no CPU backend in this build (the zero-point int4 kinds AMXINT4_1_SFT and \
                      AMXINT4_1KGroup_SFT are not implemented); working: AMXBF16_SFT, AMXINT8_SFT, INT8_SFT, \
-                     AMXINT4_SFT, AMXINT4_KGroup_SFT, AMXFP8_SFT, RAWINT4_SFT and their _SkipLoRA variants"
+                     AMXINT4_SFT, AMXINT4_KGroup_SFT, AMXFP8_SFT, RAWINT4_SFT, MXFP4_SFT and their _SkipLoRA variants"
                 )))
             }
         };
@@ -125,7 +130,12 @@ impl SftMoe {
             "method" => TransposeFormat::Layer,
             w => return Err(value_error(format!("backward_weights must be \"bf16\" or \"method\", got {w:?}"))),
         };
-        let cfg = MoeConfig { max_tokens, ..MoeConfig::new(experts, top_k, hidden, intermediate) };
+        let glu = kt_core::swiglu::Glu::new(swiglu_limit, swiglu_alpha).ok_or_else(|| {
+            value_error(format!(
+                "swiglu_limit and swiglu_alpha must be finite and >= 0, got {swiglu_limit} and {swiglu_alpha}"
+            ))
+        })?;
+        let cfg = MoeConfig { max_tokens, glu, ..MoeConfig::new(experts, top_k, hidden, intermediate) };
         cfg.validate_for(format).map_err(value_error)?;
         Ok(SftMoe {
             shared: Arc::new(Shared {
@@ -178,7 +188,8 @@ impl SftMoe {
 
     /// Load experts exactly as a checkpoint stores them, in the layer's own format (KT's
     /// RAWINT4: int4 groups of 32 as compressed-tensors packs them, offset-8 nibbles with the
-    /// even column low, and a scale per group; FP8: e4m3 bytes and a scale per 128×128 block):
+    /// even column low, and a scale per group; FP8: e4m3 bytes and a scale per 128×128 block;
+    /// MXFP4: e2m1 nibbles, even column low, and a power-of-two scale per 32 columns):
     /// `ptrs` holds, per logical expert, the addresses of gate, its scales, up, its scales,
     /// down and its scales (row-major, scales of `scale_dtype`); slot `p` gets logical expert
     /// `map[p]`. Blocks, GIL released.
@@ -192,8 +203,10 @@ impl SftMoe {
     ) -> PyResult<()> {
         let (scale_dtype, s) = (DType::parse(scale_dtype)?, &self.shared);
         let (f, e, h, i) = (s.format, s.cfg.experts, s.cfg.hidden, s.cfg.intermediate);
-        if !matches!(f, WeightFormat::Int4Group { .. } | WeightFormat::Fp8Block) {
-            return Err(value_error(format!("stored weights load into RAWINT4_SFT and AMXFP8_SFT layers, not {f}")));
+        if !matches!(f, WeightFormat::Int4Group { .. } | WeightFormat::Fp8Block | WeightFormat::Mxfp4) {
+            return Err(value_error(format!(
+                "stored weights load into RAWINT4_SFT, AMXFP8_SFT and MXFP4_SFT layers, not {f}"
+            )));
         }
         if ptrs.len() != 6 * e {
             return Err(value_error(format!("expected 6 addresses for each of {e} experts, got {}", ptrs.len())));

@@ -527,3 +527,44 @@ def test_gpu_experts_are_left_to_the_gpu():
                          num_gpu_experts=3, cpuinfer_threads=2, threadpool_count=2, weight_path=None,
                          chunked_prefill_size=64, method="AMXBF16_SFT", mode="sft", lora_rank=R, lora_alpha=ALPHA)
     assert first.gpu_experts_mask.tolist() == [True] * 3 + [False] * (E - 3)
+
+
+def test_mxfp4_weights_with_the_swiglu_limit():
+    """MXFP4_SFT with gpt-oss's clamped SwiGLU (swiglu_limit): B zero gives the MXFP4 inference
+    wrapper's bits with the same limit; the e2m1 nibbles and power-of-two scales KT's
+    load_mxfp4_weights takes load as stored (the same steps, bit for bit, as quantizing their
+    values, which requantize exactly here: a ±6 in every block)."""
+    fp4 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+    r = np.random.default_rng(61)
+    data, values = {}, []
+    for name, rows, cols in [("gate", I, H), ("up", I, H), ("down", H, I)]:
+        codes = r.integers(0, 16, (E, rows, cols)).astype(np.uint8)
+        codes[..., ::32] = 7  # 6.0
+        scale = (2.0 ** r.integers(-6, -2, (E, rows, cols // 32))).astype(np.float32)
+        data[name] = list(codes[..., 0::2] | (codes[..., 1::2] << 4))
+        data[f"{name}_scale"] = list(bf16_bits(scale))
+        values.append(fp4[codes] * np.repeat(scale, 32, axis=-1))
+    limit = 1.0  # below many of these layers' gate and up values: the clamp holds for a share of them
+    kw = dict(layer_idx=0, num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I,
+              cpuinfer_threads=2, threadpool_count=2, weight_path=None, chunked_prefill_size=64, swiglu_limit=limit)
+    zero, mats = lora(62, zero_b=True), lora(63)
+    x, ids, wts = inputs(7, 64)
+    inf = KTMoEWrapper(method="MXFP4", **kw)
+    inf.load_weights_from_tensors(*values)
+    w = KTMoEWrapper(method="MXFP4_SFT", mode="sft", lora_rank=R, lora_alpha=ALPHA, **kw)
+    w.load_mxfp4_weights(data)
+    w.init_lora_weights(*zero, *[np.zeros_like(m) for m in zero])
+    assert np.array_equal(w.forward(x, ids, wts, save_for_backward=False), np.asarray(inf.forward(x, ids, wts)))
+    steps = []
+    for stored in (True, False):
+        w = KTMoEWrapper(method="MXFP4_SFT", mode="sft", lora_rank=R, lora_alpha=ALPHA, **kw)
+        if stored:
+            w.load_mxfp4_weights(data)
+        else:
+            w.load_weights_from_tensors(*values)
+        w.init_lora_weights(*mats, *[np.zeros_like(m) for m in mats])
+        steps.append((w.forward(x, ids, wts), *w.backward(np.ones((7, H), np.float32))))
+    for a, b in zip(*steps):
+        assert np.array_equal(a, b)
+    with pytest.raises(ValueError, match="needs method MXFP4_SFT"):
+        wrapper().load_mxfp4_weights(data)

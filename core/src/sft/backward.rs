@@ -7,7 +7,7 @@ use core::ops::Range;
 
 use half::bf16;
 
-use super::forward::{check_layer, reduce, resize, rows_of, Workspace};
+use super::forward::{reduce, resize, rows_of, Workspace};
 use super::kernels::{LoraBack, SftKernels};
 use super::lora::{Lora, LoraGrads, Proj};
 use super::transposes::BackwardWeights;
@@ -75,7 +75,6 @@ pub fn backward(
     out: Backward<'_>,
     ws: &mut Workspace,
 ) -> Result<(), Error> {
-    check_layer(cfg, w)?;
     let (n, h, i, k) = (cache.tokens, cfg.hidden, cfg.intermediate, cache.k);
     let check = |what, expected: usize, found: usize| match expected == found {
         true => Ok(()),
@@ -173,7 +172,7 @@ pub fn backward(
             }
         }
         let (mut dg, mut du) = (vec![0.0f32; m * i], vec![0.0f32; m * i]);
-        (kernels.glu_backward)(&g32, &u32_, &dh, &mut dg, &mut du);
+        (kernels.glu_backward)(cfg.glu, &g32, &u32_, &dh, &mut dg, &mut du);
         if let (Some(gg), Some(gu)) = (base_grad(0), base_grad(1)) {
             let tokens = &cache.row_tokens[at.clone()];
             (kernels.outer)(&dg, &cache.x, tokens, grad_scale, gg);

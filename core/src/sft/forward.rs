@@ -27,18 +27,6 @@ pub struct Workspace {
     pub(crate) y_parts: Vec<f32>,
 }
 
-/// What an SFT layer must be: plain SwiGLU (the backward differentiates `silu`).
-pub(crate) fn check_layer(cfg: &MoeConfig, _w: &LayerWeights) -> Result<(), Error> {
-    if !cfg.glu.is_silu() {
-        return Err(Error::InvalidConfig {
-            field: "swiglu_limit / swiglu_alpha",
-            value: cfg.glu.limit() as usize,
-            expected: "0: SFT runs plain SwiGLU".into(),
-        });
-    }
-    Ok(())
-}
-
 /// `out = bf16(Σ_j w_j · y_j)` over each token's computed slots, and `cache` filled: the
 /// layer's inference forward with LoRA on every projection (`lora`: `None` runs the base
 /// alone, KT's `SkipLoRA`). A layer of several NUMA parts runs each expert's parts in its one
@@ -58,7 +46,6 @@ pub fn forward(
     cache: &mut Cache,
     ws: &mut Workspace,
 ) -> Result<(), Error> {
-    check_layer(cfg, w)?;
     if let Some(l) = lora {
         l.validate(cfg)?;
     }

@@ -8,14 +8,14 @@ use alloc::vec;
 
 use half::bf16;
 
-use crate::swiglu::{silu, Glu};
+use crate::swiglu::Glu;
 
 /// [`SftKernels::project`]: `(a, din, x, rows, xw, ax)`.
 pub type ProjectFn = fn(&[bf16], usize, &[bf16], &[u32], &mut [f32], &mut [f32]);
 /// [`SftKernels::expand`]: `(b, r, ax, s, bt, out)`.
 pub type ExpandFn = fn(&[bf16], usize, &[f32], f32, &mut [f32], &mut [f32]);
-/// [`SftKernels::glu_backward`]: `(g, u, dh, dg, du)`.
-pub type GluBackwardFn = fn(&[f32], &[f32], &[f32], &mut [f32], &mut [f32]);
+/// [`SftKernels::glu_backward`]: `(glu, g, u, dh, dg, du)`.
+pub type GluBackwardFn = fn(Glu, &[f32], &[f32], &[f32], &mut [f32], &mut [f32]);
 /// [`SftKernels::outer`]: `(gout, x, rows, scale, grad)`.
 pub type OuterFn = fn(&[f32], &[bf16], &[u32], f32, &mut [bf16]);
 
@@ -31,8 +31,8 @@ pub struct SftKernels {
     pub expand: ExpandFn,
     /// `out = glu(g, u)` row by row of `width`, with the SwiGLU the backend's `gate_up` runs.
     pub glu: fn(glu: Glu, width: usize, g: &[f32], u: &[f32], out: &mut [bf16]),
-    /// `(dg, du)` of `h = silu(g)·u` given `dh`, element by element (g, u: the bf16 values
-    /// SwiGLU saw).
+    /// `(dg, du)` of `h = glu(g, u)` given `dh`, element by element (g, u: the bf16 values
+    /// the SwiGLU saw; [`Glu::backward`]).
     pub glu_backward: GluBackwardFn,
     /// One projection's LoRA backward ([`LoraBack`]).
     pub lora_backward: fn(LoraBack<'_>),
@@ -114,10 +114,9 @@ fn glu(glu: Glu, _width: usize, g: &[f32], u: &[f32], out: &mut [bf16]) {
     }
 }
 
-fn glu_backward(g: &[f32], u: &[f32], dh: &[f32], dg: &mut [f32], du: &mut [f32]) {
+fn glu_backward(glu: Glu, g: &[f32], u: &[f32], dh: &[f32], dg: &mut [f32], du: &mut [f32]) {
     for ((((dg, du), &dh), &g), &u) in dg.iter_mut().zip(du).zip(dh).zip(g).zip(u) {
-        let sig = 1.0 / (1.0 + libm::expf((-g).min(88.0)));
-        (*dg, *du) = (dh * u * sig * (1.0 + g * (1.0 - sig)), dh * silu(g));
+        (*dg, *du) = glu.backward(g, u, dh);
     }
 }
 

@@ -74,3 +74,28 @@ fn the_textbook_gradients_are_its_outputs_derivatives() {
         assert!((fd - want).abs() < 1e-3 * (1.0 + want.abs()), "base {e}/{p}[{at}]: {fd} vs {want}");
     }
 }
+
+/// The textbook's clamped activations: their partial derivatives are central differences of
+/// their values, away from the clamps' edges, and zero through a clamp that holds.
+#[test]
+fn the_gated_activations_derivatives_are_their_differences() {
+    use super::check::gated;
+    use crate::swiglu::Glu;
+    let eps = 1e-6;
+    for glu in [Glu::SILU, Glu::new(1.5, 0.0).unwrap(), Glu::new(1.5, 1.702).unwrap(), Glu::new(0.0, 1.702).unwrap()] {
+        for &(g, u) in &[(0.3, -0.7), (-1.2, 0.4), (2.5, 0.2), (0.8, 2.0), (-2.5, -3.0), (1.1, 1.4)] {
+            let (_, dg, du) = gated(glu, g, u);
+            let fd_g = (gated(glu, g + eps, u).0 - gated(glu, g - eps, u).0) / (2.0 * eps);
+            let fd_u = (gated(glu, g, u + eps).0 - gated(glu, g, u - eps).0) / (2.0 * eps);
+            assert!(
+                (dg - fd_g).abs() < 1e-6 && (du - fd_u).abs() < 1e-6,
+                "{glu:?} at ({g}, {u}): ({dg}, {du}) vs ({fd_g}, {fd_u})"
+            );
+        }
+    }
+    // Held clamps pass nothing: the gate above the limit, up beyond it.
+    let limited = Glu::new(1.5, 0.0).unwrap();
+    assert_eq!(gated(limited, 2.5, 0.2).1, 0.0);
+    assert_eq!(gated(limited, 0.8, 2.0).2, 0.0);
+    assert!(gated(limited, -2.5, 0.2).1 != 0.0, "the gate is clamped from above only");
+}

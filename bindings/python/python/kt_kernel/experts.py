@@ -42,6 +42,7 @@ SFT_METHODS = frozenset(
         "AMXINT4_KGroup_SFT",
         "AMXINT4_1KGroup_SFT",
         "RAWINT4_SFT",
+        "MXFP4_SFT",
     }
     | {f"{m}_SkipLoRA" for m in ("AMXBF16_SFT", "AMXINT8_SFT", "AMXINT4_SFT", "AMXINT4_1_SFT", "AMXINT4_KGroup_SFT", "AMXINT4_1KGroup_SFT")}
 )
@@ -111,9 +112,9 @@ class KTMoEWrapper:
         methods = INFERENCE_METHODS if mode == "inference" else SFT_METHODS
         if method not in methods:
             raise ValueError(f"Unsupported method for mode={mode!r}: {method!r}. Supported methods: {sorted(methods)}")
-        if (swiglu_limit != 0.0 or swiglu_alpha != 0.0) and (mode == "sft" or method not in ("MXFP4", "MXFP8")):
+        if (swiglu_limit != 0.0 or swiglu_alpha != 0.0) and method not in ("MXFP4", "MXFP8", "MXFP4_SFT"):
             raise ValueError(
-                f"swiglu_limit/swiglu_alpha are only supported for MXFP4/MXFP8 inference, got method={method!r} "
+                f"swiglu_limit/swiglu_alpha are only supported for MXFP4/MXFP8 inference and MXFP4_SFT, got method={method!r} "
                 f"swiglu_limit={swiglu_limit} swiglu_alpha={swiglu_alpha}"
             )
         for name, v in [
@@ -149,6 +150,8 @@ class KTMoEWrapper:
                 max_cache_depth=max_cache_depth,
                 group_size=group_size,
                 full_weight_grad=full_weight_grad,
+                swiglu_limit=swiglu_limit,
+                swiglu_alpha=swiglu_alpha,
             )
         if method not in WORKING_METHODS:
             raise NotImplementedError(

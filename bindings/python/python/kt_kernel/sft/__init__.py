@@ -20,6 +20,7 @@ PEFT-style adapter directory).
 from .wrapper import SFTMoEWrapper
 
 _STORED = ("MOEArchConfig", "RAWINT4ExpertWeights", "BlockFP8ExpertWeights", "get_rawint4_runtime", "get_fp8_runtime",
+           "get_mxfp4_runtime",
            "get_rawint4_checkpoint_contract", "load_rawint4_experts_from_checkpoint_files",
            "load_block_fp8_experts_from_checkpoint_files")
 

@@ -5,7 +5,9 @@ on a quantized model), each loaded into the SFT layer as stored, without quantiz
   group, as "pack-quantized" stores it (offset-8 nibbles, the even column in the low nibble,
   int32 words or their bytes), for ``RAWINT4_SFT`` (``SFTMoEWrapper.load_rawint4_weights``);
 - block FP8 (DeepSeek-V3 style): e4m3 matrices with one ``weight_scale_inv`` per 128×128
-  block, for ``AMXFP8_SFT`` (``SFTMoEWrapper.load_block_fp8_weights``).
+  block, for ``AMXFP8_SFT`` (``SFTMoEWrapper.load_block_fp8_weights``);
+- MXFP4 (gpt-oss style): e2m1 nibbles with a power-of-two scale per 32 columns, for
+  ``MXFP4_SFT`` (``SFTMoEWrapper.load_mxfp4_weights``; its runtime: ``get_mxfp4_runtime``).
 
 ``MOEArchConfig`` and the dataclasses need nothing; the checkpoint readers return torch tensors
 (torch and safetensors).
@@ -18,6 +20,7 @@ from typing import Any, Mapping
 RAWINT4_GROUP_SIZE = 32
 RAWINT4_WEIGHT_LAYOUT = "int4-g32: offset-8 nibbles (even column low), one scale per 32 columns"
 FP8_WEIGHT_LAYOUT = "fp8: e4m3 bytes, one f32 scale per 128x128 block"
+MXFP4_WEIGHT_LAYOUT = "mxfp4: e2m1 nibbles (even column low), one power-of-two scale per 32 columns"
 
 
 @dataclass
@@ -78,6 +81,13 @@ class FP8Runtime:
 
 
 @dataclass(frozen=True)
+class MXFP4Runtime:
+    cpu_variant: str
+    kernel: str
+    weight_layout: str
+
+
+@dataclass(frozen=True)
 class RAWINT4CheckpointContract:
     bits: int = 4
     group_size: int = RAWINT4_GROUP_SIZE
@@ -100,6 +110,13 @@ def get_fp8_runtime():
     import kt_kernel
 
     return FP8Runtime(kt_kernel.__cpu_variant__, f"{kt_kernel.__cpu_variant__}-fp8", FP8_WEIGHT_LAYOUT)
+
+
+def get_mxfp4_runtime():
+    """The MXFP4 SFT runtime: every backend of this build runs e2m1 blocks of 32."""
+    import kt_kernel
+
+    return MXFP4Runtime(kt_kernel.__cpu_variant__, f"{kt_kernel.__cpu_variant__}-mxfp4-g32", MXFP4_WEIGHT_LAYOUT)
 
 
 def _get(config, name, default=None):

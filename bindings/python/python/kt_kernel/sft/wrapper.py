@@ -96,6 +96,8 @@ class SFTMoEWrapper(ExpertWeights):
         backward_weights="bf16",
         gpu_experts_mask=None,
         numa_nodes=None,
+        swiglu_limit=0.0,
+        swiglu_alpha=0.0,
     ):
         check_sizes(num_experts, num_experts_per_tok, hidden_size, moe_intermediate_size, cpuinfer_threads,
                     threadpool_count, chunked_prefill_size)
@@ -109,8 +111,8 @@ class SFTMoEWrapper(ExpertWeights):
             raise ValueError(f"lora_alpha must be positive, got {lora_alpha}")
         if lora_dropout != 0.0:
             raise NotImplementedError(f"lora_dropout {lora_dropout}: LoRA dropout is not implemented (use 0.0)")
-        if full_weight_grad and method == "AMXFP8_SFT":
-            raise ValueError("AMXFP8_SFT supports frozen-base LoRA only (full_weight_grad=False)")
+        if full_weight_grad and method in ("AMXFP8_SFT", "MXFP4_SFT"):
+            raise ValueError(f"{method} supports frozen-base LoRA only (full_weight_grad=False)")
         if max_cache_depth <= 0:
             raise ValueError(f"max_cache_depth must be positive, got {max_cache_depth}")
         self.layer_idx = int(layer_idx)
@@ -145,7 +147,10 @@ class SFTMoEWrapper(ExpertWeights):
             not self._is_skip_lora,
             backward_weights,
             int(self.gpu_experts_mask.data_ptr()) if T.is_torch(self.gpu_experts_mask) else int(self.gpu_experts_mask.ctypes.data),
+            float(swiglu_limit),
+            float(swiglu_alpha),
         )
+        self.swiglu_limit, self.swiglu_alpha = float(swiglu_limit), float(swiglu_alpha)
         self._lora = None
         self._grads = None
         self._pending = None
@@ -227,6 +232,27 @@ class SFTMoEWrapper(ExpertWeights):
                 raise ValueError(f"{name}: expected {e} experts' weights and scales, got {len(ws)} and {len(ss)}")
             ps = [_bytes(w, f"{name}_proj[{x}]", (rows, cols)) for x, w in enumerate(ws)]
             sc = [_scales(s, f"{name}_scale[{x}]", (rows // 128, cols // 128)) for x, s in enumerate(ss)]
+            stored.append([(p, int(p.ctypes.data)) for p in ps])
+            stored.append([(s[0], s[1]) for s in sc])
+        self._load_stored(stored, physical_to_logical_map_cpu)
+
+    def load_mxfp4_weights(self, experts_data, physical_to_logical_map_cpu=None):
+        """``MXFP4_SFT``: load an MXFP4 model's experts as they are stored (KT's dict of per-expert
+        lists ``gate``, ``up``, ``down``: e2m1 nibbles, uint8 ``[rows, cols/2]``, the even column
+        low; ``gate_scale``, ``up_scale``, ``down_scale``: bf16 (or f32) powers of two
+        ``[rows, cols/32]``), without quantizing them again."""
+        if self.method != "MXFP4_SFT":
+            raise ValueError(f"load_mxfp4_weights() needs method MXFP4_SFT, got {self.method!r}")
+        if not isinstance(experts_data, dict):
+            raise TypeError(f"MXFP4 experts must be a dict of per-expert lists, got {type(experts_data).__name__}")
+        e = self.num_experts
+        stored = []
+        for name, rows, cols in self._projections():
+            ws, ss = experts_data.get(name), experts_data.get(f"{name}_scale")
+            if not isinstance(ws, (list, tuple)) or not isinstance(ss, (list, tuple)) or len(ws) != e or len(ss) != e:
+                raise ValueError(f"MXFP4 {name} and {name}_scale must each be a list of {e} expert tensors")
+            ps = [_bytes(w, f"{name}[{x}]", (rows, cols // 2)) for x, w in enumerate(ws)]
+            sc = [_scales(s, f"{name}_scale[{x}]", (rows, cols // 32)) for x, s in enumerate(ss)]
             stored.append([(p, int(p.ctypes.data)) for p in ps])
             stored.append([(s[0], s[1]) for s in sc])
         self._load_stored(stored, physical_to_logical_map_cpu)
