@@ -141,7 +141,6 @@ impl Moe {
         swiglu_limit: f32,
         swiglu_alpha: f32,
     ) -> PyResult<Self> {
-        static NEXT_ID: AtomicU64 = AtomicU64::new(1);
         // GPTQ_INT4 runs as our symmetric int4 with 128-column groups (GPTQ checkpoints are
         // decoded and requantized at load); LLAMAFILE runs the GGUF file's own types.
         let parsed = match method {
@@ -170,7 +169,7 @@ impl Moe {
             Some(f) => cfg.validate_for(f).map_err(value_error)?,
             None => cfg.validate().map_err(value_error)?,
         }
-        let id = NEXT_ID.fetch_add(1, Ordering::Relaxed);
+        let id = next_layer_id();
         Ok(Moe {
             shared: Arc::new(Shared { id, cfg, format, mask_ptr, layer: Mutex::new(None), origin: Mutex::new(None) }),
         })
@@ -372,6 +371,12 @@ pub(crate) unsafe fn array_expert(
     let at = |base: usize| base + l * i * h * dtype.size();
     // SAFETY: the caller's contract.
     unsafe { [dtype.read(at(gate), i * h), dtype.read(at(up), i * h), dtype.read(at(down), h * i)] }
+}
+
+/// A process-unique id for a native layer (what its CUDA host functions are keyed by).
+pub(crate) fn next_layer_id() -> u64 {
+    static NEXT_ID: AtomicU64 = AtomicU64::new(1);
+    NEXT_ID.fetch_add(1, Ordering::Relaxed)
 }
 
 /// The physical→logical expert map as indices, each checked to be an expert id.

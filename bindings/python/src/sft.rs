@@ -17,8 +17,9 @@ use kt_host::{LayerOptions, SftLayer, SftOptions};
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;
 
+use crate::cuda::Key;
 use crate::infer::CpuInfer;
-use crate::moe::{array_expert, checked_map, source, DType};
+use crate::moe::{array_expert, checked_map, next_layer_id, source, DType};
 use crate::value_error;
 
 /// Addresses of the six bf16 LoRA matrices (or their gradients) in `Lora`'s order.
@@ -28,6 +29,8 @@ type Six = [usize; 6];
 type Registered = (usize, f32, Six);
 
 struct Shared {
+    /// Unique among native layers: the key of its CUDA host functions.
+    id: u64,
     cfg: MoeConfig,
     format: WeightFormat,
     /// KT's `_SkipLoRA` methods, or full fine-tuning at rank 0: the base alone.
@@ -139,6 +142,7 @@ impl SftMoe {
         cfg.validate_for(format).map_err(value_error)?;
         Ok(SftMoe {
             shared: Arc::new(Shared {
+                id: next_layer_id(),
                 cfg,
                 format,
                 skip_lora,
@@ -373,6 +377,45 @@ impl SftMoe {
         Ok(infer.queue.submit(Box::new(move || backward(&s, &layer, lora, (grads, base), b, grad_scale))))
     }
 
+    /// Queue a serving forward (nothing saved, SGLang's LoRA experts) over staging buffers at
+    /// these addresses as `Moe.submit_forward` does (`bsz`: int32 token count, read when the
+    /// task runs; `ids` int64 and `weights` float32 `[N, k]`; `input`/`output` `[N, H]`):
+    /// with a non-zero `stream` the task is queued by a host function on that CUDA stream (no
+    /// ticket), else its ticket is returned. The layer and LoRA are read when the task runs.
+    #[allow(clippy::too_many_arguments)]
+    fn submit_forward_inference(
+        &self,
+        infer: &CpuInfer,
+        stream: usize,
+        bsz: usize,
+        input: usize,
+        input_dtype: &str,
+        ids: usize,
+        weights: usize,
+        output: usize,
+        output_dtype: &str,
+    ) -> PyResult<Option<u64>> {
+        self.ready()?;
+        let (x_dtype, out_dtype) = (DType::parse(input_dtype)?, DType::parse(output_dtype)?);
+        let b = Buffers { n: 0, x: input, x_dtype, ids, weights, out: output, out_dtype, grad_weights: 0 };
+        let key = Key::Forward {
+            moe: self.shared.id,
+            addrs: [bsz, input, ids, weights, output, 0],
+            dtypes: [x_dtype as u8, out_dtype as u8],
+        };
+        let s = self.shared.clone();
+        infer.submit(stream, key, move || {
+            let s = s.clone();
+            Box::new(move || {
+                // SAFETY: the wrapper's staging buffers live as long as the wrapper's cache of
+                // them, and `bsz` holds the token count when the task runs.
+                let n = unsafe { *(bsz as *const i32) } as usize;
+                let (layer, lora) = ready(&s)?;
+                forward(&s, &layer, lora, Buffers { n, ..b }, false)
+            })
+        })
+    }
+
     /// Forwards saved and not yet backwarded.
     #[getter]
     fn cache_depth(&self) -> usize {
@@ -418,15 +461,20 @@ impl SftMoe {
 
     /// The loaded layer and the LoRA a step runs with (`None` for the `_SkipLoRA` methods).
     fn ready(&self) -> PyResult<(Arc<SftLayer>, Option<Registered>)> {
-        let layer = self.layer().ok_or_else(|| {
-            PyRuntimeError::new_err("weights are not loaded: call load_weights() or load_weights_from_tensors() first")
-        })?;
-        let lora = *self.shared.lora.lock().unwrap_or_else(|e| e.into_inner());
-        if lora.is_none() && !self.shared.skip_lora {
-            return Err(PyRuntimeError::new_err("LoRA weights are not initialized: call init_lora_weights() first"));
-        }
-        Ok((layer, lora.filter(|_| !self.shared.skip_lora)))
+        ready(&self.shared).map_err(PyRuntimeError::new_err)
     }
+}
+
+/// `s`'s loaded layer and the LoRA a step runs with (`None` for the `_SkipLoRA` methods), or
+/// what is missing (no Python error: serving tasks check it on a worker).
+fn ready(s: &Shared) -> Result<(Arc<SftLayer>, Option<Registered>), &'static str> {
+    let layer = s.layer.lock().unwrap_or_else(|e| e.into_inner()).clone();
+    let layer = layer.ok_or("weights are not loaded: call load_weights() or load_weights_from_tensors() first")?;
+    let lora = *s.lora.lock().unwrap_or_else(|e| e.into_inner());
+    if lora.is_none() && !s.skip_lora {
+        return Err("LoRA weights are not initialized: call init_lora_weights() first");
+    }
+    Ok((layer, lora.filter(|_| !s.skip_lora)))
 }
 
 /// The layer's shape on `infer`'s pool: one NUMA part per sub-pool, as an inference layer.

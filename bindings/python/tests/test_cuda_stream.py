@@ -64,3 +64,33 @@ def test_no_cuda_runtime_is_a_clear_error(monkeypatch):
         w.submit_forward(x, *routing(1, K, E, 1), 1234)
     except RuntimeError as e:
         assert "CUDA runtime" in str(e)
+
+
+def test_sft_serving_goes_through_the_stream_as_inference_does(fake_cuda):
+    """The SFT wrapper's serving forward (SGLang's LoRA experts) on a stream: its staging and
+    task are host functions on the stream (replays reuse them), and the output equals the same
+    forward off the stream and the wrapper's own forward without a cache, bit for bit."""
+    from kt_kernel import KTMoEWrapper
+
+    w = KTMoEWrapper(layer_idx=0, num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I,
+                     cpuinfer_threads=2, threadpool_count=2, weight_path=None, chunked_prefill_size=64,
+                     method="AMXBF16_SFT", mode="sft", lora_rank=4, lora_alpha=8.0)
+    w.load_weights_from_tensors(*experts(E, H, I, seed=11))
+    r = np.random.default_rng(12)
+    shapes = [(E, 4, H), (E, I, 4), (E, 4, H), (E, I, 4), (E, 4, I), (E, H, 4)]
+    bits = lambda a: ((a.astype(np.float32).view(np.uint32) + 0x8000) >> 16).astype(np.uint16)
+    lora = [bits(0.05 * r.standard_normal(s)) for s in shapes]
+    w.init_lora_weights(*lora, *[np.zeros_like(m) for m in lora])
+    calls = fake_cuda.fake_host_calls()
+    for n in (5, 3, 5):  # 5 again: a replay
+        x = r.standard_normal((n, H)).astype(np.float32)
+        ids, ws = routing(n, K, E, int(r.integers(1 << 30)))
+        w.submit_forward_inference(x, ids, ws, STREAM)
+        on_stream = w.sync_forward_inference(STREAM)
+        fake_cuda.cudaStreamSynchronize(STREAM)
+        on_stream = on_stream.copy()
+        w.submit_forward_inference(x, ids, ws, 0)
+        assert np.array_equal(on_stream, w.sync_forward_inference(0))
+        assert np.array_equal(on_stream, w.forward(x, ids, ws, save_for_backward=False))
+    assert fake_cuda.fake_host_calls() > calls, "work went through host functions"
+    assert w.moe.cache_depth == 0

@@ -308,6 +308,26 @@ class _Staging:
             np.copyto(dst, np.asarray(src).reshape(dst.shape), casting="unsafe")
 
 
+def _collect(cpu_infer, staged, stream, allow):
+    """Wait for a staged forward (``(staging, slot, input shape, ticket)``; ``allow`` tasks may
+    still run: its deferred experts) and return its output as the input was shaped."""
+    st, slot, xs, ticket = staged
+    if stream:
+        cpu_infer.sync_with_cuda_stream(stream, allow)
+    elif ticket is None:  # submitted on a stream, synced without one
+        cpu_infer.sync(allow)
+    else:
+        # This forward's own task (its deferred experts may still run): other threads' tasks in
+        # the shared queue neither hold it back nor let it return early.
+        cpu_infer.sync_until(ticket)
+    if st.torch:
+        st.output_dev.copy_(slot.output, non_blocking=bool(stream))
+        return st.output_dev.reshape(xs)
+    # numpy: with a stream the result is ready only after the stream syncs, so the persistent
+    # buffer is returned (as KT does); on the CPU path, a copy the caller owns.
+    return slot.output.reshape(xs) if stream else slot.output.copy().reshape(xs)
+
+
 _CPU_INFER = []
 
 
@@ -521,23 +541,7 @@ class NativeMoEWrapper(ExpertWeights):
     def sync_forward(self, hidden_states=None, cuda_stream=0):
         if self._staging is None:
             raise RuntimeError("sync_forward without a submit_forward")
-        st, slot, xs, ticket = self._staging
-        allow = 1 if self._submitted_deferred else 0
-        stream = int(cuda_stream or 0)
-        if stream:
-            self.cpu_infer.sync_with_cuda_stream(stream, allow)
-        elif ticket is None:  # submitted on a stream, synced without one
-            self.cpu_infer.sync(allow)
-        else:
-            # This forward's own task (its deferred experts may still run): other threads'
-            # tasks in the shared queue neither hold it back nor let it return early.
-            self.cpu_infer.sync_until(ticket)
-        if st.torch:
-            st.output_dev.copy_(slot.output, non_blocking=bool(stream))
-            return st.output_dev.reshape(xs)
-        # numpy: with a stream the result is ready only after the stream syncs, so the
-        # persistent buffer is returned (as KT does); on the CPU path, a copy the caller owns.
-        return slot.output.reshape(xs) if stream else slot.output.copy().reshape(xs)
+        return _collect(self.cpu_infer, self._staging, int(cuda_stream or 0), 1 if self._submitted_deferred else 0)
 
     def forward(self, hidden_states, topk_ids, topk_weights, cuda_stream=0):
         self.submit_forward(hidden_states, topk_ids, topk_weights, cuda_stream)

@@ -9,7 +9,7 @@ import numpy as np
 
 from .. import _tensors as T
 from .. import kt_kernel_ext as ext
-from ..experts import ExpertWeights, _gpu_mask, check_sizes, cpu_infer
+from ..experts import ExpertWeights, _collect, _gpu_mask, _Staging, check_sizes, cpu_infer
 
 
 def _bf16_address(x, name, shape):
@@ -422,14 +422,42 @@ class SFTMoEWrapper(ExpertWeights):
     # -- serving (SGLang's LoRA experts) ---------------------------------------------------
 
     def submit_forward_inference(self, hidden_states, expert_ids, weights, cuda_stream=0):
-        """A forward for serving, saving nothing; ``sync_forward_inference`` returns it on the
-        input's device. (The CUDA-stream staging of inference is not used: the inputs are
-        copied to the host here.)"""
-        self._inference_device = getattr(hidden_states, "device", None) if T.is_torch(hidden_states) else None
-        self.submit_forward(hidden_states, expert_ids, weights, save_for_backward=False)
+        """A forward for serving (SGLang's LoRA experts), saving nothing, staged as the inference
+        wrapper stages: inputs copied into per-token-count staging buffers (pinned host memory
+        for torch), with a CUDA stream the copies and the task queued on the stream (the task
+        runs as a host function after the copies, so CUDA-graph replays reuse it);
+        ``sync_forward_inference`` returns the output on the input's device."""
+        self._check_ready()
+        x = T.host(hidden_states)
+        torch = T.is_torch(x)
+        if not torch and not isinstance(x, np.ndarray):
+            x = np.asarray(x)
+        n, h, k = int(T.shape(x)[0]), self.hidden_size, self.num_experts_per_tok
+        if T.shape(x) != (n, h):
+            raise ValueError(f"hidden_states must have shape [N, {h}], got {list(T.shape(x))}")
+        if n > self.chunked_prefill_size:
+            raise ValueError(f"qlen ({n}) exceeds chunked_prefill_size ({self.chunked_prefill_size})")
+        for name, t in [("expert_ids", expert_ids), ("weights", weights)]:
+            if T.shape(t) != (n, k):
+                raise ValueError(f"{name} must have shape [{n}, {k}], got {list(T.shape(t))}")
+        if not torch and x.dtype.kind != "f":
+            x = x.astype(np.float32)
+        stream = int(cuda_stream or 0)
+        st = _Staging.get(n, h, k, x, torch)
+        slot = st.slots[self.layer_idx % 2]
+        st.put(slot.input, x, stream)
+        st.put(slot.ids, T.host(expert_ids), stream)
+        st.put(slot.weights, T.host(weights), stream)
+        x_at, ids_at, _, w_at, out_at = slot.at
+        ticket = self.moe.submit_forward_inference(self.cpu_infer, stream, st.bsz_at, x_at, st.code, ids_at, w_at,
+                                                   out_at, st.code)
+        self._serving = (st, slot, (n, h), ticket)
 
     def sync_forward_inference(self, cuda_stream=0):
-        return self.sync_forward(getattr(self, "_inference_device", None))
+        if getattr(self, "_serving", None) is None:
+            raise RuntimeError("sync_forward_inference without a submit_forward_inference")
+        staged, self._serving = self._serving, None
+        return _collect(self.cpu_infer, staged, int(cuda_stream or 0), 0)
 
     # -- cache ------------------------------------------------------------------------------
 
