@@ -5,7 +5,7 @@
 use core::arch::x86_64::*;
 
 use half::bf16;
-use kt_core::sft::{add_scaled, LoraBack, SftKernels, OUTER_ROWS, PORTABLE};
+use kt_core::sft::{add_scaled, widen_rows, LoraBack, SftKernels, OUTER_ROWS, PORTABLE};
 use kt_core::swiglu::Glu;
 
 /// The kernels at 8 lanes (AVX2); on a CPU without AVX2 and FMA each call runs [`PORTABLE`]'s.
@@ -422,12 +422,7 @@ unsafe fn outer_body<V: Lanes>(gout: &[f32], x: &[bf16], rows: &[u32], scale: f3
         return;
     }
     let din = grad.len() / dout;
-    let mut xw = vec![0.0f32; m * din];
-    for (xw, &row) in xw.chunks_exact_mut(din.max(1)).zip(rows) {
-        for (w, v) in xw.iter_mut().zip(&x[row as usize * din..][..din]) {
-            *w = v.to_f32();
-        }
-    }
+    let xw = widen_rows(x, rows, din);
     let gt = transposed(gout, m, dout);
     let mut acc = vec![0.0f32; OUTER_ROWS.min(dout) * din];
     for (ob, grad) in grad.chunks_mut(OUTER_ROWS * din.max(1)).enumerate() {

@@ -166,12 +166,7 @@ fn outer(gout: &[f32], x: &[bf16], rows: &[u32], scale: f32, grad: &mut [bf16]) 
         return;
     }
     let din = grad.len() / dout;
-    let mut xw = vec![0.0f32; m * din];
-    for (xw, &row) in xw.chunks_exact_mut(din.max(1)).zip(rows) {
-        for (w, v) in xw.iter_mut().zip(&x[row as usize * din..][..din]) {
-            *w = v.to_f32();
-        }
-    }
+    let xw = widen_rows(x, rows, din);
     let mut acc = vec![0.0f32; OUTER_ROWS.min(dout) * din];
     for (ob, grad) in grad.chunks_mut(OUTER_ROWS * din.max(1)).enumerate() {
         let acc = &mut acc[..grad.len()];
@@ -185,6 +180,17 @@ fn outer(gout: &[f32], x: &[bf16], rows: &[u32], scale: f32, grad: &mut [bf16]) 
         }
         add_scaled(grad, acc, scale);
     }
+}
+
+/// Rows `rows` of `x` (`[_, din]`) as f32, `[rows.len(), din]`.
+pub fn widen_rows(x: &[bf16], rows: &[u32], din: usize) -> alloc::vec::Vec<f32> {
+    let mut xw = vec![0.0f32; rows.len() * din];
+    for (xw, &row) in xw.chunks_exact_mut(din.max(1)).zip(rows) {
+        for (w, v) in xw.iter_mut().zip(&x[row as usize * din..][..din]) {
+            *w = v.to_f32();
+        }
+    }
+    xw
 }
 
 /// `grad = bf16(grad + s·acc)`, element by element.

@@ -46,7 +46,7 @@ mod transposes;
 pub use backward::{backward, Backward, BaseGrads};
 pub use cache::Cache;
 pub use forward::{forward, Workspace};
-pub use kernels::{add_scaled, LoraBack, OuterFn, SftKernels, OUTER_ROWS, PORTABLE};
+pub use kernels::{add_scaled, widen_rows, LoraBack, OuterFn, SftKernels, OUTER_ROWS, PORTABLE};
 pub use lora::{lora_of, random_lora, Lora, LoraGrads, LoraMats};
 pub use transposes::{BackwardWeights, TransposeFormat};
 
