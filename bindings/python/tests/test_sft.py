@@ -529,42 +529,64 @@ def test_gpu_experts_are_left_to_the_gpu():
     assert first.gpu_experts_mask.tolist() == [True] * 3 + [False] * (E - 3)
 
 
-def test_mxfp4_weights_with_the_swiglu_limit():
-    """MXFP4_SFT with gpt-oss's clamped SwiGLU (swiglu_limit): B zero gives the MXFP4 inference
-    wrapper's bits with the same limit; the e2m1 nibbles and power-of-two scales KT's
-    load_mxfp4_weights takes load as stored (the same steps, bit for bit, as quantizing their
-    values, which requantize exactly here: a ±6 in every block)."""
+def mxfp4_layer(seed):
+    """An MXFP4 layer: per projection (gate, up, down) its packed e2m1 bytes (the even column
+    low) and e8m0 scale codes, ``[E, rows, cols/2]`` and ``[E, rows, cols/32]``, and its values."""
     fp4 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
-    r = np.random.default_rng(61)
-    data, values = {}, []
-    for name, rows, cols in [("gate", I, H), ("up", I, H), ("down", H, I)]:
-        codes = r.integers(0, 16, (E, rows, cols)).astype(np.uint8)
-        codes[..., ::32] = 7  # 6.0
-        scale = (2.0 ** r.integers(-6, -2, (E, rows, cols // 32))).astype(np.float32)
-        data[name] = list(codes[..., 0::2] | (codes[..., 1::2] << 4))
-        data[f"{name}_scale"] = list(bf16_bits(scale))
-        values.append(fp4[codes] * np.repeat(scale, 32, axis=-1))
+    r = np.random.default_rng(seed)
+    packed, codes, values = [], [], []
+    for rows, cols in [(I, H), (I, H), (H, I)]:
+        c = r.integers(0, 16, (E, rows, cols)).astype(np.uint8)
+        c[..., ::32] = 7  # 6.0
+        x = r.integers(121, 125, (E, rows, cols // 32)).astype(np.uint8)  # 2^-6 .. 2^-3
+        packed.append(c[..., 0::2] | (c[..., 1::2] << 4))
+        codes.append(x)
+        values.append(fp4[c] * np.repeat(2.0 ** (x.astype(np.float32) - 127), 32, axis=-1))
+    return packed, codes, values
+
+
+def test_mxfp4_weights_with_the_swiglu_limit(tmp_path):
+    """MXFP4_SFT with gpt-oss's clamped SwiGLU (swiglu_limit): B zero gives the MXFP4 inference
+    wrapper's bits with the same limit; the e2m1 nibbles and power-of-two scales load as stored,
+    from KT's load_mxfp4_weights lists or from a DeepSeek-V4-Flash checkpoint (`load_weights`:
+    `layers.L.ffn.experts.e.{w1,w3,w2}.{weight,scale}`), the same steps, bit for bit, as
+    quantizing their values (MXFP4 requantizes exactly)."""
+    from safetensors.numpy import save_file
+
+    packed, codes, values = mxfp4_layer(61)
+    data = {}
+    for name, p, x in zip(("gate", "up", "down"), packed, codes):
+        data[name] = list(p)
+        data[f"{name}_scale"] = list(bf16_bits(2.0 ** (x.astype(np.float32) - 127)))
+    save_file({f"layers.2.ffn.experts.{e}.{w}.{what}": (p[e].view(np.int8) if what == "weight" else x[e])
+               for w, p, x in zip(("w1", "w3", "w2"), packed, codes) for e in range(E) for what in ("weight", "scale")},
+              str(tmp_path / "model.safetensors"))
     limit = 1.0  # below many of these layers' gate and up values: the clamp holds for a share of them
-    kw = dict(layer_idx=0, num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I,
-              cpuinfer_threads=2, threadpool_count=2, weight_path=None, chunked_prefill_size=64, swiglu_limit=limit)
+    kw = dict(layer_idx=2, num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I,
+              cpuinfer_threads=2, threadpool_count=2, chunked_prefill_size=64, swiglu_limit=limit)
     zero, mats = lora(62, zero_b=True), lora(63)
     x, ids, wts = inputs(7, 64)
-    inf = KTMoEWrapper(method="MXFP4", **kw)
-    inf.load_weights_from_tensors(*values)
-    w = KTMoEWrapper(method="MXFP4_SFT", mode="sft", lora_rank=R, lora_alpha=ALPHA, **kw)
+    want = None
+    for path in (None, str(tmp_path)):
+        inf = KTMoEWrapper(method="MXFP4", weight_path=path, **kw)
+        inf.load_weights() if path else inf.load_weights_from_tensors(*values)
+        out = np.asarray(inf.forward(x, ids, wts))
+        assert want is None or np.array_equal(out, want), "the checkpoint's layer differs from its values'"
+        want = out
+    w = KTMoEWrapper(method="MXFP4_SFT", mode="sft", lora_rank=R, lora_alpha=ALPHA, weight_path=None, **kw)
     w.load_mxfp4_weights(data)
     w.init_lora_weights(*zero, *[np.zeros_like(m) for m in zero])
-    assert np.array_equal(w.forward(x, ids, wts, save_for_backward=False), np.asarray(inf.forward(x, ids, wts)))
+    assert np.array_equal(w.forward(x, ids, wts, save_for_backward=False), want)
     steps = []
-    for stored in (True, False):
-        w = KTMoEWrapper(method="MXFP4_SFT", mode="sft", lora_rank=R, lora_alpha=ALPHA, **kw)
-        if stored:
-            w.load_mxfp4_weights(data)
-        else:
-            w.load_weights_from_tensors(*values)
+    for how in ("lists", "tensors", "checkpoint"):
+        w = KTMoEWrapper(method="MXFP4_SFT", mode="sft", lora_rank=R, lora_alpha=ALPHA,
+                         weight_path=str(tmp_path) if how == "checkpoint" else None, **kw)
+        {"lists": lambda: w.load_mxfp4_weights(data), "tensors": lambda: w.load_weights_from_tensors(*values),
+         "checkpoint": lambda: w.load_weights()}[how]()
         w.init_lora_weights(*mats, *[np.zeros_like(m) for m in mats])
         steps.append((w.forward(x, ids, wts), *w.backward(np.ones((7, H), np.float32))))
-    for a, b in zip(*steps):
-        assert np.array_equal(a, b)
+    for other in steps[1:]:
+        for a, b in zip(steps[0], other):
+            assert np.array_equal(a, b)
     with pytest.raises(ValueError, match="needs method MXFP4_SFT"):
         wrapper().load_mxfp4_weights(data)

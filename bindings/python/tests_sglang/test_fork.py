@@ -262,7 +262,7 @@ def test_rawint4_expert_lora_serving_loads_the_checkpoint_as_stored(tmp_path):
             w.load_weights_from_tensors(values["gate_proj"], values["up_proj"], values["down_proj"])
         w.init_lora_weights(*lora, *[torch.zeros_like(t) for t in lora])
         w.submit_forward_inference(x, ids, wts, 0)
-        outs.append(w.sync_forward_inference(0))
+        outs.append(w.sync_forward_inference(0).clone())  # the staging buffer is reused
     assert torch.equal(outs[0], outs[1])
 
     quant["config_groups"]["group_0"]["weights"] = {**scheme, "symmetric": False, "zero_point": True}
@@ -326,5 +326,60 @@ def test_fp8_expert_lora_serving_loads_the_checkpoint_as_stored(tmp_path):
             w.load_weights_from_tensors(values["gate_proj"], values["up_proj"], values["down_proj"])
         w.init_lora_weights(*lora, *[torch.zeros_like(t) for t in lora])
         w.submit_forward_inference(x, ids, wts, 0)
-        outs.append(w.sync_forward_inference(0))
+        outs.append(w.sync_forward_inference(0).clone())  # the staging buffer is reused
     assert torch.equal(outs[0], outs[1])
+
+
+def test_mxfp4_expert_lora_serving_reads_the_v4_checkpoint(tmp_path):
+    """The fork's `--kt-expert-lora-path` on a DeepSeek-V4-Flash MXFP4 model (method MXFP4): the
+    SFT wrapper built with the fork's own arguments (its GPU-expert mask, group 32, no zero
+    point, its swiglu_limit) loads the checkpoint's e2m1 experts with `load_weights` and serves
+    the output of the same layer made from their values, bit for bit (MXFP4 requantizes
+    exactly), GPU experts left out."""
+    from safetensors.torch import save_file
+
+    from kt_kernel import KTMoEWrapper
+
+    e, k, h, i, layer = 8, 2, 64, 32, 1
+    g = torch.Generator().manual_seed(9)
+    fp4 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+    tensors, values = {}, []
+    e8m0 = getattr(torch, "float8_e8m0fnu", None)
+    for w, rows, cols in [("w1", i, h), ("w3", i, h), ("w2", h, i)]:
+        c = torch.randint(0, 16, (e, rows, cols), generator=g, dtype=torch.uint8)
+        c[..., ::32] = 7
+        x = torch.randint(121, 125, (e, rows, cols // 32), generator=g, dtype=torch.uint8)
+        values.append(fp4[c.long()] * (2.0 ** (x.float() - 127)).repeat_interleave(32, dim=-1))
+        packed = (c[..., 0::2] | (c[..., 1::2] << 4)).view(torch.int8)
+        for x_ in range(e):
+            tensors[f"layers.{layer}.ffn.experts.{x_}.{w}.weight"] = packed[x_].contiguous()
+            tensors[f"layers.{layer}.ffn.experts.{x_}.{w}.scale"] = x[x_].view(e8m0) if e8m0 else x[x_]
+    save_file(tensors, str(tmp_path / "model.safetensors"))
+
+    method = kt_ep._map_kt_method_to_sft_method("MXFP4")
+    assert method == "MXFP4_SFT"
+    kt_ep._validate_kt_sft_runtime(method)
+    mask = torch.zeros(e, dtype=torch.bool)
+    mask[3] = True
+    common = dict(layer_idx=layer, num_experts=e, num_experts_per_tok=k, hidden_size=h, moe_intermediate_size=i,
+                  gpu_experts_mask=mask, cpuinfer_threads=2, threadpool_count=1, numa_nodes=None,
+                  chunked_prefill_size=64, group_size=32, zero_point=False, swiglu_limit=7.0, method=method,
+                  mode="sft", num_gpu_experts=0, lora_rank=4, lora_alpha=8.0, max_cache_depth=1)
+    shapes = [(e, 4, h), (e, i, 4), (e, 4, h), (e, i, 4), (e, 4, i), (e, h, 4)]
+    lora = [(0.05 * torch.randn(*s, generator=g)).to(torch.bfloat16) for s in shapes]
+    x = torch.randn(7, h, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(7)])
+    wts = torch.rand(7, k, generator=g)
+    outs = []
+    for served in (True, False):
+        w = KTMoEWrapper(weight_path=str(tmp_path) if served else None, **common)
+        if served:
+            kt_ep._configure_kt_sft_wrapper_for_serving(w, method)
+            w.load_weights(torch.arange(e))
+        else:
+            w.load_weights_from_tensors(*values)
+        w.init_lora_weights(*lora, *[torch.zeros_like(t) for t in lora])
+        w.submit_forward_inference(x, ids, wts, 0)
+        outs.append(w.sync_forward_inference(0).clone())  # the staging buffer is reused
+    assert torch.equal(outs[0], outs[1])
+    assert not torch.equal(outs[0], torch.zeros_like(outs[0]))

@@ -1,8 +1,9 @@
 //! How a checkpoint names a layer's experts, detected as KT's loaders do: a fused
 //! `mlp.experts.gate_up_proj [E, 2I, H]` + `down_proj [E, H, I]`, or per-expert tensors named
 //! deepseek-style (`mlp.experts.{e}.{gate,up,down}_proj`), mixtral-style
-//! (`block_sparse_moe.experts.{e}.{w1,w3,w2}`) or mistral-style (`experts.{e}.{w1,w3,w2}`), under
-//! `model.layers.{L}` or a multimodal model's `language_model` prefixes.
+//! (`block_sparse_moe.experts.{e}.{w1,w3,w2}`), mistral-style (`experts.{e}.{w1,w3,w2}`) or
+//! DeepSeek-V4-style (`ffn.experts.{e}.{w1,w3,w2}`), under `model.layers.{L}`, `layers.{L}` or a
+//! multimodal model's `language_model` prefixes.
 
 use super::{Checkpoint, WeightError};
 
@@ -15,6 +16,8 @@ pub enum ExpertLayout {
     Mixtral,
     /// `{base}.experts.{e}.{w1,w3,w2}.weight`
     Mistral,
+    /// `{base}.ffn.experts.{e}.{w1,w3,w2}.weight` (DeepSeek-V4-Flash, MXFP4 with `.scale`)
+    Ffn,
     /// `{base}.mlp.experts.gate_up_proj` and `{base}.mlp.experts.down_proj`, all experts stacked.
     Fused,
 }
@@ -42,7 +45,8 @@ impl Layout {
         ];
         let mut tried = Vec::new();
         for base in &bases {
-            for kind in [ExpertLayout::Fused, ExpertLayout::Deepseek, ExpertLayout::Mixtral, ExpertLayout::Mistral] {
+            let kinds = [ExpertLayout::Fused, ExpertLayout::Deepseek, ExpertLayout::Mixtral, ExpertLayout::Mistral];
+            for kind in kinds.into_iter().chain([ExpertLayout::Ffn]) {
                 let l = Layout { kind, base: base.clone() };
                 let mut probes = match kind {
                     ExpertLayout::Fused => vec![format!("{base}.mlp.experts.gate_up_proj")],
@@ -68,6 +72,7 @@ impl Layout {
             }
             ExpertLayout::Mixtral => format!("{b}.block_sparse_moe.experts.{e}.{}.{suffix}", ["w1", "w3", "w2"][proj]),
             ExpertLayout::Mistral => format!("{b}.experts.{e}.{}.{suffix}", ["w1", "w3", "w2"][proj]),
+            ExpertLayout::Ffn => format!("{b}.ffn.experts.{e}.{}.{suffix}", ["w1", "w3", "w2"][proj]),
         }
     }
 

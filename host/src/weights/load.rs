@@ -1,5 +1,5 @@
 //! Decoding a layer's experts to f32 (bf16, f16, f32, fp8 e4m3 with 128×128 block or
-//! per-channel scales; unaligned reads, as safetensors data may be 2-byte aligned) and packing
+//! per-channel scales, MXFP4; unaligned reads, as safetensors data may be 2-byte aligned) and packing
 //! them into a [`MoeLayer`] on the layer's pool.
 
 use kt_core::dtype::{f16, F8E4M3};
@@ -47,6 +47,9 @@ fn matrix(ck: &Checkpoint, name: &str, rows: usize, cols: usize) -> Result<Vec<f
         }
         return Err(WeightError::Missing { name: name.into() });
     };
+    if super::mxfp4::is_mxfp4(ck, stem, rows, cols) {
+        return super::mxfp4::packed(ck, stem, rows, cols);
+    }
     if t.shape != [rows, cols] {
         return Err(WeightError::Shape { name: name.into(), expected: vec![rows, cols], found: t.shape.clone() });
     }

@@ -11,6 +11,7 @@ mod int4;
 pub mod kt_format;
 mod layout;
 mod load;
+mod mxfp4;
 pub mod writer;
 
 pub use crate::error::WeightError;

@@ -1,0 +1,48 @@
+//! DeepSeek-V4-Flash's MXFP4 experts decoded to f32: `{stem}.weight` (I8 or U8 `[N, K/2]`,
+//! e2m1 nibbles, the even column in the low nibble) and `{stem}.scale` (F8_E8M0 or U8
+//! `[N, K/32]`, `2^(code − 127)`; code 255 is no number and refused). Quantizing the values to
+//! MXFP4 again gives the same nibbles and scales (the OCP rule puts each block's largest value
+//! back on the e2m1 grid), so such a layer loads exactly.
+
+use kt_core::format::mx::FP4_X2;
+use safetensors::Dtype;
+
+use super::{Checkpoint, WeightError};
+
+/// Whether `{stem}.weight` of `[rows, cols]` is stored as MXFP4 (packed bytes and a `.scale`).
+pub fn is_mxfp4(ck: &Checkpoint, stem: &str, rows: usize, cols: usize) -> bool {
+    let packed = ck.get(&format!("{stem}.weight"));
+    packed.is_some_and(|t| matches!(t.dtype, Dtype::I8 | Dtype::U8) && t.shape == [rows, cols / 2])
+        && ck.contains(&format!("{stem}.scale"))
+}
+
+/// `{stem}.weight` and `{stem}.scale` as an f32 `[rows, cols]`.
+pub fn packed(ck: &Checkpoint, stem: &str, rows: usize, cols: usize) -> Result<Vec<f32>, WeightError> {
+    let (wname, sname) = (format!("{stem}.weight"), format!("{stem}.scale"));
+    let get = |n: &str| ck.get(n).ok_or_else(|| WeightError::Missing { name: n.into() });
+    let (w, s) = (get(&wname)?, get(&sname)?);
+    if cols % 32 != 0 || w.shape != [rows, cols / 2] {
+        return Err(WeightError::Shape { name: wname, expected: vec![rows, cols / 2], found: w.shape.clone() });
+    }
+    if !matches!(s.dtype, Dtype::F8_E8M0 | Dtype::U8) {
+        let found = format!("{:?}", s.dtype);
+        return Err(WeightError::Dtype { name: sname, found, expected: "F8_E8M0 (or U8) e8m0 scales" });
+    }
+    if s.shape != [rows, cols / 32] {
+        return Err(WeightError::Shape { name: sname, expected: vec![rows, cols / 32], found: s.shape.clone() });
+    }
+    let codes = ck.bytes(s);
+    if let Some(at) = codes.iter().position(|&c| c == 0xFF) {
+        let found = format!("scale code 0xff (no number) at element {at}");
+        return Err(WeightError::Dtype { name: sname, found, expected: "finite e8m0 scales (codes 0-254)" });
+    }
+    // 2^(c - 127): the f32 with exponent bits c (c = 0: 2^-127, a subnormal).
+    let scale = |c: u8| if c == 0 { f32::from_bits(0x0040_0000) } else { f32::from_bits(u32::from(c) << 23) };
+    let bytes = ck.bytes(w);
+    Ok((0..rows * cols)
+        .map(|i| {
+            let nibble = (bytes[i / 2] >> (4 * (i % 2))) & 0x0F;
+            f32::from(FP4_X2[nibble as usize]) * 0.5 * scale(codes[(i / cols) * (cols / 32) + (i % cols) / 32])
+        })
+        .collect())
+}
