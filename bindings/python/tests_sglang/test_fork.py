@@ -200,6 +200,23 @@ def test_expert_lora_adapters_serve_through_the_forks_path(tmp_path):
     assert torch.equal(served.to(torch.bfloat16), trained.to(torch.bfloat16))
 
 
+def _lora_and_inputs(e, h, i, k, g, rank=4, n=7):
+    """Random bf16 LoRA matrices of `rank` for a layer of (e, h, i), and `n` tokens routed to k."""
+    shapes = [(e, rank, h), (e, i, rank), (e, rank, h), (e, i, rank), (e, rank, i), (e, h, rank)]
+    lora = [(0.05 * torch.randn(*s, generator=g)).to(torch.bfloat16) for s in shapes]
+    x = torch.randn(n, h, generator=g).to(torch.bfloat16)
+    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(n)])
+    return lora, x, ids, torch.rand(n, k, generator=g)
+
+
+def _serve(w, lora, x, ids, wts):
+    """The fork's serving calls on a loaded SFT wrapper: its output, copied (the staging buffer
+    it comes in is reused by the next forward)."""
+    w.init_lora_weights(*lora, *[torch.zeros_like(t) for t in lora])
+    w.submit_forward_inference(x, ids, wts, 0)
+    return w.sync_forward_inference(0).clone()
+
+
 def test_rawint4_expert_lora_serving_loads_the_checkpoint_as_stored(tmp_path):
     """The fork's `--kt-expert-lora-path` on a compressed-tensors int4 model (method RAWINT4):
     its runtime probe, its checkpoint reader (`_load_rawint4_sft_weights`: our
@@ -247,11 +264,7 @@ def test_rawint4_expert_lora_serving_loads_the_checkpoint_as_stored(tmp_path):
     common = dict(layer_idx=layer, num_experts=e, num_experts_per_tok=k, hidden_size=h, moe_intermediate_size=i,
                   gpu_experts_mask=None, cpuinfer_threads=2, threadpool_count=1, weight_path=None,
                   chunked_prefill_size=64, mode="sft", num_gpu_experts=0, lora_rank=4, lora_alpha=8.0)
-    shapes = [(e, 4, h), (e, i, 4), (e, 4, h), (e, i, 4), (e, 4, i), (e, h, 4)]
-    lora = [(0.05 * torch.randn(*s, generator=g)).to(torch.bfloat16) for s in shapes]
-    x = torch.randn(7, h, generator=g).to(torch.bfloat16)
-    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(7)])
-    wts = torch.rand(7, k, generator=g)
+    lora, x, ids, wts = _lora_and_inputs(e, h, i, k, g)
     outs = []
     for served in (True, False):
         w = KTMoEWrapper(method=method if served else "AMXINT4_KGroup_SFT", group_size=32, **common)
@@ -260,9 +273,7 @@ def test_rawint4_expert_lora_serving_loads_the_checkpoint_as_stored(tmp_path):
             w.load_rawint4_weights(raw, torch.arange(e))
         else:
             w.load_weights_from_tensors(values["gate_proj"], values["up_proj"], values["down_proj"])
-        w.init_lora_weights(*lora, *[torch.zeros_like(t) for t in lora])
-        w.submit_forward_inference(x, ids, wts, 0)
-        outs.append(w.sync_forward_inference(0).clone())  # the staging buffer is reused
+        outs.append(_serve(w, lora, x, ids, wts))
     assert torch.equal(outs[0], outs[1])
 
     quant["config_groups"]["group_0"]["weights"] = {**scheme, "symmetric": False, "zero_point": True}
@@ -310,11 +321,7 @@ def test_fp8_expert_lora_serving_loads_the_checkpoint_as_stored(tmp_path):
                   gpu_experts_mask=None, cpuinfer_threads=2, threadpool_count=1, weight_path=None,
                   chunked_prefill_size=64, mode="sft", num_gpu_experts=0, lora_rank=4, lora_alpha=8.0,
                   method=method)
-    shapes = [(e, 4, h), (e, i, 4), (e, 4, h), (e, i, 4), (e, 4, i), (e, h, 4)]
-    lora = [(0.05 * torch.randn(*s, generator=g)).to(torch.bfloat16) for s in shapes]
-    x = torch.randn(7, h, generator=g).to(torch.bfloat16)
-    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(7)])
-    wts = torch.rand(7, k, generator=g)
+    lora, x, ids, wts = _lora_and_inputs(e, h, i, k, g)
     outs = []
     for served in (True, False):
         w = KTMoEWrapper(**common)
@@ -324,9 +331,7 @@ def test_fp8_expert_lora_serving_loads_the_checkpoint_as_stored(tmp_path):
             w.load_block_fp8_weights(raw, torch.arange(e))
         else:
             w.load_weights_from_tensors(values["gate_proj"], values["up_proj"], values["down_proj"])
-        w.init_lora_weights(*lora, *[torch.zeros_like(t) for t in lora])
-        w.submit_forward_inference(x, ids, wts, 0)
-        outs.append(w.sync_forward_inference(0).clone())  # the staging buffer is reused
+        outs.append(_serve(w, lora, x, ids, wts))
     assert torch.equal(outs[0], outs[1])
 
 
@@ -365,11 +370,7 @@ def test_mxfp4_expert_lora_serving_reads_the_v4_checkpoint(tmp_path):
                   gpu_experts_mask=mask, cpuinfer_threads=2, threadpool_count=1, numa_nodes=None,
                   chunked_prefill_size=64, group_size=32, zero_point=False, swiglu_limit=7.0, method=method,
                   mode="sft", num_gpu_experts=0, lora_rank=4, lora_alpha=8.0, max_cache_depth=1)
-    shapes = [(e, 4, h), (e, i, 4), (e, 4, h), (e, i, 4), (e, 4, i), (e, h, 4)]
-    lora = [(0.05 * torch.randn(*s, generator=g)).to(torch.bfloat16) for s in shapes]
-    x = torch.randn(7, h, generator=g).to(torch.bfloat16)
-    ids = torch.stack([torch.randperm(e, generator=g)[:k] for _ in range(7)])
-    wts = torch.rand(7, k, generator=g)
+    lora, x, ids, wts = _lora_and_inputs(e, h, i, k, g)
     outs = []
     for served in (True, False):
         w = KTMoEWrapper(weight_path=str(tmp_path) if served else None, **common)
@@ -378,8 +379,6 @@ def test_mxfp4_expert_lora_serving_reads_the_v4_checkpoint(tmp_path):
             w.load_weights(torch.arange(e))
         else:
             w.load_weights_from_tensors(*values)
-        w.init_lora_weights(*lora, *[torch.zeros_like(t) for t in lora])
-        w.submit_forward_inference(x, ids, wts, 0)
-        outs.append(w.sync_forward_inference(0).clone())  # the staging buffer is reused
+        outs.append(_serve(w, lora, x, ids, wts))
     assert torch.equal(outs[0], outs[1])
     assert not torch.equal(outs[0], torch.zeros_like(outs[0]))
