@@ -165,7 +165,7 @@ pub fn pack_part_f32(
     }
     let r = part;
     let rows = |f, m: &[f32]| QuantMatrix::quantize(f, r.len(), h, &m[r.start * h..r.end * h]);
-    let down: Vec<f32> = (0..h).flat_map(|row| x.down[row * i + r.start..row * i + r.end].iter().copied()).collect();
+    let down = crate::mat::columns(x.down, i, r.clone());
     Ok(ExpertWeights {
         gate: backend.pack(&rows(format.gate, x.gate)?)?,
         up: backend.pack(&rows(format.up, x.up)?)?,
@@ -182,6 +182,11 @@ pub fn dequantized_expert_f32(
 ) -> Result<[Vec<f32>; 3], Error> {
     let format = format.into();
     let (h, i) = (cfg.hidden, cfg.intermediate);
+    for (what, m) in [("gate_proj", x.gate), ("up_proj", x.up), ("down_proj", x.down)] {
+        if m.len() != h * i {
+            return Err(Error::ShapeMismatch { what, expected: h * i, found: m.len() });
+        }
+    }
     let (mut g, mut u, mut d) = (vec![0.0f32; i * h], vec![0.0f32; i * h], vec![0.0f32; h * i]);
     for r in cfg.part_ranges(format)? {
         let rows = |f, m: &[f32], out: &mut [f32]| -> Result<(), Error> {
@@ -191,12 +196,9 @@ pub fn dequantized_expert_f32(
         };
         rows(format.gate, x.gate, &mut g)?;
         rows(format.up, x.up, &mut u)?;
-        let down: Vec<f32> =
-            (0..h).flat_map(|row| x.down[row * i + r.start..row * i + r.end].iter().copied()).collect();
+        let down = crate::mat::columns(x.down, i, r.clone());
         let q = QuantMatrix::quantize(format.down, h, r.len(), &down)?.dequantize();
-        for (row, part) in d.chunks_exact_mut(i).zip(q.chunks_exact(r.len())) {
-            row[r.clone()].copy_from_slice(part);
-        }
+        crate::mat::set_columns(&mut d, i, r, &q);
     }
     Ok([g, u, d])
 }

@@ -87,3 +87,32 @@ impl<'a, T> SharedMut<'a, T> {
         }
     }
 }
+
+/// Columns `r` of the rows of `src` (row-major, `cols` wide) into `dst` (`r.len()` wide): a
+/// NUMA part's slice of a matrix whose columns the parts split.
+pub fn copy_columns<T: Copy>(src: &[T], cols: usize, r: Range<usize>, dst: &mut [T]) {
+    if r.is_empty() || cols == 0 {
+        return;
+    }
+    for (row, out) in src.chunks_exact(cols).zip(dst.chunks_exact_mut(r.len())) {
+        out.copy_from_slice(&row[r.clone()]);
+    }
+}
+
+/// [`copy_columns`] into a new matrix.
+pub fn columns<T: Copy + Default>(src: &[T], cols: usize, r: Range<usize>) -> alloc::vec::Vec<T> {
+    let mut out = alloc::vec![T::default(); src.len() / cols.max(1) * r.len()];
+    copy_columns(src, cols, r, &mut out);
+    out
+}
+
+/// The inverse of [`copy_columns`]: columns `r` of `dst` (`cols` wide) set from `src`
+/// (`r.len()` wide).
+pub fn set_columns<T: Copy>(dst: &mut [T], cols: usize, r: Range<usize>, src: &[T]) {
+    if r.is_empty() || cols == 0 {
+        return;
+    }
+    for (row, part) in dst.chunks_exact_mut(cols).zip(src.chunks_exact(r.len())) {
+        row[r.clone()].copy_from_slice(part);
+    }
+}

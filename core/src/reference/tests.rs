@@ -1,9 +1,6 @@
 //! The reference backend against an f64 textbook MoE, and the accuracy of each format against
 //! the unquantized MoE (DESIGN.md's thresholds).
 
-use alloc::vec;
-use alloc::vec::Vec;
-
 use proptest::prelude::*;
 
 use super::REFERENCE;
@@ -49,7 +46,8 @@ proptest! {
         let r = Routing { tokens, k, ids: &ids, weights: &w, gpu_mask: mask.as_deref() };
         let got = run(&SerialExecutor, &cfg, &layer, &input, &r);
         // With several parts down is quantized per part slice: compare on those exact weights.
-        let deq = if parts == 1 { dequantized(&cfg, format, &experts) } else { per_part_dequantized(&cfg, format, &experts) };
+        // Per part's quantization, as the layer does (down's scales cover a part's columns).
+        let deq = dequantized(&cfg, format, &experts);
         let want = textbook_moe(&cfg, &deq, &input, &r);
         if matches!(s, Scenario::AllMasked) {
             prop_assert!(got.iter().all(|&v| v == 0.0));
@@ -66,39 +64,6 @@ proptest! {
             }
         }
     }
-}
-
-/// Dequantized experts where down is quantized per part's column slice (as the layer does).
-fn per_part_dequantized(
-    cfg: &MoeConfig,
-    format: WeightFormat,
-    experts: &[crate::testing::Expert],
-) -> Vec<crate::testing::Expert> {
-    let (h, i) = (cfg.hidden, cfg.intermediate);
-    let ranges = cfg.part_ranges(format).unwrap();
-    let mut out = dequantized(cfg, format, experts);
-    for (o, x) in out.iter_mut().zip(experts) {
-        // gate/up rows quantize per row: slicing rows changes nothing, except fp8 128-row blocks.
-        let mut d = vec![0.0f32; h * i];
-        let mut g = vec![0.0f32; h * i];
-        let mut u = vec![0.0f32; h * i];
-        for r in &ranges {
-            let cols: Vec<f32> =
-                (0..h).flat_map(|row| x[2][row * i + r.start..row * i + r.end].iter().copied()).collect();
-            let dq = crate::QuantMatrix::quantize(format, h, r.len(), &cols).unwrap().dequantize();
-            for row in 0..h {
-                d[row * i + r.start..row * i + r.end].copy_from_slice(&dq[row * r.len()..(row + 1) * r.len()]);
-            }
-            for (dst, src) in [(&mut g, &x[0]), (&mut u, &x[1])] {
-                let q = crate::QuantMatrix::quantize(format, r.len(), h, &src[r.start * h..r.end * h])
-                    .unwrap()
-                    .dequantize();
-                dst[r.start * h..r.end * h].copy_from_slice(&q);
-            }
-        }
-        *o = [g, u, d];
-    }
-    out
 }
 
 /// DESIGN.md: mean relative error against an fp32 MoE on the original Gaussian weights.

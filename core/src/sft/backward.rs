@@ -15,7 +15,7 @@ use super::Cache;
 use crate::aligned::AlignedBuf;
 use crate::backend::TaskShape;
 use crate::forward::LayerWeights;
-use crate::mat::{MatMut, SharedMut};
+use crate::mat::{columns, set_columns, MatMut, SharedMut};
 use crate::{Backend, Error, Executor, MoeConfig, PackedMatrix};
 
 /// Where a backward writes.
@@ -230,9 +230,7 @@ impl Product<'_, '_> {
         let mut dh = vec![0.0f32; m * i];
         for (r, [_, _, wd]) in ranges.iter().zip(slices) {
             let part = self.times(wd, gy, m, r.len());
-            for (dh, part) in dh.chunks_exact_mut(i).zip(part.chunks_exact(r.len())) {
-                dh[r.clone()].copy_from_slice(part);
-            }
+            set_columns(&mut dh, i, r.clone(), &part);
         }
         dh
     }
@@ -252,7 +250,7 @@ impl Product<'_, '_> {
             let cols = |v: &'v [f32]| -> Cow<'v, [f32]> {
                 match r.len() == i {
                     true => Cow::Borrowed(v),
-                    false => Cow::Owned(v.chunks_exact(i).flat_map(|row| row[r.clone()].iter().copied()).collect()),
+                    false => Cow::Owned(columns(v, i, r.clone())),
                 }
             };
             for (w, v) in [(wg, dg), (wu, du)] {

@@ -10,11 +10,11 @@ use super::kernels::SftKernels;
 use super::lora::{Lora, Proj};
 use super::Cache;
 use crate::backend::{Backend, TaskShape};
-use crate::forward::LayerWeights;
-use crate::mat::{MatMut, SharedMut};
+use crate::forward::{ExpertWeights, LayerWeights};
+use crate::mat::{copy_columns, MatMut, SharedMut};
 use crate::plan::{blocks, target_tasks, Plan, SKIPPED};
 use crate::workers::{Carve, WorkerScratch};
-use crate::{Error, Executor, LayerFormat, MoeConfig, Routing, WeightFormat};
+use crate::{Error, Executor, LayerFormat, MoeConfig, PackedMatrix, Routing, WeightFormat};
 
 /// Scratch reused across SFT calls; grows to the largest and stays.
 #[derive(Debug, Default)]
@@ -97,20 +97,21 @@ pub fn forward(
         let h_part = carve.take::<bf16>(pieces.h_part());
         let scratch = carve.rest();
 
-        // gate and up: the base by `down` on each part's packed rows, then LoRA.
+        // gate and up: the base by `down` on each part's packed rows (into its columns of I),
+        // then LoRA.
+        let by_parts = |mat: fn(&ExpertWeights) -> &PackedMatrix, act: &[u8], out: &mut [f32], scratch: &mut [u8]| {
+            for (p, range) in w.parts.iter().map(|p| p.range.clone()).enumerate() {
+                let view = MatMut::from_slice(&mut out[range.start..], m, range.len(), i);
+                backend.down(mat(part(p)), 0..range.len(), act, view, scratch);
+            }
+        };
         let len = prepare(backend, f.gate, h, input, tokens, act, scratch);
-        for (p, range) in w.parts.iter().map(|p| p.range.clone()).enumerate() {
-            let view = MatMut::from_slice(&mut g32[range.start..], m, range.len(), i);
-            backend.down(&part(p).gate, 0..range.len(), &act[..len], view, scratch);
-        }
+        by_parts(|e| &e.gate, &act[..len], g32, scratch);
         let len = match backend.act_layout(f.up) != backend.act_layout(f.gate) {
             true => prepare(backend, f.up, h, input, tokens, act, scratch),
             false => len,
         };
-        for (p, range) in w.parts.iter().map(|p| p.range.clone()).enumerate() {
-            let view = MatMut::from_slice(&mut u32_[range.start..], m, range.len(), i);
-            backend.down(&part(p).up, 0..range.len(), &act[..len], view, scratch);
-        }
+        by_parts(|e| &e.up, &act[..len], u32_, scratch);
         let kernels = backend.sft_kernels();
         if let Some(l) = lora {
             // SAFETY: as above.
@@ -131,9 +132,7 @@ pub fn forward(
             let src = match parts {
                 1 => &hb[..],
                 _ => {
-                    for (dst, src) in h_part.chunks_exact_mut(ip).zip(hb.chunks_exact(i)) {
-                        dst.copy_from_slice(&src[range.clone()]);
-                    }
+                    copy_columns(hb, i, range.clone(), &mut h_part[..m * ip]);
                     &h_part[..m * ip]
                 }
             };

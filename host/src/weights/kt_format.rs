@@ -18,6 +18,7 @@
 use std::sync::Mutex;
 
 use kt_core::format::kt_packed::{packed_bytes, to_kt};
+use kt_core::mat::{columns, set_columns};
 use kt_core::sft::BackwardWeights;
 use kt_core::{MoeConfig, QuantMatrix, WeightFormat};
 
@@ -136,11 +137,7 @@ pub fn expert_tensors(
     for (proj, m) in x.iter().enumerate() {
         for r in &ranges {
             let (rows, cols) = dims(proj, h, r.len(), false);
-            let slice: Vec<f32> = if proj == 2 {
-                (0..h).flat_map(|row| m[row * i + r.start..row * i + r.end].iter().copied()).collect()
-            } else {
-                m[r.start * h..r.end * h].to_vec()
-            };
+            let slice: Vec<f32> = if proj == 2 { columns(m, i, r.clone()) } else { m[r.start * h..r.end * h].to_vec() };
             push(&QuantMatrix::quantize(format, rows, cols, &slice).map_err(WeightError::Layer)?)?;
         }
     }
@@ -311,9 +308,7 @@ pub fn dequantized_expert(
             let m = read_part(ck, (layer, format, h), &ranges, (e, proj, n), false)?;
             let m = m.dequantize().map_err(WeightError::Layer)?;
             if proj == 2 {
-                for (row, part) in whole.chunks_exact_mut(i).zip(m.chunks_exact(r.len())) {
-                    row[r.clone()].copy_from_slice(part);
-                }
+                set_columns(whole, i, r.clone(), &m);
             } else {
                 whole[r.start * h..r.end * h].copy_from_slice(&m);
             }

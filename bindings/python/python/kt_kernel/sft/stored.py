@@ -6,7 +6,7 @@ on a quantized model), each loaded into the SFT layer as stored, without quantiz
   int32 words or their bytes), for ``RAWINT4_SFT`` (``SFTMoEWrapper.load_rawint4_weights``);
 - block FP8 (DeepSeek-V3 style): e4m3 matrices with one ``weight_scale_inv`` per 128×128
   block, for ``AMXFP8_SFT`` (``SFTMoEWrapper.load_block_fp8_weights``);
-- MXFP4 (gpt-oss style): e2m1 nibbles with a power-of-two scale per 32 columns, for
+- MXFP4: e2m1 nibbles with a power-of-two scale per 32 columns, for
   ``MXFP4_SFT`` (``SFTMoEWrapper.load_mxfp4_weights``; its runtime: ``get_mxfp4_runtime``).
 
 ``MOEArchConfig`` and the dataclasses need nothing; the checkpoint readers return torch tensors
@@ -67,24 +67,16 @@ class BlockFP8ExpertWeights:
 
 
 @dataclass(frozen=True)
-class RAWINT4Runtime:
+class Runtime:
+    """What a ``get_*_runtime`` probe describes: the CPU variant, its kernel and the weight layout."""
+
     cpu_variant: str
     kernel: str
     weight_layout: str
 
 
-@dataclass(frozen=True)
-class FP8Runtime:
-    cpu_variant: str
-    kernel: str
-    weight_layout: str
-
-
-@dataclass(frozen=True)
-class MXFP4Runtime:
-    cpu_variant: str
-    kernel: str
-    weight_layout: str
+# KT's names for what its probes return.
+RAWINT4Runtime = FP8Runtime = MXFP4Runtime = Runtime
 
 
 @dataclass(frozen=True)
@@ -97,26 +89,27 @@ class RAWINT4CheckpointContract:
     format: str = "pack-quantized"
 
 
-def get_rawint4_runtime():
-    """The RAWINT4 SFT runtime: every backend of this build runs int4 groups (their own
-    kernels for ``int4-g32``), so it is always there."""
+def _runtime(kernel, layout):
+    """The runtime of a stored format: every backend of this build runs it with its own kernels
+    (``kernel`` names them), so it is always there."""
     import kt_kernel
 
-    return RAWINT4Runtime(kt_kernel.__cpu_variant__, f"{kt_kernel.__cpu_variant__}-int4-g32", RAWINT4_WEIGHT_LAYOUT)
+    return Runtime(kt_kernel.__cpu_variant__, f"{kt_kernel.__cpu_variant__}-{kernel}", layout)
+
+
+def get_rawint4_runtime():
+    """The RAWINT4 SFT runtime (int4 groups of 32)."""
+    return _runtime("int4-g32", RAWINT4_WEIGHT_LAYOUT)
 
 
 def get_fp8_runtime():
-    """The block-FP8 SFT runtime: every backend of this build runs e4m3 blocks."""
-    import kt_kernel
-
-    return FP8Runtime(kt_kernel.__cpu_variant__, f"{kt_kernel.__cpu_variant__}-fp8", FP8_WEIGHT_LAYOUT)
+    """The block-FP8 SFT runtime (e4m3, 128×128 blocks)."""
+    return _runtime("fp8", FP8_WEIGHT_LAYOUT)
 
 
 def get_mxfp4_runtime():
-    """The MXFP4 SFT runtime: every backend of this build runs e2m1 blocks of 32."""
-    import kt_kernel
-
-    return MXFP4Runtime(kt_kernel.__cpu_variant__, f"{kt_kernel.__cpu_variant__}-mxfp4-g32", MXFP4_WEIGHT_LAYOUT)
+    """The MXFP4 SFT runtime (e2m1, blocks of 32)."""
+    return _runtime("mxfp4-g32", MXFP4_WEIGHT_LAYOUT)
 
 
 def _get(config, name, default=None):
