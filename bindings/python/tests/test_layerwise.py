@@ -1,6 +1,7 @@
 """Layerwise prefill's host buffers (KT's ``submit_write_weight_scale_to_buffer``): each expert
-written per GPU rank in the GPU layer's layout and the checkpoint's own encoding, checked byte
-for byte against slices of the tensors the checkpoint file holds."""
+written per GPU rank in the GPU layer's layout and the checkpoint's own encoding (MXFP4's e8m0
+scales as the bf16 buffers the fork stages them in), checked byte for byte against slices of
+the tensors the checkpoint file holds."""
 
 import numpy as np
 import pytest
@@ -38,6 +39,15 @@ def checkpoint(tmp_path, kind, seed=3):
                 s = (r.random(shape) * 0.01 + 1e-3).astype(np.float32)
                 tensors[name(e, proj, "weight_scale_inv")] = ("F32", shape, s.tobytes())
                 want[e, proj] = (codes, s)
+            elif kind == "mxfp4":
+                # DeepSeek-V4-Flash's layout; scales staged as the bf16 of 2^(code - 127).
+                packed = r.integers(0, 256, (n, k // 2), dtype=np.uint8)
+                codes = r.integers(100, 141, (n, k // 32), dtype=np.uint8)
+                codes[:, 0] = 0  # 2^-127, a subnormal
+                stem = f"layers.0.ffn.experts.{e}.{ {'gate': 'w1', 'up': 'w3', 'down': 'w2'}[proj]}"
+                tensors[f"{stem}.weight"] = ("I8", (n, k // 2), packed.tobytes())
+                tensors[f"{stem}.scale"] = ("F8_E8M0", (n, k // 32), codes.tobytes())
+                want[e, proj] = (packed, np.where(codes == 0, 0x40, codes.astype(np.uint16) << 7).astype(np.uint16))
             else:
                 packed = r.integers(0, 256, (n, k // 2), dtype=np.uint8)
                 tensors[name(e, proj, "weight_packed")] = ("I32", (n, k // 8), packed.tobytes())
@@ -73,7 +83,8 @@ def expected(want, e, tp, kind):
     return out
 
 
-METHODS = {"bf16": "BF16", "f32": "BF16", "fp8-block": "FP8", "fp8-row": "FP8_PERCHANNEL", "int4": "RAWINT4"}
+METHODS = {"bf16": "BF16", "f32": "BF16", "fp8-block": "FP8", "fp8-row": "FP8_PERCHANNEL", "int4": "RAWINT4",
+           "mxfp4": "MXFP4"}
 
 
 @pytest.mark.parametrize("kind", list(METHODS))

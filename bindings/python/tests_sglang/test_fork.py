@@ -2,6 +2,7 @@
 anywhere in the id range on the GPU, their ids remapped to GPU slots), its CPU stream and
 staging buffer, deferred experts, and the mask updated in place between steps."""
 
+import json
 import os
 import types
 
@@ -68,32 +69,56 @@ class _StreamContext:
 torch.cuda.Stream, torch.cuda.Event, torch.cuda.stream = _Stream, _Event, _StreamContext
 torch.cuda.current_stream = lambda *a, **k: _Stream()
 
+import sglang.srt.distributed.parallel_state as parallel_state  # noqa: E402
 import sglang.srt.eplb.expert_location_dispatch as location  # noqa: E402
 import sglang.srt.layers.moe.kt_ep_wrapper as kt_ep  # noqa: E402
+from sglang.srt.layers.moe.fused_moe_triton import FusedMoE  # noqa: E402
 from sglang.srt.layers.moe.moe_runner.base import MoeRunnerConfig  # noqa: E402
 from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput  # noqa: E402
 from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase  # noqa: E402
 
 
+def dequantized(layer, name):
+    """A GPU weight as fp32: bf16, or fp8 e4m3 times its `_scale_inv` 128×128 blocks."""
+    w, s = getattr(layer, name).float(), getattr(layer, name + "_scale_inv", None)
+    return w if s is None else w * s.repeat_interleave(128, -2).repeat_interleave(128, -1)
+
+
+def layer_moe(layer, dispatch_output):
+    """The GPU MoE kernel's result, in torch fp32 from the layer's own weights: slot `s` of
+    `layer.w13_weight` (gate rows then up rows) and `layer.w2_weight` serves id `s`, -1 none."""
+    x, topk = dispatch_output.hidden_states, dispatch_output.topk_output
+    w13, w2 = dequantized(layer, "w13_weight"), dequantized(layer, "w2_weight")
+    w = {"gate": w13[:, :I], "up": w13[:, I:], "down": w2}
+    return StandardCombineInput(hidden_states=moe(x, topk.topk_ids, topk.topk_weights, w, lambda e: True).to(x.dtype))
+
+
 class GpuMoe(FusedMoEMethodBase):
-    """Stands in for the GPU method the fork wraps: its experts (ids remapped to GPU slots by
-    the wrapper, CPU ones -1) in torch fp32, each slot's logical expert read from the mask."""
+    """Stands in for the GPU method the fork wraps: its weights for the GPU experts (bf16, as
+    SGLang's loader leaves them) and its kernel (`layer_moe`) over the ids the wrapper remapped
+    to GPU slots (CPU ones -1), each slot's logical expert read from the mask."""
 
     def __init__(self, weights, mask):
         self.weights, self.mask = weights, mask
 
     def create_weights(self, layer, num_experts, hidden_size, intermediate_size_per_partition, params_dtype, **kw):
-        layer.register_parameter("w13_weight", torch.nn.Parameter(torch.empty(0), requires_grad=False))
+        layer.register_parameter("w13_weight", torch.nn.Parameter(torch.empty(num_experts, 2 * I, H, dtype=params_dtype),
+                                                                  requires_grad=False))
+        layer.register_parameter("w2_weight", torch.nn.Parameter(torch.empty(num_experts, H, I, dtype=params_dtype),
+                                                                 requires_grad=False))
+        self.load_gpu_experts(layer)
+
+    def load_gpu_experts(self, layer):
+        """What SGLang's weight loader puts in the GPU slots: the mask's experts in id order."""
+        w, logical = self.weights[layer.layer_idx], torch.where(self.mask)[0]
+        layer.w13_weight.data = torch.cat([w["gate"][logical], w["up"][logical]], 1).to(layer.w13_weight.dtype)
+        layer.w2_weight.data = w["down"][logical].to(layer.w2_weight.dtype)
 
     def create_moe_runner(self, layer, moe_runner_config):
         pass
 
     def apply(self, layer, dispatch_output):
-        x, topk = dispatch_output.hidden_states, dispatch_output.topk_output
-        logical = torch.where(self.mask)[0]
-        ids = torch.where(topk.topk_ids >= 0, logical[topk.topk_ids.clamp_min(0).long()], -1)
-        out = moe(x, ids, topk.topk_weights, self.weights[layer.layer_idx], lambda e: True)
-        return StandardCombineInput(hidden_states=out.to(x.dtype))
+        return layer_moe(layer, dispatch_output)
 
 
 # The merge keeps the CPU result alive on the GPU stream (CUDA's caching allocator): nothing
@@ -101,34 +126,41 @@ class GpuMoe(FusedMoEMethodBase):
 torch.Tensor.record_stream = lambda self, stream: None
 
 
-def build(path, weights, method, mask, deferred):
+def build(path, weights, method, mask, deferred, threshold=None, quant_config=None):
     identity = torch.arange(E).repeat(LAYERS, 1)
     location.get_global_expert_location_metadata = lambda: types.SimpleNamespace(physical_to_logical_map_cpu=identity)
-    kt_ep.get_tensor_model_parallel_rank = lambda: 0
+    parallel_state._TP = types.SimpleNamespace(world_size=1, rank_in_group=0)  # one tensor-parallel rank
     layers = []
     for li in range(LAYERS):
         cfg = kt_ep.KTConfig(layer_idx=li, gpu_experts_mask=mask.clone(), cpuinfer_threads=2, threadpool_count=1,
                              weight_path=path, chunked_prefill_size=64, max_deferred_experts_per_token=deferred,
-                             method=method, num_layers=LAYERS)
+                             method=method, num_layers=LAYERS, gpu_prefill_token_threshold=threshold)
         gpu = GpuMoe(weights, cfg.gpu_experts_mask)
         m = kt_ep.KTEPWrapperMethod(gpu, cfg)
-        layer = torch.nn.Module()
+        # The model's FusedMoE layer, without its constructor (which needs the launcher's
+        # distributed state): what the fork's full-layer context copies and quantizes.
+        layer = FusedMoE.__new__(FusedMoE)
+        torch.nn.Module.__init__(layer)
         layer.layer_idx, layer.top_k, layer.num_experts = li, K, E
         layer.intermediate_size_per_partition, layer.moe_tp_size = I, 1
+        layer.quant_config, layer.use_triton_kernels = quant_config, False
+        layer.moe_runner_config = MoeRunnerConfig(activation="silu", num_experts=E, top_k=K)
         m.create_weights(layer, E, H, I, torch.bfloat16)
         m.process_weights_after_loading(layer)
-        m.create_moe_runner(layer, MoeRunnerConfig(activation="silu", num_experts=E, top_k=K))
+        m.create_moe_runner(layer, layer.moe_runner_config)
         layers.append((m, layer))
     return layers
 
 
-def move_experts(m, on_gpu):
-    """What the fork's dynamic expert update does to a layer's routing state: new mappings,
-    the wrapper's mask updated in place (KT reads it by pointer)."""
+def move_experts(m, layer, on_gpu):
+    """What the fork's dynamic expert update does to a layer: new mappings, the wrapper's mask
+    updated in place (KT reads it by pointer), the new GPU experts' weights in the GPU slots."""
     mask, to_gpu, _ = kt_ep.update_gpu_expert_mappings(on_gpu, E, torch.device("cpu"))
     kt_ep.update_kt_wrapper_masks(m.wrapper, mask)
     m.gpu_experts_mask.copy_(mask)
     m.gpu_experts_mask_cuda, m.logical_to_gpu_index_cuda = mask.clone(), to_gpu
+    m.logical_to_gpu_index = to_gpu.clone()
+    m.gpu_method.load_gpu_experts(layer)
 
 
 @pytest.mark.parametrize("method", list(LIMITS))
@@ -143,9 +175,94 @@ def test_layers_match_a_torch_moe(model, method, gpu_ids, deferred):
     g = torch.Generator().manual_seed(len(gpu_ids))
     for step, n in enumerate((1, 5, 64, 3)):
         if step == 2 and gpu_ids:
-            for m, _ in layers:
-                move_experts(m, torch.tensor(sorted({(i + 3) % E for i in gpu_ids})))
+            for m, layer in layers:
+                move_experts(m, layer, torch.tensor(sorted({(i + 3) % E for i in gpu_ids})))
         check_step(layers, weights, n, g, deferred, LIMITS[method], f"{method} step {step}")
+
+
+@pytest.fixture
+def full_gpu_layers(monkeypatch):
+    """The fork's layerwise prefill (`--kt-gpu-prefill-token-threshold`) with SGLang's own
+    full-layer context (`SharedFullContext`: its unquantized GPU method's weights, its
+    double-buffered shared-memory host buffers, its write/copy pipeline over our
+    `submit_write_weight_scale_to_buffer`); stood in: that method's GPU kernel (`layer_moe`
+    over the weights the context copied, counting its calls). The context is a process-wide
+    singleton, fresh for each test; the fork pins the calling thread to one core while it
+    writes, undone after."""
+    from sglang.srt.layers.quantization.fp8 import Fp8MoEMethod
+    from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod
+
+    calls = []
+
+    def full_layer(self, layer, dispatch_output):
+        calls.append(dispatch_output.hidden_states.shape[0])
+        return layer_moe(layer, dispatch_output)
+
+    for gpu_method in (UnquantizedFusedMoEMethod, Fp8MoEMethod):
+        monkeypatch.setattr(gpu_method, "apply", full_layer)
+    # FP8's GPU kernels' own weight preparation (DeepGEMM's scale layout), run on every load.
+    monkeypatch.setattr(Fp8MoEMethod, "process_weights_after_loading", lambda self, layer: None)
+    monkeypatch.setattr(kt_ep, "_SHARED_FULL_CONTEXT", None)
+    cpus = os.sched_getaffinity(0)
+    yield calls
+    os.sched_setaffinity(0, cpus)
+    kt_ep._SHARED_FULL_CONTEXT = None
+
+
+@pytest.fixture(scope="module")
+def fp8_model(tmp_path_factory):
+    """A block-FP8 checkpoint (DeepSeek-V3's layout: e4m3 `weight`, f32 `weight_scale_inv` per
+    128×128 block) of `LAYERS` layers, and its values (exact in fp32 and bf16: power-of-two
+    scales)."""
+    from safetensors.torch import save_file
+
+    d = tmp_path_factory.mktemp("fp8-moe")
+    g = torch.Generator().manual_seed(11)
+    tensors, layers = {}, []
+    for li in range(LAYERS):
+        values = {}
+        for p, (rows, cols) in {"gate": (I, H), "up": (I, H), "down": (H, I)}.items():
+            # Each block's magnitude its own (×2^-2..2^2), so are its scales.
+            spread = 2.0 ** torch.randint(-2, 3, (E, rows // 128, cols // 128), generator=g).float()
+            w = torch.randn(E, rows, cols, generator=g) / cols**0.5 * spread.repeat_interleave(128, 1).repeat_interleave(128, 2)
+            blocks = w.abs().reshape(E, rows // 128, 128, cols // 128, 128).amax((2, 4))
+            s = 2.0 ** torch.ceil(torch.log2(blocks / 448))
+            codes = (w / s.repeat_interleave(128, 1).repeat_interleave(128, 2)).to(torch.float8_e4m3fn)
+            values[p] = codes.float() * s.repeat_interleave(128, 1).repeat_interleave(128, 2)
+            for x in range(E):
+                stem = f"model.layers.{li}.mlp.experts.{x}.{p}_proj"
+                tensors[f"{stem}.weight"], tensors[f"{stem}.weight_scale_inv"] = codes[x].contiguous(), s[x].contiguous()
+        layers.append(values)
+    save_file(tensors, str(d / "model.safetensors"))
+    cfg = {"num_experts": E, "num_experts_per_tok": K, "hidden_size": H, "moe_intermediate_size": I,
+           "num_hidden_layers": LAYERS, "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d), layers
+
+
+@pytest.mark.parametrize("method,checkpoint", [(m, "bf16") for m in LIMITS] + [("FP8", "fp8")])
+def test_layerwise_prefill_runs_the_layer_from_our_writes(request, method, checkpoint, full_gpu_layers):
+    """Steps at and above the threshold run every expert of each layer on the "GPU" from the
+    bytes our wrapper wrote in the checkpoint's encoding (bf16 whatever the CPU method, or the
+    FP8 model's e4m3 bytes and block scales: so their error is the output's bf16 rounding, far
+    under the CPU method's), steps below it the hybrid path; the GPU experts move between
+    steps (which the context copies from the original layer's slots for a bf16 model)."""
+    from sglang.srt.layers.quantization.fp8 import Fp8Config
+
+    path, weights = request.getfixturevalue("model" if checkpoint == "bf16" else "fp8_model")
+    quant = Fp8Config(is_checkpoint_fp8_serialized=True, weight_block_size=[128, 128]) if checkpoint == "fp8" else None
+    mask = torch.zeros(E, dtype=torch.bool)
+    mask[[2, 5]] = True
+    layers = build(path, weights, method, mask, None, threshold=32, quant_config=quant)
+    g = torch.Generator().manual_seed(3)
+    for step, n in enumerate((40, 5, 64, 31)):
+        if step == 2:
+            for m, layer in layers:
+                move_experts(m, layer, torch.tensor([0, 5, 6]))
+        full = n >= 32
+        check_step(layers, weights, n, g, None, 0.005 if full else LIMITS[method], f"{method} step {step}")
+        assert full_gpu_layers == ([n] * LAYERS if full else []), f"step {step}: {full_gpu_layers}"
+        full_gpu_layers.clear()
 
 
 def test_expert_lora_adapters_serve_through_the_forks_path(tmp_path):

@@ -11,6 +11,10 @@
 //! | fp8 e4m3, 128 × 128 block scales | e4m3 bytes | f32 `[rows/128, cols/128]` |
 //! | fp8 e4m3, one scale a row | e4m3 bytes | f32 `[rows]` |
 //! | compressed-tensors int4 | its packed nibbles as stored | bf16 `[rows, cols/g]` |
+//! | MXFP4 (DeepSeek-V4-Flash) | its packed e2m1 nibbles as stored | bf16 `[rows, cols/32]`, each `2^(code − 127)` |
+//!
+//! (The fork stages MXFP4 scales as bf16 and widens them into its f32 scale tensor: a bf16 holds
+//! every e8m0 value exactly.)
 //!
 //! The bytes come from the checkpoint, not from the CPU's packed copy (which is quantized for
 //! the CPU's kernels and need not be the checkpoint's encoding).
@@ -20,8 +24,10 @@ use std::borrow::Cow;
 use half::bf16;
 use safetensors::Dtype;
 
+use kt_core::format::mx::MX_BLOCK;
+
 use super::load::floats;
-use super::{expert_f32, Checkpoint, ExpertLayout, Layout, WeightError};
+use super::{expert_f32, mxfp4, Checkpoint, ExpertLayout, Layout, WeightError};
 
 /// How an expert is encoded in the GPU buffers.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -37,6 +43,8 @@ pub enum GpuEncoding {
         /// Columns per scale.
         group: usize,
     },
+    /// Packed e2m1 nibbles, bf16 scales (the e8m0 values) per 32 columns of a row.
+    Mxfp4,
 }
 
 impl GpuEncoding {
@@ -45,7 +53,7 @@ impl GpuEncoding {
         match self {
             GpuEncoding::Bf16 => (2, 1),
             GpuEncoding::Fp8Block | GpuEncoding::Fp8Row => (1, 1),
-            GpuEncoding::Int4 { .. } => (1, 2),
+            GpuEncoding::Int4 { .. } | GpuEncoding::Mxfp4 => (1, 2),
         }
     }
 
@@ -72,6 +80,7 @@ impl GpuEncoding {
             GpuEncoding::Fp8Block => Some((128, 128, 4)),
             GpuEncoding::Fp8Row => Some((1, usize::MAX, 4)),
             GpuEncoding::Int4 { group } => Some((1, group, 2)),
+            GpuEncoding::Mxfp4 => Some((1, MX_BLOCK, 2)),
         }
     }
 }
@@ -90,7 +99,7 @@ pub struct RankBuffers {
 }
 
 /// One projection: its weights (the checkpoint's bytes where they are the GPU encoding) and
-/// scales, row-major in the GPU encoding.
+/// scales, row-major in the GPU encoding (MXFP4's: the e8m0 codes, widened as they are written).
 struct Matrix<'a> {
     cols: usize,
     weights: Cow<'a, [u8]>,
@@ -111,6 +120,19 @@ impl Dst {
             core::ptr::copy_nonoverlapping(b.as_ptr(), self.0, b.len());
             self.0 = self.0.add(b.len());
         }
+    }
+
+    /// Append e8m0 scale codes as the bf16 values they stand for.
+    ///
+    /// # Safety
+    /// The buffer has room for `2 · codes.len()` bytes after what was written.
+    unsafe fn put_e8m0_as_bf16(&mut self, codes: &[u8]) {
+        for (i, &c) in codes.iter().enumerate() {
+            // SAFETY: the caller's contract.
+            unsafe { self.0.add(2 * i).cast::<u16>().write_unaligned(mxfp4::scale_bf16(c).to_le()) };
+        }
+        // SAFETY: as above.
+        self.0 = unsafe { self.0.add(2 * codes.len()) };
     }
 }
 
@@ -143,9 +165,16 @@ impl Matrix<'_> {
         let Some((rb, cb, size)) = enc.scale_block() else { return };
         let per_row = self.cols.div_ceil(cb.min(self.cols));
         let (c0, c1) = if cb == usize::MAX { (0, 1) } else { (c0 / cb, c1.div_ceil(cb)) };
+        let stored = if enc == GpuEncoding::Mxfp4 { 1 } else { size };
         for r in r0 / rb..r1.div_ceil(rb) {
+            let src = &self.scales[(r * per_row + c0) * stored..(r * per_row + c1) * stored];
             // SAFETY: the caller's contract.
-            unsafe { dst.put(&self.scales[(r * per_row + c0) * size..(r * per_row + c1) * size]) };
+            unsafe {
+                match enc {
+                    GpuEncoding::Mxfp4 => dst.put_e8m0_as_bf16(src),
+                    _ => dst.put(src),
+                }
+            }
         }
     }
 }
@@ -216,6 +245,13 @@ fn expert<'a>(
     let per_expert = layout.kind != ExpertLayout::Fused;
     let fp8 = per_expert && ck.get(&weight(0)).is_some_and(|t| t.dtype == Dtype::F8_E4M3);
     let int4 = per_expert && ck.contains(&format!("{}.weight_packed", stem(0)));
+    if per_expert && (0..3).all(|p| mxfp4::is_mxfp4(ck, &stem(p), shapes[p].0, shapes[p].1)) {
+        let m = |p: usize| -> Result<Matrix<'a>, WeightError> {
+            let (w, s) = mxfp4::stored(ck, &stem(p), shapes[p].0, shapes[p].1)?;
+            Ok(Matrix { cols: shapes[p].1, weights: Cow::Borrowed(w), scales: Cow::Borrowed(s) })
+        };
+        return Ok((GpuEncoding::Mxfp4, [m(0)?, m(1)?, m(2)?]));
+    }
     if !fp8 && !int4 {
         // bf16 tensors of one expert each are the GPU encoding already: borrowed, as fp8's.
         let bf16_tensor =

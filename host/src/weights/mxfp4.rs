@@ -16,8 +16,14 @@ pub fn is_mxfp4(ck: &Checkpoint, stem: &str, rows: usize, cols: usize) -> bool {
         && ck.contains(&format!("{stem}.scale"))
 }
 
-/// `{stem}.weight` and `{stem}.scale` as an f32 `[rows, cols]`.
-pub fn packed(ck: &Checkpoint, stem: &str, rows: usize, cols: usize) -> Result<Vec<f32>, WeightError> {
+/// `{stem}.weight`'s packed bytes and `{stem}.scale`'s codes, their shapes and the scales'
+/// dtype checked.
+pub fn stored<'a>(
+    ck: &'a Checkpoint,
+    stem: &str,
+    rows: usize,
+    cols: usize,
+) -> Result<(&'a [u8], &'a [u8]), WeightError> {
     let (wname, sname) = (format!("{stem}.weight"), format!("{stem}.scale"));
     let get = |n: &str| ck.get(n).ok_or_else(|| WeightError::Missing { name: n.into() });
     let (w, s) = (get(&wname)?, get(&sname)?);
@@ -31,18 +37,39 @@ pub fn packed(ck: &Checkpoint, stem: &str, rows: usize, cols: usize) -> Result<V
     if s.shape != [rows, cols / 32] {
         return Err(WeightError::Shape { name: sname, expected: vec![rows, cols / 32], found: s.shape.clone() });
     }
-    let codes = ck.bytes(s);
+    Ok((ck.bytes(w), ck.bytes(s)))
+}
+
+/// `2^(c − 127)` as f32 bits: exponent bits `c` (`c = 0`: 2^-127, a subnormal; 255: no number).
+fn scale_bits(c: u8) -> u32 {
+    match c {
+        0 => 0x0040_0000,
+        255 => 0x7FC0_0000,
+        c => u32::from(c) << 23,
+    }
+}
+
+/// `2^(c − 127)` as bf16 bits (exact: a bf16 has f32's exponent).
+pub fn scale_bf16(c: u8) -> u16 {
+    (scale_bits(c) >> 16) as u16
+}
+
+/// `{stem}.weight` and `{stem}.scale` as an f32 `[rows, cols]`; a scale code 255 is refused.
+pub fn packed(ck: &Checkpoint, stem: &str, rows: usize, cols: usize) -> Result<Vec<f32>, WeightError> {
+    let (bytes, codes) = stored(ck, stem, rows, cols)?;
     if let Some(at) = codes.iter().position(|&c| c == 0xFF) {
         let found = format!("scale code 0xff (no number) at element {at}");
-        return Err(WeightError::Dtype { name: sname, found, expected: "finite e8m0 scales (codes 0-254)" });
+        return Err(WeightError::Dtype {
+            name: format!("{stem}.scale"),
+            found,
+            expected: "finite e8m0 scales (codes 0-254)",
+        });
     }
-    // 2^(c - 127): the f32 with exponent bits c (c = 0: 2^-127, a subnormal).
-    let scale = |c: u8| if c == 0 { f32::from_bits(0x0040_0000) } else { f32::from_bits(u32::from(c) << 23) };
-    let bytes = ck.bytes(w);
     Ok((0..rows * cols)
         .map(|i| {
             let nibble = (bytes[i / 2] >> (4 * (i % 2))) & 0x0F;
-            f32::from(FP4_X2[nibble as usize]) * 0.5 * scale(codes[(i / cols) * (cols / 32) + (i % cols) / 32])
+            let scale = f32::from_bits(scale_bits(codes[(i / cols) * (cols / 32) + (i % cols) / 32]));
+            f32::from(FP4_X2[nibble as usize]) * 0.5 * scale
         })
         .collect())
 }

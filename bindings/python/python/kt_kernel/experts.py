@@ -556,8 +556,9 @@ class NativeMoEWrapper(ExpertWeights):
         ``expert_id`` into one set of host buffers per GPU tensor-parallel rank (addresses), in
         the GPU layer's layout and the checkpoint's encoding: ``w13`` = the rank's gate rows then
         its up rows ``[2·I/tp, H]``, ``w2`` = its columns of down ``[H, I/tp]``; bf16 (scale
-        addresses unused, 0), fp8 e4m3 with f32 128×128-block or per-row scales, or
-        compressed-tensors int4 with bf16 ``[rows, cols/g]`` scales. Runs in the background;
+        addresses unused, 0), fp8 e4m3 with f32 128×128-block or per-row scales,
+        compressed-tensors int4 with bf16 ``[rows, cols/g]`` scales, or MXFP4 (DeepSeek-V4-Flash)
+        e2m1 nibbles with its e8m0 scales as bf16 ``[rows, cols/32]``. Runs in the background;
         :meth:`sync_write_weight_scale_to_buffer` waits for it and raises its error. Needs the
         layer loaded by :meth:`load_weights` from a Hugging Face safetensors checkpoint."""
         if self._write is not None:
