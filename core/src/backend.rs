@@ -22,6 +22,7 @@ use core::ops::Range;
 
 use half::bf16;
 
+use crate::bias::GateUpBias;
 use crate::mat::MatMut;
 use crate::swiglu::Glu;
 use crate::{Error, LayerFormat, QuantMatrix, WeightFormat};
@@ -203,9 +204,9 @@ pub trait Backend: Send + Sync + Debug {
     );
 
     /// `h[t][r - rows.start] = glu.apply(g, u)` (`bf16(silu(bf16(g)) · bf16(u))` for plain
-    /// SwiGLU) with `g`, `u` the gate and up rows `r` applied to activation row `t`, for
-    /// `t < h.rows()`. `act_gate` and `act_up` are prepared for each one's format (the same slice
-    /// when their layouts agree).
+    /// SwiGLU) with `g`, `u` the gate and up rows `r` applied to activation row `t` (plus
+    /// `bias.gate[r]`, `bias.up[r]` in f32 where given), for `t < h.rows()`. `act_gate` and
+    /// `act_up` are prepared for each one's format (the same slice when their layouts agree).
     #[allow(clippy::too_many_arguments)]
     fn gate_up(
         &self,
@@ -215,6 +216,7 @@ pub trait Backend: Send + Sync + Debug {
         act_gate: &[u8],
         act_up: &[u8],
         glu: Glu,
+        bias: Option<GateUpBias<'_>>,
         h: MatMut<'_, bf16>,
         scratch: &mut [u8],
     );

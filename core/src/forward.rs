@@ -21,6 +21,7 @@ use half::bf16;
 
 use crate::aligned::{round_up, AlignedBuf};
 use crate::backend::TaskShape;
+use crate::bias::ExpertBias;
 use crate::mat::SharedMut;
 use crate::plan::{target_tasks, Plan, StageKind, Task, SKIPPED};
 use crate::workers::WorkerScratch;
@@ -62,6 +63,10 @@ pub struct LayerWeights {
     pub format: LayerFormat,
     /// One entry per NUMA part.
     pub parts: Vec<PartWeights>,
+    /// Expert biases by expert id (gpt-oss's); empty for a layer without any.
+    biases: Vec<Option<ExpertBias>>,
+    /// H, which down's biases have.
+    hidden: usize,
 }
 
 impl LayerWeights {
@@ -78,7 +83,7 @@ impl LayerWeights {
             .into_iter()
             .map(|range| PartWeights { range, experts: (0..cfg.experts).map(|_| None).collect() })
             .collect();
-        Ok(LayerWeights { backend, format, parts })
+        Ok(LayerWeights { backend, format, parts, biases: Vec::new(), hidden: cfg.hidden })
     }
 
     /// The backend that packed the weights and runs the layer.
@@ -113,6 +118,30 @@ impl LayerWeights {
             p.experts[e] = Some(w);
         }
         Ok(())
+    }
+
+    /// Give expert `e` biases (of the layer's full H and I, checked against its parts).
+    pub fn set_bias(&mut self, e: usize, bias: ExpertBias) -> Result<(), Error> {
+        let experts = self.parts.first().map_or(0, |p| p.experts.len());
+        if e >= experts {
+            return Err(Error::ShapeMismatch {
+                what: "expert id (below the layer's experts)",
+                expected: experts,
+                found: e,
+            });
+        }
+        let intermediate = self.parts.last().map_or(0, |p| p.range.end);
+        bias.validate(self.hidden, intermediate)?;
+        if self.biases.is_empty() {
+            self.biases = (0..experts).map(|_| None).collect();
+        }
+        self.biases[e] = Some(bias);
+        Ok(())
+    }
+
+    /// Expert `e`'s biases, if it has any.
+    pub fn bias(&self, e: usize) -> Option<&ExpertBias> {
+        self.biases.get(e).and_then(Option::as_ref)
     }
 
     /// Bytes of expert `e` over all parts (0 if not loaded).
@@ -401,7 +430,8 @@ pub fn forward(
                     let view = unsafe { h.mat_mut(h_base[p] + a.first_row * ip + rows.start, a.rows, rows.len(), ip) };
                     let (ew, [g, u]) = (expert(p, e), &x_blocks[e]);
                     let (ag, au) = (&act_x[g.clone()], &act_x[u.clone()]);
-                    backend.gate_up(&ew.gate, &ew.up, rows.clone(), ag, au, cfg.glu, view, scratch);
+                    let bias = w.bias(a.id).map(|b| b.gate_up(w.parts[p].range.clone()));
+                    backend.gate_up(&ew.gate, &ew.up, rows.clone(), ag, au, cfg.glu, bias, view, scratch);
                 });
             }
             StageKind::PrepareDown => {
@@ -443,6 +473,12 @@ pub fn forward(
                             let yr = &y[(p * rows_total + r as usize) * ys..][..hd];
                             for (o, &v) in acc.iter_mut().zip(yr) {
                                 *o += wt * v;
+                            }
+                            // Down's bias once per slot: with the first part's share.
+                            if let Some(b) = w.bias(routing.ids[ti * k + j] as usize).filter(|_| p == 0) {
+                                for (o, &v) in acc.iter_mut().zip(&b.down) {
+                                    *o += wt * v;
+                                }
                             }
                         }
                     }

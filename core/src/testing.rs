@@ -4,7 +4,8 @@
 //! `#[test] fn conformance() { kt_core::testing::conformance(&MY_BACKEND) }`.
 //! It compares the backend with the reference backend on the same quantized weights over every
 //! format the backend supports and awkward shapes: n = 1, primes, n > E, duplicates, negative
-//! and out-of-range ids, masked experts, all-masked tokens, skewed routing, 1 and 2 parts.
+//! and out-of-range ids, masked experts, all-masked tokens, skewed routing, 1 and 2 parts,
+//! KT's clamped activations and expert biases.
 
 use alloc::format;
 use alloc::string::String;
@@ -14,6 +15,7 @@ use alloc::vec::Vec;
 use half::bf16;
 
 use crate::backend::{ActLayout, Instructions, TaskShape};
+use crate::bias::ExpertBias;
 use crate::forward::{forward, pack_expert_f32, ExpertF32, LayerWeights, Workspace};
 use crate::ggml::GgmlType;
 use crate::mat::MatMut;
@@ -77,16 +79,34 @@ pub fn dequantized(cfg: &MoeConfig, format: WeightFormat, experts: &[Expert]) ->
 
 /// The textbook MoE in f64, no intermediate rounding: `Σ_j w·down(silu(gate·x)·(up·x))`.
 pub fn textbook_moe(cfg: &MoeConfig, experts: &[Expert], input: &[bf16], routing: &Routing<'_>) -> Vec<f64> {
-    textbook(cfg, experts, input, routing, false)
+    textbook(cfg, experts, None, input, routing, false)
+}
+
+/// [`textbook_moe`] with expert biases: `Σ_j w·(down(silu(gate·x + b_g)·(up·x + b_u)) + b_d)`.
+pub fn textbook_moe_biased(
+    cfg: &MoeConfig,
+    experts: &[Expert],
+    biases: &[ExpertBias],
+    input: &[bf16],
+    routing: &Routing<'_>,
+) -> Vec<f64> {
+    textbook(cfg, experts, Some(biases), input, routing, false)
 }
 
 /// The magnitude of the textbook MoE's terms, `Σ_j |w|·Σ_i |down|·|silu(g)·u|`: the scale
 /// against which rounding of intermediates is judged, robust to outputs that cancel.
 pub fn textbook_moe_magnitude(cfg: &MoeConfig, experts: &[Expert], input: &[bf16], routing: &Routing<'_>) -> Vec<f64> {
-    textbook(cfg, experts, input, routing, true)
+    textbook(cfg, experts, None, input, routing, true)
 }
 
-fn textbook(cfg: &MoeConfig, experts: &[Expert], input: &[bf16], routing: &Routing<'_>, magnitude: bool) -> Vec<f64> {
+fn textbook(
+    cfg: &MoeConfig,
+    experts: &[Expert],
+    biases: Option<&[ExpertBias]>,
+    input: &[bf16],
+    routing: &Routing<'_>,
+    magnitude: bool,
+) -> Vec<f64> {
     let (h, i) = (cfg.hidden, cfg.intermediate);
     let mut out = vec![0.0f64; routing.tokens * h];
     for t in 0..routing.tokens {
@@ -94,12 +114,15 @@ fn textbook(cfg: &MoeConfig, experts: &[Expert], input: &[bf16], routing: &Routi
         for j in 0..routing.k {
             let Some(e) = routing.expert(t, j, cfg.experts) else { continue };
             let [g, u, d] = &experts[e];
+            let b = biases.map(|b| &b[e]);
+            let bias = |v: Option<&Vec<f32>>, r: usize| v.map_or(0.0, |v| f64::from(v[r]));
             let dot = |m: &[f32], r: usize, v: &[f64]| -> f64 {
                 v.iter().enumerate().map(|(c, vc)| f64::from(m[r * v.len() + c]) * vc).sum()
             };
             let act: Vec<f64> = (0..i)
                 .map(|r| {
-                    let (gv, uv) = (dot(g, r, &x), dot(u, r, &x));
+                    let gv = dot(g, r, &x) + bias(b.map(|b| &b.gate), r);
+                    let uv = dot(u, r, &x) + bias(b.map(|b| &b.up), r);
                     gv / (1.0 + libm::exp(-gv)) * uv
                 })
                 .collect();
@@ -108,7 +131,7 @@ fn textbook(cfg: &MoeConfig, experts: &[Expert], input: &[bf16], routing: &Routi
                 out[t * h + r] += if magnitude {
                     wt.abs() * act.iter().enumerate().map(|(c, a)| f64::from(d[r * i + c]).abs() * a.abs()).sum::<f64>()
                 } else {
-                    wt * dot(d, r, &act)
+                    wt * (dot(d, r, &act) + bias(b.map(|b| &b.down), r))
                 };
             }
         }
@@ -217,6 +240,7 @@ pub fn conformance(backend: &'static dyn Backend) -> Result<(), &'static str> {
     let mut failures = conformance_failures(backend, &SerialExecutor);
     failures.extend(ggml_conformance_failures(backend, &SerialExecutor));
     failures.extend(glu_failures(backend, &SerialExecutor));
+    failures.extend(bias_failures(backend, &SerialExecutor));
     failures.extend(
         accuracy_failures(backend, &SerialExecutor).into_iter().filter(|&(_, err, limit)| err >= limit).map(
             |(f, err, limit)| format!("{} {f}: error {err:.4} against the fp32 MoE, limit {limit}", backend.name()),
@@ -360,6 +384,69 @@ pub fn glu_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<S
                 let err = mean_rel_err(&got, &want);
                 if err > 1e-2 || got.iter().any(|v| !v.is_finite()) {
                     failures.push(format!("{} {format} {glu:?} n{tokens}: rel err {err:.3e}", backend.name()));
+                }
+            }
+        }
+    }
+    failures
+}
+
+/// Random expert biases, one per expert: gate's and up's std 0.5 (of the order of their
+/// sums, so they move the activation), down's 0.1.
+pub fn random_biases(cfg: &MoeConfig, seed: u64) -> Vec<ExpertBias> {
+    (0..cfg.experts)
+        .map(|e| {
+            let mut r = SplitMix64::stream(seed, e as u64);
+            let mut v = |len: usize, s: f32| (0..len).map(|_| r.gaussian() * s).collect::<Vec<f32>>();
+            ExpertBias { gate: v(cfg.intermediate, 0.5), up: v(cfg.intermediate, 0.5), down: v(cfg.hidden, 0.1) }
+        })
+        .collect()
+}
+
+/// Expert biases (gpt-oss's) on every format `backend` serves (and two GGML types), with 1 and
+/// 2 parts (gate's and up's split with the rows, down's added once), plain SwiGLU and
+/// gpt-oss's clamped form, against the reference with the same biases.
+pub fn bias_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<String> {
+    use crate::swiglu::Glu;
+    let mut failures = Vec::new();
+    let formats = WeightFormat::ALL.into_iter().chain([GgmlType::Q4_0, GgmlType::Q4_K].map(WeightFormat::Ggml));
+    for format in formats {
+        let (h, i) = (256, 512);
+        if !backend.serves(format, i, h) || !backend.serves(format, h, i / 2) {
+            continue;
+        }
+        for (parts, glu) in [(1, Glu::SILU), (2, Glu::SILU), (2, Glu::new(7.0, 1.702).expect("finite"))] {
+            let cfg = MoeConfig { max_tokens: 40, glu, parts, ..MoeConfig::new(6, 2, h, i) };
+            if cfg.validate_for(format).is_err() {
+                continue;
+            }
+            let (mut ours, mut oracle) = if let WeightFormat::Ggml(_) = format {
+                (
+                    build_ggml_layer(backend, &cfg, format.into(), 5).0,
+                    build_ggml_layer(&REFERENCE, &cfg, format.into(), 5).0,
+                )
+            } else {
+                let experts = random_experts(&cfg, 5);
+                (build_layer(backend, &cfg, format, &experts), build_layer(&REFERENCE, &cfg, format, &experts))
+            };
+            // Expert 3 keeps none.
+            for (e, b) in random_biases(&cfg, 6).into_iter().enumerate().filter(|&(e, _)| e != 3) {
+                ours.set_bias(e, b.clone()).expect("valid bias");
+                oracle.set_bias(e, b).expect("valid bias");
+            }
+            for tokens in [1, 9, 40] {
+                let input = random_input(tokens, h, 3 + tokens as u64);
+                let (ids, w) = random_routing(tokens, 2, 6, 11);
+                let r = Routing { tokens, k: 2, ids: &ids, weights: &w, gpu_mask: None };
+                let got = run(exec, &cfg, &ours, &input, &r);
+                let want: Vec<f64> =
+                    run(&SerialExecutor, &cfg, &oracle, &input, &r).iter().map(|&v| f64::from(v)).collect();
+                let err = mean_rel_err(&got, &want);
+                if err > 1e-2 || got.iter().any(|v| !v.is_finite()) {
+                    failures.push(format!(
+                        "{} {format} biases, parts {parts}, {glu:?} n{tokens}: rel err {err:.3e}",
+                        backend.name()
+                    ));
                 }
             }
         }
@@ -521,10 +608,11 @@ impl Backend for OnlyFormat {
         ag: &[u8],
         au: &[u8],
         glu: crate::swiglu::Glu,
+        bias: Option<crate::bias::GateUpBias<'_>>,
         h: MatMut<'_, bf16>,
         s: &mut [u8],
     ) {
-        REFERENCE.gate_up(gate, up, rows, ag, au, glu, h, s)
+        REFERENCE.gate_up(gate, up, rows, ag, au, glu, bias, h, s)
     }
     fn down(&self, d: &PackedMatrix, rows: core::ops::Range<usize>, a: &[u8], y: MatMut<'_, f32>, s: &mut [u8]) {
         REFERENCE.down(d, rows, a, y, s)

@@ -67,6 +67,7 @@ mod imp {
     use kt_backend_avx512::pack::{self, Packed, PANEL};
     use kt_backend_avx512::{glu_panel, AVX512_BF16 as SIMD};
     use kt_core::backend::{ActLayout, Instructions, TaskShape};
+    use kt_core::bias::{with_bias, GateUpBias};
     use kt_core::mat::MatMut;
     use kt_core::swiglu::Glu;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
@@ -204,24 +205,26 @@ mod imp {
             act_gate: &[u8],
             act_up: &[u8],
             glu: Glu,
+            bias: Option<GateUpBias<'_>>,
             mut h: MatMut<'_, bf16>,
             scratch: &mut [u8],
         ) {
             let (g, u, n) = (packed(gate), packed(up), h.rows());
             if !self.on_tiles(n, &[g, u]) {
-                return SIMD.gate_up(gate, up, rows, act_gate, act_up, glu, h, scratch);
+                return SIMD.gate_up(gate, up, rows, act_gate, act_up, glu, bias, h, scratch);
             }
             let ag = Act::parse(g.format, g.cols, n, act_gate, true);
             let au = Act::parse(u.format, u.cols, n, act_up, true);
-            let mut ub: Block = [[0.0; PANEL]; MAX_TOKENS];
+            let (mut ub, mut room): (Block, _) = ([[0.0; PANEL]; MAX_TOKENS], [[0.0; PANEL]; 2]);
             let mut tiles = T::default();
             Self::for_blocks(g, &rows, &ag, n, |at, t0, nt, gb| {
                 let p = (rows.start + at.start) / PANEL;
                 // SAFETY: as in for_blocks, for `u`.
                 unsafe { panel_block(&mut tiles, u, p, &au, t0, nt, &mut ub) };
                 for t in 0..nt {
+                    let (gv, uv) = with_bias(bias, rows.start + at.start, 0..at.len(), [&gb[t], &ub[t]], &mut room);
                     // SAFETY: SIMD's cpu_support (AVX2 and FMA among it) holds.
-                    unsafe { glu_panel(glu, &gb[t], &ub[t], 0..at.len(), &mut h.row_mut(t0 + t)[at.clone()]) };
+                    unsafe { glu_panel(glu, gv, uv, 0..at.len(), &mut h.row_mut(t0 + t)[at.clone()]) };
                 }
             });
         }

@@ -44,6 +44,7 @@ mod imp {
 
     use half::bf16;
     use kt_core::backend::{ActLayout, Instructions, TaskShape};
+    use kt_core::bias::{with_bias, GateUpBias};
     use kt_core::mat::MatMut;
     use kt_core::swiglu::Glu;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
@@ -145,6 +146,7 @@ mod imp {
             act_gate: &[u8],
             act_up: &[u8],
             glu: Glu,
+            bias: Option<GateUpBias<'_>>,
             mut h: MatMut<'_, bf16>,
             _scratch: &mut [u8],
         ) {
@@ -152,15 +154,17 @@ mod imp {
             let n = h.rows();
             let (ag, au) = (Act::parse(g.format, g.cols, n, act_gate), Act::parse(u.format, u.cols, n, act_up));
             let mut ut: Tile = [[0.0; PANEL]; MAX_NT];
-            let mut hv = [0u16; PANEL];
+            let (mut hv, mut room) = ([0u16; PANEL], [[0.0; PANEL]; 2]);
             // Each up tile is paired with the gate tile of the same panel and tokens.
             for_tiles(g, &rows, &ag, n, |panel, t0, nt, gt| {
                 // SAFETY: as in for_tiles.
                 unsafe { panel_tile(u, panel.index, &au, t0, nt, &mut ut) };
                 let (at, within) = (panel.rows.start - rows.start, panel.in_tile(PANEL));
                 for t in 0..nt {
+                    let first = panel.index * PANEL;
+                    let (gv, uv) = with_bias(bias, first, within.clone(), [&gt[t], &ut[t]], &mut room);
                     // SAFETY: cpu_support guarantees AVX2+FMA before this backend is used.
-                    unsafe { glu16(glu, &gt[t], &ut[t], &mut hv) };
+                    unsafe { glu16(glu, gv, uv, &mut hv) };
                     let out = &mut h.row_mut(t0 + t)[at..at + within.len()];
                     for (o, &v) in out.iter_mut().zip(&hv[within.clone()]) {
                         *o = bf16::from_bits(v);

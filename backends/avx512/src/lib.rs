@@ -69,6 +69,7 @@ mod imp {
 
     use half::bf16;
     use kt_core::backend::{ActLayout, Instructions, TaskShape};
+    use kt_core::bias::{with_bias, GateUpBias};
     use kt_core::mat::MatMut;
     use kt_core::swiglu::Glu;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
@@ -240,6 +241,7 @@ mod imp {
             act_gate: &[u8],
             act_up: &[u8],
             glu: Glu,
+            bias: Option<GateUpBias<'_>>,
             mut h: MatMut<'_, bf16>,
             _scratch: &mut [u8],
         ) {
@@ -247,7 +249,7 @@ mod imp {
             let n = h.rows();
             let ag = Act::parse(g.format, g.cols, n, act_gate, self.dot(g.format));
             let au = Act::parse(u.format, u.cols, n, act_up, self.dot(u.format));
-            let mut ut: Tile = [[0.0; PANEL]; MAX_NT];
+            let (mut ut, mut room): (Tile, _) = ([[0.0; PANEL]; MAX_NT], [[0.0; PANEL]; 2]);
             // Each up tile is paired with the gate tile of the same panel and tokens.
             let max_nt = max_tokens(g).min(max_tokens(u));
             for_tiles(level, g, &rows, &ag, (n, max_nt), |panel, t0, nt, gt| {
@@ -256,8 +258,10 @@ mod imp {
                 let (at, within) = (panel.rows.start - rows.start, panel.in_tile(PANEL));
                 for t in 0..nt {
                     let out = &mut h.row_mut(t0 + t)[at..at + within.len()];
+                    let first = panel.index * PANEL;
+                    let (gv, uv) = with_bias(bias, first, within.clone(), [&gt[t], &ut[t]], &mut room);
                     // SAFETY: cpu_support guarantees AVX2+FMA before this backend is used.
-                    unsafe { glu_panel(glu, &gt[t], &ut[t], within.clone(), out) };
+                    unsafe { glu_panel(glu, gv, uv, within.clone(), out) };
                 }
             });
         }

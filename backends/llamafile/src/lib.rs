@@ -75,6 +75,7 @@ mod imp {
 
     use half::bf16;
     use kt_core::backend::{ActLayout, Instructions, TaskShape};
+    use kt_core::bias::GateUpBias;
     use kt_core::mat::MatMut;
     use kt_core::swiglu::Glu;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
@@ -345,6 +346,7 @@ mod imp {
             act_gate: &[u8],
             act_up: &[u8],
             glu: Glu,
+            bias: Option<GateUpBias<'_>>,
             mut h: MatMut<'_, bf16>,
             scratch: &mut [u8],
         ) {
@@ -356,7 +358,7 @@ mod imp {
                 let up = crate::tiled::Operand { w: u, act: act_up, tiles: self.on_tiles(u.t, n) };
                 // SAFETY: cpu_support and tiles_here passed (on_tiles); each operand's
                 // activations were prepared by quantize_act under the same rule.
-                return unsafe { by_source!(self.tiles, gate_up(gate, up, rows, glu, h, scratch)) };
+                return unsafe { by_source!(self.tiles, gate_up(gate, up, rows, glu, bias, h, scratch)) };
             }
             let Work { tile, out, ut, gs, us } = work(scratch, n, nr);
             if n == 1 {
@@ -365,6 +367,9 @@ mod imp {
                 unsafe {
                     gemv(g, rows.clone(), act_gate, gs);
                     gemv(u, rows.clone(), act_up, us);
+                    if let Some(b) = bias {
+                        b.add(rows.start, 0..nr, gs, us);
+                    }
                     glu_row(glu, gs, us, h.row_mut(0));
                 }
                 return;
@@ -383,6 +388,9 @@ mod imp {
                 });
                 for t in 0..n {
                     let (at, w) = (t * CHUNK, c1 - c0);
+                    if let Some(b) = bias {
+                        b.add(c0, 0..w, &mut gs[at..at + w], &mut us[at..at + w]);
+                    }
                     let out = &mut h.row_mut(t)[c0 - rows.start..c1 - rows.start];
                     // SAFETY: cpu_support (AVX2, FMA) passed before this backend was selected.
                     unsafe { glu_row(glu, &gs[at..at + w], &us[at..at + w], out) };

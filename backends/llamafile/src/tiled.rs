@@ -10,6 +10,7 @@
 use core::ops::Range;
 
 use half::bf16;
+use kt_core::bias::GateUpBias;
 use kt_core::ggml::GgmlType;
 use kt_core::mat::MatMut;
 use kt_core::swiglu::Glu;
@@ -126,6 +127,7 @@ pub unsafe fn gate_up<T: TileOps + Default>(
     up: Operand<'_>,
     rows: Range<usize>,
     glu: Glu,
+    bias: Option<GateUpBias<'_>>,
     mut h: MatMut<'_, bf16>,
     scratch: &mut [u8],
 ) {
@@ -141,6 +143,9 @@ pub unsafe fn gate_up<T: TileOps + Default>(
         }
         let at = panel.start - rows.start;
         for t in 0..n {
+            if let Some(b) = bias {
+                b.add(panel.start, 0..panel.len(), &mut gr[t], &mut ur[t]);
+            }
             // 16 rows at a time, as the vector path's chunks fall (the same values either way).
             for c in row_blocks(0..panel.len(), 16) {
                 let o = &mut h.row_mut(t)[at + c.start..at + c.end];

@@ -19,6 +19,7 @@ use core::ops::Range;
 use half::bf16;
 
 use crate::backend::{ActLayout, Instructions, TaskShape};
+use crate::bias::GateUpBias;
 use crate::dtype::F8E4M3;
 use crate::format::{self, int4_group, int4_row, int8_row, mx, FP8_BLOCK};
 use crate::ggml::{self, ActKind, BlockQ8K, BlockQ8_0};
@@ -263,6 +264,7 @@ impl Backend for Reference {
         act_gate: &[u8],
         act_up: &[u8],
         glu: Glu,
+        bias: Option<GateUpBias<'_>>,
         mut h: MatMut<'_, bf16>,
         scratch: &mut [u8],
     ) {
@@ -272,7 +274,11 @@ impl Backend for Reference {
         for t in 0..h.rows() {
             let out = h.row_mut(t);
             for (o, r) in out.iter_mut().zip(rows.clone()) {
-                *o = glu.apply(dot(gate, r, &ag, t, wf), dot(up, r, &au, t, wf));
+                let (mut g, mut u) = ([dot(gate, r, &ag, t, wf)], [dot(up, r, &au, t, wf)]);
+                if let Some(b) = bias {
+                    b.add(r, 0..1, &mut g, &mut u);
+                }
+                *o = glu.apply(g[0], u[0]);
             }
         }
     }

@@ -1,12 +1,15 @@
-//! The reference backend against an f64 textbook MoE, and the accuracy of each format against
+//! The reference backend against an f64 textbook MoE (with expert biases too), and the accuracy of each format against
 //! the unquantized MoE (DESIGN.md's thresholds).
+
+use alloc::vec;
 
 use proptest::prelude::*;
 
 use super::REFERENCE;
+use crate::bias::ExpertBias;
 use crate::testing::{
-    build_layer, dequantized, random_experts, random_input, run, scenario_routing, textbook_moe,
-    textbook_moe_magnitude, Scenario,
+    build_layer, dequantized, mean_rel_err, random_biases, random_experts, random_input, run, scenario_routing,
+    textbook_moe, textbook_moe_biased, textbook_moe_magnitude, Scenario,
 };
 use crate::{MoeConfig, Routing, SerialExecutor, WeightFormat};
 
@@ -64,6 +67,36 @@ proptest! {
             }
         }
     }
+}
+
+/// Expert biases as gpt-oss adds them (gate's and up's before the activation, down's before
+/// the routing weight), with 1 and 2 parts (down's bias added once), against the f64 textbook
+/// on the same weights; an expert without biases, and a bias of the wrong length refused.
+#[test]
+fn expert_biases_match_the_textbook() {
+    for parts in [1, 2] {
+        let cfg = MoeConfig { parts, max_tokens: 16, ..MoeConfig::new(6, 2, 128, 256) };
+        let experts = random_experts(&cfg, 21);
+        let mut biases = random_biases(&cfg, 22);
+        let mut layer = build_layer(&REFERENCE, &cfg, WeightFormat::Bf16, &experts);
+        for (e, b) in biases.iter().enumerate().filter(|&(e, _)| e != 2) {
+            layer.set_bias(e, b.clone()).unwrap();
+        }
+        biases[2] = ExpertBias { gate: vec![0.0; 256], up: vec![0.0; 256], down: vec![0.0; 128] };
+        let input = random_input(9, cfg.hidden, 23);
+        let (ids, w) = crate::testing::random_routing(9, 2, 6, 24);
+        let r = Routing { tokens: 9, k: 2, ids: &ids, weights: &w, gpu_mask: None };
+        let got = run(&SerialExecutor, &cfg, &layer, &input, &r);
+        let deq = dequantized(&cfg, WeightFormat::Bf16, &experts);
+        let err = mean_rel_err(&got, &textbook_moe_biased(&cfg, &deq, &biases, &input, &r));
+        assert!(err < 5e-3, "parts {parts}: {err}");
+        let unbiased = mean_rel_err(&got, &textbook_moe(&cfg, &deq, &input, &r));
+        assert!(unbiased > 0.1, "the biases move the output: {unbiased}");
+    }
+    let cfg = MoeConfig::new(6, 2, 128, 256);
+    let mut layer = build_layer(&REFERENCE, &cfg, WeightFormat::Bf16, &random_experts(&cfg, 1));
+    let short = ExpertBias { gate: vec![0.0; 256], up: vec![0.0; 256], down: vec![0.0; 127] };
+    assert!(layer.set_bias(0, short).is_err());
 }
 
 /// DESIGN.md: mean relative error against an fp32 MoE on the original Gaussian weights.
