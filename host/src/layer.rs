@@ -7,6 +7,7 @@ use std::ops::Range;
 use std::sync::{Arc, Mutex};
 
 use half::bf16;
+use kt_core::bias::ExpertBias;
 use kt_core::forward::{self, ExpertF32, LayerWeights, Workspace};
 use kt_core::{Backend, Error, Executor, LayerFormat, MoeConfig, PackedMatrix, QuantMatrix, Routing, WeightFormat};
 
@@ -279,6 +280,11 @@ impl MoeLayer {
             executor: opts.executor.clone(),
             workspace: Mutex::new(Workspace::default()),
         })
+    }
+
+    /// Give slot `e`'s expert biases (gpt-oss's): see [`kt_core::bias`].
+    pub fn set_bias(&mut self, e: usize, bias: ExpertBias) -> Result<(), Error> {
+        self.weights.set_bias(e, bias)
     }
 
     /// Its packed weights.

@@ -10,7 +10,7 @@ use kt_core::sft::{self, Backward, BackwardWeights, Cache, Lora, TransposeFormat
 use kt_core::{Backend, Error, LayerFormat, MoeConfig, PackedMatrix, QuantMatrix, Routing, WeightFormat};
 
 use crate::layer::{LayerOptions, MoeLayer, PartMatrix};
-use crate::weights::{kt_format, slot_reader, Checkpoint, Slots, WeightError};
+use crate::weights::{kt_format, slot_reader, Checkpoint, Layout, Slots, WeightError};
 
 /// An expert's packed transposes (a set per slice of I), or why they are not (`None`: not on
 /// the CPU).
@@ -175,6 +175,10 @@ impl SftLayer {
         opts: &LayerOptions,
         sft: SftOptions,
     ) -> Result<Self, WeightError> {
+        let layout = Layout::detect(ck, layer)?;
+        if layout.has_biases(ck) {
+            return Err(layout.biases_refused(ck, "SFT layers"));
+        }
         Self::try_from_f32(cfg, format, slot_reader(ck, layer, cfg, slots)?, opts, sft)
     }
 

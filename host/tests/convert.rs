@@ -430,6 +430,47 @@ fn bad_convert_arguments_are_one_line_errors() {
     std::fs::remove_dir_all(&input).unwrap();
 }
 
+/// gpt-oss's experts carry biases, which neither KT's converted format nor GGUF conversion
+/// holds: one line naming them, and no output.
+#[test]
+fn experts_with_biases_are_refused_by_convert() {
+    let input = tmp("biases");
+    std::fs::create_dir_all(&input).unwrap();
+    let p = "model.layers.0.mlp.experts";
+    let tensors = [
+        (format!("{p}.gate_up_proj"), vec![E, H, 2 * I]),
+        (format!("{p}.gate_up_proj_bias"), vec![E, 2 * I]),
+        (format!("{p}.down_proj"), vec![E, I, H]),
+        (format!("{p}.down_proj_bias"), vec![E, H]),
+    ];
+    let plan = tensors
+        .iter()
+        .map(|(n, s)| Planned {
+            name: n.clone(),
+            dtype: "BF16".into(),
+            shape: s.clone(),
+            bytes: 2 * s.iter().product::<usize>(),
+        })
+        .collect();
+    let mut w = StreamWriter::create(&input.join("model.safetensors"), plan, &[]).unwrap();
+    for (n, s) in &tensors {
+        w.write(n, &bf16_bytes(&vec![0.5; s.iter().product()])).unwrap();
+    }
+    w.finish().unwrap();
+    let config = serde_json::json!({"num_local_experts": E, "num_experts_per_tok": 2, "hidden_size": H,
+        "intermediate_size": I, "num_hidden_layers": 1});
+    std::fs::write(input.join("config.json"), config.to_string()).unwrap();
+    for method in ["int8", "q8_0"] {
+        let output = tmp(&format!("biases-out-{method}"));
+        let (code, _, err) = convert(&input, &output, method, &[]);
+        assert_ne!(code, Some(0), "{method}");
+        assert_eq!(err.lines().count(), 1, "{err}");
+        assert!(err.contains("biases") && err.contains("model.layers.0"), "{method}: {err}");
+        assert!(!output.exists() || std::fs::read_dir(&output).unwrap().next().is_none(), "{method}: output left");
+    }
+    std::fs::remove_dir_all(&input).unwrap();
+}
+
 #[test]
 fn convert_to_gguf_loads_as_online_quantization_and_benches() {
     let (input, out) = (tmp("gguf-in"), tmp("gguf-out"));

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from conftest import LIMITS, experts, make, moe_reference, rel_err, routing, write_bf16_safetensors, write_config
+from conftest import (
+    LIMITS, experts, glu, make, moe_reference, rel_err, routing, write_bf16_safetensors, write_config,
+)
 
 E, K, H, I = 8, 2, 256, 512
 
@@ -160,3 +162,41 @@ def test_gptq_checkpoint_loads_and_unsupported_gptq_is_refused(tmp_path):
     save_file(tensors, str(other / "model.safetensors"))
     with pytest.raises(ValueError, match="desc_act=true"):
         make(layer_idx=0, method="BF16", path=str(other)).load_weights()
+
+
+def test_gpt_oss_mxfp4_checkpoint_with_biases(tmp_path):
+    """gpt-oss's layout (fused MXFP4 blocks with gate's and up's rows interleaved, expert biases,
+    here F32) written by ``safetensors.numpy``, run without torch: against the numpy MoE of its
+    decoded values with the biases and the clamped activation."""
+    e, k, h, i = 8, 2, 96, 64
+    r = np.random.default_rng(5)
+    lut = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6], np.float32)
+
+    def mx(rows, cols):
+        b = r.integers(0, 256, (e, rows, cols // 32, 16), dtype=np.uint8)
+        s = r.integers(118, 122, (e, rows, cols // 32), dtype=np.uint8)
+        v = np.stack([lut[b & 15], lut[b >> 4]], -1).reshape(e, rows, cols // 32, 32)
+        return b, s, (v * np.exp2(s.astype(np.float32) - 127)[..., None]).reshape(e, rows, cols)
+
+    (gu_b, gu_s, gu), (d_b, d_s, down) = mx(2 * i, h), mx(h, i)
+    gu_bias = (r.standard_normal((e, 2 * i)) * 0.5).astype(np.float32)
+    d_bias = (r.standard_normal((e, h)) * 0.1).astype(np.float32)
+    p = "model.layers.0.mlp.experts"
+    save_file({f"{p}.gate_up_proj_blocks": gu_b, f"{p}.gate_up_proj_scales": gu_s, f"{p}.gate_up_proj_bias": gu_bias,
+               f"{p}.down_proj_blocks": d_b, f"{p}.down_proj_scales": d_s, f"{p}.down_proj_bias": d_bias},
+              str(tmp_path / "model.safetensors"))
+    (tmp_path / "config.json").write_text(json.dumps({"num_local_experts": e, "num_experts_per_tok": k,
+                                                      "hidden_size": h, "intermediate_size": i,
+                                                      "num_hidden_layers": 1, "swiglu_limit": 7.0}))
+    w = make(e=e, k=k, h=h, i=i, method="MXFP4", path=str(tmp_path), limit=7.0, alpha=1.702)
+    w.load_weights()
+    x = (r.standard_normal((9, h))).astype(np.float32)
+    ids, ws = routing(9, k, e, 6)
+    ref = np.zeros((9, h))
+    for t in range(9):
+        for j in range(k):
+            ex = int(ids[t, j])
+            g = gu[ex, 0::2] @ x[t] + gu_bias[ex, 0::2]
+            u = gu[ex, 1::2] @ x[t] + gu_bias[ex, 1::2]
+            ref[t] += ws[t, j] * (down[ex] @ glu(g, u, 7.0, 1.702) + d_bias[ex])
+    assert rel_err(w.forward(x, ids, ws), ref) < 0.03

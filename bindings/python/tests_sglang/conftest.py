@@ -101,16 +101,29 @@ def write_checkpoint(d, layers, k):
 
 
 def moe(x, ids, weights, w, on):
-    """fp32 MoE over the experts `on(e)` admits; ids < 0 skipped."""
+    """fp32 MoE over the experts `on(e)` admits; ids < 0 skipped. `w` may carry expert biases
+    (`gate_bias`, `up_bias`, `down_bias`) and another activation of gate and up (`glu`)."""
     out = torch.zeros(x.shape, dtype=torch.float32)
     x = x.float()
+    glu = w.get("glu", lambda g, u: torch.nn.functional.silu(g) * u)
+    bias = lambda name, e: w[name][e] if name in w else 0.0  # noqa: E731
     for t in range(x.shape[0]):
         for j in range(ids.shape[1]):
             e = int(ids[t, j])
             if e >= 0 and on(e):
-                h = torch.nn.functional.silu(w["gate"][e] @ x[t]) * (w["up"][e] @ x[t])
-                out[t] += float(weights[t, j]) * (w["down"][e] @ h)
+                h = glu(w["gate"][e] @ x[t] + bias("gate_bias", e), w["up"][e] @ x[t] + bias("up_bias", e))
+                out[t] += float(weights[t, j]) * (w["down"][e] @ h + bias("down_bias", e))
     return out
+
+
+def clamped_glu(alpha, limit):
+    """KT's clamped SwiGLU ("swigluoai": gpt-oss's, the gate clamped both ways)."""
+
+    def glu(g, u):
+        g, u = g.clamp(-limit, limit), u.clamp(-limit, limit)
+        return g * torch.sigmoid(alpha * g) * (u + 1)
+
+    return glu
 
 
 def rel_err(out, ref):

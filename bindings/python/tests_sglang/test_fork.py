@@ -9,7 +9,7 @@ import types
 import pytest
 import torch
 
-from conftest import E, H, I, K, LAYERS, LIMITS, check_step, moe
+from conftest import E, H, I, K, LAYERS, LIMITS, check_step, clamped_glu, moe
 
 if not os.path.isdir(os.path.join(os.environ["KT_SGLANG_ROOT"], "sglang_kt_sgl_kernel_payload")):
     pytest.skip("KT_SGLANG_ROOT is not KT's fork sglang-kt 0.7.2", allow_module_level=True)
@@ -90,6 +90,12 @@ def layer_moe(layer, dispatch_output):
     x, topk = dispatch_output.hidden_states, dispatch_output.topk_output
     w13, w2 = dequantized(layer, "w13_weight"), dequantized(layer, "w2_weight")
     w = {"gate": w13[:, :I], "up": w13[:, I:], "down": w2}
+    if hasattr(layer, "w13_weight_bias"):
+        b = layer.w13_weight_bias
+        w.update(gate_bias=b[:, :I], up_bias=b[:, I:], down_bias=layer.w2_weight_bias)
+    runner = layer.moe_runner_config
+    if runner.gemm1_alpha is not None:
+        w["glu"] = clamped_glu(runner.gemm1_alpha, runner.gemm1_clamp_limit)
     return StandardCombineInput(hidden_states=moe(x, topk.topk_ids, topk.topk_weights, w, lambda e: True).to(x.dtype))
 
 
@@ -109,10 +115,14 @@ class GpuMoe(FusedMoEMethodBase):
         self.load_gpu_experts(layer)
 
     def load_gpu_experts(self, layer):
-        """What SGLang's weight loader puts in the GPU slots: the mask's experts in id order."""
+        """What SGLang's weight loader puts in the GPU slots: the mask's experts in id order
+        (and their biases, for a model with them)."""
         w, logical = self.weights[layer.layer_idx], torch.where(self.mask)[0]
         layer.w13_weight.data = torch.cat([w["gate"][logical], w["up"][logical]], 1).to(layer.w13_weight.dtype)
         layer.w2_weight.data = w["down"][logical].to(layer.w2_weight.dtype)
+        if "gate_bias" in w:
+            layer.w13_weight_bias = torch.cat([w["gate_bias"][logical], w["up_bias"][logical]], 1)
+            layer.w2_weight_bias = w["down_bias"][logical]
 
     def create_moe_runner(self, layer, moe_runner_config):
         pass
@@ -126,7 +136,7 @@ class GpuMoe(FusedMoEMethodBase):
 torch.Tensor.record_stream = lambda self, stream: None
 
 
-def build(path, weights, method, mask, deferred, threshold=None, quant_config=None):
+def build(path, weights, method, mask, deferred, threshold=None, quant_config=None, runner=None):
     identity = torch.arange(E).repeat(LAYERS, 1)
     location.get_global_expert_location_metadata = lambda: types.SimpleNamespace(physical_to_logical_map_cpu=identity)
     parallel_state._TP = types.SimpleNamespace(world_size=1, rank_in_group=0)  # one tensor-parallel rank
@@ -144,7 +154,7 @@ def build(path, weights, method, mask, deferred, threshold=None, quant_config=No
         layer.layer_idx, layer.top_k, layer.num_experts = li, K, E
         layer.intermediate_size_per_partition, layer.moe_tp_size = I, 1
         layer.quant_config, layer.use_triton_kernels = quant_config, False
-        layer.moe_runner_config = MoeRunnerConfig(activation="silu", num_experts=E, top_k=K)
+        layer.moe_runner_config = MoeRunnerConfig(activation="silu", num_experts=E, top_k=K, **(runner or {}))
         m.create_weights(layer, E, H, I, torch.bfloat16)
         m.process_weights_after_loading(layer)
         m.create_moe_runner(layer, layer.moe_runner_config)
@@ -263,6 +273,59 @@ def test_layerwise_prefill_runs_the_layer_from_our_writes(request, method, check
         check_step(layers, weights, n, g, None, 0.005 if full else LIMITS[method], f"{method} step {step}")
         assert full_gpu_layers == ([n] * LAYERS if full else []), f"step {step}: {full_gpu_layers}"
         full_gpu_layers.clear()
+
+
+@pytest.fixture(scope="module")
+def gpt_oss_model(tmp_path_factory):
+    """A gpt-oss MXFP4 checkpoint of `LAYERS` layers (fused e2m1 blocks and e8m0 scales, gate's
+    and up's rows interleaved, bf16 expert biases), written by `safetensors.torch`, and its
+    values (exact in fp32 and bf16) with the model's clamped activation."""
+    from safetensors.torch import save_file
+
+    d = tmp_path_factory.mktemp("gpt-oss")
+    g = torch.Generator().manual_seed(12)
+    fp4 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+    tensors, layers = {}, []
+
+    def mx(p, rows, cols):
+        b = torch.randint(0, 256, (E, rows, cols // 32, 16), generator=g, dtype=torch.uint8)
+        s = torch.randint(119, 123, (E, rows, cols // 32), generator=g, dtype=torch.uint8)
+        tensors[f"{p}_blocks"], tensors[f"{p}_scales"] = b, s
+        v = torch.stack([fp4[(b & 15).long()], fp4[(b >> 4).long()]], -1).reshape(E, rows, cols // 32, 32)
+        return (v * 2.0 ** (s.float() - 127)[..., None]).reshape(E, rows, cols)
+
+    for li in range(LAYERS):
+        p = f"model.layers.{li}.mlp.experts"
+        gu, down = mx(f"{p}.gate_up_proj", 2 * I, H), mx(f"{p}.down_proj", H, I)
+        gu_bias = (torch.randn(E, 2 * I, generator=g) * 0.5).to(torch.bfloat16)
+        tensors[f"{p}.gate_up_proj_bias"] = gu_bias
+        tensors[f"{p}.down_proj_bias"] = (torch.randn(E, H, generator=g) * 0.1).to(torch.bfloat16)
+        layers.append({"gate": gu[:, 0::2], "up": gu[:, 1::2], "down": down, "gate_bias": gu_bias[:, 0::2].float(),
+                       "up_bias": gu_bias[:, 1::2].float(), "down_bias": tensors[f"{p}.down_proj_bias"].float(),
+                       "glu": clamped_glu(1.702, 7.0)})
+    save_file(tensors, str(d / "model.safetensors"))
+    cfg = {"num_local_experts": E, "num_experts_per_tok": K, "hidden_size": H, "intermediate_size": I,
+           "num_hidden_layers": LAYERS, "swiglu_limit": 7.0}
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d), layers
+
+
+def test_gpt_oss_experts_run_through_the_forks_wrapper(gpt_oss_model):
+    """The fork wraps every FusedMoE, gpt-oss's too: with `--kt-method MXFP4` its wrapper passes
+    the model's `gemm1_alpha`/`gemm1_clamp_limit` as `swiglu_alpha`/`swiglu_limit` and calls
+    `load_weights` on the checkpoint, whose CPU experts then run with their biases (which
+    KT-Kernel's own MoE has no place for), GPU experts beside them, the mask moved between
+    steps."""
+    path, weights = gpt_oss_model
+    mask = torch.zeros(E, dtype=torch.bool)
+    mask[[1, 6]] = True
+    layers = build(path, weights, "MXFP4", mask, None, runner={"gemm1_alpha": 1.702, "gemm1_clamp_limit": 7.0})
+    g = torch.Generator().manual_seed(13)
+    for step, n in enumerate((1, 5, 33)):
+        if step == 2:
+            for m, layer in layers:
+                move_experts(m, layer, torch.tensor([0, 3]))
+        check_step(layers, weights, n, g, None, 0.04, f"gpt-oss step {step}")
 
 
 def test_expert_lora_adapters_serve_through_the_forks_path(tmp_path):

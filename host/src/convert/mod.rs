@@ -89,6 +89,9 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
     let wanted = spec.layers.clone().unwrap_or(0..=mc.layers.saturating_sub(1));
     let moe: Vec<(usize, Layout)> =
         wanted.filter(|&l| l < mc.layers).filter_map(|l| Layout::detect(&ck, l).ok().map(|x| (l, x))).collect();
+    if let Some((_, l)) = moe.iter().find(|(_, l)| l.has_biases(&ck)) {
+        return Err(l.biases_refused(&ck, "KT's converted format"));
+    }
     let total = moe.len() + 1;
     let shard = |i: usize| format!("model-{:05}-of-{total:05}.safetensors", i + 1);
     let pool = Pool::new(spec.threads);

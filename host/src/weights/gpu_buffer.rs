@@ -194,6 +194,9 @@ pub unsafe fn write_expert(
     ranks: &[RankBuffers],
 ) -> Result<GpuEncoding, WeightError> {
     let layout = Layout::detect(ck, layer)?;
+    if layout.has_biases(ck) {
+        return Err(layout.biases_refused(ck, "the fork's layerwise prefill buffers"));
+    }
     let (enc, [gate, up, down]) = expert(ck, &layout, e, hidden, intermediate)?;
     let tp = ranks.len();
     let shape_error = |detail: String| WeightError::Config { path: ck.dir().to_path_buf(), detail };

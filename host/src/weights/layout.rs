@@ -2,8 +2,8 @@
 //! `mlp.experts.gate_up_proj [E, 2I, H]` + `down_proj [E, H, I]`, or per-expert tensors named
 //! deepseek-style (`mlp.experts.{e}.{gate,up,down}_proj`), mixtral-style
 //! (`block_sparse_moe.experts.{e}.{w1,w3,w2}`), mistral-style (`experts.{e}.{w1,w3,w2}`) or
-//! DeepSeek-V4-style (`ffn.experts.{e}.{w1,w3,w2}`), under `model.layers.{L}`, `layers.{L}` or a
-//! multimodal model's `language_model` prefixes.
+//! DeepSeek-V4-style (`ffn.experts.{e}.{w1,w3,w2}`), or gpt-oss's fused MXFP4 blocks, under
+//! `model.layers.{L}`, `layers.{L}` or a multimodal model's `language_model` prefixes.
 
 use super::{Checkpoint, WeightError};
 
@@ -20,6 +20,9 @@ pub enum ExpertLayout {
     Ffn,
     /// `{base}.mlp.experts.gate_up_proj` and `{base}.mlp.experts.down_proj`, all experts stacked.
     Fused,
+    /// gpt-oss's MXFP4: `{base}.mlp.experts.{gate_up,down}_proj_{blocks,scales,bias}`, all
+    /// experts stacked, gate's and up's rows interleaved (`gpt_oss`).
+    GptOss,
 }
 
 /// A detected layout and the layer's name prefix.
@@ -45,11 +48,12 @@ impl Layout {
         ];
         let mut tried = Vec::new();
         for base in &bases {
-            let kinds = [ExpertLayout::Fused, ExpertLayout::Deepseek, ExpertLayout::Mixtral, ExpertLayout::Mistral];
-            for kind in kinds.into_iter().chain([ExpertLayout::Ffn]) {
+            let kinds = [ExpertLayout::GptOss, ExpertLayout::Fused, ExpertLayout::Deepseek, ExpertLayout::Mixtral];
+            for kind in kinds.into_iter().chain([ExpertLayout::Mistral, ExpertLayout::Ffn]) {
                 let l = Layout { kind, base: base.clone() };
                 let mut probes = match kind {
                     ExpertLayout::Fused => vec![format!("{base}.mlp.experts.gate_up_proj")],
+                    ExpertLayout::GptOss => vec![format!("{base}.mlp.experts.gate_up_proj_blocks")],
                     // bf16/fp8 `weight`, compressed-tensors `weight_packed`, GPTQ `qweight`
                     _ => ["weight", "weight_packed", "qweight"].map(|s| l.expert_tensor(0, 0, s)).to_vec(),
                 };
@@ -67,7 +71,7 @@ impl Layout {
     pub fn expert_tensor(&self, e: usize, proj: usize, suffix: &str) -> String {
         let b = &self.base;
         match self.kind {
-            ExpertLayout::Deepseek | ExpertLayout::Fused => {
+            ExpertLayout::Deepseek | ExpertLayout::Fused | ExpertLayout::GptOss => {
                 format!("{b}.mlp.experts.{e}.{}_proj.{suffix}", PROJ[proj])
             }
             ExpertLayout::Mixtral => format!("{b}.block_sparse_moe.experts.{e}.{}.{suffix}", ["w1", "w3", "w2"][proj]),
@@ -79,5 +83,24 @@ impl Layout {
     /// The fused layout's `(gate_up, down)` tensor names.
     pub fn fused_tensors(&self) -> (String, String) {
         (format!("{}.mlp.experts.gate_up_proj", self.base), format!("{}.mlp.experts.down_proj", self.base))
+    }
+
+    /// Whether the layer's experts carry biases (gpt-oss's, MXFP4 or dequantized to a fused
+    /// layout): only [`crate::weights::load_layer`] keeps them.
+    pub fn has_biases(&self, ck: &Checkpoint) -> bool {
+        matches!(self.kind, ExpertLayout::GptOss | ExpertLayout::Fused)
+            && ck.contains(&format!("{}.mlp.experts.gate_up_proj_bias", self.base))
+    }
+
+    /// The error for a path that cannot carry expert biases (`what` names it).
+    pub fn biases_refused(&self, ck: &Checkpoint, what: &str) -> WeightError {
+        WeightError::Config {
+            path: ck.dir().to_path_buf(),
+            detail: format!(
+                "{}'s experts carry biases (gpt-oss), which {what} cannot hold; load the checkpoint itself \
+                 (KTMoEWrapper.load_weights, kt bench --weights)",
+                self.base
+            ),
+        }
     }
 }

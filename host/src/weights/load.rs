@@ -85,6 +85,9 @@ pub fn expert_f32(
     intermediate: usize,
 ) -> Result<[Vec<f32>; 3], WeightError> {
     let (h, i) = (hidden, intermediate);
+    if layout.kind == ExpertLayout::GptOss {
+        return super::gpt_oss::expert(ck, &layout.base, e, h, i);
+    }
     if layout.kind != ExpertLayout::Fused {
         return Ok([
             matrix(ck, &layout.expert_tensor(e, 0, "weight"), i, h)?,
@@ -113,29 +116,46 @@ pub fn expert_f32(
         };
         floats(name, t.dtype, &ck.bytes(t)[e * per * esize..(e + 1) * per * esize])
     };
-    // gate_up is [E, 2I, H] (first I rows gate), or [E, H, 2I] as some exports store it.
-    let rows_first = gu.shape.get(1..) == Some(&[2 * i, h][..]);
+    // gate_up is [E, 2I, H] (first I rows gate), or [E, H, 2I] as some exports store it. With
+    // biases it is gpt-oss's (whose H and I may be equal, so shapes cannot tell): gate_up
+    // [E, H, 2I] with gate's and up's columns interleaved, down [E, I, H].
+    let gpt_oss = layout.has_biases(ck);
+    let rows_first = !gpt_oss && gu.shape.get(1..) == Some(&[2 * i, h][..]);
     if !rows_first && gu.shape.get(1..) != Some(&[h, 2 * i][..]) {
-        return Err(WeightError::Shape { name: gu_name, expected: vec![experts, 2 * i, h], found: gu.shape.clone() });
+        let expected = if gpt_oss { vec![experts, h, 2 * i] } else { vec![experts, 2 * i, h] };
+        return Err(WeightError::Shape { name: gu_name, expected, found: gu.shape.clone() });
     }
     let g_u = slice(gu, &gu_name, 2 * i * h)?;
     let (gate, up) = if rows_first {
         (g_u[..i * h].to_vec(), g_u[i * h..].to_vec())
     } else {
-        let t = |off: usize| {
-            (0..i).flat_map(|r| (0..h).map(move |c| (r, c))).map(|(r, c)| g_u[c * 2 * i + off + r]).collect()
-        };
-        (t(0), t(i))
+        // Gate's row r is column r (gpt-oss: 2r), up's i + r (2r + 1).
+        let col = |r: usize, up: bool| if gpt_oss { 2 * r + usize::from(up) } else { r + i * usize::from(up) };
+        let g_u = &g_u;
+        let t = |up: bool| (0..i).flat_map(|r| (0..h).map(move |c| g_u[c * 2 * i + col(r, up)])).collect();
+        (t(false), t(true))
     };
-    if d.shape.get(1..) != Some(&[h, i][..]) {
-        return Err(WeightError::Shape { name: d_name, expected: vec![experts, h, i], found: d.shape.clone() });
+    let down_shape = if gpt_oss { [i, h] } else { [h, i] };
+    if d.shape.get(1..) != Some(&down_shape[..]) {
+        let found = d.shape.clone();
+        return Err(WeightError::Shape { name: d_name, expected: vec![experts, down_shape[0], down_shape[1]], found });
     }
-    Ok([gate, up, slice(d, &d_name, h * i)?])
+    let down = slice(d, &d_name, h * i)?;
+    if gpt_oss {
+        // [I, H] to [H, I].
+        return Ok([
+            gate,
+            up,
+            (0..h).flat_map(|r| (0..i).map(move |c| (r, c))).map(|(r, c)| down[c * h + r]).collect(),
+        ]);
+    }
+    Ok([gate, up, down])
 }
 
 /// Build layer `layer` of the checkpoint in `format`: `cfg` gives the shape (E, k, H, I, max
 /// tokens, parts; checked against the tensors), `slots` which expert fills each slot, and every
-/// CPU expert is decoded, quantized and packed on `opts`' pool.
+/// CPU expert is decoded, quantized and packed on `opts`' pool, with its biases where the
+/// experts have them (gpt-oss).
 pub fn load_layer(
     ck: &Checkpoint,
     layer: usize,
@@ -144,7 +164,15 @@ pub fn load_layer(
     slots: Slots<'_>,
     opts: &LayerOptions,
 ) -> Result<MoeLayer, WeightError> {
-    MoeLayer::try_from_f32(cfg, format, slot_reader(ck, layer, cfg, slots)?, opts)
+    let mut built = MoeLayer::try_from_f32(cfg, format, slot_reader(ck, layer, cfg, slots)?, opts)?;
+    let layout = Layout::detect(ck, layer)?;
+    for slot in 0..cfg.experts {
+        let Some(e) = slots.expert(slot) else { continue };
+        if let Some(b) = super::gpt_oss::bias(ck, &layout, e, cfg.hidden, cfg.intermediate)? {
+            built.set_bias(slot, b)?;
+        }
+    }
+    Ok(built)
 }
 
 /// An expert's gate `[I,H]`, up `[I,H]` and down `[H,I]` in f32.

@@ -57,13 +57,15 @@ pub fn scale_bf16(c: u8) -> u16 {
 /// `{stem}.weight` and `{stem}.scale` as an f32 `[rows, cols]`; a scale code 255 is refused.
 pub fn packed(ck: &Checkpoint, stem: &str, rows: usize, cols: usize) -> Result<Vec<f32>, WeightError> {
     let (bytes, codes) = stored(ck, stem, rows, cols)?;
+    decode(&format!("{stem}.scale"), bytes, codes, rows, cols)
+}
+
+/// Packed e2m1 `bytes` (`[rows, cols/2]`, the even column in the low nibble) with e8m0 `codes`
+/// (`[rows, cols/32]`, of tensor `scales`) as an f32 `[rows, cols]`; a code 255 is refused.
+pub fn decode(scales: &str, bytes: &[u8], codes: &[u8], rows: usize, cols: usize) -> Result<Vec<f32>, WeightError> {
     if let Some(at) = codes.iter().position(|&c| c == 0xFF) {
         let found = format!("scale code 0xff (no number) at element {at}");
-        return Err(WeightError::Dtype {
-            name: format!("{stem}.scale"),
-            found,
-            expected: "finite e8m0 scales (codes 0-254)",
-        });
+        return Err(WeightError::Dtype { name: scales.into(), found, expected: "finite e8m0 scales (codes 0-254)" });
     }
     Ok((0..rows * cols)
         .map(|i| {
