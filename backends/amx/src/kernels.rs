@@ -381,8 +381,7 @@ unsafe fn group_block<T: TileOps>(
             }
             store_c(t, &mut c, two);
             let at = (p * groups + g) * PANEL;
-            let sw = w.scales[at..at + PANEL].try_into().unwrap();
-            add_scaled::<true>(out, &c, nt, sw, |tok| sa(tok, g));
+            add_scaled::<true>(out, &c, nt, &w.group_scales(at), |tok| sa(tok, g));
         }
     }
 }
@@ -424,7 +423,7 @@ unsafe fn fp8_block<T: TileOps>(
             }
             store_c(t, &mut c, two);
             let s: [f32; PANEL] = match per_row {
-                true => w.scales[(p * blocks + blk) * PANEL..][..PANEL].try_into().unwrap(),
+                true => w.group_scales((p * blocks + blk) * PANEL),
                 false => [w.scales[p * blocks + blk]; PANEL],
             };
             add_scaled::<false>(out, &c, nt, &s, |_| 1.0);

@@ -444,8 +444,11 @@ unsafe fn float_body<const N: usize, const DOT: bool>(
         for b in 0..blocks {
             let mut blk = [[z; 2]; N];
             fp8_span::<N, DOT>(panel, span(b * per_block, per_block), &tab, &xs, &xh, &mut blk);
-            let at = w.scales[base + b * stride..].as_ptr();
-            let s = if rows { load32(at) } else { [_mm512_set1_ps(*at); 2] };
+            let s = match w.format {
+                WeightFormat::Mxfp8 => mx_scales(w.codes[base + b * stride..].as_ptr(), w.code_bias),
+                _ if rows => load32(w.scales[base + b * stride..].as_ptr()),
+                _ => [_mm512_set1_ps(w.scales[base + b * stride]); 2],
+            };
             for t in 0..N {
                 for h in 0..2 {
                     acc[t][h] = if w.format == WeightFormat::Fp8Channel {
@@ -627,6 +630,22 @@ unsafe fn nibbles<const LUT: bool>(r: [__m512i; 2], lut: __m512i) -> [[__m512i; 
     }
 }
 
+/// 32 rows' MX scales from their e8m0 codes `c`: `2^(c − bias)` (`pack::mx_scale`), exactly
+/// (`vscalefps` makes subnormals and infinities as the f32 products would).
+///
+/// # Safety
+/// AVX-512F is present (inlined into the kernels); 32 readable bytes at `p`.
+#[inline(always)]
+unsafe fn mx_scales(p: *const u8, bias: i32) -> [__m512; 2] {
+    // SAFETY: the caller's contract. (No closures: they would not get the kernels' features.)
+    unsafe {
+        let (one, bias) = (_mm512_set1_ps(1.0), _mm512_set1_ps(bias as f32));
+        let lo = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast())));
+        let hi = _mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(HALF).cast())));
+        [_mm512_scalef_ps(one, _mm512_sub_ps(lo, bias)), _mm512_scalef_ps(one, _mm512_sub_ps(hi, bias))]
+    }
+}
+
 /// The K-group kinds' weights as `vpdpbusd`'s unsigned operand, `w + offset`: the table from
 /// the stored nibble (`None`: the nibble itself, int4-gG's `w + 8`), and the offset.
 fn unsigned_weights(f: WeightFormat) -> (Option<[i8; 16]>, i32) {
@@ -731,7 +750,10 @@ unsafe fn int_panel<const N: usize, const VNNI: bool>(
                         Some(_) => group_units::<N, true, VNNI>(panel, u0, u1, lut, &xs, &mut acc),
                         None => group_units::<N, false, VNNI>(panel, u0, u1, lut, &xs, &mut acc),
                     }
-                    let s = load32(w.scales[at..].as_ptr());
+                    let s = match f {
+                        WeightFormat::Mxfp4 => mx_scales(w.codes[at..].as_ptr(), w.code_bias),
+                        _ => load32(w.scales[at..].as_ptr()),
+                    };
                     for t in 0..N {
                         let a = _mm512_set1_ps(act.scales[(t0 + t) * groups + g]);
                         for h in 0..2 {

@@ -28,12 +28,14 @@
 //! k + 64 (two's-complement nibbles) where the panel order pairs k with k + 4.
 //!
 //! Rows past the matrix end are zero; K is zero-padded to a whole unit. Scales: int8, int4 and
-//! fp8-channel `[panel][32]`; int4-gG, mxfp4, mxfp8 `[panel][group][32]`; fp8 block
-//! `[panel][k-block]` (a panel never straddles a 128-row block). fp8 scales carry 2^120, which
+//! fp8-channel `[panel][32]`; int4-gG `[panel][group][32]`, and mxfp4, mxfp8 the same as
+//! their e8m0 codes (one byte each, widened in the kernels); fp8 block `[panel][k-block]` (a
+//! panel never straddles a 128-row block). fp8 scales carry 2^120, which
 //! undoes the exponent placement of the in-register e4m3 decode (not in `pairs`: the table gives
 //! every e4m3 value exactly in bf16).
 
 use kt_core::aligned::AlignedBuf;
+use kt_core::format::mx::{self, MX_BLOCK};
 use kt_core::format::{kt_packed, FP8_BLOCK};
 use kt_core::{Error, QuantMatrix, WeightFormat};
 use kt_x86::int4;
@@ -46,6 +48,17 @@ pub const PANEL: usize = 32;
 pub const HALF: usize = 16;
 /// Bytes per unit: 2 zmm.
 pub const UNIT: usize = 128;
+
+/// `2^(c − bias)` as f32, exactly (subnormal below 2^-126, infinite above 2^127, as the f32
+/// products `2^(c − 127) · fold` it stands for).
+pub fn mx_scale(c: u8, bias: i32) -> f32 {
+    match i32::from(c) - bias {
+        e if e > 127 => f32::INFINITY,
+        e if e >= -126 => f32::from_bits(((e + 127) as u32) << 23),
+        e if e >= -149 => f32::from_bits(1 << (e + 149)),
+        _ => 0.0,
+    }
+}
 
 /// 2^120: see the module docs.
 pub const FP8_SCALE_FIX: f32 = f32::from_bits((127 + 120) << 23);
@@ -62,8 +75,15 @@ pub struct Packed {
     pub units: usize,
     /// The panels (or KT's tiles).
     pub data: AlignedBuf,
-    /// Scales as the module docs lay them out.
+    /// Scales as the module docs lay them out (none for mxfp4: `codes`).
     pub scales: Vec<f32>,
+    /// The MX kinds' scales as their e8m0 codes `c`, `[panel][group][32]`, each standing for
+    /// [`mx_scale`]`(c, code_bias)`: a quarter of f32 scales' bytes, which decode streams with
+    /// the weights (mxfp4: 0.53 bytes a weight instead of 0.625).
+    pub codes: Vec<u8>,
+    /// `2^(c − code_bias)` is a code's packed scale: 127, less the fold of mxfp4's ½ (128) or of
+    /// the fp8 decode's 2^120 (7).
+    pub code_bias: i32,
     /// Per-row int8 and int4: −128·Σw per row `[panel][32]` (module docs).
     pub bias: Vec<i32>,
     /// fp8 kinds in bf16-pair order (module docs), for the `vdpbf16ps` kernels.
@@ -123,7 +143,16 @@ impl Packed {
 
     /// Bytes held: weights, scales and biases.
     pub fn bytes(&self) -> usize {
-        self.data.len() + 4 * (self.scales.len() + self.bias.len())
+        self.data.len() + 4 * (self.scales.len() + self.bias.len()) + self.codes.len()
+    }
+
+    /// The 32 rows' scales at `at` (`[panel][group][32]` index) of a per-row-and-group kind,
+    /// as f32.
+    pub fn group_scales(&self, at: usize) -> [f32; PANEL] {
+        match self.codes.is_empty() {
+            true => self.scales[at..at + PANEL].try_into().expect("32 scales"),
+            false => core::array::from_fn(|i| mx_scale(self.codes[at + i], self.code_bias)),
+        }
     }
 }
 
@@ -176,9 +205,14 @@ pub fn pack(m: &QuantMatrix, level: Level) -> Packed {
             }
         }
     }
-    let scales = pack_scales(m, panels, if pairs { 1.0 } else { FP8_SCALE_FIX });
+    let fp8_fix = if pairs { 1.0 } else { FP8_SCALE_FIX };
+    let (scales, codes, code_bias) = match f {
+        WeightFormat::Mxfp4 => (Vec::new(), pack_codes(m, panels), 128),
+        WeightFormat::Mxfp8 => (Vec::new(), pack_codes(m, panels), if pairs { 127 } else { 7 }),
+        _ => (pack_scales(m, panels, fp8_fix), Vec::new(), 0),
+    };
     let bias = if f.int_activations() && f.k_group().is_none() { biases(m, panels) } else { Vec::new() };
-    Packed { format: f, rows, cols, units, data, scales, bias, pairs, kt: false }
+    Packed { format: f, rows, cols, units, data, scales, codes, code_bias, bias, pairs, kt: false }
 }
 
 /// `Backend::pack` of a backend on these panels named `name`, with the kernels of `level`.
@@ -216,7 +250,8 @@ pub fn from_kt(f: WeightFormat, rows: usize, cols: usize, bytes: &[u8], scales: 
     let fix = int4::value_factor(f);
     let scales = scales.iter().map(|s| s * fix).collect();
     let units = cols / unit_k(f);
-    Ok(Packed { format: f, rows, cols, units, data, scales, bias, pairs: false, kt: true })
+    let codes = Vec::new();
+    Ok(Packed { format: f, rows, cols, units, data, scales, codes, code_bias: 0, bias, pairs: false, kt: true })
 }
 
 /// The signed integer weight of column c of an int8 or int4 row.
@@ -236,6 +271,22 @@ fn biases(m: &QuantMatrix, panels: usize) -> Vec<i32> {
         *b = -128 * (0..m.cols()).map(|c| int_weight(m.format(), row, c)).sum::<i32>();
     }
     v
+}
+
+/// An MX kind's scales as e8m0 codes, `[panel][group][32]` (rows past the end: code 0).
+fn pack_codes(m: &QuantMatrix, panels: usize) -> Vec<u8> {
+    let (rows, groups, s) = (m.rows(), m.cols() / MX_BLOCK, m.scales());
+    (0..panels * groups * PANEL)
+        .map(|at| {
+            let (p, g, i) = (at / (groups * PANEL), at / PANEL % groups, at % PANEL);
+            let r = p * PANEL + i;
+            if r < rows {
+                mx::e8m0_code(s[r * groups + g])
+            } else {
+                0
+            }
+        })
+        .collect()
 }
 
 /// The scales, times `fp8_fix` for the fp8 kinds (see the module docs).
@@ -287,7 +338,10 @@ pub fn unpack(p: &Packed, r: usize, c: usize) -> f32 {
     };
     let fix = if p.pairs { 1.0 } else { FP8_SCALE_FIX };
     let groups = p.format.k_group().map_or(1, |g| p.cols / g);
-    let row_scale = || p.scales[(pi * groups + c / p.format.k_group().unwrap_or(p.cols)) * PANEL + i];
+    let row_scale = || match p.format {
+        WeightFormat::Mxfp4 | WeightFormat::Mxfp8 => p.group_scales((pi * groups + c / MX_BLOCK) * PANEL)[i],
+        _ => p.scales[(pi * groups + c / p.format.k_group().unwrap_or(p.cols)) * PANEL + i],
+    };
     match p.format {
         WeightFormat::Bf16 => kt_core::format::bf16::element(&d[at..at + 2], 0).to_f32(),
         WeightFormat::Fp8Block => {

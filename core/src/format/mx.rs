@@ -28,6 +28,15 @@ fn pow2(x: i32) -> f32 {
     }
 }
 
+/// The e8m0 code of a scale `2^x` (x in -127..=127): its f32 exponent bits, 0 for `2^-127`.
+pub fn e8m0_code(scale: f32) -> u8 {
+    if scale.is_normal() {
+        ((scale.to_bits() >> 23) & 0xFF) as u8
+    } else {
+        0
+    }
+}
+
 /// The shared scale of a block by the OCP rule (`2^-127`, e8m0's smallest, for a zero block).
 fn block_scale(x: &[f32], emax: i32) -> f32 {
     let a = amax(x);
