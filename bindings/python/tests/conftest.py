@@ -67,6 +67,15 @@ def routing(n, k, e, seed, invalid=False):
     return ids, (w / w.sum(axis=1, keepdims=True)).astype(np.float32)
 
 
+def e4m3_values(codes):
+    """float32 values of e4m3fn byte codes (no NaN codes given)."""
+    c = codes.astype(np.int32)
+    sign = np.where(c & 0x80, -1.0, 1.0)
+    e, m = (c >> 3) & 0xF, c & 7
+    v = np.where(e == 0, m / 8.0 * 2.0**-6, (1 + m / 8.0) * 2.0 ** (e - 7))
+    return (sign * v).astype(np.float32)
+
+
 def bf16_bits(a):
     """float32 -> bfloat16 bits (round to nearest even), as uint16."""
     u = np.asarray(a, np.float32).view(np.uint32).astype(np.uint64)

@@ -8,7 +8,8 @@ import pytest
 from safetensors.numpy import save_file
 
 from conftest import (
-    LIMITS, experts, glu, make, moe_reference, rel_err, routing, write_bf16_safetensors, write_config,
+    LIMITS, e4m3_values, experts, glu, make, moe_reference, rel_err, routing, write_bf16_safetensors, write_config,
+    write_safetensors,
 )
 
 E, K, H, I = 8, 2, 256, 512
@@ -200,3 +201,35 @@ def test_gpt_oss_mxfp4_checkpoint_with_biases(tmp_path):
             u = gu[ex, 1::2] @ x[t] + gu_bias[ex, 1::2]
             ref[t] += ws[t, j] * (down[ex] @ glu(g, u, 7.0, 1.702) + d_bias[ex])
     assert rel_err(w.forward(x, ids, ws), ref) < 0.03
+
+
+def test_mxfp8_checkpoint_loads_exactly(tmp_path):
+    """An MXFP8 checkpoint (the KT fork's MiniMax-M3 layout: e4m3 ``weight``, e8m0
+    ``weight_scale_inv`` per 32 columns) loaded with method MXFP8 gives the layer of its values
+    bit for bit (MXFP8 requantizes them exactly); a scale code 255 (no number) is refused."""
+    e, k, h, i = 4, 2, 128, 64
+    r = np.random.default_rng(8)
+    tensors, values = {}, []
+    for p, (rows, cols) in zip(("gate", "up", "down"), [(i, h), (i, h), (h, i)]):
+        codes = r.integers(0, 256, (e, rows, cols), dtype=np.uint8)
+        codes[(codes & 0x7F) == 0x7F] = 0x3C  # no NaN codes
+        s = r.integers(115, 125, (e, rows, cols // 32), dtype=np.uint8)
+        values.append(e4m3_values(codes) * np.exp2(s.astype(np.float32) - 127).repeat(32, axis=-1))
+        for x in range(e):
+            tensors[f"model.layers.0.mlp.experts.{x}.{p}_proj.weight"] = ("F8_E4M3", (rows, cols), codes[x].tobytes())
+            tensors[f"model.layers.0.mlp.experts.{x}.{p}_proj.weight_scale_inv"] = ("F8_E8M0", (rows, cols // 32),
+                                                                                   s[x].tobytes())
+    write_safetensors(tmp_path / "model.safetensors", tensors)
+    write_config(tmp_path, e, k, h, i, 1)
+    from_file = make(e=e, k=k, h=h, i=i, method="MXFP8", path=str(tmp_path))
+    from_file.load_weights()
+    direct = make(e=e, k=k, h=h, i=i, method="MXFP8")
+    direct.load_weights_from_tensors(*values)
+    x = r.standard_normal((6, h)).astype(np.float32)
+    ids, ws = routing(6, k, e, 9)
+    assert np.array_equal(from_file.forward(x, ids, ws), direct.forward(x, ids, ws))
+    tensors["model.layers.0.mlp.experts.1.up_proj.weight_scale_inv"] = ("F8_E8M0", (i, h // 32), b"\xff" * (i * h // 32))
+    write_safetensors(tmp_path / "model.safetensors", tensors)
+    bad = make(e=e, k=k, h=h, i=i, method="MXFP8", path=str(tmp_path))
+    with pytest.raises(ValueError, match="up_proj.weight_scale_inv.*0xff"):
+        bad.load_weights()

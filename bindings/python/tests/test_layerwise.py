@@ -1,6 +1,6 @@
 """Layerwise prefill's host buffers (KT's ``submit_write_weight_scale_to_buffer``): each expert
 written per GPU rank in the GPU layer's layout and the checkpoint's own encoding (MXFP4's e8m0
-scales as the bf16 buffers the fork stages them in), checked byte for byte against slices of
+scales as the bf16 buffers the fork stages them in, MXFP8's as their codes), checked byte for byte against slices of
 the tensors the checkpoint file holds."""
 
 import numpy as np
@@ -31,6 +31,14 @@ def checkpoint(tmp_path, kind, seed=3):
                 else:
                     tensors[name(e, proj, "weight")] = ("F32", (n, k), w.tobytes())
                 want[e, proj] = (bits.view(np.uint8).reshape(n, 2 * k), None)
+            elif kind == "mxfp8":
+                # The KT fork's MiniMax-M3 layout: e4m3 weights, e8m0 codes per 32 columns, copied.
+                codes = r.integers(0, 256, (n, k), dtype=np.uint8)
+                codes[(codes & 0x7F) == 0x7F] = 0x3C  # no NaN codes
+                tensors[name(e, proj, "weight")] = ("F8_E4M3", (n, k), codes.tobytes())
+                s = r.integers(110, 131, (n, k // 32), dtype=np.uint8)
+                tensors[name(e, proj, "weight_scale_inv")] = ("F8_E8M0", (n, k // 32), s.tobytes())
+                want[e, proj] = (codes, s)
             elif kind.startswith("fp8"):
                 codes = r.integers(0, 256, (n, k), dtype=np.uint8)
                 codes[(codes & 0x7F) == 0x7F] = 0x3C  # no NaN codes
@@ -84,7 +92,7 @@ def expected(want, e, tp, kind):
 
 
 METHODS = {"bf16": "BF16", "f32": "BF16", "fp8-block": "FP8", "fp8-row": "FP8_PERCHANNEL", "int4": "RAWINT4",
-           "mxfp4": "MXFP4"}
+           "mxfp4": "MXFP4", "mxfp8": "MXFP8"}
 
 
 @pytest.mark.parametrize("kind", list(METHODS))

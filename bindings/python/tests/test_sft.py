@@ -4,7 +4,7 @@ with LoRA B zero, gradient accumulation and scaling, the cache stack and the err
 
 import numpy as np
 import pytest
-from conftest import experts, silu
+from conftest import e4m3_values, experts, silu
 
 from kt_kernel import KTMoEWrapper
 from kt_kernel.sft import SFTMoEWrapper
@@ -436,15 +436,6 @@ def test_rawint4_weights_load_as_stored():
     bad.down_scale = bad.down_scale[:, :, :-1]
     with pytest.raises(ValueError, match=r"down_scale must have shape \[8, 256, 4\]"):
         wrapper("RAWINT4_SFT").load_rawint4_weights(bad)
-
-
-def e4m3_values(codes):
-    """float32 values of e4m3fn byte codes (no NaN codes given)."""
-    c = codes.astype(np.int32)
-    sign = np.where(c & 0x80, -1.0, 1.0)
-    e, m = (c >> 3) & 0xF, c & 7
-    v = np.where(e == 0, m / 8.0 * 2.0**-6, (1 + m / 8.0) * 2.0 ** (e - 7))
-    return (sign * v).astype(np.float32)
 
 
 def test_block_fp8_weights_load_as_stored():

@@ -79,9 +79,14 @@ from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase  # noq
 
 
 def dequantized(layer, name):
-    """A GPU weight as fp32: bf16, or fp8 e4m3 times its `_scale_inv` 128×128 blocks."""
+    """A GPU weight as fp32: bf16, or fp8 e4m3 times its `_scale_inv`: f32 128×128 blocks, or
+    MXFP8's e8m0 codes (uint8) per 32 columns of a row."""
     w, s = getattr(layer, name).float(), getattr(layer, name + "_scale_inv", None)
-    return w if s is None else w * s.repeat_interleave(128, -2).repeat_interleave(128, -1)
+    if s is None:
+        return w
+    if s.dtype == torch.uint8:
+        return w * (2.0 ** (s.float() - 127)).repeat_interleave(32, -1)
+    return w * s.repeat_interleave(128, -2).repeat_interleave(128, -1)
 
 
 def layer_moe(layer, dispatch_output):
@@ -219,48 +224,59 @@ def full_gpu_layers(monkeypatch):
     kt_ep._SHARED_FULL_CONTEXT = None
 
 
-@pytest.fixture(scope="module")
-def fp8_model(tmp_path_factory):
-    """A block-FP8 checkpoint (DeepSeek-V3's layout: e4m3 `weight`, f32 `weight_scale_inv` per
-    128×128 block) of `LAYERS` layers, and its values (exact in fp32 and bf16: power-of-two
-    scales)."""
+def fp8_checkpoint(d, block, seed):
+    """An fp8 checkpoint of `LAYERS` layers with power-of-two scales per `block` (rows, cols):
+    (128, 128), DeepSeek-V3's f32 `weight_scale_inv`, or (1, 32), MXFP8's e8m0 codes (uint8,
+    the fork's MiniMax-M3); and its values (exact in fp32 and bf16)."""
     from safetensors.torch import save_file
 
-    d = tmp_path_factory.mktemp("fp8-moe")
-    g = torch.Generator().manual_seed(11)
-    tensors, layers = {}, []
+    g = torch.Generator().manual_seed(seed)
+    (br, bc), tensors, layers = block, {}, []
+    wide = lambda t: t.repeat_interleave(br, 1).repeat_interleave(bc, 2)  # noqa: E731
     for li in range(LAYERS):
         values = {}
         for p, (rows, cols) in {"gate": (I, H), "up": (I, H), "down": (H, I)}.items():
             # Each block's magnitude its own (×2^-2..2^2), so are its scales.
-            spread = 2.0 ** torch.randint(-2, 3, (E, rows // 128, cols // 128), generator=g).float()
-            w = torch.randn(E, rows, cols, generator=g) / cols**0.5 * spread.repeat_interleave(128, 1).repeat_interleave(128, 2)
-            blocks = w.abs().reshape(E, rows // 128, 128, cols // 128, 128).amax((2, 4))
-            s = 2.0 ** torch.ceil(torch.log2(blocks / 448))
-            codes = (w / s.repeat_interleave(128, 1).repeat_interleave(128, 2)).to(torch.float8_e4m3fn)
-            values[p] = codes.float() * s.repeat_interleave(128, 1).repeat_interleave(128, 2)
+            spread = 2.0 ** torch.randint(-2, 3, (E, rows // br, cols // bc), generator=g).float()
+            w = torch.randn(E, rows, cols, generator=g) / cols**0.5 * wide(spread)
+            s = 2.0 ** torch.ceil(torch.log2(w.abs().reshape(E, rows // br, br, cols // bc, bc).amax((2, 4)) / 448))
+            codes = (w / wide(s)).to(torch.float8_e4m3fn)
+            values[p] = codes.float() * wide(s)
+            stored = s if block == (128, 128) else (torch.log2(s) + 127).to(torch.uint8)
             for x in range(E):
                 stem = f"model.layers.{li}.mlp.experts.{x}.{p}_proj"
-                tensors[f"{stem}.weight"], tensors[f"{stem}.weight_scale_inv"] = codes[x].contiguous(), s[x].contiguous()
+                tensors[f"{stem}.weight"], tensors[f"{stem}.weight_scale_inv"] = codes[x].contiguous(), stored[x].contiguous()
         layers.append(values)
     save_file(tensors, str(d / "model.safetensors"))
     cfg = {"num_experts": E, "num_experts_per_tok": K, "hidden_size": H, "moe_intermediate_size": I,
-           "num_hidden_layers": LAYERS, "quantization_config": {"quant_method": "fp8", "weight_block_size": [128, 128]}}
+           "num_hidden_layers": LAYERS}
     (d / "config.json").write_text(json.dumps(cfg))
     return str(d), layers
 
 
-@pytest.mark.parametrize("method,checkpoint", [(m, "bf16") for m in LIMITS] + [("FP8", "fp8")])
+@pytest.fixture(scope="module")
+def fp8_model(tmp_path_factory):
+    return fp8_checkpoint(tmp_path_factory.mktemp("fp8-moe"), (128, 128), 11)
+
+
+@pytest.fixture(scope="module")
+def mxfp8_model(tmp_path_factory):
+    return fp8_checkpoint(tmp_path_factory.mktemp("mxfp8-moe"), (1, 32), 14)
+
+
+@pytest.mark.parametrize("method,checkpoint", [(m, "bf16") for m in LIMITS] + [("FP8", "fp8"), ("MXFP8", "mxfp8")])
 def test_layerwise_prefill_runs_the_layer_from_our_writes(request, method, checkpoint, full_gpu_layers):
     """Steps at and above the threshold run every expert of each layer on the "GPU" from the
     bytes our wrapper wrote in the checkpoint's encoding (bf16 whatever the CPU method, or the
-    FP8 model's e4m3 bytes and block scales: so their error is the output's bf16 rounding, far
-    under the CPU method's), steps below it the hybrid path; the GPU experts move between
-    steps (which the context copies from the original layer's slots for a bf16 model)."""
+    fp8 models' e4m3 bytes with their block scales or MXFP8 codes: so their error is the
+    output's bf16 rounding, far under the CPU method's), steps below it the hybrid path; the
+    GPU experts move between steps (which the context copies from the original layer's slots
+    for a bf16 model)."""
     from sglang.srt.layers.quantization.fp8 import Fp8Config
 
-    path, weights = request.getfixturevalue("model" if checkpoint == "bf16" else "fp8_model")
-    quant = Fp8Config(is_checkpoint_fp8_serialized=True, weight_block_size=[128, 128]) if checkpoint == "fp8" else None
+    path, weights = request.getfixturevalue({"bf16": "model", "fp8": "fp8_model", "mxfp8": "mxfp8_model"}[checkpoint])
+    quant = {"bf16": None, "fp8": Fp8Config(is_checkpoint_fp8_serialized=True, weight_block_size=[128, 128]),
+             "mxfp8": Fp8Config(is_checkpoint_fp8_serialized=True, use_mxfp8=True)}[checkpoint]
     mask = torch.zeros(E, dtype=torch.bool)
     mask[[2, 5]] = True
     layers = build(path, weights, method, mask, None, threshold=32, quant_config=quant)

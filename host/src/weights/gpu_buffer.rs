@@ -10,6 +10,7 @@
 //! | bf16, f16, f32 | bf16 | none |
 //! | fp8 e4m3, 128 × 128 block scales | e4m3 bytes | f32 `[rows/128, cols/128]` |
 //! | fp8 e4m3, one scale a row | e4m3 bytes | f32 `[rows]` |
+//! | MXFP8 (e4m3, e8m0 scale per 32 columns) | e4m3 bytes | its e8m0 codes `[rows, cols/32]` as stored |
 //! | compressed-tensors int4 | its packed nibbles as stored | bf16 `[rows, cols/g]` |
 //! | MXFP4 (DeepSeek-V4-Flash) | its packed e2m1 nibbles as stored | bf16 `[rows, cols/32]`, each `2^(code − 127)` |
 //!
@@ -38,6 +39,8 @@ pub enum GpuEncoding {
     Fp8Block,
     /// e4m3 weights, one f32 scale per row.
     Fp8Row,
+    /// e4m3 weights, e8m0 scale codes (bytes) per 32 columns of a row.
+    Mxfp8,
     /// Packed int4 nibbles, bf16 scales per `group` columns of a row.
     Int4 {
         /// Columns per scale.
@@ -52,7 +55,7 @@ impl GpuEncoding {
     fn weight_bytes(self) -> (usize, usize) {
         match self {
             GpuEncoding::Bf16 => (2, 1),
-            GpuEncoding::Fp8Block | GpuEncoding::Fp8Row => (1, 1),
+            GpuEncoding::Fp8Block | GpuEncoding::Fp8Row | GpuEncoding::Mxfp8 => (1, 1),
             GpuEncoding::Int4 { .. } | GpuEncoding::Mxfp4 => (1, 2),
         }
     }
@@ -79,6 +82,7 @@ impl GpuEncoding {
             GpuEncoding::Bf16 => None,
             GpuEncoding::Fp8Block => Some((128, 128, 4)),
             GpuEncoding::Fp8Row => Some((1, usize::MAX, 4)),
+            GpuEncoding::Mxfp8 => Some((1, MX_BLOCK, 1)),
             GpuEncoding::Int4 { group } => Some((1, group, 2)),
             GpuEncoding::Mxfp4 => Some((1, MX_BLOCK, 2)),
         }
@@ -290,6 +294,10 @@ fn expert<'a>(
             return Err(WeightError::Shape { name: wname, expected: want, found: w.shape.clone() });
         }
         let this = match fp8 {
+            true if matches!(s.dtype, Dtype::U8 | Dtype::F8_E8M0) => {
+                mxfp4::codes(ck, &sname, rows, cols)?;
+                GpuEncoding::Mxfp8
+            }
             true if s.shape == [rows] || s.shape == [rows, 1] => GpuEncoding::Fp8Row,
             true if s.shape == [rows.div_ceil(128), cols.div_ceil(128)] => GpuEncoding::Fp8Block,
             false if s.shape.len() == 2 && s.shape[0] == rows && s.shape[1] > 0 && cols % s.shape[1] == 0 => {
@@ -309,9 +317,9 @@ fn expert<'a>(
         enc = Some(this);
         // Scales stored in the GPU's dtype (int4's bf16, fp8's f32) are borrowed too.
         let scales = match (this, s.dtype) {
-            (GpuEncoding::Int4 { .. }, Dtype::BF16) | (GpuEncoding::Fp8Block | GpuEncoding::Fp8Row, Dtype::F32) => {
-                Cow::Borrowed(ck.bytes(s))
-            }
+            (GpuEncoding::Int4 { .. }, Dtype::BF16)
+            | (GpuEncoding::Fp8Block | GpuEncoding::Fp8Row, Dtype::F32)
+            | (GpuEncoding::Mxfp8, _) => Cow::Borrowed(ck.bytes(s)),
             (GpuEncoding::Int4 { .. }, _) => Cow::Owned(bf16_bytes(&floats(&sname, s.dtype, ck.bytes(s))?)),
             _ => floats(&sname, s.dtype, ck.bytes(s))?.iter().flat_map(|&x| x.to_le_bytes()).collect(),
         };

@@ -1,5 +1,5 @@
-//! Decoding a layer's experts to f32 (bf16, f16, f32, fp8 e4m3 with 128×128 block or
-//! per-channel scales, MXFP4; unaligned reads, as safetensors data may be 2-byte aligned) and packing
+//! Decoding a layer's experts to f32 (bf16, f16, f32, fp8 e4m3 with 128×128 block,
+//! per-channel or e8m0 per-32 (MXFP8) scales, MXFP4; unaligned reads, as safetensors data may be 2-byte aligned) and packing
 //! them into a [`MoeLayer`] on the layer's pool.
 
 use kt_core::dtype::{f16, F8E4M3};
@@ -63,6 +63,12 @@ fn matrix(ck: &Checkpoint, name: &str, rows: usize, cols: usize) -> Result<Vec<f
         .ok_or_else(|| WeightError::Missing {
             name: format!("{stem}.weight_scale_inv (or .weight_scale) for fp8 {name}"),
         })?;
+    if matches!(s.dtype, Dtype::U8 | Dtype::F8_E8M0) {
+        // MXFP8 (the KT fork's MiniMax-M3): an e8m0 scale per 32 columns of a row.
+        let codes = super::mxfp4::codes(ck, &scale_name, rows, cols)?;
+        let scale = |i: usize| super::mxfp4::scale(codes[(i / cols) * (cols / 32) + (i % cols) / 32]);
+        return Ok(b.iter().enumerate().map(|(i, &q)| F8E4M3(q).to_f32() * scale(i)).collect());
+    }
     let scales = floats(&scale_name, s.dtype, ck.bytes(&s))?;
     let (br, bc) = (rows.div_ceil(128), cols.div_ceil(128));
     // Block scales [ceil(N/128), ceil(K/128)], or one per row ([N] or [N, 1]).

@@ -49,6 +49,27 @@ fn scale_bits(c: u8) -> u32 {
     }
 }
 
+/// `2^(c − 127)`, an e8m0 scale (code 255: no number).
+pub fn scale(c: u8) -> f32 {
+    f32::from_bits(scale_bits(c))
+}
+
+/// The e8m0 scale tensor `name` of a `[rows, cols]` matrix (`[rows, cols/32]`, U8 or
+/// F8_E8M0) as its codes; a code 255 (no number) is refused.
+pub fn codes<'a>(ck: &'a Checkpoint, name: &str, rows: usize, cols: usize) -> Result<&'a [u8], WeightError> {
+    let s = ck.get(name).ok_or_else(|| WeightError::Missing { name: name.into() })?;
+    if !matches!(s.dtype, Dtype::F8_E8M0 | Dtype::U8) || cols % 32 != 0 || s.shape != [rows, cols / 32] {
+        let found = format!("{:?} {:?}", s.dtype, s.shape);
+        return Err(WeightError::Dtype { name: name.into(), found, expected: "F8_E8M0 (or U8) [rows, cols/32]" });
+    }
+    let codes = ck.bytes(s);
+    if let Some(at) = codes.iter().position(|&c| c == 0xFF) {
+        let found = format!("scale code 0xff (no number) at element {at}");
+        return Err(WeightError::Dtype { name: name.into(), found, expected: "finite e8m0 scales (codes 0-254)" });
+    }
+    Ok(codes)
+}
+
 /// `2^(c − 127)` as bf16 bits (exact: a bf16 has f32's exponent).
 pub fn scale_bf16(c: u8) -> u16 {
     (scale_bits(c) >> 16) as u16
