@@ -365,30 +365,49 @@ pub fn glu_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<S
         }
         for (gi, glu) in [Glu::new(0.5, 0.0), Glu::new(0.5, 1.702)].into_iter().flatten().enumerate() {
             let cfg = MoeConfig { max_tokens: 16, glu, ..MoeConfig::new(6, 2, h, i) };
-            let (ours, oracle) = if let WeightFormat::Ggml(_) = format {
-                (
-                    build_ggml_layer(backend, &cfg, format.into(), 5).0,
-                    build_ggml_layer(&REFERENCE, &cfg, format.into(), 5).0,
-                )
-            } else {
-                let experts = random_experts(&cfg, 5);
-                (build_layer(backend, &cfg, format, &experts), build_layer(&REFERENCE, &cfg, format, &experts))
-            };
+            let layers = layer_pair(backend, &cfg, format, 5);
             for tokens in [1, 9] {
-                let input = random_input(tokens, h, 3 + gi as u64);
-                let (ids, w) = random_routing(tokens, 2, 6, 11);
-                let r = Routing { tokens, k: 2, ids: &ids, weights: &w, gpu_mask: None };
-                let got = run(exec, &cfg, &ours, &input, &r);
-                let want: Vec<f64> =
-                    run(&SerialExecutor, &cfg, &oracle, &input, &r).iter().map(|&v| f64::from(v)).collect();
-                let err = mean_rel_err(&got, &want);
-                if err > 1e-2 || got.iter().any(|v| !v.is_finite()) {
+                if let Some(err) = against_oracle(exec, &cfg, &layers, tokens, 3 + gi as u64) {
                     failures.push(format!("{} {format} {glu:?} n{tokens}: rel err {err:.3e}", backend.name()));
                 }
             }
         }
     }
     failures
+}
+
+/// `backend`'s layer and the reference's of the same random experts of `seed` (GGML-quantized
+/// ones for a GGML type).
+fn layer_pair(
+    backend: &'static dyn Backend,
+    cfg: &MoeConfig,
+    format: WeightFormat,
+    seed: u64,
+) -> (LayerWeights, LayerWeights) {
+    if let WeightFormat::Ggml(_) = format {
+        let build = |b| build_ggml_layer(b, cfg, format.into(), seed).0;
+        return (build(backend), build(&REFERENCE));
+    }
+    let experts = random_experts(cfg, seed);
+    (build_layer(backend, cfg, format, &experts), build_layer(&REFERENCE, cfg, format, &experts))
+}
+
+/// The error of the first layer against the second (the reference) on `tokens` random tokens
+/// (seed `seed`, k 2 of the first 6 experts), where it fails: above 1e-2 or not finite.
+fn against_oracle(
+    exec: &dyn Executor,
+    cfg: &MoeConfig,
+    (ours, oracle): &(LayerWeights, LayerWeights),
+    tokens: usize,
+    seed: u64,
+) -> Option<f64> {
+    let input = random_input(tokens, cfg.hidden, seed);
+    let (ids, w) = random_routing(tokens, 2, 6, 11);
+    let r = Routing { tokens, k: 2, ids: &ids, weights: &w, gpu_mask: None };
+    let got = run(exec, cfg, ours, &input, &r);
+    let want: Vec<f64> = run(&SerialExecutor, cfg, oracle, &input, &r).iter().map(|&v| f64::from(v)).collect();
+    let err = mean_rel_err(&got, &want);
+    (err > 1e-2 || got.iter().any(|v| !v.is_finite())).then_some(err)
 }
 
 /// Random expert biases, one per expert: gate's and up's std 0.5 (of the order of their
@@ -420,29 +439,15 @@ pub fn bias_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<
             if cfg.validate_for(format).is_err() {
                 continue;
             }
-            let (mut ours, mut oracle) = if let WeightFormat::Ggml(_) = format {
-                (
-                    build_ggml_layer(backend, &cfg, format.into(), 5).0,
-                    build_ggml_layer(&REFERENCE, &cfg, format.into(), 5).0,
-                )
-            } else {
-                let experts = random_experts(&cfg, 5);
-                (build_layer(backend, &cfg, format, &experts), build_layer(&REFERENCE, &cfg, format, &experts))
-            };
+            let (mut ours, mut oracle) = layer_pair(backend, &cfg, format, 5);
             // Expert 3 keeps none.
             for (e, b) in random_biases(&cfg, 6).into_iter().enumerate().filter(|&(e, _)| e != 3) {
                 ours.set_bias(e, b.clone()).expect("valid bias");
                 oracle.set_bias(e, b).expect("valid bias");
             }
+            let layers = (ours, oracle);
             for tokens in [1, 9, 40] {
-                let input = random_input(tokens, h, 3 + tokens as u64);
-                let (ids, w) = random_routing(tokens, 2, 6, 11);
-                let r = Routing { tokens, k: 2, ids: &ids, weights: &w, gpu_mask: None };
-                let got = run(exec, &cfg, &ours, &input, &r);
-                let want: Vec<f64> =
-                    run(&SerialExecutor, &cfg, &oracle, &input, &r).iter().map(|&v| f64::from(v)).collect();
-                let err = mean_rel_err(&got, &want);
-                if err > 1e-2 || got.iter().any(|v| !v.is_finite()) {
+                if let Some(err) = against_oracle(exec, &cfg, &layers, tokens, 3 + tokens as u64) {
                     failures.push(format!(
                         "{} {format} biases, parts {parts}, {glu:?} n{tokens}: rel err {err:.3e}",
                         backend.name()

@@ -229,6 +229,11 @@ impl SftLayer {
         self.base.bytes() + self.back.bytes()
     }
 
+    /// The format the backward's transposes are packed in (`None` with no expert loaded).
+    pub fn transposes_format(&self) -> Option<WeightFormat> {
+        self.back.format()
+    }
+
     /// Forwards saved and not yet backwarded.
     pub fn cache_depth(&self) -> usize {
         self.lock().saved.len()

@@ -228,30 +228,41 @@ fn bad_bench_input_is_one_line_and_exit_2() {
     }
 }
 
-/// `kt bench --sft`: one JSON object of per-case times and cache bytes, each step timed.
+/// `kt bench --sft`: one JSON object of per-case times, cache bytes and roofline ratios, each
+/// step timed, the roofline probed before the cases and after each method.
 #[test]
 fn bench_sft_json_has_the_documented_schema() {
-    let args = ["bench", "--sft", "4", "--method", "bf16,int8", "--hidden", "256", "--intermediate", "128"];
+    let args = ["bench", "--sft", "4", "--hidden", "256", "--intermediate", "128"];
     let more = ["--experts", "8", "--top-k", "2", "--tokens", "5,17", "--threads", "1", "--min-time", "0", "--json"];
-    let (code, out, err) = kt(&[&args[..], &more[..]].concat());
+    // A GGML type too: its layer runs on the llamafile backend, with GGML bf16 transposes.
+    let (code, out, err) = kt(&[&args[..], &more[..], &["--method", "bf16,int8,q4_0"]].concat());
     assert_eq!(code, 0, "{err}");
     let j: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
     assert_eq!((j["threads"].as_u64(), j["hidden"].as_u64(), j["top_k"].as_u64()), (Some(1), Some(256), Some(2)));
     let cases = j["sft"].as_array().expect("sft: a list");
-    assert_eq!(cases.len(), 4, "{j}");
+    assert_eq!(cases.len(), 6, "{j}");
     for c in cases {
-        assert!(["bf16", "int8"].contains(&c["method"].as_str().unwrap()) && c["rank"] == 4, "{c}");
+        assert!(["bf16", "int8", "q4_0"].contains(&c["method"].as_str().unwrap()) && c["rank"] == 4, "{c}");
         for k in ["inference_ms", "forward_ms", "backward_ms"] {
             let (best, median) = (c[k][0].as_f64().unwrap(), c[k][1].as_f64().unwrap());
             assert!(best > 0.0 && best <= median, "{k}: {c}");
         }
         assert!(c["cache_bytes"].as_u64().unwrap() > 0 && c["reps"].as_u64().unwrap() >= 3, "{c}");
         assert_eq!(c["full_weight_grad"], false, "{c}");
+        // Each step against its roofline: positive times, the bytes of the experts touched (the
+        // backward's transposes in bf16 outweigh int8's experts), a named peak.
+        for i in 0..3 {
+            assert!(c["roofline_ratio"][i].as_f64().is_some_and(|r| r > 0.0), "{c}");
+        }
+        let (fwd, bwd) = (c["touched_bytes"][0].as_u64().unwrap(), c["touched_bytes"][1].as_u64().unwrap());
+        assert!(fwd > 0 && (c["method"] != "int8" || bwd > fwd), "{c}");
+        assert!(c["peak"][0].as_str().is_some_and(|p| !p.is_empty()), "{c}");
     }
+    assert!(j["roofline"]["dram_gbps"].as_f64().is_some_and(|d| d > 0.0) && j["roofline"]["probes"] == 4, "{j}");
     // Full fine-tuning's backward, on two NUMA parts, with transposes in the layer's format.
     let full = ["--experts", "8", "--top-k", "2", "--tokens", "5,17", "--min-time", "0", "--json"];
     let more = ["--full-weight-grad", "--transposes", "layer", "--threads", "2", "--numa-parts", "2"];
-    let (code, out, err) = kt(&[&args[..], &full[..], &more[..]].concat());
+    let (code, out, err) = kt(&[&args[..], &full[..], &more[..], &["--method", "bf16,int8"]].concat());
     assert_eq!(code, 0, "{err}");
     let j: serde_json::Value = serde_json::from_str(&out).expect("one JSON object");
     let cases = j["sft"].as_array().expect("sft: a list");

@@ -150,4 +150,9 @@ impl BackwardWeights {
     pub fn bytes(&self) -> usize {
         self.experts.iter().flatten().flatten().flat_map(|m| m.iter()).map(PackedMatrix::bytes).sum()
     }
+
+    /// The format the transposes are packed in (`None` with none loaded).
+    pub fn format(&self) -> Option<WeightFormat> {
+        self.experts.iter().flatten().flatten().flat_map(|m| m.iter()).map(PackedMatrix::format).next()
+    }
 }

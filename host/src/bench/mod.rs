@@ -4,7 +4,7 @@
 //! reference backend on up to 16 of the tokens.
 
 pub mod layerwise;
-mod report;
+pub mod report;
 pub mod roofline;
 pub mod sft;
 pub mod synth;
@@ -235,6 +235,16 @@ pub fn scratch_bytes(cfg: &MoeConfig, n: usize) -> u64 {
     rows * (4 * h + 2 * i + 4 * i + 4 * h * cfg.parts as u64) + n as u64 * h * (4 * cfg.parts as u64 + 2)
 }
 
+/// Bytes the DRAM probe reads: 8× the L3, at least 512 MB.
+pub fn dram_probe_bytes(topology: &Topology) -> usize {
+    (8 * topology.l3_bytes).max(512 << 20)
+}
+
+/// The CPUs of a pool's sub-pools, which the probes run on.
+pub fn pool_cpus(placement: &Placement) -> Vec<usize> {
+    placement.subpools.iter().flat_map(|p| p.cpus.iter().copied()).collect()
+}
+
 /// Layers to rotate: as asked, or enough that their bytes exceed 2× the L3 size.
 fn layer_count(spec: &BenchSpec, l3: usize, per_layer: u64) -> usize {
     spec.layers.unwrap_or_else(|| ((2 * l3 as u64).div_ceil(per_layer.max(1))).clamp(1, 64) as usize)
@@ -251,11 +261,11 @@ fn bar(progress: bool, len: u64, template: &str) -> ProgressBar {
     pb
 }
 
-/// One reading of the roofline with `spec.threads` threads on `cpus` (the pool's), a spinner
-/// saying which part runs.
-fn probe(spec: &BenchSpec, cpus: &[usize], dram_bytes: usize, when: &str) -> Roofline {
-    let th = roofline::Threads { n: spec.threads, cpus };
-    let spin = bar(spec.progress, 6, &format!("{{spinner}} measuring the roofline {when} ({{pos}}/{{len}}) {{msg}}"));
+/// One reading of the roofline with `threads` threads on `cpus` (the pool's), reading
+/// `dram_bytes` for the DRAM probe, a spinner saying which part runs (with `progress`).
+pub fn probe(threads: usize, progress: bool, cpus: &[usize], dram_bytes: usize, when: &str) -> Roofline {
+    let th = roofline::Threads { n: threads, cpus };
+    let spin = bar(progress, 6, &format!("{{spinner}} measuring the roofline {when} ({{pos}}/{{len}}) {{msg}}"));
     spin.set_message("DRAM read");
     let dram_gbps = roofline::dram_gbps(th, dram_bytes);
     spin.inc(1);
@@ -301,9 +311,10 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
         }
         plans.push((m, layers));
     }
-    let dram_bytes = (8 * machine.topology.l3_bytes).max(512 << 20);
-    let cpus: Vec<usize> = machine.placement.subpools.iter().flat_map(|p| p.cpus.iter().copied()).collect();
-    let mut probes = vec![probe(spec, &cpus, dram_bytes, "before the cases")];
+    let dram_bytes = dram_probe_bytes(&machine.topology);
+    let cpus = pool_cpus(&machine.placement);
+    let probe = |when: &str| probe(spec.threads, spec.progress, &cpus, dram_bytes, when);
+    let mut probes = vec![probe("before the cases")];
     // This thread is worker 0 of sub-pool 0: keep it on its CPU, off the pinned workers' ones
     // (the probes pin their own threads).
     pool.pin_caller();
@@ -313,7 +324,7 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
     for (method, layers) in plans {
         layers_used = layers_used.max(layers);
         results.extend(run_method(spec, method, layers, pool.clone())?);
-        probes.push(probe(spec, &cpus, dram_bytes, &format!("after {method}")));
+        probes.push(probe(&format!("after {method}")));
     }
     let roof = probes.iter().copied().reduce(Roofline::max).expect("probed before the cases");
     let roofline_low = probes.iter().copied().reduce(Roofline::min).expect("probed before the cases");

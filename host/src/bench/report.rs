@@ -4,7 +4,30 @@
 use kt_core::backend::Instructions;
 use serde_json::{json, Value};
 
+use super::roofline::Roofline;
 use super::Report;
+
+/// A roofline's readings (`best`, each limit's highest over `probes` probes, and `low`, its
+/// lowest) as JSON.
+pub fn roofline_json(best: &Roofline, low: &Roofline, probes: usize) -> Value {
+    let fields = |r: &Roofline| {
+        json!({
+            "dram_gbps": r.dram_gbps,
+            "fma_gflops": r.fma_gflops,
+            "int8_gops": r.int8_gops,
+            "vnni_gops": r.vnni_gops,
+            "fma512_gflops": r.zmm.fma_gflops,
+            "int8_512_gops": r.zmm.int8_gops,
+            "bf16dot512_gflops": r.zmm.bf16_gflops,
+            "amx_int8_gops": r.tiles.int8_gops,
+            "amx_bf16_gflops": r.tiles.bf16_gflops,
+        })
+    };
+    let mut v = fields(best);
+    v["probes"] = json!(probes);
+    v["low"] = fields(low);
+    v
+}
 
 /// The JSON object of a run.
 pub fn to_json(r: &Report) -> Value {
@@ -23,29 +46,7 @@ pub fn to_json(r: &Report) -> Value {
             "layers": r.layers,
             "seed": r.seed,
         },
-        "roofline": {
-            "dram_gbps": r.roofline.dram_gbps,
-            "fma_gflops": r.roofline.fma_gflops,
-            "int8_gops": r.roofline.int8_gops,
-            "vnni_gops": r.roofline.vnni_gops,
-            "fma512_gflops": r.roofline.zmm.fma_gflops,
-            "int8_512_gops": r.roofline.zmm.int8_gops,
-            "bf16dot512_gflops": r.roofline.zmm.bf16_gflops,
-            "amx_int8_gops": r.roofline.tiles.int8_gops,
-            "amx_bf16_gflops": r.roofline.tiles.bf16_gflops,
-            "probes": r.probes,
-            "low": {
-                "dram_gbps": r.roofline_low.dram_gbps,
-                "fma_gflops": r.roofline_low.fma_gflops,
-                "int8_gops": r.roofline_low.int8_gops,
-                "vnni_gops": r.roofline_low.vnni_gops,
-                "fma512_gflops": r.roofline_low.zmm.fma_gflops,
-                "int8_512_gops": r.roofline_low.zmm.int8_gops,
-                "bf16dot512_gflops": r.roofline_low.zmm.bf16_gflops,
-                "amx_int8_gops": r.roofline_low.tiles.int8_gops,
-                "amx_bf16_gflops": r.roofline_low.tiles.bf16_gflops,
-            },
-        },
+        "roofline": roofline_json(&r.roofline, &r.roofline_low, r.probes),
         "results": r.results.iter().map(|c| json!({
             "preset": c.preset,
             "method": c.method.to_string(),

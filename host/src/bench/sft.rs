@@ -1,15 +1,18 @@
 //! `kt bench --sft`: one SFT layer's steps timed against its own inference forward, in one
 //! run: the inference forward, the forward that saves its cache (with LoRA of rank `r` on
 //! every projection), and the backward of that cache (with the base weights' gradients too
-//! for `--full-weight-grad`), with the cache's bytes.
+//! for `--full-weight-grad`), with the cache's bytes and what each step's roofline needs (the
+//! bytes of the experts it reads, its base operations, the instructions its kernels run on).
 
 use std::sync::Arc;
 use std::time::Instant;
 
 use half::bf16;
+use kt_core::backend::Instructions;
 use kt_core::sft::{lora_of, random_lora, Backward, BaseGrads, LoraGrads, TransposeFormat};
 use kt_core::{Error, Executor, MoeConfig, Routing, WeightFormat};
 
+use super::roofline::Roofline;
 use super::synth;
 use crate::layer::{LayerOptions, MoeLayer};
 use crate::sft::{SftLayer, SftOptions};
@@ -29,8 +32,32 @@ pub struct SftCase {
     pub cache_bytes: usize,
     /// Bytes of the SFT layer's packed weights (inference experts and transposes).
     pub weight_bytes: usize,
+    /// The forwards' and the backward's roofline inputs.
+    pub roof: [StepRoof; 2],
     /// Reps timed.
     pub reps: usize,
+}
+
+/// What bounds one step: the packed bytes of the experts the routing touches (the forwards
+/// read the inference experts, the backward their transposes) and its base operations (2·3·H·I
+/// per routed row, twice for the backward with the base weights' gradients: LoRA's rank-r
+/// products are left out), on the instructions of the kernels that read those bytes.
+#[derive(Clone, Copy, Debug)]
+pub struct StepRoof {
+    /// Bytes of the distinct experts touched.
+    pub bytes: usize,
+    /// Operations.
+    pub ops: f64,
+    /// The kernels' instructions.
+    pub instructions: Instructions,
+}
+
+impl StepRoof {
+    /// The roofline time in ms on `roof`: the larger of reading the bytes and doing the ops.
+    pub fn ms(&self, roof: &Roofline) -> f64 {
+        let (peak, _) = roof.peak(self.instructions);
+        (self.bytes as f64 / (roof.dram_gbps * 1e9)).max(self.ops / (peak * 1e9)) * 1e3
+    }
 }
 
 /// What [`run`] times besides the layer and token counts.
@@ -62,6 +89,11 @@ pub fn run(
     let sft = SftOptions { max_cache_depth: 1, transposes: r.transposes };
     let layer = SftLayer::from_f32(cfg, format, expert, &opts, sft)?;
     let inference = MoeLayer::from_f32(cfg, format, expert, &opts)?;
+    let backend = inference.backend();
+    // Every expert's inference bytes and transposes' bytes are alike (synthetic experts).
+    let per_expert = [inference.bytes(), layer.bytes() - inference.bytes()].map(|b| b / cfg.experts);
+    let transposed = layer.transposes_format().unwrap_or(format);
+    let instructions = [backend.instructions(format), backend.instructions(transposed)];
     let mats = random_lora(cfg, rank, false, seed);
     let lora = lora_of(&mats, rank, 2.0 * rank as f32);
     let mut grads = random_lora(cfg, rank, true, seed);
@@ -95,6 +127,16 @@ pub fn run(
             t_bwd.push(t.elapsed().as_secs_f64() * 1e3);
         }
         let reps = t_bwd.len();
+        let mut seen = vec![false; cfg.experts];
+        ids.iter().for_each(|&e| seen[e as usize] = true);
+        let touched = seen.iter().filter(|&&s| s).count();
+        let ops = 6.0 * (cfg.hidden * cfg.intermediate * k * n) as f64;
+        let bwd_ops = if r.full_weight_grad { 2.0 * ops } else { ops };
+        let roof = [(0, ops), (1, bwd_ops)].map(|(i, ops)| StepRoof {
+            bytes: touched * per_expert[i],
+            ops,
+            instructions: instructions[i],
+        });
         let stat = |mut v: Vec<f64>| {
             v.sort_by(f64::total_cmp);
             (v[0], v[v.len() / 2])
@@ -106,6 +148,7 @@ pub fn run(
             backward: stat(t_bwd),
             cache_bytes,
             weight_bytes: layer.bytes(),
+            roof,
             reps,
         });
     }

@@ -427,7 +427,8 @@ fn run_bench(a: BenchArgs) -> ExitCode {
 }
 
 /// `kt bench --sft RANK`: per method and token count, the inference forward, the forward with
-/// its cache and the backward (best / median ms), their ratios and the cache's bytes.
+/// its cache and the backward (best / median ms), their ratios, each one's ratio to its
+/// roofline (probed before the cases and after each method) and the cache's bytes.
 fn run_sft(
     a: &BenchArgs,
     cfg: MoeConfig,
@@ -443,6 +444,10 @@ fn run_sft(
         Ok(p) => std::sync::Arc::new(p),
         Err(e) => return usage(e),
     };
+    let (cpus, dram_bytes) = (bench::pool_cpus(executor.placement()), bench::dram_probe_bytes(topo));
+    let probe = |when: &str| bench::probe(pool.threads(), true, &cpus, dram_bytes, when);
+    let mut probes = vec![probe("before the cases")];
+    executor.pin_caller();
     let mut rows = Vec::new();
     for m in methods {
         if m.gate != m.up || m.gate != m.down {
@@ -463,7 +468,15 @@ fn run_sft(
             Ok(cases) => rows.extend(cases.into_iter().map(|c| (m.gate, c))),
             Err(e) => return usage(e),
         }
+        probes.push(probe(&format!("after {m}")));
     }
+    let roof = probes.iter().copied().reduce(bench::roofline::Roofline::max).expect("probed before the cases");
+    let low = probes.iter().copied().reduce(bench::roofline::Roofline::min).expect("probed before the cases");
+    // Roofline time over best time of the inference forward, the forward with cache, the backward.
+    let ratios = |c: &bench::sft::SftCase| {
+        let [f, b] = c.roof.map(|s| s.ms(&roof));
+        [f / c.inference.0, f / c.forward.0, b / c.backward.0]
+    };
     if a.json {
         let cases: Vec<_> = rows
             .iter()
@@ -474,13 +487,17 @@ fn run_sft(
                     "inference_ms": [c.inference.0, c.inference.1], "forward_ms": [c.forward.0, c.forward.1],
                     "backward_ms": [c.backward.0, c.backward.1], "cache_bytes": c.cache_bytes,
                     "weight_bytes": c.weight_bytes,
+                    "roofline_ms": c.roof.map(|s| s.ms(&roof)), "roofline_ratio": ratios(c),
+                    "touched_bytes": c.roof.map(|s| s.bytes),
+                    "peak": c.roof.map(|s| roof.peak(s.instructions).1),
                 })
             })
             .collect();
         println!(
             "{}",
             serde_json::json!({ "sft": cases, "threads": pool.threads(), "experts": cfg.experts,
-            "hidden": cfg.hidden, "intermediate": cfg.intermediate, "top_k": cfg.top_k })
+            "hidden": cfg.hidden, "intermediate": cfg.intermediate, "top_k": cfg.top_k,
+            "roofline": bench::report::roofline_json(&roof, &low, probes.len()) })
         );
         return ExitCode::SUCCESS;
     }
@@ -495,12 +512,22 @@ fn run_sft(
         pool.threads()
     );
     println!(
-        "{:<12} {:>6} {:>17} {:>17} {:>17} {:>8} {:>8} {:>10} {:>10}",
-        "method", "tokens", "inference", "forward+cache", "backward", "fwd/inf", "bwd/fwd", "cache MB", "weights MB"
+        "{:<12} {:>6} {:>17} {:>17} {:>17} {:>8} {:>8} {:>20} {:>10} {:>10}",
+        "method",
+        "tokens",
+        "inference",
+        "forward+cache",
+        "backward",
+        "fwd/inf",
+        "bwd/fwd",
+        "roof× inf/fwd/bwd",
+        "cache MB",
+        "weights MB"
     );
     for (f, c) in &rows {
+        let [ri, rf, rb] = ratios(c);
         println!(
-            "{:<12} {:>6} {:>8.2} / {:>6.2} {:>8.2} / {:>6.2} {:>8.2} / {:>6.2} {:>8.2} {:>8.2} {:>10.1} {:>10.1}",
+            "{:<12} {:>6} {:>8.2} / {:>6.2} {:>8.2} / {:>6.2} {:>8.2} / {:>6.2} {:>8.2} {:>8.2} {:>6.2} {:>6.2} {:>6.2} {:>10.1} {:>10.1}",
             f.to_string(),
             c.tokens,
             c.inference.0,
@@ -511,10 +538,27 @@ fn run_sft(
             c.backward.1,
             c.forward.0 / c.inference.0,
             c.backward.0 / c.forward.0,
+            ri,
+            rf,
+            rb,
             c.cache_bytes as f64 / 1e6,
             c.weight_bytes as f64 / 1e6
         );
     }
+    let peaks: Vec<String> = rows
+        .iter()
+        .map(|(f, c)| format!("{f}: {} / {}", roof.peak(c.roof[0].instructions).1, roof.peak(c.roof[1].instructions).1))
+        .collect::<std::collections::BTreeSet<_>>()
+        .into_iter()
+        .collect();
+    println!(
+        "roof× = max(bytes of the experts touched / DRAM, 2·3·H·I·k·n / peak) over the best time (the backward's \
+         bytes are the transposes', its ops twice with --full-weight-grad; LoRA's rank-r products left out); \
+         best of {} probes: DRAM {:.1} GB/s; peaks forward / backward: {}",
+        probes.len(),
+        roof.dram_gbps,
+        peaks.join(", ")
+    );
     ExitCode::SUCCESS
 }
 
