@@ -38,10 +38,11 @@ pub struct SftCase {
     pub reps: usize,
 }
 
-/// What bounds one step: the packed bytes of the experts the routing touches (the forwards
-/// read the inference experts, the backward their transposes) and its base operations (2·3·H·I
-/// per routed row, twice for the backward with the base weights' gradients: LoRA's rank-r
-/// products are left out), on the instructions of the kernels that read those bytes.
+/// What bounds one step: the bytes of the experts the routing touches (the forwards read the
+/// inference experts, the backward their transposes, and with the base weights' gradients
+/// reads and writes those too, bf16) and its base operations (2·3·H·I per routed row, twice for
+/// the backward with the base weights' gradients: LoRA's rank-r products are left out), on the
+/// instructions of the kernels that read the weights.
 #[derive(Clone, Copy, Debug)]
 pub struct StepRoof {
     /// Bytes of the distinct experts touched.
@@ -131,12 +132,13 @@ pub fn run(
         ids.iter().for_each(|&e| seen[e as usize] = true);
         let touched = seen.iter().filter(|&&s| s).count();
         let ops = 6.0 * (cfg.hidden * cfg.intermediate * k * n) as f64;
-        let bwd_ops = if r.full_weight_grad { 2.0 * ops } else { ops };
-        let roof = [(0, ops), (1, bwd_ops)].map(|(i, ops)| StepRoof {
-            bytes: touched * per_expert[i],
-            ops,
-            instructions: instructions[i],
-        });
+        // Full fine-tuning reads and writes the touched experts' bf16 gradients (3·H·I each).
+        let (grads, bwd_ops) = match r.full_weight_grad {
+            true => (3 * cfg.hidden * cfg.intermediate * 4, 2.0 * ops),
+            false => (0, ops),
+        };
+        let bytes = [per_expert[0], per_expert[1] + grads].map(|b| touched * b);
+        let roof = [0, 1].map(|i| StepRoof { bytes: bytes[i], ops: [ops, bwd_ops][i], instructions: instructions[i] });
         let stat = |mut v: Vec<f64>| {
             v.sort_by(f64::total_cmp);
             (v[0], v[v.len() / 2])
