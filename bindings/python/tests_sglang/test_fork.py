@@ -78,10 +78,19 @@ from sglang.srt.layers.moe.token_dispatcher.standard import StandardCombineInput
 from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase  # noqa: E402
 
 
+FP4 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
+
+
 def dequantized(layer, name):
-    """A GPU weight as fp32: bf16, or fp8 e4m3 times its `_scale_inv`: f32 128×128 blocks, or
-    MXFP8's e8m0 codes (uint8) per 32 columns of a row."""
-    w, s = getattr(layer, name).float(), getattr(layer, name + "_scale_inv", None)
+    """A GPU weight as fp32: bf16; fp8 e4m3 times its `_scale_inv`: f32 128×128 blocks, or
+    MXFP8's e8m0 codes (uint8) per 32 columns of a row; or V4-Flash's MXFP4 (int8 pairs of e2m1,
+    the even column low) times its f32 scale per 32 columns."""
+    w, s = getattr(layer, name), getattr(layer, name + "_scale_inv", None)
+    if w.dtype == torch.int8:
+        b = w.view(torch.uint8).long()
+        v = torch.stack([FP4[b & 15], FP4[b >> 4]], -1).flatten(-2)
+        return v * s.float().repeat_interleave(32, -1)
+    w = w.float()
     if s is None:
         return w
     if s.dtype == torch.uint8:
@@ -120,9 +129,13 @@ class GpuMoe(FusedMoEMethodBase):
         self.load_gpu_experts(layer)
 
     def load_gpu_experts(self, layer):
-        """What SGLang's weight loader puts in the GPU slots: the mask's experts in id order
-        (and their biases, for a model with them)."""
+        """What SGLang's weight loader puts in the GPU slots: the mask's experts in id order, in
+        bf16 or the model's own GPU encoding (`gpu`), and their biases for a model with them."""
         w, logical = self.weights[layer.layer_idx], torch.where(self.mask)[0]
+        if "gpu" in w:
+            for name, t in w["gpu"].items():
+                setattr(layer, name, torch.nn.Parameter(t[logical], requires_grad=False))
+            return
         layer.w13_weight.data = torch.cat([w["gate"][logical], w["up"][logical]], 1).to(layer.w13_weight.dtype)
         layer.w2_weight.data = w["down"][logical].to(layer.w2_weight.dtype)
         if "gate_bias" in w:
@@ -205,6 +218,7 @@ def full_gpu_layers(monkeypatch):
     singleton, fresh for each test; the fork pins the calling thread to one core while it
     writes, undone after."""
     from sglang.srt.layers.quantization.fp8 import Fp8MoEMethod
+    from sglang.srt.layers.quantization.mxfp4_deepseek import DeepSeekMxfp4MoEMethod
     from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod
 
     calls = []
@@ -213,10 +227,11 @@ def full_gpu_layers(monkeypatch):
         calls.append(dispatch_output.hidden_states.shape[0])
         return layer_moe(layer, dispatch_output)
 
-    for gpu_method in (UnquantizedFusedMoEMethod, Fp8MoEMethod):
+    for gpu_method in (UnquantizedFusedMoEMethod, Fp8MoEMethod, DeepSeekMxfp4MoEMethod):
         monkeypatch.setattr(gpu_method, "apply", full_layer)
-    # FP8's GPU kernels' own weight preparation (DeepGEMM's scale layout), run on every load.
-    monkeypatch.setattr(Fp8MoEMethod, "process_weights_after_loading", lambda self, layer: None)
+        # The GPU kernels' own weight preparation (DeepGEMM's scale layout, triton_kernels'
+        # swizzle), run on every load.
+        monkeypatch.setattr(gpu_method, "process_weights_after_loading", lambda self, layer: None)
     monkeypatch.setattr(kt_ep, "_SHARED_FULL_CONTEXT", None)
     cpus = os.sched_getaffinity(0)
     yield calls
@@ -254,6 +269,46 @@ def fp8_checkpoint(d, block, seed):
     return str(d), layers
 
 
+def v4_checkpoint(d, shape, layers, seed):
+    """A DeepSeek-V4-Flash MXFP4 checkpoint (`layers.L.ffn.experts.e.{w1,w3,w2}`: int8 pairs of
+    e2m1, the even column low, and F8_E8M0 `scale` per 32 columns; every block holds a ±6, so
+    MXFP4 requantizes it exactly) of experts `shape` (E, H, I) in `layers`, written by
+    `safetensors.torch`; its values by layer."""
+    from safetensors.torch import save_file
+
+    (e, h, i), g = shape, torch.Generator().manual_seed(seed)
+    e8m0 = getattr(torch, "float8_e8m0fnu", None)
+    tensors, values = {}, {}
+    for li in layers:
+        values[li], stored = {}, {}
+        for p, w, rows, cols in [("gate", "w1", i, h), ("up", "w3", i, h), ("down", "w2", h, i)]:
+            c = torch.randint(0, 16, (e, rows, cols), generator=g, dtype=torch.uint8)
+            c[..., ::32] = 7
+            x = torch.randint(121, 125, (e, rows, cols // 32), generator=g, dtype=torch.uint8)
+            values[li][p] = FP4[c.long()] * (2.0 ** (x.float() - 127)).repeat_interleave(32, dim=-1)
+            packed = (c[..., 0::2] | (c[..., 1::2] << 4)).view(torch.int8)
+            stored[p] = (packed, 2.0 ** (x.float() - 127))
+            for x_ in range(e):
+                tensors[f"layers.{li}.ffn.experts.{x_}.{w}.weight"] = packed[x_].contiguous()
+                tensors[f"layers.{li}.ffn.experts.{x_}.{w}.scale"] = x[x_].view(e8m0) if e8m0 else x[x_]
+        # What SGLang's loader puts in a V4 GPU layer: the packed pairs, f32 scales.
+        (gw, gs), (uw, us), (dw, ds) = stored["gate"], stored["up"], stored["down"]
+        values[li]["gpu"] = {"w13_weight": torch.cat([gw, uw], 1), "w13_weight_scale_inv": torch.cat([gs, us], 1),
+                             "w2_weight": dw, "w2_weight_scale_inv": ds}
+    save_file(tensors, str(d / "model.safetensors"))
+    return values
+
+
+@pytest.fixture(scope="module")
+def v4_model(tmp_path_factory):
+    d = tmp_path_factory.mktemp("v4-flash")
+    values = v4_checkpoint(d, (E, H, I), range(LAYERS), 15)
+    cfg = {"n_routed_experts": E, "num_experts_per_tok": K, "hidden_size": H, "moe_intermediate_size": I,
+           "num_hidden_layers": LAYERS}
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d), [values[li] for li in range(LAYERS)]
+
+
 @pytest.fixture(scope="module")
 def fp8_model(tmp_path_factory):
     return fp8_checkpoint(tmp_path_factory.mktemp("fp8-moe"), (128, 128), 11)
@@ -264,19 +319,29 @@ def mxfp8_model(tmp_path_factory):
     return fp8_checkpoint(tmp_path_factory.mktemp("mxfp8-moe"), (1, 32), 14)
 
 
-@pytest.mark.parametrize("method,checkpoint", [(m, "bf16") for m in LIMITS] + [("FP8", "fp8"), ("MXFP8", "mxfp8")])
-def test_layerwise_prefill_runs_the_layer_from_our_writes(request, method, checkpoint, full_gpu_layers):
+@pytest.mark.parametrize("method,checkpoint", [(m, "bf16") for m in LIMITS]
+                         + [("FP8", "fp8"), ("MXFP8", "mxfp8"), ("MXFP4", "v4")])
+def test_layerwise_prefill_runs_the_layer_from_our_writes(request, monkeypatch, method, checkpoint, full_gpu_layers):
     """Steps at and above the threshold run every expert of each layer on the "GPU" from the
     bytes our wrapper wrote in the checkpoint's encoding (bf16 whatever the CPU method, or the
-    fp8 models' e4m3 bytes with their block scales or MXFP8 codes: so their error is the
-    output's bf16 rounding, far under the CPU method's), steps below it the hybrid path; the
-    GPU experts move between steps (which the context copies from the original layer's slots
-    for a bf16 model)."""
+    fp8 models' e4m3 bytes with their block scales or MXFP8 codes, or V4-Flash's e2m1 pairs with
+    their scales staged as bf16: so their error is the output's bf16 rounding, far under the
+    CPU method's), steps below it the hybrid path; the GPU experts move between steps (which
+    the context copies from the original layer's slots for a bf16 model). V4-Flash's GPU method
+    is the fork's `DeepSeekMxfp4MoEMethod`, which it wraps around the FP8 one when asked
+    (`SGLANG_V4_USE_TRITON_KERNELS=1`; the server's MXFP4 precision stood in)."""
+    import sglang.srt.layers.quantization.mxfp4_deepseek as mxfp4_deepseek
     from sglang.srt.layers.quantization.fp8 import Fp8Config
 
-    path, weights = request.getfixturevalue({"bf16": "model", "fp8": "fp8_model", "mxfp8": "mxfp8_model"}[checkpoint])
-    quant = {"bf16": None, "fp8": Fp8Config(is_checkpoint_fp8_serialized=True, weight_block_size=[128, 128]),
+    fixture = {"bf16": "model", "fp8": "fp8_model", "mxfp8": "mxfp8_model", "v4": "v4_model"}[checkpoint]
+    path, weights = request.getfixturevalue(fixture)
+    block_fp8 = Fp8Config(is_checkpoint_fp8_serialized=True, weight_block_size=[128, 128])
+    quant = {"bf16": None, "fp8": block_fp8, "v4": block_fp8,
              "mxfp8": Fp8Config(is_checkpoint_fp8_serialized=True, use_mxfp8=True)}[checkpoint]
+    if checkpoint == "v4":
+        monkeypatch.setenv("SGLANG_V4_USE_TRITON_KERNELS", "1")
+        server = types.SimpleNamespace(flashinfer_mxfp4_moe_precision="default")
+        monkeypatch.setattr(mxfp4_deepseek, "get_global_server_args", lambda: server)
     mask = torch.zeros(E, dtype=torch.bool)
     mask[[2, 5]] = True
     layers = build(path, weights, method, mask, None, threshold=32, quant_config=quant)
@@ -300,14 +365,13 @@ def gpt_oss_model(tmp_path_factory):
 
     d = tmp_path_factory.mktemp("gpt-oss")
     g = torch.Generator().manual_seed(12)
-    fp4 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
     tensors, layers = {}, []
 
     def mx(p, rows, cols):
         b = torch.randint(0, 256, (E, rows, cols // 32, 16), generator=g, dtype=torch.uint8)
         s = torch.randint(119, 123, (E, rows, cols // 32), generator=g, dtype=torch.uint8)
         tensors[f"{p}_blocks"], tensors[f"{p}_scales"] = b, s
-        v = torch.stack([fp4[(b & 15).long()], fp4[(b >> 4).long()]], -1).reshape(E, rows, cols // 32, 32)
+        v = torch.stack([FP4[(b & 15).long()], FP4[(b >> 4).long()]], -1).reshape(E, rows, cols // 32, 32)
         return (v * 2.0 ** (s.float() - 127)[..., None]).reshape(E, rows, cols)
 
     for li in range(LAYERS):
@@ -537,25 +601,12 @@ def test_mxfp4_expert_lora_serving_reads_the_v4_checkpoint(tmp_path):
     point, its swiglu_limit) loads the checkpoint's e2m1 experts with `load_weights` and serves
     the output of the same layer made from their values, bit for bit (MXFP4 requantizes
     exactly), GPU experts left out."""
-    from safetensors.torch import save_file
-
     from kt_kernel import KTMoEWrapper
 
     e, k, h, i, layer = 8, 2, 64, 32, 1
     g = torch.Generator().manual_seed(9)
-    fp4 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
-    tensors, values = {}, []
-    e8m0 = getattr(torch, "float8_e8m0fnu", None)
-    for w, rows, cols in [("w1", i, h), ("w3", i, h), ("w2", h, i)]:
-        c = torch.randint(0, 16, (e, rows, cols), generator=g, dtype=torch.uint8)
-        c[..., ::32] = 7
-        x = torch.randint(121, 125, (e, rows, cols // 32), generator=g, dtype=torch.uint8)
-        values.append(fp4[c.long()] * (2.0 ** (x.float() - 127)).repeat_interleave(32, dim=-1))
-        packed = (c[..., 0::2] | (c[..., 1::2] << 4)).view(torch.int8)
-        for x_ in range(e):
-            tensors[f"layers.{layer}.ffn.experts.{x_}.{w}.weight"] = packed[x_].contiguous()
-            tensors[f"layers.{layer}.ffn.experts.{x_}.{w}.scale"] = x[x_].view(e8m0) if e8m0 else x[x_]
-    save_file(tensors, str(tmp_path / "model.safetensors"))
+    w = v4_checkpoint(tmp_path, (e, h, i), [layer], 9)[layer]
+    values = [w["gate"], w["up"], w["down"]]
 
     method = kt_ep._map_kt_method_to_sft_method("MXFP4")
     assert method == "MXFP4_SFT"
