@@ -160,6 +160,26 @@ impl Matrix<'_> {
         }
     }
 
+    /// Rows `0..rows` split into column slices of `part` columns, slice `k` of each row appended
+    /// to `dsts[k]` (one whole-row copy for a single slice).
+    ///
+    /// # Safety
+    /// As [`Dst::put`], for each destination's slices.
+    unsafe fn split_rows(&self, enc: GpuEncoding, rows: usize, part: usize, dsts: &mut [Dst]) {
+        if let [dst] = dsts {
+            // SAFETY: the caller's contract.
+            return unsafe { self.weight_rows(enc, 0, rows, 0, self.cols, dst) };
+        }
+        let (num, den) = enc.weight_bytes();
+        let (row, chunk) = (self.cols * num / den, part * num / den);
+        for r in 0..rows {
+            for (k, dst) in dsts.iter_mut().enumerate() {
+                // SAFETY: the caller's contract.
+                unsafe { dst.put(&self.weights[r * row + k * chunk..r * row + (k + 1) * chunk]) };
+            }
+        }
+    }
+
     /// Append the scales of rows `r0..r1`, columns `c0..c1` (whole scale blocks) to `dst`, in
     /// row order.
     ///
@@ -218,6 +238,11 @@ pub unsafe fn write_expert(
     if enc.scale_block().is_some() && ranks.iter().any(|b| b.w13_scale == 0 || b.w2_scale == 0) {
         return Err(shape_error(format!("layerwise prefill: the checkpoint's experts are {enc:?}, which needs scale buffers, and a scale pointer is 0")));
     }
+    // Down's rows split by column between the ranks: each row's slices written in turn, so its
+    // bytes are read once, front to back (rank by rank, every rank's pass strided over them).
+    let mut w2: Vec<Dst> = ranks.iter().map(|b| Dst(b.w2 as *mut u8)).collect();
+    // SAFETY: the caller's contract: each rank's w2 holds its I/tp columns of every row.
+    unsafe { down.split_rows(enc, hidden, part, &mut w2) };
     for (r, b) in ranks.iter().enumerate() {
         let (r0, r1) = (r * part, (r + 1) * part);
         // SAFETY: the caller's contract: each buffer holds what the module docs give for this
@@ -226,7 +251,6 @@ pub unsafe fn write_expert(
             let w13 = &mut Dst(b.w13 as *mut u8);
             gate.weight_rows(enc, r0, r1, 0, hidden, w13);
             up.weight_rows(enc, r0, r1, 0, hidden, w13);
-            down.weight_rows(enc, 0, hidden, r0, r1, &mut Dst(b.w2 as *mut u8));
             if enc.scale_block().is_some() {
                 let w13_scale = &mut Dst(b.w13_scale as *mut u8);
                 gate.scale_rows(enc, r0, r1, 0, hidden, w13_scale);
