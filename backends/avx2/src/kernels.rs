@@ -20,6 +20,7 @@ use kt_core::WeightFormat;
 
 use crate::act::Act;
 use crate::pack::{nibble_table, Packed, PANEL};
+use kt_x86::int4::unsigned_weights;
 
 /// Software prefetch distance in bytes: a task's panels are contiguous, and at ~15 GB/s per
 /// core about this much must be in flight to cover DRAM latency.
@@ -192,15 +193,18 @@ unsafe fn int8_tile<const N: usize>(
     *acc = a;
 }
 
-/// `acc[t] += Σ w·(x + 128)` over int4 octets `u0..u1`: activations unsigned (offset +128),
-/// weights `table[nibble]` (`nibble − 8` in -8..=7, or mxfp4's 2·e2m1 in -12..=12) by one
-/// `vpshufb`, so `vpmaddubsw` needs no sign trick and the two halves of an octet add in i16
-/// (|sum| ≤ 4·255·12 < 2^15) before one `vpmaddwd`. The caller subtracts 128·Σw.
+/// `acc[t] += Σ w·x` over int4 octets `u0..u1`, by one `vpshufb` of `table[nibble]` and
+/// `vpmaddubsw`, whose first operand is unsigned: KT's per-row int4 takes the activations
+/// unsigned (`x + 128`) and the weights signed (`nibble − 8`; the caller subtracts 128·Σw), the
+/// K-group kinds (`UNSIGNED_W`) the weights unsigned (`w + o`: int4-gG's nibble as stored,
+/// mxfp4's `2·e2m1 + 12`) and the activations signed (the caller starts at `−o·Σx` of the
+/// group: no per-row sums to stream). The two halves of an octet add in i16 (|sum| ≤ 4·255·12,
+/// or 4·24·127, < 2^15) before one `vpmaddwd`.
 ///
 /// # Safety
 /// AVX2 present; `panel` holds u1 units; each `x[t]` holds the padded K.
 #[target_feature(enable = "avx2")]
-unsafe fn int4_tile<const N: usize>(
+unsafe fn int4_tile<const N: usize, const UNSIGNED_W: bool>(
     panel: *const u8,
     u0: usize,
     u1: usize,
@@ -225,8 +229,17 @@ unsafe fn int4_tile<const N: usize>(
             for t in 0..N {
                 let xl = _mm256_set1_epi32(x[t].add(u * 8).cast::<i32>().read_unaligned());
                 let xh = _mm256_set1_epi32(x[t].add(u * 8 + 4).cast::<i32>().read_unaligned());
-                let s0 = _mm256_add_epi16(_mm256_maddubs_epi16(xl, l0), _mm256_maddubs_epi16(xh, h0));
-                let s1 = _mm256_add_epi16(_mm256_maddubs_epi16(xl, l1), _mm256_maddubs_epi16(xh, h1));
+                let (s0, s1) = if UNSIGNED_W {
+                    (
+                        _mm256_add_epi16(_mm256_maddubs_epi16(l0, xl), _mm256_maddubs_epi16(h0, xh)),
+                        _mm256_add_epi16(_mm256_maddubs_epi16(l1, xl), _mm256_maddubs_epi16(h1, xh)),
+                    )
+                } else {
+                    (
+                        _mm256_add_epi16(_mm256_maddubs_epi16(xl, l0), _mm256_maddubs_epi16(xh, h0)),
+                        _mm256_add_epi16(_mm256_maddubs_epi16(xl, l1), _mm256_maddubs_epi16(xh, h1)),
+                    )
+                };
                 a[t][0] = _mm256_add_epi32(a[t][0], _mm256_madd_epi16(s0, ones));
                 a[t][1] = _mm256_add_epi32(a[t][1], _mm256_madd_epi16(s1, ones));
             }
@@ -243,6 +256,35 @@ unsafe fn int4_tile<const N: usize>(
 unsafe fn load16(p: *const f32) -> (__m256, __m256) {
     // SAFETY: the caller passes 16 readable floats.
     unsafe { (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))) }
+}
+
+/// 16 rows' MX scales from their e8m0 codes `c`: `2^(c − bias)`, exactly (subnormal below
+/// 2^-126 and infinite above 2^127, as the f32 products they stand for).
+///
+/// # Safety
+/// The CPU has AVX2; 16 readable bytes at `p`.
+#[inline(always)]
+unsafe fn mx_scales16(p: *const u8, bias: i32) -> (__m256, __m256) {
+    // SAFETY: the caller's contract.
+    unsafe { (mx_scales8(p, bias), mx_scales8(p.add(8), bias)) }
+}
+
+/// 8 of [`mx_scales16`]: the biased exponent `e = c − bias + 127` placed in the f32 bits
+/// (`e ≥ 255`: infinity), or for `e ≤ 0` the subnormal `2^-127 >> −e`.
+///
+/// # Safety
+/// As [`mx_scales16`], for 8 bytes.
+#[inline(always)]
+unsafe fn mx_scales8(p: *const u8, bias: i32) -> __m256 {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let zero = _mm256_setzero_si256();
+        let c = _mm256_cvtepu8_epi32(_mm_loadl_epi64(p.cast()));
+        let e = _mm256_sub_epi32(c, _mm256_set1_epi32(bias - 127));
+        let normal = _mm256_slli_epi32::<23>(_mm256_min_epi32(e, _mm256_set1_epi32(255)));
+        let sub = _mm256_srlv_epi32(_mm256_set1_epi32(0x0040_0000), _mm256_sub_epi32(zero, e));
+        _mm256_castsi256_ps(_mm256_blendv_epi8(sub, normal, _mm256_cmpgt_epi32(e, zero)))
+    }
 }
 
 /// Write the accumulators of a tile to `out`.
@@ -267,6 +309,7 @@ struct IntAct<'a> {
     kp: usize,
     scales: &'a [f32],
     groups: usize,
+    sums: &'a [i32],
 }
 
 /// `acc[t] - 128·Σw` as f32, for the int4 kernels' unsigned activations.
@@ -296,7 +339,7 @@ unsafe fn float_panel<const N: usize>(w: &Packed, p: usize, x: &[f32], cols: usi
                 for b in 0..cols / g {
                     let mut blk = [[z; 2]; N];
                     float_tile::<N, false>(panel, b * g, (b + 1) * g, &xs, &mut blk);
-                    let (s0, s1) = load16(w.scales[(p * (cols / g) + b) * PANEL..].as_ptr());
+                    let (s0, s1) = mx_scales16(w.codes[(p * (cols / g) + b) * PANEL..].as_ptr(), w.code_bias);
                     for (a, k) in acc.iter_mut().zip(&blk) {
                         *a = [_mm256_fmadd_ps(k[0], s0, a[0]), _mm256_fmadd_ps(k[1], s1, a[1])];
                     }
@@ -340,16 +383,24 @@ unsafe fn int_panel<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: u
         match w.format {
             f @ (WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4) => {
                 let upg = f.k_group().unwrap_or(w.cols) / 8;
+                let (unsigned, offset) = unsigned_weights(f);
+                let table = unsigned.unwrap_or(core::array::from_fn(|n| n as i8));
                 for g in 0..groups {
                     let mut acc = [[zi; 2]; N];
-                    int4_tile::<N>(panel, g * upg, (g + 1) * upg, &table, &xs, &mut acc);
+                    for (t, a) in acc.iter_mut().enumerate() {
+                        *a = [_mm256_set1_epi32(-offset * act.sums[(t0 + t) * groups + g]); 2];
+                    }
+                    int4_tile::<N, true>(panel, g * upg, (g + 1) * upg, &table, &xs, &mut acc);
                     let at = (p * groups + g) * PANEL;
-                    let ((s0, s1), rs) = (load16(w.scales[at..].as_ptr()), w.rowsum[at..].as_ptr());
+                    let (s0, s1) = match f {
+                        WeightFormat::Mxfp4 => mx_scales16(w.codes[at..].as_ptr(), w.code_bias),
+                        _ => load16(w.scales[at..].as_ptr()),
+                    };
                     for t in 0..N {
                         let a = _mm256_set1_ps(act.scales[(t0 + t) * groups + g]);
                         let (m0, m1) = (_mm256_mul_ps(a, s0), _mm256_mul_ps(a, s1));
-                        res[t][0] = _mm256_fmadd_ps(unbias(acc[t][0], rs), m0, res[t][0]);
-                        res[t][1] = _mm256_fmadd_ps(unbias(acc[t][1], rs.add(8)), m1, res[t][1]);
+                        res[t][0] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t][0]), m0, res[t][0]);
+                        res[t][1] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[t][1]), m1, res[t][1]);
                     }
                 }
             }
@@ -359,7 +410,7 @@ unsafe fn int_panel<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: u
                 if int8 {
                     int8_tile::<N>(panel, 0, w.units, &xs, &mut acc);
                 } else {
-                    int4_tile::<N>(panel, 0, w.units, &table, &xs, &mut acc);
+                    int4_tile::<N, false>(panel, 0, w.units, &table, &xs, &mut acc);
                 }
                 let (s0, s1) = load16(w.scales[p * PANEL..].as_ptr());
                 for t in 0..N {
@@ -395,7 +446,41 @@ pub unsafe fn panel_tile(w: &Packed, p: usize, act: &Act<'_>, t0: usize, nt: usi
     unsafe {
         match *act {
             Act::Float { x, cols } => by_n!(float_panel, w, p, x, cols, t0, out),
-            Act::Int { q, kp, scales, groups } => by_n!(int_panel, w, p, IntAct { q, kp, scales, groups }, t0, out),
+            Act::Int { q, kp, scales, groups, sums } => {
+                by_n!(int_panel, w, p, IntAct { q, kp, scales, groups, sums }, t0, out)
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Every e8m0 code at each bias the packing uses, against `2^(c − bias)` computed in f64:
+    /// normal, subnormal (codes 0 and 1 for mxfp4) and infinite (mxfp8's fold of 2^120).
+    #[test]
+    fn mx_scales_are_exact_powers_of_two() {
+        if !std::arch::is_x86_feature_detected!("avx2") {
+            eprintln!("skipped: this CPU lacks AVX2");
+            return;
+        }
+        for bias in [128, 127, 7] {
+            for first in (0..256).step_by(16) {
+                let codes: [u8; 16] = core::array::from_fn(|i| (first + i) as u8);
+                // SAFETY: AVX2 checked above; 16 bytes.
+                let (lo, hi) = unsafe { mx_scales16(codes.as_ptr(), bias) };
+                let mut got = [0f32; 16];
+                // SAFETY: 16 writable floats.
+                unsafe {
+                    _mm256_storeu_ps(got.as_mut_ptr(), lo);
+                    _mm256_storeu_ps(got.as_mut_ptr().add(8), hi);
+                }
+                for (c, g) in codes.iter().zip(got) {
+                    let want = 2f64.powi(i32::from(*c) - bias) as f32;
+                    assert_eq!(g.to_bits(), want.to_bits(), "code {c} bias {bias}: {g:e} against {want:e}");
+                }
+            }
         }
     }
 }

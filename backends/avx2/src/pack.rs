@@ -14,15 +14,19 @@
 //!  mxfp8: as fp8, one e4m3 byte per k
 //! ```
 //!
-//! int4 panels also carry `rowsum` (Σ w per row, per K-group for int4-gG): the kernels feed
-//! activations offset by +128 (unsigned) and subtract 128·Σw.
+//! KT's per-row int4 panels also carry `rowsum` (Σ w per row): its kernels feed activations
+//! offset by +128 (unsigned) and subtract 128·Σw. The K-group kinds carry none: their kernels
+//! take the weights unsigned and the activations signed, whose group sums come with them
+//! (`act`), so decode streams 0.625 bytes a weight for them, not 0.75.
 //!
 //! Rows past the matrix end are zero (their outputs are dropped); K is zero-padded to a whole
-//! unit. Scales: int8/int4/fp8-channel `[panel][16]`; int4-gG, mxfp4, mxfp8 `[panel][group][16]`;
+//! unit. Scales: int8/int4/fp8-channel `[panel][16]`; int4-gG `[panel][group][16]`, and mxfp4,
+//! mxfp8 the same as their e8m0 codes (one byte each, widened in the kernels);
 //! fp8 block `[panel][k-block]` (a panel never straddles a 128-row block). fp8 scales carry a
 //! factor 2^120 that undoes the exponent placement of the in-register e4m3 decode.
 
 use kt_core::aligned::AlignedBuf;
+use kt_core::format::mx::{self, MX_BLOCK};
 use kt_core::format::FP8_BLOCK;
 use kt_core::{QuantMatrix, WeightFormat};
 pub use kt_x86::int4::{is_int4, nibble_table};
@@ -44,8 +48,14 @@ pub struct Packed {
     /// Bytes per panel.
     pub panel_bytes: usize,
     pub data: AlignedBuf,
+    /// Scales as the module docs lay them out (none for the MX kinds: `codes`).
     pub scales: Vec<f32>,
-    /// int4: Σ w per row (`[panel][16]`) or per row and group (`[panel][group][16]`).
+    /// The MX kinds' scales as their e8m0 codes `c`, `[panel][group][16]`, each standing for
+    /// `2^(c − code_bias)`: a quarter of f32 scales' bytes, which decode streams with the weights.
+    pub codes: Vec<u8>,
+    /// 127, less the fold of mxfp4's ½ (128) or of the fp8 decode's 2^120 (7).
+    pub code_bias: i32,
+    /// KT's per-row int4: Σ w per row (`[panel][16]`).
     pub rowsum: Vec<i32>,
 }
 
@@ -74,7 +84,7 @@ impl Packed {
     }
 
     pub fn bytes(&self) -> usize {
-        self.data.len() + 4 * (self.scales.len() + self.rowsum.len())
+        self.data.len() + 4 * (self.scales.len() + self.rowsum.len()) + self.codes.len()
     }
 }
 
@@ -115,9 +125,29 @@ pub fn pack(m: &QuantMatrix) -> Packed {
             }
         }
     }
-    let scales = pack_scales(m, panels);
-    let rowsum = if int4 { row_sums(m, panels) } else { Vec::new() };
-    Packed { format: f, cols, units, panel_bytes, data, scales, rowsum }
+    let (scales, codes, code_bias) = match f {
+        WeightFormat::Mxfp4 => (Vec::new(), pack_codes(m, panels), 128),
+        WeightFormat::Mxfp8 => (Vec::new(), pack_codes(m, panels), 7),
+        _ => (pack_scales(m, panels), Vec::new(), 0),
+    };
+    let rowsum = if f == WeightFormat::Int4Row { row_sums(m, panels) } else { Vec::new() };
+    Packed { format: f, cols, units, panel_bytes, data, scales, codes, code_bias, rowsum }
+}
+
+/// An MX kind's scales as e8m0 codes, `[panel][group][16]` (rows past the end: code 0).
+fn pack_codes(m: &QuantMatrix, panels: usize) -> Vec<u8> {
+    let (rows, groups, s) = (m.rows(), m.cols() / MX_BLOCK, m.scales());
+    (0..panels * groups * PANEL)
+        .map(|at| {
+            let (p, g, i) = (at / (groups * PANEL), at / PANEL % groups, at % PANEL);
+            let r = p * PANEL + i;
+            if r < rows {
+                mx::e8m0_code(s[r * groups + g])
+            } else {
+                0
+            }
+        })
+        .collect()
 }
 
 /// Σ w per row (and group), padded rows 0: `[panel][group][16]`.
@@ -147,20 +177,15 @@ fn pack_scales(m: &QuantMatrix, panels: usize) -> Vec<f32> {
         WeightFormat::Int8Row => per_row(&mut v, 1.0),
         WeightFormat::Int4Row => per_row(&mut v, 16.0), // the kernels multiply by n, not 16n
         WeightFormat::Fp8Channel => per_row(&mut v, FP8_SCALE_FIX),
-        f @ (WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 | WeightFormat::Mxfp8) => {
-            // mxfp4's weights are 2·e2m1; mxfp8's decode carries 2^-120 (module docs).
-            let fix = match f {
-                WeightFormat::Mxfp4 => 0.5,
-                WeightFormat::Mxfp8 => FP8_SCALE_FIX,
-                _ => 1.0,
-            };
+        // (The MX kinds' scales are codes: `pack_codes`.)
+        f @ WeightFormat::Int4Group { .. } => {
             let groups = cols / f.k_group().unwrap_or(cols);
             for p in 0..panels {
                 for g in 0..groups {
                     v.extend((0..PANEL).map(|i| {
                         let r = p * PANEL + i;
                         if r < rows {
-                            s[r * groups + g] * fix
+                            s[r * groups + g]
                         } else {
                             0.0
                         }

@@ -35,7 +35,7 @@ use half::bf16;
 use kt_core::format::FP8_BLOCK;
 use kt_core::swiglu::Glu;
 use kt_core::WeightFormat;
-use kt_x86::int4::nibble_table;
+use kt_x86::int4::{nibble_table, unsigned_weights};
 use kt_x86::swiglu::glu16;
 
 use crate::act::Act;
@@ -646,15 +646,6 @@ unsafe fn mx_scales(p: *const u8, bias: i32) -> [__m512; 2] {
     }
 }
 
-/// The K-group kinds' weights as `vpdpbusd`'s unsigned operand, `w + offset`: the table from
-/// the stored nibble (`None`: the nibble itself, int4-gG's `w + 8`), and the offset.
-fn unsigned_weights(f: WeightFormat) -> (Option<[i8; 16]>, i32) {
-    match f {
-        WeightFormat::Mxfp4 => (Some(kt_core::format::mx::FP4_X2.map(|v| v + 12)), 12),
-        _ => (None, 8),
-    }
-}
-
 /// `acc[t] += Σ (w + o) · x[t]` over units `u0..u1` of a K-group int4 or mxfp4 panel: each
 /// nibble unsigned (through `lut` when `LUT`), the signed activations broadcast from memory
 /// into `vpdpbusd` (`VNNI`) or `vpmaddubsw`/`vpmaddwd` (|x| ≤ 127, w + o ≤ 24: no saturation).
@@ -840,6 +831,38 @@ pub unsafe fn panel_tile(level: Level, w: &Packed, p: usize, act: &Act<'_>, t0: 
                     by_n!(int_panel_vnni, w, p, a, t0, out)
                 } else {
                     by_n!(int_panel_base, w, p, a, t0, out)
+                }
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod mx_tests {
+    use super::*;
+
+    /// Every e8m0 code at each bias the packing uses, against `2^(c − bias)` computed in f64:
+    /// normal, subnormal (codes 0 and 1 for mxfp4) and infinite (mxfp8's fold of 2^120).
+    #[test]
+    fn mx_scales_are_exact_powers_of_two() {
+        if !std::arch::is_x86_feature_detected!("avx512f") {
+            eprintln!("skipped: this CPU lacks AVX-512F");
+            return;
+        }
+        for bias in [128, 127, 7] {
+            for first in (0..256).step_by(32) {
+                let codes: [u8; 32] = core::array::from_fn(|i| (first + i) as u8);
+                let mut got = [0f32; 32];
+                // SAFETY: AVX-512F checked above; 32 bytes in, 32 floats out.
+                unsafe {
+                    let [lo, hi] = mx_scales(codes.as_ptr(), bias);
+                    _mm512_storeu_ps(got.as_mut_ptr(), lo);
+                    _mm512_storeu_ps(got.as_mut_ptr().add(16), hi);
+                }
+                for (c, g) in codes.iter().zip(got) {
+                    let want = 2f64.powi(i32::from(*c) - bias) as f32;
+                    assert_eq!(g.to_bits(), want.to_bits(), "code {c} bias {bias}: {g:e} against {want:e}");
+                    assert_eq!(g.to_bits(), crate::pack::mx_scale(*c, bias).to_bits(), "code {c} bias {bias}");
                 }
             }
         }

@@ -50,6 +50,16 @@ pub fn nibble_table(f: WeightFormat) -> [i8; 16] {
     }
 }
 
+/// The K-group kinds' weights as an unsigned multiplicand, `w + offset`, for kernels that take
+/// the activations signed (and start each group's sums at `−offset·Σx`): the table from the
+/// stored nibble (`None`: the nibble itself, int4-gG's `w + 8`) and the offset.
+pub fn unsigned_weights(f: WeightFormat) -> (Option<[i8; 16]>, i32) {
+    match f {
+        WeightFormat::Mxfp4 => (Some(mx::FP4_X2.map(|v| v + 12)), 12),
+        _ => (None, 8),
+    }
+}
+
 /// The factor between the int4 weight the kernels multiply and the format's value (before its
 /// scale): 16 for KT's int4 (its n stands for 16·n), ½ for mxfp4 (2·e2m1), else 1.
 pub fn value_factor(f: WeightFormat) -> f32 {
