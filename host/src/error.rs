@@ -63,6 +63,13 @@ pub enum WeightError {
         /// What would be accepted.
         expected: &'static str,
     },
+    /// A tensor holds a value its format cannot stand for.
+    Value {
+        /// The tensor.
+        name: String,
+        /// What and where.
+        detail: String,
+    },
     /// A converted checkpoint made for another NUMA part count.
     Parts {
         /// The checkpoint.
@@ -94,7 +101,8 @@ impl fmt::Display for WeightError {
             WeightError::Config { path, detail } => write!(f, "{}: {detail}", path.display()),
             WeightError::UnknownLayout { layer, tried } => write!(
                 f,
-                "layer {layer}: no MoE expert tensors in a known layout (deepseek, mixtral, mistral, fused); tried {}",
+                "layer {layer}: no MoE expert tensors in a known layout (deepseek, mixtral, mistral, fused, \
+                 DeepSeek-V4, gpt-oss); tried {}",
                 tried.join(", ")
             ),
             WeightError::Missing { name } => write!(f, "tensor {name} is missing from the checkpoint"),
@@ -104,6 +112,7 @@ impl fmt::Display for WeightError {
             WeightError::Dtype { name, found, expected } => {
                 write!(f, "tensor {name} has dtype {found}, expected {expected}")
             }
+            WeightError::Value { name, detail } => write!(f, "tensor {name}: {detail}"),
             WeightError::Parts { path, found, requested } => write!(
                 f,
                 "{}: converted for {found} NUMA part(s) but {requested} requested; convert again with --parts \

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import save_file
 
-from conftest import make, routing, write_config
+from conftest import make, routing, write_config, write_safetensors
 
 ROOT = pathlib.Path(__file__).resolve().parents[3]
 DOC = ROOT / "docs" / "reliability.md"
@@ -66,6 +66,39 @@ def hf_checkpoint(d, drop_expert=None, config=True):
     return d
 
 
+def gpt_oss_checkpoint(d):
+    """gpt-oss's experts dequantized (fused, interleaved gate/up, with expert biases), layer 0."""
+    d.mkdir(parents=True, exist_ok=True)
+    r = np.random.default_rng(3)
+    p = "model.layers.0.mlp.experts"
+    shapes = {"gate_up_proj": (E, H, 2 * I), "gate_up_proj_bias": (E, 2 * I), "down_proj": (E, I, H),
+              "down_proj_bias": (E, H)}
+    save_file({f"{p}.{n}": (r.standard_normal(s) / 16).astype(np.float32) for n, s in shapes.items()},
+              str(d / "model.safetensors"))
+    write_config(d, E, K, H, I, 1)
+    return d
+
+
+def mxfp8_checkpoint(d, nan_at=None):
+    """An MXFP8 checkpoint (e4m3 weights, e8m0 codes per 32 columns), one scale code 255 at
+    expert/projection `nan_at`."""
+    d.mkdir(parents=True, exist_ok=True)
+    r = np.random.default_rng(4)
+    t = {}
+    for e in range(E):
+        for p, (rows, cols) in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):
+            stem = f"model.layers.0.mlp.experts.{e}.{p}_proj"
+            t[f"{stem}.weight"] = ("F8_E4M3", (rows, cols), r.integers(0, 0x70, (rows, cols), dtype=np.uint8).tobytes())
+            s = np.full((rows, cols // 32), 120, np.uint8)
+            if (e, p) == nan_at:
+                s[3, 2] = 0xFF
+            t[f"{stem}.weight_scale_inv"] = ("F8_E8M0", s.shape, s.tobytes())
+    # By hand: numpy's safetensors API has no float8.
+    write_safetensors(d / "model.safetensors", t)
+    write_config(d, E, K, H, I, 1)
+    return d
+
+
 def converted(tmp, method="int8", parts="1"):
     src = hf_checkpoint(tmp / "hf")
     out = tmp / f"kt-{method}-{parts}"
@@ -98,13 +131,25 @@ def bench(tmp, weights, *extra, env=None):
 
 
 def wrapper(**kw):
+    # Two sub-pools, as the other tests' wrappers: the first wrapper of a process builds the pool
+    # every later one shares (as KT), so a one-part pool made here would change theirs.
     args = dict(layer_idx=0, num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I,
-                cpuinfer_threads=2, threadpool_count=1, weight_path="/nonexistent", chunked_prefill_size=8,
+                cpuinfer_threads=2, threadpool_count=2, weight_path="/nonexistent", chunked_prefill_size=8,
                 method="BF16")
     args.update(kw)
     from kt_kernel import KTMoEWrapper
 
     return KTMoEWrapper(**args)
+
+
+def sft_wrapper(**kw):
+    from kt_kernel.sft import SFTMoEWrapper
+
+    args = dict(layer_idx=0, num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I,
+                num_gpu_experts=0, cpuinfer_threads=2, threadpool_count=2, weight_path="/nonexistent",
+                chunked_prefill_size=8, method="AMXBF16_SFT", lora_rank=4, lora_alpha=8.0)
+    args.update(kw)
+    return SFTMoEWrapper(**args)
 
 
 def loaded():
@@ -144,6 +189,11 @@ CASES = {
     "checkpoint-missing-expert": lambda t: py(lambda: wrapper(weight_path=str(hf_checkpoint(t / "m", drop_expert=7))).load_weights()),
     "checkpoint-empty-dir": lambda t: py(lambda: wrapper(weight_path=str(t)).load_weights()),
     "checkpoint-no-config": lambda t: bench(t, hf_checkpoint(t / "m", config=False)),
+    "checkpoint-biased-convert": lambda t: cli(t, "convert", "--input", str(gpt_oss_checkpoint(t / "m")), "--output",
+                                               str(t / "out"), "--method", "int8"),
+    "checkpoint-biased-sft": lambda t: py(lambda: sft_wrapper(weight_path=str(gpt_oss_checkpoint(t / "m"))).load_weights()),
+    "checkpoint-mx-scale-nan": lambda t: py(
+        lambda: wrapper(method="MXFP8", weight_path=str(mxfp8_checkpoint(t / "m", nan_at=(5, "up")))).load_weights()),
     "converted-parts": lambda t: bench(t, converted(t, parts="2"), "--method", "int8"),
     "converted-method": lambda t: bench(t, converted(t), "--method", "int4"),
     # Command line
@@ -164,7 +214,7 @@ CASES = {
     "py-method": lambda t: py(lambda: wrapper(method="INT3")),
     "py-mask-and-count": lambda t: py(lambda: wrapper(gpu_experts_mask=np.zeros(E, bool), num_gpu_experts=2)),
     "py-top-k": lambda t: py(lambda: wrapper(num_experts_per_tok=E + 1)),
-    "py-numa-nodes": lambda t: py(lambda: wrapper(numa_nodes=[0, 1])),
+    "py-numa-nodes": lambda t: py(lambda: wrapper(numa_nodes=[0, 1], threadpool_count=1)),
     "py-not-loaded": lambda t: py(lambda: wrapper().forward(tokens(1), *routing(1, K, E, 0))),
     "py-too-many-tokens": lambda t: py(lambda: loaded().forward(tokens(9), *routing(9, K, E, 0))),
     "py-hidden": lambda t: py(lambda: loaded().forward(tokens(2, H + 1), *routing(2, K, E, 0))),

@@ -97,8 +97,8 @@ impl Layout {
         WeightError::Config {
             path: ck.dir().to_path_buf(),
             detail: format!(
-                "{}'s experts carry biases (gpt-oss), which {what} cannot hold; load the checkpoint itself \
-                 (KTMoEWrapper.load_weights, kt bench --weights)",
+                "{}'s experts carry biases (gpt-oss), which {what} cannot hold; inference layers loaded from \
+                 the checkpoint itself keep them (KTMoEWrapper.load_weights, kt bench --weights)",
                 self.base
             ),
         }

@@ -63,11 +63,19 @@ pub fn codes<'a>(ck: &'a Checkpoint, name: &str, rows: usize, cols: usize) -> Re
         return Err(WeightError::Dtype { name: name.into(), found, expected: "F8_E8M0 (or U8) [rows, cols/32]" });
     }
     let codes = ck.bytes(s);
-    if let Some(at) = codes.iter().position(|&c| c == 0xFF) {
-        let found = format!("scale code 0xff (no number) at element {at}");
-        return Err(WeightError::Dtype { name: name.into(), found, expected: "finite e8m0 scales (codes 0-254)" });
-    }
+    finite(name, codes)?;
     Ok(codes)
+}
+
+/// Refuse an e8m0 code 255 (no number) in the scales of tensor `name`.
+fn finite(name: &str, codes: &[u8]) -> Result<(), WeightError> {
+    match codes.iter().position(|&c| c == 0xFF) {
+        Some(at) => Err(WeightError::Value {
+            name: name.into(),
+            detail: format!("scale code 0xff (no number) at element {at}; e8m0 scales must be finite (codes 0-254)"),
+        }),
+        None => Ok(()),
+    }
 }
 
 /// `2^(c − 127)` as bf16 bits (exact: a bf16 has f32's exponent).
@@ -84,10 +92,7 @@ pub fn packed(ck: &Checkpoint, stem: &str, rows: usize, cols: usize) -> Result<V
 /// Packed e2m1 `bytes` (`[rows, cols/2]`, the even column in the low nibble) with e8m0 `codes`
 /// (`[rows, cols/32]`, of tensor `scales`) as an f32 `[rows, cols]`; a code 255 is refused.
 pub fn decode(scales: &str, bytes: &[u8], codes: &[u8], rows: usize, cols: usize) -> Result<Vec<f32>, WeightError> {
-    if let Some(at) = codes.iter().position(|&c| c == 0xFF) {
-        let found = format!("scale code 0xff (no number) at element {at}");
-        return Err(WeightError::Dtype { name: scales.into(), found, expected: "finite e8m0 scales (codes 0-254)" });
-    }
+    finite(scales, codes)?;
     Ok((0..rows * cols)
         .map(|i| {
             let nibble = (bytes[i / 2] >> (4 * (i % 2))) & 0x0F;
