@@ -14,15 +14,13 @@ the converted format's keys, `blk.0.ffn_{gate,up,down}_bwd_exps.{e}.numa.{n}.{we
 Weights are not stored: both sides make them from SplitMix64 as kt_fixtures.py does.
 """
 
-import glob
 import os
-import re
 import sys
 import tempfile
 
 import numpy as np
 import torch
-from kt_fixtures import values  # beside this file
+from kt_fixtures import merged, values  # beside this file
 from kt_kernel import KTMoEWrapper
 from safetensors.numpy import save_file
 
@@ -42,14 +40,7 @@ def case(out_dir, name, E, H, I, parts):
     w.load_weights_from_tensors(gate, up, down, ident)
     scratch = tempfile.mkdtemp(prefix="kt_bwd_fixture_")
     w.save_backward_weights_from_tensors(gate, up, down, ident, scratch)
-    tensors = {}
-    for f in sorted(glob.glob(f"{scratch}/_layer_0/_numa_*/*.kt")):
-        numa = int(re.search(r"_numa_(\d+)", f).group(1))
-        m = re.fullmatch(r"INT4_(gate|up|down)_bwd_(\d+)_(\d+)Byte_(quant|scale)_\.kt", os.path.basename(f))
-        proj, e, nbytes, what = m.group(1), int(m.group(2)), int(m.group(3)), m.group(4)
-        raw = np.fromfile(f, dtype=np.int8 if what == "quant" else np.float32)
-        assert raw.nbytes == nbytes, f
-        tensors[f"blk.0.ffn_{proj}_bwd_exps.{e}.numa.{numa}." + ("weight" if what == "quant" else "scale")] = raw
+    tensors = merged(scratch, "INT4", "bwd_")
     assert len(tensors) == 6 * E * parts, sorted(tensors)
     meta = {"method": "AMXINT4", "experts": str(E), "top_k": "1", "hidden": str(H), "intermediate": str(I),
             "parts": str(parts)}

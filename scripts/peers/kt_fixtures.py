@@ -63,6 +63,21 @@ def routing(E, k, n, seed):
     return ids.astype(np.int64), w.astype(np.float32)
 
 
+def merged(scratch, kinds, infix=""):
+    """KT's raw per-expert files under `scratch` (`_layer_0/_numa_N/{kinds}_{proj}_{infix}E_NByte_
+    {quant|scale}_.kt`, `kinds` a pattern of their int type) as the tensors KT's converter merges
+    them into: `blk.0.ffn_{proj}_{infix}exps.{e}.numa.{n}.{weight|scale}`."""
+    tensors = {}
+    for f in sorted(glob.glob(f"{scratch}/_layer_0/_numa_*/*.kt")):
+        numa = int(re.search(r"_numa_(\d+)", f).group(1))
+        m = re.fullmatch(rf"{kinds}_(gate|up|down)_{infix}(\d+)_(\d+)Byte_(quant|scale)_\.kt", os.path.basename(f))
+        proj, e, nbytes, what = m.group(1), int(m.group(2)), int(m.group(3)), m.group(4)
+        raw = np.fromfile(f, dtype=np.int8 if what == "quant" else np.float32)
+        assert raw.nbytes == nbytes, f
+        tensors[f"blk.0.ffn_{proj}_{infix}exps.{e}.numa.{numa}." + ("weight" if what == "quant" else "scale")] = raw
+    return tensors
+
+
 def case(ext, out_dir, name, method, E, k, H, I, parts, tokens):
     wc = ext.WorkerPoolConfig()
     wc.subpool_count, wc.subpool_numa_map, wc.subpool_thread_count = parts, [0] * parts, [1] * parts
@@ -79,15 +94,7 @@ def case(ext, out_dir, name, method, E, k, H, I, parts, tokens):
     cpu.submit(moe.load_weights_task(ident.ctypes.data))
     cpu.sync()
     # Merge the raw files as convert_cpu_weights.py does.
-    tensors = {}
-    for f in sorted(glob.glob(f"{scratch}/_layer_0/_numa_*/*.kt")):
-        numa = int(re.search(r"_numa_(\d+)", f).group(1))
-        m = re.fullmatch(r"INT[48]_(gate|up|down)_(\d+)_(\d+)Byte_(quant|scale)_\.kt", os.path.basename(f))
-        proj, e, nbytes, what = m.group(1), int(m.group(2)), int(m.group(3)), m.group(4)
-        raw = np.fromfile(f, dtype=np.int8 if what == "quant" else np.float32)
-        assert raw.nbytes == nbytes, f
-        key = f"blk.0.ffn_{proj}_exps.{e}.numa.{numa}." + ("weight" if what == "quant" else "scale")
-        tensors[key] = raw
+    tensors = merged(scratch, "INT[48]")
     assert len(tensors) == 6 * E * parts, sorted(tensors)
     for n in tokens:
         ids, w = routing(E, k, n, 100 + n)

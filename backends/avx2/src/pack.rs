@@ -26,7 +26,7 @@
 //! factor 2^120 that undoes the exponent placement of the in-register e4m3 decode.
 
 use kt_core::aligned::AlignedBuf;
-use kt_core::format::mx::{self, MX_BLOCK};
+use kt_core::format::mx;
 use kt_core::format::FP8_BLOCK;
 use kt_core::{QuantMatrix, WeightFormat};
 pub use kt_x86::int4::{is_int4, nibble_table};
@@ -126,28 +126,12 @@ pub fn pack(m: &QuantMatrix) -> Packed {
         }
     }
     let (scales, codes, code_bias) = match f {
-        WeightFormat::Mxfp4 => (Vec::new(), pack_codes(m, panels), 128),
-        WeightFormat::Mxfp8 => (Vec::new(), pack_codes(m, panels), 7),
+        WeightFormat::Mxfp4 => (Vec::new(), mx::panel_codes(m.scales(), m.rows(), m.cols(), PANEL), 128),
+        WeightFormat::Mxfp8 => (Vec::new(), mx::panel_codes(m.scales(), m.rows(), m.cols(), PANEL), 7),
         _ => (pack_scales(m, panels), Vec::new(), 0),
     };
     let rowsum = if f == WeightFormat::Int4Row { row_sums(m, panels) } else { Vec::new() };
     Packed { format: f, cols, units, panel_bytes, data, scales, codes, code_bias, rowsum }
-}
-
-/// An MX kind's scales as e8m0 codes, `[panel][group][16]` (rows past the end: code 0).
-fn pack_codes(m: &QuantMatrix, panels: usize) -> Vec<u8> {
-    let (rows, groups, s) = (m.rows(), m.cols() / MX_BLOCK, m.scales());
-    (0..panels * groups * PANEL)
-        .map(|at| {
-            let (p, g, i) = (at / (groups * PANEL), at / PANEL % groups, at % PANEL);
-            let r = p * PANEL + i;
-            if r < rows {
-                mx::e8m0_code(s[r * groups + g])
-            } else {
-                0
-            }
-        })
-        .collect()
 }
 
 /// Σ w per row (and group), padded rows 0: `[panel][group][16]`.

@@ -35,7 +35,7 @@
 //! every e4m3 value exactly in bf16).
 
 use kt_core::aligned::AlignedBuf;
-use kt_core::format::mx::{self, MX_BLOCK};
+use kt_core::format::mx;
 use kt_core::format::{kt_packed, FP8_BLOCK};
 use kt_core::{Error, QuantMatrix, WeightFormat};
 use kt_x86::int4;
@@ -207,8 +207,10 @@ pub fn pack(m: &QuantMatrix, level: Level) -> Packed {
     }
     let fp8_fix = if pairs { 1.0 } else { FP8_SCALE_FIX };
     let (scales, codes, code_bias) = match f {
-        WeightFormat::Mxfp4 => (Vec::new(), pack_codes(m, panels), 128),
-        WeightFormat::Mxfp8 => (Vec::new(), pack_codes(m, panels), if pairs { 127 } else { 7 }),
+        WeightFormat::Mxfp4 => (Vec::new(), mx::panel_codes(m.scales(), m.rows(), m.cols(), PANEL), 128),
+        WeightFormat::Mxfp8 => {
+            (Vec::new(), mx::panel_codes(m.scales(), m.rows(), m.cols(), PANEL), if pairs { 127 } else { 7 })
+        }
         _ => (pack_scales(m, panels, fp8_fix), Vec::new(), 0),
     };
     let bias = if f.int_activations() && f.k_group().is_none() { biases(m, panels) } else { Vec::new() };
@@ -273,22 +275,6 @@ fn biases(m: &QuantMatrix, panels: usize) -> Vec<i32> {
     v
 }
 
-/// An MX kind's scales as e8m0 codes, `[panel][group][32]` (rows past the end: code 0).
-fn pack_codes(m: &QuantMatrix, panels: usize) -> Vec<u8> {
-    let (rows, groups, s) = (m.rows(), m.cols() / MX_BLOCK, m.scales());
-    (0..panels * groups * PANEL)
-        .map(|at| {
-            let (p, g, i) = (at / (groups * PANEL), at / PANEL % groups, at % PANEL);
-            let r = p * PANEL + i;
-            if r < rows {
-                mx::e8m0_code(s[r * groups + g])
-            } else {
-                0
-            }
-        })
-        .collect()
-}
-
 /// The scales, times `fp8_fix` for the fp8 kinds (see the module docs).
 fn pack_scales(m: &QuantMatrix, panels: usize, fp8_fix: f32) -> Vec<f32> {
     let (rows, cols, s, f) = (m.rows(), m.cols(), m.scales(), m.format());
@@ -339,7 +325,7 @@ pub fn unpack(p: &Packed, r: usize, c: usize) -> f32 {
     let fix = if p.pairs { 1.0 } else { FP8_SCALE_FIX };
     let groups = p.format.k_group().map_or(1, |g| p.cols / g);
     let row_scale = || match p.format {
-        WeightFormat::Mxfp4 | WeightFormat::Mxfp8 => p.group_scales((pi * groups + c / MX_BLOCK) * PANEL)[i],
+        WeightFormat::Mxfp4 | WeightFormat::Mxfp8 => p.group_scales((pi * groups + c / mx::MX_BLOCK) * PANEL)[i],
         _ => p.scales[(pi * groups + c / p.format.k_group().unwrap_or(p.cols)) * PANEL + i],
     };
     match p.format {

@@ -345,19 +345,21 @@ def test_load_weights_reads_a_hugging_face_checkpoint(tmp_path):
     # refused naming both counts.
     from kt_kernel import kt_kernel_ext as ext
 
+    def step(w):
+        """`w` loaded (from its files, or from the tensors), then one forward and backward."""
+        if w.weight_path:
+            w.load_weights(m)
+        else:
+            w.load_weights_from_tensors(g, u, d, m)
+        w.init_lora_weights(*mats, *[np.zeros_like(x) for x in mats])
+        x, ids, wts = inputs(6, 5)
+        return (w.forward(x, ids, wts), *w.backward(np.ones((6, H), np.float32)))
+
     # (int4's KT packing wants 128 columns a part: tested from Rust on a wider layer.)
     for method, kt in [("int8", "AMXINT8_SFT")]:
         out = tmp_path / f"converted-{method}"
         ext.convert(str(tmp_path), str(out), method, 2, 2)
-        steps = []
-        for w in (wrapper(kt, path=str(out), layer_idx=2), wrapper(kt)):
-            if w.weight_path:
-                w.load_weights(m)
-            else:
-                w.load_weights_from_tensors(g, u, d, m)
-            w.init_lora_weights(*mats, *[np.zeros_like(x) for x in mats])
-            x, ids, wts = inputs(6, 5)
-            steps.append((w.forward(x, ids, wts), *w.backward(np.ones((6, H), np.float32))))
+        steps = [step(w) for w in (wrapper(kt, path=str(out), layer_idx=2), wrapper(kt))]
         for a, b in zip(*steps):
             assert np.array_equal(a, b), method
     # With the backward's transposes in the files (`kt convert --backward`, KT's
@@ -365,16 +367,9 @@ def test_load_weights_reads_a_hugging_face_checkpoint(tmp_path):
     # bytes): the same steps as making those transposes from the tensors.
     out = tmp_path / "converted-bwd"
     ext.convert(str(tmp_path), str(out), "int8", 2, 2, True)
-    steps, sizes = [], []
-    for w in (wrapper("AMXINT8_SFT", path=str(out), layer_idx=2, bwd="method"), wrapper("AMXINT8_SFT", bwd="method")):
-        if w.weight_path:
-            w.load_weights(m)
-        else:
-            w.load_weights_from_tensors(g, u, d, m)
-        w.init_lora_weights(*mats, *[np.zeros_like(x) for x in mats])
-        x, ids, wts = inputs(6, 5)
-        steps.append((w.forward(x, ids, wts), *w.backward(np.ones((6, H), np.float32))))
-        sizes.append(w.moe.weight_bytes)
+    pair = (wrapper("AMXINT8_SFT", path=str(out), layer_idx=2, bwd="method"), wrapper("AMXINT8_SFT", bwd="method"))
+    steps = [step(w) for w in pair]
+    sizes = [w.moe.weight_bytes for w in pair]
     for a, b in zip(*steps):
         assert np.array_equal(a, b)
     exact = wrapper("AMXINT8_SFT", path=str(out), layer_idx=2)

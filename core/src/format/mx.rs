@@ -37,6 +37,24 @@ pub fn e8m0_code(scale: f32) -> u8 {
     }
 }
 
+/// The e8m0 codes of a `rows × cols` matrix's scales (`[rows, cols/32]`) in the order kernels
+/// on panels of `panel` rows read them: `[panel][group][row of the panel]`, rows past the end
+/// code 0.
+pub fn panel_codes(scales: &[f32], rows: usize, cols: usize, panel: usize) -> Vec<u8> {
+    let groups = cols / MX_BLOCK;
+    (0..rows.div_ceil(panel) * groups * panel)
+        .map(|at| {
+            let (p, g, i) = (at / (groups * panel), at / panel % groups, at % panel);
+            let r = p * panel + i;
+            if r < rows {
+                e8m0_code(scales[r * groups + g])
+            } else {
+                0
+            }
+        })
+        .collect()
+}
+
 /// The shared scale of a block by the OCP rule (`2^-127`, e8m0's smallest, for a zero block).
 fn block_scale(x: &[f32], emax: i32) -> f32 {
     let a = amax(x);

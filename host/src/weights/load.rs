@@ -66,6 +66,7 @@ fn matrix(ck: &Checkpoint, name: &str, rows: usize, cols: usize) -> Result<Vec<f
     if matches!(s.dtype, Dtype::U8 | Dtype::F8_E8M0) {
         // MXFP8 (the KT fork's MiniMax-M3): an e8m0 scale per 32 columns of a row.
         let codes = super::mxfp4::codes(ck, &scale_name, rows, cols)?;
+        super::mxfp4::finite(&scale_name, codes)?;
         let scale = |i: usize| super::mxfp4::scale(codes[(i / cols) * (cols / 32) + (i % cols) / 32]);
         return Ok(b.iter().enumerate().map(|(i, &q)| F8E4M3(q).to_f32() * scale(i)).collect());
     }

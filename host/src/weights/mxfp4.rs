@@ -7,7 +7,7 @@
 use kt_core::format::mx::FP4_X2;
 use safetensors::Dtype;
 
-use super::{Checkpoint, WeightError};
+use super::{Checkpoint, TensorRef, WeightError};
 
 /// Whether `{stem}.weight` of `[rows, cols]` is stored as MXFP4 (packed bytes and a `.scale`).
 pub fn is_mxfp4(ck: &Checkpoint, stem: &str, rows: usize, cols: usize) -> bool {
@@ -30,14 +30,7 @@ pub fn stored<'a>(
     if cols % 32 != 0 || w.shape != [rows, cols / 2] {
         return Err(WeightError::Shape { name: wname, expected: vec![rows, cols / 2], found: w.shape.clone() });
     }
-    if !matches!(s.dtype, Dtype::F8_E8M0 | Dtype::U8) {
-        let found = format!("{:?}", s.dtype);
-        return Err(WeightError::Dtype { name: sname, found, expected: "F8_E8M0 (or U8) e8m0 scales" });
-    }
-    if s.shape != [rows, cols / 32] {
-        return Err(WeightError::Shape { name: sname, expected: vec![rows, cols / 32], found: s.shape.clone() });
-    }
-    Ok((ck.bytes(w), ck.bytes(s)))
+    Ok((ck.bytes(w), codes_of(ck, &sname, s, rows, cols)?))
 }
 
 /// `2^(c − 127)` as f32 bits: exponent bits `c` (`c = 0`: 2^-127, a subnormal; 255: no number).
@@ -54,21 +47,34 @@ pub fn scale(c: u8) -> f32 {
     f32::from_bits(scale_bits(c))
 }
 
-/// The e8m0 scale tensor `name` of a `[rows, cols]` matrix (`[rows, cols/32]`, U8 or
-/// F8_E8M0) as its codes; a code 255 (no number) is refused.
+/// The e8m0 scale tensor `name` of a `[rows, cols]` matrix (`[rows, cols/32]`, F8_E8M0 or
+/// U8) as its codes, its dtype and shape checked (not its codes: see [`finite`]).
 pub fn codes<'a>(ck: &'a Checkpoint, name: &str, rows: usize, cols: usize) -> Result<&'a [u8], WeightError> {
     let s = ck.get(name).ok_or_else(|| WeightError::Missing { name: name.into() })?;
-    if !matches!(s.dtype, Dtype::F8_E8M0 | Dtype::U8) || cols % 32 != 0 || s.shape != [rows, cols / 32] {
-        let found = format!("{:?} {:?}", s.dtype, s.shape);
-        return Err(WeightError::Dtype { name: name.into(), found, expected: "F8_E8M0 (or U8) [rows, cols/32]" });
-    }
-    let codes = ck.bytes(s);
-    finite(name, codes)?;
-    Ok(codes)
+    codes_of(ck, name, s, rows, cols)
 }
 
-/// Refuse an e8m0 code 255 (no number) in the scales of tensor `name`.
-fn finite(name: &str, codes: &[u8]) -> Result<(), WeightError> {
+/// [`codes`] of the tensor `s` (named `name`).
+fn codes_of<'a>(
+    ck: &'a Checkpoint,
+    name: &str,
+    s: &TensorRef,
+    rows: usize,
+    cols: usize,
+) -> Result<&'a [u8], WeightError> {
+    if !matches!(s.dtype, Dtype::F8_E8M0 | Dtype::U8) {
+        let found = format!("{:?}", s.dtype);
+        return Err(WeightError::Dtype { name: name.into(), found, expected: "F8_E8M0 (or U8) e8m0 scales" });
+    }
+    if cols % 32 != 0 || s.shape != [rows, cols / 32] {
+        return Err(WeightError::Shape { name: name.into(), expected: vec![rows, cols / 32], found: s.shape.clone() });
+    }
+    Ok(ck.bytes(s))
+}
+
+/// Refuse an e8m0 code 255 (no number) in the scales of tensor `name` (the readers that decode
+/// do; the layerwise writes copy a layer's codes, which its load checked).
+pub fn finite(name: &str, codes: &[u8]) -> Result<(), WeightError> {
     match codes.iter().position(|&c| c == 0xFF) {
         Some(at) => Err(WeightError::Value {
             name: name.into(),
