@@ -466,9 +466,44 @@ fn experts_with_biases_are_refused_by_convert() {
         assert_ne!(code, Some(0), "{method}");
         assert_eq!(err.lines().count(), 1, "{err}");
         assert!(err.contains("biases") && err.contains("model.layers.0"), "{method}: {err}");
-        assert!(!output.exists() || std::fs::read_dir(&output).unwrap().next().is_none(), "{method}: output left");
+        assert!(!output.exists(), "{method}: output directory made");
     }
     std::fs::remove_dir_all(&input).unwrap();
+}
+
+/// `kt bench --layerwise`: every expert of the first MoE layer (layer 1 here) written for 2
+/// GPU ranks on the pool, reported in the documented JSON; a file that is not a Hugging Face
+/// checkpoint (KT's converted format) is refused in one line.
+#[test]
+fn layerwise_bench_writes_the_first_moe_layer_on_the_pool() {
+    let (input, converted) = (tmp("layerwise-in"), tmp("layerwise-kt"));
+    write_checkpoint(&input);
+    let d = input.to_str().unwrap();
+    let args = ["bench", "--weights", d, "--layerwise", "--tp", "2", "--threads", "2", "--min-time", "0", "--json"];
+    let (code, out, err) = kt(&args, &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let r = &v["layerwise"];
+    assert_eq!(
+        (r["encoding"].as_str(), r["layer"].as_u64(), r["tp"].as_u64()),
+        (Some("Bf16"), Some(1), Some(2)),
+        "{out}"
+    );
+    assert_eq!((r["experts"].as_u64(), r["threads"].as_u64()), (Some(E as u64), Some(2)), "{out}");
+    assert_eq!(r["expert_bytes"].as_u64(), Some((3 * H * I * 2) as u64), "{out}");
+    assert!(r["reps"].as_u64().is_some_and(|n| n >= 3), "{out}");
+    for key in ["ms_best", "ms_median", "gbps", "dram_gbps", "dram_ratio"] {
+        assert!(r[key].as_f64().is_some_and(|x| x > 0.0 && x.is_finite()), "{key}: {out}");
+    }
+    let (code, _, err) = convert(&input, &converted, "int8", &[]);
+    assert_eq!(code, Some(0), "{err}");
+    let (code, out, err) = kt(&["bench", "--weights", converted.to_str().unwrap(), "--layerwise"], &[]);
+    assert_eq!((code, out.as_str()), (Some(2), ""), "{err}");
+    assert_eq!(err.lines().count(), 1, "{err}");
+    assert!(err.contains("not a Hugging Face safetensors checkpoint"), "{err}");
+    for d in [input, converted] {
+        std::fs::remove_dir_all(d).unwrap();
+    }
 }
 
 #[test]

@@ -246,11 +246,14 @@ impl Moe {
 
     /// Write slot `expert`'s weights for SGLang's layerwise prefill into one set of host
     /// buffers per GPU tensor-parallel rank (addresses; `kt_host::weights::gpu_buffer` gives the
-    /// layout), read from the checkpoint `load_from_checkpoint` loaded. Returns the encoding
-    /// written (`Bf16`, `Fp8Block`, `Fp8Row`, `Int4 { group: g }`). Blocks, GIL released.
+    /// layout), read from the checkpoint `load_from_checkpoint` loaded, on `infer`'s threads.
+    /// Returns the encoding written (`Bf16`, `Fp8Block`, `Fp8Row`, `Int4 { group: g }`, ...).
+    /// Blocks, GIL released.
+    #[allow(clippy::too_many_arguments)]
     fn write_gpu_expert(
         &self,
         py: Python<'_>,
+        infer: &CpuInfer,
         expert: usize,
         w13: Vec<usize>,
         w13_scale: Vec<usize>,
@@ -293,7 +296,8 @@ impl Moe {
         let (h, i) = (s.cfg.hidden, s.cfg.intermediate);
         // SAFETY: SGLang's (and the tests') buffers hold one expert each in the GPU layer's
         // layout for this many ranks, which the wrapper documents and the caller sizes.
-        let enc = py.detach(|| unsafe { write_expert(ck, layer, logical, h, i, &ranks) });
+        let pool = &*infer.pool;
+        let enc = py.detach(|| unsafe { write_expert(ck, (layer, logical), (h, i), &ranks, pool) });
         Ok(format!("{:?}", enc.map_err(value_error)?))
     }
 

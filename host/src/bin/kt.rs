@@ -170,8 +170,8 @@ struct BenchArgs {
     #[arg(long)]
     weights: Option<std::path::PathBuf>,
     /// Time SGLang's layerwise-prefill writes instead (every expert of the --weights
-    /// checkpoint's first MoE layer into GPU-layout host buffers), against one thread's DRAM
-    /// bandwidth.
+    /// checkpoint's first MoE layer into GPU-layout host buffers) on the pool's threads,
+    /// against their DRAM read bandwidth.
     #[arg(long, requires = "weights")]
     layerwise: bool,
     /// GPU tensor-parallel ranks each --layerwise write splits an expert over.
@@ -334,7 +334,7 @@ fn run_bench(a: BenchArgs) -> ExitCode {
         return usage("--min-time must be a non-negative number of seconds");
     }
     if a.layerwise {
-        return run_layerwise(&a);
+        return run_layerwise(&a, &pool, &topo);
     }
     let mut p = p;
     let mut source = None;
@@ -563,7 +563,7 @@ fn run_sft(
 }
 
 /// `kt bench --layerwise --weights DIR`: one line (or JSON object) for the first MoE layer.
-fn run_layerwise(a: &BenchArgs) -> ExitCode {
+fn run_layerwise(a: &BenchArgs, pool: &PoolConfig, topo: &Topology) -> ExitCode {
     let w = a.weights.as_ref().expect("clap requires --weights");
     let opened = WeightSource::open(w).and_then(|src| Ok((src.moe_config()?, src)));
     let (mc, src) = match opened {
@@ -579,7 +579,13 @@ fn run_layerwise(a: &BenchArgs) -> ExitCode {
     if a.tp == 0 {
         return usage("--tp must be positive");
     }
-    let r = match bench::layerwise::run(ck, layer, (mc.hidden, mc.intermediate, mc.experts), a.tp, a.min_time) {
+    let executor = match kt_host::numa_pool::NumaPool::new(pool, topo) {
+        Ok(p) => p,
+        Err(e) => return usage(e),
+    };
+    let shape = (mc.hidden, mc.intermediate, mc.experts);
+    let r = match bench::layerwise::run(ck, layer, shape, a.tp, (&executor, bench::dram_probe_bytes(topo)), a.min_time)
+    {
         Ok(r) => r,
         Err(e) => return usage(e),
     };
@@ -587,13 +593,13 @@ fn run_layerwise(a: &BenchArgs) -> ExitCode {
         let j = serde_json::json!({"layerwise": {
             "encoding": format!("{:?}", r.encoding), "layer": r.layer, "tp": r.tp, "experts": r.experts,
             "expert_bytes": r.expert_bytes, "ms_best": r.ms_best, "ms_median": r.ms_median, "gbps": r.gbps,
-            "dram_gbps": r.dram_gbps, "dram_ratio": r.dram_ratio(), "reps": r.reps,
+            "threads": r.threads, "dram_gbps": r.dram_gbps, "dram_ratio": r.dram_ratio(), "reps": r.reps,
         }});
         println!("{j}");
     } else {
         println!(
             "layerwise writes, layer {} ({:?}, tp {}): {:.2} MB an expert, best {:.3} ms, median {:.3} ms over {} reps of {} experts: \
-             {:.1} GB/s, {:.2} x one thread's DRAM read ({:.1} GB/s)",
+             {:.1} GB/s on {} thread(s), {:.2} x their DRAM read ({:.1} GB/s)",
             r.layer,
             r.encoding,
             r.tp,
@@ -603,6 +609,7 @@ fn run_layerwise(a: &BenchArgs) -> ExitCode {
             r.reps,
             r.experts,
             r.gbps,
+            r.threads,
             r.dram_ratio(),
             r.dram_gbps
         );

@@ -75,13 +75,13 @@ pub fn convert_gguf(spec: &ConvertSpec, t: GgmlType) -> Result<ConvertReport, We
         let p = p.to_path_buf();
         move |source| WeightError::Io { path: p, source }
     };
-    std::fs::create_dir_all(&spec.output).map_err(io(&spec.output))?;
     let wanted = spec.layers.clone().unwrap_or(0..=mc.layers.saturating_sub(1));
     let moe: Vec<(usize, Layout)> =
         wanted.filter(|&l| l < mc.layers).filter_map(|l| Layout::detect(&ck, l).ok().map(|x| (l, x))).collect();
     if let Some((_, l)) = moe.iter().find(|(_, l)| l.has_biases(&ck)) {
         return Err(l.biases_refused(&ck, "this GGUF conversion"));
     }
+    std::fs::create_dir_all(&spec.output).map_err(io(&spec.output))?;
     let n = moe.len();
     let meta: Vec<(String, Meta)> = vec![
         ("general.architecture".into(), Meta::Str(ARCH.into())),

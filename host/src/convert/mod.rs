@@ -85,13 +85,13 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
     cfg.validate_for(spec.format).map_err(WeightError::Layer)?;
     // Also checks the packing constraints, before any work.
     let layer_bytes: u64 = plan(&cfg, spec.format, 0, spec.backward)?.iter().map(|t| t.bytes as u64).sum();
-    std::fs::create_dir_all(&spec.output).map_err(io(&spec.output))?;
     let wanted = spec.layers.clone().unwrap_or(0..=mc.layers.saturating_sub(1));
     let moe: Vec<(usize, Layout)> =
         wanted.filter(|&l| l < mc.layers).filter_map(|l| Layout::detect(&ck, l).ok().map(|x| (l, x))).collect();
     if let Some((_, l)) = moe.iter().find(|(_, l)| l.has_biases(&ck)) {
         return Err(l.biases_refused(&ck, "KT's converted format"));
     }
+    std::fs::create_dir_all(&spec.output).map_err(io(&spec.output))?;
     let total = moe.len() + 1;
     let shard = |i: usize| format!("model-{:05}-of-{total:05}.safetensors", i + 1);
     let pool = Pool::new(spec.threads);

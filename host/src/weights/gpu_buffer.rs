@@ -26,6 +26,7 @@ use half::bf16;
 use safetensors::Dtype;
 
 use kt_core::format::mx::MX_BLOCK;
+use kt_core::Executor;
 
 use super::load::floats;
 use super::{expert_f32, mxfp4, Checkpoint, ExpertLayout, Layout, WeightError};
@@ -110,118 +111,171 @@ struct Matrix<'a> {
     scales: Cow<'a, [u8]>,
 }
 
+/// What one expert's write does: blocks of the checkpoint's rows, each row cut into equal
+/// slices that go to one destination each (one slice a row but for down over several ranks),
+/// copied as is or (MXFP4's scales) widened from e8m0 codes to bf16. Planned first, then run in
+/// parallel ([`Plan::run`]): one thread's copy reaches a fraction of a server's memory
+/// bandwidth, and the fork writes experts one at a time.
+#[derive(Default)]
+struct Plan<'a> {
+    pieces: Vec<Piece<'a>>,
+}
+
+struct Piece<'a> {
+    /// Whole rows.
+    src: &'a [u8],
+    /// Bytes a row.
+    row: usize,
+    /// Slice `k` of row `r` goes to `dsts[k] + r · (bytes a slice written)`.
+    dsts: Vec<*mut u8>,
+    /// e8m0 codes written as 2-byte bf16 values.
+    widen: bool,
+}
+
+/// Source bytes a task of [`Plan::run`] copies at most (or one row): large enough that a
+/// task's start costs nothing, small enough to share an expert among 64 threads.
+const CHUNK: usize = 128 << 10;
+
 /// A host buffer, written front to back.
 struct Dst(*mut u8);
 
-impl Dst {
-    /// Append `b`.
-    ///
-    /// # Safety
-    /// The buffer has room for `b` after what was written.
-    unsafe fn put(&mut self, b: &[u8]) {
-        // SAFETY: the caller's contract; the checkpoint's bytes do not overlap a host buffer.
-        unsafe {
-            core::ptr::copy_nonoverlapping(b.as_ptr(), self.0, b.len());
-            self.0 = self.0.add(b.len());
-        }
+impl<'a> Plan<'a> {
+    /// Append whole rows `src` of `row` bytes, slice `k` of each row at `dsts[k]`, widened from
+    /// e8m0 codes to bf16 if `widen`.
+    fn put(&mut self, src: &'a [u8], row: usize, dsts: &mut [Dst], widen: bool) {
+        debug_assert!(row > 0 && src.len() % row == 0 && row % dsts.len() == 0);
+        let written = src.len() / dsts.len() * if widen { 2 } else { 1 };
+        let at = dsts
+            .iter_mut()
+            .map(|d| {
+                let at = d.0;
+                d.0 = at.wrapping_add(written);
+                at
+            })
+            .collect();
+        self.pieces.push(Piece { src, row, dsts: at, widen });
     }
 
-    /// Append e8m0 scale codes as the bf16 values they stand for.
+    /// Carry the plan out on `exec`'s threads, each task at most `chunk` source bytes of one
+    /// piece (or one row).
     ///
     /// # Safety
-    /// The buffer has room for `2 · codes.len()` bytes after what was written.
-    unsafe fn put_e8m0_as_bf16(&mut self, codes: &[u8]) {
-        for (i, &c) in codes.iter().enumerate() {
-            // SAFETY: the caller's contract.
-            unsafe { self.0.add(2 * i).cast::<u16>().write_unaligned(mxfp4::scale_bf16(c).to_le()) };
-        }
-        // SAFETY: as above.
-        self.0 = unsafe { self.0.add(2 * codes.len()) };
+    /// Every destination has room for what it is given and none overlaps another or a source;
+    /// nothing else uses those bytes meanwhile.
+    unsafe fn run(&self, exec: &dyn Executor, chunk: usize) {
+        let tasks: Vec<(&Piece<'_>, usize, usize)> = self
+            .pieces
+            .iter()
+            .flat_map(|p| {
+                let (rows, per) = (p.src.len() / p.row, (chunk / p.row).max(1));
+                (0..rows.div_ceil(per)).map(move |t| (p, t * per, ((t + 1) * per).min(rows)))
+            })
+            .collect();
+        let send = SendTasks(&tasks);
+        exec.parallel_for(tasks.len(), &|t, _| {
+            let (p, r0, r1) = send.tasks()[t];
+            // SAFETY: the caller's contract; tasks write disjoint rows.
+            unsafe { p.write(r0, r1) };
+        });
     }
 }
 
-impl Matrix<'_> {
-    /// Append rows `r0..r1`, columns `c0..c1` of the weights to `dst`, in row order.
-    ///
-    /// # Safety
-    /// As [`Dst::put`], for those bytes.
-    unsafe fn weight_rows(&self, enc: GpuEncoding, r0: usize, r1: usize, c0: usize, c1: usize, dst: &mut Dst) {
-        let (num, den) = enc.weight_bytes();
-        let row = self.cols * num / den;
-        if (c0, c1) == (0, self.cols) {
-            // Whole rows are one run of bytes: one copy (fp8's 2 KB rows copied one by one ran
-            // at 0.6 of bf16's 4 KB ones).
-            // SAFETY: the caller's contract.
-            return unsafe { dst.put(&self.weights[r0 * row..r1 * row]) };
-        }
-        for r in r0..r1 {
-            // SAFETY: the caller's contract.
-            unsafe { dst.put(&self.weights[r * row + c0 * num / den..r * row + c1 * num / den]) };
-        }
-    }
+/// A plan's tasks shared with the pool's threads.
+struct SendTasks<'t, 'p, 'a>(&'t [(&'p Piece<'a>, usize, usize)]);
 
-    /// Rows `0..rows` split into column slices of `part` columns, slice `k` of each row appended
-    /// to `dsts[k]` (one whole-row copy for a single slice).
+// SAFETY: the raw destination pointers are written by one task each (disjoint rows), and the
+// sources are shared reads.
+unsafe impl Sync for SendTasks<'_, '_, '_> {}
+
+impl<'t, 'p, 'a> SendTasks<'t, 'p, 'a> {
+    /// The tasks (a method, so that a closure captures the wrapper, not its field).
+    fn tasks(&self) -> &'t [(&'p Piece<'a>, usize, usize)] {
+        self.0
+    }
+}
+
+impl Piece<'_> {
+    /// Write rows `r0..r1`.
     ///
     /// # Safety
-    /// As [`Dst::put`], for each destination's slices.
-    unsafe fn split_rows(&self, enc: GpuEncoding, rows: usize, part: usize, dsts: &mut [Dst]) {
-        if let [dst] = dsts {
-            // SAFETY: the caller's contract.
-            return unsafe { self.weight_rows(enc, 0, rows, 0, self.cols, dst) };
-        }
-        let (num, den) = enc.weight_bytes();
-        let (row, chunk) = (self.cols * num / den, part * num / den);
-        for r in 0..rows {
-            for (k, dst) in dsts.iter_mut().enumerate() {
-                // SAFETY: the caller's contract.
-                unsafe { dst.put(&self.weights[r * row + k * chunk..r * row + (k + 1) * chunk]) };
+    /// As [`Plan::run`].
+    unsafe fn write(&self, r0: usize, r1: usize) {
+        let slice = self.row / self.dsts.len();
+        let out = if self.widen { 2 * slice } else { slice };
+        // SAFETY: the caller's contract; the checkpoint's bytes do not overlap a host buffer.
+        unsafe {
+            if let ([dst], false) = (&self.dsts[..], self.widen) {
+                // One slice a row: the rows are one run in both places.
+                let src = &self.src[r0 * self.row..r1 * self.row];
+                return core::ptr::copy_nonoverlapping(src.as_ptr(), dst.add(r0 * out), src.len());
             }
-        }
-    }
-
-    /// Append the scales of rows `r0..r1`, columns `c0..c1` (whole scale blocks) to `dst`, in
-    /// row order.
-    ///
-    /// # Safety
-    /// As [`Dst::put`], for those bytes.
-    unsafe fn scale_rows(&self, enc: GpuEncoding, r0: usize, r1: usize, c0: usize, c1: usize, dst: &mut Dst) {
-        let Some((rb, cb, size)) = enc.scale_block() else { return };
-        let per_row = self.cols.div_ceil(cb.min(self.cols));
-        let (c0, c1) = if cb == usize::MAX { (0, 1) } else { (c0 / cb, c1.div_ceil(cb)) };
-        let stored = if enc == GpuEncoding::Mxfp4 { 1 } else { size };
-        for r in r0 / rb..r1.div_ceil(rb) {
-            let src = &self.scales[(r * per_row + c0) * stored..(r * per_row + c1) * stored];
-            // SAFETY: the caller's contract.
-            unsafe {
-                match enc {
-                    GpuEncoding::Mxfp4 => dst.put_e8m0_as_bf16(src),
-                    _ => dst.put(src),
+            for r in r0..r1 {
+                for (k, &dst) in self.dsts.iter().enumerate() {
+                    let src = &self.src[r * self.row + k * slice..r * self.row + (k + 1) * slice];
+                    let dst = dst.add(r * out);
+                    if !self.widen {
+                        core::ptr::copy_nonoverlapping(src.as_ptr(), dst, slice);
+                        continue;
+                    }
+                    let dst = dst.cast::<u16>();
+                    for (i, &c) in src.iter().enumerate() {
+                        dst.add(i).write_unaligned(mxfp4::scale_bf16(c).to_le());
+                    }
                 }
             }
         }
     }
 }
 
+impl Matrix<'_> {
+    /// Plan rows `r0..r1` of the weights at `dst`.
+    fn weight_rows<'p>(&'p self, enc: GpuEncoding, (r0, r1): (usize, usize), dst: &mut Dst, plan: &mut Plan<'p>) {
+        let row = self.row_bytes(enc);
+        plan.put(&self.weights[r0 * row..r1 * row], row, std::slice::from_mut(dst), false);
+    }
+
+    /// Plan every row of the weights split into one column slice per `dsts` (down over the
+    /// GPU ranks), slice `k` of each row at `dsts[k]`.
+    fn split_rows<'p>(&'p self, enc: GpuEncoding, dsts: &mut [Dst], plan: &mut Plan<'p>) {
+        plan.put(&self.weights, self.row_bytes(enc), dsts, false);
+    }
+
+    fn row_bytes(&self, enc: GpuEncoding) -> usize {
+        let (num, den) = enc.weight_bytes();
+        self.cols * num / den
+    }
+
+    /// Plan the scales of rows `r0..r1` (whole scale blocks) at `dsts`, each row's scales split
+    /// into one column slice per destination.
+    fn scale_rows<'p>(&'p self, enc: GpuEncoding, (r0, r1): (usize, usize), dsts: &mut [Dst], plan: &mut Plan<'p>) {
+        let Some((rb, cb, size)) = enc.scale_block() else { return };
+        let stored = if enc == GpuEncoding::Mxfp4 { 1 } else { size };
+        let row = self.cols.div_ceil(cb.min(self.cols)) * stored;
+        let src = &self.scales[r0 / rb * row..r1.div_ceil(rb) * row];
+        plan.put(src, row, dsts, enc == GpuEncoding::Mxfp4);
+    }
+}
+
 /// Write expert `e` of layer `layer` (`hidden` H, `intermediate` I) into `ranks` (one per GPU
-/// tensor-parallel rank), in the checkpoint's encoding, which is returned.
+/// tensor-parallel rank), in the checkpoint's encoding, which is returned; the copies run on
+/// `exec`'s threads.
 ///
 /// # Safety
 /// Each rank's buffers hold the sizes the module docs give for its encoding (bytes for
 /// `2·I/tp × H` and `H × I/tp` weights and their scales), writable and not otherwise in use.
 pub unsafe fn write_expert(
     ck: &Checkpoint,
-    layer: usize,
-    e: usize,
-    hidden: usize,
-    intermediate: usize,
+    (layer, e): (usize, usize),
+    (hidden, intermediate): (usize, usize),
     ranks: &[RankBuffers],
+    exec: &dyn Executor,
 ) -> Result<GpuEncoding, WeightError> {
     let layout = Layout::detect(ck, layer)?;
     if layout.has_biases(ck) {
         return Err(layout.biases_refused(ck, "the fork's layerwise prefill buffers"));
     }
-    let (enc, [gate, up, down]) = expert(ck, &layout, e, hidden, intermediate)?;
+    let (enc, mats) = expert(ck, &layout, e, hidden, intermediate)?;
+    let [gate, up, down] = &mats;
     let tp = ranks.len();
     let shape_error = |detail: String| WeightError::Config { path: ck.dir().to_path_buf(), detail };
     let part = intermediate / tp.max(1);
@@ -235,30 +289,38 @@ pub unsafe fn write_expert(
              multiple of {align} ({enc:?})"
         )));
     }
-    if enc.scale_block().is_some() && ranks.iter().any(|b| b.w13_scale == 0 || b.w2_scale == 0) {
+    let scaled = enc.scale_block().is_some();
+    if scaled && ranks.iter().any(|b| b.w13_scale == 0 || b.w2_scale == 0) {
         return Err(shape_error(format!("layerwise prefill: the checkpoint's experts are {enc:?}, which needs scale buffers, and a scale pointer is 0")));
     }
-    // Down's rows split by column between the ranks: each row's slices written in turn, so its
-    // bytes are read once, front to back (rank by rank, every rank's pass strided over them).
-    let mut w2: Vec<Dst> = ranks.iter().map(|b| Dst(b.w2 as *mut u8)).collect();
-    // SAFETY: the caller's contract: each rank's w2 holds its I/tp columns of every row.
-    unsafe { down.split_rows(enc, hidden, part, &mut w2) };
-    for (r, b) in ranks.iter().enumerate() {
-        let (r0, r1) = (r * part, (r + 1) * part);
-        // SAFETY: the caller's contract: each buffer holds what the module docs give for this
-        // rank, which is exactly what is appended to it here.
-        unsafe {
-            let w13 = &mut Dst(b.w13 as *mut u8);
-            gate.weight_rows(enc, r0, r1, 0, hidden, w13);
-            up.weight_rows(enc, r0, r1, 0, hidden, w13);
-            if enc.scale_block().is_some() {
-                let w13_scale = &mut Dst(b.w13_scale as *mut u8);
-                gate.scale_rows(enc, r0, r1, 0, hidden, w13_scale);
-                up.scale_rows(enc, r0, r1, 0, hidden, w13_scale);
-                down.scale_rows(enc, 0, hidden, r0, r1, &mut Dst(b.w2_scale as *mut u8));
+    let dsts = |at: fn(&RankBuffers) -> usize| -> Vec<Dst> { ranks.iter().map(|b| Dst(at(b) as *mut u8)).collect() };
+    let (mut w13, mut w13_scale) = (dsts(|b| b.w13), dsts(|b| b.w13_scale));
+    let mut plan = Plan::default();
+    // Down's rows split by column between the ranks, each row's slices in turn: its bytes are
+    // read once, front to back.
+    down.split_rows(enc, &mut dsts(|b| b.w2), &mut plan);
+    match enc.scale_block() {
+        // One scale a row: every rank gets all of down's.
+        Some((_, usize::MAX, _)) => {
+            for w2_scale in &mut dsts(|b| b.w2_scale) {
+                down.scale_rows(enc, (0, hidden), std::slice::from_mut(w2_scale), &mut plan);
             }
         }
+        Some(_) => down.scale_rows(enc, (0, hidden), &mut dsts(|b| b.w2_scale), &mut plan),
+        None => {}
     }
+    for r in 0..tp {
+        let rows = (r * part, (r + 1) * part);
+        gate.weight_rows(enc, rows, &mut w13[r], &mut plan);
+        up.weight_rows(enc, rows, &mut w13[r], &mut plan);
+        if scaled {
+            gate.scale_rows(enc, rows, std::slice::from_mut(&mut w13_scale[r]), &mut plan);
+            up.scale_rows(enc, rows, std::slice::from_mut(&mut w13_scale[r]), &mut plan);
+        }
+    }
+    // SAFETY: the caller's contract: each buffer holds what the module docs give for this rank,
+    // which is exactly what the plan gives it.
+    unsafe { plan.run(exec, CHUNK) };
     Ok(enc)
 }
 
@@ -364,4 +426,53 @@ fn scale_name(ck: &Checkpoint, stem: &str) -> Result<String, WeightError> {
         .into_iter()
         .find(|n| ck.contains(n))
         .ok_or_else(|| WeightError::Missing { name: format!("{stem}.weight_scale_inv (or .weight_scale)") })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::exec::ThreadExecutor;
+
+    /// A plan's pieces cut into tasks at every chunk size, run by three threads, write what the
+    /// textbook does: rows split over one to three destinations, copied or widened, an empty
+    /// piece, pieces of fewer bytes than a chunk and of more.
+    #[test]
+    fn a_plan_cut_into_tasks_writes_every_slice_where_it_belongs() {
+        let src: Vec<u8> = (0..720u32).map(|i| (i * 37 % 251) as u8).collect();
+        // (source range, bytes a row, destinations, widen)
+        let pieces = [
+            (0, 0, 4, 1, false),
+            (0, 60, 6, 1, false),
+            (60, 120, 6, 3, true),
+            (120, 360, 12, 2, false),
+            (360, 720, 30, 3, true),
+        ];
+        let exec = ThreadExecutor::new(3);
+        for chunk in [1, 2, 5, 7, 64, 65, 600, 4096] {
+            // Each destination its own buffer (one a piece and slice), a guard byte past its end.
+            let mut bufs: Vec<Vec<Vec<u8>>> = pieces
+                .iter()
+                .map(|&(a, b, _, n, widen)| vec![vec![0xAA; (b - a) / n * if widen { 2 } else { 1 } + 1]; n])
+                .collect();
+            let mut plan = Plan::default();
+            for (&(a, b, row, _, widen), bs) in pieces.iter().zip(&mut bufs) {
+                let mut dsts: Vec<Dst> = bs.iter_mut().map(|v| Dst(v.as_mut_ptr())).collect();
+                plan.put(&src[a..b], row, &mut dsts, widen);
+            }
+            // SAFETY: each destination holds its slices of its piece.
+            unsafe { plan.run(&exec, chunk) };
+            for (&(a, b, row, n, widen), bs) in pieces.iter().zip(&bufs) {
+                for (k, buf) in bs.iter().enumerate() {
+                    let slice = row / n;
+                    let want: Vec<u8> = src[a..b]
+                        .chunks(row)
+                        .flat_map(|r| r[k * slice..(k + 1) * slice].to_vec())
+                        .flat_map(|c| if widen { mxfp4::scale_bf16(c).to_le_bytes().to_vec() } else { vec![c] })
+                        .collect();
+                    assert_eq!(buf[..want.len()], want[..], "chunk {chunk}, piece {a}..{b}, slice {k}");
+                    assert_eq!(buf[want.len()], 0xAA, "chunk {chunk}, piece {a}..{b}, slice {k}: wrote past its end");
+                }
+            }
+        }
+    }
 }

@@ -574,7 +574,7 @@ class NativeMoEWrapper(ExpertWeights):
 
         def run():
             try:
-                result["encoding"] = self.moe.write_gpu_expert(int(expert_id), *ptrs)
+                result["encoding"] = self.moe.write_gpu_expert(self.cpu_infer, int(expert_id), *ptrs)
             except BaseException as e:  # re-raised by the sync, on the caller's thread
                 result["error"] = e
 
