@@ -199,14 +199,24 @@ impl MoeLayer {
         format: impl Into<LayerFormat>,
         opts: &LayerOptions,
     ) -> Result<Self, Error> {
+        Self::try_from_quantized(cfg, |e| Ok(expert(e)), format, opts)
+    }
+
+    /// [`MoeLayer::from_quantized`] with a fallible reader, as [`MoeLayer::try_from_f32`].
+    pub fn try_from_quantized<E: From<Error> + Send>(
+        cfg: &MoeConfig,
+        expert: impl Fn(usize) -> Result<Option<(QuantMatrix, QuantMatrix, QuantMatrix)>, E> + Sync,
+        format: impl Into<LayerFormat>,
+        opts: &LayerOptions,
+    ) -> Result<Self, E> {
         let format = format.into();
         let backend = backend_for(cfg, format, opts)?;
         let ranges = cfg.part_ranges(format)?;
-        let packed = pack_parts(cfg.experts, &ranges, &*opts.executor, |e, _, r| -> Packed<Error> {
-            let Some((g, u, d)) = expert(e) else { return Ok(None) };
+        let packed = pack_parts(cfg.experts, &ranges, &*opts.executor, |e, _, r| -> Packed<E> {
+            let Some((g, u, d)) = expert(e)? else { return Ok(None) };
             let found = LayerFormat { gate: g.format(), up: u.format(), down: d.format() };
             if found != format {
-                return Err(Error::FormatMismatch { expert: e, expected: format, found });
+                return Err(Error::FormatMismatch { expert: e, expected: format, found }.into());
             }
             Ok(Some(forward::pack_part(backend, cfg, &g, &u, &d, r)?))
         });

@@ -10,7 +10,7 @@ use kt_core::sft::{self, Backward, BackwardWeights, Cache, Lora, TransposeFormat
 use kt_core::{Backend, Error, LayerFormat, MoeConfig, PackedMatrix, QuantMatrix, Routing, WeightFormat};
 
 use crate::layer::{LayerOptions, MoeLayer, PartMatrix};
-use crate::weights::{kt_format, slot_reader, Checkpoint, Layout, Slots, WeightError};
+use crate::weights::{kt_format, slot_reader, stored_reader, Checkpoint, Layout, Slots, WeightError};
 
 /// An expert's packed transposes (a set per slice of I), or why they are not (`None`: not on
 /// the CPU).
@@ -156,16 +156,28 @@ impl SftLayer {
         opts: &LayerOptions,
         sft: SftOptions,
     ) -> Result<Self, Error> {
+        Self::try_from_quantized(cfg, format, |slot| Ok(expert(slot)), opts, sft)
+    }
+
+    /// [`SftLayer::from_quantized`] with a fallible reader.
+    pub fn try_from_quantized<E: From<Error> + Send>(
+        cfg: &MoeConfig,
+        format: WeightFormat,
+        expert: impl Fn(usize) -> Result<Option<(QuantMatrix, QuantMatrix, QuantMatrix)>, E> + Sync,
+        opts: &LayerOptions,
+        sft: SftOptions,
+    ) -> Result<Self, E> {
         check_depth(sft.max_cache_depth)?;
-        let base = MoeLayer::from_quantized(cfg, &expert, format, opts)?;
-        let source = |slot: usize| -> Result<Option<TransposeSource<'static>>, Error> {
-            Ok(expert(slot).map(|(g, u, d)| TransposeSource::Values([g.dequantize(), u.dequantize(), d.dequantize()])))
+        let base = MoeLayer::try_from_quantized(cfg, &expert, format, opts)?;
+        let source = |slot: usize| -> Result<Option<TransposeSource<'static>>, E> {
+            Ok(expert(slot)?.map(|(g, u, d)| TransposeSource::Values([g.dequantize(), u.dequantize(), d.dequantize()])))
         };
         Self::with_transposes(base, source, opts, sft)
     }
 
     /// Layer `layer` of a Hugging Face safetensors checkpoint (any expert layout and dtype the
-    /// inference loader reads) in `format`, slot `p` holding `slots`' expert.
+    /// inference loader reads) in `format` (a 4-bit checkpoint in its own K-group as stored),
+    /// slot `p` holding `slots`' expert.
     pub fn from_checkpoint(
         ck: &Checkpoint,
         layer: usize,
@@ -179,7 +191,10 @@ impl SftLayer {
         if layout.has_biases(ck) {
             return Err(layout.biases_refused(ck, "SFT layers"));
         }
-        Self::try_from_f32(cfg, format, slot_reader(ck, layer, cfg, slots)?, opts, sft)
+        match stored_reader(ck, layer, format, cfg, slots)? {
+            Some(read) => Self::try_from_quantized(cfg, format, read, opts, sft),
+            None => Self::try_from_f32(cfg, format, slot_reader(ck, layer, cfg, slots)?, opts, sft),
+        }
     }
 
     /// Layer `layer` of a `kt convert` (or KT-converted) checkpoint in `format`, made for

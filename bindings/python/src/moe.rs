@@ -10,6 +10,7 @@ use kt_core::{MoeConfig, WeightFormat};
 use kt_host::error::WeightError;
 use kt_host::slots::Slots;
 use kt_host::source::WeightSource;
+use kt_host::weights::{int4_group, Layout};
 use kt_host::{LayerOptions, MoeLayer};
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;
@@ -87,6 +88,9 @@ struct Shared {
     cfg: MoeConfig,
     /// The method's format; `None` for LLAMAFILE, whose GGUF file decides.
     format: Option<WeightFormat>,
+    /// Whether a 4-bit checkpoint's own K-group replaces the format's (KT's RAWINT4 and
+    /// GPTQ_INT4 load their checkpoints as stored).
+    checkpoint_group: bool,
     /// The wrapper's `gpu_experts_mask` (`[E]` bytes, nonzero = on the GPU), read at every
     /// forward; 0 = none.
     mask_ptr: usize,
@@ -141,8 +145,9 @@ impl Moe {
         swiglu_limit: f32,
         swiglu_alpha: f32,
     ) -> PyResult<Self> {
-        // GPTQ_INT4 runs as our symmetric int4 with 128-column groups (GPTQ checkpoints are
-        // decoded and requantized at load); LLAMAFILE runs the GGUF file's own types.
+        // RAWINT4 and GPTQ_INT4 run as our K-group int4 in a 4-bit checkpoint's own group (its
+        // nibbles and scales as stored), else in groups of 128; LLAMAFILE runs the GGUF file's
+        // own types.
         let parsed = match method {
             "GPTQ_INT4" => Some(Some(WeightFormat::Int4Group { group: 128 })),
             "LLAMAFILE" => Some(None),
@@ -171,7 +176,15 @@ impl Moe {
         }
         let id = next_layer_id();
         Ok(Moe {
-            shared: Arc::new(Shared { id, cfg, format, mask_ptr, layer: Mutex::new(None), origin: Mutex::new(None) }),
+            shared: Arc::new(Shared {
+                id,
+                cfg,
+                format,
+                checkpoint_group: matches!(method, "RAWINT4" | "GPTQ_INT4"),
+                mask_ptr,
+                layer: Mutex::new(None),
+                origin: Mutex::new(None),
+            }),
         })
     }
 
@@ -236,7 +249,14 @@ impl Moe {
             // updating the mask in place.
             let slots = Slots { map: Some(&map), gpu: None };
             let src = source(&path)?;
-            Ok((src.load_layer(layer, s.format, &s.cfg, slots, &opts)?, src))
+            let format = match (s.format, &*src) {
+                (Some(WeightFormat::Int4Group { .. }), WeightSource::Hf(ck)) if s.checkpoint_group => {
+                    let group = Layout::detect(ck, layer).ok().and_then(|l| int4_group(ck, &l));
+                    group.map(|g| WeightFormat::Int4Group { group: g as u16 }).or(s.format)
+                }
+                (f, _) => f,
+            };
+            Ok((src.load_layer(layer, format, &s.cfg, slots, &opts)?, src))
         });
         let (l, src) = loaded.map_err(value_error)?;
         *s.layer.lock().unwrap_or_else(|e| e.into_inner()) = Some(Arc::new(l));

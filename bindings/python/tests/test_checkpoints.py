@@ -120,19 +120,31 @@ def test_converted_checkpoint_loads_like_online_quantization(tmp_path, method):
         make(layer_idx=0, method=method, path=str(one)).load_weights()
 
 
-def gptq_pack(w, group):
-    """Symmetric 4-bit GPTQ of w [N, K]: qweight [K/8, N] int32 (low nibble first along K),
-    scales [K/g, N] f16; returns them and the dequantized weights."""
+def int4_quantize(w, group, levels=7.0):
+    """Symmetric 4-bit groups of `group` columns of w [N, K]: f16 scales amax/`levels` (7.5 as
+    compressed-tensors computes them), values rounded and clipped to -8..7; returns the
+    offset-8 nibbles [N, K], scales [N, K/g] and the dequantized weights."""
     n, k = w.shape
     g = w.reshape(n, k // group, group)
-    s = (np.abs(g).max(axis=2) / 7.0).astype(np.float16).astype(np.float32)
+    s = (np.abs(g).max(axis=2) / levels).astype(np.float16).astype(np.float32)
     q = np.clip(np.rint(g / s[:, :, None]), -8, 7).astype(np.int64) + 8
-    deq = ((q - 8) * s[:, :, None]).reshape(n, k).astype(np.float32)
-    q = q.reshape(n, k).T.reshape(k // 8, 8, n)
-    words = np.zeros((k // 8, n), np.uint32)
+    return q.reshape(n, k), s, ((q - 8) * s[:, :, None]).reshape(n, k).astype(np.float32)
+
+
+def pack_words(q):
+    """Offset-8 nibbles [R, C] as int32 words of 8 along the rows' columns, the low first."""
+    r, c = q.shape
+    words = np.zeros((r, c // 8), np.uint32)
     for j in range(8):
-        words |= (q[:, j, :].astype(np.uint32) << (4 * j))
-    return words.view(np.int32), s.T.astype(np.float16).copy(), deq
+        words |= q[:, j::8].astype(np.uint32) << (4 * j)
+    return words.view(np.int32)
+
+
+def gptq_pack(w, group, levels=7.0):
+    """Symmetric 4-bit GPTQ of w [N, K]: qweight [K/8, N] int32 (low nibble first along K),
+    scales [K/g, N] f16; returns them and the dequantized weights."""
+    q, s, deq = int4_quantize(w, group, levels)
+    return pack_words(q).T.copy(), s.T.astype(np.float16).copy(), deq
 
 
 def test_gptq_checkpoint_loads_and_unsupported_gptq_is_refused(tmp_path):
@@ -151,7 +163,7 @@ def test_gptq_checkpoint_loads_and_unsupported_gptq_is_refused(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(cfg))
     x = np.random.default_rng(5).standard_normal((4, H)).astype(np.float32)
     ids, ws = routing(4, K, E, 6)
-    for method, limit in [("BF16", 0.01), ("GPTQ_INT4", LIMITS["RAWINT4"])]:
+    for method, limit in [("BF16", 0.01), ("GPTQ_INT4", 0.02)]:
         w = make(layer_idx=0, method=method, path=str(tmp_path))
         w.load_weights()
         assert rel_err(w.forward(x, ids, ws), moe_reference(x, ids, ws, *deq)) < limit, method
@@ -163,6 +175,41 @@ def test_gptq_checkpoint_loads_and_unsupported_gptq_is_refused(tmp_path):
     save_file(tensors, str(other / "model.safetensors"))
     with pytest.raises(ValueError, match="desc_act=true"):
         make(layer_idx=0, method="BF16", path=str(other)).load_weights()
+
+
+def test_4bit_checkpoints_load_their_nibbles_and_scales_as_stored(tmp_path):
+    """Kimi-K2's compressed-tensors int4 (RAWINT4) and GPTQ (GPTQ_INT4) checkpoints of the same
+    values in groups of 32, quantized as compressed-tensors quantizes (scale amax/7.5, levels
+    -8..7, so requantizing them to amax/7 would move most of them): each layer takes the
+    checkpoint's group and its nibbles and scales as stored, so both give the same outputs bit
+    for bit, within activation rounding of the numpy MoE of the values."""
+    g, u, d = experts(E, H, I, seed=43)
+    deq = [np.zeros_like(g), np.zeros_like(u), np.zeros_like(d)]
+    ct, gq = {}, {}
+    for e in range(E):
+        for p, (name, m) in enumerate(zip(("gate", "up", "down"), (g[e], u[e], d[e]))):
+            q, s, deq[p][e] = int4_quantize(m, 32, 7.5)
+            stem = f"model.layers.0.mlp.experts.{e}.{name}_proj"
+            ct[f"{stem}.weight_packed"], ct[f"{stem}.weight_scale"] = pack_words(q), s.astype(np.float16)
+            gq[f"{stem}.qweight"], gq[f"{stem}.scales"] = pack_words(q).T.copy(), s.T.astype(np.float16).copy()
+    scheme = {"type": "int", "num_bits": 4, "strategy": "group", "group_size": 32, "symmetric": True}
+    quant = {"RAWINT4": {"quant_method": "compressed-tensors", "format": "pack-quantized",
+                         "config_groups": {"group_0": {"weights": scheme, "targets": ["Linear"]}}},
+             "GPTQ_INT4": {"quant_method": "gptq", "bits": 4, "group_size": 32, "sym": True, "desc_act": False}}
+    x = np.random.default_rng(6).standard_normal((5, H)).astype(np.float32)
+    ids, ws = routing(5, K, E, 7)
+    outs = {}
+    for method, tensors in [("RAWINT4", ct), ("GPTQ_INT4", gq)]:
+        (tmp_path / method).mkdir()
+        save_file(tensors, str(tmp_path / method / "model.safetensors"))
+        cfg = {"num_experts": E, "num_experts_per_tok": K, "hidden_size": H, "moe_intermediate_size": I,
+               "num_hidden_layers": 1, "quantization_config": quant[method]}
+        (tmp_path / method / "config.json").write_text(json.dumps(cfg))
+        w = make(layer_idx=0, method=method, path=str(tmp_path / method))
+        w.load_weights()
+        outs[method] = w.forward(x, ids, ws)
+    assert np.array_equal(outs["RAWINT4"], outs["GPTQ_INT4"])
+    assert rel_err(outs["RAWINT4"], moe_reference(x, ids, ws, *deq)) < 0.02
 
 
 def test_gpt_oss_mxfp4_checkpoint_with_biases(tmp_path):

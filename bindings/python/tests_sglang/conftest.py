@@ -154,7 +154,8 @@ def check_step(layers, weights, n, g, deferred, limit, label):
         ids = ids.to(torch.int32)
         # Upstream masks the CPU experts' ids in place after submitting: keep a copy.
         want.append(moe(x, ids.clone(), w, weights[li], lambda e: True))
-        out = m.apply(layer, StandardDispatchOutput(x, None, StandardTopKOutput(w, ids, logits))).hidden_states
+        with torch.inference_mode():  # as SGLang's model runner runs a forward
+            out = m.apply(layer, StandardDispatchOutput(x, None, StandardTopKOutput(w, ids, logits))).hidden_states
         assert out.shape == x.shape and out.dtype == torch.bfloat16
         got.append(out.float())
         if deferred is None:

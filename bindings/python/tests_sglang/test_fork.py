@@ -4,12 +4,13 @@ staging buffer, deferred experts, and the mask updated in place between steps.""
 
 import json
 import os
+import pathlib
 import types
 
 import pytest
 import torch
 
-from conftest import E, H, I, K, LAYERS, LIMITS, check_step, clamped_glu, moe
+from conftest import E, H, I, K, LAYERS, LIMITS, check_step, clamped_glu, moe, rel_err
 
 if not os.path.isdir(os.path.join(os.environ["KT_SGLANG_ROOT"], "sglang_kt_sgl_kernel_payload")):
     pytest.skip("KT_SGLANG_ROOT is not KT's fork sglang-kt 0.7.2", allow_module_level=True)
@@ -81,10 +82,26 @@ from sglang.srt.layers.quantization.base_config import FusedMoEMethodBase  # noq
 FP4 = torch.tensor([0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6])
 
 
+# What `marlin_permute_scales` (SGLang's own, run by the fork's int4 layerwise pipeline) did to a
+# scale tensor of each shape: its element j is the input's `MARLIN_SCALES[shape][j]`.
+MARLIN_SCALES = {}
+
+
 def dequantized(layer, name):
-    """A GPU weight as fp32: bf16; fp8 e4m3 times its `_scale_inv`: f32 128×128 blocks, or
-    MXFP8's e8m0 codes (uint8) per 32 columns of a row; or V4-Flash's MXFP4 (int8 pairs of e2m1,
-    the even column low) times its f32 scale per 32 columns."""
+    """A GPU weight as fp32 `[E, rows, cols]`: bf16; fp8 e4m3 times its `_scale_inv`: f32
+    128×128 blocks, or MXFP8's e8m0 codes (uint8) per 32 columns of a row; V4-Flash's MXFP4
+    (int8 pairs of e2m1, the even column low) times its f32 scale per 32 columns; or, in a
+    compressed-tensors int4 layer, `_packed`: GPTQ's `[E, K/8, N]` int32 (8 nibbles along K,
+    the low first, each holding q + 8: what `gptq_marlin_repack` takes, which the tests stand in
+    by the identity) times the bf16 `_scale` `[E, K/g, N]` after `marlin_permute_scales`."""
+    if hasattr(layer, name + "_packed"):
+        s = getattr(layer, name + "_scale")
+        # (The fork views the repacked words in Marlin's shape, `[E, K/16, 2N]`.)
+        words = getattr(layer, name + "_packed").reshape(s.shape[0], -1, s.shape[2])
+        q = torch.stack([(words >> (4 * j)) & 15 for j in range(8)], 2).flatten(1, 2) - 8  # [E, K, N]
+        order = MARLIN_SCALES[tuple(s.shape[1:])]
+        s = s.flatten(1)[:, torch.argsort(order)].reshape(s.shape).float()
+        return (q.float() * s.repeat_interleave(q.shape[1] // s.shape[1], 1)).transpose(1, 2)
     w, s = getattr(layer, name), getattr(layer, name + "_scale_inv", None)
     if w.dtype == torch.int8:
         b = w.view(torch.uint8).long()
@@ -214,27 +231,39 @@ def full_gpu_layers(monkeypatch):
     full-layer context (`SharedFullContext`: its unquantized GPU method's weights, its
     double-buffered shared-memory host buffers, its write/copy pipeline over our
     `submit_write_weight_scale_to_buffer`); stood in: that method's GPU kernel (`layer_moe`
-    over the weights the context copied, counting its calls). The context is a process-wide
-    singleton, fresh for each test; the fork pins the calling thread to one core while it
-    writes, undone after."""
+    over the weights the context copied: the token counts it was called with, and its
+    results). The context is a process-wide singleton, fresh for each test; the fork pins the
+    calling thread to one core while it writes, undone after."""
+    from sglang.srt.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsFusedMoEMethod
     from sglang.srt.layers.quantization.fp8 import Fp8MoEMethod
     from sglang.srt.layers.quantization.mxfp4_deepseek import DeepSeekMxfp4MoEMethod
     from sglang.srt.layers.quantization.unquant import UnquantizedFusedMoEMethod
 
-    calls = []
+    calls, outputs = [], []
 
     def full_layer(self, layer, dispatch_output):
         calls.append(dispatch_output.hidden_states.shape[0])
-        return layer_moe(layer, dispatch_output)
+        outputs.append(layer_moe(layer, dispatch_output))
+        return outputs[-1]
 
-    for gpu_method in (UnquantizedFusedMoEMethod, Fp8MoEMethod, DeepSeekMxfp4MoEMethod):
+    for gpu_method in (UnquantizedFusedMoEMethod, Fp8MoEMethod, DeepSeekMxfp4MoEMethod, CompressedTensorsFusedMoEMethod):
         monkeypatch.setattr(gpu_method, "apply", full_layer)
         # The GPU kernels' own weight preparation (DeepGEMM's scale layout, triton_kernels'
-        # swizzle), run on every load.
+        # swizzle, Marlin's repack), run on every load.
         monkeypatch.setattr(gpu_method, "process_weights_after_loading", lambda self, layer: None)
+    # The int4 pipeline's per-expert Marlin repack (a CUDA kernel): the identity, so the layer
+    # keeps the GPTQ layout it is given; its scale permutation is SGLang's own, recorded.
+    monkeypatch.setattr(kt_ep, "gptq_marlin_repack", lambda w, perm, k, n, bits: w, raising=False)
+    permute = kt_ep.marlin_permute_scales
+
+    def marlin_permute_scales(s, *args):
+        MARLIN_SCALES[tuple(s.shape)] = permute(torch.arange(s.numel()).reshape(s.shape), *args).flatten()
+        return permute(s, *args)
+
+    monkeypatch.setattr(kt_ep, "marlin_permute_scales", marlin_permute_scales)
     monkeypatch.setattr(kt_ep, "_SHARED_FULL_CONTEXT", None)
     cpus = os.sched_getaffinity(0)
-    yield calls
+    yield calls, outputs
     os.sched_setaffinity(0, cpus)
     kt_ep._SHARED_FULL_CONTEXT = None
 
@@ -309,6 +338,40 @@ def v4_model(tmp_path_factory):
     return str(d), [values[li] for li in range(LAYERS)]
 
 
+def int4_checkpoint(d, seed):
+    """A compressed-tensors int4 checkpoint (Kimi-K2's "pack-quantized": `weight_packed` int32
+    of 8 nibbles q + 8 along a row, the low first, bf16 `weight_scale` per 32 columns) of
+    `LAYERS` layers, written by `safetensors.torch`; its values by layer."""
+    from safetensors.torch import save_file
+
+    g, tensors, layers = torch.Generator().manual_seed(seed), {}, []
+    for li in range(LAYERS):
+        values = {}
+        for p, (rows, cols) in {"gate": (I, H), "up": (I, H), "down": (H, I)}.items():
+            q = torch.randint(-7, 8, (E, rows, cols), generator=g)
+            s = (torch.rand(E, rows, cols // 32, generator=g) * 2 + 1).div(7 * cols**0.5).to(torch.bfloat16)
+            values[p] = q.float() * s.float().repeat_interleave(32, -1)
+            words = sum((q[..., j::8] + 8).to(torch.int32) << (4 * j) for j in range(8))
+            for x in range(E):
+                stem = f"model.layers.{li}.mlp.experts.{x}.{p}_proj"
+                tensors[f"{stem}.weight_packed"], tensors[f"{stem}.weight_scale"] = words[x].contiguous(), s[x].contiguous()
+        layers.append(values)
+    save_file(tensors, str(d / "model.safetensors"))
+    scheme = {"type": "int", "num_bits": 4, "strategy": "group", "group_size": 32, "dynamic": False,
+              "symmetric": True, "actorder": None}
+    quant = {"quant_method": "compressed-tensors", "format": "pack-quantized", "quantization_status": "compressed",
+             "config_groups": {"group_0": {"weights": scheme, "targets": ["Linear"]}}}
+    cfg = {"num_experts": E, "num_experts_per_tok": K, "hidden_size": H, "moe_intermediate_size": I,
+           "num_hidden_layers": LAYERS, "quantization_config": quant}
+    (d / "config.json").write_text(json.dumps(cfg))
+    return str(d), layers
+
+
+@pytest.fixture(scope="module")
+def int4_model(tmp_path_factory):
+    return int4_checkpoint(tmp_path_factory.mktemp("int4-moe"), 16)
+
+
 @pytest.fixture(scope="module")
 def fp8_model(tmp_path_factory):
     return fp8_checkpoint(tmp_path_factory.mktemp("fp8-moe"), (128, 128), 11)
@@ -352,8 +415,43 @@ def test_layerwise_prefill_runs_the_layer_from_our_writes(request, monkeypatch, 
                 move_experts(m, layer, torch.tensor([0, 5, 6]))
         full = n >= 32
         check_step(layers, weights, n, g, None, 0.005 if full else LIMITS[method], f"{method} step {step}")
-        assert full_gpu_layers == ([n] * LAYERS if full else []), f"step {step}: {full_gpu_layers}"
-        full_gpu_layers.clear()
+        calls, outputs = full_gpu_layers
+        assert calls == ([n] * LAYERS if full else []), f"step {step}: {calls}"
+        calls.clear()
+        outputs.clear()
+
+
+def test_int4_layerwise_prefill_reads_our_writes_until_the_forks_own_restore_fails(int4_model, full_gpu_layers):
+    """A compressed-tensors int4 model (Kimi-K2's RAWINT4) with a threshold of 32 tokens: below
+    it the hybrid path; at 40 tokens the fork's int4 pipeline (`_prepare_weight_int4`: our
+    writes into its shared-memory double buffers, its per-expert transpose to GPTQ's `[K/8, N]`,
+    Marlin's repack (the identity here) and SGLang's own `marlin_permute_scales`) fills the
+    full layer, whose output (the stood-in kernel's, from those weights) is the fp32 MoE's to
+    bf16 rounding. Then the fork itself fails: `_restore_raw_attrs` remakes the int32 weight
+    its Marlin view reshaped as an `nn.Parameter` that requires grad, which torch refuses for
+    integers (sglang-kt 0.7.2, whatever CPU package; KT-Kernel's wrapper meets the same)."""
+    from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
+    from sglang.srt.layers.moe.topk import StandardTopKOutput
+    from sglang.srt.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
+
+    path, weights = int4_model
+    config = json.loads((pathlib.Path(path) / "config.json").read_text())["quantization_config"]
+    mask = torch.zeros(E, dtype=torch.bool)
+    mask[[2, 5]] = True
+    layers = build(path, weights, "RAWINT4", mask, None, threshold=32, quant_config=CompressedTensorsConfig.from_config(config))
+    g = torch.Generator().manual_seed(5)
+    check_step(layers, weights, 7, g, None, 0.04, "RAWINT4 hybrid step")
+    (m, layer), calls, outputs = layers[0], *full_gpu_layers
+    assert calls == []
+    x = torch.randn(40, H, generator=g).to(torch.bfloat16)
+    logits = torch.randn(40, E, generator=g)
+    w, ids = torch.topk(torch.softmax(logits, -1), K)
+    ids = ids.to(torch.int32)
+    want = moe(x, ids.clone(), w, weights[0], lambda e: True)
+    with torch.inference_mode(), pytest.raises(RuntimeError, match="floating point and complex dtype can require"):
+        m.apply(layer, StandardDispatchOutput(x, None, StandardTopKOutput(w, ids, logits)))
+    assert calls == [40]
+    assert rel_err(outputs[0].hidden_states.float(), want) < 0.005
 
 
 @pytest.fixture(scope="module")

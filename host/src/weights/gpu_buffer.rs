@@ -334,7 +334,7 @@ fn expert<'a>(
 ) -> Result<(GpuEncoding, [Matrix<'a>; 3]), WeightError> {
     let shapes = [(i, h), (i, h), (h, i)];
     let weight = |p: usize| layout.expert_tensor(e, p, "weight");
-    let stem = |p: usize| weight(p).strip_suffix(".weight").map(str::to_owned).unwrap_or_else(|| weight(p));
+    let stem = |p: usize| layout.expert_stem(e, p);
     let per_expert = layout.kind != ExpertLayout::Fused;
     let fp8 = per_expert && ck.get(&weight(0)).is_some_and(|t| t.dtype == Dtype::F8_E4M3);
     let int4 = per_expert && ck.contains(&format!("{}.weight_packed", stem(0)));

@@ -1,15 +1,70 @@
-//! 4-bit checkpoints decoded to f32: compressed-tensors "pack-quantized" (`weight_packed`, 8
-//! nibbles per int32 along K, low nibble first, value `nibble − 8`, bf16/f16/f32 `weight_scale`
-//! `[N, K/g]`, g from the shapes) and GPTQ (`qweight` `[K/8, N]` int32 packed along K, `scales`
-//! `[K/g, N]`; symmetric without act-order only, checked from `quantization_config`).
+//! 4-bit checkpoints as stored (our K-group int4's coding: a layer in the checkpoint's group
+//! loads them bit for bit, as KT's RAWINT4 does) or decoded to f32: compressed-tensors
+//! "pack-quantized" (`weight_packed`, 8 nibbles per int32 along K, low nibble first, value
+//! `nibble − 8`, bf16/f16/f32 `weight_scale` `[N, K/g]`, g from the shapes) and GPTQ (`qweight`
+//! `[K/8, N]` int32 packed along K, `scales` `[K/g, N]`; symmetric without act-order only,
+//! checked from `quantization_config`).
 
+use kt_core::format::QuantMatrix;
+use kt_core::WeightFormat;
 use safetensors::Dtype;
 use serde_json::Value;
 
 use super::{Checkpoint, WeightError};
 
-fn nibble(words: &[u8], idx: usize) -> i32 {
-    i32::from((words[idx / 2] >> (4 * (idx % 2))) & 0x0F) - 8
+/// A 4-bit checkpoint matrix as stored: offset-8 nibbles row-major `[rows, cols/2]` (the even
+/// column low; value `(nibble − 8) · scale`) and one scale per `group` columns of a row: the
+/// coding of our K-group int4, so a matching group loads bit for bit.
+pub struct Nibbles {
+    /// Nibbles, `[rows, cols/2]`.
+    pub data: Vec<u8>,
+    /// Scales, `[rows, cols/group]`.
+    pub scales: Vec<f32>,
+    /// Columns per scale.
+    pub group: usize,
+}
+
+impl Nibbles {
+    /// The values, `[rows, cols]`.
+    pub fn decode(&self, cols: usize) -> Vec<f32> {
+        let groups = cols / self.group;
+        let v = |i: usize| i32::from((self.data[i / 2] >> (4 * (i % 2))) & 0x0F) - 8;
+        (0..self.data.len() * 2)
+            .map(|i| v(i) as f32 * self.scales[(i / cols) * groups + (i % cols) / self.group])
+            .collect()
+    }
+
+    /// As our K-group int4 matrix, if its group is one we run (32, 64, 128).
+    pub fn matrix(self, rows: usize, cols: usize) -> Option<QuantMatrix> {
+        let group = u16::try_from(self.group).ok().filter(|g| [32, 64, 128].contains(g))?;
+        QuantMatrix::from_parts(WeightFormat::Int4Group { group }, rows, cols, self.data, self.scales).ok()
+    }
+}
+
+/// `{stem}`'s 4-bit tensors as stored (compressed-tensors `weight_packed`, or GPTQ `qweight`),
+/// `None` if it has neither.
+pub fn stored(ck: &Checkpoint, stem: &str, rows: usize, cols: usize) -> Result<Option<Nibbles>, WeightError> {
+    if ck.contains(&format!("{stem}.weight_packed")) {
+        return compressed(ck, stem, rows, cols).map(Some);
+    }
+    if ck.contains(&format!("{stem}.qweight")) {
+        return gptq(ck, stem, rows, cols).map(Some);
+    }
+    Ok(None)
+}
+
+/// The columns per scale of `{stem}`'s 4-bit tensors, from its scales' shape (compressed-tensors
+/// `[N, K/g]` beside a `[N, K/8]` `weight_packed`; GPTQ `[K/g, N]` beside a `[K/8, N]`
+/// `qweight`); `None` for other tensors.
+pub fn group(ck: &Checkpoint, stem: &str) -> Option<usize> {
+    let get = |name: String| ck.get(&name);
+    let (words, scales, axis) = match get(format!("{stem}.weight_packed")) {
+        Some(w) => (w, get(format!("{stem}.weight_scale"))?, 1),
+        None => (get(format!("{stem}.qweight"))?, get(format!("{stem}.scales"))?, 0),
+    };
+    let nibbles = if words.dtype == Dtype::I32 { 8 } else { 2 };
+    let (cols, groups) = (nibbles * *words.shape.get(axis)?, *scales.shape.get(axis)?);
+    (groups > 0 && cols % groups == 0).then(|| cols / groups)
 }
 
 fn scales(ck: &Checkpoint, name: &str) -> Result<(Vec<f32>, Vec<usize>), WeightError> {
@@ -35,8 +90,9 @@ fn packed<'a>(ck: &'a Checkpoint, name: &str, shape: [usize; 2]) -> Result<&'a [
     }
 }
 
-/// compressed-tensors `{stem}.weight_packed` + `{stem}.weight_scale` as an f32 `[rows, cols]`.
-pub fn compressed(ck: &Checkpoint, stem: &str, rows: usize, cols: usize) -> Result<Vec<f32>, WeightError> {
+/// compressed-tensors `{stem}.weight_packed` (int32 words of 8 nibbles along a row, the low
+/// first: little-endian bytes in our order) + `{stem}.weight_scale` `[rows, cols/g]`.
+fn compressed(ck: &Checkpoint, stem: &str, rows: usize, cols: usize) -> Result<Nibbles, WeightError> {
     let q = packed(ck, &format!("{stem}.weight_packed"), [rows, cols / 8 * 8])?;
     let sname = format!("{stem}.weight_scale");
     let (s, shape) = scales(ck, &sname)?;
@@ -44,12 +100,12 @@ pub fn compressed(ck: &Checkpoint, stem: &str, rows: usize, cols: usize) -> Resu
     if shape.first() != Some(&rows) || groups == 0 || cols % groups != 0 || cols % 8 != 0 {
         return Err(WeightError::Shape { name: sname, expected: vec![rows, cols / 32], found: shape });
     }
-    let g = cols / groups;
-    Ok((0..rows * cols).map(|i| nibble(q, i) as f32 * s[(i / cols) * groups + (i % cols) / g]).collect())
+    Ok(Nibbles { data: q.to_vec(), scales: s, group: cols / groups })
 }
 
-/// GPTQ `{stem}.qweight` + `{stem}.scales` as an f32 `[rows, cols]` (rows = N outputs).
-pub fn gptq(ck: &Checkpoint, stem: &str, rows: usize, cols: usize) -> Result<Vec<f32>, WeightError> {
+/// GPTQ `{stem}.qweight` (`[K/8, N]` int32 packed along K) + `{stem}.scales` (`[K/g, N]`),
+/// transposed to rows = N outputs.
+fn gptq(ck: &Checkpoint, stem: &str, rows: usize, cols: usize) -> Result<Nibbles, WeightError> {
     let qc = quantization_config(ck);
     let field = |k: &str| qc.as_ref().and_then(|q| q.get(k));
     let sym = field("sym").and_then(Value::as_bool).unwrap_or(true);
@@ -75,16 +131,16 @@ pub fn gptq(ck: &Checkpoint, stem: &str, rows: usize, cols: usize) -> Result<Vec
     if shape.get(1) != Some(&rows) || groups == 0 || cols % groups != 0 {
         return Err(WeightError::Shape { name: sname, expected: vec![cols / 128, rows], found: shape });
     }
-    let g = cols / groups;
-    let mut out = vec![0.0f32; rows * cols];
+    let mut data = vec![0u8; rows * cols / 2];
     for k in 0..cols {
         for n in 0..rows {
             let word = (k / 8) * rows + n;
-            let v = nibble(&q[word * 4..word * 4 + 4], k % 8);
-            out[n * cols + k] = v as f32 * s[(k / g) * rows + n];
+            let v = (q[word * 4 + (k % 8) / 2] >> (4 * (k % 2))) & 0x0F;
+            data[(n * cols + k) / 2] |= v << (4 * (k % 2));
         }
     }
-    Ok(out)
+    let scales = (0..rows * groups).map(|i| s[(i % groups) * rows + i / groups]).collect();
+    Ok(Nibbles { data, scales, group: cols / groups })
 }
 
 /// `quantization_config` of the checkpoint's `config.json`, if any.

@@ -66,6 +66,13 @@ impl Layout {
         Err(WeightError::UnknownLayout { layer, tried })
     }
 
+    /// Expert `e`'s projection `proj` tensor name without its `.weight`: what its scales and
+    /// 4-bit tensors are named from.
+    pub fn expert_stem(&self, e: usize, proj: usize) -> String {
+        let w = self.expert_tensor(e, proj, "weight");
+        w.strip_suffix(".weight").map(str::to_owned).unwrap_or(w)
+    }
+
     /// The name of expert `e`'s projection `proj` (0 gate, 1 up, 2 down), tensor `suffix`
     /// (`weight`, `weight_scale_inv`, `weight_scale`); per-expert layouts only.
     pub fn expert_tensor(&self, e: usize, proj: usize, suffix: &str) -> String {

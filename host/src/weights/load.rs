@@ -3,6 +3,7 @@
 //! them into a [`MoeLayer`] on the layer's pool.
 
 use kt_core::dtype::{f16, F8E4M3};
+use kt_core::format::QuantMatrix;
 use kt_core::{MoeConfig, WeightFormat};
 use safetensors::Dtype;
 
@@ -39,13 +40,10 @@ fn matrix(ck: &Checkpoint, name: &str, rows: usize, cols: usize) -> Result<Vec<f
     let stem = name.strip_suffix(".weight").unwrap_or(name);
     let Some(t) = ck.get(name) else {
         // 4-bit checkpoints name their tensors differently.
-        if ck.contains(&format!("{stem}.weight_packed")) {
-            return super::int4::compressed(ck, stem, rows, cols);
-        }
-        if ck.contains(&format!("{stem}.qweight")) {
-            return super::int4::gptq(ck, stem, rows, cols);
-        }
-        return Err(WeightError::Missing { name: name.into() });
+        return match super::int4::stored(ck, stem, rows, cols)? {
+            Some(n) => Ok(n.decode(cols)),
+            None => Err(WeightError::Missing { name: name.into() }),
+        };
     };
     if super::mxfp4::is_mxfp4(ck, stem, rows, cols) {
         return super::mxfp4::packed(ck, stem, rows, cols);
@@ -171,7 +169,10 @@ pub fn load_layer(
     slots: Slots<'_>,
     opts: &LayerOptions,
 ) -> Result<MoeLayer, WeightError> {
-    let mut built = MoeLayer::try_from_f32(cfg, format, slot_reader(ck, layer, cfg, slots)?, opts)?;
+    let mut built = match stored_reader(ck, layer, format, cfg, slots)? {
+        Some(read) => MoeLayer::try_from_quantized(cfg, read, format, opts)?,
+        None => MoeLayer::try_from_f32(cfg, format, slot_reader(ck, layer, cfg, slots)?, opts)?,
+    };
     let layout = Layout::detect(ck, layer)?;
     for slot in 0..cfg.experts {
         let Some(e) = slots.expert(slot) else { continue };
@@ -180,6 +181,52 @@ pub fn load_layer(
         }
     }
     Ok(built)
+}
+
+/// An expert's gate, up and down as a checkpoint stores them.
+pub type StoredExpert = (QuantMatrix, QuantMatrix, QuantMatrix);
+
+/// For a layer in `format` that is its 4-bit checkpoint's own K-group int4 (compressed-tensors
+/// or GPTQ in that group), slot `p`'s expert with its nibbles and scales as stored (`Ok(None)`
+/// for a GPU-resident slot): a layer built from it holds the checkpoint's values exactly, as
+/// KT's RAWINT4 does, where requantizing them would move them (compressed-tensors scales are
+/// amax/7.5 and use the level −8; ours amax/7). `None` for any other layer.
+#[allow(clippy::type_complexity)]
+pub fn stored_reader<'a>(
+    ck: &'a Checkpoint,
+    layer: usize,
+    format: WeightFormat,
+    cfg: &MoeConfig,
+    slots: Slots<'a>,
+) -> Result<Option<impl Fn(usize) -> Result<Option<StoredExpert>, WeightError> + Sync + 'a>, WeightError> {
+    let layout = Layout::detect(ck, layer)?;
+    if !matches!(format, WeightFormat::Int4Group { .. }) || format.k_group() != int4_group(ck, &layout) {
+        return Ok(None);
+    }
+    let (h, i) = (cfg.hidden, cfg.intermediate);
+    Ok(Some(move |slot: usize| -> Result<Option<StoredExpert>, WeightError> {
+        let Some(e) = slots.expert(slot) else { return Ok(None) };
+        let m = |p: usize, rows, cols| -> Result<QuantMatrix, WeightError> {
+            let stem = layout.expert_stem(e, p);
+            let n = super::int4::stored(ck, &stem, rows, cols)?
+                .ok_or(WeightError::Missing { name: format!("{stem}.weight_packed") })?;
+            n.matrix(rows, cols).ok_or(WeightError::Config {
+                path: ck.dir().to_path_buf(),
+                detail: format!("{stem}: its scales' group differs from expert 0's ({format})"),
+            })
+        };
+        Ok(Some((m(0, i, h)?, m(1, i, h)?, m(2, h, i)?)))
+    }))
+}
+
+/// The K-group of a layer's 4-bit experts (compressed-tensors or GPTQ, from expert 0's gate
+/// scales' shape), if its experts are stored so and the group is one our K-group int4 runs (32,
+/// 64, 128).
+pub fn int4_group(ck: &Checkpoint, layout: &Layout) -> Option<usize> {
+    if matches!(layout.kind, ExpertLayout::Fused | ExpertLayout::GptOss) {
+        return None;
+    }
+    super::int4::group(ck, &layout.expert_stem(0, 0)).filter(|g| [32, 64, 128].contains(g))
 }
 
 /// An expert's gate `[I,H]`, up `[I,H]` and down `[H,I]` in f32.

@@ -1,0 +1,112 @@
+//! A 4-bit checkpoint (compressed-tensors "pack-quantized", Kimi-K2's, quantized as
+//! compressed-tensors quantizes: scale amax/7.5, levels −8..7) loads as stored into a layer in
+//! its own K-group: the inference and SFT layers equal layers built from its nibbles and
+//! scales, bit for bit; a layer in another group is requantized from its values.
+
+use std::path::{Path, PathBuf};
+
+use kt_core::dtype::round_ne;
+use kt_core::sft::Backward;
+use kt_core::testing::{random_experts, random_input, random_routing};
+use kt_core::{bf16, MoeConfig, QuantMatrix, Routing, WeightFormat};
+use kt_host::weights::writer::{Planned, StreamWriter};
+use kt_host::weights::{load_layer, Checkpoint, Slots};
+use kt_host::{LayerOptions, MoeLayer, SftLayer, SftOptions};
+
+const E: usize = 4;
+const H: usize = 128;
+const I: usize = 256;
+const G32: WeightFormat = WeightFormat::Int4Group { group: 32 };
+
+/// One matrix as compressed-tensors stores it: offset-8 nibbles (as int32 words, 8 a word
+/// along the row, the low first: little-endian, our byte order) and bf16 scales.
+fn quantize(rows: usize, cols: usize, x: &[f32]) -> QuantMatrix {
+    let mut data = vec![0u8; rows * cols / 2];
+    let mut scales = Vec::new();
+    for (r, row) in x.chunks(cols).enumerate() {
+        for (g, group) in row.chunks(32).enumerate() {
+            let amax = group.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+            let s = half::bf16::from_f32(amax / 7.5).to_f32();
+            scales.push(s);
+            for (j, v) in group.iter().enumerate() {
+                let (c, q) = (g * 32 + j, (round_ne(v / s).clamp(-8.0, 7.0) + 8.0) as u8);
+                data[(r * cols + c) / 2] |= q << (4 * (c % 2));
+            }
+        }
+    }
+    QuantMatrix::from_parts(G32, rows, cols, data, scales).unwrap()
+}
+
+/// A one-layer compressed-tensors checkpoint (Qwen3 naming); its experts as stored.
+fn write_checkpoint(dir: &Path) -> Vec<[QuantMatrix; 3]> {
+    std::fs::create_dir_all(dir).unwrap();
+    let cfg = MoeConfig::new(E, 2, H, I);
+    let experts: Vec<[QuantMatrix; 3]> = random_experts(&cfg, 9)
+        .iter()
+        .map(|x| [quantize(I, H, &x[0]), quantize(I, H, &x[1]), quantize(H, I, &x[2])])
+        .collect();
+    let mut tensors: Vec<(String, &str, Vec<usize>, Vec<u8>)> = Vec::new();
+    for (e, ms) in experts.iter().enumerate() {
+        for (m, proj) in ms.iter().zip(["gate", "up", "down"]) {
+            let stem = format!("model.layers.0.mlp.experts.{e}.{proj}_proj");
+            let (rows, cols) = (m.rows(), m.cols());
+            let scales = m.scales().iter().flat_map(|s| half::bf16::from_f32(*s).to_le_bytes()).collect();
+            tensors.push((format!("{stem}.weight_packed"), "I32", vec![rows, cols / 8], m.data().to_vec()));
+            tensors.push((format!("{stem}.weight_scale"), "BF16", vec![rows, cols / 32], scales));
+        }
+    }
+    let plan = tensors
+        .iter()
+        .map(|(n, d, s, b)| Planned { name: n.clone(), dtype: (*d).into(), shape: s.clone(), bytes: b.len() })
+        .collect();
+    let mut w = StreamWriter::create(&dir.join("model.safetensors"), plan, &[]).unwrap();
+    for (n, _, _, b) in &tensors {
+        w.write(n, b).unwrap();
+    }
+    w.finish().unwrap();
+    let config = serde_json::json!({"num_experts": E, "num_experts_per_tok": 2, "hidden_size": H,
+        "moe_intermediate_size": I, "num_hidden_layers": 1});
+    std::fs::write(dir.join("config.json"), config.to_string()).unwrap();
+    experts
+}
+
+fn tmp(tag: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("kt-int4-{tag}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&d);
+    d
+}
+
+/// An SFT layer's forward output and input gradient, as bits.
+fn sft_bits(layer: &SftLayer, x: &[bf16], rt: &Routing<'_>) -> Vec<u16> {
+    let mut out = vec![bf16::ZERO; x.len()];
+    layer.forward(x, rt, None, true, &mut out).unwrap();
+    let (mut gi, mut gw) = (vec![bf16::ZERO; x.len()], vec![0.0f32; rt.ids.len()]);
+    let grads = Backward { grad_input: &mut gi, grad_weights: &mut gw, lora: None, base: None, grad_scale: 1.0 };
+    layer.backward(&random_input(rt.tokens, H, 5), None, grads).unwrap();
+    out.iter().chain(&gi).map(|v| v.to_bits()).collect()
+}
+
+#[test]
+fn a_4bit_checkpoint_in_its_own_group_loads_as_stored() {
+    let dir = tmp("ct");
+    let stored = write_checkpoint(&dir);
+    let ck = Checkpoint::open(&dir).unwrap();
+    let cfg = MoeConfig { parts: 2, ..MoeConfig::new(E, 2, H, I) };
+    let opts = LayerOptions::threads(2);
+    let (n, x) = (5, random_input(5, H, 3));
+    let (ids, w) = random_routing(n, 2, E, 4);
+    let want = MoeLayer::from_quantized(&cfg, |e| Some(stored[e].clone().into()), G32, &opts).unwrap();
+    let want = want.forward(&x, &ids, &w, None).unwrap();
+    let loaded = load_layer(&ck, 0, G32, &cfg, Slots::default(), &opts).unwrap();
+    assert_eq!(loaded.forward(&x, &ids, &w, None).unwrap(), want);
+    // In groups of 128 the values are requantized: another layer, other outputs.
+    let g128 = load_layer(&ck, 0, WeightFormat::Int4Group { group: 128 }, &cfg, Slots::default(), &opts).unwrap();
+    assert_ne!(g128.forward(&x, &ids, &w, None).unwrap(), want);
+
+    let rt = Routing { tokens: n, k: 2, ids: &ids, weights: &w, gpu_mask: None };
+    let sft = SftOptions::default();
+    let from_parts = SftLayer::from_quantized(&cfg, G32, |e| Some(stored[e].clone().into()), &opts, sft).unwrap();
+    let from_file = SftLayer::from_checkpoint(&ck, 0, G32, &cfg, Slots::default(), &opts, sft).unwrap();
+    assert_eq!(sft_bits(&from_file, &x, &rt), sft_bits(&from_parts, &x, &rt));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
