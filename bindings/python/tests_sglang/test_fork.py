@@ -103,6 +103,8 @@ def dequantized(layer, name):
         s = s.flatten(1)[:, torch.argsort(order)].reshape(s.shape).float()
         return (q.float() * s.repeat_interleave(q.shape[1] // s.shape[1], 1)).transpose(1, 2)
     w, s = getattr(layer, name), getattr(layer, name + "_scale_inv", None)
+    if s is None and w.dtype == torch.float8_e4m3fn:
+        return w.float() * getattr(layer, name + "_scale")  # one f32 scale a row, [E, rows, 1]
     if w.dtype == torch.int8:
         b = w.view(torch.uint8).long()
         v = torch.stack([FP4[b & 15], FP4[b >> 4]], -1).flatten(-2)
@@ -270,30 +272,40 @@ def full_gpu_layers(monkeypatch):
 
 def fp8_checkpoint(d, block, seed):
     """An fp8 checkpoint of `LAYERS` layers with power-of-two scales per `block` (rows, cols):
-    (128, 128), DeepSeek-V3's f32 `weight_scale_inv`, or (1, 32), MXFP8's e8m0 codes (uint8,
-    the fork's MiniMax-M3); and its values (exact in fp32 and bf16)."""
+    (128, 128), DeepSeek-V3's f32 `weight_scale_inv`; (1, 32), MXFP8's e8m0 codes (uint8, the
+    fork's MiniMax-M3); or (1, 0), one f32 `weight_scale` `[rows, 1]` a row in a
+    compressed-tensors "float-quantized" model (channel strategy); and its values (exact in
+    fp32 and bf16)."""
     from safetensors.torch import save_file
 
     g = torch.Generator().manual_seed(seed)
-    (br, bc), tensors, layers = block, {}, []
-    wide = lambda t: t.repeat_interleave(br, 1).repeat_interleave(bc, 2)  # noqa: E731
+    tensors, layers, per_row = {}, [], block == (1, 0)
     for li in range(LAYERS):
         values = {}
         for p, (rows, cols) in {"gate": (I, H), "up": (I, H), "down": (H, I)}.items():
+            br, bc = (1, cols) if per_row else block
+            wide = lambda t: t.repeat_interleave(br, 1).repeat_interleave(bc, 2)  # noqa: E731
             # Each block's magnitude its own (×2^-2..2^2), so are its scales.
             spread = 2.0 ** torch.randint(-2, 3, (E, rows // br, cols // bc), generator=g).float()
             w = torch.randn(E, rows, cols, generator=g) / cols**0.5 * wide(spread)
             s = 2.0 ** torch.ceil(torch.log2(w.abs().reshape(E, rows // br, br, cols // bc, bc).amax((2, 4)) / 448))
             codes = (w / wide(s)).to(torch.float8_e4m3fn)
             values[p] = codes.float() * wide(s)
-            stored = s if block == (128, 128) else (torch.log2(s) + 127).to(torch.uint8)
+            stored = s if block != (1, 32) else (torch.log2(s) + 127).to(torch.uint8)
+            scale = "weight_scale" if per_row else "weight_scale_inv"
             for x in range(E):
                 stem = f"model.layers.{li}.mlp.experts.{x}.{p}_proj"
-                tensors[f"{stem}.weight"], tensors[f"{stem}.weight_scale_inv"] = codes[x].contiguous(), stored[x].contiguous()
+                tensors[f"{stem}.weight"], tensors[f"{stem}.{scale}"] = codes[x].contiguous(), stored[x].contiguous()
         layers.append(values)
     save_file(tensors, str(d / "model.safetensors"))
     cfg = {"num_experts": E, "num_experts_per_tok": K, "hidden_size": H, "moe_intermediate_size": I,
            "num_hidden_layers": LAYERS}
+    if per_row:
+        fp8 = {"type": "float", "num_bits": 8, "symmetric": True}
+        cfg["quantization_config"] = {
+            "quant_method": "compressed-tensors", "format": "float-quantized", "quantization_status": "compressed",
+            "config_groups": {"group_0": {"targets": ["Linear"], "weights": {**fp8, "strategy": "channel", "dynamic": False},
+                                          "input_activations": {**fp8, "strategy": "token", "dynamic": True}}}}
     (d / "config.json").write_text(json.dumps(cfg))
     return str(d), layers
 
@@ -378,12 +390,26 @@ def fp8_model(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def fp8_channel_model(tmp_path_factory):
+    return fp8_checkpoint(tmp_path_factory.mktemp("fp8-channel-moe"), (1, 0), 17)
+
+
+@pytest.fixture(scope="module")
 def mxfp8_model(tmp_path_factory):
     return fp8_checkpoint(tmp_path_factory.mktemp("mxfp8-moe"), (1, 32), 14)
 
 
+def compressed_tensors(path):
+    """SGLang's quantization config of a compressed-tensors model (the `quantization_config` of
+    its `config.json`)."""
+    from sglang.srt.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
+
+    config = json.loads((pathlib.Path(path) / "config.json").read_text())["quantization_config"]
+    return CompressedTensorsConfig.from_config(config)
+
+
 @pytest.mark.parametrize("method,checkpoint", [(m, "bf16") for m in LIMITS]
-                         + [("FP8", "fp8"), ("MXFP8", "mxfp8"), ("MXFP4", "v4")])
+                         + [("FP8", "fp8"), ("FP8_PERCHANNEL", "fp8-channel"), ("MXFP8", "mxfp8"), ("MXFP4", "v4")])
 def test_layerwise_prefill_runs_the_layer_from_our_writes(request, monkeypatch, method, checkpoint, full_gpu_layers):
     """Steps at and above the threshold run every expert of each layer on the "GPU" from the
     bytes our wrapper wrote in the checkpoint's encoding (bf16 whatever the CPU method, or the
@@ -396,11 +422,14 @@ def test_layerwise_prefill_runs_the_layer_from_our_writes(request, monkeypatch, 
     import sglang.srt.layers.quantization.mxfp4_deepseek as mxfp4_deepseek
     from sglang.srt.layers.quantization.fp8 import Fp8Config
 
-    fixture = {"bf16": "model", "fp8": "fp8_model", "mxfp8": "mxfp8_model", "v4": "v4_model"}[checkpoint]
+    fixture = {"bf16": "model", "fp8": "fp8_model", "fp8-channel": "fp8_channel_model", "mxfp8": "mxfp8_model",
+               "v4": "v4_model"}[checkpoint]
     path, weights = request.getfixturevalue(fixture)
     block_fp8 = Fp8Config(is_checkpoint_fp8_serialized=True, weight_block_size=[128, 128])
     quant = {"bf16": None, "fp8": block_fp8, "v4": block_fp8,
-             "mxfp8": Fp8Config(is_checkpoint_fp8_serialized=True, use_mxfp8=True)}[checkpoint]
+             "mxfp8": Fp8Config(is_checkpoint_fp8_serialized=True, use_mxfp8=True)}.get(checkpoint)
+    if checkpoint == "fp8-channel":
+        quant = compressed_tensors(path)
     if checkpoint == "v4":
         monkeypatch.setenv("SGLANG_V4_USE_TRITON_KERNELS", "1")
         server = types.SimpleNamespace(flashinfer_mxfp4_moe_precision="default")
@@ -432,13 +461,11 @@ def test_int4_layerwise_prefill_reads_our_writes_until_the_forks_own_restore_fai
     integers (sglang-kt 0.7.2, whatever CPU package; KT-Kernel's wrapper meets the same)."""
     from sglang.srt.layers.moe.token_dispatcher.standard import StandardDispatchOutput
     from sglang.srt.layers.moe.topk import StandardTopKOutput
-    from sglang.srt.layers.quantization.compressed_tensors.compressed_tensors import CompressedTensorsConfig
 
     path, weights = int4_model
-    config = json.loads((pathlib.Path(path) / "config.json").read_text())["quantization_config"]
     mask = torch.zeros(E, dtype=torch.bool)
     mask[[2, 5]] = True
-    layers = build(path, weights, "RAWINT4", mask, None, threshold=32, quant_config=CompressedTensorsConfig.from_config(config))
+    layers = build(path, weights, "RAWINT4", mask, None, threshold=32, quant_config=compressed_tensors(path))
     g = torch.Generator().manual_seed(5)
     check_step(layers, weights, 7, g, None, 0.04, "RAWINT4 hybrid step")
     (m, layer), calls, outputs = layers[0], *full_gpu_layers
