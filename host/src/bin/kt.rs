@@ -67,8 +67,9 @@ struct ConvertArgs {
     /// Output directory.
     #[arg(long)]
     output: std::path::PathBuf,
-    /// int8 (KT AMXINT8) or int4 (KT AMXINT4), KT's packed files; or one of ours: bf16,
-    /// int4-g32, int4-g64, int4-g128, fp8, fp8-channel.
+    /// int8 (KT AMXINT8) or int4 (KT AMXINT4), KT's packed files; one of ours: bf16,
+    /// int4-g32, int4-g64, int4-g128, fp8, fp8-channel, mxfp4, mxfp8; or a GGML type (q8_0,
+    /// q4_k, ...), written as GGUF.
     #[arg(long, default_value = "int8")]
     method: String,
     /// NUMA parts the files are for (KT's threadpool_count; must match at load).
@@ -143,7 +144,7 @@ struct BenchArgs {
     #[arg(long)]
     top_k: Option<usize>,
     /// Weight formats, comma-separated: bf16, int8, int4, int4-g32, int4-g64, int4-g128, fp8,
-    /// fp8-channel, or GGML types (q4_0, q4_1, q5_0, q5_1, q8_0, q2_k..q6_k, iq4_nl, iq4_xs,
+    /// fp8-channel, mxfp4, mxfp8 (or KT's method names), or GGML types (q4_0, q4_1, q5_0, q5_1, q8_0, q2_k..q6_k, iq4_nl, iq4_xs,
     /// iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, f16, f32) [default: bf16; a GGUF
     /// --weights file runs its own types]
     #[arg(long, value_delimiter = ',')]
