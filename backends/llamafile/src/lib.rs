@@ -285,7 +285,12 @@ mod imp {
         }
 
         fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error> {
-            let t = ggml(m.format());
+            let WeightFormat::Ggml(t) = m.format() else {
+                return Err(Error::UnsupportedFormat {
+                    format: m.format(),
+                    context: "by the llamafile backend (GGML types)",
+                });
+            };
             let p = Packed::new(t, m.rows(), m.cols(), m.data(), self.vnni());
             Ok(PackedMatrix::new(self.name(), m.format(), m.rows(), m.cols(), p.data.len(), p))
         }
@@ -428,7 +433,10 @@ mod imp {
         }
 
         fn instructions(&self, format: WeightFormat) -> Instructions {
-            let t = ggml(format);
+            // Another format has no kernels here: its answer is where its activations would go.
+            let WeightFormat::Ggml(t) = format else {
+                return if format.int_activations() { Instructions::Int8Pairs } else { Instructions::FmaF32 };
+            };
             if self.tiles_here() && tile_type(t, self.vnni().is_some()) {
                 Instructions::AmxInt8
             } else if self.vnni().is_some() && vnni::runs(t) {
@@ -478,6 +486,11 @@ mod tests {
             assert_eq!(LLAMAFILE.instructions(g(t)), on_tiles(Instructions::Int8Pairs), "{t}");
         }
         assert_eq!(LLAMAFILE.instructions(g(GgmlType::F16)), Instructions::FmaF32);
+        // A format it does not serve gets an answer and a refused pack, not a panic.
+        assert_eq!(LLAMAFILE.instructions(WeightFormat::Bf16), Instructions::FmaF32);
+        let m = kt_core::QuantMatrix::quantize(WeightFormat::Bf16, 2, 32, &[0.5; 64]).unwrap();
+        let e = LLAMAFILE.pack(&m).map(|_| ()).unwrap_err().to_string();
+        assert!(e.contains("bf16") && e.contains("llamafile"), "{e}");
     }
 
     kt_core::conformance_suite!(&crate::LLAMAFILE);
