@@ -241,6 +241,7 @@ pub fn conformance(backend: &'static dyn Backend) -> Result<(), &'static str> {
     failures.extend(ggml_conformance_failures(backend, &SerialExecutor));
     failures.extend(glu_failures(backend, &SerialExecutor));
     failures.extend(bias_failures(backend, &SerialExecutor));
+    failures.extend(stored_scale_failures(backend, &SerialExecutor));
     failures.extend(
         accuracy_failures(backend, &SerialExecutor).into_iter().filter(|&(_, err, limit)| err >= limit).map(
             |(f, err, limit)| format!("{} {f}: error {err:.4} against the fp32 MoE, limit {limit}", backend.name()),
@@ -408,6 +409,60 @@ fn against_oracle(
     let want: Vec<f64> = run(&SerialExecutor, cfg, oracle, &input, &r).iter().map(|&v| f64::from(v)).collect();
     let err = mean_rel_err(&got, &want);
     (err > 1e-2 || got.iter().any(|v| !v.is_finite())).then_some(err)
+}
+
+/// K-group int4 layers of stored scales that are f16 values, not bf16 (a GPTQ checkpoint's,
+/// loaded as stored), and of bf16 ones, on every group `backend` serves: against the reference
+/// within 1e-5 at decode and prefill token counts, where scales rounded to bf16 anywhere
+/// would be off by ~1e-3.
+pub fn stored_scale_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<String> {
+    let mut failures = Vec::new();
+    let mut r = SplitMix64::new(23);
+    let (h, i) = (256, 128);
+    for group in [32u16, 128] {
+        let format = WeightFormat::Int4Group { group };
+        if !backend.serves(format, i, h) || !backend.serves(format, h, i) {
+            continue;
+        }
+        for f16 in [true, false] {
+            let cfg = MoeConfig { max_tokens: 16, ..MoeConfig::new(6, 2, h, i) };
+            let mut matrix = |rows: usize, cols: usize| {
+                let data = (0..rows * cols / 2).map(|_| (r.next_u64() & 0xFF) as u8).collect();
+                let scales = (0..rows * cols / usize::from(group))
+                    .map(|_| 0.004 + r.uniform(0.002).abs())
+                    .map(|s| if f16 { half::f16::from_f32(s).to_f32() } else { half::bf16::from_f32(s).to_f32() })
+                    .collect();
+                QuantMatrix::from_parts(format, rows, cols, data, scales).expect("consistent parts")
+            };
+            let experts: Vec<[QuantMatrix; 3]> =
+                (0..cfg.experts).map(|_| [matrix(i, h), matrix(i, h), matrix(h, i)]).collect();
+            let build = |b: &'static dyn Backend| {
+                let mut layer = LayerWeights::empty(&cfg, format, b).expect("valid test config");
+                for (e, [g, u, d]) in experts.iter().enumerate() {
+                    layer
+                        .set_expert(e, crate::forward::pack_expert(b, &cfg, g, u, d).expect("pack"))
+                        .expect("same backend");
+                }
+                layer
+            };
+            let layers = (build(backend), build(&REFERENCE));
+            for tokens in [1, 4, 13] {
+                let input = random_input(tokens, h, tokens as u64);
+                let (ids, w) = random_routing(tokens, 2, 6, 5);
+                let rt = Routing { tokens, k: 2, ids: &ids, weights: &w, gpu_mask: None };
+                let got = run(exec, &cfg, &layers.0, &input, &rt);
+                let want: Vec<f64> =
+                    run(&SerialExecutor, &cfg, &layers.1, &input, &rt).iter().map(|&v| f64::from(v)).collect();
+                let err = mean_rel_err(&got, &want);
+                if err > 1e-5 || got.iter().any(|v| !v.is_finite()) {
+                    let kind = if f16 { "f16" } else { "bf16" };
+                    failures
+                        .push(format!("{} {format} with {kind} scales n{tokens}: rel err {err:.3e}", backend.name()));
+                }
+            }
+        }
+    }
+    failures
 }
 
 /// Random expert biases, one per expert: gate's and up's std 0.5 (of the order of their

@@ -258,6 +258,20 @@ unsafe fn load16(p: *const f32) -> (__m256, __m256) {
     unsafe { (_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8))) }
 }
 
+/// 16 rows' scales from their bf16 bits (exactly: a bf16 is an f32's top half).
+///
+/// # Safety
+/// The CPU has AVX2; 16 readable `u16` at `p`.
+#[inline(always)]
+unsafe fn bf16_scales16(p: *const u16) -> (__m256, __m256) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let lo = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
+        let hi = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(8).cast()));
+        (_mm256_castsi256_ps(_mm256_slli_epi32::<16>(lo)), _mm256_castsi256_ps(_mm256_slli_epi32::<16>(hi)))
+    }
+}
+
 /// 16 rows' MX scales from their e8m0 codes `c`: `2^(c − bias)`, exactly (subnormal below
 /// 2^-126 and infinite above 2^127, as the f32 products they stand for).
 ///
@@ -394,6 +408,7 @@ unsafe fn int_panel<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: u
                     let at = (p * groups + g) * PANEL;
                     let (s0, s1) = match f {
                         WeightFormat::Mxfp4 => mx_scales16(w.codes[at..].as_ptr(), w.code_bias),
+                        _ if !w.scales16.is_empty() => bf16_scales16(w.scales16[at..].as_ptr()),
                         _ => load16(w.scales[at..].as_ptr()),
                     };
                     for t in 0..N {

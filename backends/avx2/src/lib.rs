@@ -231,4 +231,17 @@ mod tests {
             }
         }
     }
+
+    /// K-group int4 scales are packed as bf16 bits where every one is a bf16, else kept f32
+    /// (GPTQ's f16 scales, loaded as stored); the conformance suite runs both kinds.
+    #[test]
+    fn kgroup_scales_pack_as_bf16_only_where_they_are_bf16() {
+        let f = WeightFormat::Int4Group { group: 32 };
+        for (scale, bf16) in [(0.01f32, false), (f32::from_bits(0.01f32.to_bits() & 0xFFFF_0000), true)] {
+            let m = QuantMatrix::from_parts(f, 32, 64, vec![0x3C; 32 * 32], vec![scale; 64]).unwrap();
+            let p = pack::pack(&m);
+            let halves = (p.scales.is_empty(), p.scales16.iter().all(|&h| f32::from_bits(u32::from(h) << 16) == scale));
+            assert_eq!((halves, p.scales16.len()), ((bf16, true), if bf16 { 2 * 2 * 16 } else { 0 }), "{scale}");
+        }
+    }
 }

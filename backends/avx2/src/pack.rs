@@ -17,11 +17,12 @@
 //! KT's per-row int4 panels also carry `rowsum` (Σ w per row): its kernels feed activations
 //! offset by +128 (unsigned) and subtract 128·Σw. The K-group kinds carry none: their kernels
 //! take the weights unsigned and the activations signed, whose group sums come with them
-//! (`act`), so decode streams 0.625 bytes a weight for them, not 0.75.
+//! (`act`), so decode streams 0.5625 bytes a weight for them (int4-g32 with bf16 scales), not 0.75.
 //!
 //! Rows past the matrix end are zero (their outputs are dropped); K is zero-padded to a whole
-//! unit. Scales: int8/int4/fp8-channel `[panel][16]`; int4-gG `[panel][group][16]`, and mxfp4,
-//! mxfp8 the same as their e8m0 codes (one byte each, widened in the kernels);
+//! unit. Scales: int8/int4/fp8-channel `[panel][16]`; int4-gG `[panel][group][16]` (as bf16 bits
+//! where every scale is a bf16, widened in the kernels), and mxfp4, mxfp8 the same as their
+//! e8m0 codes (one byte each, widened in the kernels);
 //! fp8 block `[panel][k-block]` (a panel never straddles a 128-row block). fp8 scales carry a
 //! factor 2^120 that undoes the exponent placement of the in-register e4m3 decode.
 
@@ -48,8 +49,12 @@ pub struct Packed {
     /// Bytes per panel.
     pub panel_bytes: usize,
     pub data: AlignedBuf,
-    /// Scales as the module docs lay them out (none for the MX kinds: `codes`).
+    /// Scales as the module docs lay them out (none for the MX kinds: `codes`; none for a
+    /// K-group int4 matrix whose scales are all bf16: `scales16`).
     pub scales: Vec<f32>,
+    /// K-group int4 scales as bf16 bits, `[panel][group][16]`, where every one is a bf16
+    /// (`kt_x86::int4::bf16_scales`).
+    pub scales16: Vec<u16>,
     /// The MX kinds' scales as their e8m0 codes `c`, `[panel][group][16]`, each standing for
     /// `2^(c − code_bias)`: a quarter of f32 scales' bytes, which decode streams with the weights.
     pub codes: Vec<u8>,
@@ -84,7 +89,7 @@ impl Packed {
     }
 
     pub fn bytes(&self) -> usize {
-        self.data.len() + 4 * (self.scales.len() + self.rowsum.len()) + self.codes.len()
+        self.data.len() + 4 * (self.scales.len() + self.rowsum.len()) + 2 * self.scales16.len() + self.codes.len()
     }
 }
 
@@ -130,8 +135,12 @@ pub fn pack(m: &QuantMatrix) -> Packed {
         WeightFormat::Mxfp8 => (Vec::new(), mx::panel_codes(m.scales(), m.rows(), m.cols(), PANEL), 7),
         _ => (pack_scales(m, panels), Vec::new(), 0),
     };
+    let (scales, scales16) = match f {
+        WeightFormat::Int4Group { .. } => kt_x86::int4::bf16_scales(scales),
+        _ => (scales, Vec::new()),
+    };
     let rowsum = if f == WeightFormat::Int4Row { row_sums(m, panels) } else { Vec::new() };
-    Packed { format: f, cols, units, panel_bytes, data, scales, codes, code_bias, rowsum }
+    Packed { format: f, cols, units, panel_bytes, data, scales, scales16, codes, code_bias, rowsum }
 }
 
 /// Σ w per row (and group), padded rows 0: `[panel][group][16]`.

@@ -17,7 +17,7 @@
 //!  int4-gG, mxfp4: the roles swapped: weights unsigned (w + o: int4-gG's nibble as stored,
 //!          mxfp4's through a table), activations signed; each group's accumulators start at
 //!          −o·Σx_g (prepared with the activations), so the panels carry no per-row bias: decode
-//!          streams 0.625 bytes a weight, not 0.75. (The broadcasts stay instructions: folded
+//!          streams 0.5625 bytes a weight (int4-g32, bf16 scales), not 0.75. (The broadcasts stay instructions: folded
 //!          into vpdpbusd as {1to16} operands by `asm!` they measured the same.)
 //! ```
 //!
@@ -646,6 +646,20 @@ unsafe fn mx_scales(p: *const u8, bias: i32) -> [__m512; 2] {
     }
 }
 
+/// 32 rows' scales from their bf16 bits (exactly: a bf16 is an f32's top half).
+///
+/// # Safety
+/// AVX-512F is present (inlined into the kernels); 32 readable `u16` at `p`.
+#[inline(always)]
+unsafe fn bf16_scales(p: *const u16) -> [__m512; 2] {
+    // SAFETY: the caller's contract. (No closures: they would not get the kernels' features.)
+    unsafe {
+        let lo = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()));
+        let hi = _mm512_cvtepu16_epi32(_mm256_loadu_si256(p.add(HALF).cast()));
+        [_mm512_castsi512_ps(_mm512_slli_epi32::<16>(lo)), _mm512_castsi512_ps(_mm512_slli_epi32::<16>(hi))]
+    }
+}
+
 /// `acc[t] += Σ (w + o) · x[t]` over units `u0..u1` of a K-group int4 or mxfp4 panel: each
 /// nibble unsigned (through `lut` when `LUT`), the signed activations broadcast from memory
 /// into `vpdpbusd` (`VNNI`) or `vpmaddubsw`/`vpmaddwd` (|x| ≤ 127, w + o ≤ 24: no saturation).
@@ -743,6 +757,7 @@ unsafe fn int_panel<const N: usize, const VNNI: bool>(
                     }
                     let s = match f {
                         WeightFormat::Mxfp4 => mx_scales(w.codes[at..].as_ptr(), w.code_bias),
+                        _ if !w.scales16.is_empty() => bf16_scales(w.scales16[at..].as_ptr()),
                         _ => load32(w.scales[at..].as_ptr()),
                     };
                     for t in 0..N {

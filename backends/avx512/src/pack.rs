@@ -28,8 +28,9 @@
 //! k + 64 (two's-complement nibbles) where the panel order pairs k with k + 4.
 //!
 //! Rows past the matrix end are zero; K is zero-padded to a whole unit. Scales: int8, int4 and
-//! fp8-channel `[panel][32]`; int4-gG `[panel][group][32]`, and mxfp4, mxfp8 the same as
-//! their e8m0 codes (one byte each, widened in the kernels); fp8 block `[panel][k-block]` (a
+//! fp8-channel `[panel][32]`; int4-gG `[panel][group][32]` (as bf16 bits where every scale is
+//! a bf16, widened in the kernels), and mxfp4, mxfp8 the same as their e8m0 codes (one byte
+//! each, widened in the kernels); fp8 block `[panel][k-block]` (a
 //! panel never straddles a 128-row block). fp8 scales carry 2^120, which
 //! undoes the exponent placement of the in-register e4m3 decode (not in `pairs`: the table gives
 //! every e4m3 value exactly in bf16).
@@ -75,8 +76,12 @@ pub struct Packed {
     pub units: usize,
     /// The panels (or KT's tiles).
     pub data: AlignedBuf,
-    /// Scales as the module docs lay them out (none for mxfp4: `codes`).
+    /// Scales as the module docs lay them out (none for the MX kinds: `codes`; none for a
+    /// K-group int4 matrix whose scales are all bf16: `scales16`).
     pub scales: Vec<f32>,
+    /// K-group int4 scales as bf16 bits, `[panel][group][32]`, where every one is a bf16
+    /// ([`int4::bf16_scales`]).
+    pub scales16: Vec<u16>,
     /// The MX kinds' scales as their e8m0 codes `c`, `[panel][group][32]`, each standing for
     /// [`mx_scale`]`(c, code_bias)`: a quarter of f32 scales' bytes, which decode streams with
     /// the weights (mxfp4: 0.53 bytes a weight instead of 0.625).
@@ -143,16 +148,19 @@ impl Packed {
 
     /// Bytes held: weights, scales and biases.
     pub fn bytes(&self) -> usize {
-        self.data.len() + 4 * (self.scales.len() + self.bias.len()) + self.codes.len()
+        self.data.len() + 4 * (self.scales.len() + self.bias.len()) + 2 * self.scales16.len() + self.codes.len()
     }
 
     /// The 32 rows' scales at `at` (`[panel][group][32]` index) of a per-row-and-group kind,
     /// as f32.
     pub fn group_scales(&self, at: usize) -> [f32; PANEL] {
-        match self.codes.is_empty() {
-            true => self.scales[at..at + PANEL].try_into().expect("32 scales"),
-            false => core::array::from_fn(|i| mx_scale(self.codes[at + i], self.code_bias)),
+        if !self.codes.is_empty() {
+            return core::array::from_fn(|i| mx_scale(self.codes[at + i], self.code_bias));
         }
+        if !self.scales16.is_empty() {
+            return core::array::from_fn(|i| f32::from_bits(u32::from(self.scales16[at + i]) << 16));
+        }
+        self.scales[at..at + PANEL].try_into().expect("32 scales")
     }
 }
 
@@ -213,8 +221,12 @@ pub fn pack(m: &QuantMatrix, level: Level) -> Packed {
         }
         _ => (pack_scales(m, panels, fp8_fix), Vec::new(), 0),
     };
+    let (scales, scales16) = match f {
+        WeightFormat::Int4Group { .. } => int4::bf16_scales(scales),
+        _ => (scales, Vec::new()),
+    };
     let bias = if f.int_activations() && f.k_group().is_none() { biases(m, panels) } else { Vec::new() };
-    Packed { format: f, rows, cols, units, data, scales, codes, code_bias, bias, pairs, kt: false }
+    Packed { format: f, rows, cols, units, data, scales, scales16, codes, code_bias, bias, pairs, kt: false }
 }
 
 /// `Backend::pack` of a backend on these panels named `name`, with the kernels of `level`.
@@ -252,8 +264,21 @@ pub fn from_kt(f: WeightFormat, rows: usize, cols: usize, bytes: &[u8], scales: 
     let fix = int4::value_factor(f);
     let scales = scales.iter().map(|s| s * fix).collect();
     let units = cols / unit_k(f);
-    let codes = Vec::new();
-    Ok(Packed { format: f, rows, cols, units, data, scales, codes, code_bias: 0, bias, pairs: false, kt: true })
+    let (codes, scales16) = (Vec::new(), Vec::new());
+    Ok(Packed {
+        format: f,
+        rows,
+        cols,
+        units,
+        data,
+        scales,
+        scales16,
+        codes,
+        code_bias: 0,
+        bias,
+        pairs: false,
+        kt: true,
+    })
 }
 
 /// The signed integer weight of column c of an int8 or int4 row.
@@ -324,9 +349,9 @@ pub fn unpack(p: &Packed, r: usize, c: usize) -> f32 {
     };
     let fix = if p.pairs { 1.0 } else { FP8_SCALE_FIX };
     let groups = p.format.k_group().map_or(1, |g| p.cols / g);
-    let row_scale = || match p.format {
-        WeightFormat::Mxfp4 | WeightFormat::Mxfp8 => p.group_scales((pi * groups + c / mx::MX_BLOCK) * PANEL)[i],
-        _ => p.scales[(pi * groups + c / p.format.k_group().unwrap_or(p.cols)) * PANEL + i],
+    let row_scale = || match p.format.k_group() {
+        Some(g) => p.group_scales((pi * groups + c / g) * PANEL)[i],
+        None => p.scales[pi * PANEL + i],
     };
     match p.format {
         WeightFormat::Bf16 => kt_core::format::bf16::element(&d[at..at + 2], 0).to_f32(),

@@ -146,3 +146,17 @@ fn kts_bytes_are_copied_as_they_are() {
         assert!(short.contains("KT packed weight bytes"), "{short}");
     }
 }
+
+/// K-group int4 scales are packed as bf16 bits where every one is a bf16 (our quantizer's,
+/// Kimi-K2's), else kept f32 (GPTQ's f16 scales, loaded as stored); the conformance suite
+/// runs both kinds against the reference.
+#[test]
+fn kgroup_scales_pack_as_bf16_only_where_they_are_bf16() {
+    let f = WeightFormat::Int4Group { group: 32 };
+    for (scale, bf16) in [(0.01f32, false), (f32::from_bits(0.01f32.to_bits() & 0xFFFF_0000), true)] {
+        let m = QuantMatrix::from_parts(f, 40, 64, vec![0x3C; 40 * 32], vec![scale; 80]).unwrap();
+        let p = pack::pack(&m, Level::Base);
+        assert_eq!((p.scales.is_empty(), p.scales16.len()), (bf16, if bf16 { 2 * 2 * 32 } else { 0 }), "{scale}");
+        assert_eq!(p.group_scales(32)[7], scale);
+    }
+}

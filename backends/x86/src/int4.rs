@@ -70,6 +70,16 @@ pub fn value_factor(f: WeightFormat) -> f32 {
     }
 }
 
+/// A K-group matrix's packed scales as `(scales, [])`, or as `([], their bf16 bits)` where every
+/// one is a bf16 (our quantizer's and Kimi-K2's are; GPTQ's f16 ones need not be): half the
+/// bytes, which decode streams with the weights (int4-g32: 0.5625 bytes a weight, not 0.625).
+pub fn bf16_scales(scales: Vec<f32>) -> (Vec<f32>, Vec<u16>) {
+    match scales.iter().all(|s| s.to_bits() & 0xFFFF == 0) {
+        true => (Vec::new(), scales.iter().map(|s| (s.to_bits() >> 16) as u16).collect()),
+        false => (scales, Vec::new()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
