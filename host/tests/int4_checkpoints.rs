@@ -37,8 +37,9 @@ fn quantize(rows: usize, cols: usize, x: &[f32]) -> QuantMatrix {
     QuantMatrix::from_parts(G32, rows, cols, data, scales).unwrap()
 }
 
-/// A one-layer compressed-tensors checkpoint (Qwen3 naming); its experts as stored.
-fn write_checkpoint(dir: &Path) -> Vec<[QuantMatrix; 3]> {
+/// A one-layer compressed-tensors checkpoint (Qwen3 naming); its experts as stored. With
+/// `nan`, expert 1's up scale 5 is a NaN.
+fn write_checkpoint(dir: &Path, nan: bool) -> Vec<[QuantMatrix; 3]> {
     std::fs::create_dir_all(dir).unwrap();
     let cfg = MoeConfig::new(E, 2, H, I);
     let experts: Vec<[QuantMatrix; 3]> = random_experts(&cfg, 9)
@@ -50,7 +51,10 @@ fn write_checkpoint(dir: &Path) -> Vec<[QuantMatrix; 3]> {
         for (m, proj) in ms.iter().zip(["gate", "up", "down"]) {
             let stem = format!("model.layers.0.mlp.experts.{e}.{proj}_proj");
             let (rows, cols) = (m.rows(), m.cols());
-            let scales = m.scales().iter().flat_map(|s| half::bf16::from_f32(*s).to_le_bytes()).collect();
+            let mut scales: Vec<u8> = m.scales().iter().flat_map(|s| half::bf16::from_f32(*s).to_le_bytes()).collect();
+            if nan && (e, proj) == (1, "up") {
+                scales[10..12].copy_from_slice(&half::bf16::NAN.to_le_bytes());
+            }
             tensors.push((format!("{stem}.weight_packed"), "I32", vec![rows, cols / 8], m.data().to_vec()));
             tensors.push((format!("{stem}.weight_scale"), "BF16", vec![rows, cols / 32], scales));
         }
@@ -89,7 +93,7 @@ fn sft_bits(layer: &SftLayer, x: &[bf16], rt: &Routing<'_>) -> Vec<u16> {
 #[test]
 fn a_4bit_checkpoint_in_its_own_group_loads_as_stored() {
     let dir = tmp("ct");
-    let stored = write_checkpoint(&dir);
+    let stored = write_checkpoint(&dir, false);
     let ck = Checkpoint::open(&dir).unwrap();
     let cfg = MoeConfig { parts: 2, ..MoeConfig::new(E, 2, H, I) };
     let opts = LayerOptions::threads(2);
@@ -108,5 +112,21 @@ fn a_4bit_checkpoint_in_its_own_group_loads_as_stored() {
     let from_parts = SftLayer::from_quantized(&cfg, G32, |e| Some(stored[e].clone().into()), &opts, sft).unwrap();
     let from_file = SftLayer::from_checkpoint(&ck, 0, G32, &cfg, Slots::default(), &opts, sft).unwrap();
     assert_eq!(sft_bits(&from_file, &x, &rt), sft_bits(&from_parts, &x, &rt));
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// A scale that is no number is refused naming the tensor and the element, as the quantizers
+/// refuse such weights (loaded as stored, it would reach the outputs).
+#[test]
+fn a_4bit_scale_that_is_no_number_is_refused() {
+    let dir = tmp("nan");
+    write_checkpoint(&dir, true);
+    let ck = Checkpoint::open(&dir).unwrap();
+    let cfg = MoeConfig::new(E, 2, H, I);
+    for f in [G32, WeightFormat::Bf16] {
+        let e = load_layer(&ck, 0, f, &cfg, Slots::default(), &LayerOptions::threads(2)).map(|_| ()).unwrap_err();
+        let e = e.to_string();
+        assert!(e.contains("experts.1.up_proj.weight_scale") && e.contains("NaN at element 5"), "{f}: {e}");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
 }

@@ -99,6 +99,25 @@ def mxfp8_checkpoint(d, nan_at=None):
     return d
 
 
+def int4_checkpoint(d, nan_at):
+    """A compressed-tensors int4 checkpoint (Kimi-K2's layout, groups of 32), one f16 scale a
+    NaN at expert/projection `nan_at`."""
+    d.mkdir(parents=True, exist_ok=True)
+    r = np.random.default_rng(5)
+    t = {}
+    for e in range(E):
+        for p, (rows, cols) in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):
+            stem = f"model.layers.0.mlp.experts.{e}.{p}_proj"
+            t[f"{stem}.weight_packed"] = r.integers(-2**31, 2**31, (rows, cols // 8), dtype=np.int64).astype(np.int32)
+            s = np.full((rows, cols // 32), 0.01, np.float16)
+            if (e, p) == nan_at:
+                s[0, 3] = np.nan
+            t[f"{stem}.weight_scale"] = s
+    save_file(t, str(d / "model.safetensors"))
+    write_config(d, E, K, H, I, 1)
+    return d
+
+
 def converted(tmp, method="int8", parts="1"):
     src = hf_checkpoint(tmp / "hf")
     out = tmp / f"kt-{method}-{parts}"
@@ -194,6 +213,8 @@ CASES = {
     "checkpoint-biased-sft": lambda t: py(lambda: sft_wrapper(weight_path=str(gpt_oss_checkpoint(t / "m"))).load_weights()),
     "checkpoint-mx-scale-nan": lambda t: py(
         lambda: wrapper(method="MXFP8", weight_path=str(mxfp8_checkpoint(t / "m", nan_at=(5, "up")))).load_weights()),
+    "checkpoint-int4-scale-nan": lambda t: py(
+        lambda: wrapper(method="RAWINT4", weight_path=str(int4_checkpoint(t / "m", nan_at=(5, "up")))).load_weights()),
     "converted-parts": lambda t: bench(t, converted(t, parts="2"), "--method", "int8"),
     "converted-method": lambda t: bench(t, converted(t), "--method", "int4"),
     # Command line

@@ -67,9 +67,16 @@ pub fn group(ck: &Checkpoint, stem: &str) -> Option<usize> {
     (groups > 0 && cols % groups == 0).then(|| cols / groups)
 }
 
+/// A scale tensor's values and shape; a scale that is not a finite number is refused (as the
+/// quantizers refuse such weights): loaded as stored, it would reach the outputs.
 fn scales(ck: &Checkpoint, name: &str) -> Result<(Vec<f32>, Vec<usize>), WeightError> {
     let t = ck.get(name).ok_or_else(|| WeightError::Missing { name: name.into() })?;
-    Ok((super::load::floats(name, t.dtype, ck.bytes(t))?, t.shape.clone()))
+    let v = super::load::floats(name, t.dtype, ck.bytes(t))?;
+    if let Some(at) = v.iter().position(|s| !s.is_finite()) {
+        let detail = format!("scale {} at element {at}; 4-bit scales must be finite numbers", v[at]);
+        return Err(WeightError::Value { name: name.into(), detail });
+    }
+    Ok((v, t.shape.clone()))
 }
 
 fn packed<'a>(ck: &'a Checkpoint, name: &str, shape: [usize; 2]) -> Result<&'a [u8], WeightError> {

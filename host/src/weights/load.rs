@@ -159,8 +159,9 @@ pub fn expert_f32(
 
 /// Build layer `layer` of the checkpoint in `format`: `cfg` gives the shape (E, k, H, I, max
 /// tokens, parts; checked against the tensors), `slots` which expert fills each slot, and every
-/// CPU expert is decoded, quantized and packed on `opts`' pool, with its biases where the
-/// experts have them (gpt-oss).
+/// CPU expert is decoded, quantized and packed on `opts`' pool (a 4-bit checkpoint's in its own
+/// K-group taken as stored: [`stored_reader`]), with its biases where the experts have them
+/// (gpt-oss).
 pub fn load_layer(
     ck: &Checkpoint,
     layer: usize,
@@ -199,8 +200,11 @@ pub fn stored_reader<'a>(
     cfg: &MoeConfig,
     slots: Slots<'a>,
 ) -> Result<Option<impl Fn(usize) -> Result<Option<StoredExpert>, WeightError> + Sync + 'a>, WeightError> {
+    if !matches!(format, WeightFormat::Int4Group { .. }) {
+        return Ok(None);
+    }
     let layout = Layout::detect(ck, layer)?;
-    if !matches!(format, WeightFormat::Int4Group { .. }) || format.k_group() != int4_group(ck, &layout) {
+    if format.k_group() != int4_group(ck, &layout) {
         return Ok(None);
     }
     let (h, i) = (cfg.hidden, cfg.intermediate);
