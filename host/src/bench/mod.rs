@@ -508,6 +508,6 @@ mod tests {
         assert_eq!(dram_probe_bytes(&machine(32, 2)), 512 << 20);
         assert_eq!(dram_probe_bytes(&machine(32, 20)), 20 << 27);
         assert_eq!(dram_probe_bytes(&machine(32, 512)), 4 << 30);
-        assert_eq!(dram_probe_bytes(&machine(1152, 16)), 8 * 1152 << 20);
+        assert_eq!(dram_probe_bytes(&machine(1152, 16)), (8 * 1152) << 20);
     }
 }
