@@ -83,7 +83,8 @@ impl WeightFormat {
     ];
 
     /// Parse a method name: ours (`bf16`, `int8`, `int4`, `int4-g32`, `fp8`, `fp8-channel`) or
-    /// KT's (`BF16`, `AMXINT8`, `AMXINT4`, `RAWINT4` (group 128), `FP8`, `FP8_PERCHANNEL`).
+    /// KT's (`BF16`, `AMXINT8`, `AMXINT4`, `RAWINT4` (group 128 here; the Python wrapper takes a
+    /// 4-bit checkpoint's own group), `FP8`, `FP8_PERCHANNEL`).
     pub fn parse(s: &str) -> Option<WeightFormat> {
         let lower = s.trim().to_ascii_lowercase().replace('_', "-");
         Some(match lower.as_str() {
