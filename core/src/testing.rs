@@ -436,15 +436,7 @@ pub fn stored_scale_failures(backend: &'static dyn Backend, exec: &dyn Executor)
             };
             let experts: Vec<[QuantMatrix; 3]> =
                 (0..cfg.experts).map(|_| [matrix(i, h), matrix(i, h), matrix(h, i)]).collect();
-            let build = |b: &'static dyn Backend| {
-                let mut layer = LayerWeights::empty(&cfg, format, b).expect("valid test config");
-                for (e, [g, u, d]) in experts.iter().enumerate() {
-                    layer
-                        .set_expert(e, crate::forward::pack_expert(b, &cfg, g, u, d).expect("pack"))
-                        .expect("same backend");
-                }
-                layer
-            };
+            let build = |b| build_quantized_layer(b, &cfg, format, &experts);
             let layers = (build(backend), build(&REFERENCE));
             for tokens in [1, 4, 13] {
                 let input = random_input(tokens, h, tokens as u64);
@@ -550,15 +542,25 @@ pub fn build_ggml_layer(
     lf: LayerFormat,
     seed: u64,
 ) -> (LayerWeights, Vec<Expert>) {
+    let experts: Vec<[QuantMatrix; 3]> =
+        (0..cfg.experts).map(|e| random_ggml_expert(cfg, lf, seed + e as u64)).collect();
+    let deq = experts.iter().map(|m| m.each_ref().map(QuantMatrix::dequantize)).collect();
+    (build_quantized_layer(backend, cfg, lf, &experts), deq)
+}
+
+/// A layer of already-quantized experts (`[gate, up, down]` in `lf`) packed by `backend`.
+pub fn build_quantized_layer(
+    backend: &'static dyn Backend,
+    cfg: &MoeConfig,
+    lf: impl Into<LayerFormat>,
+    experts: &[[QuantMatrix; 3]],
+) -> LayerWeights {
     let mut layer = LayerWeights::empty(cfg, lf, backend).expect("valid test config");
-    let mut deq = Vec::new();
-    for e in 0..cfg.experts {
-        let [g, u, d] = random_ggml_expert(cfg, lf, seed + e as u64);
-        let packed = crate::forward::pack_expert(backend, cfg, &g, &u, &d).expect("pack");
+    for (e, [g, u, d]) in experts.iter().enumerate() {
+        let packed = crate::forward::pack_expert(backend, cfg, g, u, d).expect("pack");
         layer.set_expert(e, packed).expect("packed by the layer's backend");
-        deq.push([g.dequantize(), u.dequantize(), d.dequantize()]);
     }
-    (layer, deq)
+    layer
 }
 
 /// The GGML half of the conformance suite: for every layer format of [`ggml_layer_formats`]

@@ -79,20 +79,25 @@ def gpt_oss_checkpoint(d):
     return d
 
 
+def projections():
+    """(expert, projection, rows, cols, tensor stem) of every expert matrix of layer 0."""
+    for e in range(E):
+        for p, (rows, cols) in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):
+            yield e, p, rows, cols, f"model.layers.0.mlp.experts.{e}.{p}_proj"
+
+
 def mxfp8_checkpoint(d, nan_at=None):
     """An MXFP8 checkpoint (e4m3 weights, e8m0 codes per 32 columns), one scale code 255 at
     expert/projection `nan_at`."""
     d.mkdir(parents=True, exist_ok=True)
     r = np.random.default_rng(4)
     t = {}
-    for e in range(E):
-        for p, (rows, cols) in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):
-            stem = f"model.layers.0.mlp.experts.{e}.{p}_proj"
-            t[f"{stem}.weight"] = ("F8_E4M3", (rows, cols), r.integers(0, 0x70, (rows, cols), dtype=np.uint8).tobytes())
-            s = np.full((rows, cols // 32), 120, np.uint8)
-            if (e, p) == nan_at:
-                s[3, 2] = 0xFF
-            t[f"{stem}.weight_scale_inv"] = ("F8_E8M0", s.shape, s.tobytes())
+    for e, p, rows, cols, stem in projections():
+        t[f"{stem}.weight"] = ("F8_E4M3", (rows, cols), r.integers(0, 0x70, (rows, cols), dtype=np.uint8).tobytes())
+        s = np.full((rows, cols // 32), 120, np.uint8)
+        if (e, p) == nan_at:
+            s[3, 2] = 0xFF
+        t[f"{stem}.weight_scale_inv"] = ("F8_E8M0", s.shape, s.tobytes())
     # By hand: numpy's safetensors API has no float8.
     write_safetensors(d / "model.safetensors", t)
     write_config(d, E, K, H, I, 1)
@@ -105,14 +110,12 @@ def int4_checkpoint(d, nan_at):
     d.mkdir(parents=True, exist_ok=True)
     r = np.random.default_rng(5)
     t = {}
-    for e in range(E):
-        for p, (rows, cols) in (("gate", (I, H)), ("up", (I, H)), ("down", (H, I))):
-            stem = f"model.layers.0.mlp.experts.{e}.{p}_proj"
-            t[f"{stem}.weight_packed"] = r.integers(-2**31, 2**31, (rows, cols // 8), dtype=np.int64).astype(np.int32)
-            s = np.full((rows, cols // 32), 0.01, np.float16)
-            if (e, p) == nan_at:
-                s[0, 3] = np.nan
-            t[f"{stem}.weight_scale"] = s
+    for e, p, rows, cols, stem in projections():
+        t[f"{stem}.weight_packed"] = r.integers(-2**31, 2**31, (rows, cols // 8), dtype=np.int64).astype(np.int32)
+        s = np.full((rows, cols // 32), 0.01, np.float16)
+        if (e, p) == nan_at:
+            s[0, 3] = np.nan
+        t[f"{stem}.weight_scale"] = s
     save_file(t, str(d / "model.safetensors"))
     write_config(d, E, K, H, I, 1)
     return d

@@ -327,23 +327,6 @@ def test_load_weights_reads_a_hugging_face_checkpoint(tmp_path):
     write_config(tmp_path, E, K, H, I, 3)
     m = np.roll(np.arange(E, dtype=np.int64), 3)
     mats = lora(4)
-    steps = []
-    for w in (wrapper(path=str(tmp_path), layer_idx=2), wrapper()):
-        if w.weight_path:
-            w.load_weights(m)
-        else:
-            w.load_weights_from_tensors(g, u, d, m)
-        w.init_lora_weights(*mats, *[np.zeros_like(x) for x in mats])
-        x, ids, wts = inputs(6, 5)
-        out = w.forward(x, ids, wts)
-        steps.append((out, *w.backward(np.ones((6, H), np.float32))))
-    for a, b in zip(*steps):
-        assert np.array_equal(a, b)
-
-    # Converted files (`kt convert`, KT's AMXINT8_SFT / AMXINT4_SFT input) for the pool's two
-    # parts: the same steps as quantizing the tensors online; files for another part count are
-    # refused naming both counts.
-    from kt_kernel import kt_kernel_ext as ext
 
     def step(w):
         """`w` loaded (from its files, or from the tensors), then one forward and backward."""
@@ -354,6 +337,14 @@ def test_load_weights_reads_a_hugging_face_checkpoint(tmp_path):
         w.init_lora_weights(*mats, *[np.zeros_like(x) for x in mats])
         x, ids, wts = inputs(6, 5)
         return (w.forward(x, ids, wts), *w.backward(np.ones((6, H), np.float32)))
+
+    for a, b in zip(step(wrapper(path=str(tmp_path), layer_idx=2)), step(wrapper())):
+        assert np.array_equal(a, b)
+
+    # Converted files (`kt convert`, KT's AMXINT8_SFT / AMXINT4_SFT input) for the pool's two
+    # parts: the same steps as quantizing the tensors online; files for another part count are
+    # refused naming both counts.
+    from kt_kernel import kt_kernel_ext as ext
 
     # (int4's KT packing wants 128 columns a part: tested from Rust on a wider layer.)
     for method, kt in [("int8", "AMXINT8_SFT")]:

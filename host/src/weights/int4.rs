@@ -5,7 +5,7 @@
 //! `[K/8, N]` int32 packed along K, `scales` `[K/g, N]`; symmetric without act-order only,
 //! checked from `quantization_config`).
 
-use kt_core::format::QuantMatrix;
+use kt_core::format::{int4_group, QuantMatrix};
 use kt_core::WeightFormat;
 use safetensors::Dtype;
 use serde_json::Value;
@@ -25,13 +25,14 @@ pub struct Nibbles {
 }
 
 impl Nibbles {
-    /// The values, `[rows, cols]`.
+    /// The values, `[rows, cols]` (K-group int4's definition, for any group).
     pub fn decode(&self, cols: usize) -> Vec<f32> {
-        let groups = cols / self.group;
-        let v = |i: usize| i32::from((self.data[i / 2] >> (4 * (i % 2))) & 0x0F) - 8;
-        (0..self.data.len() * 2)
-            .map(|i| v(i) as f32 * self.scales[(i / cols) * groups + (i % cols) / self.group])
-            .collect()
+        let mut out = vec![0.0f32; self.data.len() * 2];
+        let rows = self.data.chunks(cols / 2).zip(self.scales.chunks(cols / self.group));
+        for ((row, scales), o) in rows.zip(out.chunks_mut(cols)) {
+            int4_group::dequantize_row(row, self.group, scales, o);
+        }
+        out
     }
 
     /// As our K-group int4 matrix, if its group is one we run (32, 64, 128).
