@@ -9,7 +9,7 @@
 use alloc::vec;
 use alloc::vec::Vec;
 
-use super::{amax, put_nibble, raw_nibble};
+use super::{amax, raw_nibble};
 use crate::dtype::F8E4M3;
 
 /// Columns per scale.
@@ -67,31 +67,16 @@ fn block_scale(x: &[f32], emax: i32) -> f32 {
 }
 
 /// The e2m1 code of `v` (already divided by the scale), round to nearest even, saturating.
+///
+/// Branch-free (a block's random signs and magnitudes mispredict every branch): the magnitude
+/// code counts the midpoints between 0, .5, 1, 1.5, 2, 3, 4, 6 that `|v|` lies above, a tie
+/// going to the even code (`<=` at the midpoints next to an even code, `<` at the others).
+#[inline]
 fn fp4_round(v: f32) -> u8 {
     let a = v.abs();
-    // Midpoints between 0, .5, 1, 1.5, 2, 3, 4, 6; a tie goes to the even code.
-    let m = if a <= 0.25 {
-        0
-    } else if a < 0.75 {
-        1
-    } else if a <= 1.25 {
-        2
-    } else if a < 1.75 {
-        3
-    } else if a <= 2.5 {
-        4
-    } else if a < 3.5 {
-        5
-    } else if a <= 5.0 {
-        6
-    } else {
-        7
-    };
-    if m != 0 && v < 0.0 {
-        m | 8
-    } else {
-        m
-    }
+    let above = [!(a <= 0.25), !(a < 0.75), !(a <= 1.25), !(a < 1.75), !(a <= 2.5), !(a < 3.5), !(a <= 5.0)];
+    let m = above.iter().map(|&b| u8::from(b)).sum::<u8>();
+    m | u8::from(m != 0 && v < 0.0) << 3
 }
 
 /// Quantize `rows × cols` (cols a multiple of 32) to MXFP4: (nibbles, `rows × cols/32` scales).
@@ -99,15 +84,13 @@ pub fn quantize_fp4(rows: usize, cols: usize, src: &[f32]) -> (Vec<u8>, Vec<f32>
     let per_row = cols / MX_BLOCK;
     let mut data = vec![0u8; rows * cols / 2];
     let mut scales = vec![0.0f32; rows * per_row];
-    for r in 0..rows {
-        let row = &mut data[r * cols / 2..(r + 1) * cols / 2];
-        for b in 0..per_row {
-            let x = &src[r * cols + b * MX_BLOCK..r * cols + (b + 1) * MX_BLOCK];
-            let s = block_scale(x, 2);
-            scales[r * per_row + b] = s;
-            for (i, &v) in x.iter().enumerate() {
-                put_nibble(row, b * MX_BLOCK + i, fp4_round(v / s));
-            }
+    let blocks = src[..rows * cols].chunks_exact(MX_BLOCK).zip(data.chunks_exact_mut(MX_BLOCK / 2));
+    for ((x, out), s) in blocks.zip(&mut scales) {
+        *s = block_scale(x, 2);
+        // A power of two's inverse is exact (2^±127 included), so `v · (1/s)` is `v / s`.
+        let inv = 1.0 / *s;
+        for (pair, o) in x.chunks_exact(2).zip(out) {
+            *o = fp4_round(pair[0] * inv) | fp4_round(pair[1] * inv) << 4;
         }
     }
     (data, scales)
@@ -173,6 +156,35 @@ mod tests {
         for code in 0..16u8 {
             let v = f32::from(FP4_X2[usize::from(code)]) * 0.5;
             assert_eq!(FP4_X2[usize::from(fp4_round(v))], FP4_X2[usize::from(code)], "code {code}");
+        }
+    }
+
+    /// Every element of random blocks (and the grid's midpoints) against a search of the grid:
+    /// the nearest e2m1 value of `v / s`, a tie to the even code, |v / s| > 6 saturating.
+    #[test]
+    fn fp4_blocks_take_the_nearest_grid_value() {
+        let mut x: Vec<f32> = (0..64 * MX_BLOCK as u32)
+            .map(|i| {
+                let h = i.wrapping_mul(2_654_435_761).rotate_left(13) ^ i;
+                (h % 20_001) as f32 / 1000.0 - 10.0
+            })
+            .collect();
+        // One block of exact midpoints (amax 5: scale 1).
+        x[..MX_BLOCK].fill(0.0);
+        x[..9].copy_from_slice(&[0.25, -0.75, 1.25, -1.75, 2.5, -3.5, 5.0, 0.0, -0.0]);
+        let (q, s) = quantize_fp4(2, x.len() / 2, &x);
+        for (c, &v) in x.iter().enumerate() {
+            let (row, col) = (c / (x.len() / 2), c % (x.len() / 2));
+            let scale = s[row * (x.len() / 2 / MX_BLOCK) + col / MX_BLOCK];
+            let t = v / scale;
+            let best = (0..16u8)
+                .min_by(|&a, &b| {
+                    let d = |k: u8| (f32::from(FP4_X2[usize::from(k)]) * 0.5 - t).abs();
+                    d(a).total_cmp(&d(b)).then((a & 1).cmp(&(b & 1)))
+                })
+                .unwrap();
+            let code = fp4_code(&q[row * x.len() / 4..], col);
+            assert_eq!(FP4_X2[usize::from(code)], FP4_X2[usize::from(best)], "element {c}: {v} / {scale}");
         }
     }
 
