@@ -70,11 +70,12 @@ fn block_scale(x: &[f32], emax: i32) -> f32 {
 ///
 /// Branch-free (a block's random signs and magnitudes mispredict every branch): the magnitude
 /// code counts the midpoints between 0, .5, 1, 1.5, 2, 3, 4, 6 that `|v|` lies above, a tie
-/// going to the even code (`<=` at the midpoints next to an even code, `<` at the others).
+/// going to the even code (`>` where the code below a midpoint is even, `>=` where the one above is).
+/// `v` is finite (the callers check weights).
 #[inline]
 fn fp4_round(v: f32) -> u8 {
     let a = v.abs();
-    let above = [!(a <= 0.25), !(a < 0.75), !(a <= 1.25), !(a < 1.75), !(a <= 2.5), !(a < 3.5), !(a <= 5.0)];
+    let above = [a > 0.25, a >= 0.75, a > 1.25, a >= 1.75, a > 2.5, a >= 3.5, a > 5.0];
     let m = above.iter().map(|&b| u8::from(b)).sum::<u8>();
     m | u8::from(m != 0 && v < 0.0) << 3
 }
