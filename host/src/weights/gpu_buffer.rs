@@ -204,24 +204,29 @@ impl Piece<'_> {
         let out = if self.widen { 2 * slice } else { slice };
         // SAFETY: the caller's contract; the checkpoint's bytes do not overlap a host buffer.
         unsafe {
-            if let ([dst], false) = (&self.dsts[..], self.widen) {
+            if let [dst] = self.dsts[..] {
                 // One slice a row: the rows are one run in both places.
-                let src = &self.src[r0 * self.row..r1 * self.row];
-                return core::ptr::copy_nonoverlapping(src.as_ptr(), dst.add(r0 * out), src.len());
+                return self.copy_out(&self.src[r0 * self.row..r1 * self.row], dst.add(r0 * out));
             }
             for r in r0..r1 {
                 for (k, &dst) in self.dsts.iter().enumerate() {
-                    let src = &self.src[r * self.row + k * slice..r * self.row + (k + 1) * slice];
-                    let dst = dst.add(r * out);
-                    if !self.widen {
-                        core::ptr::copy_nonoverlapping(src.as_ptr(), dst, slice);
-                        continue;
-                    }
-                    let dst = dst.cast::<u16>();
-                    for (i, &c) in src.iter().enumerate() {
-                        dst.add(i).write_unaligned(mxfp4::scale_bf16(c).to_le());
-                    }
+                    self.copy_out(&self.src[r * self.row + k * slice..r * self.row + (k + 1) * slice], dst.add(r * out));
                 }
+            }
+        }
+    }
+
+    /// Copy `src` to `dst`, or widen its codes there.
+    ///
+    /// # Safety
+    /// `dst` has room for `src` (twice that if widened) and overlaps nothing else in use.
+    unsafe fn copy_out(&self, src: &[u8], dst: *mut u8) {
+        // SAFETY: the caller's contract.
+        unsafe {
+            if self.widen {
+                mxfp4::scales_bf16(src, core::slice::from_raw_parts_mut(dst, 2 * src.len()));
+            } else {
+                core::ptr::copy_nonoverlapping(src.as_ptr(), dst, src.len());
             }
         }
     }

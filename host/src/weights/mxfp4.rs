@@ -89,6 +89,17 @@ pub fn scale_bf16(c: u8) -> u16 {
     (scale_bits(c) >> 16) as u16
 }
 
+/// [`scale_bf16`] of every code of `codes` into `out` (2 bytes each, little-endian), without
+/// branches so that it runs in vector registers (the layerwise writes widen every scale row).
+pub fn scales_bf16(codes: &[u8], out: &mut [u8]) {
+    debug_assert_eq!(out.len(), 2 * codes.len());
+    for (&c, o) in codes.iter().zip(out.chunks_exact_mut(2)) {
+        // Codes 0 (2^-127, f32 0x0040_0000) and 255 (NaN, 0x7FC0_0000) set the mantissa's top bit.
+        let v = u16::from(c) << 7 | u16::from(c == 0 || c == 255) << 6;
+        o.copy_from_slice(&v.to_le_bytes());
+    }
+}
+
 /// `{stem}.weight` and `{stem}.scale` as an f32 `[rows, cols]`; a scale code 255 is refused.
 pub fn packed(ck: &Checkpoint, stem: &str, rows: usize, cols: usize) -> Result<Vec<f32>, WeightError> {
     let (bytes, codes) = stored(ck, stem, rows, cols)?;
@@ -106,4 +117,19 @@ pub fn decode(scales: &str, bytes: &[u8], codes: &[u8], rows: usize, cols: usize
             f32::from(FP4_X2[nibble as usize]) * 0.5 * scale
         })
         .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn scale_rows_widen_as_each_code_does() {
+        let codes: Vec<u8> = (0..=255).chain([0, 255, 127, 1]).collect();
+        let mut out = vec![0u8; 2 * codes.len()];
+        scales_bf16(&codes, &mut out);
+        for (c, o) in codes.iter().zip(out.chunks_exact(2)) {
+            assert_eq!(u16::from_le_bytes([o[0], o[1]]), scale_bf16(*c), "code {c}");
+        }
+    }
 }
