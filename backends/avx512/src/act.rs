@@ -4,8 +4,9 @@
 //!  float kinds [rows × Kp] f32 (FMA kernels), or [rows × Kp] bf16 (`dot`: the pairs
 //!              `vdpbf16ps` broadcasts, at the bf16 level)
 //!  int kinds   [rows × Kp] u8 = int8 + 128, then [rows × groups] f32 scales (4-byte aligned)
-//!  K-group     [rows × Kp] i8, then [rows × groups] f32 scales, then [rows × groups] i32 Σ of
-//!   kinds      the group's int8 values (the kernels take the weights unsigned: see `kernels`)
+//!  K-group     [rows × Kp] i8, then [rows × groups] f32 scales, then [rows × groups] i32
+//!   kinds      −o·Σ of the group's int8 values: where the kernels' sums of (w + o)·x start
+//!              (they take the weights unsigned, offset by o: see `kernels`)
 //! ```
 //!
 //! int8 values are quantized exactly as the reference backend does (per token, or per K-group
@@ -16,6 +17,7 @@ use core::arch::x86_64::*;
 use half::bf16;
 use kt_core::format::int8_row;
 use kt_core::WeightFormat;
+use kt_x86::int4::unsigned_weights;
 
 use crate::pack::unit_k;
 
@@ -29,7 +31,7 @@ pub fn padded(f: WeightFormat, cols: usize) -> usize {
     cols.next_multiple_of(unit_k(f))
 }
 
-/// Whether `f`'s int8 activations are kept signed, with their group sums: the K-group kinds.
+/// Whether `f`'s int8 activations are kept signed, with their groups' sums: the K-group kinds.
 pub fn signed(f: WeightFormat) -> bool {
     f.act_group().is_some()
 }
@@ -148,9 +150,10 @@ pub fn prepare(
     }
     let (g, signed) = (groups(f, cols), signed(f));
     let gw = cols / g;
-    let (scales, sums) = rest.split_at_mut(4 * rows.len() * g);
+    let (scales, starts) = rest.split_at_mut(4 * rows.len() * g);
     let scales: &mut [f32] = bytemuck::cast_slice_mut(scales);
-    let sums: &mut [i32] = bytemuck::cast_slice_mut(&mut sums[..if signed { 4 * rows.len() * g } else { 0 }]);
+    let starts: &mut [i32] = bytemuck::cast_slice_mut(&mut starts[..if signed { 4 * rows.len() * g } else { 0 }]);
+    let offset = unsigned_weights(f).1;
     let x: &mut [f32] = bytemuck::cast_slice_mut(&mut scratch[..4 * cols]);
     let flip = if signed { 0 } else { 0x80 };
     for i in 0..rows.len() {
@@ -180,7 +183,7 @@ pub fn prepare(
                 }
             };
             if signed {
-                sums[i * g + gi] = q.iter().map(|&v| i32::from(v as i8)).sum();
+                starts[i * g + gi] = -offset * q.iter().map(|&v| i32::from(v as i8)).sum::<i32>();
             }
         }
     }
@@ -197,7 +200,7 @@ pub enum Act<'a> {
         /// Values per row: K padded to a unit.
         kp: usize,
     },
-    /// int8 rows of `kp` (+ 128, or signed with their group sums: [`signed`]), with `groups`
+    /// int8 rows of `kp` (+ 128, or signed with their groups' sums: [`signed`]), with `groups`
     /// scales per row.
     Int {
         /// int8 (+ 128) rows.
@@ -208,8 +211,9 @@ pub enum Act<'a> {
         scales: &'a [f32],
         /// Scale groups per row.
         groups: usize,
-        /// `[row][group]` Σ of the signed int8 values ([`signed`] kinds; else empty).
-        sums: &'a [i32],
+        /// `[row][group]` −o·Σ of the signed int8 values, o the weights' offset (`unsigned_weights`):
+        /// where the group's sums start ([`signed`] kinds; else empty).
+        starts: &'a [i32],
     },
 }
 
@@ -224,9 +228,9 @@ impl<'a> Act<'a> {
             _ => return Act::Float { x: bytemuck::cast_slice(first), x16: &[], kp },
         }
         let g = groups(f, cols);
-        let (scales, sums) = rest.split_at(4 * rows * g);
-        let sums = if signed(f) { bytemuck::cast_slice(&sums[..4 * rows * g]) } else { &[][..] };
-        Act::Int { q: &first[..rows * kp], kp, scales: bytemuck::cast_slice(scales), groups: g, sums }
+        let (scales, starts) = rest.split_at(4 * rows * g);
+        let starts = if signed(f) { bytemuck::cast_slice(&starts[..4 * rows * g]) } else { &[][..] };
+        Act::Int { q: &first[..rows * kp], kp, scales: bytemuck::cast_slice(scales), groups: g, starts }
     }
 }
 

@@ -16,7 +16,7 @@
 //!          vpmaddubsw(x + 128, lo) + vpmaddubsw(x + 128, hi) in i16 → vpmaddwd; from −128·Σw
 //!  int4-gG, mxfp4: the roles swapped: weights unsigned (w + o: int4-gG's nibble as stored,
 //!          mxfp4's through a table), activations signed; each group's accumulators start at
-//!          −o·Σx_g (prepared with the activations), so the panels carry no per-row bias: decode
+//!          −o·Σx_g (prepared with the activations, `act`), so the panels carry no per-row bias: decode
 //!          streams 0.5625 bytes a weight (int4-g32, bf16 scales), not 0.75. (The broadcasts stay instructions: folded
 //!          into vpdpbusd as {1to16} operands by `asm!` they measured the same.)
 //! ```
@@ -706,7 +706,7 @@ struct IntAct<'a> {
     kp: usize,
     scales: &'a [f32],
     groups: usize,
-    sums: &'a [i32],
+    starts: &'a [i32],
 }
 
 /// # Safety
@@ -742,13 +742,17 @@ unsafe fn int_panel<const N: usize, const VNNI: bool>(
             f @ (WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4) => {
                 let upg = f.k_group().unwrap_or(w.cols) / 8;
                 let panel = w.panel(p).as_ptr();
-                let (table, offset) = unsigned_weights(f);
+                let table = unsigned_weights(f).0;
                 let lut = _mm512_broadcast_i32x4(_mm_loadu_si128(table.unwrap_or_default().as_ptr().cast()));
+                // Token t's scale and start of group g at `t · groups + g`, read unchecked: a
+                // check per token and group held the rescale's instructions in order.
+                let tile = t0 * groups..(t0 + N) * groups;
+                let (scales, starts) = (act.scales[tile.clone()].as_ptr(), act.starts[tile].as_ptr());
                 for g in 0..groups {
                     let at = (p * groups + g) * PANEL;
                     let mut acc = [[_mm512_setzero_si512(); 2]; N];
                     for (t, a) in acc.iter_mut().enumerate() {
-                        *a = [_mm512_set1_epi32(-offset * act.sums[(t0 + t) * groups + g]); 2];
+                        *a = [_mm512_set1_epi32(*starts.add(t * groups + g)); 2];
                     }
                     let (u0, u1) = (g * upg, (g + 1) * upg);
                     match table {
@@ -761,7 +765,7 @@ unsafe fn int_panel<const N: usize, const VNNI: bool>(
                         _ => load32(w.scales[at..].as_ptr()),
                     };
                     for t in 0..N {
-                        let a = _mm512_set1_ps(act.scales[(t0 + t) * groups + g]);
+                        let a = _mm512_set1_ps(*scales.add(t * groups + g));
                         for h in 0..2 {
                             let sum = _mm512_cvtepi32_ps(acc[t][h]);
                             res[t][h] = _mm512_fmadd_ps(sum, _mm512_mul_ps(a, s[h]), res[t][h]);
@@ -840,8 +844,8 @@ pub unsafe fn panel_tile(level: Level, w: &Packed, p: usize, act: &Act<'_>, t0: 
                 by_n!(float_panel_dot, w, p, x, x16, kp, t0, out)
             }
             Act::Float { x, x16, kp } => by_n!(float_panel, w, p, x, x16, kp, t0, out),
-            Act::Int { q, kp, scales, groups, sums } => {
-                let a = IntAct { q, kp, scales, groups, sums };
+            Act::Int { q, kp, scales, groups, starts } => {
+                let a = IntAct { q, kp, scales, groups, starts };
                 if level >= Level::Vnni {
                     by_n!(int_panel_vnni, w, p, a, t0, out)
                 } else {

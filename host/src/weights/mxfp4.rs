@@ -84,12 +84,14 @@ pub fn finite(name: &str, codes: &[u8]) -> Result<(), WeightError> {
     }
 }
 
-/// `2^(c − 127)` as bf16 bits (exact: a bf16 has f32's exponent).
+/// `2^(c − 127)` as bf16 bits (exact: a bf16 has f32's exponent): one code, what the tests
+/// check [`scales_bf16`] against.
+#[cfg(test)]
 pub fn scale_bf16(c: u8) -> u16 {
     (scale_bits(c) >> 16) as u16
 }
 
-/// [`scale_bf16`] of every code of `codes` into `out` (2 bytes each, little-endian), without
+/// `2^(c − 127)` as bf16 bits (exact: a bf16 has f32's exponent) for every code of `codes` into `out` (2 bytes each, little-endian), without
 /// branches so that it runs in vector registers (the layerwise writes widen every scale row).
 pub fn scales_bf16(codes: &[u8], out: &mut [u8]) {
     debug_assert_eq!(out.len(), 2 * codes.len());
