@@ -1,7 +1,8 @@
 //! A 4-bit checkpoint (compressed-tensors "pack-quantized", Kimi-K2's, quantized as
 //! compressed-tensors quantizes: scale amax/7.5, levels −8..7) loads as stored into a layer in
 //! its own K-group: the inference and SFT layers equal layers built from its nibbles and
-//! scales, bit for bit; a layer in another group is requantized from its values.
+//! scales, bit for bit; a layer in another group is requantized from its values. `kt convert`
+//! writes it the same way.
 
 use std::path::{Path, PathBuf};
 
@@ -9,6 +10,8 @@ use kt_core::dtype::round_ne;
 use kt_core::sft::Backward;
 use kt_core::testing::{random_experts, random_input, random_routing};
 use kt_core::{bf16, MoeConfig, QuantMatrix, Routing, WeightFormat};
+use kt_host::convert::{convert, ConvertSpec};
+use kt_host::weights::kt_format::load_kt_layer;
 use kt_host::weights::writer::{Planned, StreamWriter};
 use kt_host::weights::{load_layer, Checkpoint, Slots};
 use kt_host::{LayerOptions, MoeLayer, SftLayer, SftOptions};
@@ -113,6 +116,45 @@ fn a_4bit_checkpoint_in_its_own_group_loads_as_stored() {
     let from_file = SftLayer::from_checkpoint(&ck, 0, G32, &cfg, Slots::default(), &opts, sft).unwrap();
     assert_eq!(sft_bits(&from_file, &x, &rt), sft_bits(&from_parts, &x, &rt));
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// `kt convert` in the checkpoint's own group writes its nibbles and scales as stored (cut into
+/// NUMA parts), so the converted layer is the checkpoint's, bit for bit; in another group it
+/// requantizes. With `--backward` the transposes come from the stored values.
+#[test]
+fn kt_convert_writes_a_4bit_checkpoint_in_its_own_group_as_stored() {
+    let (dir, out) = (tmp("convert-in"), tmp("convert-out"));
+    let stored = write_checkpoint(&dir, false);
+    let cfg = MoeConfig { parts: 2, ..MoeConfig::new(E, 2, H, I) };
+    let opts = LayerOptions::threads(2);
+    let (n, x) = (7, random_input(7, H, 5));
+    let (ids, w) = random_routing(n, 2, E, 6);
+    let want = MoeLayer::from_quantized(&cfg, |e| Some(stored[e].clone().into()), G32, &opts).unwrap();
+    let want = want.forward(&x, &ids, &w, None).unwrap();
+    for (format, backward) in [(G32, false), (G32, true), (WeightFormat::Int4Group { group: 128 }, false)] {
+        let _ = std::fs::remove_dir_all(&out);
+        let spec = ConvertSpec {
+            input: dir.clone(),
+            output: out.clone(),
+            format,
+            parts: 2,
+            layers: None,
+            backward,
+            threads: 2,
+            progress: false,
+        };
+        convert(&spec).unwrap();
+        let ck = Checkpoint::open(&out).unwrap();
+        let got = load_kt_layer(&ck, 0, format, &cfg, Slots::default(), &opts).unwrap();
+        let got = got.forward(&x, &ids, &w, None).unwrap();
+        if format == G32 {
+            assert_eq!(got, want, "{format} backward {backward}");
+        } else {
+            assert_ne!(got, want, "{format}");
+        }
+    }
+    std::fs::remove_dir_all(&dir).unwrap();
+    std::fs::remove_dir_all(&out).unwrap();
 }
 
 /// A scale that is no number is refused naming the tensor and the element, as the quantizers

@@ -15,9 +15,9 @@ use kt_core::{MoeConfig, WeightFormat};
 use crate::error::WeightError;
 use crate::pool::Pool;
 use crate::tmpfile::TmpFile;
-use crate::weights::kt_format::{plan, verify_layer, write_layer};
+use crate::weights::kt_format::{plan, verify_layer, write_layer, ExpertSource};
 use crate::weights::writer::{Planned, StreamWriter};
-use crate::weights::{expert_f32, Checkpoint, Layout};
+use crate::weights::{expert_f32, stored_reader, Checkpoint, Layout, Slots};
 
 mod gguf;
 
@@ -114,6 +114,8 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
             continue;
         }
         pb.set_message(format!("layer {layer} ({}/{})", i + 1, moe.len()));
+        // A 4-bit checkpoint in the format's own K-group is written as stored, not requantized.
+        let stored = stored_reader(&ck, *layer, spec.format, &cfg, Slots::default())?;
         let written = write_layer(
             &path,
             &cfg,
@@ -121,7 +123,10 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
             *layer,
             spec.backward,
             &pool,
-            |e| expert_f32(&ck, layout, e, cfg.hidden, cfg.intermediate),
+            |e| match &stored {
+                Some(read) => Ok(ExpertSource::Stored(read(e)?.expect("no GPU slots"))),
+                None => expert_f32(&ck, layout, e, cfg.hidden, cfg.intermediate).map(ExpertSource::F32),
+            },
             |e, bytes| {
                 pb.set_message(format!("layer {layer} ({}/{}), expert {e}/{}", i + 1, moe.len(), cfg.experts));
                 pb.inc(bytes);

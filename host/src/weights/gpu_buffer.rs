@@ -210,7 +210,10 @@ impl Piece<'_> {
             }
             for r in r0..r1 {
                 for (k, &dst) in self.dsts.iter().enumerate() {
-                    self.copy_out(&self.src[r * self.row + k * slice..r * self.row + (k + 1) * slice], dst.add(r * out));
+                    self.copy_out(
+                        &self.src[r * self.row + k * slice..r * self.row + (k + 1) * slice],
+                        dst.add(r * out),
+                    );
                 }
             }
         }

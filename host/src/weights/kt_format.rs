@@ -23,7 +23,7 @@ use kt_core::sft::BackwardWeights;
 use kt_core::{MoeConfig, QuantMatrix, WeightFormat};
 
 use super::writer::{Planned, StreamWriter};
-use super::{Checkpoint, Slots, WeightError};
+use super::{Checkpoint, Slots, StoredExpert, WeightError};
 use crate::layer::{LayerOptions, MoeLayer, PartMatrix};
 
 const PROJ: [&str; 3] = ["gate", "up", "down"];
@@ -116,12 +116,21 @@ pub fn method_name(format: WeightFormat) -> String {
     }
 }
 
-/// Quantize one f32 expert into its KT tensors (weight bytes, scale bytes) in [`plan`] order;
-/// with `backward`, its transposes too (quantized from these values, as KT's converter does).
+/// An expert to write: in f32 (quantized here), or a 4-bit checkpoint's experts in the
+/// layer's own K-group as stored (`stored_reader`), cut into parts bit for bit.
+pub enum ExpertSource {
+    /// Gate `[I,H]`, up `[I,H]` and down `[H,I]` in f32.
+    F32([Vec<f32>; 3]),
+    /// Gate, up and down as the checkpoint stores them.
+    Stored(StoredExpert),
+}
+
+/// One expert into its KT tensors (weight bytes, scale bytes) in [`plan`] order; with
+/// `backward`, its transposes too (quantized from these values, as KT's converter does).
 pub fn expert_tensors(
     cfg: &MoeConfig,
     format: WeightFormat,
-    x: &[Vec<f32>; 3],
+    x: &ExpertSource,
     backward: bool,
 ) -> Result<Vec<Vec<u8>>, WeightError> {
     let (h, i) = (cfg.hidden, cfg.intermediate);
@@ -134,15 +143,36 @@ pub fn expert_tensors(
         }
         Ok(())
     };
-    for (proj, m) in x.iter().enumerate() {
-        for r in &ranges {
-            let (rows, cols) = dims(proj, h, r.len(), false);
-            let slice: Vec<f32> = if proj == 2 { columns(m, i, r.clone()) } else { m[r.start * h..r.end * h].to_vec() };
-            push(&QuantMatrix::quantize(format, rows, cols, &slice).map_err(WeightError::Layer)?)?;
+    match x {
+        ExpertSource::F32(m) => {
+            for (proj, m) in m.iter().enumerate() {
+                for r in &ranges {
+                    let (rows, cols) = dims(proj, h, r.len(), false);
+                    let slice: Vec<f32> =
+                        if proj == 2 { columns(m, i, r.clone()) } else { m[r.start * h..r.end * h].to_vec() };
+                    push(&QuantMatrix::quantize(format, rows, cols, &slice).map_err(WeightError::Layer)?)?;
+                }
+            }
+        }
+        ExpertSource::Stored((gate, up, down)) => {
+            for (proj, m) in [gate, up, down].into_iter().enumerate() {
+                for r in &ranges {
+                    let part = if proj == 2 { m.slice_cols(r.clone()) } else { m.slice_rows(r.clone()) };
+                    push(&part.map_err(WeightError::Layer)?)?;
+                }
+            }
         }
     }
     if backward {
-        let t = BackwardWeights::quantize(cfg, (format, &ranges), [&x[0], &x[1], &x[2]]).map_err(WeightError::Layer)?;
+        let dequantized;
+        let m = match x {
+            ExpertSource::F32(m) => m,
+            ExpertSource::Stored((gate, up, down)) => {
+                dequantized = [gate.dequantize(), up.dequantize(), down.dequantize()];
+                &dequantized
+            }
+        };
+        let t = BackwardWeights::quantize(cfg, (format, &ranges), [&m[0], &m[1], &m[2]]).map_err(WeightError::Layer)?;
         for proj in 0..3 {
             for part in &t {
                 push(&part[proj])?;
@@ -152,8 +182,8 @@ pub fn expert_tensors(
     Ok(out)
 }
 
-/// Write `layer`'s experts to `path`; `expert(e)` gives each in f32 (called from `exec`'s
-/// threads, a few experts at a time, in order of writing). Returns the bytes written.
+/// Write `layer`'s experts to `path`; `expert(e)` gives each (called from `exec`'s threads, a
+/// few experts at a time, in order of writing). Returns the bytes written.
 #[allow(clippy::too_many_arguments)]
 pub fn write_layer(
     path: &std::path::Path,
@@ -162,7 +192,7 @@ pub fn write_layer(
     layer: usize,
     backward: bool,
     exec: &dyn kt_core::Executor,
-    expert: impl Fn(usize) -> Result<[Vec<f32>; 3], WeightError> + Sync,
+    expert: impl Fn(usize) -> Result<ExpertSource, WeightError> + Sync,
     mut progress: impl FnMut(usize, u64),
 ) -> Result<u64, WeightError> {
     let method = method_name(format);
