@@ -211,8 +211,8 @@ pub enum Act<'a> {
         scales: &'a [f32],
         /// Scale groups per row.
         groups: usize,
-        /// `[row][group]` −o·Σ of the signed int8 values, o the weights' offset (`unsigned_weights`):
-        /// where the group's sums start ([`signed`] kinds; else empty).
+        /// `[row][group]` −o·Σ of the signed int8 values, o the weights' offset
+        /// (`unsigned_weights`): where the group's sums start ([`signed`] kinds; else empty).
         starts: &'a [i32],
     },
 }

@@ -16,9 +16,10 @@
 //!          vpmaddubsw(x + 128, lo) + vpmaddubsw(x + 128, hi) in i16 → vpmaddwd; from −128·Σw
 //!  int4-gG, mxfp4: the roles swapped: weights unsigned (w + o: int4-gG's nibble as stored,
 //!          mxfp4's through a table), activations signed; each group's accumulators start at
-//!          −o·Σx_g (prepared with the activations, `act`), so the panels carry no per-row bias: decode
-//!          streams 0.5625 bytes a weight (int4-g32, bf16 scales), not 0.75. (The broadcasts stay instructions: folded
-//!          into vpdpbusd as {1to16} operands by `asm!` they measured the same.)
+//!          −o·Σx_g (prepared with the activations, `act`), so the panels carry no per-row
+//!          bias: decode streams 0.5625 bytes a weight (int4-g32, bf16 scales), not 0.75. (The
+//!          broadcasts stay instructions: folded into vpdpbusd as {1to16} operands by `asm!`
+//!          they measured the same.)
 //! ```
 //!
 //! The integer sums are exact in every variant, and scaled in the same order (the reference's:

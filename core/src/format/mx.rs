@@ -70,8 +70,8 @@ fn block_scale(x: &[f32], emax: i32) -> f32 {
 ///
 /// Branch-free (a block's random signs and magnitudes mispredict every branch): the magnitude
 /// code counts the midpoints between 0, .5, 1, 1.5, 2, 3, 4, 6 that `|v|` lies above, a tie
-/// going to the even code (`>` where the code below a midpoint is even, `>=` where the one above is).
-/// `v` is finite (the callers check weights).
+/// going to the even code (`>` where the code below a midpoint is even, `>=` where the one
+/// above is). `v` is finite (the callers check weights).
 #[inline]
 fn fp4_round(v: f32) -> u8 {
     let a = v.abs();

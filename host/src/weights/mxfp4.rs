@@ -91,8 +91,9 @@ pub fn scale_bf16(c: u8) -> u16 {
     (scale_bits(c) >> 16) as u16
 }
 
-/// `2^(c − 127)` as bf16 bits (exact: a bf16 has f32's exponent) for every code of `codes` into `out` (2 bytes each, little-endian), without
-/// branches so that it runs in vector registers (the layerwise writes widen every scale row).
+/// `2^(c − 127)` as bf16 bits (exact: a bf16 has f32's exponent) for every code of `codes`
+/// into `out` (2 bytes each, little-endian), without branches so that it runs in vector
+/// registers (the layerwise writes widen every scale row).
 pub fn scales_bf16(codes: &[u8], out: &mut [u8]) {
     debug_assert_eq!(out.len(), 2 * codes.len());
     for (&c, o) in codes.iter().zip(out.chunks_exact_mut(2)) {
