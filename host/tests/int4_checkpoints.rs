@@ -118,9 +118,10 @@ fn a_4bit_checkpoint_in_its_own_group_loads_as_stored() {
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
-/// `kt convert` in the checkpoint's own group writes its nibbles and scales as stored (cut into
-/// NUMA parts), so the converted layer is the checkpoint's, bit for bit; in another group it
-/// requantizes. With `--backward` the transposes come from the stored values.
+/// `kt convert` in the checkpoint's own group (asked for, or taken by RAWINT4/GPTQ_INT4 as
+/// `checkpoint_group`) writes its nibbles and scales as stored (cut into NUMA parts), so the
+/// converted layer is the checkpoint's, bit for bit; in another group it requantizes. With
+/// `--backward` the transposes come from the stored values.
 #[test]
 fn kt_convert_writes_a_4bit_checkpoint_in_its_own_group_as_stored() {
     let (dir, out) = (tmp("convert-in"), tmp("convert-out"));
@@ -131,7 +132,11 @@ fn kt_convert_writes_a_4bit_checkpoint_in_its_own_group_as_stored() {
     let (ids, w) = random_routing(n, 2, E, 6);
     let want = MoeLayer::from_quantized(&cfg, |e| Some(stored[e].clone().into()), G32, &opts).unwrap();
     let want = want.forward(&x, &ids, &w, None).unwrap();
-    for (format, backward) in [(G32, false), (G32, true), (WeightFormat::Int4Group { group: 128 }, false)] {
+    let g128 = WeightFormat::Int4Group { group: 128 };
+    // (format asked for, checkpoint_group, backward, format written)
+    for (format, checkpoint_group, backward, written) in
+        [(G32, false, false, G32), (G32, false, true, G32), (g128, true, false, G32), (g128, false, false, g128)]
+    {
         let _ = std::fs::remove_dir_all(&out);
         let spec = ConvertSpec {
             input: dir.clone(),
@@ -139,15 +144,16 @@ fn kt_convert_writes_a_4bit_checkpoint_in_its_own_group_as_stored() {
             format,
             parts: 2,
             layers: None,
+            checkpoint_group,
             backward,
             threads: 2,
             progress: false,
         };
-        convert(&spec).unwrap();
+        assert_eq!(convert(&spec).unwrap().method, written.to_string());
         let ck = Checkpoint::open(&out).unwrap();
-        let got = load_kt_layer(&ck, 0, format, &cfg, Slots::default(), &opts).unwrap();
+        let got = load_kt_layer(&ck, 0, written, &cfg, Slots::default(), &opts).unwrap();
         let got = got.forward(&x, &ids, &w, None).unwrap();
-        if format == G32 {
+        if written == G32 {
             assert_eq!(got, want, "{format} backward {backward}");
         } else {
             assert_ne!(got, want, "{format}");

@@ -149,7 +149,6 @@ impl Moe {
         // nibbles and scales as stored), else in groups of 128; LLAMAFILE runs the GGUF file's
         // own types.
         let parsed = match method {
-            "GPTQ_INT4" => Some(Some(WeightFormat::Int4Group { group: 128 })),
             "LLAMAFILE" => Some(None),
             _ => WeightFormat::parse(method).map(Some),
         };
@@ -180,7 +179,7 @@ impl Moe {
                 id,
                 cfg,
                 format,
-                checkpoint_group: matches!(method, "RAWINT4" | "GPTQ_INT4"),
+                checkpoint_group: WeightFormat::takes_checkpoint_group(method),
                 mask_ptr,
                 layer: Mutex::new(None),
                 origin: Mutex::new(None),
@@ -254,6 +253,12 @@ impl Moe {
                     let group = Layout::detect(ck, layer).ok().and_then(|l| int4_group(ck, &l));
                     group.map(|g| WeightFormat::Int4Group { group: g as u16 }).or(s.format)
                 }
+                // A file `kt convert` wrote in such a checkpoint's group.
+                (Some(WeightFormat::Int4Group { .. }), WeightSource::Kt(ck)) if s.checkpoint_group => ck
+                    .metadata("method")
+                    .and_then(WeightFormat::parse)
+                    .filter(|f| matches!(f, WeightFormat::Int4Group { .. }))
+                    .or(s.format),
                 (f, _) => f,
             };
             Ok((src.load_layer(layer, format, &s.cfg, slots, &opts)?, src))

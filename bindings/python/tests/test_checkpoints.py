@@ -182,7 +182,11 @@ def test_4bit_checkpoints_load_their_nibbles_and_scales_as_stored(tmp_path):
     values in groups of 32, quantized as compressed-tensors quantizes (scale amax/7.5, levels
     -8..7, so requantizing them to amax/7 would move most of them): each layer takes the
     checkpoint's group and its nibbles and scales as stored, so both give the same outputs bit
-    for bit, within activation rounding of the numpy MoE of the values."""
+    for bit, within activation rounding of the numpy MoE of the values. Converted with the same
+    method (``kt convert``), they are written in that group as stored, and load back (with the
+    same method) to the same outputs."""
+    from kt_kernel import kt_kernel_ext
+
     g, u, d = experts(E, H, I, seed=43)
     deq = [np.zeros_like(g), np.zeros_like(u), np.zeros_like(d)]
     ct, gq = {}, {}
@@ -208,6 +212,11 @@ def test_4bit_checkpoints_load_their_nibbles_and_scales_as_stored(tmp_path):
         w = make(layer_idx=0, method=method, path=str(tmp_path / method))
         w.load_weights()
         outs[method] = w.forward(x, ids, ws)
+        converted = tmp_path / f"{method}-converted"
+        assert kt_kernel_ext.convert(str(tmp_path / method), str(converted), method, 2, 2) == (1, 0)
+        w = make(layer_idx=0, method=method, path=str(converted))
+        w.load_weights()
+        assert np.array_equal(w.forward(x, ids, ws), outs[method]), method
     assert np.array_equal(outs["RAWINT4"], outs["GPTQ_INT4"])
     assert rel_err(outs["RAWINT4"], moe_reference(x, ids, ws, *deq)) < 0.02
 

@@ -83,17 +83,17 @@ impl WeightFormat {
     ];
 
     /// Parse a method name: ours (`bf16`, `int8`, `int4`, `int4-g32`, `fp8`, `fp8-channel`) or
-    /// KT's (`BF16`, `AMXINT8`, `AMXINT4`, `RAWINT4` (group 128 here; the Python wrapper takes a
-    /// 4-bit checkpoint's own group), `FP8`, `FP8_PERCHANNEL`).
+    /// KT's (`BF16`, `AMXINT8`, `AMXINT4`, `RAWINT4` and `GPTQ_INT4` (group 128 here; loaders
+    /// and `kt convert` take a 4-bit checkpoint's own group: [`Self::takes_checkpoint_group`]),
+    /// `FP8`, `FP8_PERCHANNEL`).
     pub fn parse(s: &str) -> Option<WeightFormat> {
-        let lower = s.trim().to_ascii_lowercase().replace('_', "-");
-        Some(match lower.as_str() {
+        Some(match Self::normalized(s).as_str() {
             "bf16" => WeightFormat::Bf16,
             "int8" | "amxint8" => WeightFormat::Int8Row,
             "int4" | "amxint4" => WeightFormat::Int4Row,
             "int4-g32" => WeightFormat::Int4Group { group: 32 },
             "int4-g64" => WeightFormat::Int4Group { group: 64 },
-            "int4-g128" | "rawint4" => WeightFormat::Int4Group { group: 128 },
+            "int4-g128" | "rawint4" | "gptq-int4" => WeightFormat::Int4Group { group: 128 },
             "fp8" | "fp8-block" => WeightFormat::Fp8Block,
             "fp8-channel" | "fp8-perchannel" => WeightFormat::Fp8Channel,
             "mxfp4" => WeightFormat::Mxfp4,
@@ -102,9 +102,21 @@ impl WeightFormat {
         })
     }
 
+    /// Whether method `s` is KT's RAWINT4 or GPTQ_INT4, which run a 4-bit checkpoint (compressed-
+    /// tensors or GPTQ) in its own K-group, its nibbles and scales as stored, as KT's RAWINT4
+    /// does; [`Self::parse`] gives their format for other inputs (groups of 128).
+    pub fn takes_checkpoint_group(s: &str) -> bool {
+        matches!(Self::normalized(s).as_str(), "rawint4" | "gptq-int4")
+    }
+
+    /// A method name as [`Self::parse`] matches it: trimmed, lower case, `_` as `-`.
+    fn normalized(s: &str) -> alloc::string::String {
+        s.trim().to_ascii_lowercase().replace('_', "-")
+    }
+
     /// The names [`WeightFormat::parse`] accepts, for error messages.
     pub const NAMES: &'static str =
-        "bf16, int8, int4, int4-g32, int4-g64, int4-g128, fp8, fp8-channel, mxfp4, mxfp8 (or KT's BF16, AMXINT8, AMXINT4, RAWINT4, FP8, FP8_PERCHANNEL, MXFP4, MXFP8), or a GGML type: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s";
+        "bf16, int8, int4, int4-g32, int4-g64, int4-g128, fp8, fp8-channel, mxfp4, mxfp8 (or KT's BF16, AMXINT8, AMXINT4, RAWINT4, GPTQ_INT4, FP8, FP8_PERCHANNEL, MXFP4, MXFP8), or a GGML type: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s";
 
     /// Activations are quantized to int8 per token (per K-group for the grouped formats).
     pub fn int_activations(self) -> bool {

@@ -68,8 +68,9 @@ struct ConvertArgs {
     #[arg(long)]
     output: std::path::PathBuf,
     /// int8 (KT AMXINT8) or int4 (KT AMXINT4), KT's packed files; one of ours: bf16,
-    /// int4-g32, int4-g64, int4-g128, fp8, fp8-channel, mxfp4, mxfp8; or a GGML type (q8_0,
-    /// q4_k, ...), written as GGUF.
+    /// int4-g32, int4-g64, int4-g128 (RAWINT4 / GPTQ_INT4: a 4-bit checkpoint's own group, as
+    /// stored, else 128), fp8, fp8-channel, mxfp4, mxfp8; or a GGML type (q8_0, q4_k, ...),
+    /// written as GGUF.
     #[arg(long, default_value = "int8")]
     method: String,
     /// NUMA parts the files are for (KT's threadpool_count; must match at load).
@@ -636,6 +637,7 @@ fn run_convert(a: ConvertArgs) -> ExitCode {
         format,
         parts: a.parts,
         layers,
+        checkpoint_group: WeightFormat::takes_checkpoint_group(&a.method),
         backward: a.backward,
         threads: a.threads.unwrap_or_else(|| default_threads(&Topology::detect())),
         progress: true,
@@ -643,8 +645,9 @@ fn run_convert(a: ConvertArgs) -> ExitCode {
     match kt_host::convert::convert(&spec) {
         Ok(r) => {
             println!(
-                "kt convert: {} layer(s) written, {} already complete, {:.2} GB in, {:.2} GB out, {:.1} s ({:.2} GB/s of input)",
+                "kt convert: {} layer(s) written as {}, {} already complete, {:.2} GB in, {:.2} GB out, {:.1} s ({:.2} GB/s of input)",
                 r.written.len(),
+                r.method,
                 r.skipped.len(),
                 r.bytes_in as f64 / 1e9,
                 r.bytes_out as f64 / 1e9,

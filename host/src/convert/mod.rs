@@ -15,9 +15,9 @@ use kt_core::{MoeConfig, WeightFormat};
 use crate::error::WeightError;
 use crate::pool::Pool;
 use crate::tmpfile::TmpFile;
-use crate::weights::kt_format::{plan, verify_layer, write_layer, ExpertSource};
+use crate::weights::kt_format::{method_name, plan, verify_layer, write_layer, ExpertSource};
 use crate::weights::writer::{Planned, StreamWriter};
-use crate::weights::{expert_f32, stored_reader, Checkpoint, Layout, Slots};
+use crate::weights::{expert_f32, int4_group, stored_reader, Checkpoint, Layout, Slots};
 
 mod gguf;
 
@@ -35,6 +35,10 @@ pub struct ConvertSpec {
     pub parts: usize,
     /// Layers to convert (default: all).
     pub layers: Option<RangeInclusive<usize>>,
+    /// KT's RAWINT4 / GPTQ_INT4 (`WeightFormat::takes_checkpoint_group`): a 4-bit checkpoint
+    /// (compressed-tensors, GPTQ) is written in its own K-group, as stored, in place of
+    /// `format`'s.
+    pub checkpoint_group: bool,
     /// Also write the backward's transposes (KT's `ffn_*_bwd_exps`, for SFT).
     pub backward: bool,
     /// Quantization threads.
@@ -46,6 +50,8 @@ pub struct ConvertSpec {
 /// What a conversion did.
 #[derive(Clone, Debug, Default)]
 pub struct ConvertReport {
+    /// The method written (`__metadata__`'s), with a 4-bit checkpoint's own group where taken.
+    pub method: String,
     /// MoE layers written now.
     pub written: Vec<usize>,
     /// MoE layers whose complete output was already there.
@@ -82,12 +88,18 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
     let ck = Checkpoint::open(&spec.input)?;
     let mc = ck.config()?;
     let cfg = MoeConfig { parts: spec.parts, ..MoeConfig::new(mc.experts, mc.top_k, mc.hidden, mc.intermediate) };
-    cfg.validate_for(spec.format).map_err(WeightError::Layer)?;
-    // Also checks the packing constraints, before any work.
-    let layer_bytes: u64 = plan(&cfg, spec.format, 0, spec.backward)?.iter().map(|t| t.bytes as u64).sum();
     let wanted = spec.layers.clone().unwrap_or(0..=mc.layers.saturating_sub(1));
     let moe: Vec<(usize, Layout)> =
         wanted.filter(|&l| l < mc.layers).filter_map(|l| Layout::detect(&ck, l).ok().map(|x| (l, x))).collect();
+    let format = match (spec.format, moe.first()) {
+        (WeightFormat::Int4Group { .. }, Some((_, layout))) if spec.checkpoint_group => {
+            int4_group(&ck, layout).map_or(spec.format, |g| WeightFormat::Int4Group { group: g as u16 })
+        }
+        (f, _) => f,
+    };
+    cfg.validate_for(format).map_err(WeightError::Layer)?;
+    // Also checks the packing constraints, before any work.
+    let layer_bytes: u64 = plan(&cfg, format, 0, spec.backward)?.iter().map(|t| t.bytes as u64).sum();
     if let Some((_, l)) = moe.iter().find(|(_, l)| l.has_biases(&ck)) {
         return Err(l.biases_refused(&ck, "KT's converted format"));
     }
@@ -101,25 +113,25 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
     ) {
         pb.set_style(style);
     }
-    let mut report = ConvertReport::default();
+    let mut report = ConvertReport { method: method_name(format), ..ConvertReport::default() };
     let mut weight_map = serde_json::Map::new();
     for (i, (layer, layout)) in moe.iter().enumerate() {
         let path = spec.output.join(shard(i));
-        for t in plan(&cfg, spec.format, *layer, spec.backward)? {
+        for t in plan(&cfg, format, *layer, spec.backward)? {
             weight_map.insert(t.name, shard(i).into());
         }
-        if verify_layer(&path, &cfg, spec.format, *layer, spec.backward) {
+        if verify_layer(&path, &cfg, format, *layer, spec.backward) {
             pb.inc(layer_bytes);
             report.skipped.push(*layer);
             continue;
         }
         pb.set_message(format!("layer {layer} ({}/{})", i + 1, moe.len()));
         // A 4-bit checkpoint in the format's own K-group is written as stored, not requantized.
-        let stored = stored_reader(&ck, *layer, spec.format, &cfg, Slots::default())?;
+        let stored = stored_reader(&ck, *layer, format, &cfg, Slots::default())?;
         let written = write_layer(
             &path,
             &cfg,
-            spec.format,
+            format,
             *layer,
             spec.backward,
             &pool,
