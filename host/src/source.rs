@@ -10,7 +10,7 @@ use crate::error::WeightError;
 use crate::gguf::{self, GgufFile};
 use crate::layer::{LayerOptions, MoeLayer};
 use crate::slots::Slots;
-use crate::weights::{kt_format, load_layer, Checkpoint, Layout};
+use crate::weights::{checkpoint_format, kt_format, load_layer, Checkpoint, Layout};
 
 /// An opened checkpoint of any kind.
 #[derive(Debug)]
@@ -64,6 +64,21 @@ impl WeightSource {
                 path: ck.dir().to_path_buf(),
                 detail: "method LLAMAFILE runs GGUF models, and this is a safetensors checkpoint".into(),
             }),
+        }
+    }
+
+    /// The format layer `layer` loads in for `method`: `method`, or with `checkpoint_group`
+    /// (KT's RAWINT4 / GPTQ_INT4) and a K-group int4 method, a 4-bit checkpoint's own group
+    /// ([`checkpoint_format`]), or the group a file `kt convert` wrote in.
+    pub fn layer_format(&self, layer: usize, method: WeightFormat, checkpoint_group: bool) -> WeightFormat {
+        match self {
+            WeightSource::Hf(ck) => checkpoint_format(ck, layer, method, checkpoint_group),
+            WeightSource::Kt(ck) if checkpoint_group && matches!(method, WeightFormat::Int4Group { .. }) => ck
+                .metadata("method")
+                .and_then(WeightFormat::parse)
+                .filter(|f| matches!(f, WeightFormat::Int4Group { .. }))
+                .unwrap_or(method),
+            _ => method,
         }
     }
 

@@ -163,6 +163,24 @@ fn kt_convert_writes_a_4bit_checkpoint_in_its_own_group_as_stored() {
     std::fs::remove_dir_all(&out).unwrap();
 }
 
+/// `kt bench --weights` runs RAWINT4 / GPTQ_INT4 as the wrapper does: in the checkpoint's own
+/// group (int4-g32 here), `int4-g128` as asked.
+#[test]
+fn kt_bench_runs_rawint4_in_the_checkpoints_group() {
+    let dir = tmp("bench");
+    write_checkpoint(&dir, false);
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_kt"))
+        .args(["bench", "--weights", dir.to_str().unwrap(), "--method", "RAWINT4,GPTQ_INT4,int4-g128"])
+        .args(["--tokens", "1", "--threads", "1", "--min-time", "0", "--json"])
+        .output()
+        .unwrap();
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let methods: Vec<&str> = v["results"].as_array().unwrap().iter().map(|r| r["method"].as_str().unwrap()).collect();
+    assert_eq!(methods, ["int4-g32", "int4-g32", "int4-g128"]);
+    std::fs::remove_dir_all(&dir).unwrap();
+}
+
 /// A scale that is no number is refused naming the tensor and the element, as the quantizers
 /// refuse such weights (loaded as stored, it would reach the outputs).
 #[test]

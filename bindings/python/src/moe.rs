@@ -10,7 +10,6 @@ use kt_core::{MoeConfig, WeightFormat};
 use kt_host::error::WeightError;
 use kt_host::slots::Slots;
 use kt_host::source::WeightSource;
-use kt_host::weights::{int4_group, Layout};
 use kt_host::{LayerOptions, MoeLayer};
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;
@@ -248,19 +247,7 @@ impl Moe {
             // updating the mask in place.
             let slots = Slots { map: Some(&map), gpu: None };
             let src = source(&path)?;
-            let format = match (s.format, &*src) {
-                (Some(WeightFormat::Int4Group { .. }), WeightSource::Hf(ck)) if s.checkpoint_group => {
-                    let group = Layout::detect(ck, layer).ok().and_then(|l| int4_group(ck, &l));
-                    group.map(|g| WeightFormat::Int4Group { group: g as u16 }).or(s.format)
-                }
-                // A file `kt convert` wrote in such a checkpoint's group.
-                (Some(WeightFormat::Int4Group { .. }), WeightSource::Kt(ck)) if s.checkpoint_group => ck
-                    .metadata("method")
-                    .and_then(WeightFormat::parse)
-                    .filter(|f| matches!(f, WeightFormat::Int4Group { .. }))
-                    .or(s.format),
-                (f, _) => f,
-            };
+            let format = s.format.map(|f| src.layer_format(layer, f, s.checkpoint_group));
             Ok((src.load_layer(layer, format, &s.cfg, slots, &opts)?, src))
         });
         let (l, src) = loaded.map_err(value_error)?;

@@ -367,6 +367,16 @@ fn run_bench(a: BenchArgs) -> ExitCode {
             }
             methods = vec![f];
         }
+        // KT's RAWINT4 / GPTQ_INT4 run a 4-bit checkpoint in its own group, as the wrapper does.
+        if let Some(src) = &source {
+            let first = src.moe_layers().first().copied().unwrap_or(0);
+            for (m, name) in methods.iter_mut().zip(&a.method) {
+                let f = src.layer_format(first, m.gate, WeightFormat::takes_checkpoint_group(name));
+                if f != m.gate {
+                    *m = f.into();
+                }
+            }
+        }
     }
     if methods.is_empty() {
         methods.push(WeightFormat::Bf16.into());

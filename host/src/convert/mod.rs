@@ -17,7 +17,7 @@ use crate::pool::Pool;
 use crate::tmpfile::TmpFile;
 use crate::weights::kt_format::{method_name, plan, verify_layer, write_layer, ExpertSource};
 use crate::weights::writer::{Planned, StreamWriter};
-use crate::weights::{expert_f32, int4_group, stored_reader, Checkpoint, Layout, Slots};
+use crate::weights::{checkpoint_format, expert_f32, stored_reader, Checkpoint, Layout, Slots};
 
 mod gguf;
 
@@ -91,12 +91,8 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
     let wanted = spec.layers.clone().unwrap_or(0..=mc.layers.saturating_sub(1));
     let moe: Vec<(usize, Layout)> =
         wanted.filter(|&l| l < mc.layers).filter_map(|l| Layout::detect(&ck, l).ok().map(|x| (l, x))).collect();
-    let format = match (spec.format, moe.first()) {
-        (WeightFormat::Int4Group { .. }, Some((_, layout))) if spec.checkpoint_group => {
-            int4_group(&ck, layout).map_or(spec.format, |g| WeightFormat::Int4Group { group: g as u16 })
-        }
-        (f, _) => f,
-    };
+    let format =
+        moe.first().map_or(spec.format, |&(l, _)| checkpoint_format(&ck, l, spec.format, spec.checkpoint_group));
     cfg.validate_for(format).map_err(WeightError::Layer)?;
     // Also checks the packing constraints, before any work.
     let layer_bytes: u64 = plan(&cfg, format, 0, spec.backward)?.iter().map(|t| t.bytes as u64).sum();

@@ -223,6 +223,18 @@ pub fn stored_reader<'a>(
     }))
 }
 
+/// The format layer `layer` of a Hugging Face checkpoint is built in for `format`: `format`, or
+/// where it is K-group int4 and `checkpoint_group` (KT's RAWINT4 / GPTQ_INT4:
+/// `WeightFormat::takes_checkpoint_group`), the layer's 4-bit experts' own group, which loads
+/// them as stored ([`stored_reader`]).
+pub fn checkpoint_format(ck: &Checkpoint, layer: usize, format: WeightFormat, checkpoint_group: bool) -> WeightFormat {
+    if !(checkpoint_group && matches!(format, WeightFormat::Int4Group { .. })) {
+        return format;
+    }
+    let group = Layout::detect(ck, layer).ok().and_then(|l| int4_group(ck, &l));
+    group.map_or(format, |g| WeightFormat::Int4Group { group: g as u16 })
+}
+
 /// The K-group of a layer's 4-bit experts (compressed-tensors or GPTQ, from expert 0's gate
 /// scales' shape), if its experts are stored so and the group is one our K-group int4 runs (32,
 /// 64, 128).

@@ -21,4 +21,4 @@ pub use crate::slots::Slots;
 pub use checkpoint::{Checkpoint, TensorRef};
 pub use config::ModelConfig;
 pub use layout::{ExpertLayout, Layout};
-pub use load::{expert_f32, int4_group, load_layer, slot_reader, stored_reader, StoredExpert};
+pub use load::{checkpoint_format, expert_f32, int4_group, load_layer, slot_reader, stored_reader, StoredExpert};
