@@ -1,13 +1,19 @@
-// One ggml MUL_MAT_ID (the op llama.cpp runs for an MoE projection), timed: our peer's number for
+// One ggml MoE projection (what llama.cpp runs), timed: our peers' numbers for
 // `scripts/peer-ggml.sh`. Weights are random values quantized by ggml itself and placed in the
-// buffer type named (CPU, or CPU_REPACK: the interleaved rows llama.cpp loads weights into);
-// each token picks K distinct experts at random, as `kt bench` routes.
+// buffer type named: CPU, or CPU_REPACK (the interleaved rows mainline llama.cpp loads weights
+// into), both through MUL_MAT_ID; or AMX (mainline's AMX buffer type, which serves MUL_MAT only:
+// one MUL_MAT per expert with tokens, on the tokens routed to it, gathered beforehand, in its
+// favour). Built against ik_llama.cpp's ggml (`-DPEER_IK`) it has the CPU buffer only, and its
+// row-interleaved types (`q4_0_r8`, `q4_k_r4`, ...) are asked for by name. Each token picks K
+// distinct experts at random, as `kt bench` routes.
 //
 // usage: ggml_moe TYPE BUFT TOKENS ROWS COLS EXPERTS K THREADS SECONDS
 // prints: TYPE BUFT n=.. rows=.. cols=..: best .. ms median .. ms .. GOP/s (runs)
 #include "ggml-alloc.h"
 #include "ggml-backend.h"
+#ifndef PEER_IK
 #include "ggml-cpu.h"
+#endif
 #include "ggml.h"
 
 #include <algorithm>
@@ -20,13 +26,33 @@
 
 static ggml_type type_named(const char * name) {
     for (int i = 0; i < GGML_TYPE_COUNT; i++) {
-        const char * n = ggml_get_type_traits((ggml_type) i)->type_name;
+        const char * n = ggml_type_name((ggml_type) i);
         if (n && strcmp(n, name) == 0) {
             return (ggml_type) i;
         }
     }
     fprintf(stderr, "ggml_moe: unknown ggml type %s\n", name);
     exit(2);
+}
+
+// The buffer type named, or null where this build has none of that name.
+static ggml_backend_buffer_type_t buffer_type_named(ggml_backend_t be, const char * name) {
+    if (strcmp(name, "CPU") == 0) {
+        return ggml_backend_cpu_buffer_type();
+    }
+#ifndef PEER_IK
+    ggml_backend_dev_t dev = ggml_backend_get_device(be);
+    auto extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(
+        ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts");
+    for (auto p = extra ? extra(dev) : nullptr; p && *p; p++) {
+        if (strcmp(ggml_backend_buft_name(*p), name) == 0) {
+            return *p;
+        }
+    }
+#else
+    (void) be;
+#endif
+    return nullptr;
 }
 
 int main(int argc, char ** argv) {
@@ -42,53 +68,15 @@ int main(int argc, char ** argv) {
 
     ggml_backend_t be = ggml_backend_cpu_init();
     ggml_backend_cpu_set_n_threads(be, threads);
-    ggml_backend_dev_t dev = ggml_backend_get_device(be);
-    ggml_backend_buffer_type_t wbt = ggml_backend_cpu_buffer_type();
-    auto extra = (ggml_backend_dev_get_extra_bufts_t) ggml_backend_reg_get_proc_address(
-        ggml_backend_dev_backend_reg(dev), "ggml_backend_dev_get_extra_bufts");
-    for (auto p = extra ? extra(dev) : nullptr; p && *p; p++) {
-        if (strcmp(ggml_backend_buft_name(*p), buft_name) == 0) {
-            wbt = *p;
-        }
-    }
-    if (strcmp(ggml_backend_buft_name(wbt), buft_name) != 0) {
+    ggml_backend_buffer_type_t wbt = buffer_type_named(be, buft_name);
+    if (!wbt) {
         fprintf(stderr, "ggml_moe: no buffer type %s in this build\n", buft_name);
         return 2;
     }
-
-    ggml_init_params ip = { 16 * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
-    ggml_context * cw = ggml_init(ip);
-    ggml_context * cx = ggml_init(ip);
-    ggml_tensor * a = ggml_new_tensor_3d(cw, t, cols, rows, experts);
-    ggml_tensor * b = ggml_new_tensor_3d(cx, GGML_TYPE_F32, cols, 1, n);
-    ggml_tensor * ids = ggml_new_tensor_2d(cx, GGML_TYPE_I32, k, n);
-    ggml_tensor * out = ggml_mul_mat_id(cx, a, b, ids);
-    ggml_backend_buffer_t bw = ggml_backend_alloc_ctx_tensors_from_buft(cw, wbt);
-    ggml_backend_buffer_set_usage(bw, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
-    ggml_backend_buffer_t bx = ggml_backend_alloc_ctx_tensors(cx, be);
-    if (!bw || !bx) {
-        fprintf(stderr, "ggml_moe: allocation failed\n");
-        return 1;
-    }
+    const bool per_expert = strcmp(buft_name, "AMX") == 0;
 
     std::mt19937 rng(1);
     std::normal_distribution<float> g(0, 1);
-    // The repacking buffer takes a tensor in one piece.
-    const size_t per = ggml_row_size(t, cols) * rows;
-    std::vector<float> f((size_t) cols * rows);
-    std::vector<uint8_t> q(per * experts);
-    for (int e = 0; e < experts; e++) {
-        for (auto & v : f) {
-            v = 0.02f * g(rng);
-        }
-        ggml_quantize_chunk(t, f.data(), q.data() + e * per, 0, rows, cols, nullptr);
-    }
-    ggml_backend_tensor_set(a, q.data(), 0, q.size());
-    std::vector<float> x((size_t) cols * n);
-    for (auto & v : x) {
-        v = g(rng);
-    }
-    ggml_backend_tensor_set(b, x.data(), 0, x.size() * sizeof(float));
     std::vector<int> id((size_t) k * n), perm(experts);
     for (int i = 0; i < experts; i++) {
         perm[i] = i;
@@ -97,10 +85,78 @@ int main(int argc, char ** argv) {
         std::shuffle(perm.begin(), perm.end(), rng);
         std::copy(perm.begin(), perm.begin() + k, id.begin() + (size_t) j * k);
     }
-    ggml_backend_tensor_set(ids, id.data(), 0, id.size() * sizeof(int));
+    std::vector<float> x((size_t) cols * n);
+    for (auto & v : x) {
+        v = g(rng);
+    }
 
+    const size_t tensors = per_expert ? 3 * (size_t) experts + 16 : 16;
+    ggml_init_params ip = { tensors * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+    ggml_context * cw = ggml_init(ip);
+    ggml_context * cx = ggml_init(ip);
     ggml_cgraph * graph = ggml_new_graph(cx);
-    ggml_build_forward_expand(graph, out);
+    // Weights: one [cols, rows, experts] tensor for MUL_MAT_ID, or one [cols, rows] per expert.
+    std::vector<ggml_tensor *> ws, bs;
+    std::vector<std::vector<float>> xs(experts);
+    ggml_tensor * b = nullptr, * ids = nullptr;
+    if (per_expert) {
+        for (int j = 0; j < n; j++) {
+            for (int s = 0; s < k; s++) {
+                auto & xe = xs[id[(size_t) j * k + s]];
+                xe.insert(xe.end(), x.begin() + (size_t) j * cols, x.begin() + (size_t) (j + 1) * cols);
+            }
+        }
+        for (int e = 0; e < experts; e++) {
+            ws.push_back(ggml_new_tensor_2d(cw, t, cols, rows));
+            const int ne = (int) (xs[e].size() / cols);
+            bs.push_back(ne ? ggml_new_tensor_2d(cx, GGML_TYPE_F32, cols, ne) : nullptr);
+            if (ne) {
+                ggml_build_forward_expand(graph, ggml_mul_mat(cx, ws[e], bs[e]));
+            }
+        }
+    } else {
+        ws.push_back(ggml_new_tensor_3d(cw, t, cols, rows, experts));
+        b = ggml_new_tensor_3d(cx, GGML_TYPE_F32, cols, 1, n);
+        ids = ggml_new_tensor_2d(cx, GGML_TYPE_I32, k, n);
+        ggml_build_forward_expand(graph, ggml_mul_mat_id(cx, ws[0], b, ids));
+    }
+    ggml_backend_buffer_t bw = ggml_backend_alloc_ctx_tensors_from_buft(cw, wbt);
+    ggml_backend_buffer_set_usage(bw, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
+    ggml_backend_buffer_t bx = ggml_backend_alloc_ctx_tensors(cx, be);
+    if (!bw || !bx) {
+        fprintf(stderr, "ggml_moe: allocation failed\n");
+        return 1;
+    }
+
+    // The repacking buffers take a tensor in one piece.
+    const size_t per = ggml_row_size(t, cols) * rows;
+    std::vector<float> f((size_t) cols * rows);
+    std::vector<uint8_t> q(per * experts);
+    for (int e = 0; e < experts; e++) {
+        for (auto & v : f) {
+            v = 0.02f * g(rng);
+        }
+#ifdef PEER_IK
+        ggml_quantize_chunk(t, f.data(), q.data() + e * per, 0, rows, cols, nullptr, nullptr);
+#else
+        ggml_quantize_chunk(t, f.data(), q.data() + e * per, 0, rows, cols, nullptr);
+#endif
+        if (per_expert) {
+            ggml_backend_tensor_set(ws[e], q.data() + e * per, 0, per);
+        }
+    }
+    if (per_expert) {
+        for (int e = 0; e < experts; e++) {
+            if (bs[e]) {
+                ggml_backend_tensor_set(bs[e], xs[e].data(), 0, xs[e].size() * sizeof(float));
+            }
+        }
+    } else {
+        ggml_backend_tensor_set(ws[0], q.data(), 0, q.size());
+        ggml_backend_tensor_set(b, x.data(), 0, x.size() * sizeof(float));
+        ggml_backend_tensor_set(ids, id.data(), 0, id.size() * sizeof(int));
+    }
+
     std::vector<double> ts;
     const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
     while (ts.size() < 5 || std::chrono::steady_clock::now() < end) {
