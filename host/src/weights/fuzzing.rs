@@ -7,7 +7,7 @@ use kt_core::reference::REFERENCE;
 use kt_core::{MoeConfig, SerialExecutor, WeightFormat};
 
 use super::kt_format::load_kt_layer;
-use super::{expert_f32, Checkpoint, Layout, ModelConfig, Slots};
+use super::{checkpoint_format, expert_f32, stored_reader, Checkpoint, Layout, ModelConfig, Slots};
 use crate::layer::LayerOptions;
 
 /// Feed `data` to every reader.
@@ -23,8 +23,8 @@ pub fn fuzz(data: &[u8]) {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-/// The checkpoint in `dir`: layout detection and decoding of two layers' experts, and KT's
-/// converted formats.
+/// The checkpoint in `dir`: layout detection and decoding of two layers' experts, KT's
+/// converted formats, and 4-bit experts read as stored.
 fn read_checkpoint(dir: &std::path::Path) {
     let Ok(ck) = Checkpoint::open(dir) else { return };
     for layer in 0..2 {
@@ -40,4 +40,12 @@ fn read_checkpoint(dir: &std::path::Path) {
     for format in [WeightFormat::Int8Row, WeightFormat::Int4Row] {
         let _ = load_kt_layer(&ck, 0, format, &cfg, Slots::default(), &opts);
     }
+    // A 4-bit checkpoint's nibbles and scales as stored (compressed-tensors, GPTQ), in the group
+    // its scales' shape gives. (A statement, not the tail: the reader borrows `ck`.)
+    let format = checkpoint_format(&ck, 0, WeightFormat::Int4Group { group: 128 }, true);
+    if let Ok(Some(read)) = stored_reader(&ck, 0, format, &cfg, Slots::default()) {
+        for e in 0..2 {
+            let _ = read(e);
+        }
+    };
 }
