@@ -5,7 +5,9 @@
 // one MUL_MAT per expert with tokens, on the tokens routed to it, gathered beforehand, in its
 // favour). Built against ik_llama.cpp's ggml (`-DPEER_IK`) it has the CPU buffer only, and its
 // row-interleaved types (`q4_0_r8`, `q4_k_r4`, ...) are asked for by name. Each token picks K
-// distinct experts at random, as `kt bench` routes.
+// distinct experts at random, as `kt bench` routes; where the tokens touch fewer pairs than
+// there are experts, the reps sweep the experts in turn, so that decode reads its weights from
+// DRAM as `kt bench`'s does, not from the cache.
 //
 // usage: ggml_moe TYPE BUFT TOKENS ROWS COLS EXPERTS K THREADS SECONDS
 // prints: TYPE BUFT n=.. rows=.. cols=..: best .. ms median .. ms .. GOP/s (runs)
@@ -77,24 +79,43 @@ int main(int argc, char ** argv) {
 
     std::mt19937 rng(1);
     std::normal_distribution<float> g(0, 1);
-    std::vector<int> id((size_t) k * n), perm(experts);
+    // Routings: K distinct random experts a token; where the tokens touch fewer pairs than there
+    // are experts, a new routing each rep that sweeps the experts in turn (every expert once
+    // before any again), so that decode reads its weights from DRAM as kt bench's does, not
+    // from the cache (random picks would find a quarter of them there).
+    const int routings = n * k < experts ? (experts + n * k - 1) / (n * k) : 1;
+    std::vector<std::vector<int>> ids_of(routings, std::vector<int>((size_t) k * n));
+    std::vector<int> perm(experts);
     for (int i = 0; i < experts; i++) {
         perm[i] = i;
     }
-    for (int j = 0; j < n; j++) {
-        std::shuffle(perm.begin(), perm.end(), rng);
-        std::copy(perm.begin(), perm.begin() + k, id.begin() + (size_t) j * k);
+    for (int r = 0; r < routings; r++) {
+        for (int j = 0; j < n; j++) {
+            if (routings == 1) {
+                std::shuffle(perm.begin(), perm.end(), rng);
+            }
+            for (int s = 0; s < k; s++) {
+                ids_of[r][(size_t) j * k + s] = routings == 1 ? perm[s] : ((r * n + j) * k + s) % experts;
+            }
+        }
     }
+    const std::vector<int> & id = ids_of[0];
     std::vector<float> x((size_t) cols * n);
     for (auto & v : x) {
         v = g(rng);
     }
 
-    const size_t tensors = per_expert ? 3 * (size_t) experts + 16 : 16;
-    ggml_init_params ip = { tensors * ggml_tensor_overhead() + ggml_graph_overhead(), nullptr, true };
+    // Copies of the weights (layers) the reps rotate through where they sweep the experts: as
+    // many as make 2.5 GB, the size of kt bench's DRAM probe here, since this VM's host caches
+    // more than its L3 (a 113 MB working set would partly stay there).
+    const size_t per = ggml_row_size(t, cols) * rows;
+    const int layers = !per_expert && routings > 1 ? std::max<int>(1, (int) (2.5e9 / (double) (per * experts))) : 1;
+    const size_t tensors = per_expert ? 3 * (size_t) experts + 16 : 16 + 2 * (size_t) layers;
+    ggml_init_params ip = { tensors * ggml_tensor_overhead() + layers * ggml_graph_overhead(), nullptr, true };
     ggml_context * cw = ggml_init(ip);
     ggml_context * cx = ggml_init(ip);
-    ggml_cgraph * graph = ggml_new_graph(cx);
+    std::vector<ggml_cgraph *> graphs = { ggml_new_graph(cx) };
+    ggml_cgraph * graph = graphs[0];
     // Weights: one [cols, rows, experts] tensor for MUL_MAT_ID, or one [cols, rows] per expert.
     std::vector<ggml_tensor *> ws, bs;
     std::vector<std::vector<float>> xs(experts);
@@ -115,10 +136,15 @@ int main(int argc, char ** argv) {
             }
         }
     } else {
-        ws.push_back(ggml_new_tensor_3d(cw, t, cols, rows, experts));
         b = ggml_new_tensor_3d(cx, GGML_TYPE_F32, cols, 1, n);
         ids = ggml_new_tensor_2d(cx, GGML_TYPE_I32, k, n);
-        ggml_build_forward_expand(graph, ggml_mul_mat_id(cx, ws[0], b, ids));
+        for (int l = 0; l < layers; l++) {
+            ws.push_back(ggml_new_tensor_3d(cw, t, cols, rows, experts));
+            if (l > 0) {
+                graphs.push_back(ggml_new_graph(cx));
+            }
+            ggml_build_forward_expand(graphs[l], ggml_mul_mat_id(cx, ws[l], b, ids));
+        }
     }
     ggml_backend_buffer_t bw = ggml_backend_alloc_ctx_tensors_from_buft(cw, wbt);
     ggml_backend_buffer_set_usage(bw, GGML_BACKEND_BUFFER_USAGE_WEIGHTS);
@@ -129,7 +155,6 @@ int main(int argc, char ** argv) {
     }
 
     // The repacking buffers take a tensor in one piece.
-    const size_t per = ggml_row_size(t, cols) * rows;
     std::vector<float> f((size_t) cols * rows);
     std::vector<uint8_t> q(per * experts);
     for (int e = 0; e < experts; e++) {
@@ -152,7 +177,9 @@ int main(int argc, char ** argv) {
             }
         }
     } else {
-        ggml_backend_tensor_set(ws[0], q.data(), 0, q.size());
+        for (auto * w : ws) {
+            ggml_backend_tensor_set(w, q.data(), 0, q.size());
+        }
         ggml_backend_tensor_set(b, x.data(), 0, x.size() * sizeof(float));
         ggml_backend_tensor_set(ids, id.data(), 0, id.size() * sizeof(int));
     }
@@ -160,8 +187,12 @@ int main(int argc, char ** argv) {
     std::vector<double> ts;
     const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
     while (ts.size() < 5 || std::chrono::steady_clock::now() < end) {
+        if (!per_expert && routings > 1) {
+            const auto & r = ids_of[ts.size() % routings];
+            ggml_backend_tensor_set(ids, r.data(), 0, r.size() * sizeof(int));
+        }
         const auto t0 = std::chrono::steady_clock::now();
-        if (ggml_backend_graph_compute(be, graph) != GGML_STATUS_SUCCESS) {
+        if (ggml_backend_graph_compute(be, graphs[ts.size() / routings % layers]) != GGML_STATUS_SUCCESS) {
             fprintf(stderr, "ggml_moe: compute failed\n");
             return 1;
         }
