@@ -69,8 +69,17 @@ mod kt_kernel_ext {
         })?;
         let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
         let checkpoint_group = kt_core::WeightFormat::takes_checkpoint_group(method);
-        let spec =
-            ConvertSpec { input, output, format, parts, layers: None, checkpoint_group, backward, threads, progress: false };
+        let spec = ConvertSpec {
+            input,
+            output,
+            format,
+            parts,
+            layers: None,
+            checkpoint_group,
+            backward,
+            threads,
+            progress: false,
+        };
         let r = py.detach(|| convert(&spec)).map_err(super::value_error)?;
         Ok((r.written.len(), r.skipped.len()))
     }
