@@ -125,7 +125,7 @@ fn convert_sizes_resume_and_load() {
     let (code, stdout, err) = convert(&input, &out_a, "int8", &[]);
     let run_ms = started.elapsed().as_millis() as u64;
     assert_eq!(code, Some(0), "{err}");
-    assert!(stdout.contains("2 layer(s) written, 0 already complete"), "{stdout}");
+    assert!(stdout.contains("2 layer(s) written, 0 already complete, method AMXINT8"), "{stdout}");
     let names: Vec<String> = files(&out_a).into_iter().map(|(n, _)| n).collect();
     assert_eq!(
         names,
@@ -512,7 +512,7 @@ fn convert_to_gguf_loads_as_online_quantization_and_benches() {
     let layers = write_checkpoint(&input);
     let (code, stdout, err) = convert(&input, &out, "q8_0", &[]);
     assert_eq!(code, Some(0), "{err}");
-    assert!(stdout.contains("2 layer(s) written, 0 already complete"), "{stdout}");
+    assert!(stdout.contains("2 layer(s) written, 0 already complete, method q8_0"), "{stdout}");
     let names: Vec<String> = files(&out).into_iter().map(|(n, _)| n).collect();
     assert_eq!(names, ["model-00001-of-00002.gguf", "model-00002-of-00002.gguf"]);
 

@@ -655,10 +655,10 @@ fn run_convert(a: ConvertArgs) -> ExitCode {
     match kt_host::convert::convert(&spec) {
         Ok(r) => {
             println!(
-                "kt convert: {} layer(s) written as {}, {} already complete, {:.2} GB in, {:.2} GB out, {:.1} s ({:.2} GB/s of input)",
+                "kt convert: {} layer(s) written, {} already complete, method {}, {:.2} GB in, {:.2} GB out, {:.1} s ({:.2} GB/s of input)",
                 r.written.len(),
-                r.method,
                 r.skipped.len(),
+                r.method,
                 r.bytes_in as f64 / 1e9,
                 r.bytes_out as f64 / 1e9,
                 r.seconds,

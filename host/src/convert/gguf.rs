@@ -101,7 +101,7 @@ pub fn convert_gguf(spec: &ConvertSpec, t: GgmlType) -> Result<ConvertReport, We
     ) {
         pb.set_style(style);
     }
-    let mut report = ConvertReport::default();
+    let mut report = ConvertReport { method: t.to_string(), ..ConvertReport::default() };
     for (idx, (layer, layout)) in moe.iter().enumerate() {
         let path = spec.output.join(format!("model-{:05}-of-{n:05}.gguf", idx + 1));
         let plan = plan(&cfg, lf, *layer);
