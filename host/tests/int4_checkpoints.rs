@@ -77,6 +77,30 @@ fn write_checkpoint(dir: &Path, nan: bool) -> Vec<[QuantMatrix; 3]> {
     experts
 }
 
+/// `n` tokens (inputs from `seed`, routing from `seed + 1`) and the outputs a layer built from
+/// the stored experts gives them: what every path that reads the checkpoint as stored must give.
+struct Probe {
+    x: Vec<bf16>,
+    ids: Vec<i64>,
+    w: Vec<f32>,
+    want: Vec<bf16>,
+}
+
+impl Probe {
+    fn new(stored: &[[QuantMatrix; 3]], cfg: &MoeConfig, opts: &LayerOptions, n: usize, seed: u64) -> Probe {
+        let x = random_input(n, H, seed);
+        let (ids, w) = random_routing(n, 2, E, seed + 1);
+        let layer = MoeLayer::from_quantized(cfg, |e| Some(stored[e].clone().into()), G32, opts).unwrap();
+        let want = layer.forward(&x, &ids, &w, None).unwrap();
+        Probe { x, ids, w, want }
+    }
+
+    /// `layer`'s outputs for these tokens.
+    fn outputs(&self, layer: &MoeLayer) -> Vec<bf16> {
+        layer.forward(&self.x, &self.ids, &self.w, None).unwrap()
+    }
+}
+
 fn tmp(tag: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("kt-int4-{tag}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&d);
@@ -100,21 +124,19 @@ fn a_4bit_checkpoint_in_its_own_group_loads_as_stored() {
     let ck = Checkpoint::open(&dir).unwrap();
     let cfg = MoeConfig { parts: 2, ..MoeConfig::new(E, 2, H, I) };
     let opts = LayerOptions::threads(2);
-    let (n, x) = (5, random_input(5, H, 3));
-    let (ids, w) = random_routing(n, 2, E, 4);
-    let want = MoeLayer::from_quantized(&cfg, |e| Some(stored[e].clone().into()), G32, &opts).unwrap();
-    let want = want.forward(&x, &ids, &w, None).unwrap();
+    let p = Probe::new(&stored, &cfg, &opts, 5, 3);
     let loaded = load_layer(&ck, 0, G32, &cfg, Slots::default(), &opts).unwrap();
-    assert_eq!(loaded.forward(&x, &ids, &w, None).unwrap(), want);
+    assert_eq!(p.outputs(&loaded), p.want);
     // In groups of 128 the values are requantized: another layer, other outputs.
     let g128 = load_layer(&ck, 0, WeightFormat::Int4Group { group: 128 }, &cfg, Slots::default(), &opts).unwrap();
-    assert_ne!(g128.forward(&x, &ids, &w, None).unwrap(), want);
+    assert_ne!(p.outputs(&g128), p.want);
 
-    let rt = Routing { tokens: n, k: 2, ids: &ids, weights: &w, gpu_mask: None };
+    let (x, ids, w) = (&p.x, &p.ids, &p.w);
+    let rt = Routing { tokens: 5, k: 2, ids, weights: w, gpu_mask: None };
     let sft = SftOptions::default();
     let from_parts = SftLayer::from_quantized(&cfg, G32, |e| Some(stored[e].clone().into()), &opts, sft).unwrap();
     let from_file = SftLayer::from_checkpoint(&ck, 0, G32, &cfg, Slots::default(), &opts, sft).unwrap();
-    assert_eq!(sft_bits(&from_file, &x, &rt), sft_bits(&from_parts, &x, &rt));
+    assert_eq!(sft_bits(&from_file, x, &rt), sft_bits(&from_parts, x, &rt));
     std::fs::remove_dir_all(&dir).unwrap();
 }
 
@@ -128,10 +150,7 @@ fn kt_convert_writes_a_4bit_checkpoint_in_its_own_group_as_stored() {
     let stored = write_checkpoint(&dir, false);
     let cfg = MoeConfig { parts: 2, ..MoeConfig::new(E, 2, H, I) };
     let opts = LayerOptions::threads(2);
-    let (n, x) = (7, random_input(7, H, 5));
-    let (ids, w) = random_routing(n, 2, E, 6);
-    let want = MoeLayer::from_quantized(&cfg, |e| Some(stored[e].clone().into()), G32, &opts).unwrap();
-    let want = want.forward(&x, &ids, &w, None).unwrap();
+    let p = Probe::new(&stored, &cfg, &opts, 7, 5);
     let g128 = WeightFormat::Int4Group { group: 128 };
     // (format asked for, checkpoint_group, backward, format written)
     for (format, checkpoint_group, backward, written) in
@@ -151,12 +170,11 @@ fn kt_convert_writes_a_4bit_checkpoint_in_its_own_group_as_stored() {
         };
         assert_eq!(convert(&spec).unwrap().method, written.to_string());
         let ck = Checkpoint::open(&out).unwrap();
-        let got = load_kt_layer(&ck, 0, written, &cfg, Slots::default(), &opts).unwrap();
-        let got = got.forward(&x, &ids, &w, None).unwrap();
+        let got = p.outputs(&load_kt_layer(&ck, 0, written, &cfg, Slots::default(), &opts).unwrap());
         if written == G32 {
-            assert_eq!(got, want, "{format} backward {backward}");
+            assert_eq!(got, p.want, "{format} backward {backward}");
         } else {
-            assert_ne!(got, want, "{format}");
+            assert_ne!(got, p.want, "{format}");
         }
     }
     std::fs::remove_dir_all(&dir).unwrap();
