@@ -6,7 +6,7 @@
 //! - 32-column types: `[groups of 8 blocks][tokens]` of [`ActG8`]: Q8_0 blocks (scales widened
 //!   to f32) with `s = d·Σq` (ggml's Q8_1: the offsets of the weights fold in with it), the
 //!   values in the pairwise order of [`crate::legacy`]; for q8_0 [`ActW8`] (widened to i16),
-//!   or on a VNNI CPU [`ActV8`] ([`layout`]); for an expert that runs on AMX tiles, every
+//!   or on a VNNI CPU [`ActV8`], as the other unsigned types with AVX512-VNNI ([`layout`]); for an expert that runs on AMX tiles, every
 //!   32-column type's [`ActT8`] (each block's values in column order, rows of A tiles);
 //! - float types: `[tokens][cols]` f32.
 //!
@@ -20,6 +20,7 @@ use half::bf16;
 use kt_core::ggml::{ActKind, GgmlType, QK, QK_K};
 
 use crate::legacy::{quad_at, slot, G, ORDER};
+use crate::vnni::Vnni;
 
 /// One Q8_K activation block laid out for aligned loads: values first and 320 bytes, so in a
 /// 64-byte aligned buffer (the forward pass's) no 32-byte load of them splits a cache line
@@ -83,6 +84,9 @@ impl ActW8 {
 pub struct ActV8 {
     /// Scales, block `k` at [`slot`]`(k)`.
     pub d: [f32; G],
+    /// `d · Σ qs` of each block, in the same order (for the offsets of q4_0, q4_1, q5_0 and
+    /// q5_1, whose 512-bit kernels read this layout: `kernels::on_zmm`).
+    pub s: [f32; G],
     /// `-128·Σq` of each block, in the same order: the weights' levels are offset by 128 to
     /// make them unsigned, and this takes the offset's products back out.
     pub neg: [i32; G],
@@ -126,18 +130,22 @@ pub enum Layout {
     T8,
 }
 
-/// The layout 32-column type `t` reads (`vnni`: its VNNI kernels run).
-pub fn layout(t: GgmlType, vnni: bool) -> Layout {
+/// The layout 32-column type `t` reads where the VNNI encoding `vnni` (if any) runs: q8_0's
+/// VNNI kernels and, with AVX512-VNNI, the unsigned 32-column types' ([`crate::vnni::runs`])
+/// read [`ActV8`].
+pub fn layout(t: GgmlType, vnni: Option<Vnni>) -> Layout {
+    use GgmlType::*;
     match t {
-        GgmlType::Q8_0 if vnni => Layout::V8,
-        GgmlType::Q8_0 => Layout::W8,
+        Q8_0 if vnni.is_some() => Layout::V8,
+        Q8_0 => Layout::W8,
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 if vnni == Some(Vnni::Evex) => Layout::V8,
         _ => Layout::G8,
     }
 }
 
 /// Bytes of prepared activations for `rows` tokens of `cols` columns: enough for the tile layout
 /// too ([`ActT8`] is no larger than the others).
-pub fn bytes(t: GgmlType, rows: usize, cols: usize, vnni: bool) -> usize {
+pub fn bytes(t: GgmlType, rows: usize, cols: usize, vnni: Option<Vnni>) -> usize {
     const { assert!(size_of::<ActT8>() <= size_of::<ActG8>() && size_of::<ActT8>() <= size_of::<ActV8>()) };
     layout_bytes(t, layout(t, vnni), rows, cols)
 }
@@ -241,7 +249,7 @@ impl Group for ActW8 {
 
 impl Group for ActV8 {
     fn put(&mut self, k: usize, d: f32, sum: i32, q: &[i8; QK]) {
-        (self.d[slot(k)], self.neg[slot(k)]) = (d, -128 * sum);
+        (self.d[slot(k)], self.s[slot(k)], self.neg[slot(k)]) = (d, d * sum as f32, -128 * sum);
         q.iter().enumerate().for_each(|(j, &v)| self.qs[ActV8::at(k, j)] = v);
     }
 }
@@ -345,14 +353,15 @@ unsafe fn fill_v8(out: &mut [ActV8], x: &[f32], n: usize, i: usize) {
         for (s, &k) in ORDER.iter().enumerate() {
             let b = g * G + k;
             if b >= nb {
-                (grp.d[s], grp.neg[s]) = (0.0, 0);
+                (grp.d[s], grp.s[s], grp.neg[s]) = (0.0, 0.0, 0);
                 continue;
             }
             let xs = &x[b * QK..(b + 1) * QK];
             // SAFETY (all four): AVX2, FMA and F16C by this function's contract; q is 32 bytes.
             let d = unsafe { amax8(xs) } / 127.0;
             let sum = unsafe { quantize(xs, d, &mut q) };
-            (grp.d[s], grp.neg[s]) = (unsafe { f16_rounded(d) }, -128 * sum);
+            let d = unsafe { f16_rounded(d) };
+            (grp.d[s], grp.s[s], grp.neg[s]) = (d, d * sum as f32, -128 * sum);
             words[s] = _mm256_shuffle_epi8(unsafe { _mm256_loadu_si256(q.as_ptr().cast()) }, order);
         }
         // SAFETY: AVX2 by this function's contract.
@@ -500,11 +509,13 @@ mod tests {
             x[1..9].copy_from_slice(&[2.5, -2.5, 0.5, -0.5, 1.5, 3.5, -126.5, 0.0]);
             let src: Vec<bf16> = x.iter().map(|&v| bf16::from_f32(v)).collect();
             // q4_K in the lane layout and in column order (tiles); q8_0 twice: ActW8, ActV8 (two
-            // tokens, the same row twice); then ActT8 (tiles).
-            let cases = [(GgmlType::Q4_K, false, false), (GgmlType::Q4_K, false, true), (GgmlType::Q4_0, false, false)];
-            let q8 = [(GgmlType::Q8_0, false, false), (GgmlType::Q8_0, true, false), (GgmlType::Q5_1, false, true)];
-            for (t, vnni, tiles) in cases.into_iter().chain(q8) {
-                let n = 1 + usize::from(vnni || tiles);
+            // tokens, the same row twice); then ActT8 (tiles); q4_0's ActV8 with AVX512-VNNI.
+            let evex = Some(Vnni::Evex);
+            let cases = [(GgmlType::Q4_K, None, false), (GgmlType::Q4_K, None, true), (GgmlType::Q4_0, None, false)];
+            let q8 =
+                [(GgmlType::Q8_0, None, false), (GgmlType::Q8_0, Some(Vnni::Vex), false), (GgmlType::Q5_1, None, true)];
+            for (t, vnni, tiles) in cases.into_iter().chain(q8).chain([(GgmlType::Q4_0, evex, false)]) {
+                let n = 1 + usize::from(vnni.is_some() || tiles);
                 // u32 storage: the blocks hold f32s and need 4-byte alignment.
                 let mut words = vec![0u32; bytes(t, n, 512, vnni) / 4];
                 let dst: &mut [u8] = bytemuck::cast_slice_mut(&mut words);
@@ -542,7 +553,8 @@ mod tests {
                         let want = BlockQ8_0::quantize(&x[32 * b..]);
                         let q: Vec<i8> = (0..32).map(|j| g.qs[ActV8::at(k, j)]).collect();
                         assert_eq!((&q[..], g.d[slot(k)]), (&want.qs[..], want.scale()), "block {b}");
-                        assert_eq!(g.neg[slot(k)], -128 * q.iter().map(|&v| i32::from(v)).sum::<i32>());
+                        let sum: i32 = q.iter().map(|&v| i32::from(v)).sum();
+                        assert_eq!((g.neg[slot(k)], g.s[slot(k)]), (-128 * sum, g.d[slot(k)] * sum as f32));
                     }
                 } else if layout(t, vnni) == Layout::W8 {
                     let got: &[ActW8] = bytemuck::cast_slice(dst);

@@ -297,11 +297,11 @@ mod imp {
 
         fn act_layout(&self, format: WeightFormat) -> ActLayout {
             let t = ggml(format);
-            ActLayout(t.act() as u32 * 8 + crate::act::layout(t, self.vnni().is_some()) as u32)
+            ActLayout(t.act() as u32 * 8 + crate::act::layout(t, self.vnni()) as u32)
         }
 
         fn act_bytes(&self, format: WeightFormat, rows: usize, cols: usize) -> usize {
-            crate::act::bytes(ggml(format), rows, cols, self.vnni().is_some())
+            crate::act::bytes(ggml(format), rows, cols, self.vnni())
         }
 
         fn sft_kernels(&self) -> &'static kt_core::sft::SftKernels {
@@ -337,7 +337,7 @@ mod imp {
             let t = ggml(format);
             let kind = match self.on_tiles(t, rows.len()) {
                 true => crate::act::Layout::T8,
-                false => crate::act::layout(t, self.vnni().is_some()),
+                false => crate::act::layout(t, self.vnni()),
             };
             // SAFETY: cpu_support passed before this backend was selected.
             unsafe { crate::act::prepare(t, cols, src, rows, dst, kind, scratch) }

@@ -4,8 +4,8 @@
 //! token: `maddubs` (u8 levels × i8 activations, pairs summed to i16), then to i32 by a
 //! `madd` with the 16-column scales (K-quants, in the lane layout of [`crate::lanes`], several
 //! registers summed in i16 first) or by gathering block sums (32-column types), then f32;
-//! q8_0, the unsigned 32-column types, q4_K and q5_K on VNNI by `vpdpbusd` ([`on_vnni`]; with
-//! AVX512-VNNI q4_K, q5_K and q8_0 for several tokens in 512-bit registers, [`on_zmm`]); every
+//! q8_0, the unsigned 32-column types, q4_K, q5_K and iq4_xs on VNNI by `vpdpbusd`
+//! ([`on_vnni`]; with AVX512-VNNI in 512-bit registers, [`on_zmm`]); every
 //! quantized type on AMX int8 tiles for an expert with many tokens ([`on_amx`]). Every
 //! output is computed in block order by one call, whatever the tile: results do not depend on
 //! how rows are split over tasks.

@@ -1,13 +1,14 @@
 //! Kernels on VNNI ([`crate::vnni`]). q8_0: weights packed with their levels + 128 in 4-column
 //! lanes ([`legacy::to_quads`]), activations in the same order ([`ActV8`]), 8 `vpdpbusd` a
 //! row, token and group, `NT` tokens at a time (several tokens with AVX512-VNNI: in 512-bit
-//! registers, [`super::on_zmm`]). q4_0, q4_1, q5_0, q5_1: the 32-column kernel
+//! registers, [`super::on_zmm`]). q4_0, q4_1, q5_0, q5_1 with AVX-VNNI: the 32-column kernel
 //! as on AVX2, each pair of blocks summed by two `vpdpbusd` (levels are unsigned already)
-//! where `maddubs` took two `vpmaddubsw` and an add, then a fold of i16 sums. q4_K, q5_K and
+//! where `maddubs` took two `vpmaddubsw` and an add, then a fold of i16 sums (with
+//! AVX512-VNNI: in q8_0's lanes and 512-bit registers, [`super::on_zmm`]). q4_K, q5_K and
 //! iq4_xs ([`KBlock::PER32`]): 8 `vpdpbusd` a row, token and block give the 32-column parts'
-//! sums (q4_K and q5_K in 512-bit registers with AVX512-VNNI, [`super::on_zmm`]; here for
-//! AVX-VNNI, for one token and for iq4_xs, whose signed levels go in + 128 and come out less
-//! 128·Σa, in i32: the same integers as AVX2's sign trick). Built from rustc 1.89 only
+//! sums (iq4_xs's signed levels go in + 128 and come out less 128·Σa, in i32: the same
+//! integers as AVX2's sign trick); several tokens with AVX512-VNNI in 512-bit registers
+//! ([`super::on_zmm`]), here for AVX-VNNI and for one token. Built from rustc 1.89 only
 //! (`build.rs`).
 
 // Tiles index rows, tokens and blocks of several arrays with one counter; iterators would hide it.
@@ -172,7 +173,7 @@ unsafe fn k32_tokens<D: Dp, B: KBlock, const NT: usize, const A: usize>(
 /// # Safety
 /// AVX2 (inlined into kernels that enable it).
 #[inline(always)]
-unsafe fn unsigned_reg<B: KBlock>(blk: &B, r: usize) -> __m256i {
+pub(super) unsafe fn unsigned_reg<B: KBlock>(blk: &B, r: usize) -> __m256i {
     // SAFETY: the caller's contract.
     unsafe {
         let x = blk.reg(r);
@@ -269,8 +270,7 @@ unsafe fn legacy_dots<D: Dp>(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: 
     }
 }
 
-/// Each type's kernel with AVX512-VNNI: q4_K, q5_K and q8_0 in 512-bit registers
-/// ([`super::on_zmm`]), the other 32-column types in 256-bit ones ([`legacy_dots`]).
+/// Each type's kernel with AVX512-VNNI, in 512-bit registers ([`super::on_zmm`]).
 ///
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
@@ -282,13 +282,8 @@ unsafe fn dots_evex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scra
             GgmlType::Q4_K => on_zmm::dots::<Q4KU>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
             GgmlType::Q5_K => on_zmm::dots::<Q5KU>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
             GgmlType::Q8_0 => on_zmm::q8(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
-            GgmlType::IQ4_XS => vnni_k32::<vnni::Evex, Iq4XsU, 6, { 2 * TC }, { 2 * TC }>(
-                raw.cast(),
-                out,
-                Some(&mut scratch.k),
-                &mut scratch.acc,
-            ),
-            _ => legacy_dots::<vnni::Evex>(raw, out, scratch),
+            GgmlType::IQ4_XS => on_zmm::dots::<Iq4XsU>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
+            _ => on_zmm::legacy_dots(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
         }
     }
 }
@@ -382,10 +377,15 @@ unsafe fn gemv_in<D: Dp>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [
 ///
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
-#[target_feature(enable = "avx2,fma,f16c,avx512vnni,avx512vl")]
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
 unsafe fn gemv_evex(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
     // SAFETY: this function's features; the caller's contract.
-    unsafe { gemv_in::<vnni::Evex>(w, rows, act, out) }
+    unsafe {
+        match w.t {
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => on_zmm::legacy_gemv(w, rows, act, out),
+            _ => gemv_in::<vnni::Evex>(w, rows, act, out),
+        }
+    }
 }
 
 /// [`gemv_in`] with AVX-VNNI.
@@ -426,12 +426,12 @@ mod tests {
                 let ids: Vec<u32> = (0..n as u32).collect();
                 let y = |v: Option<Vnni>| {
                     let w = Packed::new(t, rows, cols, m.data(), v);
-                    let mut act = AlignedBuf::zeroed(crate::act::bytes(t, n, cols, v.is_some()));
+                    let mut act = AlignedBuf::zeroed(crate::act::bytes(t, n, cols, v));
                     let mut y = vec![0u32; n * rows];
                     // SAFETY: AVX2/FMA/F16C and AVX-VNNI checked above; act prepared for w.
                     unsafe {
                         let mut xs = vec![0u8; crate::act::scratch_bytes(cols)];
-                        let kind = crate::act::layout(t, v.is_some());
+                        let kind = crate::act::layout(t, v);
                         crate::act::prepare(t, cols, &x, &ids, act.as_mut_slice(), kind, &mut xs);
                         if n == 1 {
                             let mut out = vec![0.0f32; rows];

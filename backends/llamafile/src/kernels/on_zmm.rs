@@ -2,22 +2,28 @@
 //! lane layout for two rows (the tile's rows in pairs, [`Pairs`]) against each token's
 //! activations broadcast to both halves, so one `vpdpbusd` does the work of two 256-bit ones
 //! (on a Xeon with two 512-bit units, 1.86× their throughput) and each f32 step serves two
-//! rows. For q4_K and q5_K ([`KBlock::PER32`], [`dots`]) and q8_0 ([`q8`]). Lane for lane the
-//! operations are those of the 256-bit kernels ([`per32`](super::per32), and
-//! [`vnni_q8`](super::on_vnni)): the results are bit for bit the AVX2 kernels'. Built from
-//! rustc 1.89 only (`build.rs`).
+//! rows. For q4_K, q5_K and iq4_xs ([`KBlock::PER32`], [`dots`]), q8_0 ([`q8`]) and the
+//! unsigned 32-column types ([`legacy`]: q4_0, q4_1, q5_0, q5_1, their levels put in q8_0's
+//! 4-column lanes per token tile, [`quads`]). Lane for lane the operations are those of the
+//! 256-bit kernels ([`per32`](super::per32), [`vnni_q8`](super::on_vnni) and
+//! [`legacy`](fn@super::legacy)'s f32 steps): the results are bit for bit the AVX2 kernels'.
+//! Built from rustc 1.89 only (`build.rs`).
 
 // Tiles index rows, tokens and blocks of several arrays with one counter; iterators would hide it.
 #![allow(clippy::needless_range_loop)]
 #![allow(clippy::incompatible_msrv)]
 
 use core::arch::x86_64::*;
+use core::ops::Range;
 
-use super::{act32, fresh, hsum4, ld, open_group, prefetch_next, token_tiles, Acc, Tile, R, TC};
+use kt_core::ggml::GgmlType;
+
+use super::on_vnni::unsigned_reg;
+use super::{act32, fresh, hsum4, ld, open_group, prefetch_next, token_tiles, Acc, Packed, Tile, R, TC};
 use crate::act::{ActK, ActV8};
 use crate::decode::KBlock;
 use crate::lanes::REGS;
-use crate::legacy;
+use crate::legacy::{self, LGroup, Offset, ORDER};
 
 /// Tokens a group shares each weight register with: 16 accumulators of 2 rows' pairs.
 const NT: usize = 8;
@@ -46,7 +52,7 @@ impl Pairs {
 }
 
 /// The accumulators ([`Acc`]) as pairs of rows: `[pair][token]`, row `2p` in the low lanes.
-type Acc2 = [[__m512; 2 * TC]; R / 2];
+pub(super) type Acc2 = [[__m512; 2 * TC]; R / 2];
 
 /// `lo` and `hi` as one register.
 ///
@@ -93,7 +99,7 @@ unsafe fn dp_pairs<A, const K: usize>(lv: &Pairs, act: &[A], qs: impl Fn(&A) -> 
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
-unsafe fn tokens<const K: usize, const FIRST: bool>(
+unsafe fn tokens<B: KBlock, const K: usize, const FIRST: bool>(
     lv: &Pairs,
     sc: &[(__m512, __m512); R / 2],
     act: &[ActK],
@@ -108,10 +114,18 @@ unsafe fn tokens<const K: usize, const FIRST: bool>(
         for k in 0..K {
             let (da, m) = act32(&act[k]);
             let (da, m) = (join(da, da), join(m, m));
+            // Signed levels went in + 128: take 128·Σa of each 32-column part off.
+            let off = if B::SIGNED {
+                let sums = _mm256_madd_epi16(ld(&act[k].bsums), _mm256_set1_epi16(1));
+                _mm512_broadcast_i64x4(_mm256_slli_epi32::<7>(sums))
+            } else {
+                _mm512_setzero_si512()
+            };
             for p in 0..R / 2 {
                 let (dsc, dmn) = sc[p];
                 let kept = if FIRST { _mm512_setzero_ps() } else { acc[p][t + k] };
-                let x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s[p][k]), _mm512_mul_ps(dsc, da), kept);
+                let s = if B::SIGNED { _mm512_sub_epi32(s[p][k], off) } else { s[p][k] };
+                let x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dsc, da), kept);
                 acc[p][t + k] = _mm512_fnmadd_ps(dmn, m, x);
             }
         }
@@ -138,16 +152,16 @@ pub(super) unsafe fn dots<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]
             }
             // SAFETY (whole loop): this function's features; stores stay inside `lv`.
             let blk = array!(&blocks[0][0]; R, |i| &blocks[i][b]);
-            unsafe { lv.fill(|i, r| blk[i].reg(r)) };
+            unsafe { lv.fill(|i, r| unsigned_reg(blk[i], r)) };
             let sc = array!((_mm512_setzero_ps(), _mm512_setzero_ps()); R / 2, |p| unsafe {
                 let ((d0, m0), (d1, m1)) = (blk[2 * p].prep32(), blk[2 * p + 1].prep32());
                 (join(d0, d1), join(m0, m1))
             });
             let act = &acts[b * n + t0..b * n + t0 + tn];
             if b == 0 {
-                groups!(NT, tn, |K, t| unsafe { tokens::<K, true>(lv, &sc, &act[t..], acc, t) });
+                groups!(NT, tn, |K, t| unsafe { tokens::<B, K, true>(lv, &sc, &act[t..], acc, t) });
             } else {
-                groups!(NT, tn, |K, t| unsafe { tokens::<K, false>(lv, &sc, &act[t..], acc, t) });
+                groups!(NT, tn, |K, t| unsafe { tokens::<B, K, false>(lv, &sc, &act[t..], acc, t) });
             }
         }
         unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
@@ -160,7 +174,7 @@ pub(super) unsafe fn dots<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
-unsafe fn write_out(acc: &Acc2, out: &mut [[f32; R]]) {
+unsafe fn write_out<const A: usize>(acc: &[[__m512; A]; R / 2], out: &mut [[f32; R]]) {
     for (t, o) in out.iter_mut().enumerate() {
         // SAFETY: AVX512F by the callers' contract.
         *o = unsafe {
@@ -237,4 +251,198 @@ pub(super) unsafe fn q8(tile: &Tile<'_, ActV8>, out: &mut [[f32; R]], lv: &mut P
         }
         unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
     }
+}
+
+/// The 16 words `f(0), …, f(15)` as one register.
+///
+/// # Safety
+/// AVX512F is present (inlined into kernels that enable it).
+#[inline(always)]
+unsafe fn words(f: impl Fn(usize) -> usize) -> __m512i {
+    let w = array!(0i32; 16, |l| f(l) as i32);
+    // SAFETY: 64 bytes; AVX512F by the caller's contract.
+    unsafe { _mm512_loadu_si512(w.as_ptr().cast()) }
+}
+
+/// One row's group of a 32-column type with unsigned levels (q4_0, q4_1, q5_0, q5_1) in
+/// [`ActV8`]'s order (`legacy::quad_at`), as 4 registers of two: registers 0 | 1, 2 | 3, 4 | 5
+/// and 6 | 7. Each block's 16 nibble bytes (column `c` low, `c + 16` high) are shuffled so that
+/// word `j` holds the columns of register `j`, one permute of words per pair of registers
+/// gathers the 8 blocks in slot order, and the high nibbles are registers 4..8; q5's fifth
+/// bits come from their plane (`legacy::plane`: byte `16·(k % 2) + c`, bits `2·(k / 2)` and
+/// the next) by the same shuffle, a permute and a rotate per register.
+///
+/// # Safety
+/// AVX512F and AVX512BW are present (inlined into kernels that enable them); `g` is one
+/// whole group of `L`.
+#[inline(always)]
+unsafe fn quads<L: LGroup>(g: &[u8]) -> [__m512i; 4] {
+    // SAFETY (whole body): AVX512F/BW by the caller's contract; loads stay inside the group
+    // (128 bytes of nibbles at `L::LEVELS`, q5's 32-byte plane after them).
+    unsafe {
+        let order = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15));
+        debug_assert!(g.len() >= L::LEVELS + if L::FOUR_BIT { 128 } else { 160 });
+        let at = g[L::LEVELS..].as_ptr();
+        let lo4 = _mm512_shuffle_epi8(_mm512_loadu_si512(at.cast()), order);
+        let hi4 = _mm512_shuffle_epi8(_mm512_loadu_si512(at.add(64).cast()), order);
+        // Word j of block k is word 4k + j of (lo4, hi4); register j's slot s is block ORDER[s].
+        let pick = |j: usize| words(|l| 4 * ORDER[l % 8] + j + l / 8);
+        let (r01, r23) = (_mm512_permutex2var_epi32(lo4, pick(0), hi4), _mm512_permutex2var_epi32(lo4, pick(2), hi4));
+        let low = _mm512_set1_epi8(0x0F);
+        let nib = |x: __m512i, high: bool| _mm512_and_si512(if high { _mm512_srli_epi16::<4>(x) } else { x }, low);
+        let mut out = [nib(r01, false), nib(r23, false), nib(r01, true), nib(r23, true)];
+        if !L::FOUR_BIT {
+            // Plane halves (even blocks, odd blocks) shuffled as the nibbles: word j of half
+            // h has bit 2·(k / 2) (+ 1 for the high columns) of block k = 2·(k / 2) + h.
+            let plane = _mm512_broadcast_i64x4(_mm256_loadu_si256(at.add(128).cast()));
+            let plane = _mm512_shuffle_epi8(plane, order);
+            for (q, o) in out.iter_mut().enumerate() {
+                // Registers (2q', 2q' + 1) of the low (q < 2) or high columns, q' = q % 2.
+                let j = 2 * (q % 2);
+                let idx = words(|l| if l % 8 < 4 { j + l / 8 } else { 4 + j + l / 8 });
+                // Slot s holds block 2·(s % 4) + s / 4: its bit 2·(s % 4) (+ 1) to bit 4, by a
+                // left rotate of 4 − that bit (mod 32) of each word.
+                let rot = words(|l| (4 + 32 - (2 * (l % 4) + q / 2)) % 32);
+                let bits = _mm512_rolv_epi32(_mm512_permutexvar_epi32(idx, plane), rot);
+                *o = _mm512_or_si512(*o, _mm512_and_si512(bits, _mm512_set1_epi8(0x10)));
+            }
+        }
+        out
+    }
+}
+
+/// `K` tokens' dots with one group of a 32-column type's rows (levels in `lv` in
+/// [`ActV8`]'s order, the 8 blocks' scales `dw` and offsets `mw` in pairs), added to
+/// `acc[p][t..t + K]` or setting them for a tile's `FIRST` group: 8 `vpdpbusd` a pair and
+/// token give the 8 block sums, then the f32 steps of the AVX2 kernel ([`super::legacy`]).
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+unsafe fn legacy_tokens<L: LGroup, const K: usize, const A: usize, const FIRST: bool>(
+    lv: &Pairs,
+    dw: &[__m512; R / 2],
+    mw: &[__m512; R / 2],
+    act: &[ActV8],
+    acc: &mut [[__m512; A]; R / 2],
+    t: usize,
+) {
+    // SAFETY (whole function): AVX2/FMA/AVX512F/VNNI by the callers' contract; loads stay
+    // inside the levels, the activation blocks and the accumulators.
+    unsafe {
+        let mut s = [[_mm512_setzero_si512(); K]; R / 2];
+        dp_pairs(lv, act, |a| &a.qs, &mut s);
+        let offset = L::OFFSET != Offset::Zero;
+        for k in 0..K {
+            let wide = |x: &[f32; 8]| _mm512_castsi512_ps(_mm512_broadcast_i64x4(ld(x)));
+            let (da, sa) = (wide(&act[k].d), wide(&act[k].s));
+            for p in 0..R / 2 {
+                let mut a = acc[p][t + k];
+                if offset {
+                    a = if FIRST { _mm512_mul_ps(mw[p], sa) } else { _mm512_fmadd_ps(mw[p], sa, a) };
+                }
+                let (x, sc) = (_mm512_cvtepi32_ps(s[p][k]), _mm512_mul_ps(dw[p], da));
+                acc[p][t + k] = if FIRST && !offset { _mm512_mul_ps(x, sc) } else { _mm512_fmadd_ps(x, sc, a) };
+            }
+        }
+    }
+}
+
+/// The unsigned 32-column types on AVX512-VNNI, for any number of tokens: each group's
+/// levels put in pairs of rows into `lv` once per token tile ([`quads`]), then `NT` tokens at
+/// a time, the rest in one group. Block sums and f32 steps are the AVX2 kernel's: so are the
+/// results, bit for bit. `A`: accumulators per pair (1 for one token, from zero, as
+/// [`super::legacy`]'s one-token kernel; else `2·TC`, set by the first group).
+///
+/// # Safety
+/// As [`super::dots`] for a matrix of `L` packed for VNNI with [`ActV8`] activations;
+/// AVX512F, AVX512BW, AVX512VL and AVX512-VNNI must be present.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn legacy<L: LGroup, const A: usize>(
+    tile: &Tile<'_, ActV8>,
+    out: &mut [[f32; R]],
+    lv: &mut Pairs,
+    acc: &mut [[__m512; A]; R / 2],
+) {
+    let (n, acts) = (tile.n, tile.act());
+    for (t0, tn) in token_tiles::<{ 2 * TC }>(n) {
+        for g in 0..tile.nb {
+            // SAFETY (whole loop): this function's features; loads stay inside the groups,
+            // stores inside `lv`.
+            let (grp, dw) = unsafe { open_group(tile, t0, g) };
+            let mw = array!(_mm256_setzero_ps(); R, |i| match L::OFFSET {
+                Offset::Zero => _mm256_setzero_ps(),
+                Offset::OfD(k) => _mm256_mul_ps(dw[i], _mm256_set1_ps(k)),
+                Offset::Stored => unsafe { legacy::scales(grp[i], 2 * legacy::G) },
+            });
+            for p in 0..R / 2 {
+                let (a, b) = unsafe { (quads::<L>(grp[2 * p]), quads::<L>(grp[2 * p + 1])) };
+                for m in 0..4 {
+                    // Register 2m of both rows, then 2m + 1.
+                    let (even, odd) =
+                        (_mm512_shuffle_i64x2::<0x44>(a[m], b[m]), _mm512_shuffle_i64x2::<0xEE>(a[m], b[m]));
+                    unsafe { _mm512_store_si512(lv.0[p][2 * m].as_mut_ptr().cast(), even) };
+                    unsafe { _mm512_store_si512(lv.0[p][2 * m + 1].as_mut_ptr().cast(), odd) };
+                }
+            }
+            let dw = array!(_mm512_setzero_ps(); R / 2, |p| unsafe { join(dw[2 * p], dw[2 * p + 1]) });
+            let mw = array!(_mm512_setzero_ps(); R / 2, |p| unsafe { join(mw[2 * p], mw[2 * p + 1]) });
+            let act = &acts[g * n + t0..g * n + t0 + tn];
+            if A > 1 && g == 0 {
+                groups!(NT, tn, |K, t| unsafe { legacy_tokens::<L, K, A, true>(lv, &dw, &mw, &act[t..], acc, t) });
+            } else {
+                groups!(NT, tn, |K, t| unsafe { legacy_tokens::<L, K, A, false>(lv, &dw, &mw, &act[t..], acc, t) });
+            }
+        }
+        unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
+    }
+}
+
+/// `$f!(L)` with `L` the [`LGroup`] of unsigned 32-column type `$t`.
+macro_rules! by_lgroup {
+    ($t:expr, $f:ident) => {
+        match $t {
+            GgmlType::Q4_0 => $f!(legacy::Q40),
+            GgmlType::Q4_1 => $f!(legacy::Q41),
+            GgmlType::Q5_0 => $f!(legacy::Q50),
+            GgmlType::Q5_1 => $f!(legacy::Q51),
+            t => unreachable!("{t} is not an unsigned 32-column type"),
+        }
+    };
+}
+
+/// [`super::dots`] for an unsigned 32-column type ([`legacy`]).
+///
+/// # Safety
+/// As [`legacy`].
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn legacy_dots(tile: &Tile<'_, ActV8>, out: &mut [[f32; R]], lv: &mut Pairs, acc: &mut Acc) {
+    // SAFETY: as in [`dots`].
+    debug_assert!((acc.as_ptr() as usize).is_multiple_of(64));
+    let acc: &mut Acc2 = unsafe { &mut *(acc as *mut Acc).cast() };
+    macro_rules! run {
+        ($l:ty) => {
+            // SAFETY: the caller's contract.
+            unsafe { legacy::<$l, { 2 * TC }>(tile, out, lv, acc) }
+        };
+    }
+    by_lgroup!(tile.t, run)
+}
+
+/// [`super::gemv`] for an unsigned 32-column type ([`legacy`] for one token, its
+/// accumulators and levels on the stack).
+///
+/// # Safety
+/// As [`legacy`], for one token.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn legacy_gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
+    let mut lv = Pairs([[[0; 64]; REGS]; R / 2]);
+    macro_rules! run {
+        ($l:ty) => {
+            one_token_tiles!(w, rows, act, out, ActV8, |tile, res| unsafe {
+                legacy::<$l, 1>(&tile, &mut res, &mut lv, &mut [[_mm512_setzero_ps(); 1]; R / 2])
+            })
+        };
+    }
+    by_lgroup!(w.t, run)
 }
