@@ -42,6 +42,10 @@ pub struct Packed {
     /// others.
     #[cfg_attr(not(vnni_intrinsics), allow(dead_code))] // Always `None` there.
     pub(crate) vnni: Option<Vnni>,
+    /// Packed for a CPU with AVX512-VNNI, whose 512-bit kernels also serve q2_K, q3_K and q6_K
+    /// (`kernels::on_zmm`, by `vpmaddubsw`: their scales of 16 columns split `vpdpbusd`'s lanes).
+    #[cfg_attr(not(vnni_intrinsics), allow(dead_code))] // Always `false` there.
+    pub(crate) zmm: bool,
     /// Row-major blocks.
     pub data: Vec<u8>,
 }
@@ -54,8 +58,9 @@ impl Packed {
         let slices = if t.act() == ActKind::Q8_0 { (cols / QK).div_ceil(legacy::G) } else { cols / QK_K };
         let slice_bytes = row_bytes / slices.max(1);
         let prefetch = (R * row_bytes).div_ceil(slices.max(1)).next_multiple_of(64);
+        let zmm = vnni == Some(Vnni::Evex);
         let vnni = vnni.filter(|_| vnni::runs(t));
-        let k = |data| Packed { t, rows, cols, row_bytes, slices, slice_bytes, prefetch, vnni, data };
+        let k = |data| Packed { t, rows, cols, row_bytes, slices, slice_bytes, prefetch, vnni, zmm, data };
         match t {
             GgmlType::Q2_K => return k(releveled(src, |b: &ggml::BlockQ2K| *b)),
             GgmlType::Q3_K => return k(releveled(src, Q3KU::from_block)),

@@ -5,7 +5,8 @@
 //! `madd` with the 16-column scales (K-quants, in the lane layout of [`crate::lanes`], several
 //! registers summed in i16 first) or by gathering block sums (32-column types), then f32;
 //! q8_0, the unsigned 32-column types, q4_K, q5_K and iq4_xs on VNNI by `vpdpbusd`
-//! ([`on_vnni`]; with AVX512-VNNI in 512-bit registers, [`on_zmm`]); every
+//! ([`on_vnni`]; with AVX512-VNNI in 512-bit registers, [`on_zmm`], where q2_K, q3_K and q6_K
+//! run too, by `maddubs`); every
 //! quantized type on AMX int8 tiles for an expert with many tokens ([`on_amx`]). Every
 //! output is computed in block order by one call, whatever the tile: results do not depend on
 //! how rows are split over tasks.
@@ -239,6 +240,19 @@ pub unsafe fn dots(
     if let Some(v) = w.vnni {
         // SAFETY: the caller's contract.
         return unsafe { on_vnni::dots(v, &raw, out, scratch) };
+    }
+    #[cfg(vnni_intrinsics)]
+    if w.zmm {
+        use crate::decode::{Q3KU, Q6KP};
+        let (tile, lv, acc) = (raw.cast::<ActK>(), &mut scratch.pairs, &mut scratch.acc);
+        // SAFETY: the caller's contract (AVX512-VNNI, so AVX512F, BW and VL); act holds
+        // [blocks][n] ActK.
+        match w.t {
+            GgmlType::Q2_K => return unsafe { on_zmm::kquant16::<kt_core::ggml::BlockQ2K>(tile, out, lv, acc) },
+            GgmlType::Q3_K => return unsafe { on_zmm::kquant16::<Q3KU>(tile, out, lv, acc) },
+            GgmlType::Q6_K => return unsafe { on_zmm::kquant16::<Q6KP>(tile, out, lv, acc) },
+            _ => {}
+        }
     }
     macro_rules! k {
         ($b:ty) => {{
