@@ -434,7 +434,6 @@ mod imp {
 
         fn instructions(&self, format: WeightFormat) -> Instructions {
             // Another format has no kernels here: its answer is where its activations would go.
-            use kt_core::ggml::GgmlType::{Q2_K, Q3_K, Q6_K};
             let WeightFormat::Ggml(t) = format else {
                 return if format.int_activations() { Instructions::Int8Pairs } else { Instructions::FmaF32 };
             };
@@ -442,7 +441,7 @@ mod imp {
                 Instructions::AmxInt8
             } else if self.vnni().is_some() && vnni::runs(t) {
                 Instructions::Int8Vnni
-            } else if self.vnni() == Some(Vnni::Evex) && matches!(t, Q2_K | Q3_K | Q6_K) {
+            } else if self.vnni() == Some(Vnni::Evex) && t.act() == kt_core::ggml::ActKind::Q8K {
                 Instructions::Int8PairsZmm
             } else if t.act() == kt_core::ggml::ActKind::F32 {
                 Instructions::FmaF32
@@ -485,15 +484,13 @@ mod tests {
             assert_eq!(LLAMAFILE.instructions(g(t)), on_tiles(vnni), "{t}");
             assert_eq!(LLAMAFILE_AVX2.instructions(g(t)), Instructions::Int8Pairs, "{t}");
         }
-        for t in [GgmlType::IQ4_NL, GgmlType::IQ2_XS] {
-            assert_eq!(LLAMAFILE.instructions(g(t)), on_tiles(Instructions::Int8Pairs), "{t}");
-        }
-        // The scales of 16 columns: `vpmaddubsw` in 512-bit registers with AVX512-VNNI.
+        assert_eq!(LLAMAFILE.instructions(g(GgmlType::IQ4_NL)), on_tiles(Instructions::Int8Pairs));
+        // The other 256-column types: `vpmaddubsw` in 512-bit registers with AVX512-VNNI.
         let zmm = match crate::vnni::detect() {
             Some(crate::vnni::Vnni::Evex) => Instructions::Int8PairsZmm,
             _ => Instructions::Int8Pairs,
         };
-        for t in [GgmlType::Q6_K, GgmlType::Q3_K, GgmlType::Q2_K] {
+        for t in [GgmlType::Q6_K, GgmlType::Q3_K, GgmlType::Q2_K, GgmlType::IQ2_XS, GgmlType::IQ1_M] {
             assert_eq!(LLAMAFILE.instructions(g(t)), on_tiles(zmm), "{t}");
             assert_eq!(LLAMAFILE_AVX2.instructions(g(t)), Instructions::Int8Pairs, "{t}");
         }

@@ -42,8 +42,9 @@ pub struct Packed {
     /// others.
     #[cfg_attr(not(vnni_intrinsics), allow(dead_code))] // Always `None` there.
     pub(crate) vnni: Option<Vnni>,
-    /// Packed for a CPU with AVX512-VNNI, whose 512-bit kernels also serve q2_K, q3_K and q6_K
-    /// (`kernels::on_zmm`, by `vpmaddubsw`: their scales of 16 columns split `vpdpbusd`'s lanes).
+    /// Packed for a CPU with AVX512-VNNI, whose 512-bit kernels also serve q2_K, q3_K, q6_K and
+    /// the lattice types (`kernels::on_zmm`, by `vpmaddubsw`: their scales of 16 columns split
+    /// `vpdpbusd`'s lanes).
     #[cfg_attr(not(vnni_intrinsics), allow(dead_code))] // Always `false` there.
     pub(crate) zmm: bool,
     /// Row-major blocks.

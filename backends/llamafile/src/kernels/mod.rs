@@ -5,8 +5,8 @@
 //! `madd` with the 16-column scales (K-quants, in the lane layout of [`crate::lanes`], several
 //! registers summed in i16 first) or by gathering block sums (32-column types), then f32;
 //! q8_0, the unsigned 32-column types, q4_K, q5_K and iq4_xs on VNNI by `vpdpbusd`
-//! ([`on_vnni`]; with AVX512-VNNI in 512-bit registers, [`on_zmm`], where q2_K, q3_K and q6_K
-//! run too, by `maddubs`); every
+//! ([`on_vnni`]; with AVX512-VNNI in 512-bit registers, [`on_zmm`], where q2_K, q3_K, q6_K
+//! and the lattice types run too, by `maddubs`); every
 //! quantized type on AMX int8 tiles for an expert with many tokens ([`on_amx`]). Every
 //! output is computed in block order by one call, whatever the tile: results do not depend on
 //! how rows are split over tasks.
@@ -131,6 +131,9 @@ pub struct Scratch {
     w: [W16; R],
     #[cfg(vnni_intrinsics)]
     pairs: on_zmm::Pairs,
+    /// Signed levels beside their magnitudes in `pairs` ([`on_zmm::kquant16`]).
+    #[cfg(vnni_intrinsics)]
+    signs: on_zmm::Pairs,
 }
 
 impl Scratch {
@@ -244,13 +247,26 @@ pub unsafe fn dots(
     #[cfg(vnni_intrinsics)]
     if w.zmm {
         use crate::decode::{Q3KU, Q6KP};
-        let (tile, lv, acc) = (raw.cast::<ActK>(), &mut scratch.pairs, &mut scratch.acc);
-        // SAFETY: the caller's contract (AVX512-VNNI, so AVX512F, BW and VL); act holds
-        // [blocks][n] ActK.
+        use kt_core::ggml::*;
+        let (tile, lv, signs, acc) = (raw.cast::<ActK>(), &mut scratch.pairs, &mut scratch.signs, &mut scratch.acc);
+        macro_rules! z {
+            ($b:ty) => {
+                // SAFETY: the caller's contract (AVX512-VNNI, so AVX512F, BW and VL); act
+                // holds [blocks][n] ActK.
+                return unsafe { on_zmm::kquant16::<$b>(tile, out, lv, signs, acc) }
+            };
+        }
         match w.t {
-            GgmlType::Q2_K => return unsafe { on_zmm::kquant16::<kt_core::ggml::BlockQ2K>(tile, out, lv, acc) },
-            GgmlType::Q3_K => return unsafe { on_zmm::kquant16::<Q3KU>(tile, out, lv, acc) },
-            GgmlType::Q6_K => return unsafe { on_zmm::kquant16::<Q6KP>(tile, out, lv, acc) },
+            GgmlType::Q2_K => z!(BlockQ2K),
+            GgmlType::Q3_K => z!(Q3KU),
+            GgmlType::Q6_K => z!(Q6KP),
+            GgmlType::IQ1_S => z!(BlockIq1S),
+            GgmlType::IQ1_M => z!(BlockIq1M),
+            GgmlType::IQ2_XXS => z!(BlockIq2Xxs),
+            GgmlType::IQ2_XS => z!(BlockIq2Xs),
+            GgmlType::IQ2_S => z!(BlockIq2S),
+            GgmlType::IQ3_XXS => z!(BlockIq3Xxs),
+            GgmlType::IQ3_S => z!(BlockIq3S),
             _ => {}
         }
     }

@@ -2,8 +2,8 @@
 //! lane layout for two rows (the tile's rows in pairs, [`Pairs`]) against each token's
 //! activations broadcast to both halves, so one `vpdpbusd` does the work of two 256-bit ones
 //! (on a Xeon with two 512-bit units, 1.86× their throughput) and each f32 step serves two
-//! rows. For q4_K, q5_K and iq4_xs ([`KBlock::PER32`], [`dots`]), q2_K, q3_K and q6_K
-//! (`vpmaddubsw`, as AVX2 does: [`kquant16`]), q8_0 ([`q8`]) and the
+//! rows. For q4_K, q5_K and iq4_xs ([`KBlock::PER32`], [`dots`]), q2_K, q3_K, q6_K and the
+//! lattice types (`vpmaddubsw`, as AVX2 does: [`kquant16`]), q8_0 ([`q8`]) and the
 //! unsigned 32-column types ([`legacy`]: q4_0, q4_1, q5_0, q5_1, their levels put in q8_0's
 //! 4-column lanes per token tile, [`quads`]). Lane for lane the operations are those of the
 //! 256-bit kernels ([`per32`](super::per32), [`vnni_q8`](super::on_vnni) and
@@ -22,7 +22,7 @@ use kt_core::ggml::GgmlType;
 use super::on_vnni::unsigned_reg;
 use super::{act32, fresh, hsum4, ld, open_group, prefetch_next, token_tiles, Acc, Packed, Tile, R, TC};
 use crate::act::{ActK, ActV8};
-use crate::decode::KBlock;
+use crate::decode::{reg_of, KBlock};
 use crate::lanes::REGS;
 use crate::legacy::{self, LGroup, Offset, ORDER};
 
@@ -471,6 +471,7 @@ const fn fold16<B: KBlock>() -> usize {
 #[allow(clippy::type_complexity)]
 unsafe fn k16_tokens<B: KBlock, const K: usize, const FIRST: bool>(
     lv: &Pairs,
+    signs: &Pairs,
     f: &[(__m512i, __m512i, __m512, __m512); R / 2],
     act: &[ActK],
     acc: &mut Acc2,
@@ -487,9 +488,21 @@ unsafe fn k16_tokens<B: KBlock, const K: usize, const FIRST: bool>(
             let w = array!([_mm512_setzero_si512(); 2]; R / 2, |p| {
                 array!(_mm512_setzero_si512(); 2, |j| _mm512_load_si512(lv.0[p][r0 + j % fold].as_ptr().cast()))
             });
+            // Signed levels: |w| in `lv`, and each activation negated where w < 0 (AVX2's
+            // `vpsignb`, which AVX-512 lacks: a masked subtraction from zero).
+            let neg = array!([0; 2]; R / 2, |p| if B::SIGNED {
+                array!(0; 2, |j| _mm512_movepi8_mask(_mm512_load_si512(signs.0[p][r0 + j % fold].as_ptr().cast())))
+            } else {
+                [0; 2]
+            });
             for k in 0..K {
                 let a = array!(_mm512_setzero_si512(); 2, |j| _mm512_broadcast_i64x4(ld(&act[k].qs[32 * (r0 + j % fold)..])));
                 for p in 0..R / 2 {
+                    let a = array!(_mm512_setzero_si512(); 2, |j| if B::SIGNED {
+                        _mm512_mask_sub_epi8(a[j], neg[p][j], _mm512_setzero_si512(), a[j])
+                    } else {
+                        a[j]
+                    });
                     let mut x = _mm512_maddubs_epi16(w[p][0], a[0]);
                     if fold == 2 {
                         x = _mm512_add_epi16(x, _mm512_maddubs_epi16(w[p][1], a[1]));
@@ -511,15 +524,22 @@ unsafe fn k16_tokens<B: KBlock, const K: usize, const FIRST: bool>(
     }
 }
 
-/// [`super::dots`] for a 256-column type with unsigned levels and scales of 16 columns (q2_K,
-/// q3_K, q6_K) in 512-bit registers: [`super::kquant`]'s integers and f32 steps for two rows
-/// a register, `NT` tokens at a time, each block's levels put in `lv` once per token tile.
+/// [`super::dots`] for a 256-column type whose scales cover 16 columns (q2_K, q3_K, q6_K, the
+/// signed lattice types) in 512-bit registers: [`super::kquant`]'s integers and f32 steps for
+/// two rows a register, `NT` tokens at a time, each block's levels (their magnitudes in `lv`,
+/// signed ones in `signs`) put in place once per token tile.
 ///
 /// # Safety
 /// As [`super::dots`]; AVX512F, AVX512BW, AVX512VL and AVX512-VNNI must be present.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn kquant16<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]], lv: &mut Pairs, acc: &mut Acc) {
-    const { assert!(!B::SIGNED && !B::PER32 && !B::WHOLE) };
+pub(super) unsafe fn kquant16<B: KBlock>(
+    tile: &Tile<'_, ActK>,
+    out: &mut [[f32; R]],
+    lv: &mut Pairs,
+    signs: &mut Pairs,
+    acc: &mut Acc,
+) {
+    const { assert!(!B::PER32) };
     // SAFETY: as in [`dots`].
     debug_assert!((acc.as_ptr() as usize).is_multiple_of(64));
     let acc: &mut Acc2 = unsafe { &mut *(acc as *mut Acc).cast() };
@@ -532,7 +552,16 @@ pub(super) unsafe fn kquant16<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32;
             }
             // SAFETY (whole loop): this function's features; stores stay inside `lv`.
             let blk = array!(&blocks[0][0]; R, |i| &blocks[i][b]);
-            unsafe { lv.fill(|i, r| blk[i].reg(r)) };
+            let zeros = [_mm256_setzero_si256(); REGS];
+            let whole = array!(zeros; R, |i| if B::WHOLE { unsafe { blk[i].regs() } } else { zeros });
+            unsafe {
+                if B::SIGNED {
+                    lv.fill(|i, r| _mm256_abs_epi8(reg_of(blk[i], &whole[i], r)));
+                    signs.fill(|i, r| reg_of(blk[i], &whole[i], r));
+                } else {
+                    lv.fill(|i, r| reg_of(blk[i], &whole[i], r));
+                }
+            }
             let zero = (_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_ps(), _mm512_setzero_ps());
             let f = array!(zero; R / 2, |p| unsafe {
                 let ((sc0, mn0, d0, m0), (sc1, mn1, d1, m1)) = (blk[2 * p].prep(), blk[2 * p + 1].prep());
@@ -542,9 +571,9 @@ pub(super) unsafe fn kquant16<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32;
             });
             let act = &acts[b * n + t0..b * n + t0 + tn];
             if b == 0 {
-                groups!(NT, tn, |K, t| unsafe { k16_tokens::<B, K, true>(lv, &f, &act[t..], acc, t) });
+                groups!(NT, tn, |K, t| unsafe { k16_tokens::<B, K, true>(lv, signs, &f, &act[t..], acc, t) });
             } else {
-                groups!(NT, tn, |K, t| unsafe { k16_tokens::<B, K, false>(lv, &f, &act[t..], acc, t) });
+                groups!(NT, tn, |K, t| unsafe { k16_tokens::<B, K, false>(lv, signs, &f, &act[t..], acc, t) });
             }
         }
         unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
