@@ -53,7 +53,16 @@ impl Pairs {
 }
 
 /// The accumulators ([`Acc`]) as pairs of rows: `[pair][token]`, row `2p` in the low lanes.
-pub(super) type Acc2 = [[__m512; 2 * TC]; R / 2];
+type Acc2 = [[__m512; 2 * TC]; R / 2];
+
+/// The scratch's accumulators as [`Acc2`], for the kernels here.
+#[inline(always)]
+fn in_pairs(acc: &mut Acc) -> &mut Acc2 {
+    debug_assert!((acc.as_ptr() as usize).is_multiple_of(64));
+    // SAFETY: `Acc` and `Acc2` are the same 8 KiB of plain data, and the scratch keeps it
+    // 64-byte aligned (`Scratch` is, and holds it first).
+    unsafe { &mut *(acc as *mut Acc).cast() }
+}
 
 /// `lo` and `hi` as one register.
 ///
@@ -140,10 +149,7 @@ unsafe fn tokens<B: KBlock, const K: usize, const FIRST: bool>(
 /// As [`super::dots`]; AVX512F, AVX512BW, AVX512VL and AVX512-VNNI must be present.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn dots<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]], lv: &mut Pairs, acc: &mut Acc) {
-    // SAFETY: `Acc` and `Acc2` are the same 8 KiB of plain data, and the scratch keeps it
-    // 64-byte aligned (`Scratch` is, and holds it first).
-    debug_assert!((acc.as_ptr() as usize).is_multiple_of(64));
-    let acc: &mut Acc2 = unsafe { &mut *(acc as *mut Acc).cast() };
+    let acc = in_pairs(acc);
     let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
     let (n, acts) = (tile.n, tile.act());
     for (t0, tn) in token_tiles::<{ 2 * TC }>(n) {
@@ -232,9 +238,7 @@ unsafe fn q8_tokens<const K: usize, const FIRST: bool>(
 /// AVX512-VNNI must be present.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn q8(tile: &Tile<'_, ActV8>, out: &mut [[f32; R]], lv: &mut Pairs, acc: &mut Acc) {
-    // SAFETY: as in [`dots`].
-    debug_assert!((acc.as_ptr() as usize).is_multiple_of(64));
-    let acc: &mut Acc2 = unsafe { &mut *(acc as *mut Acc).cast() };
+    let acc = in_pairs(acc);
     let (n, acts) = (tile.n, tile.act());
     for (t0, tn) in token_tiles::<{ 2 * TC }>(n) {
         for g in 0..tile.nb {
@@ -418,9 +422,7 @@ macro_rules! by_lgroup {
 /// As [`legacy`].
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn legacy_dots(tile: &Tile<'_, ActV8>, out: &mut [[f32; R]], lv: &mut Pairs, acc: &mut Acc) {
-    // SAFETY: as in [`dots`].
-    debug_assert!((acc.as_ptr() as usize).is_multiple_of(64));
-    let acc: &mut Acc2 = unsafe { &mut *(acc as *mut Acc).cast() };
+    let acc = in_pairs(acc);
     macro_rules! run {
         ($l:ty) => {
             // SAFETY: the caller's contract.
@@ -540,9 +542,7 @@ pub(super) unsafe fn kquant16<B: KBlock>(
     acc: &mut Acc,
 ) {
     const { assert!(!B::PER32) };
-    // SAFETY: as in [`dots`].
-    debug_assert!((acc.as_ptr() as usize).is_multiple_of(64));
-    let acc: &mut Acc2 = unsafe { &mut *(acc as *mut Acc).cast() };
+    let acc = in_pairs(acc);
     let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
     let (n, acts) = (tile.n, tile.act());
     for (t0, tn) in token_tiles::<{ 2 * TC }>(n) {
