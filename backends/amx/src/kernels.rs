@@ -124,12 +124,13 @@ unsafe fn dp<T: TileOps, const OP: u8, const C: u8, const A: u8, const B: u8>(t:
     }
 }
 
-/// Store the C tiles into `c` (`[token][row]`, 4-byte values).
+/// Store the C tiles into `c` (`[token][row]`, i32 or f32 values).
 ///
 /// # Safety
 /// As [`step`].
 #[inline(always)]
-pub(crate) unsafe fn store_c<T: TileOps>(t: &mut T, c: &mut [[u32; PANEL]; MAX_TOKENS], two: bool) {
+pub(crate) unsafe fn store_c<T: TileOps, V>(t: &mut T, c: &mut [[V; PANEL]; MAX_TOKENS], two: bool) {
+    const { assert!(size_of::<V>() == 4) };
     let stride = 4 * PANEL;
     let p = c.as_mut_ptr().cast::<u8>();
     // SAFETY: `c` holds 32 rows of 32 values: each tile's 16 × 64 bytes fit at its corner.
@@ -143,9 +144,26 @@ pub(crate) unsafe fn store_c<T: TileOps>(t: &mut T, c: &mut [[u32; PANEL]; MAX_T
     }
 }
 
-/// Decoded B tiles of one step: one per half, `HALF_B` bytes apart (64-byte rows).
+/// Decoded B tiles of one step: KT int4's four ([`unpack_int4`]), or one per half `HALF_B`
+/// bytes apart (64-byte rows) for the K-group and fp8 kinds.
 #[repr(C, align(64))]
-struct BTiles([u8; 2 * HALF_B]);
+struct BTiles([u8; 2 * KT_TILE]);
+
+/// A task's buffers for [`panel_block`], kept across its blocks: zeroing them per block took
+/// 2-5% of a forward.
+#[repr(C, align(64))]
+pub struct Work {
+    /// The C tiles as stored, `[token][row]`.
+    c: [[u32; PANEL]; MAX_TOKENS],
+    /// Decoded B tiles.
+    b: BTiles,
+}
+
+impl Default for Work {
+    fn default() -> Self {
+        Work { c: [[0; PANEL]; MAX_TOKENS], b: BTiles([0; 2 * KT_TILE]) }
+    }
+}
 
 /// Bytes of one half's B tile.
 const HALF_B: usize = ROWS * COLSB;
@@ -251,11 +269,15 @@ unsafe fn unpack_int4_avx512(src: &[u8], dst: &mut [u8; 2 * KT_TILE]) {
     }
 }
 
-/// Tokens `t0..t0+nt` (nt ≤ [`MAX_TOKENS`]) × panel `p` of `w` into `out[..nt]`.
+/// Tokens `t0..t0+nt` (nt ≤ [`MAX_TOKENS`]) × panel `p` of `w` into `out[..nt]`, with
+/// `work`'s buffers. A panel's first token block (`t0 == 0`) also brings the next panel's bytes
+/// into L2, a share a K step ([`next_run`]): the callers take every token block of a panel
+/// before the next panel, so the weights stream from DRAM once, behind the tiles.
 ///
 /// # Safety
 /// `t`'s CPU contract ([`TileOps`]) and AVX-512F/BW/VBMI; [`runs`]`(w)`; `act` prepared by the
 /// AVX-512 backend at its bf16 level for `w`'s format and K, with at least `t0 + nt` rows.
+#[allow(clippy::too_many_arguments)]
 pub unsafe fn panel_block<T: TileOps>(
     t: &mut T,
     w: &Packed,
@@ -263,41 +285,70 @@ pub unsafe fn panel_block<T: TileOps>(
     act: &Act<'_>,
     t0: usize,
     nt: usize,
+    work: &mut Work,
     out: &mut Block,
 ) {
     debug_assert!(runs(w) && (1..=MAX_TOKENS).contains(&nt));
+    let fetch = t0 == 0;
     // SAFETY: the caller's contract.
     unsafe {
         match (act, w.format) {
             (&Act::Float { x16, kp, .. }, f) if f != WeightFormat::Bf16 => {
                 let a = x16[t0 * kp..].as_ptr().cast::<u8>();
-                fp8_block(t, w, p, (a, 2 * kp), nt, out)
+                fp8_block(t, w, p, (a, 2 * kp), nt, fetch, work, out)
             }
             (&Act::Int { q, kp, scales, groups, .. }, WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4) => {
                 let sa = |tok: usize, g: usize| scales[(t0 + tok) * groups + g];
-                group_block(t, w, p, (q[t0 * kp..].as_ptr(), kp), sa, nt, out)
+                group_block(t, w, p, (q[t0 * kp..].as_ptr(), kp), sa, nt, fetch, work, out)
             }
+            // bf16: the tiles' f32 sums are the results, stored in place.
+            (Act::Float { .. }, _) => whole_block(t, w, p, act, t0, nt, fetch, &mut work.b, out),
             _ => {
-                let mut c = [[0u32; PANEL]; MAX_TOKENS];
-                whole_block(t, w, p, act, t0, nt, &mut c);
-                epilogue(w, p, act, t0, nt, &c, out);
+                whole_block(t, w, p, act, t0, nt, fetch, &mut work.b, &mut work.c);
+                epilogue(w, p, act, t0, nt, &work.c, out);
             }
         }
     }
 }
 
-/// bf16, per-row int8 and KT's int4: the block's sums over the whole K into `c`.
+/// Run `s` of the panel after `p` (its bytes of the same K as run `s` of `p`), which the work
+/// on `p` prefetches; empty after the last panel.
+fn next_run(w: &Packed, p: usize, s: usize) -> &[u8] {
+    if (p + 1) * PANEL >= w.rows {
+        return &[];
+    }
+    let Some((at, units)) = w.run(p + 1, s) else { return &[] };
+    // A run is `units` units of UNIT bytes (panel order: the whole panel; KT's order: its K
+    // block's tiles of 16 units), cut at the end of the data.
+    let data = w.data.as_slice();
+    let start = at as usize - data.as_ptr() as usize;
+    &data[start..(start + units.len() * UNIT).min(data.len())]
+}
+
+/// Step `i` of `n`'s share of `next` into L2, when `fetch`.
+#[inline(always)]
+fn prefetch(fetch: bool, next: &[u8], i: usize, n: usize) {
+    if fetch {
+        kt_x86::prefetch::share_to_l2(next, i, n);
+    }
+}
+
+/// bf16, per-row int8 and KT's int4: the block's sums over the whole K into `c` (i32, or f32
+/// for bf16), with `b` for int4's unpacked tiles.
 ///
 /// # Safety
 /// As [`panel_block`].
-unsafe fn whole_block<T: TileOps>(
+#[allow(clippy::too_many_arguments)]
+unsafe fn whole_block<T: TileOps, V>(
     t: &mut T,
     w: &Packed,
     p: usize,
     act: &Act<'_>,
     t0: usize,
     nt: usize,
-    c: &mut [[u32; PANEL]; MAX_TOKENS],
+    fetch: bool,
+    b: &mut BTiles,
+    c: &mut [[V; PANEL]; MAX_TOKENS],
 ) {
     let two = nt > ROWS;
     // SAFETY: the caller's contract; every address below lies in the panel's runs and the
@@ -308,8 +359,9 @@ unsafe fn whole_block<T: TileOps>(
         match (act, w.format) {
             (&Act::Float { x16, kp, .. }, _) => {
                 let (a, stride) = (x16[t0 * kp..].as_ptr().cast::<u8>(), 2 * kp);
-                let panel = w.panel(p).as_ptr();
-                for j in 0..w.units / ROWS {
+                let (panel, next, steps) = (w.panel(p).as_ptr(), next_run(w, p, 0), w.units / ROWS);
+                for j in 0..steps {
+                    prefetch(fetch, next, j, steps);
                     let b = (panel.add(j * ROWS * UNIT), 64, UNIT);
                     step::<T, BF16>(t, (a.add(j * COLSB), stride), b, two);
                 }
@@ -318,7 +370,9 @@ unsafe fn whole_block<T: TileOps>(
                 let a = q[t0 * kp..].as_ptr();
                 let mut s = 0;
                 while let Some((run, units)) = w.run(p, s) {
-                    for j in 0..units.len() / ROWS {
+                    let (next, steps) = (next_run(w, p, s), units.len() / ROWS);
+                    for j in 0..steps {
+                        prefetch(fetch, next, j, steps);
                         let k = 4 * units.start + j * COLSB;
                         let b = match w.kt {
                             true => (run.add(j * KT_TILE), KT_TILE / 2, COLSB),
@@ -331,14 +385,15 @@ unsafe fn whole_block<T: TileOps>(
             }
             (&Act::Int { q, kp, .. }, _) => {
                 let a = q[t0 * kp..].as_ptr();
-                let mut b = [0u8; 2 * KT_TILE];
                 let mut s = 0;
                 while let Some((run, units)) = w.run(p, s) {
-                    for j in 0..units.len() / ROWS {
+                    let (next, steps) = (next_run(w, p, s), units.len() / ROWS);
+                    for j in 0..steps {
+                        prefetch(fetch, next, j, steps);
                         let k = 8 * units.start + j * 2 * COLSB;
-                        unpack_int4(core::slice::from_raw_parts(run.add(j * KT_TILE), KT_TILE), &mut b);
-                        step::<T, US8>(t, (a.add(k), kp), (b.as_ptr(), KT_TILE / 2, COLSB), two);
-                        step::<T, US8>(t, (a.add(k + COLSB), kp), (b[KT_TILE..].as_ptr(), KT_TILE / 2, COLSB), two);
+                        unpack_int4(core::slice::from_raw_parts(run.add(j * KT_TILE), KT_TILE), &mut b.0);
+                        step::<T, US8>(t, (a.add(k), kp), (b.0.as_ptr(), KT_TILE / 2, COLSB), two);
+                        step::<T, US8>(t, (a.add(k + COLSB), kp), (b.0[KT_TILE..].as_ptr(), KT_TILE / 2, COLSB), two);
                     }
                     s += 1;
                 }
@@ -352,6 +407,7 @@ unsafe fn whole_block<T: TileOps>(
 ///
 /// # Safety
 /// As [`panel_block`]; `a` the block's first activation row, rows `stride` bytes apart.
+#[allow(clippy::too_many_arguments)]
 unsafe fn group_block<T: TileOps>(
     t: &mut T,
     w: &Packed,
@@ -359,15 +415,16 @@ unsafe fn group_block<T: TileOps>(
     (a, stride): (*const u8, usize),
     sa: impl Fn(usize, usize) -> f32,
     nt: usize,
+    fetch: bool,
+    work: &mut Work,
     out: &mut Block,
 ) {
     let two = nt > ROWS;
     let upg = w.format.k_group().expect("a K-group format") / 8;
     let step_units = upg.min(STEP_UNITS);
     let lut = kt_x86::int4::nibble_table(w.format);
-    let panel = w.panel(p).as_ptr();
+    let (panel, next, steps) = (w.panel(p).as_ptr(), next_run(w, p, 0), w.units / step_units);
     let groups = w.units / upg;
-    let (mut b, mut c) = (BTiles([0; 2 * HALF_B]), [[0u32; PANEL]; MAX_TOKENS]);
     out[..nt].iter_mut().for_each(|o| o.fill(0.0));
     // SAFETY: the caller's contract; the units g·upg.. of every group lie in the panel, and an
     // int8 activation row holds K = 8·units bytes.
@@ -376,12 +433,13 @@ unsafe fn group_block<T: TileOps>(
         for g in 0..groups {
             zero_c(t, two);
             for u in (g * upg..(g + 1) * upg).step_by(step_units) {
-                unpack_group(panel, u, step_units, &lut, &mut b);
-                step::<T, SS8>(t, (a.add(8 * u), stride), (b.0.as_ptr(), HALF_B, COLSB), two);
+                prefetch(fetch, next, u / step_units, steps);
+                unpack_group(panel, u, step_units, &lut, &mut work.b);
+                step::<T, SS8>(t, (a.add(8 * u), stride), (work.b.0.as_ptr(), HALF_B, COLSB), two);
             }
-            store_c(t, &mut c, two);
+            store_c(t, &mut work.c, two);
             let at = (p * groups + g) * PANEL;
-            add_scaled::<true>(out, &c, nt, &w.group_scales(at), |tok| sa(tok, g));
+            add_scaled::<true>(out, &work.c, nt, &w.group_scales(at), |tok| sa(tok, g));
         }
     }
 }
@@ -391,12 +449,15 @@ unsafe fn group_block<T: TileOps>(
 ///
 /// # Safety
 /// As [`panel_block`]; `a` the block's first bf16 activation row, rows `stride` bytes apart.
+#[allow(clippy::too_many_arguments)]
 unsafe fn fp8_block<T: TileOps>(
     t: &mut T,
     w: &Packed,
     p: usize,
     (a, stride): (*const u8, usize),
     nt: usize,
+    fetch: bool,
+    work: &mut Work,
     out: &mut Block,
 ) {
     let two = nt > ROWS;
@@ -407,8 +468,7 @@ unsafe fn fp8_block<T: TileOps>(
         _ => (FP8_BLOCK / 4, false),
     };
     let blocks = w.units.div_ceil(per_block);
-    let panel = w.panel(p).as_ptr();
-    let (mut b, mut c) = (BTiles([0; 2 * HALF_B]), [[0u32; PANEL]; MAX_TOKENS]);
+    let (panel, next, steps) = (w.panel(p).as_ptr(), next_run(w, p, 0), w.units / STEP_UNITS);
     out[..nt].iter_mut().for_each(|o| o.fill(0.0));
     // SAFETY: the caller's contract; units % 8 == 0 (`runs`), so every step's 8 units lie in
     // the panel and its 32 K in the activation rows (2 bytes each).
@@ -417,22 +477,28 @@ unsafe fn fp8_block<T: TileOps>(
         for blk in 0..blocks {
             zero_c(t, two);
             for u in (blk * per_block..((blk + 1) * per_block).min(w.units)).step_by(STEP_UNITS) {
-                let dst = b.0.as_mut_ptr();
+                prefetch(fetch, next, u / STEP_UNITS, steps);
+                let dst = work.b.0.as_mut_ptr();
                 kt_backend_avx512::fp8_tile_rows(panel, u, u + STEP_UNITS, [dst, dst.add(HALF_B)]);
-                step::<T, BF16>(t, (a.add(8 * u), stride), (b.0.as_ptr(), HALF_B, COLSB), two);
+                step::<T, BF16>(t, (a.add(8 * u), stride), (work.b.0.as_ptr(), HALF_B, COLSB), two);
             }
-            store_c(t, &mut c, two);
+            store_c(t, &mut work.c, two);
             let s: [f32; PANEL] = match per_row {
                 true => w.group_scales((p * blocks + blk) * PANEL),
                 false => [w.scales[p * blocks + blk]; PANEL],
             };
-            add_scaled::<false>(out, &c, nt, &s, |_| 1.0);
+            add_scaled::<false>(out, &work.c, nt, &s, |_| 1.0);
         }
     }
 }
 
-/// The block's sums as results: f32 as they are, integers `((Σ + bias) · s_act) · s_w`.
-fn epilogue(
+/// Integer sums as results, `((Σ + bias) · s_act) · s_w` (two roundings, as the AVX-512
+/// kernels), 16 rows at a time.
+///
+/// # Safety
+/// AVX-512F is present; `act` is integer, with at least `t0 + nt` scales.
+#[target_feature(enable = "avx512f")]
+unsafe fn epilogue(
     w: &Packed,
     p: usize,
     act: &Act<'_>,
@@ -441,20 +507,22 @@ fn epilogue(
     c: &[[u32; PANEL]; MAX_TOKENS],
     out: &mut Block,
 ) {
+    use core::arch::x86_64::*;
+    let Act::Int { scales, .. } = act else { unreachable!("bf16 sums are stored as results") };
     let rows = p * PANEL..(p + 1) * PANEL;
-    for (tok, (o, c)) in out.iter_mut().zip(c).enumerate().take(nt) {
-        match act {
-            Act::Float { .. } => {
-                for (o, &c) in o.iter_mut().zip(c) {
-                    *o = f32::from_bits(c);
-                }
-            }
-            &Act::Int { scales, .. } => {
-                let sa = scales[t0 + tok];
-                let (bias, sw) = (&w.bias[rows.clone()], &w.scales[rows.clone()]);
-                for (((o, &c), &b), &s) in o.iter_mut().zip(c).zip(bias).zip(sw) {
-                    *o = ((c as i32).wrapping_add(b) as f32 * sa) * s;
-                }
+    let (bias, sw) = (&w.bias[rows.clone()], &w.scales[rows]);
+    // SAFETY: AVX-512F by the contract; every row of `c`, `out`, `bias` and `sw` holds
+    // PANEL = 2·16 values.
+    unsafe {
+        for (tok, (o, c)) in out.iter_mut().zip(c).enumerate().take(nt) {
+            let sa = _mm512_set1_ps(scales[t0 + tok]);
+            for h in (0..PANEL).step_by(HALF) {
+                let sum = _mm512_add_epi32(
+                    _mm512_loadu_si512(c[h..].as_ptr().cast()),
+                    _mm512_loadu_si512(bias[h..].as_ptr().cast()),
+                );
+                let x = _mm512_mul_ps(_mm512_mul_ps(_mm512_cvtepi32_ps(sum), sa), _mm512_loadu_ps(sw[h..].as_ptr()));
+                _mm512_storeu_ps(o[h..].as_mut_ptr(), x);
             }
         }
     }

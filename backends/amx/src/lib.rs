@@ -73,7 +73,7 @@ mod imp {
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
     use kt_x86::tiles::{balanced_token_tiles, row_tiles};
 
-    use crate::kernels::{self, panel_block, Block, MAX_TOKENS};
+    use crate::kernels::{self, panel_block, Block, Work, MAX_TOKENS};
     #[cfg(test)]
     use crate::tile::Emulator;
     use crate::tile::{tile_from, Amx, Tiles};
@@ -114,7 +114,9 @@ mod imp {
     }
 
     impl<T: Tiles> AmxBackend<T> {
-        /// Every (token block, panel of `rows`) of `w`, each handed to `emit` with its block.
+        /// Every (panel of `rows`, token block) of `w`, each handed to `emit` with its block:
+        /// a panel's token blocks one after another, so its weights come from DRAM once (and
+        /// the next panel's while the first block works: [`panel_block`]).
         fn for_blocks(
             w: &Packed,
             rows: &Range<usize>,
@@ -122,13 +124,13 @@ mod imp {
             n: usize,
             mut emit: impl FnMut(Range<usize>, usize, usize, &Block),
         ) {
-            let mut tiles = T::default();
+            let (mut tiles, mut work) = (T::default(), Work::default());
             let mut block: Block = [[0.0; PANEL]; MAX_TOKENS];
-            for (t0, nt) in balanced_token_tiles(n, MAX_TOKENS) {
-                for panel in row_tiles(rows.clone(), PANEL) {
+            for panel in row_tiles(rows.clone(), PANEL) {
+                for (t0, nt) in balanced_token_tiles(n, MAX_TOKENS) {
                     // SAFETY: the backend is selected only where T's tiles run (cpu_support);
                     // `runs(w)` was checked by on_tiles; `act` was prepared by SIMD for w.
-                    unsafe { panel_block(&mut tiles, w, panel.index, act, t0, nt, &mut block) };
+                    unsafe { panel_block(&mut tiles, w, panel.index, act, t0, nt, &mut work, &mut block) };
                     let at = panel.rows.start - rows.start;
                     emit(at..at + panel.rows.len(), t0, nt, &block);
                 }
@@ -216,11 +218,11 @@ mod imp {
             let ag = Act::parse(g.format, g.cols, n, act_gate, true);
             let au = Act::parse(u.format, u.cols, n, act_up, true);
             let (mut ub, mut room): (Block, _) = ([[0.0; PANEL]; MAX_TOKENS], [[0.0; PANEL]; 2]);
-            let mut tiles = T::default();
+            let (mut tiles, mut work) = (T::default(), Work::default());
             Self::for_blocks(g, &rows, &ag, n, |at, t0, nt, gb| {
                 let p = (rows.start + at.start) / PANEL;
                 // SAFETY: as in for_blocks, for `u`.
-                unsafe { panel_block(&mut tiles, u, p, &au, t0, nt, &mut ub) };
+                unsafe { panel_block(&mut tiles, u, p, &au, t0, nt, &mut work, &mut ub) };
                 for t in 0..nt {
                     let (gv, uv) = with_bias(bias, rows.start + at.start, 0..at.len(), [&gb[t], &ub[t]], &mut room);
                     // SAFETY: SIMD's cpu_support (AVX2 and FMA among it) holds.
