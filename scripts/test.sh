@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# Every test: formatting, lints (all features and reference-only), rustdoc's link checks, the
-# no_std core built alone, the workspace tests, loom model checks, the Python package (wheel
-# built with maturin as a manylinux wheel, installed in a venv, pytest), SGLang's own
+# Every test: formatting, lints (default features, reference-only, the tile floor), rustdoc's
+# link checks, the no_std core built alone, the workspace tests, loom model checks, the Python
+# package (wheel built with maturin as a manylinux wheel, installed in a venv, pytest), SGLang's own
 # integration code driving it and kt_kernel.sft in torch's autograd (torch and SGLang's wheels
 # in a cache outside the checkout), a 20-second soak, and short fuzz smoke runs. CI runs
 # exactly this (.ci/run).
@@ -17,6 +17,7 @@ echo "== clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 CARGO_TARGET_DIR=target cargo clippy --manifest-path bindings/python/Cargo.toml -- -D warnings
 cargo clippy -p kt-host --no-default-features --all-targets -- -D warnings
+cargo clippy -p kt-host --features tile-floor --all-targets -- -D warnings
 echo "== rustdoc (broken or private intra-doc links fail)"
 RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
 echo "== no_std core, built alone"

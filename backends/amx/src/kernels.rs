@@ -271,7 +271,7 @@ unsafe fn unpack_int4_avx512(src: &[u8], dst: &mut [u8; 2 * KT_TILE]) {
 
 /// Tokens `t0..t0+nt` (nt ≤ [`MAX_TOKENS`]) × panel `p` of `w` into `out[..nt]`, with
 /// `work`'s buffers. A panel's first token block (`t0 == 0`) also brings the next panel's bytes
-/// into L2, a share a K step ([`next_run`]): the callers take every token block of a panel
+/// into L2, a share a K step: the callers take every token block of a panel
 /// before the next panel, so the weights stream from DRAM once, behind the tiles.
 ///
 /// # Safety

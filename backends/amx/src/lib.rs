@@ -76,9 +76,9 @@ mod imp {
     use crate::kernels::{self, panel_block, Block, Work, MAX_TOKENS};
     #[cfg(test)]
     use crate::tile::Emulator;
-    use crate::tile::{tile_from, Amx, Tiles};
+    use crate::tile::{tile_from, Hardware, Tiles};
 
-    /// The AMX backend over tile instructions `T`: [`Amx`] (the `amx` backend), or the
+    /// The AMX backend over tile instructions `T`: [`Hardware`] (the `amx` backend: [`Amx`](crate::tile::Amx), or the `tile-floor` feature's floor), or the
     /// [`Emulator`](crate::tile::Emulator) (the tests' `amx_emulated`).
     pub struct AmxBackend<T> {
         name: &'static str,
@@ -106,8 +106,10 @@ mod imp {
         }
     }
 
-    /// AMX tiles, with the AVX-512 kernels below [`crate::TILE_FROM`] tokens.
-    pub static AMX: AmxBackend<Amx> = AmxBackend::new("amx", 0);
+    /// AMX tiles, with the AVX-512 kernels below [`crate::TILE_FROM`] tokens (built with the
+    /// `tile-floor` feature: `amx_floor`, on tiles whose products do nothing).
+    pub static AMX: AmxBackend<Hardware> =
+        AmxBackend::new(if cfg!(feature = "tile-floor") { "amx_floor" } else { "amx" }, 0);
 
     fn packed(m: &PackedMatrix) -> &Packed {
         m.get::<Packed>().expect("a layer hands a backend only the matrices it packed")

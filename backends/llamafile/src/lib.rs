@@ -138,7 +138,7 @@ mod imp {
                 cfg!(vnni_intrinsics) && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
             match self.tiles {
                 TileSource::Off => false,
-                TileSource::Hardware => avx512 && kt_x86::isa::request_amx().is_ok(),
+                TileSource::Hardware => avx512 && kt_x86::amx::hardware_available().is_ok(),
                 TileSource::Emulated => avx512,
             }
         }
@@ -159,7 +159,7 @@ mod imp {
     macro_rules! by_source {
         ($source:expr, $f:ident($($a:expr),*)) => {
             match $source {
-                TileSource::Hardware => crate::tiled::$f::<kt_x86::amx::Amx>($($a),*),
+                TileSource::Hardware => crate::tiled::$f::<kt_x86::amx::Hardware>($($a),*),
                 TileSource::Emulated => crate::tiled::$f::<kt_x86::amx::Emulator>($($a),*),
                 TileSource::Off => unreachable!("on_tiles is false for an instance without tiles"),
             }

@@ -246,6 +246,28 @@ impl Tiles for Emulator {
     }
 }
 
+#[cfg(all(feature = "tile-floor", not(vnni_intrinsics)))]
+compile_error!("the tile-floor feature needs rustc 1.89 or later (its 512-bit intrinsics)");
+#[cfg(feature = "tile-floor")]
+mod floor;
+#[cfg(feature = "tile-floor")]
+pub use floor::Floor;
+
+/// The tiles the backends' hardware instances run: [`Amx`], or with the `tile-floor`
+/// feature `Floor` (products that do nothing, for measuring the rest; wrong results).
+#[cfg(not(feature = "tile-floor"))]
+pub type Hardware = Amx;
+/// The tiles the backends' hardware instances run: [`Amx`], or with the `tile-floor`
+/// feature `Floor` (products that do nothing, for measuring the rest; wrong results).
+#[cfg(feature = "tile-floor")]
+pub type Hardware = Floor;
+
+/// Whether the [`Hardware`] tiles run here (for [`Amx`]: the CPU's flags and Linux's
+/// permission), else what is missing.
+pub fn hardware_available() -> Result<(), &'static str> {
+    Hardware::available()
+}
+
 /// Tokens per expert from which the backends run an expert on tiles; below, their vector
 /// kernels on the same bytes. Provisional: KT switches at 4 tokens per expert on average
 /// (`qlen > 4·E/k`), and this threshold has not yet been measured on an AMX CPU; `kt bench

@@ -1,0 +1,214 @@
+#!/usr/bin/env bash
+# The AMX measurements #32 and #33 need, as one prepared run for a lent AMX machine (the device:
+# no internet, a bare system, minutes of time), built and packed here first.
+#
+#   bash scripts/device-amx.sh prepare          # here: binaries, libraries, KT's AMX extension into .dev/
+#   bash scripts/device-amx.sh run [PHASE...]   # there (carry .dev): results into $OUT
+#   bash scripts/device-amx.sh summary DIR      # anywhere: the tables from a run's files
+#
+# Phases, in the order `run` takes them when none is named (each skipped once the run's
+# deadline, DEADLINE_S seconds from its start, default 540, is too near):
+#   tests      the AMX tests on the hardware tiles: the amx backend's (conformance, tiles =
+#              AVX-512 bits), the GGUF tile kernels' (tiles = vector bits), KT's fixtures
+#   tile-from  TILE_FROM: each format at n = 16 … 256 (1, 2, 4, 8, 16 tokens an expert on
+#              average) with every expert on tiles (KT_AMX_TILE_FROM=1) and none
+#   gguf       GGUF prefill n = 512, 2048 on tiles (the default threshold) and off
+#   tables     the AMX table: amx and avx512 backends, n = 1, 4, 256, 1024, 2 and 16 threads
+#   kt         KT-Kernel 0.7.2's AMX build on the same shapes (scripts/peers/kt_moe.py)
+# Each phase writes one file into $OUT (at most 8 come back from the device) and its lines into
+# $OUT/log.txt; `summary` prints the crossover and side-by-side tables from them. All five take
+# about 11 minutes on 2 + 16 threads, more than one device call: run `run tests tile-from gguf`
+# and then `run tables kt` (each under 6 minutes; the second call finds the machine warm).
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+root=$(cd "$here/.." && pwd)
+dev=$root/.dev
+KT_FORMATS=int8,int4,bf16,fp8,int4-g32,mxfp4
+GGUF_TYPES=q4_0,q8_0,q4_k,q5_k,q6_k,iq4_xs
+
+prepare() {
+    cd "$root"
+    rm -rf "$dev" && mkdir -p "$dev/bin" "$dev/lib" "$dev/kt"
+    cargo build --release -p kt-host --bin kt
+    cp target/release/kt "$dev/bin/kt"
+    # The test binaries of the crates with tile kernels, and KT's byte-compatibility fixtures.
+    cargo test --release -p kt-backend-amx -p kt-backend-llamafile -p kt-host --test kt_fixtures --lib \
+        --no-run --message-format=json 2>/dev/null |
+        python3 -c '
+import json, sys, shutil
+for line in sys.stdin:
+    m = json.loads(line)
+    name = m.get("target", {}).get("name")
+    if m.get("executable") and name in ("kt_backend_amx", "kt_backend_llamafile", "kt_fixtures"):
+        shutil.copy(m["executable"], sys.argv[1] + "/test-" + name)
+' "$dev/bin"
+    strip "$dev"/bin/*
+    for l in libhwloc.so.15 libudev.so.1; do cp -L "$(ldconfig -p | awk -v l=$l '$1 == l {print $NF; exit}')" "$dev/lib/"; done
+    # shellcheck source=peers/kt_wheel.sh
+    source "$here/peers/kt_wheel.sh"
+    ext=$(kt_wheel_ext amx)
+    cp "$ext" "$dev/kt/" && cp -r "$(dirname "$ext")/../kt_kernel.libs" "$dev/kt/"
+    ls -l "$dev/bin"
+    echo "device-amx: $(du -sh "$dev" | cut -f1) in .dev (carry limit 64 MiB with the tree); on the device:"
+    echo "  run(command='bash scripts/device-amx.sh run', carry=['.dev'], timeout_s=600)"
+}
+
+log() { echo "$*" | tee -a "$out/log.txt"; }
+
+# step NAME SECONDS CMD...: CMD (a program, or one of the functions here) with its output in
+# the log, unless fewer than SECONDS are left before the deadline.
+step() {
+    local name=$1 need=$2
+    shift 2
+    local left=$((deadline - SECONDS))
+    if [ "$left" -lt "$need" ]; then
+        log "== $name: skipped, ${left}s left of the deadline (needs ~${need}s)"
+        return 0
+    fi
+    log "== $name ($(date +%T))"
+    if declare -F "$1" > /dev/null; then
+        "$@"
+    else
+        timeout "$left" "$@" 2>&1 | tee -a "$out/log.txt" | tail -n 3 || log "== $name: exit ${PIPESTATUS[0]}"
+    fi
+}
+
+# bench FILE ENV... -- ARGS...: one `kt bench --json` run appended to FILE (a JSON list).
+bench() {
+    local file=$1 envs=() label=() j
+    shift
+    # NAME= (empty) unsets NAME: the default.
+    while [ "$1" != "--" ]; do
+        if [ -n "${1#*=}" ]; then envs+=("$1"); else envs+=(-u "${1%=}"); fi
+        label+=("$1")
+        shift
+    done
+    shift
+    j=$(env "${envs[@]}" timeout $((deadline - SECONDS)) "$dev/bin/kt" bench --json "$@" 2>>"$out/log.txt") ||
+        { log "  kt bench $* failed or ran out of time"; return 0; }
+    python3 - "$file" "$j" "${label[*]}" <<'EOF' | tee -a "$out/log.txt"
+import json, os, sys
+path, run, env = sys.argv[1], json.loads(sys.argv[2]), sys.argv[3]
+runs = json.load(open(path)) if os.path.exists(path) else []
+run["env"] = env
+runs.append(run)
+json.dump(runs, open(path, "w"))
+print("  " + " ".join(f"{r['method']}/{r['backend']}/n{r['tokens']}={r['ms_best']:.2f}" for r in run["results"]))
+EOF
+}
+
+phase_tests() {
+    for t in "$dev"/bin/test-kt_backend_amx "$dev"/bin/test-kt_backend_llamafile "$dev"/bin/test-kt_fixtures; do
+        [ -x "$t" ] || { log "no $t"; continue; }
+        case $t in
+            *llamafile) step "$(basename "$t")" 60 "$t" tiles conformance ;;
+            *) step "$(basename "$t")" 60 "$t" ;;
+        esac
+    done
+}
+
+phase_tile_from() {
+    for from in 1 100000; do
+        step "tile-from KT formats, KT_AMX_TILE_FROM=$from" 60 bench "$out/tile_from.json" KT_AMX_TILE_FROM=$from -- \
+            --method "$KT_FORMATS" --tokens 16,32,64,128,256 --threads 2 --min-time 0.3
+        step "tile-from GGUF types, KT_AMX_TILE_FROM=$from" 60 bench "$out/tile_from.json" KT_AMX_TILE_FROM=$from -- \
+            --method "$GGUF_TYPES" --tokens 16,32,64,128,256 --threads 2 --min-time 0.3
+    done
+}
+
+phase_gguf() {
+    for from in 100000 ""; do
+        step "gguf n=512,2048, KT_AMX_TILE_FROM=${from:-default}" 90 bench "$out/gguf.json" KT_AMX_TILE_FROM=$from -- \
+            --method "$GGUF_TYPES" --tokens 512,2048 --threads 2 --min-time 0.3
+    done
+}
+
+phase_tables() {
+    for threads in 2 16; do
+        for v in "" avx512; do
+            step "tables ${v:-amx}, $threads threads" 60 bench "$out/tables.json" KT_KERNEL_CPU_VARIANT=$v -- \
+                --method "$KT_FORMATS" --tokens 1,4,256,1024 --threads $threads --min-time 0.3
+        done
+    done
+}
+
+phase_kt() {
+    local ext
+    ext=$(ls "$dev"/kt/_kt_kernel_ext_amx.*.so 2>/dev/null | head -1 || true)
+    [ -n "$ext" ] || { log "kt: no KT extension in .dev/kt (prepare)"; return 0; }
+    for threads in 2 16; do
+        for m in AMXINT8 AMXINT4 BF16 FP8 RAWINT4; do
+            step "KT $m, $threads threads" 30 python3 "$here/peers/kt_moe.py" "$ext" --method $m \
+                --threads $threads --tokens 1,4,256,1024
+        done
+    done
+    grep -E "^KT " "$out/log.txt" > "$out/kt.txt" || true
+}
+
+run() {
+    out=${OUT:-$root/.dev/out}
+    mkdir -p "$out"
+    deadline=$((SECONDS + ${DEADLINE_S:-540}))
+    export LD_LIBRARY_PATH=$dev/lib:$dev/kt/kt_kernel.libs${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+    # KT's fixtures test reads files beside the checkout it was built in.
+    [ -e /work/main ] || { mkdir -p /work && ln -s "$root" /work/main; } 2>/dev/null || true
+    log "== machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
+    log "   AMX flags: $(grep -m1 -o -w 'amx_[a-z0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
+    local phases=("$@")
+    [ ${#phases[@]} -gt 0 ] || phases=(tests tile-from gguf tables kt)
+    for p in "${phases[@]}"; do "phase_${p//-/_}"; done
+    summary "$out" | tee "$out/summary.md"
+}
+
+summary() {
+    python3 - "$1" <<'EOF'
+import json, os, sys
+from collections import defaultdict
+d = sys.argv[1]
+def runs(name):
+    p = os.path.join(d, name)
+    return json.load(open(p)) if os.path.exists(p) else []
+def results(name):
+    for run in runs(name):
+        for r in run["results"]:
+            yield run["env"], r
+# TILE_FROM: per format and n, tiles always against never, and the smallest n from which
+# tiles win at every larger n (n·k/E tokens an expert on average).
+t = defaultdict(dict)
+for env, r in results("tile_from.json"):
+    t[r["method"]][(r["tokens"], "tiles" if "KT_AMX_TILE_FROM=1" in env.split() else "off")] = r["ms_best"]
+if t:
+    print("## TILE_FROM crossover (2 threads, best ms: tiles always / never)\n")
+    ns = sorted({n for m in t.values() for n, _ in m})
+    print("| format | " + " | ".join(f"n={n}" for n in ns) + " | tiles win from n |")
+    print("|---" * (len(ns) + 2) + "|")
+    for m, v in t.items():
+        cells, win = [], None
+        for n in ns:
+            a, b = v.get((n, "tiles")), v.get((n, "off"))
+            cells.append(f"{a:.2f} / {b:.2f}" if a and b else "-")
+            win = n if a and b and a < b and win is None else (None if a and b and a >= b else win)
+        print(f"| {m} | " + " | ".join(cells) + f" | {win or '-'} |")
+    print()
+for name, title in (("gguf.json", "GGUF prefill (2 threads): off / default TILE_FROM"), ("tables.json", "AMX table: best ms (roof×)")):
+    rows = defaultdict(dict)
+    for env, r in results(name):
+        rows[(r["method"], r["backend"], r["threads"], env)][r["tokens"]] = (r["ms_best"], r["roofline_ratio"])
+    if rows:
+        print(f"## {title}\n")
+        for (m, b, th, env), v in sorted(rows.items()):
+            print(f"- {m} {b} {th} thr [{env}]: " + ", ".join(f"n={n} {ms:.2f} ({x:.2f})" for n, (ms, x) in sorted(v.items())))
+        print()
+kt = os.path.join(d, "kt.txt")
+if os.path.exists(kt):
+    print("## KT-Kernel 0.7.2 AMX build\n")
+    print(open(kt).read())
+EOF
+}
+
+case ${1:-} in
+    prepare) prepare ;;
+    run) shift; run "$@" ;;
+    summary) summary "${2:?the output folder of a run}" ;;
+    *) sed -n '2,20p' "$0"; exit 2 ;;
+esac
