@@ -2,7 +2,7 @@
 //!
 //! What the x86 backends share, so that no backend crate depends on another: run-time ISA
 //! detection (with the AMX tile permission Linux wants first), the AMX tile seam, KT's SwiGLU on vectors, the SFT
-//! forward's LoRA products on vectors, software
+//! forward's LoRA products on vectors, row slices copied out to several buffers, software
 //! prefetch, the VNNI `vpdpbusd` encodings, the int4 nibble coding, huge-page weight buffers, and
 //! the walk that cuts a task's rows into a kernel's row tiles.
 //!
@@ -11,6 +11,7 @@
 
 #[cfg(target_arch = "x86_64")]
 pub mod amx;
+pub mod copy;
 pub mod int4;
 #[cfg(target_arch = "x86_64")]
 pub mod isa;

@@ -213,12 +213,14 @@ impl Piece<'_> {
                 // One slice a row: the rows are one run in both places.
                 return self.copy_out(&self.src[r0 * self.row..r1 * self.row], dst.add(r0 * out));
             }
-            for r in r0..r1 {
+            let rows = &self.src[r0 * self.row..r1 * self.row];
+            if !self.widen {
+                // Short slices (down's rows over the ranks): copied in line, not a call each.
+                return kt_x86::copy::row_slices(rows, self.row, &self.dsts, r0 * out);
+            }
+            for (i, r) in rows.chunks_exact(self.row).enumerate() {
                 for (k, &dst) in self.dsts.iter().enumerate() {
-                    self.copy_out(
-                        &self.src[r * self.row + k * slice..r * self.row + (k + 1) * slice],
-                        dst.add(r * out),
-                    );
+                    self.copy_out(&r[k * slice..(k + 1) * slice], dst.add((r0 + i) * out));
                 }
             }
         }
