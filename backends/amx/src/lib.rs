@@ -78,7 +78,8 @@ mod imp {
     use crate::tile::Emulator;
     use crate::tile::{tile_from, Hardware, Tiles};
 
-    /// The AMX backend over tile instructions `T`: [`Hardware`] (the `amx` backend: [`Amx`](crate::tile::Amx), or the `tile-floor` feature's floor), or the
+    /// The AMX backend over tile instructions `T`: [`Hardware`] (the `amx` backend:
+    /// [`Amx`](crate::tile::Amx), or the `tile-floor` feature's floor), or the
     /// [`Emulator`](crate::tile::Emulator) (the tests' `amx_emulated`).
     pub struct AmxBackend<T> {
         name: &'static str,
