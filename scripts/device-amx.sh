@@ -156,6 +156,9 @@ run() {
     log "   AMX flags: $(grep -m1 -o -w 'amx_[a-z0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
     local phases=("$@")
     [ ${#phases[@]} -gt 0 ] || phases=(tests tile-from gguf tables kt)
+    for p in "${phases[@]}"; do
+        declare -F "phase_${p//-/_}" > /dev/null || { log "device-amx: no phase $p (tests, tile-from, gguf, tables, kt)"; exit 2; }
+    done
     for p in "${phases[@]}"; do "phase_${p//-/_}"; done
     summary "$out" | tee "$out/summary.md"
 }

@@ -32,6 +32,7 @@ use kt_backend_avx512::pack::{Packed, HALF, KT_TILE, PANEL, UNIT};
 use kt_core::format::mx::MX_BLOCK;
 use kt_core::format::FP8_BLOCK;
 use kt_core::WeightFormat;
+use kt_x86::prefetch::share_to_l2;
 
 use crate::tile::{TileConfig, TileOps, COLSB, ROWS};
 
@@ -312,9 +313,10 @@ pub unsafe fn panel_block<T: TileOps>(
 }
 
 /// Run `s` of the panel after `p` (its bytes of the same K as run `s` of `p`), which the work
-/// on `p` prefetches; empty after the last panel.
-fn next_run(w: &Packed, p: usize, s: usize) -> &[u8] {
-    if (p + 1) * PANEL >= w.rows {
+/// on `p` prefetches into L2 a share a step (`share_to_l2`); empty after the last panel and
+/// when not `fetch` (a later token block of `p`).
+fn next_run(fetch: bool, w: &Packed, p: usize, s: usize) -> &[u8] {
+    if !fetch || (p + 1) * PANEL >= w.rows {
         return &[];
     }
     let Some((at, units)) = w.run(p + 1, s) else { return &[] };
@@ -323,14 +325,6 @@ fn next_run(w: &Packed, p: usize, s: usize) -> &[u8] {
     let data = w.data.as_slice();
     let start = at as usize - data.as_ptr() as usize;
     &data[start..(start + units.len() * UNIT).min(data.len())]
-}
-
-/// Step `i` of `n`'s share of `next` into L2, when `fetch`.
-#[inline(always)]
-fn prefetch(fetch: bool, next: &[u8], i: usize, n: usize) {
-    if fetch {
-        kt_x86::prefetch::share_to_l2(next, i, n);
-    }
 }
 
 /// bf16, per-row int8 and KT's int4: the block's sums over the whole K into `c` (i32, or f32
@@ -359,9 +353,9 @@ unsafe fn whole_block<T: TileOps, V>(
         match (act, w.format) {
             (&Act::Float { x16, kp, .. }, _) => {
                 let (a, stride) = (x16[t0 * kp..].as_ptr().cast::<u8>(), 2 * kp);
-                let (panel, next, steps) = (w.panel(p).as_ptr(), next_run(w, p, 0), w.units / ROWS);
+                let (panel, next, steps) = (w.panel(p).as_ptr(), next_run(fetch, w, p, 0), w.units / ROWS);
                 for j in 0..steps {
-                    prefetch(fetch, next, j, steps);
+                    share_to_l2(next, j, steps);
                     let b = (panel.add(j * ROWS * UNIT), 64, UNIT);
                     step::<T, BF16>(t, (a.add(j * COLSB), stride), b, two);
                 }
@@ -370,9 +364,9 @@ unsafe fn whole_block<T: TileOps, V>(
                 let a = q[t0 * kp..].as_ptr();
                 let mut s = 0;
                 while let Some((run, units)) = w.run(p, s) {
-                    let (next, steps) = (next_run(w, p, s), units.len() / ROWS);
+                    let (next, steps) = (next_run(fetch, w, p, s), units.len() / ROWS);
                     for j in 0..steps {
-                        prefetch(fetch, next, j, steps);
+                        share_to_l2(next, j, steps);
                         let k = 4 * units.start + j * COLSB;
                         let b = match w.kt {
                             true => (run.add(j * KT_TILE), KT_TILE / 2, COLSB),
@@ -387,9 +381,9 @@ unsafe fn whole_block<T: TileOps, V>(
                 let a = q[t0 * kp..].as_ptr();
                 let mut s = 0;
                 while let Some((run, units)) = w.run(p, s) {
-                    let (next, steps) = (next_run(w, p, s), units.len() / ROWS);
+                    let (next, steps) = (next_run(fetch, w, p, s), units.len() / ROWS);
                     for j in 0..steps {
-                        prefetch(fetch, next, j, steps);
+                        share_to_l2(next, j, steps);
                         let k = 8 * units.start + j * 2 * COLSB;
                         unpack_int4(core::slice::from_raw_parts(run.add(j * KT_TILE), KT_TILE), &mut b.0);
                         step::<T, US8>(t, (a.add(k), kp), (b.0.as_ptr(), KT_TILE / 2, COLSB), two);
@@ -423,7 +417,7 @@ unsafe fn group_block<T: TileOps>(
     let upg = w.format.k_group().expect("a K-group format") / 8;
     let step_units = upg.min(STEP_UNITS);
     let lut = kt_x86::int4::nibble_table(w.format);
-    let (panel, next, steps) = (w.panel(p).as_ptr(), next_run(w, p, 0), w.units / step_units);
+    let (panel, next, steps) = (w.panel(p).as_ptr(), next_run(fetch, w, p, 0), w.units / step_units);
     let groups = w.units / upg;
     out[..nt].iter_mut().for_each(|o| o.fill(0.0));
     // SAFETY: the caller's contract; the units g·upg.. of every group lie in the panel, and an
@@ -433,7 +427,7 @@ unsafe fn group_block<T: TileOps>(
         for g in 0..groups {
             zero_c(t, two);
             for u in (g * upg..(g + 1) * upg).step_by(step_units) {
-                prefetch(fetch, next, u / step_units, steps);
+                share_to_l2(next, u / step_units, steps);
                 unpack_group(panel, u, step_units, &lut, &mut work.b);
                 step::<T, SS8>(t, (a.add(8 * u), stride), (work.b.0.as_ptr(), HALF_B, COLSB), two);
             }
@@ -468,7 +462,7 @@ unsafe fn fp8_block<T: TileOps>(
         _ => (FP8_BLOCK / 4, false),
     };
     let blocks = w.units.div_ceil(per_block);
-    let (panel, next, steps) = (w.panel(p).as_ptr(), next_run(w, p, 0), w.units / STEP_UNITS);
+    let (panel, next, steps) = (w.panel(p).as_ptr(), next_run(fetch, w, p, 0), w.units / STEP_UNITS);
     out[..nt].iter_mut().for_each(|o| o.fill(0.0));
     // SAFETY: the caller's contract; units % 8 == 0 (`runs`), so every step's 8 units lie in
     // the panel and its 32 K in the activation rows (2 bytes each).
@@ -477,7 +471,7 @@ unsafe fn fp8_block<T: TileOps>(
         for blk in 0..blocks {
             zero_c(t, two);
             for u in (blk * per_block..((blk + 1) * per_block).min(w.units)).step_by(STEP_UNITS) {
-                prefetch(fetch, next, u / STEP_UNITS, steps);
+                share_to_l2(next, u / STEP_UNITS, steps);
                 let dst = work.b.0.as_mut_ptr();
                 kt_backend_avx512::fp8_tile_rows(panel, u, u + STEP_UNITS, [dst, dst.add(HALF_B)]);
                 step::<T, BF16>(t, (a.add(8 * u), stride), (work.b.0.as_ptr(), HALF_B, COLSB), two);
