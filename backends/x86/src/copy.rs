@@ -53,10 +53,15 @@ unsafe fn row_slices_512(src: &[u8], row: usize, dsts: &[*mut u8], first: usize)
                     }
                     j += 256;
                 }
-                while j < slice {
-                    let m = if slice - j >= 64 { u64::MAX } else { (1u64 << (slice - j)) - 1 };
-                    _mm512_mask_storeu_epi8(d.add(j).cast(), m, _mm512_maskz_loadu_epi8(m, s.add(j).cast()));
+                // Whole registers unmasked: a masked store of a full register costs on Zen 5
+                // (192-byte int4 and mxfp4 slices at tp 2: 0.089 → 0.067 ms an mxfp4 expert).
+                while j + 64 <= slice {
+                    _mm512_storeu_si512(d.add(j).cast(), _mm512_loadu_si512(s.add(j).cast()));
                     j += 64;
+                }
+                if j < slice {
+                    let m = (1u64 << (slice - j)) - 1;
+                    _mm512_mask_storeu_epi8(d.add(j).cast(), m, _mm512_maskz_loadu_epi8(m, s.add(j).cast()));
                 }
             }
         }
