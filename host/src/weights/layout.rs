@@ -38,8 +38,13 @@ pub struct Layout {
 pub const PROJ: [&str; 3] = ["gate", "up", "down"];
 
 impl Layout {
-    /// Find layer `layer`'s experts in `ck`.
+    /// Find layer `layer`'s experts in `ck` (probed once per layer and checkpoint).
     pub fn detect(ck: &Checkpoint, layer: usize) -> Result<Layout, WeightError> {
+        ck.layout(layer, || Self::probe(ck, layer))
+    }
+
+    /// Try every prefix and naming scheme in turn.
+    fn probe(ck: &Checkpoint, layer: usize) -> Result<Layout, WeightError> {
         let bases = [
             format!("model.layers.{layer}"),
             format!("model.language_model.layers.{layer}"),
