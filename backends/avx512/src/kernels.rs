@@ -38,6 +38,7 @@ use kt_core::swiglu::Glu;
 use kt_core::WeightFormat;
 use kt_x86::int4::{nibble_table, unsigned_weights};
 use kt_x86::swiglu::glu16;
+use kt_x86::prefetch::SCALE_GROUPS_AHEAD;
 
 use crate::act::Act;
 use crate::pack::{Packed, HALF, KT_TILE, PANEL, UNIT};
@@ -444,6 +445,9 @@ unsafe fn float_body<const N: usize, const DOT: bool>(
         let base = if rows { p * blocks * PANEL } else { p * blocks };
         for b in 0..blocks {
             let mut blk = [[z; 2]; N];
+            if w.format == WeightFormat::Mxfp8 {
+                kt_x86::prefetch::scales(w.codes.as_ptr().wrapping_add(base + (b + SCALE_GROUPS_AHEAD) * stride));
+            }
             fp8_span::<N, DOT>(panel, span(b * per_block, per_block), &tab, &xs, &xh, &mut blk);
             let s = match w.format {
                 WeightFormat::Mxfp8 => mx_scales(w.codes[base + b * stride..].as_ptr(), w.code_bias),
@@ -755,6 +759,13 @@ unsafe fn int_panel<const N: usize, const VNNI: bool>(
                     for (t, a) in acc.iter_mut().enumerate() {
                         *a = [_mm512_set1_epi32(*starts.add(t * groups + g)); 2];
                     }
+                    let ahead = at + SCALE_GROUPS_AHEAD * PANEL;
+                    let next = match f {
+                        WeightFormat::Mxfp4 => w.codes.as_ptr().wrapping_add(ahead),
+                        _ if !w.scales16.is_empty() => w.scales16.as_ptr().wrapping_add(ahead).cast(),
+                        _ => w.scales.as_ptr().wrapping_add(ahead).cast(),
+                    };
+                    kt_x86::prefetch::scales(next);
                     let (u0, u1) = (g * upg, (g + 1) * upg);
                     match table {
                         Some(_) => group_units::<N, true, VNNI>(panel, u0, u1, lut, &xs, &mut acc),
