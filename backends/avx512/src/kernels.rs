@@ -446,7 +446,7 @@ unsafe fn float_body<const N: usize, const DOT: bool>(
         for b in 0..blocks {
             let mut blk = [[z; 2]; N];
             if w.format == WeightFormat::Mxfp8 {
-                kt_x86::prefetch::scales(w.codes.as_ptr().wrapping_add(base + (b + SCALE_GROUPS_AHEAD) * stride));
+                kt_x86::prefetch::scales(w.scales_at(base + (b + SCALE_GROUPS_AHEAD) * stride));
             }
             fp8_span::<N, DOT>(panel, span(b * per_block, per_block), &tab, &xs, &xh, &mut blk);
             let s = match w.format {
@@ -651,6 +651,40 @@ unsafe fn mx_scales(p: *const u8, bias: i32) -> [__m512; 2] {
     }
 }
 
+/// The 32 rows' scales at `at` (`[panel][group][32]` index) of a K-group or MX matrix.
+///
+/// # Safety
+/// AVX-512F is present (inlined into the kernels); the matrix holds 32 scales at `at`.
+#[inline(always)]
+unsafe fn group_scales(w: &Packed, at: usize) -> [__m512; 2] {
+    // SAFETY: the caller's contract; the slices check `at`.
+    unsafe {
+        if !w.codes.is_empty() {
+            mx_scales(w.codes[at..at + PANEL].as_ptr(), w.code_bias)
+        } else if !w.scales16.is_empty() {
+            bf16_scales(w.scales16[at..at + PANEL].as_ptr())
+        } else {
+            load32(w.scales[at..at + PANEL].as_ptr())
+        }
+    }
+}
+
+/// [`group_scales`] as f32 values: what [`Packed::group_scales`] returns where the CPU has
+/// AVX-512F (the AMX kernels' per-group epilogue, where widening 32 codes one at a time was a
+/// third of its time).
+///
+/// # Safety
+/// AVX-512F is present; the matrix holds 32 scales at `at`.
+#[target_feature(enable = "avx512f")]
+pub(crate) unsafe fn group_scales_into(w: &Packed, at: usize, out: &mut [f32; PANEL]) {
+    // SAFETY: the caller's contract; `out` holds 32 floats.
+    unsafe {
+        let [lo, hi] = group_scales(w, at);
+        _mm512_storeu_ps(out.as_mut_ptr(), lo);
+        _mm512_storeu_ps(out.as_mut_ptr().add(HALF), hi);
+    }
+}
+
 /// 32 rows' scales from their bf16 bits (exactly: a bf16 is an f32's top half).
 ///
 /// # Safety
@@ -759,23 +793,13 @@ unsafe fn int_panel<const N: usize, const VNNI: bool>(
                     for (t, a) in acc.iter_mut().enumerate() {
                         *a = [_mm512_set1_epi32(*starts.add(t * groups + g)); 2];
                     }
-                    let ahead = at + SCALE_GROUPS_AHEAD * PANEL;
-                    let next = match f {
-                        WeightFormat::Mxfp4 => w.codes.as_ptr().wrapping_add(ahead),
-                        _ if !w.scales16.is_empty() => w.scales16.as_ptr().wrapping_add(ahead).cast(),
-                        _ => w.scales.as_ptr().wrapping_add(ahead).cast(),
-                    };
-                    kt_x86::prefetch::scales(next);
+                    kt_x86::prefetch::scales(w.scales_at(at + SCALE_GROUPS_AHEAD * PANEL));
                     let (u0, u1) = (g * upg, (g + 1) * upg);
                     match table {
                         Some(_) => group_units::<N, true, VNNI>(panel, u0, u1, lut, &xs, &mut acc),
                         None => group_units::<N, false, VNNI>(panel, u0, u1, lut, &xs, &mut acc),
                     }
-                    let s = match f {
-                        WeightFormat::Mxfp4 => mx_scales(w.codes[at..].as_ptr(), w.code_bias),
-                        _ if !w.scales16.is_empty() => bf16_scales(w.scales16[at..].as_ptr()),
-                        _ => load32(w.scales[at..].as_ptr()),
-                    };
+                    let s = group_scales(w, at);
                     for t in 0..N {
                         let a = _mm512_set1_ps(*scales.add(t * groups + g));
                         for h in 0..2 {

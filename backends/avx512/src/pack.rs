@@ -151,9 +151,27 @@ impl Packed {
         self.data.len() + 4 * (self.scales.len() + self.bias.len()) + 2 * self.scales16.len() + self.codes.len()
     }
 
+    /// Where the scales at `at` (`[panel][group][32]` index) of a per-row-and-group kind lie or
+    /// would lie: for a prefetch, which never faults (`kt_x86::prefetch::scales`).
+    pub fn scales_at(&self, at: usize) -> *const u8 {
+        if !self.codes.is_empty() {
+            self.codes.as_ptr().wrapping_add(at)
+        } else if !self.scales16.is_empty() {
+            self.scales16.as_ptr().wrapping_add(at).cast()
+        } else {
+            self.scales.as_ptr().wrapping_add(at).cast()
+        }
+    }
+
     /// The 32 rows' scales at `at` (`[panel][group][32]` index) of a per-row-and-group kind,
     /// as f32.
     pub fn group_scales(&self, at: usize) -> [f32; PANEL] {
+        if is_x86_feature_detected!("avx512f") {
+            let mut s = [0.0; PANEL];
+            // SAFETY: AVX-512F checked; the slices inside check `at`.
+            unsafe { crate::kernels::group_scales_into(self, at, &mut s) };
+            return s;
+        }
         if !self.codes.is_empty() {
             return core::array::from_fn(|i| mx_scale(self.codes[at + i], self.code_bias));
         }
