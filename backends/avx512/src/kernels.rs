@@ -37,8 +37,8 @@ use kt_core::format::FP8_BLOCK;
 use kt_core::swiglu::Glu;
 use kt_core::WeightFormat;
 use kt_x86::int4::{nibble_table, unsigned_weights};
-use kt_x86::swiglu::glu16;
 use kt_x86::prefetch::SCALE_GROUPS_AHEAD;
+use kt_x86::swiglu::glu16;
 
 use crate::act::Act;
 use crate::pack::{Packed, HALF, KT_TILE, PANEL, UNIT};
