@@ -18,7 +18,7 @@ pub fn ahead(p: *const u8, l1: usize, l2: usize) {
 /// K groups (or scale blocks) ahead of the one in hand whose scales a kernel prefetches with
 /// [`scales`]: a K-group or MX matrix's scales are a second stream beside its weights, 1/32 to
 /// 1/4 of their bytes, which the hardware prefetchers left behind (Zen 5, qwen3 mxfp4 decode:
-/// 41% of the kernel's samples on the scale loads; 0.36-0.37 → 0.31-0.34 ms with this).
+/// 41% of the kernel's samples on the scale loads; 0.36-0.49 → 0.31-0.35 ms with this).
 pub const SCALE_GROUPS_AHEAD: usize = 8;
 
 /// Prefetch a kernel's scales at `p` into L1 and 1 KB further into L2.
