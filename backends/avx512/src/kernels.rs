@@ -449,10 +449,9 @@ unsafe fn float_body<const N: usize, const DOT: bool>(
                 kt_x86::prefetch::scales(w.scales_at(base + (b + SCALE_GROUPS_AHEAD) * stride));
             }
             fp8_span::<N, DOT>(panel, span(b * per_block, per_block), &tab, &xs, &xh, &mut blk);
-            let s = match w.format {
-                WeightFormat::Mxfp8 => mx_scales(w.codes[base + b * stride..].as_ptr(), w.code_bias),
-                _ if rows => load32(w.scales[base + b * stride..].as_ptr()),
-                _ => [_mm512_set1_ps(w.scales[base + b * stride]); 2],
+            let s = match rows {
+                true => group_scales(w, base + b * stride),
+                false => [_mm512_set1_ps(w.scales[base + b * stride]); 2],
             };
             for t in 0..N {
                 for h in 0..2 {
@@ -651,7 +650,7 @@ unsafe fn mx_scales(p: *const u8, bias: i32) -> [__m512; 2] {
     }
 }
 
-/// The 32 rows' scales at `at` (`[panel][group][32]` index) of a K-group or MX matrix.
+/// The 32 rows' scales at `at` (`[panel][group][32]` index) of a K-group, MX or per-row fp8 matrix.
 ///
 /// # Safety
 /// AVX-512F is present (inlined into the kernels); the matrix holds 32 scales at `at`.
