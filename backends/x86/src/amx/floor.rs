@@ -45,8 +45,14 @@ unsafe fn write(p: *mut u8, stride: usize, rows: usize, colsb: usize, v: u64) {
     let mask = if colsb >= COLSB { u64::MAX } else { (1u64 << colsb) - 1 };
     // SAFETY: the caller's contract; masked stores touch only the row's `colsb` bytes.
     unsafe {
+        let v = _mm512_set1_epi64(v as i64);
         for r in 0..rows {
-            _mm512_mask_storeu_epi8(p.add(r * stride).cast(), mask, _mm512_set1_epi64(v as i64));
+            // A whole row unmasked, as `tilestored` costs: a full-mask masked store is slower
+            // (Zen 5, `kt_x86::copy`).
+            match mask {
+                u64::MAX => _mm512_storeu_si512(p.add(r * stride).cast(), v),
+                _ => _mm512_mask_storeu_epi8(p.add(r * stride).cast(), mask, v),
+            }
         }
     }
 }
