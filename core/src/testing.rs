@@ -226,10 +226,21 @@ pub fn scenario_routing(
 }
 
 /// Shapes (E, k, H, I) the suite uses for a format: minimal sizes the format allows, odd ones,
-/// and one where H is not a multiple of the FP8 block.
+/// one where H is not a multiple of the FP8 block, and for a format that allows any K, odd H
+/// and I (a K that fills no kernel's unit: bf16 pairs, int8 quads).
 pub fn shapes(format: WeightFormat) -> Vec<(usize, usize, usize, usize)> {
     let m = format.col_multiple().max(2);
-    vec![(8, 2, 2 * m, 2 * m), (6, 3, 3 * m, 5 * m), (1, 1, m, m), (9, 4, 160.max(m), 96.max(2 * m)), (4, 2, 128, 256)]
+    let mut v = vec![
+        (8, 2, 2 * m, 2 * m),
+        (6, 3, 3 * m, 5 * m),
+        (1, 1, m, m),
+        (9, 4, 160.max(m), 96.max(2 * m)),
+        (4, 2, 128, 256),
+    ];
+    if format.col_multiple() == 1 {
+        v.extend([(5, 2, 7, 5), (3, 2, 131, 33)]);
+    }
+    v
 }
 
 /// Compare `backend` with the reference backend on every supported format, shape, token count
