@@ -65,7 +65,7 @@ mod imp {
     use half::bf16;
     use kt_backend_avx512::act::Act;
     use kt_backend_avx512::pack::{self, Packed, PANEL};
-    use kt_backend_avx512::{glu_panel, AVX512_BF16 as SIMD};
+    use kt_backend_avx512::{glu_panel, put_panel, AVX512_BF16 as SIMD};
     use kt_core::backend::{ActLayout, Instructions, TaskShape};
     use kt_core::bias::{with_bias, GateUpBias};
     use kt_core::mat::MatMut;
@@ -242,7 +242,7 @@ mod imp {
             let act = Act::parse(d.format, d.cols, n, a, true);
             Self::for_blocks(d, &rows, &act, n, |at, t0, nt, block| {
                 for (t, res) in block.iter().enumerate().take(nt) {
-                    y.row_mut(t0 + t)[at.clone()].copy_from_slice(&res[..at.len()]);
+                    put_panel(&mut y.row_mut(t0 + t)[at.clone()], res, 0..at.len());
                 }
             });
         }

@@ -194,20 +194,34 @@ unsafe fn store_tile<const N: usize>(acc: &[[__m512; 2]; N], out: &mut Tile) {
 }
 
 /// One token's SwiGLU over a panel's gate and up results, half a panel (16 rows) at a time, its
-/// rows `within` into `out` as bf16 (this backend's tiles and the AMX backend's blocks).
+/// rows `within` into `out` as bf16 (this backend's tiles and the AMX backend's blocks). A whole
+/// panel goes straight into `out`, a short one through [`put_panel`].
 ///
 /// # Safety
 /// The CPU supports AVX2 and FMA.
 pub unsafe fn glu_panel(glu: Glu, g: &[f32; PANEL], u: &[f32; PANEL], within: Range<usize>, out: &mut [bf16]) {
-    let mut hv = [0u16; PANEL];
+    let mut room = [bf16::ZERO; PANEL];
+    let whole = within.len() == PANEL;
+    let dst: &mut [bf16; PANEL] = if whole { out.try_into().expect("a whole panel's row") } else { &mut room };
     for half in 0..2 {
         let r = half * HALF..(half + 1) * HALF;
         let (gh, uh) = (g[r.clone()].try_into().unwrap(), u[r.clone()].try_into().unwrap());
+        let o: &mut [u16; HALF] = bytemuck::cast_slice_mut(&mut dst[r]).try_into().unwrap();
         // SAFETY: the caller's contract.
-        unsafe { glu16(glu, gh, uh, (&mut hv[r]).try_into().unwrap()) };
+        unsafe { glu16(glu, gh, uh, o) };
     }
-    for (o, &v) in out.iter_mut().zip(&hv[within]) {
-        *o = bf16::from_bits(v);
+    if !whole {
+        put_panel(out, &room, within);
+    }
+}
+
+/// `out` = rows `within` of one token's panel results `res`: a fixed-size copy for a whole
+/// panel (inlined moves, where a slice copy of unknown length calls `memcpy` per token and panel).
+#[inline(always)]
+pub fn put_panel<T: Copy>(out: &mut [T], res: &[T; PANEL], within: Range<usize>) {
+    match <&mut [T; PANEL]>::try_from(&mut *out) {
+        Ok(whole) => *whole = *res,
+        Err(_) => out.copy_from_slice(&res[within]),
     }
 }
 

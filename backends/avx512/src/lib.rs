@@ -58,7 +58,7 @@ pub fn registered() -> &'static [&'static dyn Backend] {
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 pub use imp::{Avx512, AVX512, BF16 as AVX512_BF16};
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
-pub use kernels::{fp8_tile_rows, glu_panel};
+pub use kernels::{fp8_tile_rows, glu_panel, put_panel};
 
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 pub use kernels::Level;
@@ -76,7 +76,7 @@ mod imp {
     use kt_x86::tiles::{balanced_token_tiles, row_tiles, RowTile};
 
     use crate::act::{self, Act};
-    use crate::kernels::{glu_panel, max_tokens, panel_tile, Level, Tile, MAX_NT};
+    use crate::kernels::{glu_panel, max_tokens, panel_tile, put_panel, Level, Tile, MAX_NT};
     use crate::pack::{self, Packed, PANEL};
 
     /// An AVX-512 backend: one of KT's sub-variants, or (`level: None`) the best this CPU runs.
@@ -273,7 +273,7 @@ mod imp {
             for_tiles(self.level(), d, &rows, &act, (n, max_tokens(d)), |panel, t0, nt, tile| {
                 let (at, within) = (panel.rows.start - rows.start, panel.in_tile(PANEL));
                 for (t, res) in tile.iter().enumerate().take(nt) {
-                    y.row_mut(t0 + t)[at..at + within.len()].copy_from_slice(&res[within.clone()]);
+                    put_panel(&mut y.row_mut(t0 + t)[at..at + within.len()], res, within.clone());
                 }
             });
         }
