@@ -201,8 +201,11 @@ unsafe fn store_tile<const N: usize>(acc: &[[__m512; 2]; N], out: &mut Tile) {
 /// The CPU supports AVX2 and FMA.
 pub unsafe fn glu_panel(glu: Glu, g: &[f32; PANEL], u: &[f32; PANEL], within: Range<usize>, out: &mut [bf16]) {
     let mut room = [bf16::ZERO; PANEL];
-    let whole = within.len() == PANEL;
-    let dst: &mut [bf16; PANEL] = if whole { out.try_into().expect("a whole panel's row") } else { &mut room };
+    let whole = out.len() == PANEL;
+    let dst = match <&mut [bf16; PANEL]>::try_from(&mut *out) {
+        Ok(row) => row,
+        Err(_) => &mut room,
+    };
     for half in 0..2 {
         let r = half * HALF..(half + 1) * HALF;
         let (gh, uh) = (g[r.clone()].try_into().unwrap(), u[r.clone()].try_into().unwrap());
