@@ -194,28 +194,21 @@ unsafe fn store_tile<const N: usize>(acc: &[[__m512; 2]; N], out: &mut Tile) {
 }
 
 /// One token's SwiGLU over a panel's gate and up results, half a panel (16 rows) at a time, its
-/// rows `within` into `out` as bf16 (this backend's tiles and the AMX backend's blocks). A whole
-/// panel goes straight into `out`, a short one through [`put_panel`].
+/// rows `within` into `out` as bf16 (this backend's tiles and the AMX backend's blocks), through
+/// [`put_panel`].
 ///
 /// # Safety
 /// The CPU supports AVX2 and FMA.
 pub unsafe fn glu_panel(glu: Glu, g: &[f32; PANEL], u: &[f32; PANEL], within: Range<usize>, out: &mut [bf16]) {
-    let mut room = [bf16::ZERO; PANEL];
-    let whole = out.len() == PANEL;
-    let dst = match <&mut [bf16; PANEL]>::try_from(&mut *out) {
-        Ok(row) => row,
-        Err(_) => &mut room,
-    };
+    let mut hv = [bf16::ZERO; PANEL];
     for half in 0..2 {
         let r = half * HALF..(half + 1) * HALF;
         let (gh, uh) = (g[r.clone()].try_into().unwrap(), u[r.clone()].try_into().unwrap());
-        let o: &mut [u16; HALF] = bytemuck::cast_slice_mut(&mut dst[r]).try_into().unwrap();
+        let o: &mut [u16; HALF] = bytemuck::cast_slice_mut(&mut hv[r]).try_into().unwrap();
         // SAFETY: the caller's contract.
         unsafe { glu16(glu, gh, uh, o) };
     }
-    if !whole {
-        put_panel(out, &room, within);
-    }
+    put_panel(out, &hv, within);
 }
 
 /// `out` = rows `within` of one token's panel results `res`: a fixed-size copy for a whole

@@ -4,6 +4,15 @@
 //! line, 256 bytes a step and the tail masked (bf16 tp 2 writes 0.213 → 0.16 ms an expert on two
 //! Zen 5 threads).
 
+/// The byte mask of a 512-bit register's first `n` bytes (all of them from 64 on).
+pub fn first_bytes(n: usize) -> u64 {
+    if n >= 64 {
+        u64::MAX
+    } else {
+        (1u64 << n) - 1
+    }
+}
+
 /// Rows of `src` (`row` bytes each) cut into `dsts.len()` equal slices: slice `k` of row `i`
 /// to `dsts[k] + first + i·slice`.
 ///
@@ -60,7 +69,7 @@ unsafe fn row_slices_512(src: &[u8], row: usize, dsts: &[*mut u8], first: usize)
                     j += 64;
                 }
                 if j < slice {
-                    let m = (1u64 << (slice - j)) - 1;
+                    let m = first_bytes(slice - j);
                     _mm512_mask_storeu_epi8(d.add(j).cast(), m, _mm512_maskz_loadu_epi8(m, s.add(j).cast()));
                 }
             }

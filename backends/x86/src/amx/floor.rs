@@ -9,7 +9,7 @@
 
 use core::arch::x86_64::*;
 
-use super::{TileConfig, TileOps, Tiles, COLSB};
+use super::{TileConfig, TileOps, Tiles};
 
 /// The floor's tiles: the configuration (loads and stores move the configured rows) and a
 /// sink the loaded bytes fold into (so the loads are not optimized away).
@@ -25,7 +25,7 @@ pub struct Floor {
 /// AVX-512F/BW present; the rows readable.
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn read(p: *const u8, stride: usize, rows: usize, colsb: usize) -> u64 {
-    let mask = if colsb >= COLSB { u64::MAX } else { (1u64 << colsb) - 1 };
+    let mask = crate::copy::first_bytes(colsb);
     // SAFETY: the caller's contract; masked loads touch only the row's `colsb` bytes.
     unsafe {
         let mut x = _mm512_setzero_si512();
@@ -42,7 +42,7 @@ unsafe fn read(p: *const u8, stride: usize, rows: usize, colsb: usize) -> u64 {
 /// AVX-512F/BW present; the rows writable.
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn write(p: *mut u8, stride: usize, rows: usize, colsb: usize, v: u64) {
-    let mask = if colsb >= COLSB { u64::MAX } else { (1u64 << colsb) - 1 };
+    let mask = crate::copy::first_bytes(colsb);
     // SAFETY: the caller's contract; masked stores touch only the row's `colsb` bytes.
     unsafe {
         let v = _mm512_set1_epi64(v as i64);
