@@ -1,11 +1,14 @@
 //! The fuzz entry of the weight readers (`fuzz/fuzz_targets/checkpoint.rs`): arbitrary bytes as
 //! a `config.json`, a safetensors file (through layout detection, decoding and KT's converted
-//! format) and KT packed bytes. Every outcome must be a value or an error, never a panic.
+//! format, SGLang's layerwise writes) and KT packed bytes. Every outcome must be a value or an
+//! error, never a panic, and a layerwise write must stay within the buffers its encoding sizes
+//! (exact heap allocations, so AddressSanitizer reports a byte past them).
 
 use kt_core::format::kt_packed::from_kt;
 use kt_core::reference::REFERENCE;
 use kt_core::{MoeConfig, SerialExecutor, WeightFormat};
 
+use super::gpu_buffer::{self, RankBuffers};
 use super::kt_format::load_kt_layer;
 use super::{checkpoint_format, expert_f32, stored_reader, Checkpoint, Layout, ModelConfig, Slots};
 use crate::layer::LayerOptions;
@@ -34,6 +37,12 @@ fn read_checkpoint(dir: &std::path::Path) {
             }
         }
     }
+    // The seeds' shapes: H = I = 64, and H 128, I 256 (whole 128 × 128 fp8 blocks at tp 2).
+    for shape in [(64, 64), (128, 256)] {
+        for tp in [1, 2] {
+            layerwise(&ck, shape, tp);
+        }
+    }
     let cfg = MoeConfig { parts: 1, ..MoeConfig::new(2, 1, 64, 64) };
     let opts =
         LayerOptions { backend: Some(&REFERENCE), ..LayerOptions::executor(std::sync::Arc::new(SerialExecutor)) };
@@ -48,4 +57,22 @@ fn read_checkpoint(dir: &std::path::Path) {
             let _ = read(e);
         }
     };
+}
+
+/// Expert 0 of layer 0 written for `tp` GPU ranks into buffers of exactly the bytes its
+/// encoding takes ([`gpu_buffer::GpuEncoding::rank_bytes`]).
+fn layerwise(ck: &Checkpoint, (h, i): (usize, usize), tp: usize) {
+    let Ok(layout) = Layout::detect(ck, 0) else { return };
+    let Ok(enc) = gpu_buffer::encoding(ck, &layout, 0, h, i) else { return };
+    let mut bufs: Vec<[Vec<u8>; 4]> = (0..tp).map(|_| enc.rank_bytes(h, i, tp).map(|n| vec![0u8; n])).collect();
+    let ranks: Vec<RankBuffers> = bufs
+        .iter_mut()
+        .map(|[a, b, c, d]| {
+            // A buffer of no bytes (no scales) still has a non-null address, as SGLang's do.
+            let at = |v: &mut Vec<u8>| v.as_mut_ptr() as usize;
+            RankBuffers { w13: at(a), w13_scale: at(b), w2: at(c), w2_scale: at(d) }
+        })
+        .collect();
+    // SAFETY: each rank's buffers hold what `enc` writes for it (what this entry checks).
+    let _ = unsafe { gpu_buffer::write_expert(ck, (0, 0), (h, i), &ranks, &SerialExecutor) };
 }

@@ -64,17 +64,24 @@ impl GpuEncoding {
     /// Bytes (weights and scales) [`write_expert`] writes for one expert of `hidden` H and
     /// `intermediate` I over `tp` ranks.
     pub fn expert_bytes(self, hidden: usize, intermediate: usize, tp: usize) -> usize {
+        tp * self.rank_bytes(hidden, intermediate, tp).iter().sum::<usize>()
+    }
+
+    /// Bytes [`write_expert`] writes into each of a rank's buffers `[w13, w13_scale, w2,
+    /// w2_scale]` for an expert of `hidden` H and `intermediate` I over `tp` ranks (which
+    /// divide I into parts of whole scale blocks, as [`write_expert`] requires).
+    pub fn rank_bytes(self, hidden: usize, intermediate: usize, tp: usize) -> [usize; 4] {
         let (num, den) = self.weight_bytes();
-        let scales = match self.scale_block() {
-            None => 0,
-            // One scale per row: gate's and up's rows, and every rank's share of down's rows.
-            Some((_, usize::MAX, size)) => (2 * intermediate + tp * hidden) * size,
+        let part = intermediate / tp.max(1);
+        let [w13_scale, w2_scale] = match self.scale_block() {
+            None => [0, 0],
+            // One scale a row: gate's and up's rows of the rank, and all of down's rows.
+            Some((_, usize::MAX, size)) => [2 * part * size, hidden * size],
             Some((rb, cb, size)) => {
-                (2 * intermediate.div_ceil(rb) * hidden.div_ceil(cb) + hidden.div_ceil(rb) * intermediate.div_ceil(cb))
-                    * size
+                [2 * part.div_ceil(rb) * hidden.div_ceil(cb) * size, hidden.div_ceil(rb) * part.div_ceil(cb) * size]
             }
         };
-        3 * hidden * intermediate * num / den + scales
+        [2 * part * hidden * num / den, w13_scale, hidden * part * num / den, w2_scale]
     }
 
     /// (rows, columns) of weights per scale and bytes per scale; `None` without scales.
@@ -338,6 +345,17 @@ pub unsafe fn write_expert(
     // which is exactly what the plan gives it.
     unsafe { plan.run(exec, chunk(total, exec.workers())) };
     Ok(enc)
+}
+
+/// The encoding [`write_expert`] would write expert `e` of `layout`'s layer in.
+pub(super) fn encoding(
+    ck: &Checkpoint,
+    layout: &Layout,
+    e: usize,
+    h: usize,
+    i: usize,
+) -> Result<GpuEncoding, WeightError> {
+    expert(ck, layout, e, h, i).map(|(enc, _)| enc)
 }
 
 /// Expert `e`'s gate, up and down in the checkpoint's encoding.
