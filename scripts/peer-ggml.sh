@@ -27,7 +27,10 @@ ik=${IK_SRC:-$cache/ik_llama.cpp}
 H=2048 I=768 E=128 K=8
 
 # ik_llama.cpp's row-interleaved form of each type (none: not run there).
-declare -A ik_type=([q4_0]=q4_0_r8 [q8_0]=q8_0_r8 [q4_K]=q4_k_r4 [q5_K]=q5_k_r4 [q6_K]=q6_k_r4 [iq4_xs]=iq4_xs_r8)
+declare -A ik_type=([q4_0]=q4_0_r8 [q8_0]=q8_0_r8 [q4_K]=q4_k_r4 [q5_K]=q5_k_r4 [q6_K]=q6_k_r4 [iq4_xs]=iq4_xs_r8
+    [mxfp4]=mxfp4_r8)
+# Our method name of a ggml type, where it differs (`mxfp4` alone names KT's MXFP4).
+ours_name() { [ "$1" = mxfp4 ] && echo ggml-mxfp4 || echo "$1" | tr '[:upper:]' '[:lower:]'; }
 
 if ! command -v cmake > /dev/null || ! command -v ninja > /dev/null; then
     python3 -m pip install --quiet --user cmake ninja
@@ -59,7 +62,7 @@ amx=$(grep -q amx_int8 /proc/cpuinfo && echo yes || echo no)
 
 # Ours first: the whole layer, best of kt bench's reps.
 (cd "$here/.." && cargo build --release --quiet -p kt-host --bin kt)
-methods=$(IFS=,; echo "${types[*]}" | tr '[:upper:]' '[:lower:]')
+methods=$(for t in "${types[@]}"; do ours_name "$t"; done | paste -sd,)
 ours=$("$here/../target/release/kt" bench --preset qwen3-30b-a3b --method "$methods" --tokens "$n" \
     --threads "$threads" --json 2> /dev/null)
 echo "$threads thread(s), $n tokens, E=$E k=$K H=$H I=$I, AMX: $amx"
@@ -77,7 +80,7 @@ echo "|---|---|---|---|---|---|---|"
 for t in "${types[@]}"; do
     mine=$(python3 -c 'import json,sys
 r=[x for x in json.loads(sys.argv[1])["results"] if x["method"].lower()==sys.argv[2].lower()]
-print("%.2f" % r[0]["ms_best"] if r else "-")' "$ours" "$t")
+print("%.2f" % r[0]["ms_best"] if r else "-")' "$ours" "$(ours_name "$t")")
     plain=$(layer "$ggml/build-peer/ggml_moe" "$t" CPU)
     repack=$(layer "$ggml/build-peer/ggml_moe" "$t" CPU_REPACK)
     tiles=-

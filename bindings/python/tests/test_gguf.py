@@ -1,5 +1,6 @@
 """GGUF models written with the ``gguf`` package (gguf-py): every supported type's
-dequantization bit-exact against ``gguf.quants.dequantize``; MoE layers run with method
+dequantization bit-exact against ``gguf.quants.dequantize`` (MXFP4's every scale code among
+random bytes); MoE layers run with method
 LLAMAFILE against an fp32 MoE on the dequantized weights, with mixed types per projection and
 split files; bad files give clear errors."""
 
@@ -13,13 +14,13 @@ from conftest import bf16_bits, make, moe_reference, rel_err, routing  # noqa: E
 from kt_kernel import kt_kernel_ext as ext  # noqa: E402
 
 LATTICE = ["IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"]
-TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS"] + LATTICE
+TYPES = ["F32", "F16", "BF16", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q8_0", "Q2_K", "Q3_K", "Q4_K", "Q5_K", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4"] + LATTICE
 # Byte offsets of each block's f16 scales (d, then m / dmin); IQ1_M's d is spread over the top
 # nibbles of the bytes at IQ1M_D.
-SCALES = {"Q4_1": [0, 2], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q2_K": [80, 82], "Q3_K": [108], "Q6_K": [208], "IQ1_M": []}
+SCALES = {"Q4_1": [0, 2], "Q5_1": [0, 2], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q2_K": [80, 82], "Q3_K": [108], "Q6_K": [208], "IQ1_M": [], "MXFP4": []}
 IQ1M_D = [49, 51, 53, 55]
 # Typical |level x sub-scale| and the offset (in units of d) that centres the levels.
-TYPICAL = {"Q4_0": 8, "Q4_1": 8, "Q5_0": 8, "Q5_1": 8, "Q8_0": 64, "IQ4_NL": 64, "IQ4_XS": 1024, "Q6_K": 2048, "Q2_K": 16, "Q3_K": 64, "Q4_K": 256, "Q5_K": 256}
+TYPICAL = {"Q4_0": 8, "Q4_1": 8, "Q5_0": 8, "Q5_1": 8, "Q8_0": 64, "IQ4_NL": 64, "MXFP4": 4.5, "IQ4_XS": 1024, "Q6_K": 2048, "Q2_K": 16, "Q3_K": 64, "Q4_K": 256, "Q5_K": 256}
 TYPICAL |= {"IQ1_S": 6, "IQ1_M": 6, "IQ2_XXS": 50, "IQ2_XS": 50, "IQ2_S": 50, "IQ3_XXS": 132, "IQ3_S": 128}
 CENTRE = {"Q4_1": -7.5, "Q5_1": -15.5, "Q2_K": 1.5, "Q4_K": 7.5, "Q5_K": 15.5}
 ARCH = "qwen3moe"
@@ -50,6 +51,8 @@ def random_tensor(name, shape, rng, centred=False):
     vals = [d, d * CENTRE.get(name, 0.0) if centred else d * (rng.random(nb) - 0.5)]
     for off, v in zip(offs, vals):
         raw[:, off : off + 2] = v.astype(np.float16).view(np.uint8).reshape(nb, 2)
+    if name == "MXFP4" and centred:
+        raw[:, 0] = 128 + np.round(np.log2(d)).astype(np.uint8)  # e8m0: 2^(e - 128) nearest d
     if name == "IQ1_M":
         bits = d.astype(np.float16).view(np.uint16)
         for k, at in enumerate(IQ1M_D):
@@ -71,7 +74,8 @@ def write(path, tensors, meta=None, **writer_args):
 
 
 def deq(name, raw):
-    return gguf.quants.dequantize(raw, Q[name]).astype(np.float32)
+    with np.errstate(over="ignore"):  # MXFP4's largest scale codes overflow to inf, as in ggml
+        return gguf.quants.dequantize(raw, Q[name]).astype(np.float32)
 
 
 @pytest.mark.parametrize("name", TYPES)
@@ -81,6 +85,11 @@ def test_dequantization_is_bit_exact_with_gguf_py(tmp_path, name):
     if name in LATTICE:
         shapes.append((128, 2048))  # 32 768 lookups: each entry of the 2048-entry grid all but surely
     tensors = {f"t.{name}.{i}": (name, random_tensor(name, shape, rng)) for i, shape in enumerate(shapes)}
+    if name == "MXFP4":
+        # Every e8m0 scale code, subnormal halves (0, 1) and 2^127 (255) among them.
+        raw = random_tensor(name, (8, 1024), rng).reshape(256, 17)
+        raw[:, 0] = np.arange(256)
+        tensors["t.MXFP4.codes"] = (name, raw.reshape(8, -1))
     path = tmp_path / "t.gguf"
     write(path, tensors)
     for n, (t, raw) in tensors.items():
@@ -103,7 +112,7 @@ def moe_tensors(types, layer, rng, e=E, h=H, i=I):
     quantizable legacy types are quantized from Gaussians with gguf-py, the rest random."""
     out = {}
     for proj, t, shape in zip(("gate", "up", "down"), types, [(e, i, h), (e, i, h), (e, h, i)]):
-        if t in ("Q4_0", "Q8_0"):
+        if t in ("Q4_0", "Q8_0", "MXFP4"):
             x = (rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32)
             raw = gguf.quants.quantize(x, Q[t])
         else:
@@ -113,7 +122,7 @@ def moe_tensors(types, layer, rng, e=E, h=H, i=I):
 
 
 MIXES = [("Q4_K", "Q4_K", "Q6_K"), ("Q8_0", "Q8_0", "Q8_0"), ("Q4_0", "IQ4_NL", "Q5_K"), ("IQ4_XS", "Q3_K", "Q8_0"), ("F16", "BF16", "Q2_K"), ("Q5_0", "Q5_1", "Q4_1")]
-MIXES += [("IQ1_S", "IQ1_M", "IQ2_XXS"), ("IQ2_XS", "IQ2_S", "IQ3_XXS"), ("IQ2_XXS", "IQ2_XXS", "IQ3_S")]
+MIXES += [("IQ1_S", "IQ1_M", "IQ2_XXS"), ("IQ2_XS", "IQ2_S", "IQ3_XXS"), ("IQ2_XXS", "IQ2_XXS", "IQ3_S"), ("MXFP4", "MXFP4", "MXFP4")]
 
 
 @pytest.mark.parametrize("types", MIXES, ids=["-".join(m) for m in MIXES])

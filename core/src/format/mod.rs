@@ -116,7 +116,7 @@ impl WeightFormat {
 
     /// The names [`WeightFormat::parse`] accepts, for error messages.
     pub const NAMES: &'static str =
-        "bf16, int8, int4, int4-g32, int4-g64, int4-g128, fp8, fp8-channel, mxfp4, mxfp8 (or KT's BF16, AMXINT8, AMXINT4, RAWINT4, GPTQ_INT4, FP8, FP8_PERCHANNEL, MXFP4, MXFP8), or a GGML type: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s";
+        "bf16, int8, int4, int4-g32, int4-g64, int4-g128, fp8, fp8-channel, mxfp4, mxfp8 (or KT's BF16, AMXINT8, AMXINT4, RAWINT4, GPTQ_INT4, FP8, FP8_PERCHANNEL, MXFP4, MXFP8), or a GGML type: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, ggml-mxfp4, iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s";
 
     /// Activations are quantized to int8 per token (per K-group for the grouped formats).
     pub fn int_activations(self) -> bool {
@@ -218,8 +218,10 @@ impl fmt::Display for WeightFormat {
             WeightFormat::Fp8Channel => f.write_str("fp8-channel"),
             WeightFormat::Mxfp4 => f.write_str("mxfp4"),
             WeightFormat::Mxfp8 => f.write_str("mxfp8"),
-            // KT's bf16 holds the same bytes but reads bf16 activations; keep the names apart.
+            // KT's bf16 and mxfp4 are other formats (bf16 activations; MX scales per row
+            // panel): keep the names apart.
             WeightFormat::Ggml(GgmlType::BF16) => f.write_str("ggml-bf16"),
+            WeightFormat::Ggml(GgmlType::MXFP4) => f.write_str("ggml-mxfp4"),
             WeightFormat::Ggml(t) => f.write_str(t.name()),
         }
     }

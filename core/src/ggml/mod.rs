@@ -10,6 +10,7 @@
 //! | q5_0, q5_1 | 32 | 22, 24 | `d·(q-16)`, `d·q+m` | Q8_0 |
 //! | q8_0 | 32 | 34 | `d·q` | Q8_0 |
 //! | iq4_nl | 32 | 18 | `d·K[q]` | Q8_0 |
+//! | mxfp4 | 32 | 17 | `2^(e-128)·K[q]` (e2m1 doubled) | Q8_0 |
 //! | q2_K…q6_K | 256 | 84, 110, 144, 176, 210 | sub-block scales (and mins) | Q8_K |
 //! | iq4_xs | 256 | 136 | `d·(ls-32)·K[q]` | Q8_K |
 //! | iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s | 256 | 50, 56, 66, 74, 82, 98, 110 | `d·m·L/2^k`, `L` from a grid | Q8_K |
@@ -24,7 +25,7 @@ mod legacy;
 mod synth;
 mod types;
 
-pub use iq4::{BlockIq4Nl, BlockIq4Xs, KVALUES_IQ4NL};
+pub use iq4::{e8m0_half, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, KVALUES_IQ4NL, KVALUES_MXFP4};
 pub use kquants::{
     pack_scale_min_k4, q3k_scales, scale_min_k4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K,
 };
@@ -86,6 +87,7 @@ pub fn dequantize_row(t: GgmlType, src: &[u8], out: &mut [f32]) {
         GgmlType::Q5_1 => blocks(src, out, QK, BlockQ5_1::dequantize),
         GgmlType::Q8_0 => blocks(src, out, QK, BlockQ8_0::dequantize),
         GgmlType::IQ4_NL => blocks(src, out, QK, BlockIq4Nl::dequantize),
+        GgmlType::MXFP4 => blocks(src, out, QK, BlockMxfp4::dequantize),
         GgmlType::Q2_K => blocks(src, out, QK_K, BlockQ2K::dequantize),
         GgmlType::Q3_K => blocks(src, out, QK_K, BlockQ3K::dequantize),
         GgmlType::Q4_K => blocks(src, out, QK_K, BlockQ4K::dequantize),

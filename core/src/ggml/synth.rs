@@ -14,7 +14,7 @@ fn ggml_scale_offsets(t: GgmlType) -> &'static [usize] {
         GgmlType::Q2_K => &[80, 82],
         GgmlType::Q3_K => &[108],
         GgmlType::Q6_K => &[208],
-        GgmlType::IQ1_M => &[],
+        GgmlType::IQ1_M | GgmlType::MXFP4 => &[],
         _ => &[0],
     }
 }
@@ -38,6 +38,7 @@ pub fn random_matrix(t: GgmlType, rows: usize, cols: usize, seed: u64) -> QuantM
                 GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => 8.0,
                 GgmlType::Q8_0 => 64.0,
                 GgmlType::IQ4_NL => 64.0,
+                GgmlType::MXFP4 => 4.5,
                 GgmlType::IQ4_XS => 64.0 * 16.0,
                 GgmlType::Q6_K => 32.0 * 64.0,
                 GgmlType::Q2_K => 2.0 * 8.0,
@@ -81,6 +82,10 @@ pub fn random_matrix(t: GgmlType, rows: usize, cols: usize, seed: u64) -> QuantM
                         let b = &mut block[49 + 2 * k];
                         *b = (*b & 0x0F) | (((bits >> (4 * k)) & 0xF) as u8) << 4;
                     }
+                }
+                if t == GgmlType::MXFP4 {
+                    // Its scale is the e8m0 code of a power of two, 2^(e - 128), nearest to d.
+                    block[0] = (128.0 + libm::roundf(libm::log2f(d))) as u8;
                 }
             }
             data

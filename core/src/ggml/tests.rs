@@ -112,6 +112,7 @@ fn block_structs_have_ggml_sizes() {
         (GgmlType::Q5_K, size_of::<BlockQ5K>()),
         (GgmlType::Q6_K, size_of::<BlockQ6K>()),
         (GgmlType::IQ4_NL, size_of::<BlockIq4Nl>()),
+        (GgmlType::MXFP4, size_of::<BlockMxfp4>()),
         (GgmlType::IQ4_XS, size_of::<BlockIq4Xs>()),
         (GgmlType::IQ1_S, size_of::<BlockIq1S>()),
         (GgmlType::IQ1_M, size_of::<BlockIq1M>()),
@@ -136,5 +137,20 @@ fn round_away_is_roundf() {
     for x in [0.49999997f32, -0.49999997, 4194303.5, 4194304.5, 8388607.5, -8388607.5, 1e10, 0.0, -0.0] {
         // Equal as numbers (a zero may differ in sign, which no quantizer can see).
         assert_eq!(round_away(x), libm::roundf(x), "{x}");
+    }
+}
+
+/// MXFP4's scale `2^(e − 128)` for every code, ggml's subnormals (e < 2) and 255 (2^127) among
+/// them; and a block's values its table times that.
+#[test]
+fn mxfp4_scales_are_powers_of_two_for_every_code() {
+    for e in 0..=255u8 {
+        assert_eq!(e8m0_half(e), libm::exp2(f64::from(e) - 128.0) as f32, "code {e}");
+    }
+    let b = BlockMxfp4 { e: 130, qs: core::array::from_fn(|j| (j as u8) | ((15 - j as u8) << 4)) };
+    let mut y = [0.0f32; 32];
+    b.dequantize(&mut y);
+    for j in 0..16 {
+        assert_eq!((y[j], y[j + 16]), (4.0 * f32::from(KVALUES_MXFP4[j]), 4.0 * f32::from(KVALUES_MXFP4[15 - j])));
     }
 }

@@ -7,7 +7,7 @@ use core::fmt;
 pub enum ActKind {
     /// f32 rows (for the float weight types).
     F32,
-    /// [`super::BlockQ8_0`] per 32 columns (for the legacy 32-column types and IQ4_NL).
+    /// [`super::BlockQ8_0`] per 32 columns (for the legacy 32-column types, IQ4_NL and MXFP4).
     Q8_0,
     /// [`super::BlockQ8K`] per 256 columns (for the K-quants, IQ4_XS and the lattice types).
     Q8K,
@@ -62,6 +62,7 @@ ggml_types! {
     Q5_K = 13, "q5_K", 256, 176, Q8K;
     Q6_K = 14, "q6_K", 256, 210, Q8K;
     IQ4_NL = 20, "iq4_nl", 32, 18, Q8_0;
+    MXFP4 = 39, "mxfp4", 32, 17, Q8_0;
     IQ4_XS = 23, "iq4_xs", 256, 136, Q8K;
     IQ2_XXS = 16, "iq2_xxs", 256, 66, Q8K;
     IQ2_XS = 17, "iq2_xs", 256, 74, Q8K;
@@ -129,7 +130,6 @@ pub fn id_name(id: u32) -> &'static str {
             28 => "f64",
             34 => "tq1_0",
             35 => "tq2_0",
-            39 => "mxfp4",
             _ => "unknown",
         },
     }

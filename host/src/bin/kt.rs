@@ -145,7 +145,7 @@ struct BenchArgs {
     #[arg(long)]
     top_k: Option<usize>,
     /// Weight formats, comma-separated: bf16, int8, int4, int4-g32, int4-g64, int4-g128, fp8,
-    /// fp8-channel, mxfp4, mxfp8 (or KT's method names), or GGML types (q4_0, q4_1, q5_0, q5_1, q8_0, q2_k..q6_k, iq4_nl, iq4_xs,
+    /// fp8-channel, mxfp4, mxfp8 (or KT's method names), or GGML types (q4_0, q4_1, q5_0, q5_1, q8_0, q2_k..q6_k, iq4_nl, iq4_xs, ggml-mxfp4,
     /// iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s, f16, f32) [default: bf16; a GGUF
     /// --weights file runs its own types]
     #[arg(long, value_delimiter = ',')]

@@ -157,7 +157,7 @@ impl GgufFile {
                 found: format!("{} (ggml type {})", id_name(e.info.type_id), e.info.type_id),
                 expected:
                     "f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_K, q3_K, q4_K, q5_K, q6_K, iq4_nl, iq4_xs, \
-                           iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs or iq3_s",
+                           mxfp4, iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs or iq3_s",
             });
         };
         let dims = &e.info.dims[..];

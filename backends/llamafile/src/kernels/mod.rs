@@ -307,6 +307,7 @@ pub unsafe fn dots(
                 }
             }
             GgmlType::IQ4_NL => l!(legacy::Iq4Nl),
+            GgmlType::MXFP4 => l!(legacy::Mxfp4),
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
                 debug_assert_eq!(w.t.act(), ActKind::F32);
                 // SAFETY: the caller's contract; act holds [n][cols] f32.
@@ -420,6 +421,7 @@ pub unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) 
                 GgmlType::Q5_0 => legacy1::<legacy::Q50>(w, rows, act, out),
                 GgmlType::Q5_1 => legacy1::<legacy::Q51>(w, rows, act, out),
                 GgmlType::IQ4_NL => legacy1::<legacy::Iq4Nl>(w, rows, act, out),
+                GgmlType::MXFP4 => legacy1::<legacy::Mxfp4>(w, rows, act, out),
                 GgmlType::Q8_0 => wide1(w, rows, act, out),
                 GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
                     one_token_tiles!(w, rows, act, out, f32, |tile, res| float(

@@ -265,6 +265,7 @@ unsafe fn legacy_dots<D: Dp>(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: 
             GgmlType::Q4_1 => legacy_tiles::<legacy::Q41, Dpbusd<D>>(raw, out, scratch),
             GgmlType::Q5_0 => legacy_tiles::<legacy::Q50, Dpbusd<D>>(raw, out, scratch),
             GgmlType::Q5_1 => legacy_tiles::<legacy::Q51, Dpbusd<D>>(raw, out, scratch),
+            GgmlType::MXFP4 => legacy_tiles::<legacy::Mxfp4, Dpbusd<D>>(raw, out, scratch),
             t => unreachable!("{t} has no VNNI kernel (vnni::runs)"),
         }
     }
@@ -366,6 +367,7 @@ unsafe fn gemv_in<D: Dp>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [
         GgmlType::Q4_1 => l!(legacy::Q41),
         GgmlType::Q5_0 => l!(legacy::Q50),
         GgmlType::Q5_1 => l!(legacy::Q51),
+        GgmlType::MXFP4 => l!(legacy::Mxfp4),
         GgmlType::Q4_K => k!(Q4KU),
         GgmlType::Q5_K => k!(Q5KU),
         GgmlType::IQ4_XS => k!(Iq4XsU),
@@ -382,7 +384,9 @@ unsafe fn gemv_evex(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32])
     // SAFETY: this function's features; the caller's contract.
     unsafe {
         match w.t {
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 => on_zmm::legacy_gemv(w, rows, act, out),
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::MXFP4 => {
+                on_zmm::legacy_gemv(w, rows, act, out)
+            }
             _ => gemv_in::<vnni::Evex>(w, rows, act, out),
         }
     }

@@ -286,7 +286,7 @@ unsafe fn quads<L: LGroup>(g: &[u8]) -> [__m512i; 4] {
     // (128 bytes of nibbles at `L::LEVELS`, q5's 32-byte plane after them).
     unsafe {
         let order = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15));
-        debug_assert!(g.len() >= L::LEVELS + if L::FOUR_BIT { 128 } else { 160 });
+        debug_assert!(g.len() >= L::LEVELS + if L::PLANE { 160 } else { 128 });
         let at = g[L::LEVELS..].as_ptr();
         let lo4 = _mm512_shuffle_epi8(_mm512_loadu_si512(at.cast()), order);
         let hi4 = _mm512_shuffle_epi8(_mm512_loadu_si512(at.add(64).cast()), order);
@@ -296,7 +296,11 @@ unsafe fn quads<L: LGroup>(g: &[u8]) -> [__m512i; 4] {
         let low = _mm512_set1_epi8(0x0F);
         let nib = |x: __m512i, high: bool| _mm512_and_si512(if high { _mm512_srli_epi16::<4>(x) } else { x }, low);
         let mut out = [nib(r01, false), nib(r23, false), nib(r01, true), nib(r23, true)];
-        if !L::FOUR_BIT {
+        if let Some(lut) = L::LUT {
+            let lut = _mm512_broadcast_i32x4(_mm_loadu_si128(lut.as_ptr().cast()));
+            out = out.map(|x| _mm512_shuffle_epi8(lut, x));
+        }
+        if L::PLANE {
             // Plane halves (even blocks, odd blocks) shuffled as the nibbles: word j of half
             // h has bit 2·(k / 2) (+ 1 for the high columns) of block k = 2·(k / 2) + h.
             let plane = _mm512_broadcast_i64x4(_mm256_loadu_si256(at.add(128).cast()));
@@ -411,6 +415,7 @@ macro_rules! by_lgroup {
             GgmlType::Q4_1 => $f!(legacy::Q41),
             GgmlType::Q5_0 => $f!(legacy::Q50),
             GgmlType::Q5_1 => $f!(legacy::Q51),
+            GgmlType::MXFP4 => $f!(legacy::Mxfp4),
             t => unreachable!("{t} is not an unsigned 32-column type"),
         }
     };

@@ -83,7 +83,7 @@ pub fn family(t: GgmlType) -> Family {
 /// share [`ActK`] activations (gate's, read by up) agree on their layout.
 pub fn runs(t: GgmlType, quads: bool) -> bool {
     use GgmlType::*;
-    matches!(t, Q4_0 | Q4_1 | Q5_0 | Q5_1 | IQ4_NL) || (t == Q8_0 && quads) || t.act() == ActKind::Q8K
+    matches!(t, Q4_0 | Q4_1 | Q5_0 | Q5_1 | IQ4_NL | MXFP4) || (t == Q8_0 && quads) || t.act() == ActKind::Q8K
 }
 
 /// Parts of 32 columns in a row of `cols` columns of `t` (a 32-column type's last group

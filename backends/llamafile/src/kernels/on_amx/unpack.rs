@@ -7,7 +7,7 @@
 
 use core::arch::x86_64::*;
 
-use kt_core::ggml::{GgmlType, KVALUES_IQ4NL};
+use kt_core::ggml::GgmlType;
 use kt_x86::amx::COLSB;
 
 use super::{family, Family, Packed, Panel, B_BLOCK, B_ROWS, PANEL};
@@ -113,8 +113,8 @@ unsafe fn unpack_legacy(w: &Packed, r0: usize, nr: usize, p: &mut Panel<'_>) {
 
 /// One row's group of 8 blocks as their levels in column order, one register per block (block
 /// `k` in register `k`): what each block contributes to the integer sums, as the vector
-/// kernels read it (unsigned with the types' offsets left to `m·s`; iq4_nl's table values;
-/// q8_0's signed values).
+/// kernels read it (unsigned with the types' offsets left to `m·s`, mxfp4's through its table;
+/// iq4_nl's table values; q8_0's signed values).
 ///
 /// # Safety
 /// AVX2 is present; `g` is one whole group of `t`, packed as [`super::runs`] requires.
@@ -140,13 +140,14 @@ unsafe fn levels(t: GgmlType, g: &[u8]) -> [__m256i; G] {
         }
         let at = legacy::levels_at(t);
         let low = _mm_set1_epi8(0x0F);
-        let lut = _mm_loadu_si128(KVALUES_IQ4NL.as_ptr().cast());
+        let table = legacy::lut(t);
+        let lut = _mm_loadu_si128(table.unwrap_or(&[0; 16]).as_ptr().cast());
         for k in 0..G {
             // Byte j: column j in its low nibble, column j + 16 in its high one.
             let b = _mm_loadu_si128(g.as_ptr().add(at + 16 * k).cast());
             let (mut lo, mut hi) = (_mm_and_si128(b, low), _mm_and_si128(_mm_srli_epi16::<4>(b), low));
             match t {
-                GgmlType::IQ4_NL => (lo, hi) = (_mm_shuffle_epi8(lut, lo), _mm_shuffle_epi8(lut, hi)),
+                _ if table.is_some() => (lo, hi) = (_mm_shuffle_epi8(lut, lo), _mm_shuffle_epi8(lut, hi)),
                 GgmlType::Q5_0 | GgmlType::Q5_1 => {
                     // The fifth bits: plane byte 16·(k % 2) + j, bit 2·(k / 2) for column j, the
                     // next bit for column j + 16 (`legacy::plane`).
