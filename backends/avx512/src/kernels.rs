@@ -41,7 +41,7 @@ use kt_x86::prefetch::SCALE_GROUPS_AHEAD;
 use kt_x86::swiglu::glu16;
 
 use crate::act::Act;
-use crate::pack::{Packed, HALF, KT_TILE, PANEL, UNIT};
+use crate::pack::{GroupScales, Packed, HALF, KT_TILE, PANEL, UNIT};
 
 /// Instructions a sub-variant may use beyond AVX-512F/BW, as KT's variants nest them: each
 /// level has every instruction of the ones before it.
@@ -668,12 +668,10 @@ unsafe fn mx_scales(p: *const u8, bias: i32) -> [__m512; 2] {
 unsafe fn group_scales(w: &Packed, at: usize) -> [__m512; 2] {
     // SAFETY: the caller's contract; the slices check `at`.
     unsafe {
-        if !w.codes.is_empty() {
-            mx_scales(w.codes[at..at + PANEL].as_ptr(), w.code_bias)
-        } else if !w.scales16.is_empty() {
-            bf16_scales(w.scales16[at..at + PANEL].as_ptr())
-        } else {
-            load32(w.scales[at..at + PANEL].as_ptr())
+        match w.group_scale_kind() {
+            GroupScales::Codes(c, bias) => mx_scales(c[at..at + PANEL].as_ptr(), bias),
+            GroupScales::Bf16(s) => bf16_scales(s[at..at + PANEL].as_ptr()),
+            GroupScales::F32(s) => load32(s[at..at + PANEL].as_ptr()),
         }
     }
 }

@@ -151,15 +151,24 @@ impl Packed {
         self.data.len() + 4 * (self.scales.len() + self.bias.len()) + 2 * self.scales16.len() + self.codes.len()
     }
 
+    /// The scales of a per-row-and-group kind (`[panel][group][32]`), in the encoding kept.
+    pub fn group_scale_kind(&self) -> GroupScales<'_> {
+        if !self.codes.is_empty() {
+            GroupScales::Codes(&self.codes, self.code_bias)
+        } else if !self.scales16.is_empty() {
+            GroupScales::Bf16(&self.scales16)
+        } else {
+            GroupScales::F32(&self.scales)
+        }
+    }
+
     /// Where the scales at `at` (`[panel][group][32]` index) of a per-row-and-group kind lie or
     /// would lie: for a prefetch, which never faults (`kt_x86::prefetch::scales`).
     pub fn scales_at(&self, at: usize) -> *const u8 {
-        if !self.codes.is_empty() {
-            self.codes.as_ptr().wrapping_add(at)
-        } else if !self.scales16.is_empty() {
-            self.scales16.as_ptr().wrapping_add(at).cast()
-        } else {
-            self.scales.as_ptr().wrapping_add(at).cast()
+        match self.group_scale_kind() {
+            GroupScales::Codes(c, _) => c.as_ptr().wrapping_add(at),
+            GroupScales::Bf16(s) => s.as_ptr().wrapping_add(at).cast(),
+            GroupScales::F32(s) => s.as_ptr().wrapping_add(at).cast(),
         }
     }
 
@@ -172,14 +181,22 @@ impl Packed {
             unsafe { crate::kernels::group_scales_into(self, at, &mut s) };
             return s;
         }
-        if !self.codes.is_empty() {
-            return core::array::from_fn(|i| mx_scale(self.codes[at + i], self.code_bias));
+        match self.group_scale_kind() {
+            GroupScales::Codes(c, bias) => core::array::from_fn(|i| mx_scale(c[at + i], bias)),
+            GroupScales::Bf16(s) => core::array::from_fn(|i| f32::from_bits(u32::from(s[at + i]) << 16)),
+            GroupScales::F32(s) => s[at..at + PANEL].try_into().expect("32 scales"),
         }
-        if !self.scales16.is_empty() {
-            return core::array::from_fn(|i| f32::from_bits(u32::from(self.scales16[at + i]) << 16));
-        }
-        self.scales[at..at + PANEL].try_into().expect("32 scales")
     }
+}
+
+/// A per-row-and-group kind's scales ([`Packed::group_scale_kind`]).
+pub enum GroupScales<'a> {
+    /// The MX kinds' e8m0 codes and their bias ([`mx_scale`]).
+    Codes(&'a [u8], i32),
+    /// K-group int4 scales that are all bf16, as their bits.
+    Bf16(&'a [u16]),
+    /// f32: per-row fp8 and the other K-group int4 matrices.
+    F32(&'a [f32]),
 }
 
 /// Byte offset of (row `i` of a panel, column `c`) inside the panel, and for int4 whether it is
