@@ -202,6 +202,13 @@ def test_bad_files_are_clear_errors(tmp_path):
     write(bad, t, moe_meta(blocks=1))
     msg = load_error(bad)
     assert "tq2_0" in msg and "blk.0.ffn_up_exps.weight" in msg
+    # gpt-oss's expert biases, refused rather than left out.
+    t = moe_tensors(("MXFP4", "MXFP4", "MXFP4"), 0, rng)
+    t["blk.0.ffn_up_exps.bias"] = ("F32", rng.standard_normal((E, I)).astype(np.float32).view(np.uint8))
+    biased = tmp_path / "biased.gguf"
+    write(biased, t, moe_meta(blocks=1))
+    msg = load_error(biased)
+    assert "blk.0.ffn_up_exps.bias" in msg and "biases" in msg
     # A tensor offset past the end of the file (patched in the tensor-info table).
     off = data.index(b"blk.0.ffn_down_exps.weight") + len("blk.0.ffn_down_exps.weight") + 4 + 3 * 8 + 4
     patched = bytearray(data)

@@ -133,7 +133,7 @@ impl GgufFile {
         v.and_then(Value::as_str).ok_or_else(|| self.config_error("metadata general.architecture is missing".into()))
     }
 
-    fn config_error(&self, detail: String) -> WeightError {
+    pub(super) fn config_error(&self, detail: String) -> WeightError {
         WeightError::Config { path: self.path.clone(), detail }
     }
 

@@ -68,6 +68,15 @@ pub fn load_gguf_layer(
     opts: &LayerOptions,
 ) -> Result<MoeLayer, WeightError> {
     let names = expert_tensor_names(layer);
+    // gpt-oss's experts add biases and take a clamped SwiGLU, which a GGUF layer does not
+    // apply here: refused, not run without them.
+    let biases = ["gate", "up", "down"].map(|p| format!("blk.{layer}.ffn_{p}_exps.bias"));
+    if let Some(b) = biases.iter().find(|b| f.contains(b)) {
+        return Err(f.config_error(format!(
+            "tensor {b}: experts with biases (gpt-oss) are not supported in GGUF models; the model's Hugging Face \
+             checkpoint runs with its biases (method MXFP4)"
+        )));
+    }
     let [g, u, d] = [0, 1, 2].map(|i| f.tensor(&names[i]));
     let (g, u, d) = (g?, u?, d?);
     let (h, i, e) = (cfg.hidden, cfg.intermediate, cfg.experts);
