@@ -138,7 +138,7 @@ pub fn layout(t: GgmlType, vnni: Option<Vnni>) -> Layout {
     match t {
         Q8_0 if vnni.is_some() => Layout::V8,
         Q8_0 => Layout::W8,
-        Q4_0 | Q4_1 | Q5_0 | Q5_1 | MXFP4 if vnni == Some(Vnni::Evex) => Layout::V8,
+        Q4_0 | Q4_1 | Q5_0 | Q5_1 | MXFP4 | IQ4_NL if vnni == Some(Vnni::Evex) => Layout::V8,
         _ => Layout::G8,
     }
 }

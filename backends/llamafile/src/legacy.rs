@@ -19,6 +19,9 @@
 //! unsigned types' kernels, VNNI and tiles included. Its e8m0 scale `2^(e − 128)` goes into the
 //! f16 slot, exact from 2^-24 to 2^15 (a block below holds values under 2^-21 and is taken as
 //! zero; [`mxfp4_scales_fit`] finds those above, which the backend refuses).
+//! The 512-bit kernels take iq4_nl's levels plus 128 ([`IQ4NL_LUT`], [`Iq4NlV`]) and take
+//! 128·Σa back out of each block's integer sum, as q8_0's do: the sums of AVX2's sign trick,
+//! so its results.
 //! A group has the bytes of its 8 blocks (mxfp4's with a 2-byte scale); a row's last group is
 //! padded with zero blocks.
 
@@ -88,22 +91,31 @@ pub fn mxfp4_scales_fit(src: &[u8]) -> bool {
     src.chunks_exact(GgmlType::MXFP4.block_bytes()).all(|b| b[0] <= MXFP4_MAX_E)
 }
 
-/// mxfp4's levels as the kernels take them: its table + 12, 0..=24.
-pub const MXFP4_LUT: [i8; 16] = {
-    let mut t = KVALUES_MXFP4;
+/// `levels + bias`, as bytes.
+const fn biased(levels: [i8; 16], bias: i16) -> [u8; 16] {
+    let mut t = [0u8; 16];
     let mut i = 0;
     while i < 16 {
-        t[i] += 12;
+        t[i] = (levels[i] as i16 + bias) as u8;
         i += 1;
     }
     t
-};
+}
 
-/// The table a nibble indexes in the kernels, for the types that have one: iq4_nl's signed
-/// levels, mxfp4's unsigned ones ([`MXFP4_LUT`]).
-pub fn lut(t: GgmlType) -> Option<&'static [i8; 16]> {
+/// mxfp4's levels as the kernels take them: its table + 12, 0..=24.
+pub const MXFP4_LUT: [u8; 16] = biased(KVALUES_MXFP4, 12);
+
+/// iq4_nl's levels as the 512-bit kernels take them: its table + 128, 1..=241.
+pub const IQ4NL_LUT: [u8; 16] = biased(KVALUES_IQ4NL, 128);
+
+/// iq4_nl's signed levels, as bytes.
+const IQ4NL_SIGNED: [u8; 16] = biased(KVALUES_IQ4NL, 0);
+
+/// The table a nibble indexes in the tile kernels (int8 levels), for the types that have one:
+/// iq4_nl's signed levels, mxfp4's unsigned ones ([`MXFP4_LUT`]).
+pub fn lut(t: GgmlType) -> Option<&'static [u8; 16]> {
     match t {
-        GgmlType::IQ4_NL => Some(&KVALUES_IQ4NL),
+        GgmlType::IQ4_NL => Some(&IQ4NL_SIGNED),
         GgmlType::MXFP4 => Some(&MXFP4_LUT),
         _ => None,
     }
@@ -231,8 +243,11 @@ pub trait LGroup {
     const LEVELS: usize;
     /// Fifth bits follow the nibbles ([`plane`]: q5_0, q5_1).
     const PLANE: bool = false;
-    /// Unsigned levels are this table's entries at the nibbles (mxfp4's [`MXFP4_LUT`]).
-    const LUT: Option<[i8; 16]> = None;
+    /// Unsigned levels are this table's entries at the nibbles ([`MXFP4_LUT`], [`IQ4NL_LUT`]).
+    const LUT: Option<[u8; 16]> = None;
+    /// The levels carry + 128 that the activations' `-128·Σa` ([`crate::act::ActV8`]) takes
+    /// back out of each block's sum ([`Iq4NlV`]).
+    const PLUS_128: bool = false;
     /// The levels of pair `p` (blocks 2p, 2p+1): (columns 0..16 of both, columns 16..32).
     ///
     /// # Safety
@@ -308,6 +323,8 @@ pub struct Q50;
 pub struct Q51;
 /// iq4_nl.
 pub struct Iq4Nl;
+/// iq4_nl in the 512-bit kernels.
+pub struct Iq4NlV;
 /// mxfp4.
 pub struct Mxfp4;
 
@@ -364,10 +381,25 @@ impl LGroup for Mxfp4 {
     const FOUR_BIT: bool = false;
     const OFFSET: Offset = offset(GgmlType::MXFP4);
     const LEVELS: usize = levels_at(GgmlType::MXFP4);
-    const LUT: Option<[i8; 16]> = Some(MXFP4_LUT);
+    const LUT: Option<[u8; 16]> = Some(MXFP4_LUT);
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
         unsafe { looked_up(&MXFP4_LUT, load(&g[Self::LEVELS + 32 * p..])) }
+    }
+}
+
+/// iq4_nl in the 512-bit kernels ([`IQ4NL_LUT`]): its pair sums carry 128·Σa more, which
+/// only those kernels take back out.
+impl LGroup for Iq4NlV {
+    const SIGNED: bool = false;
+    const FOUR_BIT: bool = false;
+    const OFFSET: Offset = offset(GgmlType::IQ4_NL);
+    const LEVELS: usize = levels_at(GgmlType::IQ4_NL);
+    const LUT: Option<[u8; 16]> = Some(IQ4NL_LUT);
+    const PLUS_128: bool = true;
+    #[inline(always)]
+    unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
+        unsafe { looked_up(&IQ4NL_LUT, load(&g[Self::LEVELS + 32 * p..])) }
     }
 }
 
@@ -378,7 +410,7 @@ impl LGroup for Iq4Nl {
     const LEVELS: usize = levels_at(GgmlType::IQ4_NL);
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
-        unsafe { looked_up(&KVALUES_IQ4NL, load(&g[Self::LEVELS + 32 * p..])) }
+        unsafe { looked_up(&IQ4NL_SIGNED, load(&g[Self::LEVELS + 32 * p..])) }
     }
 }
 
@@ -387,7 +419,7 @@ impl LGroup for Iq4Nl {
 /// # Safety
 /// AVX2 is present (inlined into functions that enable it).
 #[inline(always)]
-unsafe fn looked_up(table: &[i8; 16], x: __m256i) -> (__m256i, __m256i) {
+unsafe fn looked_up(table: &[u8; 16], x: __m256i) -> (__m256i, __m256i) {
     // SAFETY: AVX2 by the callers' contract; 16 bytes of `table`.
     unsafe {
         let l = _mm_loadu_si128(table.as_ptr().cast());

@@ -446,7 +446,10 @@ mod imp {
             };
             if self.tiles_here() && tile_type(t, self.vnni().is_some()) {
                 Instructions::AmxInt8
-            } else if self.vnni().is_some() && vnni::runs(t) {
+            } else if self.vnni().is_some() && vnni::runs(t)
+                // iq4_nl: its 512-bit kernels (`legacy::Iq4NlV`).
+                || self.vnni() == Some(Vnni::Evex) && t == kt_core::ggml::GgmlType::IQ4_NL
+            {
                 Instructions::Int8Vnni
             } else if self.vnni() == Some(Vnni::Evex) && t.act() == kt_core::ggml::ActKind::Q8K {
                 Instructions::Int8PairsZmm
@@ -491,7 +494,13 @@ mod tests {
             assert_eq!(LLAMAFILE.instructions(g(t)), on_tiles(vnni), "{t}");
             assert_eq!(LLAMAFILE_AVX2.instructions(g(t)), Instructions::Int8Pairs, "{t}");
         }
-        assert_eq!(LLAMAFILE.instructions(g(GgmlType::IQ4_NL)), on_tiles(Instructions::Int8Pairs));
+        // iq4_nl: `vpdpbusd` in the 512-bit kernels only.
+        let iq4 = match crate::vnni::detect() {
+            Some(crate::vnni::Vnni::Evex) => Instructions::Int8Vnni,
+            _ => Instructions::Int8Pairs,
+        };
+        assert_eq!(LLAMAFILE.instructions(g(GgmlType::IQ4_NL)), on_tiles(iq4));
+        assert_eq!(LLAMAFILE.instructions(g(GgmlType::MXFP4)), on_tiles(vnni));
         // The other 256-column types: `vpmaddubsw` in 512-bit registers with AVX512-VNNI.
         let zmm = match crate::vnni::detect() {
             Some(crate::vnni::Vnni::Evex) => Instructions::Int8PairsZmm,

@@ -5,8 +5,8 @@
 //! `madd` with the 16-column scales (K-quants, in the lane layout of [`crate::lanes`], several
 //! registers summed in i16 first) or by gathering block sums (32-column types), then f32;
 //! q8_0, the unsigned 32-column types, q4_K, q5_K and iq4_xs on VNNI by `vpdpbusd`
-//! ([`on_vnni`]; with AVX512-VNNI in 512-bit registers, [`on_zmm`], where q2_K, q3_K, q6_K
-//! and the lattice types run too, by `maddubs`); every
+//! ([`on_vnni`]; with AVX512-VNNI in 512-bit registers, [`on_zmm`], where iq4_nl runs too,
+//! and q2_K, q3_K, q6_K and the lattice types by `maddubs`); every
 //! quantized type on AMX int8 tiles for an expert with many tokens ([`on_amx`]). Every
 //! output is computed in block order by one call, whatever the tile: results do not depend on
 //! how rows are split over tasks.
@@ -267,6 +267,11 @@ pub unsafe fn dots(
             GgmlType::IQ2_S => z!(BlockIq2S),
             GgmlType::IQ3_XXS => z!(BlockIq3Xxs),
             GgmlType::IQ3_S => z!(BlockIq3S),
+            // Its levels + 128 through `vpdpbusd` ([`legacy::Iq4NlV`]), AVX2's sums.
+            GgmlType::IQ4_NL => {
+                // SAFETY: as above; act holds [groups][n] ActV8.
+                return unsafe { on_zmm::legacy_dots(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc) };
+            }
             _ => {}
         }
     }
@@ -404,6 +409,11 @@ pub unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) 
     if let Some(v) = w.vnni {
         // SAFETY: the caller's contract.
         return unsafe { on_vnni::gemv(v, w, rows, act, out) };
+    }
+    #[cfg(vnni_intrinsics)]
+    if w.zmm && w.t == GgmlType::IQ4_NL {
+        // SAFETY: the caller's contract; packed for AVX512-VNNI, act holds one token's ActV8.
+        return unsafe { on_zmm::legacy_gemv(w, rows, act, out) };
     }
     // SAFETY (every arm): the caller's contract; act holds one token in `w.t`'s layout.
     unsafe {

@@ -4,7 +4,8 @@
 //! (on a Xeon with two 512-bit units, 1.86× their throughput) and each f32 step serves two
 //! rows. For q4_K, q5_K and iq4_xs ([`KBlock::PER32`], [`dots`]), q2_K, q3_K, q6_K and the
 //! lattice types (`vpmaddubsw`, as AVX2 does: [`kquant16`]), q8_0 ([`q8`]) and the
-//! unsigned 32-column types ([`legacy`]: q4_0, q4_1, q5_0, q5_1, their levels put in q8_0's
+//! 32-column types ([`legacy`]: q4_0, q4_1, q5_0, q5_1, mxfp4 and iq4_nl through their tables,
+//! iq4_nl's + 128 taken back out of each block's sum as q8_0's is, their levels put in q8_0's
 //! 4-column lanes per token tile, [`quads`]). Lane for lane the operations are those of the
 //! 256-bit kernels ([`per32`](super::per32), [`vnni_q8`](super::on_vnni) and
 //! [`legacy`](fn@super::legacy)'s f32 steps): the results are bit for bit the AVX2 kernels'.
@@ -340,6 +341,13 @@ unsafe fn legacy_tokens<L: LGroup, const K: usize, const A: usize, const FIRST: 
     // inside the levels, the activation blocks and the accumulators.
     unsafe {
         let mut s = [[_mm512_setzero_si512(); K]; R / 2];
+        if L::PLUS_128 {
+            // Each block's sum starts at -128·Σa, the levels' + 128 taken back out.
+            for k in 0..K {
+                let neg = _mm512_broadcast_i64x4(ld(&act[k].neg));
+                s.iter_mut().for_each(|s| s[k] = neg);
+            }
+        }
         dp_pairs(lv, act, |a| &a.qs, &mut s);
         let offset = L::OFFSET != Offset::Zero;
         for k in 0..K {
@@ -416,6 +424,7 @@ macro_rules! by_lgroup {
             GgmlType::Q5_0 => $f!(legacy::Q50),
             GgmlType::Q5_1 => $f!(legacy::Q51),
             GgmlType::MXFP4 => $f!(legacy::Mxfp4),
+            GgmlType::IQ4_NL => $f!(legacy::Iq4NlV),
             t => unreachable!("{t} is not an unsigned 32-column type"),
         }
     };
