@@ -365,7 +365,7 @@ unsafe fn legacy_tokens<L: LGroup, const K: usize, const A: usize, const FIRST: 
     }
 }
 
-/// The unsigned 32-column types on AVX512-VNNI, for any number of tokens: each group's
+/// The 32-column types but q8_0 on AVX512-VNNI, for any number of tokens: each group's
 /// levels put in pairs of rows into `lv` once per token tile ([`quads`]), then `NT` tokens at
 /// a time, the rest in one group. Block sums and f32 steps are the AVX2 kernel's: so are the
 /// results, bit for bit. `A`: accumulators per pair (1 for one token, from zero, as
@@ -415,7 +415,7 @@ pub(super) unsafe fn legacy<L: LGroup, const A: usize>(
     }
 }
 
-/// `$f!(L)` with `L` the [`LGroup`] of unsigned 32-column type `$t`.
+/// `$f!(L)` with `L` the [`LGroup`] of 32-column type `$t`.
 macro_rules! by_lgroup {
     ($t:expr, $f:ident) => {
         match $t {
@@ -425,12 +425,12 @@ macro_rules! by_lgroup {
             GgmlType::Q5_1 => $f!(legacy::Q51),
             GgmlType::MXFP4 => $f!(legacy::Mxfp4),
             GgmlType::IQ4_NL => $f!(legacy::Iq4NlV),
-            t => unreachable!("{t} is not an unsigned 32-column type"),
+            t => unreachable!("{t} has no 512-bit 32-column kernel"),
         }
     };
 }
 
-/// [`super::dots`] for an unsigned 32-column type ([`legacy`]).
+/// [`super::dots`] for a 32-column type but q8_0 ([`legacy`]).
 ///
 /// # Safety
 /// As [`legacy`].
@@ -446,7 +446,7 @@ pub(super) unsafe fn legacy_dots(tile: &Tile<'_, ActV8>, out: &mut [[f32; R]], l
     by_lgroup!(tile.t, run)
 }
 
-/// [`super::gemv`] for an unsigned 32-column type ([`legacy`] for one token, its
+/// [`super::gemv`] for a 32-column type but q8_0 ([`legacy`] for one token, its
 /// accumulators and levels on the stack).
 ///
 /// # Safety
