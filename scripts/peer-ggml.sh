@@ -13,7 +13,8 @@
 # from pip when missing) with our small harness, scripts/peers/ggml_moe.cpp. Each peer runs
 # gate's shape (768 x 2048) and down's (2048 x 768); its layer time is 2 x gate + down from the
 # best times, which leaves out its activation quantization, SwiGLU, weighting and gather, in its
-# favour. Ours is `kt bench`'s whole layer (best time).
+# favour. Ours is `kt bench`'s whole layer (best time, with its ratio to the roofline that the same
+# run measured and the peak that judged it).
 set -euo pipefail
 n=${1:-512}
 threads=${2:-$(nproc)}
@@ -75,12 +76,13 @@ layer() { # BIN TYPE BUFT
     if [ -n "$g" ] && [ -n "$d" ]; then awk -v g="$g" -v d="$d" 'BEGIN { printf "%.2f", 2 * g + d }'; else echo -; fi
 }
 echo
-echo "| type | ours ms | ggml ms | ggml CPU_REPACK ms | ggml AMX ms | ik_llama.cpp ms | best peer / ours |"
+echo "| type | ours ms (roof×, peak) | ggml ms | ggml CPU_REPACK ms | ggml AMX ms | ik_llama.cpp ms | best peer / ours |"
 echo "|---|---|---|---|---|---|---|"
 for t in "${types[@]}"; do
-    mine=$(python3 -c 'import json,sys
+    # Best ms, then its ratio to the same run's roofline and the peak that judged it.
+    read -r mine roof < <(python3 -c 'import json,sys
 r=[x for x in json.loads(sys.argv[1])["results"] if x["method"].lower()==sys.argv[2].lower()]
-print("%.2f" % r[0]["ms_best"] if r else "-")' "$ours" "$(ours_name "$t")")
+print("%.2f %.2f,%s" % (r[0]["ms_best"], r[0]["roofline_ratio"], r[0]["judged_by"]) if r else "- -")' "$ours" "$(ours_name "$t")")
     plain=$(layer "$ggml/build-peer/ggml_moe" "$t" CPU)
     repack=$(layer "$ggml/build-peer/ggml_moe" "$t" CPU_REPACK)
     tiles=-
@@ -93,5 +95,5 @@ print("%.2f" % r[0]["ms_best"] if r else "-")' "$ours" "$(ours_name "$t")")
         best = 0; n = split(a " " b " " c " " d, v, " ")
         for (i = 1; i <= n; i++) if (v[i] != "-" && (best == 0 || v[i] + 0 < best)) best = v[i] + 0
         if (m == "-" || best == 0) print "-"; else printf "%.2fx\n", best / m }')
-    echo "| $t | $mine | $plain | $repack | $tiles | $ikt | $ratio |"
+    echo "| $t | $mine (${roof%%,*}×, ${roof#*,}) | $plain | $repack | $tiles | $ikt | $ratio |"
 done

@@ -74,6 +74,39 @@ pub fn to_quads(row: &mut [u8]) {
     }
 }
 
+/// A repacked row of a 4- or 5-bit 32-column type put in place into the 512-bit kernels'
+/// layout (`kernels::on_zmm`): each group's levels at [`quad_at`], as q8_0's are for VNNI,
+/// register `j`'s byte `i` in the low nibble of byte `32·j + i` for `j < 4` and in the high
+/// nibble of byte `32·(j − 4) + i`, so that one 64-byte load and a mask (or a shift and a
+/// mask) give two whole registers; q5's fifth bits in a plane of the same shape, bit `j` of
+/// byte `i` for register `j`'s byte `i`. The kernels used to move them so per token tile (a
+/// shuffle and a permute per two registers), which at one token was as much work as the dot.
+pub fn to_nibble_quads(t: GgmlType, row: &mut [u8]) {
+    let (at, gb) = (levels_at(t), group_bytes(t));
+    let five = matches!(t, GgmlType::Q5_0 | GgmlType::Q5_1);
+    for g in row.chunks_exact_mut(gb) {
+        let mut quads = [0u8; 32 * G];
+        for k in 0..G {
+            for col in 0..QK {
+                let byte = g[at + 16 * k + col % 16];
+                let mut n = if col < 16 { byte & 0xF } else { byte >> 4 };
+                if five {
+                    n |= ((g[at + 16 * G + 16 * (k % 2) + col % 16] >> (2 * (k / 2) + col / 16)) & 1) << 4;
+                }
+                quads[quad_at(k, col)] = n;
+            }
+        }
+        for (i, b) in g[at..at + 16 * G].iter_mut().enumerate() {
+            *b = (quads[i] & 0xF) | ((quads[i + 16 * G] & 0xF) << 4);
+        }
+        if five {
+            for (i, b) in g[at + 16 * G..at + 20 * G].iter_mut().enumerate() {
+                *b = (0..G).fold(0, |b, j| b | (quads[32 * j + i] >> 4) << j);
+            }
+        }
+    }
+}
+
 /// Bytes of one group of `t`.
 pub fn group_bytes(t: GgmlType) -> usize {
     match t {
@@ -543,6 +576,40 @@ mod tests {
         let mut seen = [false; 32 * G];
         (0..G).for_each(|k| (0..QK).for_each(|c| seen[quad_at(k, c)] = true));
         assert!(seen.iter().all(|&s| s));
+    }
+
+    /// Each level of a 4- or 5-bit row is where [`to_nibble_quads`] says: register `j`'s byte
+    /// `i` (its place by [`quad_at`]) in nibble `j / 4` of byte `32·(j % 4) + i`, its fifth
+    /// bit at bit `j` of plane byte `i`; the scales stay.
+    #[test]
+    fn nibble_quads_keep_every_value() {
+        for t in [GgmlType::Q4_0, GgmlType::Q4_1, GgmlType::Q5_0, GgmlType::Q5_1, GgmlType::IQ4_NL, GgmlType::MXFP4] {
+            let cols = 320;
+            let m = random_matrix(t, 2, cols, 9);
+            let (at, gb) = (levels_at(t), group_bytes(t));
+            let five = matches!(t, GgmlType::Q5_0 | GgmlType::Q5_1);
+            for r in 0..2 {
+                let mut pairs = vec![0u8; row_bytes(t, cols)];
+                repack_row(t, m.row_data(r), &mut pairs);
+                let mut quads = pairs.clone();
+                to_nibble_quads(t, &mut quads);
+                for c in 0..cols {
+                    let (g, k, col) = ((c / QK / G) * gb, c / QK % G, c % QK);
+                    assert_eq!(quads[g..g + at], pairs[g..g + at], "{t} scales");
+                    // The level as the AVX2 layout keeps it ([`unpack`] above).
+                    let byte = pairs[g + at + 16 * k + col % 16];
+                    let mut want = if col < 16 { byte & 0xF } else { byte >> 4 };
+                    let (j, i) = (quad_at(k, col) / 32, quad_at(k, col) % 32);
+                    let mut got = (quads[g + at + 32 * (j % 4) + i] >> (4 * (j / 4))) & 0xF;
+                    if five {
+                        want |=
+                            ((pairs[g + at + 16 * G + 16 * (k % 2) + col % 16] >> (2 * (k / 2) + col / 16)) & 1) << 4;
+                        got |= ((quads[g + at + 16 * G + i] >> j) & 1) << 4;
+                    }
+                    assert_eq!(got, want, "{t} row {r} column {c}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -44,7 +44,8 @@ pub struct Packed {
     pub(crate) vnni: Option<Vnni>,
     /// Packed for a CPU with AVX512-VNNI, whose 512-bit kernels also serve q2_K, q3_K, q6_K and
     /// the lattice types (`kernels::on_zmm`, by `vpmaddubsw`: their scales of 16 columns split
-    /// `vpdpbusd`'s lanes).
+    /// `vpdpbusd`'s lanes); the other 32-column types' levels then in their 4-column lanes
+    /// ([`legacy::to_nibble_quads`]).
     #[cfg_attr(not(vnni_intrinsics), allow(dead_code))] // Always `false` there.
     pub(crate) zmm: bool,
     /// Row-major blocks.
@@ -78,6 +79,8 @@ impl Packed {
             legacy::repack_row(t, s, o);
             if vnni.is_some() && t == GgmlType::Q8_0 {
                 legacy::to_quads(o);
+            } else if zmm && t != GgmlType::Q8_0 {
+                legacy::to_nibble_quads(t, o);
             }
         }
         k(data)

@@ -325,16 +325,21 @@ pub unsafe fn dots(
 }
 
 /// The body of a one-token kernel over rows `$rows` of `$w`: each tile (activations `$A`) into
-/// `$tile` and its results' slot `$res` for `$call`, whose row results go to `$out`.
+/// `$tile` and its results' slot `$res` for `$call`, whose row results go to `$out` (a whole
+/// tile's as a fixed-size move: a slice of run-time length was a call to `memcpy` per 4 rows).
 macro_rules! one_token_tiles {
     ($w:expr, $rows:expr, $act:expr, $out:expr, $A:ty, |$tile:ident, $res:ident| $call:expr) => {{
         let (w, rows, out) = ($w, $rows, $out);
         let mut $res = [[0.0f32; R]; 1];
         for r0 in rows.clone().step_by(R) {
-            let nr = R.min(rows.end - r0);
+            let (nr, at) = (R.min(rows.end - r0), r0 - rows.start);
             let $tile = Tile::<$A>::new(w, r0, nr, $act, 1);
             $call;
-            out[r0 - rows.start..][..nr].copy_from_slice(&$res[0][..nr]);
+            if nr == R {
+                out[at..at + R].copy_from_slice(&$res[0]);
+            } else {
+                out[at..at + nr].copy_from_slice(&$res[0][..nr]);
+            }
         }
     }};
 }

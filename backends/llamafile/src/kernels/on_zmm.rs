@@ -5,10 +5,11 @@
 //! rows. For q4_K, q5_K and iq4_xs ([`KBlock::PER32`], [`dots`]), q2_K, q3_K, q6_K and the
 //! lattice types (`vpmaddubsw`, as AVX2 does: [`kquant16`]), q8_0 ([`q8`]) and the
 //! 32-column types ([`legacy`]: q4_0, q4_1, q5_0, q5_1, mxfp4 and iq4_nl through their tables,
-//! iq4_nl's + 128 taken back out of each block's sum as q8_0's is, their levels put in q8_0's
-//! 4-column lanes per token tile, [`quads`]). Lane for lane the operations are those of the
-//! 256-bit kernels ([`per32`](super::per32), [`vnni_q8`](super::on_vnni) and
-//! [`legacy`](fn@super::legacy)'s f32 steps): the results are bit for bit the AVX2 kernels'.
+//! iq4_nl's + 128 taken back out of each block's sum as q8_0's is, their levels packed in
+//! q8_0's 4-column lanes, [`quads`]; these also for one token, [`legacy_one`]). Lane for lane
+//! the operations are those of the 256-bit kernels ([`per32`](super::per32),
+//! [`vnni_q8`](super::on_vnni) and [`legacy`](fn@super::legacy)'s f32 steps): the results are
+//! bit for bit the AVX2 kernels'.
 //! Built from rustc 1.89 only (`build.rs`).
 
 // Tiles index rows, tokens and blocks of several arrays with one counter; iterators would hide it.
@@ -25,7 +26,7 @@ use super::{act32, fresh, hsum4, ld, open_group, prefetch_next, token_tiles, Acc
 use crate::act::{ActK, ActV8};
 use crate::decode::{reg_of, KBlock};
 use crate::lanes::REGS;
-use crate::legacy::{self, LGroup, Offset, ORDER};
+use crate::legacy::{self, LGroup, Offset};
 
 /// Tokens a group shares each weight register with: 16 accumulators of 2 rows' pairs.
 const NT: usize = 8;
@@ -270,13 +271,12 @@ unsafe fn words(f: impl Fn(usize) -> usize) -> __m512i {
     unsafe { _mm512_loadu_si512(w.as_ptr().cast()) }
 }
 
-/// One row's group of a 32-column type with unsigned levels (q4_0, q4_1, q5_0, q5_1) in
-/// [`ActV8`]'s order (`legacy::quad_at`), as 4 registers of two: registers 0 | 1, 2 | 3, 4 | 5
-/// and 6 | 7. Each block's 16 nibble bytes (column `c` low, `c + 16` high) are shuffled so that
-/// word `j` holds the columns of register `j`, one permute of words per pair of registers
-/// gathers the 8 blocks in slot order, and the high nibbles are registers 4..8; q5's fifth
-/// bits come from their plane (`legacy::plane`: byte `16·(k % 2) + c`, bits `2·(k / 2)` and
-/// the next) by the same shuffle, a permute and a rotate per register.
+/// One row's group of a 32-column type with unsigned levels (q4_0, q4_1, q5_0, q5_1, and
+/// mxfp4's and iq4_nl's through their tables) in [`ActV8`]'s order, as 4 registers of two:
+/// registers 0 | 1, 2 | 3, 4 | 5 and 6 | 7. The group was packed so
+/// ([`legacy::to_nibble_quads`]): the low nibbles of its two 64-byte halves are registers
+/// 0..4, the high ones 4..8; q5's fifth bits come from their plane (bit `j` of byte `i` for
+/// register `j`) by a rotate of each register's bit to bit 4.
 ///
 /// # Safety
 /// AVX512F and AVX512BW are present (inlined into kernels that enable them); `g` is one
@@ -286,34 +286,25 @@ unsafe fn quads<L: LGroup>(g: &[u8]) -> [__m512i; 4] {
     // SAFETY (whole body): AVX512F/BW by the caller's contract; loads stay inside the group
     // (128 bytes of nibbles at `L::LEVELS`, q5's 32-byte plane after them).
     unsafe {
-        let order = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15));
         debug_assert!(g.len() >= L::LEVELS + if L::PLANE { 160 } else { 128 });
         let at = g[L::LEVELS..].as_ptr();
-        let lo4 = _mm512_shuffle_epi8(_mm512_loadu_si512(at.cast()), order);
-        let hi4 = _mm512_shuffle_epi8(_mm512_loadu_si512(at.add(64).cast()), order);
-        // Word j of block k is word 4k + j of (lo4, hi4); register j's slot s is block ORDER[s].
-        let pick = |j: usize| words(|l| 4 * ORDER[l % 8] + j + l / 8);
-        let (r01, r23) = (_mm512_permutex2var_epi32(lo4, pick(0), hi4), _mm512_permutex2var_epi32(lo4, pick(2), hi4));
+        // Registers 0 | 1 and 4 | 5, then 2 | 3 and 6 | 7.
+        let (a, b) = (_mm512_loadu_si512(at.cast()), _mm512_loadu_si512(at.add(64).cast()));
         let low = _mm512_set1_epi8(0x0F);
-        let nib = |x: __m512i, high: bool| _mm512_and_si512(if high { _mm512_srli_epi16::<4>(x) } else { x }, low);
-        let mut out = [nib(r01, false), nib(r23, false), nib(r01, true), nib(r23, true)];
+        let high = |x: __m512i| _mm512_and_si512(_mm512_srli_epi16::<4>(x), low);
+        let mut out = [_mm512_and_si512(a, low), _mm512_and_si512(b, low), high(a), high(b)];
         if let Some(lut) = L::LUT {
             let lut = _mm512_broadcast_i32x4(_mm_loadu_si128(lut.as_ptr().cast()));
             out = out.map(|x| _mm512_shuffle_epi8(lut, x));
         }
         if L::PLANE {
-            // Plane halves (even blocks, odd blocks) shuffled as the nibbles: word j of half
-            // h has bit 2·(k / 2) (+ 1 for the high columns) of block k = 2·(k / 2) + h.
             let plane = _mm512_broadcast_i64x4(_mm256_loadu_si256(at.add(128).cast()));
-            let plane = _mm512_shuffle_epi8(plane, order);
             for (q, o) in out.iter_mut().enumerate() {
-                // Registers (2q', 2q' + 1) of the low (q < 2) or high columns, q' = q % 2.
-                let j = 2 * (q % 2);
-                let idx = words(|l| if l % 8 < 4 { j + l / 8 } else { 4 + j + l / 8 });
-                // Slot s holds block 2·(s % 4) + s / 4: its bit 2·(s % 4) (+ 1) to bit 4, by a
-                // left rotate of 4 − that bit (mod 32) of each word.
-                let rot = words(|l| (4 + 32 - (2 * (l % 4) + q / 2)) % 32);
-                let bits = _mm512_rolv_epi32(_mm512_permutexvar_epi32(idx, plane), rot);
+                // Half h holds register j = 2q + h: its bit j to bit 4 of each byte, by a left
+                // rotate of 4 − j (mod 32) of each word (what crosses into a neighbour byte
+                // is masked off).
+                let rot = words(|l| (4 + 32 - (2 * q + l / 8)) % 32);
+                let bits = _mm512_rolv_epi32(plane, rot);
                 *o = _mm512_or_si512(*o, _mm512_and_si512(bits, _mm512_set1_epi8(0x10)));
             }
         }
@@ -324,21 +315,20 @@ unsafe fn quads<L: LGroup>(g: &[u8]) -> [__m512i; 4] {
 /// `K` tokens' dots with one group of a 32-column type's rows (levels in `lv` in
 /// [`ActV8`]'s order, the 8 blocks' scales `dw` and offsets `mw` in pairs), added to
 /// `acc[p][t..t + K]` or setting them for a tile's `FIRST` group: 8 `vpdpbusd` a pair and
-/// token give the 8 block sums, then the f32 steps of the AVX2 kernel ([`super::legacy`]).
+/// token give the 8 block sums, then [`legacy_scale`].
 ///
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
-unsafe fn legacy_tokens<L: LGroup, const K: usize, const A: usize, const FIRST: bool>(
+unsafe fn legacy_tokens<L: LGroup, const K: usize, const FIRST: bool>(
     lv: &Pairs,
-    dw: &[__m512; R / 2],
-    mw: &[__m512; R / 2],
+    f: &Factors,
     act: &[ActV8],
-    acc: &mut [[__m512; A]; R / 2],
+    acc: &mut Acc2,
     t: usize,
 ) {
-    // SAFETY (whole function): AVX2/FMA/AVX512F/VNNI by the callers' contract; loads stay
-    // inside the levels, the activation blocks and the accumulators.
+    // SAFETY (whole function): AVX512F/VNNI by the callers' contract; loads stay inside the
+    // levels and the activation blocks.
     unsafe {
         let mut s = [[_mm512_setzero_si512(); K]; R / 2];
         if L::PLUS_128 {
@@ -349,7 +339,52 @@ unsafe fn legacy_tokens<L: LGroup, const K: usize, const A: usize, const FIRST: 
             }
         }
         dp_pairs(lv, act, |a| &a.qs, &mut s);
-        let offset = L::OFFSET != Offset::Zero;
+        legacy_scale::<L, K, _, FIRST>(&s, f, act, acc, t);
+    }
+}
+
+/// A group's scales `d` and offsets `m` ([`legacy::offset`]) in pairs of rows (row `2p` low).
+type Factors = ([__m512; R / 2], [__m512; R / 2]);
+
+/// The [`Factors`] of a group of each row (`grp`, its scales `dw`), as the AVX2 kernel forms
+/// them (`m = k·d` by the same multiply).
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+unsafe fn factors<L: LGroup>(grp: &[&[u8]; R], dw: &[__m256; R]) -> Factors {
+    // SAFETY (whole body): the callers' features; q4_1's and q5_1's offsets follow the scales.
+    unsafe {
+        let mw = array!(_mm256_setzero_ps(); R, |i| match L::OFFSET {
+            Offset::Zero => _mm256_setzero_ps(),
+            Offset::OfD(k) => _mm256_mul_ps(dw[i], _mm256_set1_ps(k)),
+            Offset::Stored => legacy::scales(grp[i], 2 * legacy::G),
+        });
+        (
+            array!(_mm512_setzero_ps(); R / 2, |p| join(dw[2 * p], dw[2 * p + 1])),
+            array!(_mm512_setzero_ps(); R / 2, |p| join(mw[2 * p], mw[2 * p + 1])),
+        )
+    }
+}
+
+/// The f32 steps of the AVX2 kernel ([`super::legacy`]) on `K` tokens' block sums `s` of a
+/// group (pairs of rows, row `2p` low): `acc[p][t + k]` plus (or, for a tile's `FIRST` group,
+/// set to) `m·s_a + Σq·d·d_a` of each block.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+unsafe fn legacy_scale<L: LGroup, const K: usize, const A: usize, const FIRST: bool>(
+    s: &[[__m512i; K]; R / 2],
+    (dw, mw): &Factors,
+    act: &[ActV8],
+    acc: &mut [[__m512; A]; R / 2],
+    t: usize,
+) {
+    let offset = L::OFFSET != Offset::Zero;
+    // SAFETY (whole function): AVX2/FMA/AVX512F by the callers' contract; loads stay inside
+    // the activation blocks and the accumulators.
+    unsafe {
         for k in 0..K {
             let wide = |x: &[f32; 8]| _mm512_castsi512_ps(_mm512_broadcast_i64x4(ld(x)));
             let (da, sa) = (wide(&act[k].d), wide(&act[k].s));
@@ -365,33 +400,23 @@ unsafe fn legacy_tokens<L: LGroup, const K: usize, const A: usize, const FIRST: 
     }
 }
 
-/// The 32-column types but q8_0 on AVX512-VNNI, for any number of tokens: each group's
-/// levels put in pairs of rows into `lv` once per token tile ([`quads`]), then `NT` tokens at
-/// a time, the rest in one group. Block sums and f32 steps are the AVX2 kernel's: so are the
-/// results, bit for bit. `A`: accumulators per pair (1 for one token, from zero, as
-/// [`super::legacy`]'s one-token kernel; else `2·TC`, set by the first group).
+/// The 32-column types but q8_0 on AVX512-VNNI, for two tokens or more: each group's levels
+/// put in pairs of rows into `lv` once per token tile ([`quads`]), then `NT` tokens at a
+/// time, the rest in one group. Block sums and f32 steps are the AVX2 kernel's: so are the
+/// results, bit for bit.
 ///
 /// # Safety
 /// As [`super::dots`] for a matrix of `L` packed for VNNI with [`ActV8`] activations;
 /// AVX512F, AVX512BW, AVX512VL and AVX512-VNNI must be present.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn legacy<L: LGroup, const A: usize>(
-    tile: &Tile<'_, ActV8>,
-    out: &mut [[f32; R]],
-    lv: &mut Pairs,
-    acc: &mut [[__m512; A]; R / 2],
-) {
+pub(super) unsafe fn legacy<L: LGroup>(tile: &Tile<'_, ActV8>, out: &mut [[f32; R]], lv: &mut Pairs, acc: &mut Acc2) {
     let (n, acts) = (tile.n, tile.act());
     for (t0, tn) in token_tiles::<{ 2 * TC }>(n) {
         for g in 0..tile.nb {
             // SAFETY (whole loop): this function's features; loads stay inside the groups,
             // stores inside `lv`.
             let (grp, dw) = unsafe { open_group(tile, t0, g) };
-            let mw = array!(_mm256_setzero_ps(); R, |i| match L::OFFSET {
-                Offset::Zero => _mm256_setzero_ps(),
-                Offset::OfD(k) => _mm256_mul_ps(dw[i], _mm256_set1_ps(k)),
-                Offset::Stored => unsafe { legacy::scales(grp[i], 2 * legacy::G) },
-            });
+            let f = unsafe { factors::<L>(&grp, &dw) };
             for p in 0..R / 2 {
                 let (a, b) = unsafe { (quads::<L>(grp[2 * p]), quads::<L>(grp[2 * p + 1])) };
                 for m in 0..4 {
@@ -402,17 +427,53 @@ pub(super) unsafe fn legacy<L: LGroup, const A: usize>(
                     unsafe { _mm512_store_si512(lv.0[p][2 * m + 1].as_mut_ptr().cast(), odd) };
                 }
             }
-            let dw = array!(_mm512_setzero_ps(); R / 2, |p| unsafe { join(dw[2 * p], dw[2 * p + 1]) });
-            let mw = array!(_mm512_setzero_ps(); R / 2, |p| unsafe { join(mw[2 * p], mw[2 * p + 1]) });
             let act = &acts[g * n + t0..g * n + t0 + tn];
-            if A > 1 && g == 0 {
-                groups!(NT, tn, |K, t| unsafe { legacy_tokens::<L, K, A, true>(lv, &dw, &mw, &act[t..], acc, t) });
+            if g == 0 {
+                groups!(NT, tn, |K, t| unsafe { legacy_tokens::<L, K, true>(lv, &f, &act[t..], acc, t) });
             } else {
-                groups!(NT, tn, |K, t| unsafe { legacy_tokens::<L, K, A, false>(lv, &dw, &mw, &act[t..], acc, t) });
+                groups!(NT, tn, |K, t| unsafe { legacy_tokens::<L, K, false>(lv, &f, &act[t..], acc, t) });
             }
         }
         unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
     }
+}
+
+/// [`legacy`] for one token, with no level store: each row's [`quads`] (registers 2h | 2h + 1
+/// in one register) meet the token's same two registers (one 64-byte load, no broadcast) in
+/// 4 `vpdpbusd` a row, whose halves (the even and the odd registers' sums) a pair of rows adds
+/// into [`legacy_tokens`]' layout (row `2p` low) for [`legacy_scale`]: the same integer sums
+/// in the same f32 steps, so the same bits, from a third of the vector work (`quads`' moves
+/// into `lv` and back were as much work as the dot).
+///
+/// # Safety
+/// As [`legacy`], for one token.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn legacy_one<L: LGroup>(tile: &Tile<'_, ActV8>, out: &mut [[f32; R]]) {
+    debug_assert_eq!(tile.n, 1);
+    let mut acc = [[_mm512_setzero_ps(); 1]; R / 2];
+    for (g, a) in tile.act().iter().enumerate().take(tile.nb) {
+        // SAFETY (whole loop): this function's features; loads stay inside the groups and the
+        // token's activation block (its 256 values in four 64-byte quarters).
+        unsafe {
+            let (grp, dw) = open_group(tile, 0, g);
+            let f = factors::<L>(&grp, &dw);
+            let av: [__m512i; 4] =
+                array!(_mm512_setzero_si512(); 4, |h| _mm512_loadu_si512(a.qs[64 * h..].as_ptr().cast()));
+            let row = |i: usize| {
+                let q = quads::<L>(grp[i]);
+                (0..4).fold(_mm512_setzero_si512(), |s, h| _mm512_dpbusd_epi32(s, q[h], av[h]))
+            };
+            let s = array!([_mm512_setzero_si512(); 1]; R / 2, |p| {
+                let (x, y) = (row(2 * p), row(2 * p + 1));
+                let s = _mm512_add_epi32(_mm512_shuffle_i64x2::<0x44>(x, y), _mm512_shuffle_i64x2::<0xEE>(x, y));
+                // Each block's sum from -128·Σa, the levels' + 128 taken back out.
+                [if L::PLUS_128 { _mm512_add_epi32(s, _mm512_broadcast_i64x4(ld(&a.neg))) } else { s }]
+            });
+            legacy_scale::<L, 1, 1, false>(&s, &f, core::slice::from_ref(a), &mut acc, 0);
+        }
+    }
+    // SAFETY: this function's features.
+    unsafe { write_out(&acc, out) };
 }
 
 /// `$f!(L)` with `L` the [`LGroup`] of 32-column type `$t`.
@@ -440,25 +501,21 @@ pub(super) unsafe fn legacy_dots(tile: &Tile<'_, ActV8>, out: &mut [[f32; R]], l
     macro_rules! run {
         ($l:ty) => {
             // SAFETY: the caller's contract.
-            unsafe { legacy::<$l, { 2 * TC }>(tile, out, lv, acc) }
+            unsafe { legacy::<$l>(tile, out, lv, acc) }
         };
     }
     by_lgroup!(tile.t, run)
 }
 
-/// [`super::gemv`] for a 32-column type but q8_0 ([`legacy`] for one token, its
-/// accumulators and levels on the stack).
+/// [`super::gemv`] for a 32-column type but q8_0 ([`legacy_one`]).
 ///
 /// # Safety
-/// As [`legacy`], for one token.
+/// As [`legacy_one`].
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn legacy_gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
-    let mut lv = Pairs([[[0; 64]; REGS]; R / 2]);
     macro_rules! run {
         ($l:ty) => {
-            one_token_tiles!(w, rows, act, out, ActV8, |tile, res| unsafe {
-                legacy::<$l, 1>(&tile, &mut res, &mut lv, &mut [[_mm512_setzero_ps(); 1]; R / 2])
-            })
+            one_token_tiles!(w, rows, act, out, ActV8, |tile, res| unsafe { legacy_one::<$l>(&tile, &mut res) })
         };
     }
     by_lgroup!(w.t, run)

@@ -95,7 +95,7 @@ unsafe fn unpack_legacy(w: &Packed, r0: usize, nr: usize, p: &mut Panel<'_>) {
             // SAFETY (whole loop): AVX2/F16C by this function's features; each group is `gb`
             // bytes inside its row.
             unsafe {
-                let lv = array!([_mm256_setzero_si256(); G]; 8, |i| levels(t, grp[i]));
+                let lv = array!([_mm256_setzero_si256(); G]; 8, |i| levels(t, w.zmm, grp[i]));
                 store_parts(p, G * g, q, &lv);
                 // Scales in slot order: slot `s` is block `ORDER[s]`.
                 let dw = array!(_mm256_setzero_si256(); 8, |i| _mm256_castps_si256(legacy::scales(grp[i], 0)));
@@ -114,33 +114,46 @@ unsafe fn unpack_legacy(w: &Packed, r0: usize, nr: usize, p: &mut Panel<'_>) {
 /// One row's group of 8 blocks as their levels in column order, one register per block (block
 /// `k` in register `k`): what each block contributes to the integer sums, as the vector
 /// kernels read it (unsigned with the types' offsets left to `m·s`, mxfp4's through its table;
-/// iq4_nl's table values; q8_0's signed values).
+/// iq4_nl's table values; q8_0's signed values). `zmm`: packed for the 512-bit kernels (the
+/// 4- and 5-bit levels in 4-column lanes, [`legacy::to_nibble_quads`]).
 ///
 /// # Safety
 /// AVX2 is present; `g` is one whole group of `t`, packed as [`super::runs`] requires.
 #[inline(always)]
-unsafe fn levels(t: GgmlType, g: &[u8]) -> [__m256i; G] {
+unsafe fn levels(t: GgmlType, zmm: bool, g: &[u8]) -> [__m256i; G] {
     // SAFETY (whole body): AVX2 by contract; loads stay inside the group (levels after the
     // scales, q5's plane after the nibbles).
     unsafe {
-        let mut out = [_mm256_setzero_si256(); G];
-        if t == GgmlType::Q8_0 {
-            // Register j holds, in lane slot(k), columns 8m + 2h + {0, 1, 4, 5} (j = 2m + h) of
-            // block k, + 128 (`legacy::quad_at`): a transpose gathers each block's 8 words, a
-            // shuffle puts each 8 columns back in order.
-            let regs = array!(_mm256_setzero_si256(); G, |j| super::super::ld(&g[2 * G + 32 * j..]));
-            let order = _mm256_setr_epi8(
-                0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15, 0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14,
-                15,
-            );
-            for (s, r) in transpose8(regs).into_iter().enumerate() {
-                out[ORDER[s]] = _mm256_shuffle_epi8(_mm256_xor_si256(r, _mm256_set1_epi8(-128)), order);
-            }
-            return out;
-        }
         let at = legacy::levels_at(t);
-        let low = _mm_set1_epi8(0x0F);
         let table = legacy::lut(t);
+        let five = matches!(t, GgmlType::Q5_0 | GgmlType::Q5_1);
+        if t == GgmlType::Q8_0 {
+            // + 128 in the layout.
+            let regs = array!(_mm256_setzero_si256(); G, |j| super::super::ld(&g[at + 32 * j..]));
+            return in_columns(regs.map(|r| _mm256_xor_si256(r, _mm256_set1_epi8(-128))));
+        }
+        if zmm {
+            // Register j: nibble j / 4 of the 32 bytes at 32·(j % 4); its fifth bits, bit j of
+            // the plane's bytes.
+            let low = _mm256_set1_epi8(0x0F);
+            let lut = _mm256_broadcastsi128_si256(_mm_loadu_si128(table.unwrap_or(&[0; 16]).as_ptr().cast()));
+            let plane = if five { super::super::ld(&g[at + 16 * G..]) } else { _mm256_setzero_si256() };
+            let regs = array!(_mm256_setzero_si256(); G, |j| {
+                let b = super::super::ld(&g[at + 32 * (j % 4)..]);
+                let n = _mm256_and_si256(if j < 4 { b } else { _mm256_srli_epi16::<4>(b) }, low);
+                match () {
+                    _ if table.is_some() => _mm256_shuffle_epi8(lut, n),
+                    _ if five => {
+                        let bit = _mm256_and_si256(_mm256_srl_epi16(plane, _mm_cvtsi32_si128(j as i32)), _mm256_set1_epi8(1));
+                        _mm256_or_si256(n, _mm256_slli_epi16::<4>(bit))
+                    }
+                    _ => n,
+                }
+            });
+            return in_columns(regs);
+        }
+        let mut out = [_mm256_setzero_si256(); G];
+        let low = _mm_set1_epi8(0x0F);
         let lut = _mm_loadu_si128(table.unwrap_or(&[0; 16]).as_ptr().cast());
         for k in 0..G {
             // Byte j: column j in its low nibble, column j + 16 in its high one.
@@ -158,6 +171,26 @@ unsafe fn levels(t: GgmlType, g: &[u8]) -> [__m256i; G] {
                 _ => {}
             }
             out[k] = _mm256_set_m128i(hi, lo);
+        }
+        out
+    }
+}
+
+/// A group's 8 registers in 4-column lanes (`legacy::quad_at`: register `j = 2m + h` holds
+/// in lane `slot(k)` columns `8m + 2h` + 0, 1, 4, 5 of block `k`) as each block's levels in
+/// column order: a transpose gathers each block's 8 words, a shuffle puts each 8 columns back
+/// in order.
+///
+/// # Safety
+/// AVX2 is present (inlined into functions that enable it).
+#[inline(always)]
+unsafe fn in_columns(regs: [__m256i; G]) -> [__m256i; G] {
+    // SAFETY: register operations; AVX2 by the contract.
+    unsafe {
+        let order = _mm256_broadcastsi128_si256(_mm_setr_epi8(0, 1, 4, 5, 2, 3, 6, 7, 8, 9, 12, 13, 10, 11, 14, 15));
+        let mut out = [_mm256_setzero_si256(); G];
+        for (s, r) in transpose8(regs).into_iter().enumerate() {
+            out[ORDER[s]] = _mm256_shuffle_epi8(r, order);
         }
         out
     }
