@@ -95,5 +95,7 @@ print("%.2f %.2f,%s" % (r[0]["ms_best"], r[0]["roofline_ratio"], r[0]["judged_by
         best = 0; n = split(a " " b " " c " " d, v, " ")
         for (i = 1; i <= n; i++) if (v[i] != "-" && (best == 0 || v[i] + 0 < best)) best = v[i] + 0
         if (m == "-" || best == 0) print "-"; else printf "%.2fx\n", best / m }')
-    echo "| $t | $mine (${roof%%,*}×, ${roof#*,}) | $plain | $repack | $tiles | $ikt | $ratio |"
+    cell=$mine
+    [ "$mine" = - ] || cell="$mine (${roof%%,*}×, ${roof#*,})"
+    echo "| $t | $cell | $plain | $repack | $tiles | $ikt | $ratio |"
 done

@@ -10,7 +10,9 @@
 //! q8_0 is laid out otherwise: column pair c of the 8 blocks (in that order) at `16c`, for a
 //! kernel that widens levels and activations to i16 and needs no sign trick (`vpmaddwd` alone
 //! gives each block's share in its own lane; [`crate::act::ActW8`]); or, for the VNNI kernel,
-//! 4 columns of each block to a 32-bit lane ([`quad_at`], [`to_quads`]), levels + 128.
+//! 4 columns of each block to a 32-bit lane ([`quad_at`], [`to_quads`]), levels + 128. For the
+//! 512-bit kernels the 4- and 5-bit types' levels take the same places, as nibbles
+//! ([`to_nibble_quads`]).
 //! q5_0's and q5_1's fifth bits follow the nibbles as one 32-byte bit plane ([`plane`]): a
 //! shift and a mask give each register's, where GGUF's per-block words needed a broadcast, a
 //! shuffle and a compare (q5_0 decode measured 1.9× faster).
