@@ -1,6 +1,6 @@
 //! One projection's dots on one thread (qwen3-30b-a3b's gate: 768 × 2048), for one token
-//! (decode, weights from cache: the kernel's own cost) and for 20 and 33 (an expert's share of a
-//! 512-token prefill); `down`: its down projection's shape (2048 × 768). Divide 2·768·2048·n
+//! (decode, weights from cache: the kernel's own cost), 4 (an expert's share of a batched
+//! decode) and 20 and 33 (an expert's share of a 512-token prefill); `down`: its down projection's shape (2048 × 768). Divide 2·768·2048·n
 //! by the time for GOP/s. `pack`: the gate matrix packed at load (repacking, levels moved to
 //! the lane layout), in GGUF bytes per second. `/avx2`: the AVX2 kernels where the CPU would
 //! run VNNI ones (`LLAMAFILE_AVX2`).
@@ -18,7 +18,7 @@ use kt_core::{Backend, WeightFormat};
 const ROWS: usize = 768;
 const COLS: usize = 2048;
 
-#[divan::bench(args = ["q2_K", "q3_K", "q4_K", "q4_K/avx2", "q5_K", "q5_K/avx2", "q6_K", "iq4_xs", "q8_0", "q8_0/avx2", "q4_0", "q4_0/avx2", "q5_0", "q5_0/avx2"], consts = [1, 20, 33])]
+#[divan::bench(args = ["q2_K", "q3_K", "q4_K", "q4_K/avx2", "q5_K", "q5_K/avx2", "q6_K", "iq4_xs", "q8_0", "q8_0/avx2", "q4_0", "q4_0/avx2", "q5_0", "q5_0/avx2"], consts = [1, 4, 20, 33])]
 fn dots<const N: usize>(bencher: divan::Bencher, name: &str) {
     run::<N>(bencher, name, ROWS, COLS);
 }

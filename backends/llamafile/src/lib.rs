@@ -636,7 +636,7 @@ mod tests {
             let format = WeightFormat::Ggml(t);
             let cols = if format.col_multiple() == 256 { 512 } else { 288 };
             let m = random_matrix(t, rows, cols, 3);
-            for n in [1, 2, 4, 5, 32, 33, 64, 65, 130] {
+            for n in [1, 2, 3, 4, 5, 32, 33, 64, 65, 130] {
                 let mut r = SplitMix64::new(n as u64);
                 let x: Vec<bf16> = (0..n * cols).map(|_| bf16::from_f32(r.gaussian())).collect();
                 let ids: Vec<u32> = (0..n as u32).collect();

@@ -6,8 +6,8 @@
 //! lattice types (`vpmaddubsw`, as AVX2 does: [`kquant16`]), q8_0 ([`q8`]) and the
 //! 32-column types ([`legacy`]: q4_0, q4_1, q5_0, q5_1, mxfp4 and iq4_nl through their tables,
 //! iq4_nl's + 128 taken back out of each block's sum as q8_0's is, their levels packed in
-//! q8_0's 4-column lanes, [`quads`]; these also for one token, [`legacy_one`]). Lane for lane
-//! the operations are those of the 256-bit kernels ([`per32`](super::per32),
+//! q8_0's 4-column lanes, [`quads`]; up to 4 tokens without a level store, [`legacy_few`]).
+//! Lane for lane the operations are those of the 256-bit kernels ([`per32`](super::per32),
 //! [`vnni_q8`](super::on_vnni) and [`legacy`](fn@super::legacy)'s f32 steps): the results are
 //! bit for bit the AVX2 kernels'.
 //! Built from rustc 1.89 only (`build.rs`).
@@ -400,10 +400,10 @@ unsafe fn legacy_scale<L: LGroup, const K: usize, const A: usize, const FIRST: b
     }
 }
 
-/// The 32-column types but q8_0 on AVX512-VNNI, for two tokens or more: each group's levels
-/// put in pairs of rows into `lv` once per token tile ([`quads`]), then `NT` tokens at a
-/// time, the rest in one group. Block sums and f32 steps are the AVX2 kernel's: so are the
-/// results, bit for bit.
+/// The 32-column types but q8_0 on AVX512-VNNI, for five tokens or more (fewer:
+/// [`legacy_few`]): each group's levels put in pairs of rows into `lv` once per token tile
+/// ([`quads`]), then `NT` tokens at a time, the rest in one group. Block sums and f32 steps
+/// are the AVX2 kernel's: so are the results, bit for bit.
 ///
 /// # Safety
 /// As [`super::dots`] for a matrix of `L` packed for VNNI with [`ActV8`] activations;
@@ -438,38 +438,51 @@ pub(super) unsafe fn legacy<L: LGroup>(tile: &Tile<'_, ActV8>, out: &mut [[f32; 
     }
 }
 
-/// [`legacy`] for one token, with no level store: each row's [`quads`] (registers 2h | 2h + 1
-/// in one register) meet the token's same two registers (one 64-byte load, no broadcast) in
-/// 4 `vpdpbusd` a row, whose halves (the even and the odd registers' sums) a pair of rows adds
-/// into [`legacy_tokens`]' layout (row `2p` low) for [`legacy_scale`]: the same integer sums
-/// in the same f32 steps, so the same bits, from a third of the vector work (`quads`' moves
-/// into `lv` and back were as much work as the dot).
+/// [`legacy`] for a call of `K` ≤ 4 tokens (one, or an expert's share of a batched decode;
+/// at 8 it measured no faster than [`legacy`]),
+/// with no level store: each row's [`quads`] (registers 2h | 2h + 1 in one register) meet each
+/// token's same two registers (one 64-byte load, no broadcast) in 4 `vpdpbusd` a row, whose
+/// halves (the even and the odd registers' sums) a pair of rows adds into [`legacy_tokens`]'
+/// layout (row `2p` low) for [`legacy_scale`]: the same integer sums in the same f32 steps
+/// (one token's from zero, as the AVX2 one-token kernel's; more set by the first group, as
+/// [`legacy`]'s), so the same bits. At one token this is a third of [`legacy`]'s vector work,
+/// whose moves of the levels into `lv` and back were as much work as the dot.
 ///
 /// # Safety
-/// As [`legacy`], for one token.
+/// As [`legacy`], for `K` tokens.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn legacy_one<L: LGroup>(tile: &Tile<'_, ActV8>, out: &mut [[f32; R]]) {
-    debug_assert_eq!(tile.n, 1);
-    let mut acc = [[_mm512_setzero_ps(); 1]; R / 2];
-    for (g, a) in tile.act().iter().enumerate().take(tile.nb) {
+unsafe fn legacy_few<L: LGroup, const K: usize>(tile: &Tile<'_, ActV8>, out: &mut [[f32; R]]) {
+    debug_assert_eq!(tile.n, K);
+    let acts = tile.act();
+    let mut acc = [[_mm512_setzero_ps(); K]; R / 2];
+    for g in 0..tile.nb {
         // SAFETY (whole loop): this function's features; loads stay inside the groups and the
-        // token's activation block (its 256 values in four 64-byte quarters).
+        // tokens' activation blocks (their 256 values in four 64-byte quarters).
         unsafe {
             let (grp, dw) = open_group(tile, 0, g);
             let f = factors::<L>(&grp, &dw);
-            let av: [__m512i; 4] =
-                array!(_mm512_setzero_si512(); 4, |h| _mm512_loadu_si512(a.qs[64 * h..].as_ptr().cast()));
-            let row = |i: usize| {
-                let q = quads::<L>(grp[i]);
-                (0..4).fold(_mm512_setzero_si512(), |s, h| _mm512_dpbusd_epi32(s, q[h], av[h]))
-            };
-            let s = array!([_mm512_setzero_si512(); 1]; R / 2, |p| {
-                let (x, y) = (row(2 * p), row(2 * p + 1));
-                let s = _mm512_add_epi32(_mm512_shuffle_i64x2::<0x44>(x, y), _mm512_shuffle_i64x2::<0xEE>(x, y));
-                // Each block's sum from -128·Σa, the levels' + 128 taken back out.
-                [if L::PLUS_128 { _mm512_add_epi32(s, _mm512_broadcast_i64x4(ld(&a.neg))) } else { s }]
-            });
-            legacy_scale::<L, 1, 1, false>(&s, &f, core::slice::from_ref(a), &mut acc, 0);
+            let act = &acts[g * K..g * K + K];
+            let mut s = [[_mm512_setzero_si512(); K]; R / 2];
+            for p in 0..R / 2 {
+                let (qa, qb) = (quads::<L>(grp[2 * p]), quads::<L>(grp[2 * p + 1]));
+                for k in 0..K {
+                    let a = &act[k];
+                    let dot = |q: &[__m512i; 4]| {
+                        (0..4).fold(_mm512_setzero_si512(), |s, h| {
+                            _mm512_dpbusd_epi32(s, q[h], _mm512_loadu_si512(a.qs[64 * h..].as_ptr().cast()))
+                        })
+                    };
+                    let (x, y) = (dot(&qa), dot(&qb));
+                    let v = _mm512_add_epi32(_mm512_shuffle_i64x2::<0x44>(x, y), _mm512_shuffle_i64x2::<0xEE>(x, y));
+                    // Each block's sum from -128·Σa, the levels' + 128 taken back out.
+                    s[p][k] = if L::PLUS_128 { _mm512_add_epi32(v, _mm512_broadcast_i64x4(ld(&a.neg))) } else { v };
+                }
+            }
+            if K > 1 && g == 0 {
+                legacy_scale::<L, K, K, true>(&s, &f, act, &mut acc, 0);
+            } else {
+                legacy_scale::<L, K, K, false>(&s, &f, act, &mut acc, 0);
+            }
         }
     }
     // SAFETY: this function's features.
@@ -501,21 +514,28 @@ pub(super) unsafe fn legacy_dots(tile: &Tile<'_, ActV8>, out: &mut [[f32; R]], l
     macro_rules! run {
         ($l:ty) => {
             // SAFETY: the caller's contract.
-            unsafe { legacy::<$l>(tile, out, lv, acc) }
+            unsafe {
+                match tile.n {
+                    2 => legacy_few::<$l, 2>(tile, out),
+                    3 => legacy_few::<$l, 3>(tile, out),
+                    4 => legacy_few::<$l, 4>(tile, out),
+                    _ => legacy::<$l>(tile, out, lv, acc),
+                }
+            }
         };
     }
     by_lgroup!(tile.t, run)
 }
 
-/// [`super::gemv`] for a 32-column type but q8_0 ([`legacy_one`]).
+/// [`super::gemv`] for a 32-column type but q8_0 ([`legacy_few`]).
 ///
 /// # Safety
-/// As [`legacy_one`].
+/// As [`legacy_few`], for one token.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn legacy_gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
     macro_rules! run {
         ($l:ty) => {
-            one_token_tiles!(w, rows, act, out, ActV8, |tile, res| unsafe { legacy_one::<$l>(&tile, &mut res) })
+            one_token_tiles!(w, rows, act, out, ActV8, |tile, res| unsafe { legacy_few::<$l, 1>(&tile, &mut res) })
         };
     }
     by_lgroup!(w.t, run)
