@@ -439,14 +439,14 @@ pub(super) unsafe fn legacy<L: LGroup>(tile: &Tile<'_, ActV8>, out: &mut [[f32; 
 }
 
 /// [`legacy`] for a call of `K` ≤ 4 tokens (one, or an expert's share of a batched decode;
-/// at 8 it measured no faster than [`legacy`]),
-/// with no level store: each row's [`quads`] (registers 2h | 2h + 1 in one register) meet each
-/// token's same two registers (one 64-byte load, no broadcast) in 4 `vpdpbusd` a row, whose
-/// halves (the even and the odd registers' sums) a pair of rows adds into [`legacy_tokens`]'
-/// layout (row `2p` low) for [`legacy_scale`]: the same integer sums in the same f32 steps
-/// (one token's from zero, as the AVX2 one-token kernel's; more set by the first group, as
-/// [`legacy`]'s), so the same bits. At one token this is a third of [`legacy`]'s vector work,
-/// whose moves of the levels into `lv` and back were as much work as the dot.
+/// at 8 it measured no faster than [`legacy`]), with no level store: each row's [`quads`]
+/// (registers 2h | 2h + 1 in one register) meet each token's same two registers (one 64-byte
+/// load, no broadcast) in 4 `vpdpbusd` a row, whose halves (the even and the odd registers'
+/// sums) a pair of rows adds into [`legacy_tokens`]' layout (row `2p` low) for
+/// [`legacy_scale`]: the same integer sums in the same f32 steps (one token's from zero, as
+/// the AVX2 one-token kernel's; more set by the first group, as [`legacy`]'s), so the same
+/// bits. At one token this is a third of [`legacy`]'s vector work, whose moves of the levels
+/// into `lv` and back were as much work as the dot.
 ///
 /// # Safety
 /// As [`legacy`], for `K` tokens.
