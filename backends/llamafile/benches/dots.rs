@@ -1,7 +1,7 @@
 //! One projection's dots on one thread (qwen3-30b-a3b's gate: 768 × 2048), for one token
 //! (decode, weights from cache: the kernel's own cost), 4 (an expert's share of a batched
-//! decode) and 20 and 33 (an expert's share of a 512-token prefill); `down`: its down projection's shape (2048 × 768). Divide 2·768·2048·n
-//! by the time for GOP/s. `pack`: the gate matrix packed at load (repacking, levels moved to
+//! decode) and 20 and 33 (an expert's share of a 512-token prefill); `down`: its down
+//! projection's shape (2048 × 768). Divide 2·768·2048·n by the time for GOP/s. `pack`: the gate matrix packed at load (repacking, levels moved to
 //! the lane layout), in GGUF bytes per second. `/avx2`: the AVX2 kernels where the CPU would
 //! run VNNI ones (`LLAMAFILE_AVX2`).
 //! `cargo bench -p kt-backend-llamafile --bench dots`

@@ -317,7 +317,7 @@ unsafe fn nibbles(x: __m256i) -> (__m256i, __m256i) {
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
-unsafe fn bit4(plane: __m256i, i: usize) -> __m256i {
+pub(crate) unsafe fn bit4(plane: __m256i, i: usize) -> __m256i {
     // SAFETY: AVX2 by contract. 16-bit shifts move no bit across a byte into bit 4 or 12.
     unsafe {
         let v = match i {

@@ -313,7 +313,7 @@ unsafe fn quads<L: LGroup>(g: &[u8]) -> [__m512i; 4] {
 }
 
 /// `K` tokens' dots with one group of a 32-column type's rows (levels in `lv` in
-/// [`ActV8`]'s order, the 8 blocks' scales `dw` and offsets `mw` in pairs), added to
+/// [`ActV8`]'s order, the 8 blocks' scales and offsets in pairs `f`), added to
 /// `acc[p][t..t + K]` or setting them for a tile's `FIRST` group: 8 `vpdpbusd` a pair and
 /// token give the 8 block sums, then [`legacy_scale`].
 ///

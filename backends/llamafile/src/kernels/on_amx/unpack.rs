@@ -143,10 +143,7 @@ unsafe fn levels(t: GgmlType, zmm: bool, g: &[u8]) -> [__m256i; G] {
                 let n = _mm256_and_si256(if j < 4 { b } else { _mm256_srli_epi16::<4>(b) }, low);
                 match () {
                     _ if table.is_some() => _mm256_shuffle_epi8(lut, n),
-                    _ if five => {
-                        let bit = _mm256_and_si256(_mm256_srl_epi16(plane, _mm_cvtsi32_si128(j as i32)), _mm256_set1_epi8(1));
-                        _mm256_or_si256(n, _mm256_slli_epi16::<4>(bit))
-                    }
+                    _ if five => _mm256_or_si256(n, legacy::bit4(plane, j)),
                     _ => n,
                 }
             });
