@@ -281,8 +281,15 @@ pub trait LGroup {
     /// Unsigned levels are this table's entries at the nibbles ([`MXFP4_LUT`], [`IQ4NL_LUT`]).
     const LUT: Option<[u8; 16]> = None;
     /// The levels carry + 128 that the activations' `-128·Σa` ([`crate::act::ActV8`]) takes
-    /// back out of each block's sum ([`Iq4NlV`]).
+    /// back out of each block's sum ([`Iq4NlV`], [`Q80V`]).
     const PLUS_128: bool = false;
+    /// The levels are whole bytes already in the 4-column lanes ([`to_quads`]: q8_0 for the
+    /// 512-bit kernels), no nibbles to split.
+    const BYTES: bool = false;
+}
+
+/// A repacked 32-column type whose groups the AVX2 kernels read in pairs of blocks.
+pub trait PairLevels: LGroup {
     /// The levels of pair `p` (blocks 2p, 2p+1): (columns 0..16 of both, columns 16..32).
     ///
     /// # Safety
@@ -360,15 +367,20 @@ pub struct Q51;
 pub struct Iq4Nl;
 /// iq4_nl in the 512-bit kernels.
 pub struct Iq4NlV;
+/// q8_0 in the 512-bit kernels.
+pub struct Q80V;
 /// mxfp4.
 pub struct Mxfp4;
 
-// SAFETY (every impl): AVX2 by the trait's contract; loads stay inside the group.
+// SAFETY (every `PairLevels` impl): AVX2 by the trait's contract; loads stay inside the group.
 impl LGroup for Q40 {
     const SIGNED: bool = false;
     const FOUR_BIT: bool = true;
     const OFFSET: Offset = offset(GgmlType::Q4_0);
     const LEVELS: usize = levels_at(GgmlType::Q4_0);
+}
+
+impl PairLevels for Q40 {
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
         unsafe { nibbles(load(&g[Self::LEVELS + 32 * p..])) }
@@ -380,6 +392,9 @@ impl LGroup for Q41 {
     const FOUR_BIT: bool = true;
     const OFFSET: Offset = offset(GgmlType::Q4_1);
     const LEVELS: usize = levels_at(GgmlType::Q4_1);
+}
+
+impl PairLevels for Q41 {
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
         unsafe { nibbles(load(&g[Self::LEVELS + 32 * p..])) }
@@ -392,6 +407,9 @@ impl LGroup for Q50 {
     const PLANE: bool = true;
     const OFFSET: Offset = offset(GgmlType::Q5_0);
     const LEVELS: usize = levels_at(GgmlType::Q5_0);
+}
+
+impl PairLevels for Q50 {
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
         unsafe { five_bits(g, Self::LEVELS, p) }
@@ -404,6 +422,9 @@ impl LGroup for Q51 {
     const PLANE: bool = true;
     const OFFSET: Offset = offset(GgmlType::Q5_1);
     const LEVELS: usize = levels_at(GgmlType::Q5_1);
+}
+
+impl PairLevels for Q51 {
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
         unsafe { five_bits(g, Self::LEVELS, p) }
@@ -417,14 +438,17 @@ impl LGroup for Mxfp4 {
     const OFFSET: Offset = offset(GgmlType::MXFP4);
     const LEVELS: usize = levels_at(GgmlType::MXFP4);
     const LUT: Option<[u8; 16]> = Some(MXFP4_LUT);
+}
+
+impl PairLevels for Mxfp4 {
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
         unsafe { looked_up(&MXFP4_LUT, load(&g[Self::LEVELS + 32 * p..])) }
     }
 }
 
-/// iq4_nl in the 512-bit kernels ([`IQ4NL_LUT`]): its pair sums carry 128·Σa more, which
-/// only those kernels take back out.
+/// iq4_nl in the 512-bit kernels ([`IQ4NL_LUT`]): its levels carry + 128, which those kernels
+/// take back out of each block's sum.
 impl LGroup for Iq4NlV {
     const SIGNED: bool = false;
     const FOUR_BIT: bool = false;
@@ -432,10 +456,17 @@ impl LGroup for Iq4NlV {
     const LEVELS: usize = levels_at(GgmlType::IQ4_NL);
     const LUT: Option<[u8; 16]> = Some(IQ4NL_LUT);
     const PLUS_128: bool = true;
-    #[inline(always)]
-    unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
-        unsafe { looked_up(&IQ4NL_LUT, load(&g[Self::LEVELS + 32 * p..])) }
-    }
+}
+
+/// q8_0 in the 512-bit kernels: its levels + 128 in the 4-column lanes ([`to_quads`]), so
+/// each block's sum starts at -128·Σa, as [`Iq4NlV`]'s.
+impl LGroup for Q80V {
+    const SIGNED: bool = false;
+    const FOUR_BIT: bool = false;
+    const OFFSET: Offset = offset(GgmlType::Q8_0);
+    const LEVELS: usize = levels_at(GgmlType::Q8_0);
+    const PLUS_128: bool = true;
+    const BYTES: bool = true;
 }
 
 impl LGroup for Iq4Nl {
@@ -443,6 +474,9 @@ impl LGroup for Iq4Nl {
     const FOUR_BIT: bool = false;
     const OFFSET: Offset = offset(GgmlType::IQ4_NL);
     const LEVELS: usize = levels_at(GgmlType::IQ4_NL);
+}
+
+impl PairLevels for Iq4Nl {
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
         unsafe { looked_up(&IQ4NL_SIGNED, load(&g[Self::LEVELS + 32 * p..])) }

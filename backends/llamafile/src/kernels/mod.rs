@@ -23,7 +23,7 @@ use kt_core::ggml::{self, ActKind, GgmlType, QK};
 use crate::act::{ActG8, ActK, ActW8};
 use crate::decode::{reg_of, KBlock};
 use crate::lanes::REGS;
-use crate::legacy::{self, LGroup, Offset};
+use crate::legacy::{self, Offset, PairLevels};
 pub use crate::pack::Packed;
 
 /// `[e(0), …, e(n - 1)]` (`init` fills first), built by a loop: `core::array::from_fn`'s and

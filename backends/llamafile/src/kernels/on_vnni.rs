@@ -1,7 +1,7 @@
 //! Kernels on VNNI ([`crate::vnni`]). q8_0: weights packed with their levels + 128 in 4-column
 //! lanes ([`legacy::to_quads`]), activations in the same order ([`ActV8`]), 8 `vpdpbusd` a
-//! row, token and group, `NT` tokens at a time (several tokens with AVX512-VNNI: in 512-bit
-//! registers, [`super::on_zmm`]). q4_0, q4_1, q5_0, q5_1 with AVX-VNNI: the 32-column kernel
+//! row, token and group, `NT` tokens at a time (with AVX512-VNNI in 512-bit registers, as
+//! one of the 32-column types: [`super::on_zmm`]). q4_0, q4_1, q5_0, q5_1 with AVX-VNNI: the 32-column kernel
 //! as on AVX2, each pair of blocks summed by two `vpdpbusd` (levels are unsigned already)
 //! where `maddubs` took two `vpmaddubsw` and an add, then a fold of i16 sums (with
 //! AVX512-VNNI: in q8_0's lanes and 512-bit registers, [`super::on_zmm`]). q4_K, q5_K and
@@ -282,7 +282,6 @@ unsafe fn dots_evex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scra
         match raw.t {
             GgmlType::Q4_K => on_zmm::dots::<Q4KU>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
             GgmlType::Q5_K => on_zmm::dots::<Q5KU>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
-            GgmlType::Q8_0 => on_zmm::q8(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
             GgmlType::IQ4_XS => on_zmm::dots::<Iq4XsU>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
             _ => on_zmm::legacy_dots(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
         }
@@ -384,7 +383,7 @@ unsafe fn gemv_evex(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32])
     // SAFETY: this function's features; the caller's contract.
     unsafe {
         match w.t {
-            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::MXFP4 => {
+            GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::MXFP4 | GgmlType::Q8_0 => {
                 on_zmm::legacy_gemv(w, rows, act, out)
             }
             _ => gemv_in::<vnni::Evex>(w, rows, act, out),

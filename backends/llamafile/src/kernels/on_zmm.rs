@@ -3,9 +3,9 @@
 //! activations broadcast to both halves, so one `vpdpbusd` does the work of two 256-bit ones
 //! (on a Xeon with two 512-bit units, 1.86× their throughput) and each f32 step serves two
 //! rows. For q4_K, q5_K and iq4_xs ([`KBlock::PER32`], [`dots`]), q2_K, q3_K, q6_K and the
-//! lattice types (`vpmaddubsw`, as AVX2 does: [`kquant16`]), q8_0 ([`q8`]) and the
-//! 32-column types ([`legacy`]: q4_0, q4_1, q5_0, q5_1, mxfp4 and iq4_nl through their tables,
-//! iq4_nl's + 128 taken back out of each block's sum as q8_0's is, their levels packed in
+//! lattice types (`vpmaddubsw`, as AVX2 does: [`kquant16`]) and the 32-column types
+//! ([`legacy`]: q8_0's bytes, q4_0, q4_1, q5_0, q5_1, mxfp4 and iq4_nl through their tables,
+//! q8_0's and iq4_nl's + 128 taken back out of each block's sum, the others' levels packed in
 //! q8_0's 4-column lanes, [`quads`]; up to 4 tokens without a level store, [`legacy_few`]).
 //! Lane for lane the operations are those of the 256-bit kernels ([`per32`](super::per32),
 //! [`vnni_q8`](super::on_vnni) and [`legacy`](fn@super::legacy)'s f32 steps): the results are
@@ -196,70 +196,6 @@ unsafe fn write_out<const A: usize>(acc: &[[__m512; A]; R / 2], out: &mut [[f32;
     }
 }
 
-/// `K` tokens' dots with one q8_0 group of the tile's rows (levels + 128 in `lv`, the 8 blocks'
-/// scales in pairs `dw`), added to `acc[p][t..t + K]` or setting them for a tile's `FIRST`
-/// group: 8 `vpdpbusd` a pair and token from the activations' `-128·Σq`, then as
-/// [`vnni_tokens`](super::on_vnni) (a product, or an FMA, with the scales' product).
-///
-/// # Safety
-/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
-#[inline(always)]
-unsafe fn q8_tokens<const K: usize, const FIRST: bool>(
-    lv: &Pairs,
-    dw: &[__m512; R / 2],
-    act: &[ActV8],
-    acc: &mut Acc2,
-    t: usize,
-) {
-    // SAFETY (whole function): AVX2/FMA/AVX512F/VNNI by the callers' contract; loads stay
-    // inside the levels, the activation blocks and the accumulators.
-    unsafe {
-        let mut s = [[_mm512_setzero_si512(); K]; R / 2];
-        for k in 0..K {
-            let neg = _mm512_broadcast_i64x4(ld(&act[k].neg));
-            for p in 0..R / 2 {
-                s[p][k] = neg;
-            }
-        }
-        dp_pairs(lv, act, |a| &a.qs, &mut s);
-        for k in 0..K {
-            let da = _mm512_castsi512_ps(_mm512_broadcast_i64x4(ld(&act[k].d)));
-            for p in 0..R / 2 {
-                let (x, sc) = (_mm512_cvtepi32_ps(s[p][k]), _mm512_mul_ps(dw[p], da));
-                acc[p][t + k] = if FIRST { _mm512_mul_ps(x, sc) } else { _mm512_fmadd_ps(x, sc, acc[p][t + k]) };
-            }
-        }
-    }
-}
-
-/// [`super::dots`] for q8_0 on AVX512-VNNI: each group's levels copied into `lv` once per
-/// token tile, then `NT` tokens at a time, the rest in one group.
-///
-/// # Safety
-/// As [`super::dots`] for a matrix packed for VNNI; AVX512F, AVX512BW, AVX512VL and
-/// AVX512-VNNI must be present.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn q8(tile: &Tile<'_, ActV8>, out: &mut [[f32; R]], lv: &mut Pairs, acc: &mut Acc) {
-    let acc = in_pairs(acc);
-    let (n, acts) = (tile.n, tile.act());
-    for (t0, tn) in token_tiles::<{ 2 * TC }>(n) {
-        for g in 0..tile.nb {
-            // SAFETY (whole loop): this function's features; loads stay inside the groups
-            // (8 registers of levels after the 16 bytes of scales), stores inside `lv`.
-            let (grp, dw) = unsafe { open_group(tile, t0, g) };
-            unsafe { lv.fill(|i, r| ld(&grp[i][2 * legacy::G + 32 * r..])) };
-            let dw = array!(_mm512_setzero_ps(); R / 2, |p| unsafe { join(dw[2 * p], dw[2 * p + 1]) });
-            let act = &acts[g * n + t0..g * n + t0 + tn];
-            if g == 0 {
-                groups!(NT, tn, |K, t| unsafe { q8_tokens::<K, true>(lv, &dw, &act[t..], acc, t) });
-            } else {
-                groups!(NT, tn, |K, t| unsafe { q8_tokens::<K, false>(lv, &dw, &act[t..], acc, t) });
-            }
-        }
-        unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
-    }
-}
-
 /// The 16 words `f(0), …, f(15)` as one register.
 ///
 /// # Safety
@@ -271,12 +207,13 @@ unsafe fn words(f: impl Fn(usize) -> usize) -> __m512i {
     unsafe { _mm512_loadu_si512(w.as_ptr().cast()) }
 }
 
-/// One row's group of a 32-column type with unsigned levels (q4_0, q4_1, q5_0, q5_1, and
-/// mxfp4's and iq4_nl's through their tables) in [`ActV8`]'s order, as 4 registers of two:
-/// registers 0 | 1, 2 | 3, 4 | 5 and 6 | 7. The group was packed so
-/// ([`legacy::to_nibble_quads`]): the low nibbles of its two 64-byte halves are registers
-/// 0..4, the high ones 4..8; q5's fifth bits come from their plane (bit `j` of byte `i` for
-/// register `j`) by a rotate of each register's bit to bit 4.
+/// One row's group of a 32-column type with unsigned levels (q8_0's + 128, q4_0, q4_1, q5_0,
+/// q5_1, and mxfp4's and iq4_nl's through their tables) in [`ActV8`]'s order, as 4 registers
+/// of two: registers 0 | 1, 2 | 3, 4 | 5 and 6 | 7. q8_0's are its 4 × 64 bytes
+/// ([`legacy::to_quads`]); the others' group was packed so ([`legacy::to_nibble_quads`]): the
+/// low nibbles of its two 64-byte halves are registers 0..4, the high ones 4..8; q5's fifth
+/// bits come from their plane (bit `j` of byte `i` for register `j`) by a rotate of each
+/// register's bit to bit 4.
 ///
 /// # Safety
 /// AVX512F and AVX512BW are present (inlined into kernels that enable them); `g` is one
@@ -286,8 +223,21 @@ unsafe fn quads<L: LGroup>(g: &[u8]) -> [__m512i; 4] {
     // SAFETY (whole body): AVX512F/BW by the caller's contract; loads stay inside the group
     // (128 bytes of nibbles at `L::LEVELS`, q5's 32-byte plane after them).
     unsafe {
-        debug_assert!(g.len() >= L::LEVELS + if L::PLANE { 160 } else { 128 });
+        debug_assert!(
+            g.len()
+                >= L::LEVELS
+                    + if L::BYTES {
+                        256
+                    } else if L::PLANE {
+                        160
+                    } else {
+                        128
+                    }
+        );
         let at = g[L::LEVELS..].as_ptr();
+        if L::BYTES {
+            return array!(_mm512_setzero_si512(); 4, |q| _mm512_loadu_si512(at.add(64 * q).cast()));
+        }
         // Registers 0 | 1 and 4 | 5, then 2 | 3 and 6 | 7.
         let (a, b) = (_mm512_loadu_si512(at.cast()), _mm512_loadu_si512(at.add(64).cast()));
         let low = _mm512_set1_epi8(0x0F);
@@ -400,7 +350,7 @@ unsafe fn legacy_scale<L: LGroup, const K: usize, const A: usize, const FIRST: b
     }
 }
 
-/// The 32-column types but q8_0 on AVX512-VNNI, for five tokens or more (fewer:
+/// The 32-column types on AVX512-VNNI, for five tokens or more (fewer:
 /// [`legacy_few`]): each group's levels put in pairs of rows into `lv` once per token tile
 /// ([`quads`]), then `NT` tokens at a time, the rest in one group. Block sums and f32 steps
 /// are the AVX2 kernel's: so are the results, bit for bit.
@@ -417,7 +367,12 @@ pub(super) unsafe fn legacy<L: LGroup>(tile: &Tile<'_, ActV8>, out: &mut [[f32; 
             // stores inside `lv`.
             let (grp, dw) = unsafe { open_group(tile, t0, g) };
             let f = unsafe { factors::<L>(&grp, &dw) };
-            for p in 0..R / 2 {
+            if L::BYTES {
+                // Each row's registers copied as they are (the 64-byte loads and shuffles
+                // below measured 4% slower at 33 tokens).
+                unsafe { lv.fill(|i, r| ld(&grp[i][L::LEVELS + 32 * r..])) };
+            }
+            for p in (0..R / 2).filter(|_| !L::BYTES) {
                 let (a, b) = unsafe { (quads::<L>(grp[2 * p]), quads::<L>(grp[2 * p + 1])) };
                 for m in 0..4 {
                     // Register 2m of both rows, then 2m + 1.
@@ -499,12 +454,13 @@ macro_rules! by_lgroup {
             GgmlType::Q5_1 => $f!(legacy::Q51),
             GgmlType::MXFP4 => $f!(legacy::Mxfp4),
             GgmlType::IQ4_NL => $f!(legacy::Iq4NlV),
+            GgmlType::Q8_0 => $f!(legacy::Q80V),
             t => unreachable!("{t} has no 512-bit 32-column kernel"),
         }
     };
 }
 
-/// [`super::dots`] for a 32-column type but q8_0 ([`legacy`]).
+/// [`super::dots`] for a 32-column type ([`legacy`]).
 ///
 /// # Safety
 /// As [`legacy`].
@@ -527,7 +483,7 @@ pub(super) unsafe fn legacy_dots(tile: &Tile<'_, ActV8>, out: &mut [[f32; R]], l
     by_lgroup!(tile.t, run)
 }
 
-/// [`super::gemv`] for a 32-column type but q8_0 ([`legacy_few`]).
+/// [`super::gemv`] for a 32-column type ([`legacy_few`]).
 ///
 /// # Safety
 /// As [`legacy_few`], for one token.

@@ -9,7 +9,7 @@ use super::*;
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn legacy1<L: LGroup>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
+pub(super) unsafe fn legacy1<L: PairLevels>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
     // SAFETY: this function's features; the caller's contract.
     one_token_tiles!(w, rows, act, out, ActG8, |tile, res| unsafe {
         legacy::<1, 1, L>(&tile, &mut res, &mut [[_mm256_setzero_ps(); 1]; R])
@@ -33,7 +33,7 @@ pub(super) unsafe fn wide1(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut
 /// # Safety
 /// As [`dots`]; `P`'s features present (inlined into functions that enable them).
 #[inline(always)]
-pub(super) unsafe fn legacy_tiles<L: LGroup, P: PairSums>(
+pub(super) unsafe fn legacy_tiles<L: PairLevels, P: PairSums>(
     raw: &Tile<'_, u8>,
     out: &mut [[f32; R]],
     scratch: &mut Scratch,
@@ -80,7 +80,7 @@ impl PairSums for Maddubs {
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c")]
-pub(super) unsafe fn legacy<const TC: usize, const A: usize, L: LGroup>(
+pub(super) unsafe fn legacy<const TC: usize, const A: usize, L: PairLevels>(
     tile: &Tile<'_, ActG8>,
     out: &mut [[f32; R]],
     acc: &mut [[__m256; A]; R],
@@ -99,7 +99,7 @@ pub(super) unsafe fn legacy<const TC: usize, const A: usize, L: LGroup>(
 /// them); the tile's activations are `ActG8` for its type.
 #[inline(always)]
 #[allow(unused_unsafe)] // It runs inlined: one block for the intrinsics, the inner ones for their notes.
-pub(super) unsafe fn legacy_with<const TC: usize, const A: usize, L: LGroup, P: PairSums>(
+pub(super) unsafe fn legacy_with<const TC: usize, const A: usize, L: PairLevels, P: PairSums>(
     tile: &Tile<'_, ActG8>,
     out: &mut [[f32; R]],
     acc: &mut [[__m256; A]; R],
