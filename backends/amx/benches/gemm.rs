@@ -1,9 +1,11 @@
 //! Hot-weight GEMM on one thread: one expert's 2048 × 7168 projection (DeepSeek-V3's gate)
 //! against 256 tokens, the weights in cache after the first rep, through the backend's `down`
-//! (one task over every row): the tile kernels' own speed, to set against the tile peak of
-//! `kt bench` (its `amx_int8_gops` / `amx_bf16_gflops` for one thread). Items are operations
-//! (2·rows·cols·tokens). `/avx512`: the `avx512_bf16` kernels on the same shape. Prints nothing
-//! but a skip line on a CPU without AMX (or without AVX-512 for `/avx512`).
+//! (one task over every row): the tile kernels' own speed, against the peaks `peak` times on
+//! the same thread in the same run (the tile block `kt bench` probes, and the 512-bit
+//! `vpdpbusd` and `vdpbf16ps` for `/avx512`). Items are operations (2·rows·cols·tokens), so a
+//! kernel's Gitem/s over its peak's is its ratio to the roofline. `/avx512`: the `avx512_bf16`
+//! kernels on the same shape. Prints nothing but a skip line on a CPU without AMX (or without
+//! AVX-512 for `/avx512`).
 //! `cargo bench -p kt-backend-amx --bench gemm`
 
 use half::bf16;
@@ -44,6 +46,34 @@ fn gemm(bencher: divan::Bencher, name: &str) {
     bencher
         .counter(divan::counter::ItemsCount::new(2 * ROWS * COLS * TOKENS))
         .bench_local(|| b.down(&w, 0..ROWS, act, MatMut::from_slice(&mut y, TOKENS, ROWS, stride), scratch));
+}
+
+/// `amx-int8`, `amx-bf16`: the kernels' 2×2 tile block from L1 (`kt_backend_amx::probe`);
+/// `vnni`, `bf16-512`: the 512-bit `vpdpbusd` and `vdpbf16ps` chains (`kt_x86::peak`).
+#[divan::bench(args = ["amx-int8", "amx-bf16", "vnni", "bf16-512"])]
+fn peak(bencher: divan::Bencher, name: &str) {
+    use kt_backend_amx::probe::{block_steps, OPS_PER_STEP};
+    use kt_x86::peak::Loop;
+    const STEPS: u64 = 10_000;
+    let (ops, run): (_, Box<dyn Fn()>) = match name {
+        "amx-int8" | "amx-bf16" => {
+            let bf16 = name == "amx-bf16";
+            if let Err(missing) = block_steps(bf16, 1) {
+                eprintln!("skipped peak {name}: this CPU lacks {missing}");
+                return;
+            }
+            (OPS_PER_STEP * STEPS, Box::new(move || block_steps(bf16, STEPS).expect("granted above")))
+        }
+        _ => {
+            let l = if name == "vnni" { Loop::Vnni } else { Loop::Bf16Zmm };
+            let Some(ops) = l.ops() else {
+                eprintln!("skipped peak {name}: this CPU lacks its instructions");
+                return;
+            };
+            (ops * 10 * STEPS, Box::new(move || assert!(l.run(10 * STEPS))))
+        }
+    };
+    bencher.counter(divan::counter::ItemsCount::new(ops)).bench_local(run);
 }
 
 fn main() {

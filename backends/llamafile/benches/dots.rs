@@ -3,7 +3,9 @@
 //! decode) and 20 and 33 (an expert's share of a 512-token prefill); `down`: its down
 //! projection's shape (2048 × 768). Divide 2·768·2048·n by the time for GOP/s. `pack`: the gate matrix packed at load (repacking, levels moved to
 //! the lane layout), in GGUF bytes per second. `/avx2`: the AVX2 kernels where the CPU would
-//! run VNNI ones (`LLAMAFILE_AVX2`).
+//! run VNNI ones (`LLAMAFILE_AVX2`). `peak`: the instruction peaks the kernels are judged by,
+//! timed on the same thread in the same run; items are operations, so a kernel's Gitem/s over
+//! its peak's is its ratio to the roofline.
 //! `cargo bench -p kt-backend-llamafile --bench dots`
 
 use half::bf16;
@@ -57,6 +59,25 @@ fn run<const N: usize>(bencher: divan::Bencher, name: &str, rows: usize, cols: u
     bencher
         .counter(divan::counter::ItemsCount::new(2 * rows * cols * N))
         .bench_local(|| b.down(&w, 0..rows, act, MatMut::from_slice(&mut y, N, rows, stride), scratch));
+}
+
+/// `vnni`: the widest `vpdpbusd` (the VNNI kernels); `int8`: AVX2's `vpmaddubsw` chain (the
+/// `/avx2` kernels); `int8-512`: its 512-bit form (q2_K, q3_K, q6_K and the lattice types
+/// with AVX512-VNNI). `kt_x86::peak`'s loops, as `kt bench`'s roofline runs them.
+#[divan::bench(args = ["vnni", "int8", "int8-512"])]
+fn peak(bencher: divan::Bencher, name: &str) {
+    use kt_x86::peak::Loop;
+    const ITERS: u64 = 100_000;
+    let l = match name {
+        "vnni" => Loop::Vnni,
+        "int8" => Loop::Int8,
+        _ => Loop::Int8Zmm,
+    };
+    let Some(ops) = l.ops() else {
+        eprintln!("skipped peak {name}: this CPU lacks its instructions");
+        return;
+    };
+    bencher.counter(divan::counter::ItemsCount::new(ops * ITERS)).bench_local(|| l.run(ITERS));
 }
 
 #[divan::bench(args = ["q3_K", "q4_K", "q5_K", "q6_K", "q8_0", "q4_0"])]

@@ -5,7 +5,7 @@
 //! 15 to 30 GB/s, and a kernel's best over thousands of reps set against a low reading gave
 //! ratios above 1.
 //!
-//! The compute loops are inline asm so the compiler cannot hoist their loop-invariant work.
+//! The compute loops are `kt_x86::peak`'s, inline asm the compiler cannot hoist work out of.
 //! The int8 peak is the AVX2 loop the kernels' instructions come from; where the CPU has VNNI,
 //! its `vpdpbusd` peak is read as well, in the widest registers it runs (512-bit with
 //! AVX512-VNNI: on a Xeon with two 512-bit units 1.86× the 256-bit form; Zen 4 splits them):
@@ -250,107 +250,30 @@ pub fn int8_gops(th: Threads<'_>) -> f64 {
     (th.n as u64 * ITERS * 8 * 32 * 2) as f64 / best / 1e9
 }
 
+/// The rate of `l` ([`kt_x86::peak::Loop`]) on `th`'s threads, best of 3; `None` where the CPU
+/// lacks its instructions.
+#[cfg(target_arch = "x86_64")]
+fn loop_rate(th: Threads<'_>, l: kt_x86::peak::Loop) -> Option<f64> {
+    let ops = l.ops()?;
+    let best = best_seconds(3, th, |_| {
+        l.run(ITERS);
+    });
+    Some((th.n as u64 * ITERS * ops) as f64 / best / 1e9)
+}
+
 /// VNNI int8 dot peak: 14 independent `vpdpbusd` chains per thread (its 5-cycle latency
 /// needs 10 to fill two ports) in the widest registers the CPU runs it on, best of 3; `None`
 /// without AVX-VNNI or AVX512-VNNI.
 pub fn vnni_gops(th: Threads<'_>) -> Option<f64> {
-    let form = vnni_form()?;
-    let best = best_seconds(3, th, |_| vnni_loop(form, ITERS));
-    // 14 × vpdpbusd of 32 or 64 byte pairs, 2 ops per multiply-add.
-    let pairs = if form == VnniForm::Zmm { 64 } else { 32 };
-    Some((th.n as u64 * ITERS * 14 * pairs * 2) as f64 / best / 1e9)
-}
-
-/// Which encoding of `vpdpbusd` this CPU runs, and on which registers.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum VnniForm {
-    /// AVX-VNNI (VEX), ymm.
-    Vex,
-    /// AVX512-VNNI with AVX512VL (EVEX), ymm.
-    Evex,
-    /// AVX512-VNNI (EVEX), zmm.
-    Zmm,
-}
-
-fn vnni_form() -> Option<VnniForm> {
     #[cfg(target_arch = "x86_64")]
-    {
-        if std::arch::is_x86_feature_detected!("avx512vnni")
-            && std::arch::is_x86_feature_detected!("avx512f")
-            && std::arch::is_x86_feature_detected!("avx512bw")
-        {
-            return Some(VnniForm::Zmm);
-        }
-        if std::arch::is_x86_feature_detected!("avxvnni") {
-            return Some(VnniForm::Vex);
-        }
-        if std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512vl") {
-            return Some(VnniForm::Evex);
-        }
-    }
-    None
-}
-
-/// `$iters` rounds of one `$op` (e.g. `vpdpbusd` with its encoding prefix) per accumulator, 14
-/// accumulators, on registers `$r` ("ymm" or "zmm"), the two sources set up by `$init8` and
-/// `$init9`. The registers are set up and declared clobbered by their ymm names (a VEX write
-/// clears the rest of a zmm): zmm operands would need the `avx512f` target feature, stable only
-/// from rustc 1.89 (the workspace builds from 1.85), and the function running it never inlines
-/// and keeps nothing in the upper halves the zmm loop overwrites (`vzeroupper` clears them after).
-macro_rules! chains_asm {
-    ($iters:expr, $op:literal, $r:literal) => {
-        chains_asm!($iters, $op, $r, "vpcmpeqb ymm8, ymm8, ymm8\nvpabsb ymm8, ymm8", "vmovdqa ymm9, ymm8")
-    };
-    ($iters:expr, $op:literal, $r:literal, $init8:literal, $init9:literal) => {
-        std::arch::asm!(
-            "vpxor ymm0, ymm0, ymm0", "vpxor ymm1, ymm1, ymm1", "vpxor ymm2, ymm2, ymm2",
-            "vpxor ymm3, ymm3, ymm3", "vpxor ymm4, ymm4, ymm4", "vpxor ymm5, ymm5, ymm5",
-            "vpxor ymm6, ymm6, ymm6", "vpxor ymm7, ymm7, ymm7", "vpxor ymm10, ymm10, ymm10",
-            "vpxor ymm11, ymm11, ymm11", "vpxor ymm12, ymm12, ymm12", "vpxor ymm13, ymm13, ymm13",
-            "vpxor ymm14, ymm14, ymm14", "vpxor ymm15, ymm15, ymm15",
-            $init8, $init9,
-            "2:",
-            concat!($op, " ", $r, "0, ", $r, "8, ", $r, "9"), concat!($op, " ", $r, "1, ", $r, "8, ", $r, "9"),
-            concat!($op, " ", $r, "2, ", $r, "8, ", $r, "9"), concat!($op, " ", $r, "3, ", $r, "8, ", $r, "9"),
-            concat!($op, " ", $r, "4, ", $r, "8, ", $r, "9"), concat!($op, " ", $r, "5, ", $r, "8, ", $r, "9"),
-            concat!($op, " ", $r, "6, ", $r, "8, ", $r, "9"), concat!($op, " ", $r, "7, ", $r, "8, ", $r, "9"),
-            concat!($op, " ", $r, "10, ", $r, "8, ", $r, "9"), concat!($op, " ", $r, "11, ", $r, "8, ", $r, "9"),
-            concat!($op, " ", $r, "12, ", $r, "8, ", $r, "9"), concat!($op, " ", $r, "13, ", $r, "8, ", $r, "9"),
-            concat!($op, " ", $r, "14, ", $r, "8, ", $r, "9"), concat!($op, " ", $r, "15, ", $r, "8, ", $r, "9"),
-            "dec {n}",
-            "jnz 2b",
-            "vzeroupper",
-            n = inout(reg) $iters => _,
-            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _, out("ymm5") _,
-            out("ymm6") _, out("ymm7") _, out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
-            out("ymm12") _, out("ymm13") _, out("ymm14") _, out("ymm15") _,
-            options(nostack, nomem),
-        )
-    };
-}
-
-#[inline(never)]
-fn vnni_loop(form: VnniForm, iters: u64) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: register-only arithmetic; every register used is declared clobbered (the zmm
-    // ones by their ymm names, `chains_asm`'s note); `form` is an encoding the CPU runs
-    // ([`vnni_form`]).
-    unsafe {
-        match form {
-            VnniForm::Vex => chains_asm!(iters, "{{vex}} vpdpbusd", "ymm"),
-            VnniForm::Evex => chains_asm!(iters, "{{evex}} vpdpbusd", "ymm"),
-            VnniForm::Zmm => chains_asm!(iters, "vpdpbusd", "zmm"),
-        }
-    }
+    return loop_rate(th, kt_x86::peak::Loop::Vnni);
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = (form, iters);
+    None
 }
 
 fn fma_loop(iters: u64) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
-        // SAFETY: AVX2 and FMA are present (checked).
-        unsafe { fma_loop_avx2(iters) };
+    if kt_x86::peak::Loop::Fma.run(iters) {
         return;
     }
     let mut acc = [0.0f32; 12];
@@ -364,9 +287,7 @@ fn fma_loop(iters: u64) {
 
 fn int8_loop(iters: u64) {
     #[cfg(target_arch = "x86_64")]
-    if std::arch::is_x86_feature_detected!("avx2") {
-        // SAFETY: AVX2 is present (checked).
-        unsafe { int8_loop_avx2(iters) };
+    if kt_x86::peak::Loop::Int8.run(iters) {
         return;
     }
     let mut acc = [0i32; 8];
@@ -378,100 +299,21 @@ fn int8_loop(iters: u64) {
     black_box(acc);
 }
 
-/// # Safety
-/// The CPU must support AVX2 and FMA.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2,fma")]
-unsafe fn fma_loop_avx2(iters: u64) {
-    // SAFETY: register-only arithmetic; every register used is declared clobbered.
-    unsafe {
-        std::arch::asm!(
-            "vxorps ymm0, ymm0, ymm0", "vxorps ymm1, ymm1, ymm1", "vxorps ymm2, ymm2, ymm2",
-            "vxorps ymm3, ymm3, ymm3", "vxorps ymm4, ymm4, ymm4", "vxorps ymm5, ymm5, ymm5",
-            "vxorps ymm6, ymm6, ymm6", "vxorps ymm7, ymm7, ymm7", "vxorps ymm8, ymm8, ymm8",
-            "vxorps ymm9, ymm9, ymm9", "vxorps ymm10, ymm10, ymm10", "vxorps ymm11, ymm11, ymm11",
-            "vxorps ymm12, ymm12, ymm12", "vxorps ymm13, ymm13, ymm13",
-            "2:",
-            "vfmadd231ps ymm0, ymm12, ymm13", "vfmadd231ps ymm1, ymm12, ymm13",
-            "vfmadd231ps ymm2, ymm12, ymm13", "vfmadd231ps ymm3, ymm12, ymm13",
-            "vfmadd231ps ymm4, ymm12, ymm13", "vfmadd231ps ymm5, ymm12, ymm13",
-            "vfmadd231ps ymm6, ymm12, ymm13", "vfmadd231ps ymm7, ymm12, ymm13",
-            "vfmadd231ps ymm8, ymm12, ymm13", "vfmadd231ps ymm9, ymm12, ymm13",
-            "vfmadd231ps ymm10, ymm12, ymm13", "vfmadd231ps ymm11, ymm12, ymm13",
-            "dec {n}",
-            "jnz 2b",
-            "vzeroupper",
-            n = inout(reg) iters => _,
-            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _, out("ymm5") _,
-            out("ymm6") _, out("ymm7") _, out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
-            out("ymm12") _, out("ymm13") _,
-            options(nostack, nomem),
-        );
-    }
-}
-
-/// 8 independent `vpmaddubsw → vpmaddwd → vpaddd` chains, `$iters` rounds, on registers `$r`
-/// ("ymm" or "zmm"; declared by their ymm names, as in `chains_asm`), the 16-bit ones in
-/// register 10 made by `$ones` and the byte operands in 8 and 9 by `$bytes` (a zmm needs
-/// `vpternlogd` for them: an EVEX compare writes a mask).
-macro_rules! int8_chains_asm {
-    ($iters:expr, $r:literal, $ones:literal, $bytes:literal) => {
-        std::arch::asm!(
-            "vpxor ymm0, ymm0, ymm0", "vpxor ymm1, ymm1, ymm1", "vpxor ymm2, ymm2, ymm2",
-            "vpxor ymm3, ymm3, ymm3", "vpxor ymm4, ymm4, ymm4", "vpxor ymm5, ymm5, ymm5",
-            "vpxor ymm6, ymm6, ymm6", "vpxor ymm7, ymm7, ymm7",
-            $ones, $bytes,
-            "2:",
-            concat!("vpmaddubsw ", $r, "11, ", $r, "8, ", $r, "9"), concat!("vpmaddwd ", $r, "11, ", $r, "11, ", $r, "10"), concat!("vpaddd ", $r, "0, ", $r, "0, ", $r, "11"),
-            concat!("vpmaddubsw ", $r, "12, ", $r, "8, ", $r, "9"), concat!("vpmaddwd ", $r, "12, ", $r, "12, ", $r, "10"), concat!("vpaddd ", $r, "1, ", $r, "1, ", $r, "12"),
-            concat!("vpmaddubsw ", $r, "13, ", $r, "8, ", $r, "9"), concat!("vpmaddwd ", $r, "13, ", $r, "13, ", $r, "10"), concat!("vpaddd ", $r, "2, ", $r, "2, ", $r, "13"),
-            concat!("vpmaddubsw ", $r, "14, ", $r, "8, ", $r, "9"), concat!("vpmaddwd ", $r, "14, ", $r, "14, ", $r, "10"), concat!("vpaddd ", $r, "3, ", $r, "3, ", $r, "14"),
-            concat!("vpmaddubsw ", $r, "11, ", $r, "8, ", $r, "9"), concat!("vpmaddwd ", $r, "11, ", $r, "11, ", $r, "10"), concat!("vpaddd ", $r, "4, ", $r, "4, ", $r, "11"),
-            concat!("vpmaddubsw ", $r, "12, ", $r, "8, ", $r, "9"), concat!("vpmaddwd ", $r, "12, ", $r, "12, ", $r, "10"), concat!("vpaddd ", $r, "5, ", $r, "5, ", $r, "12"),
-            concat!("vpmaddubsw ", $r, "13, ", $r, "8, ", $r, "9"), concat!("vpmaddwd ", $r, "13, ", $r, "13, ", $r, "10"), concat!("vpaddd ", $r, "6, ", $r, "6, ", $r, "13"),
-            concat!("vpmaddubsw ", $r, "14, ", $r, "8, ", $r, "9"), concat!("vpmaddwd ", $r, "14, ", $r, "14, ", $r, "10"), concat!("vpaddd ", $r, "7, ", $r, "7, ", $r, "14"),
-            "dec {n}",
-            "jnz 2b",
-            "vzeroupper",
-            n = inout(reg) $iters => _,
-            out("ymm0") _, out("ymm1") _, out("ymm2") _, out("ymm3") _, out("ymm4") _, out("ymm5") _,
-            out("ymm6") _, out("ymm7") _, out("ymm8") _, out("ymm9") _, out("ymm10") _, out("ymm11") _,
-            out("ymm12") _, out("ymm13") _, out("ymm14") _,
-            options(nostack, nomem),
-        )
-    };
-}
-
-/// # Safety
-/// The CPU must support AVX2.
-#[cfg(target_arch = "x86_64")]
-#[target_feature(enable = "avx2")]
-unsafe fn int8_loop_avx2(iters: u64) {
-    // SAFETY: register-only arithmetic; every register used is declared clobbered.
-    unsafe {
-        int8_chains_asm!(
-            iters,
-            "ymm",
-            "vpcmpeqw ymm10, ymm10, ymm10\nvpsrlw ymm10, ymm10, 15", // 16-bit ones
-            "vpcmpeqb ymm8, ymm8, ymm8\nvpabsb ymm8, ymm8\nvmovdqa ymm9, ymm8"
-        )
-    }
-}
-
 /// The 512-bit peaks ([`Zmm`]), each best of 3; `None` for those the CPU lacks.
 pub fn zmm_peaks(th: Threads<'_>) -> Zmm {
-    if !avx512() {
-        return Zmm::default();
+    #[cfg(target_arch = "x86_64")]
+    {
+        use kt_x86::peak::Loop;
+        Zmm {
+            fma_gflops: loop_rate(th, Loop::Fma512),
+            int8_gops: loop_rate(th, Loop::Int8Zmm),
+            bf16_gflops: loop_rate(th, Loop::Bf16Zmm),
+        }
     }
-    // 14 chains of 16 lanes: FMA 2 flops a lane, vdpbf16ps 4; the int8 loop as `int8_gops`.
-    let rate = |ops_per_iter: u64, secs: f64| (th.n as u64 * ITERS * ops_per_iter) as f64 / secs / 1e9;
-    let fma = best_seconds(3, th, |_| zmm_loop(ZmmOp::Fma, ITERS));
-    let int8 = best_seconds(3, th, |_| zmm_loop(ZmmOp::Int8, ITERS));
-    let bf16 = is_x86_feature_detected!("avx512bf16").then(|| best_seconds(3, th, |_| zmm_loop(ZmmOp::Bf16, ITERS)));
-    Zmm {
-        fma_gflops: Some(rate(14 * 16 * 2, fma)),
-        int8_gops: Some(rate(8 * 64 * 2, int8)),
-        bf16_gflops: bf16.map(|t| rate(14 * 16 * 4, t)),
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        let _ = th;
+        Zmm::default()
     }
 }
 
@@ -493,43 +335,6 @@ pub fn tile_peaks(th: Threads<'_>) -> Tiles {
     Tiles::default()
 }
 
-fn avx512() -> bool {
-    #[cfg(target_arch = "x86_64")]
-    return is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
-    #[cfg(not(target_arch = "x86_64"))]
-    false
-}
-
-/// The 512-bit loops.
-#[derive(Clone, Copy, Debug, PartialEq)]
-enum ZmmOp {
-    Fma,
-    Int8,
-    Bf16,
-}
-
-#[inline(never)]
-fn zmm_loop(op: ZmmOp, iters: u64) {
-    #[cfg(target_arch = "x86_64")]
-    // SAFETY: register-only arithmetic; every register used is declared clobbered by its ymm
-    // name (`chains_asm`'s note); the caller checked AVX-512F/BW (and BF16 for `Bf16`).
-    unsafe {
-        match op {
-            // Zeros: no operand or product is subnormal (no microcode assists).
-            ZmmOp::Fma => chains_asm!(iters, "vfmadd231ps", "zmm", "vpxor ymm8, ymm8, ymm8", "vpxor ymm9, ymm9, ymm9"),
-            ZmmOp::Bf16 => chains_asm!(iters, "vdpbf16ps", "zmm", "vpxor ymm8, ymm8, ymm8", "vpxor ymm9, ymm9, ymm9"),
-            ZmmOp::Int8 => int8_chains_asm!(
-                iters,
-                "zmm",
-                "vpternlogd zmm10, zmm10, zmm10, 0xff\nvpsrlw zmm10, zmm10, 15",
-                "vpternlogd zmm8, zmm8, zmm8, 0xff\nvpabsb zmm8, zmm8\nvmovdqa64 zmm9, zmm8"
-            ),
-        }
-    }
-    #[cfg(not(target_arch = "x86_64"))]
-    let _ = (op, iters);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -539,26 +344,18 @@ mod tests {
         // Correctness of the harness only (no timing assertion): finite, positive numbers.
         fma_loop(1000);
         int8_loop(1000);
-        if let Some(form) = vnni_form() {
-            vnni_loop(form, 1000);
-            assert!(vnni_gops(Threads::unpinned(1)).is_some_and(|g| g.is_finite() && g > 0.0));
-        }
         #[cfg(target_arch = "x86_64")]
-        if std::arch::is_x86_feature_detected!("avx512vnni") && std::arch::is_x86_feature_detected!("avx512vl") {
-            vnni_loop(VnniForm::Evex, 1000); // the ymm forms a CPU with AVX512-VNNI never probes
-        }
-        if std::arch::is_x86_feature_detected!("avxvnni") {
-            vnni_loop(VnniForm::Vex, 1000);
-        }
-        if avx512() {
-            zmm_loop(ZmmOp::Fma, 1000);
-            zmm_loop(ZmmOp::Int8, 1000);
+        {
+            use kt_x86::peak::Loop;
+            assert_eq!(vnni_gops(Threads::unpinned(1)).is_some(), Loop::Vnni.ops().is_some());
+            assert!(vnni_gops(Threads::unpinned(1)).is_none_or(|g| g.is_finite() && g > 0.0));
             let z = zmm_peaks(Threads::unpinned(1));
-            assert!(z.fma_gflops.is_some_and(|g| g.is_finite() && g > 0.0));
-            assert!(z.int8_gops.is_some_and(|g| g.is_finite() && g > 0.0));
-            assert_eq!(z.bf16_gflops.is_some(), std::arch::is_x86_feature_detected!("avx512bf16"));
-        } else {
-            eprintln!("skipped the 512-bit probes: this CPU lacks AVX-512F/BW");
+            for (rate, l) in
+                [(z.fma_gflops, Loop::Fma512), (z.int8_gops, Loop::Int8Zmm), (z.bf16_gflops, Loop::Bf16Zmm)]
+            {
+                assert_eq!(rate.is_some(), l.ops().is_some(), "{l:?}");
+                assert!(rate.is_none_or(|g| g.is_finite() && g > 0.0), "{l:?}");
+            }
         }
         assert_eq!(read_sum(&[1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17]), 153);
         let bw = dram_gbps(Threads::unpinned(1), 1 << 20);
