@@ -279,10 +279,20 @@ unsafe fn legacy_dots<D: Dp>(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: 
 unsafe fn dots_evex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
     // SAFETY: this function's features; the caller's contract.
     unsafe {
+        macro_rules! k32 {
+            ($b:ty) => {
+                match raw.n {
+                    2 => on_zmm::k32_few::<$b, 2>(raw.cast(), out),
+                    3 => on_zmm::k32_few::<$b, 3>(raw.cast(), out),
+                    4 => on_zmm::k32_few::<$b, 4>(raw.cast(), out),
+                    _ => on_zmm::dots::<$b>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
+                }
+            };
+        }
         match raw.t {
-            GgmlType::Q4_K => on_zmm::dots::<Q4KU>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
-            GgmlType::Q5_K => on_zmm::dots::<Q5KU>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
-            GgmlType::IQ4_XS => on_zmm::dots::<Iq4XsU>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
+            GgmlType::Q4_K => k32!(Q4KU),
+            GgmlType::Q5_K => k32!(Q5KU),
+            GgmlType::IQ4_XS => k32!(Iq4XsU),
             _ => on_zmm::legacy_dots(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
         }
     }

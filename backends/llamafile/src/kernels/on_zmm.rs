@@ -2,8 +2,9 @@
 //! lane layout for two rows (the tile's rows in pairs, [`Pairs`]) against each token's
 //! activations broadcast to both halves, so one `vpdpbusd` does the work of two 256-bit ones
 //! (on a Xeon with two 512-bit units, 1.86× their throughput) and each f32 step serves two
-//! rows. For q4_K, q5_K and iq4_xs ([`KBlock::PER32`], [`dots`]), q2_K, q3_K, q6_K and the
-//! lattice types (`vpmaddubsw`, as AVX2 does: [`kquant16`]) and the 32-column types
+//! rows. For q4_K, q5_K and iq4_xs ([`KBlock::PER32`], [`dots`]; 2-4 tokens without the
+//! level store, [`k32_few`]), q2_K, q3_K, q6_K and the lattice types (`vpmaddubsw`, as AVX2
+//! does: [`kquant16`]) and the 32-column types
 //! ([`legacy`]: q8_0's bytes, q4_0, q4_1, q5_0, q5_1, mxfp4 and iq4_nl through their tables,
 //! q8_0's and iq4_nl's + 128 taken back out of each block's sum, the others' levels packed in
 //! q8_0's 4-column lanes, [`quads`]; up to 4 tokens without a level store, [`legacy_few`]).
@@ -105,8 +106,8 @@ unsafe fn dp_pairs<A, const K: usize>(lv: &Pairs, act: &[A], qs: impl Fn(&A) -> 
 }
 
 /// `K` tokens' dots with one block of the tile's rows (levels `lv`, [`KBlock::prep32`] in
-/// pairs `sc`), added to `acc[p][t..t + K]`, or setting them for a tile's `FIRST` block (an
-/// FMA with a zero register, as [`super::per32`] does with its mask, without loading them).
+/// pairs `sc`), added to `acc[p][t..t + K]`, or setting them for a tile's `FIRST` block:
+/// [`dp_pairs`], then [`k32_scale`].
 ///
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
@@ -118,15 +119,36 @@ unsafe fn tokens<B: KBlock, const K: usize, const FIRST: bool>(
     acc: &mut Acc2,
     t: usize,
 ) {
-    // SAFETY (whole function): AVX2/FMA/AVX512F/VNNI by the callers' contract; loads stay
-    // inside the levels, the activation blocks and the accumulators.
+    // SAFETY (whole function): AVX512F/VNNI by the callers' contract; loads stay inside the
+    // levels and the activation blocks.
     unsafe {
         let mut s = [[_mm512_setzero_si512(); K]; R / 2];
         dp_pairs(lv, act, |a| &a.qs, &mut s);
+        k32_scale::<B, K, _, FIRST>(&s, sc, act, acc, t);
+    }
+}
+
+/// The f32 steps of a [`KBlock::PER32`] block on `K` tokens' 32-column sums `s` (pairs of rows,
+/// row `2p` low; signed levels went in + 128, so 128·Σa of each part comes off):
+/// `acc[p][t + k]` plus (or, for a tile's `FIRST` block, set to: an FMA with a zero register,
+/// as [`super::per32`] does with its mask, without loading them) `Σ·d·sc·d_a − d·mn·m_a`.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+unsafe fn k32_scale<B: KBlock, const K: usize, const A: usize, const FIRST: bool>(
+    s: &[[__m512i; K]; R / 2],
+    sc: &[(__m512, __m512); R / 2],
+    act: &[ActK],
+    acc: &mut [[__m512; A]; R / 2],
+    t: usize,
+) {
+    // SAFETY (whole function): AVX2/FMA/AVX512F by the callers' contract; loads stay inside
+    // the activation blocks and the accumulators.
+    unsafe {
         for k in 0..K {
             let (da, m) = act32(&act[k]);
             let (da, m) = (join(da, da), join(m, m));
-            // Signed levels went in + 128: take 128·Σa of each 32-column part off.
             let off = if B::SIGNED {
                 let sums = _mm256_madd_epi16(ld(&act[k].bsums), _mm256_set1_epi16(1));
                 _mm512_broadcast_i64x4(_mm256_slli_epi32::<7>(sums))
@@ -141,6 +163,21 @@ unsafe fn tokens<B: KBlock, const K: usize, const FIRST: bool>(
                 acc[p][t + k] = _mm512_fnmadd_ps(dmn, m, x);
             }
         }
+    }
+}
+
+/// Each row pair's [`KBlock::prep32`] of block `b`, row `2p` low.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+unsafe fn prep_pairs<B: KBlock>(blk: &[&B; R]) -> [(__m512, __m512); R / 2] {
+    // SAFETY: the callers' features.
+    unsafe {
+        array!((_mm512_setzero_ps(), _mm512_setzero_ps()); R / 2, |p| {
+            let ((d0, m0), (d1, m1)) = (blk[2 * p].prep32(), blk[2 * p + 1].prep32());
+            (join(d0, d1), join(m0, m1))
+        })
     }
 }
 
@@ -162,10 +199,7 @@ pub(super) unsafe fn dots<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]
             // SAFETY (whole loop): this function's features; stores stay inside `lv`.
             let blk = array!(&blocks[0][0]; R, |i| &blocks[i][b]);
             unsafe { lv.fill(|i, r| unsigned_reg(blk[i], r)) };
-            let sc = array!((_mm512_setzero_ps(), _mm512_setzero_ps()); R / 2, |p| unsafe {
-                let ((d0, m0), (d1, m1)) = (blk[2 * p].prep32(), blk[2 * p + 1].prep32());
-                (join(d0, d1), join(m0, m1))
-            });
+            let sc = unsafe { prep_pairs(&blk) };
             let act = &acts[b * n + t0..b * n + t0 + tn];
             if b == 0 {
                 groups!(NT, tn, |K, t| unsafe { tokens::<B, K, true>(lv, &sc, &act[t..], acc, t) });
@@ -175,6 +209,59 @@ pub(super) unsafe fn dots<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]
         }
         unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
     }
+}
+
+/// [`dots`] for a call of `K` ≤ 4 tokens (an expert's share of a batched decode), with no
+/// level store: each row's registers `2h | 2h + 1` decoded into one 512-bit register meet
+/// each token's same two (one 64-byte load, no broadcast) in 4 `vpdpbusd` a row, whose
+/// halves a pair of rows adds into [`tokens`]' layout for [`k32_scale`]: the same integer
+/// sums in the same f32 steps, so the same bits.
+///
+/// # Safety
+/// As [`dots`], for `K` tokens.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn k32_few<B: KBlock, const K: usize>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
+    debug_assert_eq!(tile.n, K);
+    let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
+    let acts = tile.act();
+    let mut acc = [[_mm512_setzero_ps(); K]; R / 2];
+    for b in 0..tile.nb {
+        prefetch_next(tile, b);
+        // SAFETY (whole loop): this function's features; loads stay inside the blocks and the
+        // tokens' activation blocks (their 256 values in four 64-byte quarters).
+        unsafe {
+            let blk = array!(&blocks[0][0]; R, |i| &blocks[i][b]);
+            let sc = prep_pairs(&blk);
+            let act = &acts[b * K..b * K + K];
+            let mut s = [[_mm512_setzero_si512(); K]; R / 2];
+            for p in 0..R / 2 {
+                let regs = |i: usize| {
+                    array!(_mm512_setzero_si512(); 4, |h| {
+                        let lo = _mm512_castsi256_si512(unsigned_reg(blk[i], 2 * h));
+                        _mm512_inserti64x4::<1>(lo, unsigned_reg(blk[i], 2 * h + 1))
+                    })
+                };
+                let (qa, qb) = (regs(2 * p), regs(2 * p + 1));
+                for k in 0..K {
+                    let a = &act[k];
+                    let dot = |q: &[__m512i; 4]| {
+                        (0..4).fold(_mm512_setzero_si512(), |s, h| {
+                            _mm512_dpbusd_epi32(s, q[h], _mm512_loadu_si512(a.qs[64 * h..].as_ptr().cast()))
+                        })
+                    };
+                    let (x, y) = (dot(&qa), dot(&qb));
+                    s[p][k] = _mm512_add_epi32(_mm512_shuffle_i64x2::<0x44>(x, y), _mm512_shuffle_i64x2::<0xEE>(x, y));
+                }
+            }
+            if b == 0 {
+                k32_scale::<B, K, K, true>(&s, &sc, act, &mut acc, 0);
+            } else {
+                k32_scale::<B, K, K, false>(&s, &sc, act, &mut acc, 0);
+            }
+        }
+    }
+    // SAFETY: this function's features.
+    unsafe { write_out(&acc, out) };
 }
 
 /// `out[t][i]` = the sum of row `i`'s lanes in `acc[i / 2][t]`, as the 256-bit kernels'
