@@ -14,6 +14,8 @@ command -v cargo >/dev/null || { echo "bootstrap: cargo not found; install the R
 apt_packages=(pkg-config libhwloc-dev libudev-dev)
 # Debian's python3 needs python3-venv for the Python package's venv.
 python3 -m venv --help >/dev/null 2>&1 || apt_packages+=(python3-venv)
+# objdump, for the test that no SIMD intrinsic is called out of line (scripts/inline-check.sh).
+[ $need_test -eq 1 ] && ! command -v objdump >/dev/null && apt_packages+=(binutils)
 missing=()
 for p in "${apt_packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

@@ -332,7 +332,7 @@ unsafe fn quads<L: LGroup>(g: &[u8]) -> [__m512i; 4] {
         let mut out = [_mm512_and_si512(a, low), _mm512_and_si512(b, low), high(a), high(b)];
         if let Some(lut) = L::LUT {
             let lut = _mm512_broadcast_i32x4(_mm_loadu_si128(lut.as_ptr().cast()));
-            out = out.map(|x| _mm512_shuffle_epi8(lut, x));
+            out = array!(_mm512_setzero_si512(); 4, |q| _mm512_shuffle_epi8(lut, out[q]));
         }
         if L::PLANE {
             let plane = _mm512_broadcast_i64x4(_mm256_loadu_si256(at.add(128).cast()));

@@ -128,9 +128,12 @@ unsafe fn levels(t: GgmlType, zmm: bool, g: &[u8]) -> [__m256i; G] {
         let table = legacy::lut(t);
         let five = matches!(t, GgmlType::Q5_0 | GgmlType::Q5_1);
         if t == GgmlType::Q8_0 {
-            // + 128 in the layout.
-            let regs = array!(_mm256_setzero_si256(); G, |j| super::super::ld(&g[at + 32 * j..]));
-            return in_columns(regs.map(|r| _mm256_xor_si256(r, _mm256_set1_epi8(-128))));
+            // + 128 in the layout. (`array!`, not `map`: a `map` closure lacks the caller's
+            // features, and its `xor` was a call per register.)
+            let regs = array!(_mm256_setzero_si256(); G, |j| {
+                _mm256_xor_si256(super::super::ld(&g[at + 32 * j..]), _mm256_set1_epi8(-128))
+            });
+            return in_columns(regs);
         }
         if zmm {
             // Register j: nibble j / 4 of the 32 bytes at 32·(j % 4); its fifth bits, bit j of
