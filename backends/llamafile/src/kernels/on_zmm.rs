@@ -211,11 +211,31 @@ pub(super) unsafe fn dots<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]
     }
 }
 
+/// A pair of rows' lane sums with one token's 256 values `qs` (in the lane layout): each
+/// row's registers `2h | 2h + 1` (`qa`, `qb`, one 512-bit register each) against the token's
+/// same two (one 64-byte load, no broadcast) in 4 `vpdpbusd`, the halves (even and odd
+/// registers) added: row `a`'s sums in the low lanes, `b`'s in the high, the layout of the
+/// several-token kernels' row pairs.
+///
+/// # Safety
+/// AVX512F and AVX512-VNNI are present (inlined into kernels that enable them).
+#[inline(always)]
+unsafe fn pair_dots(qa: &[__m512i; 4], qb: &[__m512i; 4], qs: &[i8; 256]) -> __m512i {
+    // SAFETY: the callers' features; four 64-byte loads inside `qs`.
+    unsafe {
+        let dot = |q: &[__m512i; 4]| {
+            (0..4).fold(_mm512_setzero_si512(), |s, h| {
+                _mm512_dpbusd_epi32(s, q[h], _mm512_loadu_si512(qs[64 * h..].as_ptr().cast()))
+            })
+        };
+        let (x, y) = (dot(qa), dot(qb));
+        _mm512_add_epi32(_mm512_shuffle_i64x2::<0x44>(x, y), _mm512_shuffle_i64x2::<0xEE>(x, y))
+    }
+}
+
 /// [`dots`] for a call of `K` ≤ 4 tokens (an expert's share of a batched decode), with no
-/// level store: each row's registers `2h | 2h + 1` decoded into one 512-bit register meet
-/// each token's same two (one 64-byte load, no broadcast) in 4 `vpdpbusd` a row, whose
-/// halves a pair of rows adds into [`tokens`]' layout for [`k32_scale`]: the same integer
-/// sums in the same f32 steps, so the same bits.
+/// level store: each row's registers decoded two to a 512-bit register for [`pair_dots`],
+/// then [`k32_scale`]: the same integer sums in the same f32 steps, so the same bits.
 ///
 /// # Safety
 /// As [`dots`], for `K` tokens.
@@ -243,14 +263,7 @@ pub(super) unsafe fn k32_few<B: KBlock, const K: usize>(tile: &Tile<'_, ActK>, o
                 };
                 let (qa, qb) = (regs(2 * p), regs(2 * p + 1));
                 for k in 0..K {
-                    let a = &act[k];
-                    let dot = |q: &[__m512i; 4]| {
-                        (0..4).fold(_mm512_setzero_si512(), |s, h| {
-                            _mm512_dpbusd_epi32(s, q[h], _mm512_loadu_si512(a.qs[64 * h..].as_ptr().cast()))
-                        })
-                    };
-                    let (x, y) = (dot(&qa), dot(&qb));
-                    s[p][k] = _mm512_add_epi32(_mm512_shuffle_i64x2::<0x44>(x, y), _mm512_shuffle_i64x2::<0xEE>(x, y));
+                    s[p][k] = pair_dots(&qa, &qb, &act[k].qs);
                 }
             }
             if b == 0 {
@@ -482,10 +495,9 @@ pub(super) unsafe fn legacy<L: LGroup>(tile: &Tile<'_, ActV8>, out: &mut [[f32; 
 
 /// [`legacy`] for a call of `K` ≤ 4 tokens (one, or an expert's share of a batched decode;
 /// at 8 it measured no faster than [`legacy`]), with no level store: each row's [`quads`]
-/// (registers 2h | 2h + 1 in one register) meet each token's same two registers (one 64-byte
-/// load, no broadcast) in 4 `vpdpbusd` a row, whose halves (the even and the odd registers'
-/// sums) a pair of rows adds into [`legacy_tokens`]' layout (row `2p` low) for
-/// [`legacy_scale`]: the same integer sums in the same f32 steps (one token's from zero, as
+/// (registers 2h | 2h + 1 in one register) for [`pair_dots`], whose row pairs are
+/// [`legacy_tokens`]' layout (row `2p` low), then [`legacy_scale`]: the same integer sums in
+/// the same f32 steps (one token's from zero, as
 /// the AVX2 one-token kernel's; more set by the first group, as [`legacy`]'s), so the same
 /// bits. At one token this is a third of [`legacy`]'s vector work, whose moves of the levels
 /// into `lv` and back were as much work as the dot.
@@ -508,14 +520,7 @@ unsafe fn legacy_few<L: LGroup, const K: usize>(tile: &Tile<'_, ActV8>, out: &mu
             for p in 0..R / 2 {
                 let (qa, qb) = (quads::<L>(grp[2 * p]), quads::<L>(grp[2 * p + 1]));
                 for k in 0..K {
-                    let a = &act[k];
-                    let dot = |q: &[__m512i; 4]| {
-                        (0..4).fold(_mm512_setzero_si512(), |s, h| {
-                            _mm512_dpbusd_epi32(s, q[h], _mm512_loadu_si512(a.qs[64 * h..].as_ptr().cast()))
-                        })
-                    };
-                    let (x, y) = (dot(&qa), dot(&qb));
-                    let v = _mm512_add_epi32(_mm512_shuffle_i64x2::<0x44>(x, y), _mm512_shuffle_i64x2::<0xEE>(x, y));
+                    let (a, v) = (&act[k], pair_dots(&qa, &qb, &act[k].qs));
                     // Each block's sum from -128·Σa, the levels' + 128 taken back out.
                     s[p][k] = if L::PLUS_128 { _mm512_add_epi32(v, _mm512_broadcast_i64x4(ld(&a.neg))) } else { v };
                 }
