@@ -1,12 +1,12 @@
 //! Kernels on VNNI ([`crate::vnni`]). q8_0: weights packed with their levels + 128 in 4-column
 //! lanes ([`legacy::to_quads`]), activations in the same order ([`ActV8`]), 8 `vpdpbusd` a
 //! row, token and group, `NT` tokens at a time (with AVX512-VNNI in 512-bit registers, as
-//! one of the 32-column types: [`super::on_zmm`]). q4_0, q4_1, q5_0, q5_1 with AVX-VNNI: the 32-column kernel
-//! as on AVX2, each pair of blocks summed by two `vpdpbusd` (levels are unsigned already)
-//! where `maddubs` took two `vpmaddubsw` and an add, then a fold of i16 sums (with
-//! AVX512-VNNI: in q8_0's lanes and 512-bit registers, [`super::on_zmm`]). q4_K, q5_K and
-//! iq4_xs ([`KBlock::PER32`]): 8 `vpdpbusd` a row, token and block give the 32-column parts'
-//! sums (iq4_xs's signed levels go in + 128 and come out less 128·Σa, in i32: the same
+//! one of the 32-column types: [`super::on_zmm`]). q4_0, q4_1, q5_0, q5_1 with AVX-VNNI: the
+//! 32-column kernel as on AVX2, each pair of blocks summed by two `vpdpbusd` (levels are
+//! unsigned already) where `maddubs` took two `vpmaddubsw` and an add, then a fold of i16 sums
+//! (with AVX512-VNNI: in q8_0's lanes and 512-bit registers, [`super::on_zmm`]). q4_K, q5_K
+//! and iq4_xs ([`KBlock::PER32`]): 8 `vpdpbusd` a row, token and block give the 32-column
+//! parts' sums (iq4_xs's signed levels go in + 128 and come out less 128·Σa, in i32: the same
 //! integers as AVX2's sign trick); several tokens with AVX512-VNNI in 512-bit registers
 //! ([`super::on_zmm`]), here for AVX-VNNI and for one token. Built from rustc 1.89 only
 //! (`build.rs`).

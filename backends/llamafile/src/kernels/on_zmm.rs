@@ -4,10 +4,10 @@
 //! (on a Xeon with two 512-bit units, 1.86× their throughput) and each f32 step serves two
 //! rows. For q4_K, q5_K and iq4_xs ([`KBlock::PER32`], [`dots`]; 2-4 tokens without the
 //! level store, [`k32_few`]), q2_K, q3_K, q6_K and the lattice types (`vpmaddubsw`, as AVX2
-//! does: [`kquant16`]) and the 32-column types
-//! ([`legacy`]: q8_0's bytes, q4_0, q4_1, q5_0, q5_1, mxfp4 and iq4_nl through their tables,
-//! q8_0's and iq4_nl's + 128 taken back out of each block's sum, the others' levels packed in
-//! q8_0's 4-column lanes, [`quads`]; up to 4 tokens without a level store, [`legacy_few`]).
+//! does: [`kquant16`]) and the 32-column types ([`legacy`]: q8_0's bytes, q4_0, q4_1, q5_0,
+//! q5_1, mxfp4 and iq4_nl through their tables, q8_0's and iq4_nl's + 128 taken back out of
+//! each block's sum, the others' levels packed in q8_0's 4-column lanes, [`quads`]; up to 4
+//! tokens without a level store, [`legacy_few`]).
 //! Lane for lane the operations are those of the 256-bit kernels ([`per32`](super::per32),
 //! [`vnni_q8`](super::on_vnni) and [`legacy`](fn@super::legacy)'s f32 steps): the results are
 //! bit for bit the AVX2 kernels'.
