@@ -610,7 +610,8 @@ mod tests {
         }
     }
 
-    /// Every tile shape of the kernels (one token; 2-4; 5-32; 33-64 in one tile; more in
+    /// Every tile shape of the kernels (one token; 2-4, 2-6 for the 32-column-scale K-quants;
+    /// up to 32; 33-64 in one tile; more in
     /// several; a last tile of fewer than `R` rows; a row range starting inside the matrix;
     /// a 32-column type's last group part padding)
     /// against the reference backend's dots of the same weights and activations; the VNNI
@@ -636,7 +637,7 @@ mod tests {
             let format = WeightFormat::Ggml(t);
             let cols = if format.col_multiple() == 256 { 512 } else { 288 };
             let m = random_matrix(t, rows, cols, 3);
-            for n in [1, 2, 3, 4, 5, 32, 33, 64, 65, 130] {
+            for n in [1, 2, 3, 4, 5, 6, 7, 32, 33, 64, 65, 130] {
                 let mut r = SplitMix64::new(n as u64);
                 let x: Vec<bf16> = (0..n * cols).map(|_| bf16::from_f32(r.gaussian())).collect();
                 let ids: Vec<u32> = (0..n as u32).collect();

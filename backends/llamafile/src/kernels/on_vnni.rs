@@ -285,6 +285,8 @@ unsafe fn dots_evex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scra
                     2 => on_zmm::k32_few::<$b, 2>(raw.cast(), out),
                     3 => on_zmm::k32_few::<$b, 3>(raw.cast(), out),
                     4 => on_zmm::k32_few::<$b, 4>(raw.cast(), out),
+                    5 => on_zmm::k32_few::<$b, 5>(raw.cast(), out),
+                    6 => on_zmm::k32_few::<$b, 6>(raw.cast(), out),
                     _ => on_zmm::dots::<$b>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
                 }
             };
