@@ -612,11 +612,10 @@ mod tests {
 
     /// Every tile shape of the kernels (one token; a few without the level store: 2-7 for the
     /// 32-column types, 2-6 for the K-quants with 32-column scales; up to 32; 33-64 in one
-    /// tile; more in
-    /// several; a last tile of fewer than `R` rows; a row range starting inside the matrix;
-    /// a 32-column type's last group part padding)
-    /// against the reference backend's dots of the same weights and activations; the VNNI
-    /// kernels, where they run, bit for bit against the AVX2 ones.
+    /// tile; more in several; a last tile of fewer than `R` rows; a row range starting inside
+    /// the matrix; a 32-column type's last group part padding) against the reference
+    /// backend's dots of the same weights and activations; the VNNI kernels, where they run,
+    /// bit for bit against the AVX2 ones.
     #[test]
     fn tiles_match_the_reference_at_every_token_count() {
         use half::bf16;
