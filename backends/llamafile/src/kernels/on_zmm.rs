@@ -495,13 +495,13 @@ pub(super) unsafe fn legacy<L: LGroup>(tile: &Tile<'_, ActV8>, out: &mut [[f32; 
 }
 
 /// [`legacy`] for a call of `K` ≤ 7 tokens (one, or an expert's share of a batched decode;
-/// at 5-7 1.1-1.8× [`legacy`]'s speed in cache, at 8 no faster), with no level store: each row's [`quads`]
-/// (registers 2h | 2h + 1 in one register) for [`pair_dots`], whose row pairs are
-/// [`legacy_tokens`]' layout (row `2p` low), then [`legacy_scale`]: the same integer sums in
-/// the same f32 steps (one token's from zero, as
-/// the AVX2 one-token kernel's; more set by the first group, as [`legacy`]'s), so the same
-/// bits. At one token this is a third of [`legacy`]'s vector work, whose moves of the levels
-/// into `lv` and back were as much work as the dot.
+/// at 5-7 1.1-1.8× [`legacy`]'s speed in cache, at 8 no faster), with no level store: each
+/// row's [`quads`] (registers 2h | 2h + 1 in one register) for [`pair_dots`], whose row pairs
+/// are [`legacy_tokens`]' layout (row `2p` low), then [`legacy_scale`]: the same integer sums
+/// in the same f32 steps (one token's from zero, as the AVX2 one-token kernel's; more set by
+/// the first group, as [`legacy`]'s), so the same bits. At one token this is a third of
+/// [`legacy`]'s vector work, whose moves of the levels into `lv` and back were as much work
+/// as the dot.
 ///
 /// # Safety
 /// As [`legacy`], for `K` tokens.
