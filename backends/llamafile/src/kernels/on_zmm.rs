@@ -322,19 +322,17 @@ unsafe fn words(f: impl Fn(usize) -> usize) -> __m512i {
 #[inline(always)]
 unsafe fn quads<L: LGroup>(g: &[u8]) -> [__m512i; 4] {
     // SAFETY (whole body): AVX512F/BW by the caller's contract; loads stay inside the group
-    // (128 bytes of nibbles at `L::LEVELS`, q5's 32-byte plane after them).
+    // (q8_0's 256 bytes, or 128 bytes of nibbles at `L::LEVELS` and q5's 32-byte plane after
+    // them).
     unsafe {
-        debug_assert!(
-            g.len()
-                >= L::LEVELS
-                    + if L::BYTES {
-                        256
-                    } else if L::PLANE {
-                        160
-                    } else {
-                        128
-                    }
-        );
+        let levels = if L::BYTES {
+            256
+        } else if L::PLANE {
+            160
+        } else {
+            128
+        };
+        debug_assert!(g.len() >= L::LEVELS + levels);
         let at = g[L::LEVELS..].as_ptr();
         if L::BYTES {
             return array!(_mm512_setzero_si512(); 4, |q| _mm512_loadu_si512(at.add(64 * q).cast()));
@@ -472,15 +470,16 @@ pub(super) unsafe fn legacy<L: LGroup>(tile: &Tile<'_, ActV8>, out: &mut [[f32; 
                 // Each row's registers copied as they are (the 64-byte loads and shuffles
                 // below measured 4% slower at 33 tokens).
                 unsafe { lv.fill(|i, r| ld(&grp[i][L::LEVELS + 32 * r..])) };
-            }
-            for p in (0..R / 2).filter(|_| !L::BYTES) {
-                let (a, b) = unsafe { (quads::<L>(grp[2 * p]), quads::<L>(grp[2 * p + 1])) };
-                for m in 0..4 {
-                    // Register 2m of both rows, then 2m + 1.
-                    let (even, odd) =
-                        (_mm512_shuffle_i64x2::<0x44>(a[m], b[m]), _mm512_shuffle_i64x2::<0xEE>(a[m], b[m]));
-                    unsafe { _mm512_store_si512(lv.0[p][2 * m].as_mut_ptr().cast(), even) };
-                    unsafe { _mm512_store_si512(lv.0[p][2 * m + 1].as_mut_ptr().cast(), odd) };
+            } else {
+                for p in 0..R / 2 {
+                    let (a, b) = unsafe { (quads::<L>(grp[2 * p]), quads::<L>(grp[2 * p + 1])) };
+                    for m in 0..4 {
+                        // Register 2m of both rows, then 2m + 1.
+                        let (even, odd) =
+                            (_mm512_shuffle_i64x2::<0x44>(a[m], b[m]), _mm512_shuffle_i64x2::<0xEE>(a[m], b[m]));
+                        unsafe { _mm512_store_si512(lv.0[p][2 * m].as_mut_ptr().cast(), even) };
+                        unsafe { _mm512_store_si512(lv.0[p][2 * m + 1].as_mut_ptr().cast(), odd) };
+                    }
                 }
             }
             let act = &acts[g * n + t0..g * n + t0 + tn];
