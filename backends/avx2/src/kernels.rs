@@ -3,7 +3,7 @@
 //! the same way whatever the row block or thread.
 //!
 //! ```text
-//!  float:  per k      w = 16 rows (2 ymm, bf16 << 16 or e4m3 bit-placed), x_t[k] broadcast
+//!  float:  per k      w = 16 rows (2 ymm, bf16 << 16 or e4m3 bit-placed, two k a load), x_t[k] broadcast
 //!                     acc[t] += w * x_t[k]                       (2·N FMAs per k)
 //!  int8:   per quad   w = 16 rows × 4 k int8 (2 ymm); |w| once, then per token
 //!                     acc[t] += madd(maddubs(|w|, sign(x_t quad, w)), 1)
@@ -64,45 +64,119 @@ unsafe fn load_bf16(p: *const u8) -> (__m256, __m256) {
     }
 }
 
-/// e4m3 → f32 · 2^-120 by bit placement (exact, subnormals included); the 2^120 is in the scale.
+/// A pair of k-slices of an fp8 panel (`pack`'s layout), k even, as loaded: [`fp8_first`] and
+/// [`fp8_second`] decode it.
 ///
 /// # Safety
-/// The CPU has AVX2 and FMA, and the slices hold what the doc says.
+/// The CPU has AVX2; the pair inside the panel.
 #[inline(always)]
-unsafe fn load_fp8(p: *const u8) -> (__m256, __m256) {
+unsafe fn fp8_pair(panel: *const u8, k: usize) -> __m256i {
+    // SAFETY: forwarded from the caller.
     unsafe {
-        let m = _mm256_set1_epi32(0x87F0_0000u32 as i32);
-        let f = |v: __m128i| {
-            let s = _mm256_srai_epi32(_mm256_slli_epi32(_mm256_cvtepi8_epi32(v), 24), 4);
-            _mm256_castsi256_ps(_mm256_and_si256(s, m))
-        };
-        (f(_mm_loadl_epi64(p.cast())), f(_mm_loadl_epi64(p.add(8).cast())))
+        if k % 4 == 0 {
+            prefetch(panel.add(k * 16));
+        }
+        _mm256_loadu_si256(panel.add(k * 16).cast())
     }
 }
 
+/// Rows 0-7 and 8-15 at the pair's first k, as e4m3 → f32 · 2^-120 by bit placement (exact,
+/// subnormals included; the 2^120 is in the scale): the weights are the top bytes of the
+/// pair's words (3 and 1 of each dword), and an arithmetic shift by 4 then a mask leave sign,
+/// exponent and mantissa in f32's places. 4 instructions for 16 weights, as [`fp8_second`]'s 5.
+///
 /// # Safety
-/// The CPU has AVX2 and FMA, and the slices hold what the doc says.
+/// The CPU has AVX2.
 #[inline(always)]
-unsafe fn load_w<const BF16: bool>(panel: *const u8, k: usize) -> (__m256, __m256) {
-    // SAFETY: the caller passes k inside the panel.
+unsafe fn fp8_first(v: __m256i, m: __m256i) -> [__m256; 2] {
+    unsafe { fp8_words(_mm256_srai_epi16(v, 4), m) }
+}
+
+/// Rows 0-7 and 8-15 at the pair's second k: bytes 2 and 0 of each dword, moved up first.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn fp8_second(v: __m256i, m: __m256i) -> [__m256; 2] {
+    unsafe { fp8_words(_mm256_srai_epi16(_mm256_slli_epi16(v, 8), 4), m) }
+}
+
+/// The two f32 of each dword of `t`, an fp8 byte shifted right by 4 in the top of each word:
+/// the high word's in place, the low word's moved up, each masked by `m` ([`fp8_mask`]) to
+/// sign, exponent and mantissa.
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn fp8_words(t: __m256i, m: __m256i) -> [__m256; 2] {
     unsafe {
-        if BF16 {
-            if k % 2 == 0 {
-                prefetch(panel.add(k * 32));
-            }
-            load_bf16(panel.add(k * 32))
+        let hi = _mm256_and_si256(t, m);
+        let lo = _mm256_and_si256(_mm256_slli_epi32(t, 16), m);
+        [_mm256_castsi256_ps(hi), _mm256_castsi256_ps(lo)]
+    }
+}
+
+/// [`fp8_words`]' mask: sign, exponent and mantissa bits of an f32.
+#[repr(align(32))]
+struct Fp8Mask([u32; 8]);
+static FP8_MASK: Fp8Mask = Fp8Mask([0x87F0_0000; 8]);
+
+/// [`FP8_MASK`] in a register. A tile of more than two tokens loads it at each use: its 12
+/// accumulators leave no register to keep it in, and the compiler would keep it and spill an
+/// accumulator instead (one FMA chain through a store and a load: 20% slower at 6 tokens).
+///
+/// # Safety
+/// The CPU has AVX2.
+#[inline(always)]
+unsafe fn fp8_mask<const N: usize>() -> __m256i {
+    // SAFETY: a static of 32 aligned bytes.
+    unsafe {
+        let p = (&raw const FP8_MASK.0).cast::<__m256i>();
+        if N <= 2 {
+            _mm256_load_si256(p)
         } else {
-            if k % 4 == 0 {
-                prefetch(panel.add(k * 16));
-            }
-            load_fp8(panel.add(k * 16))
+            core::ptr::read_volatile(p)
         }
     }
 }
 
-/// `acc[t] += Σ_{k in k0..k1} w[k] · x[t][k]` for a bf16 (`BF16`) or fp8 panel. Tiles of one or
-/// two tokens keep even and odd k in separate chains (added at the end) so the 4-cycle FMA
-/// latency does not bound decode; the order is fixed per tile size either way.
+/// Rows 0-7 and 8-15 of a bf16 panel's k-slice.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; the slice inside the panel.
+#[inline(always)]
+unsafe fn bf16_slice(panel: *const u8, k: usize) -> [__m256; 2] {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if k % 2 == 0 {
+            prefetch(panel.add(k * 32));
+        }
+        let (w0, w1) = load_bf16(panel.add(k * 32));
+        [w0, w1]
+    }
+}
+
+/// `acc[t] += w · x[t][k]` for the 16 rows of one k-slice.
+///
+/// # Safety
+/// The CPU has AVX2 and FMA; every x row holds k.
+#[inline(always)]
+unsafe fn fma_slice<const N: usize>(acc: &mut [[__m256; 2]; N], w: [__m256; 2], x: &[*const f32; N], k: usize) {
+    for t in 0..N {
+        // SAFETY: forwarded from the caller.
+        unsafe {
+            let xb = _mm256_broadcast_ss(&*x[t].add(k));
+            acc[t][0] = _mm256_fmadd_ps(w[0], xb, acc[t][0]);
+            acc[t][1] = _mm256_fmadd_ps(w[1], xb, acc[t][1]);
+        }
+    }
+}
+
+/// `acc[t] += Σ_{k in k0..k1} w[k] · x[t][k]` for a bf16 (`BF16`) or fp8 panel (k0 even for
+/// fp8). Tiles of one or two tokens keep even and odd k in separate chains (added at the end)
+/// so the 4-cycle FMA latency does not bound decode; the order is fixed per tile size either way.
+/// fp8 decodes each half of a pair just before its FMAs: at 6 tokens, 12 accumulators leave
+/// registers for one k's weights only.
 ///
 /// # Safety
 /// AVX2+FMA present; `panel` holds k1 k-slices; each `x[t]` holds k1 floats.
@@ -114,32 +188,44 @@ unsafe fn float_tile<const N: usize, const BF16: bool>(
     x: &[*const f32; N],
     acc: &mut [[__m256; 2]; N],
 ) {
+    debug_assert!(BF16 || k0 % 2 == 0, "fp8 pairs start at an even k");
     let mut a = *acc;
     let mut b = [[_mm256_setzero_ps(); 2]; N];
     let mut k = k0;
     // SAFETY (loads): k < k1 is inside the panel and every x row (caller's contract).
-    if N <= 2 {
-        while k + 1 < k1 {
-            let (w0, w1) = unsafe { load_w::<BF16>(panel, k) };
-            let (v0, v1) = unsafe { load_w::<BF16>(panel, k + 1) };
-            for t in 0..N {
-                let (xa, xb) = unsafe { (_mm256_broadcast_ss(&*x[t].add(k)), _mm256_broadcast_ss(&*x[t].add(k + 1))) };
-                a[t][0] = _mm256_fmadd_ps(w0, xa, a[t][0]);
-                a[t][1] = _mm256_fmadd_ps(w1, xa, a[t][1]);
-                b[t][0] = _mm256_fmadd_ps(v0, xb, b[t][0]);
-                b[t][1] = _mm256_fmadd_ps(v1, xb, b[t][1]);
+    unsafe {
+        if BF16 {
+            if N <= 2 {
+                while k + 1 < k1 {
+                    let (w, v) = (bf16_slice(panel, k), bf16_slice(panel, k + 1));
+                    fma_slice(&mut a, w, x, k);
+                    fma_slice(&mut b, v, x, k + 1);
+                    k += 2;
+                }
             }
-            k += 2;
+            while k < k1 {
+                fma_slice(&mut a, bf16_slice(panel, k), x, k);
+                k += 1;
+            }
+        } else {
+            while k + 1 < k1 {
+                let v = fp8_pair(panel, k);
+                fma_slice(&mut a, fp8_first(v, fp8_mask::<N>()), x, k);
+                if N <= 2 {
+                    fma_slice(&mut b, fp8_second(v, fp8_mask::<N>()), x, k + 1);
+                } else {
+                    // One chain in k order, as bf16's. The pair is loaded again (from L1), for
+                    // the reason of `fp8_mask`.
+                    let p = panel.add(k * 16).cast::<__m256i>();
+                    debug_assert!(p.is_aligned(), "panels start on 64 bytes and pairs take 32");
+                    fma_slice(&mut a, fp8_second(core::ptr::read_volatile(p), fp8_mask::<N>()), x, k + 1);
+                }
+                k += 2;
+            }
+            if k < k1 {
+                fma_slice(&mut a, fp8_first(fp8_pair(panel, k), fp8_mask::<N>()), x, k);
+            }
         }
-    }
-    while k < k1 {
-        let (w0, w1) = unsafe { load_w::<BF16>(panel, k) };
-        for t in 0..N {
-            let xb = unsafe { _mm256_broadcast_ss(&*x[t].add(k)) };
-            a[t][0] = _mm256_fmadd_ps(w0, xb, a[t][0]);
-            a[t][1] = _mm256_fmadd_ps(w1, xb, a[t][1]);
-        }
-        k += 1;
     }
     for t in 0..N {
         acc[t] = [_mm256_add_ps(a[t][0], b[t][0]), _mm256_add_ps(a[t][1], b[t][1])];
@@ -199,12 +285,13 @@ unsafe fn int8_tile<const N: usize>(
 /// K-group kinds (`UNSIGNED_W`) the weights unsigned (`w + o`: int4-gG's nibble as stored,
 /// mxfp4's `2·e2m1 + 12`) and the activations signed (the caller starts at `−o·Σx` of the
 /// group: no per-row sums to stream). The two halves of an octet add in i16 (|sum| ≤ 4·255·12,
-/// or 4·24·127, < 2^15) before one `vpmaddwd`.
+/// or 4·24·127, < 2^15) before one `vpmaddwd`. Without `LUT` the nibbles are the weights
+/// (int4-gG's table is the identity) and the shuffles are left out.
 ///
 /// # Safety
 /// AVX2 present; `panel` holds u1 units; each `x[t]` holds the padded K.
 #[target_feature(enable = "avx2")]
-unsafe fn int4_tile<const N: usize, const UNSIGNED_W: bool>(
+unsafe fn int4_tile<const N: usize, const UNSIGNED_W: bool, const LUT: bool>(
     panel: *const u8,
     u0: usize,
     u1: usize,
@@ -223,9 +310,16 @@ unsafe fn int4_tile<const N: usize, const UNSIGNED_W: bool>(
             prefetch(p);
             let b0 = _mm256_loadu_si256(p.cast());
             let b1 = _mm256_loadu_si256(p.add(32).cast());
-            let lo = |b| _mm256_shuffle_epi8(lut, _mm256_and_si256(b, lo4));
-            let hi = |b| _mm256_shuffle_epi8(lut, _mm256_and_si256(_mm256_srli_epi16(b, 4), lo4));
-            let (l0, l1, h0, h1) = (lo(b0), lo(b1), hi(b0), hi(b1));
+            let (mut l0, mut l1) = (_mm256_and_si256(b0, lo4), _mm256_and_si256(b1, lo4));
+            let (mut h0, mut h1) =
+                (_mm256_and_si256(_mm256_srli_epi16(b0, 4), lo4), _mm256_and_si256(_mm256_srli_epi16(b1, 4), lo4));
+            if LUT {
+                // (Not a closure or `map`: those would not get this function's features.)
+                l0 = _mm256_shuffle_epi8(lut, l0);
+                l1 = _mm256_shuffle_epi8(lut, l1);
+                h0 = _mm256_shuffle_epi8(lut, h0);
+                h1 = _mm256_shuffle_epi8(lut, h1);
+            }
             for t in 0..N {
                 let xl = _mm256_set1_epi32(x[t].add(u * 8).cast::<i32>().read_unaligned());
                 let xh = _mm256_set1_epi32(x[t].add(u * 8 + 4).cast::<i32>().read_unaligned());
@@ -398,13 +492,19 @@ unsafe fn int_panel<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: u
             f @ (WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4) => {
                 let upg = f.k_group().unwrap_or(w.cols) / 8;
                 let (unsigned, offset) = unsigned_weights(f);
-                let table = unsigned.unwrap_or(core::array::from_fn(|n| n as i8));
+                // (int4-gG's nibbles are its weights: no table.)
+                let table = unsigned.unwrap_or_default();
                 for g in 0..groups {
                     let mut acc = [[zi; 2]; N];
                     for (t, a) in acc.iter_mut().enumerate() {
                         *a = [_mm256_set1_epi32(-offset * act.sums[(t0 + t) * groups + g]); 2];
                     }
-                    int4_tile::<N, true>(panel, g * upg, (g + 1) * upg, &table, &xs, &mut acc);
+                    let (u0, u1) = (g * upg, (g + 1) * upg);
+                    if unsigned.is_some() {
+                        int4_tile::<N, true, true>(panel, u0, u1, &table, &xs, &mut acc);
+                    } else {
+                        int4_tile::<N, true, false>(panel, u0, u1, &table, &xs, &mut acc);
+                    }
                     let at = (p * groups + g) * PANEL;
                     let (s0, s1) = match f {
                         WeightFormat::Mxfp4 => mx_scales16(w.codes[at..].as_ptr(), w.code_bias),
@@ -425,7 +525,7 @@ unsafe fn int_panel<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: u
                 if int8 {
                     int8_tile::<N>(panel, 0, w.units, &xs, &mut acc);
                 } else {
-                    int4_tile::<N, false>(panel, 0, w.units, &table, &xs, &mut acc);
+                    int4_tile::<N, false, true>(panel, 0, w.units, &table, &xs, &mut acc);
                 }
                 let (s0, s1) = load16(w.scales[p * PANEL..].as_ptr());
                 for t in 0..N {

@@ -2,7 +2,7 @@
 //! serves decode (1-5 tokens per pass) and prefill (6×16 register tiles).
 //!
 //! ```text
-//!  float formats (bf16: 2 bytes, fp8: 1 byte per weight), panel p = rows 16p..16p+16:
+//!  bf16, panel p = rows 16p..16p+16:
 //!    k=0: r0 r1 ... r15 | k=1: r0 r1 ... r15 | ...            -> one ymm pair per k
 //!  int8, unit = 4 consecutive k ("quad"):
 //!    u=0: r0[k0 k1 k2 k3] r1[k0..k3] ... r15[k0..k3] | u=1 ...  -> 64 bytes = 2 ymm per unit
@@ -11,7 +11,10 @@
 //!    nibble = w + 8 with w in -8..=7 (KT int4: w = n, its 16 folded into the scale;
 //!    K-group: w = q), or mxfp4's e2m1 code (w = 2·value, the ½ folded into the scale); the
 //!    kernels map a nibble to the signed byte w with one `vpshufb` table per format
-//!  mxfp8: as fp8, one e4m3 byte per k
+//!  fp8, mxfp8 (1 byte per weight), unit = 2 consecutive k ("pair", K padded to even):
+//!    32 bytes; dword j of lane l holds, from its top byte down, row 4l+j at k and at k+1,
+//!    then row 8+4l+j at k and at k+1 -> each byte position of the dwords is one ymm of 8 rows
+//!    at one k (shifts and a mask place it as an f32: `kernels::fp8_first`, `fp8_second`)
 //! ```
 //!
 //! KT's per-row int4 panels also carry `rowsum` (Σ w per row): its kernels feed activations
@@ -67,9 +70,10 @@ pub struct Packed {
 /// K per unit of a format.
 pub fn unit_k(f: WeightFormat) -> usize {
     match f {
+        WeightFormat::Bf16 => 1,
         WeightFormat::Int8Row => 4,
         f if is_int4(f) => 8,
-        _ => 1,
+        _ => 2,
     }
 }
 
@@ -79,8 +83,16 @@ fn unit_bytes(f: WeightFormat) -> usize {
         WeightFormat::Bf16 => 2,
         WeightFormat::Int8Row => 4,
         f if is_int4(f) => 4,
-        _ => 1,
+        _ => 2,
     }
+}
+
+/// Where weight (row `i` of its panel, column `c`) of an fp8 or mxfp8 panel lies: see the
+/// module docs.
+fn fp8_at(i: usize, c: usize) -> usize {
+    let (lane, j) = ((i % 8) / 4, i % 4);
+    let byte = 3 - (c % 2) - 2 * (i / 8);
+    (c / 2) * 32 + lane * 16 + j * 4 + byte
 }
 
 impl Packed {
@@ -118,7 +130,7 @@ pub fn pack(m: &QuantMatrix) -> Packed {
                     let at = (c * PANEL + i) * 2;
                     dst[at..at + 2].copy_from_slice(&src[2 * c..2 * c + 2]);
                 }
-                WeightFormat::Fp8Block | WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => dst[c * PANEL + i] = src[c],
+                WeightFormat::Fp8Block | WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => dst[fp8_at(i, c)] = src[c],
                 WeightFormat::Int8Row => dst[(c / 4) * 64 + i * 4 + c % 4] = src[c],
                 f if is_int4(f) => {
                     let nib = int4_nibble(f, src, c);
@@ -209,7 +221,7 @@ pub fn unpack(p: &Packed, r: usize, c: usize) -> f32 {
             kt_core::format::bf16::element(&d[at..at + 2], 0).to_f32()
         }
         WeightFormat::Fp8Block | WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => {
-            kt_core::dtype::F8E4M3(d[c * PANEL + i]).to_f32()
+            kt_core::dtype::F8E4M3(d[fp8_at(i, c)]).to_f32()
         }
         WeightFormat::Int8Row => f32::from(d[(c / 4) * 64 + i * 4 + c % 4] as i8),
         f if is_int4(f) => {
