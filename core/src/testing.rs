@@ -253,6 +253,7 @@ pub fn conformance(backend: &'static dyn Backend) -> Result<(), &'static str> {
     failures.extend(glu_failures(backend, &SerialExecutor));
     failures.extend(bias_failures(backend, &SerialExecutor));
     failures.extend(stored_scale_failures(backend, &SerialExecutor));
+    failures.extend(extreme_int4_failures(backend, &SerialExecutor));
     failures.extend(
         accuracy_failures(backend, &SerialExecutor).into_iter().filter(|&(_, err, limit)| err >= limit).map(
             |(f, err, limit)| format!("{} {f}: error {err:.4} against the fp32 MoE, limit {limit}", backend.name()),
@@ -416,10 +417,26 @@ fn against_oracle(
     let input = random_input(tokens, cfg.hidden, seed);
     let (ids, w) = random_routing(tokens, 2, 6, 11);
     let r = Routing { tokens, k: 2, ids: &ids, weights: &w, gpu_mask: None };
-    let got = run(exec, cfg, ours, &input, &r);
-    let want: Vec<f64> = run(&SerialExecutor, cfg, oracle, &input, &r).iter().map(|&v| f64::from(v)).collect();
-    let err = mean_rel_err(&got, &want);
-    (err > 1e-2 || got.iter().any(|v| !v.is_finite())).then_some(err)
+    let err = rel_err(exec, cfg, ours, oracle, &input, &r);
+    (err > 1e-2).then_some(err)
+}
+
+/// The mean relative error of `ours` against `oracle` (the reference, run serially) on `input`
+/// routed by `r`: infinite where one of `ours`' outputs is not finite.
+fn rel_err(
+    exec: &dyn Executor,
+    cfg: &MoeConfig,
+    ours: &LayerWeights,
+    oracle: &LayerWeights,
+    input: &[bf16],
+    r: &Routing<'_>,
+) -> f64 {
+    let got = run(exec, cfg, ours, input, r);
+    if got.iter().any(|v| !v.is_finite()) {
+        return f64::INFINITY;
+    }
+    let want: Vec<f64> = run(&SerialExecutor, cfg, oracle, input, r).iter().map(|&v| f64::from(v)).collect();
+    mean_rel_err(&got, &want)
 }
 
 /// K-group int4 layers of stored scales that are f16 values, not bf16 (a GPTQ checkpoint's,
@@ -448,20 +465,60 @@ pub fn stored_scale_failures(backend: &'static dyn Backend, exec: &dyn Executor)
             let experts: Vec<[QuantMatrix; 3]> =
                 (0..cfg.experts).map(|_| [matrix(i, h), matrix(i, h), matrix(h, i)]).collect();
             let build = |b| build_quantized_layer(b, &cfg, format, &experts);
-            let layers = (build(backend), build(&REFERENCE));
+            let (ours, oracle) = (build(backend), build(&REFERENCE));
             for tokens in [1, 4, 13] {
                 let input = random_input(tokens, h, tokens as u64);
                 let (ids, w) = random_routing(tokens, 2, 6, 5);
                 let rt = Routing { tokens, k: 2, ids: &ids, weights: &w, gpu_mask: None };
-                let got = run(exec, &cfg, &layers.0, &input, &rt);
-                let want: Vec<f64> =
-                    run(&SerialExecutor, &cfg, &layers.1, &input, &rt).iter().map(|&v| f64::from(v)).collect();
-                let err = mean_rel_err(&got, &want);
-                if err > 1e-5 || got.iter().any(|v| !v.is_finite()) {
+                let err = rel_err(exec, &cfg, &ours, &oracle, &input, &rt);
+                if err > 1e-5 {
                     let kind = if f16 { "f16" } else { "bf16" };
                     failures
                         .push(format!("{} {format} with {kind} scales n{tokens}: rel err {err:.3e}", backend.name()));
                 }
+            }
+        }
+    }
+    failures
+}
+
+/// Layers of every int4 kind whose weights all sit at the level of the largest product (KT's
+/// int4 at −8, int4-gG at its nibble 15, mxfp4 at +6), fed constant inputs of either sign, so
+/// every activation is ±127 as well: the kernels' narrow integer sums (i16 in `vpmaddubsw`'s
+/// pairs, and in several units added before widening) at their bounds, against the reference
+/// within 1e-5.
+pub fn extreme_int4_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<String> {
+    let mut failures = Vec::new();
+    let (h, i) = (256, 128);
+    let kinds = [
+        (WeightFormat::Int4Row, 0x88u8, 0.01f32),
+        (WeightFormat::Int4Group { group: 32 }, 0xFF, 0.01),
+        (WeightFormat::Int4Group { group: 128 }, 0xFF, 0.01),
+        (WeightFormat::Mxfp4, 0x77, 1.0 / 64.0),
+    ];
+    for (format, byte, scale) in kinds {
+        if !backend.serves(format, i, h) || !backend.serves(format, h, i) {
+            continue;
+        }
+        let cfg = MoeConfig { max_tokens: 16, ..MoeConfig::new(4, 2, h, i) };
+        let matrix = |rows: usize, cols: usize| {
+            let scales = vec![scale; format.scale_count(rows, cols)];
+            QuantMatrix::from_parts(format, rows, cols, vec![byte; rows * cols / 2], scales).expect("consistent parts")
+        };
+        let experts: Vec<[QuantMatrix; 3]> =
+            (0..cfg.experts).map(|_| [matrix(i, h), matrix(i, h), matrix(h, i)]).collect();
+        let build = |b| build_quantized_layer(b, &cfg, format, &experts);
+        let (ours, oracle) = (build(backend), build(&REFERENCE));
+        for (tokens, x) in [(1, 1.0), (1, -1.0), (2, 1.0), (4, -1.0), (13, 1.0)] {
+            let input = vec![bf16::from_f32(x); tokens * h];
+            let (ids, w) = random_routing(tokens, 2, 4, 3);
+            let rt = Routing { tokens, k: 2, ids: &ids, weights: &w, gpu_mask: None };
+            let err = rel_err(exec, &cfg, &ours, &oracle, &input, &rt);
+            if err > 1e-5 {
+                failures.push(format!(
+                    "{} {format} at its extreme level, x = {x}, n{tokens}: rel err {err:.3e}",
+                    backend.name()
+                ));
             }
         }
     }
