@@ -33,6 +33,8 @@ pub mod forward;
 #[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod ggml;
+#[cfg(any(test, feature = "test-util"))]
+pub mod kernel_case;
 pub mod mat;
 pub mod plan;
 pub mod reference;

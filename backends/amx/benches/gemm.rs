@@ -8,10 +8,7 @@
 //! AVX-512 for `/avx512`).
 //! `cargo bench -p kt-backend-amx --bench gemm`
 
-use half::bf16;
-use kt_core::aligned::AlignedBuf;
-use kt_core::backend::TaskShape;
-use kt_core::mat::MatMut;
+use kt_core::kernel_case::KernelCase;
 use kt_core::rng::SplitMix64;
 use kt_core::{Backend, QuantMatrix, WeightFormat};
 
@@ -32,20 +29,9 @@ fn gemm(bencher: divan::Bencher, name: &str) {
     let format = WeightFormat::parse(name).expect("a format");
     let mut r = SplitMix64::new(1);
     let w: Vec<f32> = (0..ROWS * COLS).map(|_| r.uniform(0.05)).collect();
-    let w = b.pack(&QuantMatrix::quantize(format, ROWS, COLS, &w).expect("quantizes")).expect("packs");
-    let x: Vec<bf16> = (0..TOKENS * COLS).map(|_| bf16::from_f32(r.gaussian())).collect();
-    let ids: Vec<u32> = (0..TOKENS as u32).collect();
-    let mut act = AlignedBuf::zeroed(b.act_bytes(format, TOKENS, COLS));
-    let act = act.as_mut_slice();
-    let shape = TaskShape { format: format.into(), tokens: TOKENS, rows: ROWS, cols: COLS };
-    let mut scratch = AlignedBuf::zeroed(b.scratch_bytes(shape));
-    let scratch = scratch.as_mut_slice();
-    b.quantize_act(format, COLS, &x, &ids, act, scratch);
-    let stride = kt_core::forward::y_stride(ROWS);
-    let mut y = vec![0.0f32; TOKENS * stride];
-    bencher
-        .counter(divan::counter::ItemsCount::new(2 * ROWS * COLS * TOKENS))
-        .bench_local(|| b.down(&w, 0..ROWS, act, MatMut::from_slice(&mut y, TOKENS, ROWS, stride), scratch));
+    let m = QuantMatrix::quantize(format, ROWS, COLS, &w).expect("quantizes");
+    let mut case = KernelCase::new(b, &m, TOKENS, 2);
+    bencher.counter(divan::counter::ItemsCount::new(case.ops())).bench_local(|| case.run());
 }
 
 /// `amx-int8`, `amx-bf16`: the kernels' 2×2 tile block from L1 (`kt_backend_amx::probe`);

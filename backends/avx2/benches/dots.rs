@@ -7,11 +7,8 @@
 //! roofline. Prints nothing but a skip line on a CPU without AVX2 and FMA.
 //! `cargo bench -p kt-backend-avx2 --bench dots`
 
-use half::bf16;
 use kt_backend_avx2::AVX2;
-use kt_core::aligned::AlignedBuf;
-use kt_core::backend::TaskShape;
-use kt_core::mat::MatMut;
+use kt_core::kernel_case::KernelCase;
 use kt_core::rng::SplitMix64;
 use kt_core::{Backend, QuantMatrix, WeightFormat};
 
@@ -27,21 +24,8 @@ fn dots<const N: usize>(bencher: divan::Bencher, name: &str) {
     let format = WeightFormat::parse(name).expect("a format");
     let mut r = SplitMix64::new(1);
     let w: Vec<f32> = (0..ROWS * COLS).map(|_| r.uniform(0.05)).collect();
-    let w = AVX2.pack(&QuantMatrix::quantize(format, ROWS, COLS, &w).expect("quantizes")).expect("packs");
-    let x: Vec<bf16> = (0..N * COLS).map(|_| bf16::from_f32(r.gaussian())).collect();
-    let ids: Vec<u32> = (0..N as u32).collect();
-    let mut act = AlignedBuf::zeroed(AVX2.act_bytes(format, N, COLS));
-    let act = act.as_mut_slice();
-    let shape = TaskShape { format: format.into(), tokens: N, rows: ROWS, cols: COLS };
-    let mut scratch = AlignedBuf::zeroed(AVX2.scratch_bytes(shape));
-    let scratch = scratch.as_mut_slice();
-    AVX2.quantize_act(format, COLS, &x, &ids, act, scratch);
-    // Rows as far apart as the forward pass puts them (one line more than a row).
-    let stride = kt_core::forward::y_stride(ROWS);
-    let mut y = vec![0.0f32; N * stride];
-    bencher
-        .counter(divan::counter::ItemsCount::new(2 * ROWS * COLS * N))
-        .bench_local(|| AVX2.down(&w, 0..ROWS, act, MatMut::from_slice(&mut y, N, ROWS, stride), scratch));
+    let mut case = KernelCase::new(&AVX2, &QuantMatrix::quantize(format, ROWS, COLS, &w).expect("quantizes"), N, 2);
+    bencher.counter(divan::counter::ItemsCount::new(case.ops())).bench_local(|| case.run());
 }
 
 /// `fma`: 256-bit `vfmadd231ps` chains (the float kernels); `int8`: `vpmaddubsw → vpmaddwd →

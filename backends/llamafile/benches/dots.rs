@@ -8,14 +8,10 @@
 //! its peak's is its ratio to the roofline.
 //! `cargo bench -p kt-backend-llamafile --bench dots`
 
-use half::bf16;
 use kt_backend_llamafile::{Llamafile, LLAMAFILE, LLAMAFILE_AVX2};
-use kt_core::aligned::AlignedBuf;
-use kt_core::backend::TaskShape;
 use kt_core::ggml::{random_matrix, GgmlType};
-use kt_core::mat::MatMut;
-use kt_core::rng::SplitMix64;
-use kt_core::{Backend, WeightFormat};
+use kt_core::kernel_case::KernelCase;
+use kt_core::Backend;
 
 const ROWS: usize = 768;
 const COLS: usize = 2048;
@@ -36,29 +32,13 @@ fn run<const N: usize>(bencher: divan::Bencher, name: &str, rows: usize, cols: u
     if LLAMAFILE.cpu_support().is_err() {
         return;
     }
-    let (name, b): (_, &Llamafile) = match name.strip_suffix("/avx2") {
+    let (name, b): (_, &'static Llamafile) = match name.strip_suffix("/avx2") {
         Some(name) => (name, &LLAMAFILE_AVX2),
         None => (name, &LLAMAFILE),
     };
     let t = GgmlType::parse(name).expect("a GGML type");
-    let format = WeightFormat::Ggml(t);
-    let w = b.pack(&random_matrix(t, rows, cols, 1)).expect("packs");
-    let mut r = SplitMix64::new(2);
-    let x: Vec<bf16> = (0..N * cols).map(|_| bf16::from_f32(r.gaussian())).collect();
-    let ids: Vec<u32> = (0..N as u32).collect();
-    // 64-byte aligned, as the forward pass's workspace is.
-    let mut act = AlignedBuf::zeroed(b.act_bytes(format, N, cols));
-    let act = act.as_mut_slice();
-    let shape = TaskShape { format: format.into(), tokens: N, rows, cols };
-    let mut scratch = AlignedBuf::zeroed(b.scratch_bytes(shape));
-    let scratch = scratch.as_mut_slice();
-    b.quantize_act(format, cols, &x, &ids, act, scratch);
-    // Rows as far apart as the forward pass puts them (one line more than a row).
-    let stride = kt_core::forward::y_stride(rows);
-    let mut y = vec![0.0f32; N * stride];
-    bencher
-        .counter(divan::counter::ItemsCount::new(2 * rows * cols * N))
-        .bench_local(|| b.down(&w, 0..rows, act, MatMut::from_slice(&mut y, N, rows, stride), scratch));
+    let mut case = KernelCase::new(b, &random_matrix(t, rows, cols, 1), N, 2);
+    bencher.counter(divan::counter::ItemsCount::new(case.ops())).bench_local(|| case.run());
 }
 
 /// `vnni`: the widest `vpdpbusd` (the VNNI kernels); `int8`: AVX2's `vpmaddubsw` chain (the
