@@ -52,18 +52,6 @@ pub const MAX_NT_INT: usize = 4;
 /// Results of a tile: `[token][row in panel]`.
 pub type Tile = [[f32; PANEL]; MAX_NT];
 
-/// # Safety
-/// The CPU has AVX2 and FMA, and the slices hold what the doc says.
-#[inline(always)]
-unsafe fn load_bf16(p: *const u8) -> (__m256, __m256) {
-    // SAFETY (all loads below): the caller passes a pointer to a whole k-slice of the panel.
-    unsafe {
-        let a = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
-        let b = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(16).cast()));
-        (_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16)))
-    }
-}
-
 /// A pair of k-slices of an fp8 panel (`pack`'s layout), k even, as loaded: [`fp8_first`] and
 /// [`fp8_second`] decode it.
 ///
@@ -121,9 +109,8 @@ unsafe fn fp8_words(t: __m256i, m: __m256i) -> [__m256; 2] {
 struct Fp8Mask([u32; 8]);
 static FP8_MASK: Fp8Mask = Fp8Mask([0x87F0_0000; 8]);
 
-/// [`FP8_MASK`] in a register. A tile of more than two tokens loads it at each use: its 12
-/// accumulators leave no register to keep it in, and the compiler would keep it and spill an
-/// accumulator instead (one FMA chain through a store and a load: 20% slower at 6 tokens).
+/// [`FP8_MASK`] in a register: kept in one for up to two tokens, [`reload`]ed at each use
+/// beyond.
 ///
 /// # Safety
 /// The CPU has AVX2.
@@ -135,9 +122,23 @@ unsafe fn fp8_mask<const N: usize>() -> __m256i {
         if N <= 2 {
             _mm256_load_si256(p)
         } else {
-            core::ptr::read_volatile(p)
+            reload(p)
         }
     }
+}
+
+/// The 32 bytes at `p` loaded here (from L1), even where the compiler holds them in a register
+/// already. In an fp8 tile of more than two tokens the 12 accumulators leave no register for
+/// the mask or a loaded pair: the compiler would keep them and spill an accumulator instead
+/// (an FMA chain through a store and a load: 20% slower at 6 tokens).
+///
+/// # Safety
+/// 32 readable bytes at `p`, 32-byte aligned (panels start on 64 bytes and pairs take 32).
+#[inline(always)]
+unsafe fn reload(p: *const __m256i) -> __m256i {
+    debug_assert!(p.is_aligned());
+    // SAFETY: the caller's contract.
+    unsafe { core::ptr::read_volatile(p) }
 }
 
 /// Rows 0-7 and 8-15 of a bf16 panel's k-slice.
@@ -151,8 +152,10 @@ unsafe fn bf16_slice(panel: *const u8, k: usize) -> [__m256; 2] {
         if k % 2 == 0 {
             prefetch(panel.add(k * 32));
         }
-        let (w0, w1) = load_bf16(panel.add(k * 32));
-        [w0, w1]
+        let p = panel.add(k * 32);
+        let a = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
+        let b = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(16).cast()));
+        [_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))]
     }
 }
 
@@ -214,11 +217,9 @@ unsafe fn float_tile<const N: usize, const BF16: bool>(
                 if N <= 2 {
                     fma_slice(&mut b, fp8_second(v, fp8_mask::<N>()), x, k + 1);
                 } else {
-                    // One chain in k order, as bf16's. The pair is loaded again (from L1), for
-                    // the reason of `fp8_mask`.
-                    let p = panel.add(k * 16).cast::<__m256i>();
-                    debug_assert!(p.is_aligned(), "panels start on 64 bytes and pairs take 32");
-                    fma_slice(&mut a, fp8_second(core::ptr::read_volatile(p), fp8_mask::<N>()), x, k + 1);
+                    // One chain in k order, as bf16's; the pair `reload`ed.
+                    let v = reload(panel.add(k * 16).cast());
+                    fma_slice(&mut a, fp8_second(v, fp8_mask::<N>()), x, k + 1);
                 }
                 k += 2;
             }
