@@ -254,6 +254,7 @@ pub fn conformance(backend: &'static dyn Backend) -> Result<(), &'static str> {
     failures.extend(bias_failures(backend, &SerialExecutor));
     failures.extend(stored_scale_failures(backend, &SerialExecutor));
     failures.extend(extreme_int4_failures(backend, &SerialExecutor));
+    failures.extend(mx_tiny_scale_failures(backend, &SerialExecutor));
     failures.extend(
         accuracy_failures(backend, &SerialExecutor).into_iter().filter(|&(_, err, limit)| err >= limit).map(
             |(f, err, limit)| format!("{} {f}: error {err:.4} against the fp32 MoE, limit {limit}", backend.name()),
@@ -519,6 +520,50 @@ pub fn extreme_int4_failures(backend: &'static dyn Backend, exec: &dyn Executor)
                     "{} {format} at its extreme level, x = {x}, n{tokens}: rel err {err:.3e}",
                     backend.name()
                 ));
+            }
+        }
+    }
+    failures
+}
+
+/// MX layers in which every seventh row has a block scaled by 2^-122, near e8m0's bottom
+/// (mxfp8's elements times it leave bf16's normal range, so the AMX tiles cannot fold those
+/// scales into the decoded elements and sum each 32-column group apart), the rest by 2^-5 to
+/// 2^-7, elements random: against the reference within 1e-2 at decode and prefill token counts.
+pub fn mx_tiny_scale_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<String> {
+    let mut failures = Vec::new();
+    let mut r = SplitMix64::new(29);
+    let (h, i) = (256, 128);
+    for format in [WeightFormat::Mxfp4, WeightFormat::Mxfp8] {
+        if !backend.serves(format, i, h) || !backend.serves(format, h, i) {
+            continue;
+        }
+        let cfg = MoeConfig { max_tokens: 40, ..MoeConfig::new(6, 2, h, i) };
+        let mut matrix = |rows: usize, cols: usize| {
+            let data = (0..format.data_bytes(rows, cols))
+                .map(|_| match (r.next_u64() & 0xFF) as u8 {
+                    0x7F | 0xFF if format == WeightFormat::Mxfp8 => 0x7E, // (e4m3's NaN codes)
+                    b => b,
+                })
+                .collect();
+            let groups = cols / crate::format::mx::MX_BLOCK;
+            let scales = (0..rows * groups)
+                .map(|at| if at / groups % 7 == 3 && at % groups == 0 { -122 } else { -5 - (at % 3) as i32 })
+                .map(|e| f32::from_bits(((e + 127) as u32) << 23))
+                .collect();
+            QuantMatrix::from_parts(format, rows, cols, data, scales).expect("consistent parts")
+        };
+        let experts: Vec<[QuantMatrix; 3]> =
+            (0..cfg.experts).map(|_| [matrix(i, h), matrix(i, h), matrix(h, i)]).collect();
+        let build = |b| build_quantized_layer(b, &cfg, format, &experts);
+        let (ours, oracle) = (build(backend), build(&REFERENCE));
+        for tokens in [1, 4, 13, 40] {
+            let input = random_input(tokens, h, tokens as u64);
+            let (ids, w) = random_routing(tokens, 2, 6, 13);
+            let rt = Routing { tokens, k: 2, ids: &ids, weights: &w, gpu_mask: None };
+            let err = rel_err(exec, &cfg, &ours, &oracle, &input, &rt);
+            if err > 1e-2 {
+                failures.push(format!("{} {format} with tiny scales n{tokens}: rel err {err:.3e}", backend.name()));
             }
         }
     }

@@ -17,7 +17,9 @@
 //!    unit's low nibbles (k 0-3 of 16 rows) one B row, its high ones (k 4-7) the next; g32
 //!    steps 32 K (B tiles of 8 rows, A of 32 bytes)
 //!  fp8, mxfp8 (panels in bf16-pair order): 8 units (32 K) decoded in L1 to one bf16 B tile per
-//!    half (`fp8_tile_rows`: a unit's (k0,k1) pairs one B row, its (k2,k3) the next)
+//!    half (`fp8_tile_rows`: a unit's (k0,k1) pairs one B row, its (k2,k3) the next); mxfp8's
+//!    scales, where they fold (`Packed::folds`), added into the decoded elements' exponents, so
+//!    the C tiles sum the whole K into the results
 //! ```
 //!
 //! Integer tiles multiply the int8 + 128 activations (`tdpbusd`: unsigned × signed) and take
@@ -25,7 +27,8 @@
 //! row); the K-group kinds multiply signed activations by signed weights (`tdpbssd`) and add
 //! `Σ_g · (s_act,g · s_w,g)` fused (the C tiles stored and cleared at each group's end): the
 //! sums are exact, so the results are theirs bit for bit. Scaled float blocks (fp8's 128 K, mxfp8's 32) are stored and added the same way, in
-//! the tiles' own order of additions (close to the AVX-512 kernels', not the same bits).
+//! the tiles' own order of additions (close to the AVX-512 kernels', not the same bits), except
+//! mxfp8's where they fold.
 
 use kt_backend_avx512::act::Act;
 use kt_backend_avx512::pack::{Packed, HALF, KT_TILE, PANEL, UNIT};
@@ -439,7 +442,9 @@ unsafe fn group_block<T: TileOps>(
 }
 
 /// fp8 (128×128 blocks or per row) and mxfp8: each scale block's f32 sums stored and added,
-/// scaled, into `out` (per-row scales: one block, multiplied).
+/// scaled, into `out` (per-row scales: one block, multiplied); or, for mxfp8 whose scales fold
+/// (`Packed::folds`), the scales in the decoded elements and the whole K summed in the C tiles,
+/// which hold the results.
 ///
 /// # Safety
 /// As [`panel_block`]; `a` the block's first bf16 activation row, rows `stride` bytes apart.
@@ -457,24 +462,34 @@ unsafe fn fp8_block<T: TileOps>(
     let two = nt > ROWS;
     // (units per scale block, scales per block: one for the panel or one per row)
     let (per_block, per_row) = match w.format {
+        _ if w.folds => (w.units, false),
         WeightFormat::Fp8Channel => (w.units, true),
         WeightFormat::Mxfp8 => (MX_BLOCK / 4, true),
         _ => (FP8_BLOCK / 4, false),
     };
     let blocks = w.units.div_ceil(per_block);
     let (panel, next, steps) = (w.panel(p).as_ptr(), next_run(fetch, w, p, 0), w.units / STEP_UNITS);
-    out[..nt].iter_mut().for_each(|o| o.fill(0.0));
+    if !w.folds {
+        out[..nt].iter_mut().for_each(|o| o.fill(0.0));
+    }
     // SAFETY: the caller's contract; units % 8 == 0 (`runs`), so every step's 8 units lie in
-    // the panel and its 32 K in the activation rows (2 bytes each).
+    // the panel and its 32 K in the activation rows (2 bytes each); a step is an MX group, whose
+    // 32 codes sit at `[panel][group]`.
     unsafe {
         t.config(&TileConfig::block(nt, COLSB));
         for blk in 0..blocks {
             zero_c(t, two);
             for u in (blk * per_block..((blk + 1) * per_block).min(w.units)).step_by(STEP_UNITS) {
-                share_to_l2(next, u / STEP_UNITS, steps);
+                let j = u / STEP_UNITS;
+                share_to_l2(next, j, steps);
+                let fold = w.folds.then(|| (w.codes[(p * steps + j) * PANEL..].as_ptr(), w.code_bias));
                 let dst = work.b.0.as_mut_ptr();
-                kt_backend_avx512::fp8_tile_rows(panel, u, u + STEP_UNITS, [dst, dst.add(HALF_B)]);
+                kt_backend_avx512::fp8_tile_rows(panel, u, u + STEP_UNITS, [dst, dst.add(HALF_B)], fold);
                 step::<T, BF16>(t, (a.add(8 * u), stride), (work.b.0.as_ptr(), HALF_B, COLSB), two);
+            }
+            if w.folds {
+                store_c(t, out, two);
+                continue;
             }
             store_c(t, &mut work.c, two);
             let s: [f32; PANEL] = match per_row {

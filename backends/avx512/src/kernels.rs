@@ -335,26 +335,69 @@ unsafe fn fp8_pairs(tab: &Fp8Tables, half: __m512i) -> [__m512i; 2] {
 
 /// Units `u0..u1` of an fp8 panel in bf16-pair order (`pack`) decoded for AMX bf16 tiles: unit
 /// `u`'s half `h` as its (k0,k1) then (k2,k3) pairs of 16 rows, the two 64-byte rows of a B
-/// tile at `dst[h] + 128·(u − u0)`.
+/// tile at `dst[h] + 128·(u − u0)`. With `fold`, the 32 rows' e8m0 codes of these units' group
+/// and their bias, each row's scale is folded in ([`mx_exponent_steps`]).
 ///
 /// # Safety
 /// AVX-512F/BW/VBMI are present; `panel` holds `u1` units; each `dst[h]` has `128·(u1 − u0)`
-/// writable bytes.
+/// writable bytes; `fold`'s codes are 32 readable bytes and `pack::mx_folds` holds for them.
 #[target_feature(enable = "avx512f,avx512bw,avx512vbmi")]
-pub unsafe fn fp8_tile_rows(panel: *const u8, u0: usize, u1: usize, dst: [*mut u8; 2]) {
+pub unsafe fn fp8_tile_rows(panel: *const u8, u0: usize, u1: usize, dst: [*mut u8; 2], fold: Option<(*const u8, i32)>) {
     // SAFETY: the caller's contract.
     unsafe {
         let tab = Fp8Tables::new();
+        #[allow(clippy::manual_map)] // (`map`'s closure would not get this function's features)
+        let steps = match fold {
+            Some((codes, bias)) => Some(mx_exponent_steps(codes, bias)),
+            None => None,
+        };
         for u in u0..u1 {
             let r = load_unit(panel, u);
             for h in 0..2 {
-                let [w01, w23] = fp8_pairs(&tab, r[h]);
+                let [mut w01, mut w23] = fp8_pairs(&tab, r[h]);
+                if let Some(s) = steps {
+                    (w01, w23) = (fold_exponents(w01, s[h]), fold_exponents(w23, s[h]));
+                }
                 let d = dst[h].add(UNIT * (u - u0));
                 _mm512_storeu_si512(d.cast(), w01);
                 _mm512_storeu_si512(d.add(64).cast(), w23);
             }
         }
     }
+}
+
+/// What folds 32 rows' MX scales `2^(c − bias)` into bf16 values of theirs in B-tile order
+/// (dword `i` of half `h` = row `16h + i`): `(c − bias) << 7`, the step of the exponent
+/// field, in both 16-bit halves of each row's dword.
+///
+/// # Safety
+/// AVX-512F is present (inlined into the callers, whose features it uses); 32 readable bytes at
+/// `codes`.
+#[inline(always)]
+pub unsafe fn mx_exponent_steps(codes: *const u8, bias: i32) -> [__m512i; 2] {
+    // SAFETY: the caller's contract. (No closures: they would not get the callers' features.)
+    unsafe {
+        let (b, low) = (_mm512_set1_epi32(bias), _mm512_set1_epi32(0xFFFF));
+        let mut steps = [_mm512_setzero_si512(); 2];
+        for (h, s) in steps.iter_mut().enumerate() {
+            let c = _mm512_cvtepu8_epi32(_mm_loadu_si128(codes.add(h * HALF).cast()));
+            let step = _mm512_and_si512(_mm512_slli_epi32::<7>(_mm512_sub_epi32(c, b)), low);
+            *s = _mm512_or_si512(step, _mm512_slli_epi32::<16>(step));
+        }
+        steps
+    }
+}
+
+/// bf16 values `w` times their rows' scales: each nonzero one's exponent field stepped by
+/// `step` ([`mx_exponent_steps`]), exact where `pack::mx_folds` holds (the result normal); ±0
+/// stay.
+///
+/// # Safety
+/// AVX-512F/BW are present (inlined into the callers, whose features it uses).
+#[inline(always)]
+pub unsafe fn fold_exponents(w: __m512i, step: __m512i) -> __m512i {
+    // SAFETY: register operations only, under the caller's features.
+    unsafe { _mm512_mask_add_epi16(w, _mm512_test_epi16_mask(w, _mm512_set1_epi16(0x7FFF)), w, step) }
 }
 
 /// `acc[t] += Σ w · x[t]` over units `u0..u1` of an fp8 panel packed in bf16-pair order

@@ -58,7 +58,7 @@ pub fn registered() -> &'static [&'static dyn Backend] {
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 pub use imp::{Avx512, AVX512, BF16 as AVX512_BF16};
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
-pub use kernels::{fp8_tile_rows, glu_panel, put_panel};
+pub use kernels::{fold_exponents, fp8_tile_rows, glu_panel, mx_exponent_steps, put_panel};
 
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 pub use kernels::Level;

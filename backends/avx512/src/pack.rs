@@ -61,6 +61,26 @@ pub fn mx_scale(c: u8, bias: i32) -> f32 {
     }
 }
 
+/// Whether every nonzero element of an mxfp8 matrix in bf16-pair order times its scale,
+/// `v · 2^(c − 127)`, is a normal bf16 (true of real checkpoints: the e4m3 magnitudes lie in
+/// 2^-9..480, so the codes 10..=246 do). The AMX tiles then add each scale into its elements'
+/// exponents as they decode them and sum the whole K in one tile. A code out of range passes
+/// where its block is all zeros (the OCP rule codes a zero block 0; padded rows are 0).
+fn mx_folds(m: &QuantMatrix, pairs: bool, codes: &[u8], code_bias: i32) -> bool {
+    if !(pairs && m.format() == WeightFormat::Mxfp8) {
+        return false;
+    }
+    let groups = m.cols() / mx::MX_BLOCK;
+    let zero_block = |at: usize| {
+        let (p, g, i) = (at / (groups * PANEL), at / PANEL % groups, at % PANEL);
+        let r = p * PANEL + i;
+        r >= m.rows() || m.row_data(r)[g * mx::MX_BLOCK..(g + 1) * mx::MX_BLOCK].iter().all(|&b| b & 0x7F == 0)
+    };
+    // The element magnitudes' binary exponents span -9..=8.
+    let fits = -126 + 9..=127 - 8;
+    codes.iter().enumerate().all(|(at, &c)| fits.contains(&(i32::from(c) - code_bias)) || zero_block(at))
+}
+
 /// 2^120: see the module docs.
 pub const FP8_SCALE_FIX: f32 = f32::from_bits((127 + 120) << 23);
 
@@ -89,6 +109,8 @@ pub struct Packed {
     /// `2^(c − code_bias)` is a code's packed scale: 127, less the fold of mxfp4's ½ (128) or of
     /// the fp8 decode's 2^120 (7).
     pub code_bias: i32,
+    /// An mxfp8 matrix whose every scale folds into its elements' bf16 exponents ([`mx_folds`]).
+    pub folds: bool,
     /// Per-row int8 and int4: −128·Σw per row `[panel][32]` (module docs).
     pub bias: Vec<i32>,
     /// fp8 kinds in bf16-pair order (module docs), for the `vdpbf16ps` kernels.
@@ -261,7 +283,8 @@ pub fn pack(m: &QuantMatrix, level: Level) -> Packed {
         _ => (scales, Vec::new()),
     };
     let bias = if f.int_activations() && f.k_group().is_none() { biases(m, panels) } else { Vec::new() };
-    Packed { format: f, rows, cols, units, data, scales, scales16, codes, code_bias, bias, pairs, kt: false }
+    let folds = mx_folds(m, pairs, &codes, code_bias);
+    Packed { format: f, rows, cols, units, data, scales, scales16, codes, code_bias, folds, bias, pairs, kt: false }
 }
 
 /// `Backend::pack` of a backend on these panels named `name`, with the kernels of `level`.
@@ -310,6 +333,7 @@ pub fn from_kt(f: WeightFormat, rows: usize, cols: usize, bytes: &[u8], scales: 
         scales16,
         codes,
         code_bias: 0,
+        folds: false,
         bias,
         pairs: false,
         kt: true,

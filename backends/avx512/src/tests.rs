@@ -160,3 +160,53 @@ fn kgroup_scales_pack_as_bf16_only_where_they_are_bf16() {
         assert_eq!(p.group_scales(32)[7], scale);
     }
 }
+
+/// mxfp8's scales fold into the decoded bf16 for the AMX tiles: every e4m3 element times
+/// `2^(c − 127)` exactly, for codes at both ends of the range `pack::mx_folds` allows; a code
+/// past either end with a nonzero element leaves the matrix unfolded, a zero block's does not.
+#[test]
+fn mxfp8_scales_fold_into_the_decoded_bf16_exactly() {
+    let f = WeightFormat::Mxfp8;
+    let (rows, cols, groups) = (32, 64, 2);
+    let code = |r: usize, g: usize| [10u8, 127, 246, 100][(r + g) % 4];
+    let byte = |r: usize, c: usize| match ((r * cols + c) % 256) as u8 {
+        0x7F | 0xFF => 0x7E, // (e4m3's NaN codes)
+        b => b,
+    };
+    let data: Vec<u8> = (0..rows * cols).map(|i| byte(i / cols, i % cols)).collect();
+    let scale = |c: u8| f32::from_bits(u32::from(c) << 23);
+    let scales: Vec<f32> = (0..rows * groups).map(|i| scale(code(i / groups, i % groups))).collect();
+    let m = QuantMatrix::from_parts(f, rows, cols, data.clone(), scales.clone()).unwrap();
+    let p = pack::pack(&m, Level::Bf16);
+    assert!(p.pairs && p.folds, "codes 10..=246 fold");
+    if !(is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vbmi")) {
+        eprintln!("skipped the decode: this CPU lacks AVX-512BW or VBMI");
+    } else {
+        let mut tiles = vec![0u8; 2 * 1024];
+        for g in 0..groups {
+            let dst = tiles.as_mut_ptr();
+            let fold = Some((p.codes[g * 32..].as_ptr(), p.code_bias));
+            // SAFETY: the features checked above; 8 units of the panel, 1 KB a half of `tiles`,
+            // 32 codes.
+            unsafe { crate::fp8_tile_rows(p.panel(0).as_ptr(), 8 * g, 8 * g + 8, [dst, dst.add(1024)], fold) };
+            for (r, k) in (0..rows).flat_map(|r| (0..32).map(move |k| (r, k))) {
+                let (u, j) = (k / 4, k % 4);
+                let at = (r / 16) * 1024 + 128 * u + (j / 2) * 64 + 4 * (r % 16) + 2 * (j % 2);
+                let got = f32::from_bits(u32::from(u16::from_le_bytes([tiles[at], tiles[at + 1]])) << 16);
+                let (c, e) = (32 * g + k, code(r, g));
+                let want = kt_core::dtype::F8E4M3(byte(r, c)).to_f32() * scale(e) / scale(127);
+                assert_eq!(got.to_bits(), want.to_bits(), "row {r}, column {c}, code {e}");
+            }
+        }
+    }
+    for (c, zero_block, folds) in [(9u8, false, false), (247, false, false), (0, true, true), (254, true, true)] {
+        let mut data = data.clone();
+        let mut scales = scales.clone();
+        scales[5 * groups + 1] = scale(c);
+        if zero_block {
+            data[5 * cols + 32..5 * cols + 64].fill(0x80); // −0
+        }
+        let p = pack::pack(&QuantMatrix::from_parts(f, rows, cols, data, scales).unwrap(), Level::Bf16);
+        assert_eq!((p.codes[32 + 5], p.folds), (c, folds), "code {c}, zero block: {zero_block}");
+    }
+}
