@@ -101,6 +101,16 @@ fn main() {
             check(&layer, &format!("{f}, {parts} part(s)"), &mut failures);
             (checked, failed) = (checked + 1, failed + usize::from(failures.len() > before));
         }
+        // Past SUM_IN_DOWN_FROM at 80 tokens (Down sums into the output), below at 41 and 1
+        // (Reduce sums y, which the warm-up left grown).
+        let wide = MoeConfig { max_tokens: 80, parts: *parts, ..MoeConfig::new(8, 8, 4096, 64) };
+        assert!(parts * 80 * 8 * (4096 + 16) * 4 > kt_core::plan::SUM_IN_DOWN_FROM);
+        if let Some(f) = [WeightFormat::Int8Row, WeightFormat::Bf16].into_iter().find(|&f| b.serves(f, 64, 4096)) {
+            let layer = MoeLayer::from_f32(&wide, f, owned(&experts(&wide, 8), &[]), &opts).expect("layer");
+            let before = failures.len();
+            check(&layer, &format!("{f}, {parts} part(s), summed in Down"), &mut failures);
+            (checked, failed) = (checked + 1, failed + usize::from(failures.len() > before));
+        }
         for lf in ggml_layer_formats() {
             let shapes = [(lf.gate, 512, 256), (lf.up, 512, 256), (lf.down, 256, 512)];
             if !shapes.iter().all(|&(f, r, c)| b.serves(f, r, c)) {

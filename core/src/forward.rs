@@ -6,11 +6,13 @@
 //!
 //! ```text
 //!  act_x : per active expert, x rows prepared for gate's layout, then for up's if it differs
-//!  scratch: per worker, what the backend asks for its largest task (Backend::scratch_bytes)
+//!  scratch: per worker, what the backend asks for its largest task (Backend::scratch_bytes),
+//!          then, where Down sums, a Down task's results tile (its largest expert's rows × its
+//!          H rows, f32)
 //!  h     : per part p, [rows_total × I_p] bf16                  GateUp writes column blocks
 //!  act_h : per part, per expert, prepared h rows               (64-byte aligned blocks)
-//!  y     : per part, [rows_total × H] f32                       Down writes column blocks
-//!  out_p : per part, [tokens × H] f32                           Reduce writes token chunks
+//!  y     : per part, [rows_total × H] f32 (where Reduce sums)   Down writes column blocks
+//!  out_p : per part, [tokens × H] f32                           Down or Reduce writes
 //! ```
 
 use alloc::vec;
@@ -22,9 +24,9 @@ use half::bf16;
 use crate::aligned::{round_up, AlignedBuf};
 use crate::backend::TaskShape;
 use crate::bias::ExpertBias;
-use crate::mat::SharedMut;
-use crate::plan::{target_tasks, Plan, StageKind, Task, SKIPPED};
-use crate::workers::WorkerScratch;
+use crate::mat::{MatMut, SharedMut};
+use crate::plan::{target_tasks, ActiveExpert, Plan, StageKind, Task, DOWN_TILE_BYTES, SUM_IN_DOWN_FROM};
+use crate::workers::{Carve, WorkerScratch};
 use crate::{Backend, Error, Executor, LayerFormat, MoeConfig, PackedMatrix, QuantMatrix, Routing};
 
 /// One expert's packed matrices for one part: gate/up `[I_p, H]`, down `[H, I_p]`.
@@ -273,7 +275,7 @@ pub struct Workspace {
     act_x: AlignedBuf,
     act_h: AlignedBuf,
     h: Vec<bf16>,
-    /// Down's results, rows [`y_stride`] apart.
+    /// Down's results, rows [`y_stride`] apart, where Reduce sums them.
     y: Vec<f32>,
     out_parts: Vec<f32>,
     ident: Vec<u32>,
@@ -287,8 +289,9 @@ pub struct Workspace {
     h_base: Vec<usize>,
 }
 
-/// The row stride of the down projection's results `y` (`hidden` floats a row): one cache line
-/// more than a row, so that a tile's results for consecutive tokens fall in different L1 sets.
+/// The row stride of the down projection's results (`hidden` floats a row, or a Down task's
+/// rows of it): one cache line more than a row, so that a tile's results for consecutive
+/// tokens fall in different L1 sets.
 /// With `hidden` a multiple of 1024 (2048, 4096, 7168) every row starts in the same set, and a
 /// down tile's 33 token stores thrashed its 12 ways: an AVX-512 q4_K down projection ran 20%
 /// faster with the extra line (`benches/dots.rs` of the llamafile backend, down, 33 tokens,
@@ -319,6 +322,35 @@ fn lay_out(out: &mut Vec<Range<usize>>, bound: usize, lens: impl Iterator<Item =
     at
 }
 
+/// `out(t) += w · y` for each row of expert `a` whose token `t` lies in `tokens`, in row order,
+/// with `w` its slot's weight and `y` its results (row `first + i` of `ys`, rows `stride`
+/// apart, as wide as `out(t)`), then `w · bias` (down's, where given, as wide): the weighted
+/// sum the Reduce stage and a Down task of every expert both make, the same bits.
+fn add_rows<'o>(
+    plan: &Plan,
+    a: &ActiveExpert,
+    tokens: Range<usize>,
+    (ys, stride, first): (&[f32], usize, usize),
+    weights: &[f32],
+    bias: Option<&[f32]>,
+    out: &dyn Fn(usize) -> &'o mut [f32],
+) {
+    // An expert's rows are in token order.
+    let row_tokens = &plan.row_tokens[a.row_range()];
+    let from = row_tokens.partition_point(|&t| (t as usize) < tokens.start);
+    let to = row_tokens.partition_point(|&t| (t as usize) < tokens.end);
+    for i in from..to {
+        let (acc, wt) = (out(row_tokens[i] as usize), weights[plan.row_slots[a.first_row + i] as usize]);
+        let width = acc.len();
+        for (o, &v) in acc.iter_mut().zip(&ys[(first + i) * stride..][..width]) {
+            *o += wt * v;
+        }
+        for (o, &v) in acc.iter_mut().zip(bias.unwrap_or_default()) {
+            *o += wt * v;
+        }
+    }
+}
+
 /// `out[n,H] = Σ_j w[t,j] · expert_{ids[t,j]}(input[t])` over the CPU-resident experts, on the
 /// backend that packed `w`.
 pub fn forward(
@@ -331,7 +363,7 @@ pub fn forward(
     ws: &mut Workspace,
 ) -> Result<(), Error> {
     let backend = w.backend;
-    let (n, hd, k) = (routing.tokens, cfg.hidden, routing.k);
+    let (n, hd) = (routing.tokens, cfg.hidden);
     let LayerFormat { gate: gate_fmt, up: up_fmt, down: down_fmt } = w.format;
     if input.len() != n * hd {
         return Err(Error::ShapeMismatch { what: "hidden_states", expected: n * hd, found: input.len() });
@@ -387,10 +419,21 @@ pub fn forward(
     // rows (more only where a token names it twice), a task at most a part's rows or `hidden`.
     let cols = part_rows.iter().fold(hd, |m, &ip| m.max(ip));
     let shape = TaskShape { format: w.format, tokens: max_rows.max(n), rows: cols, cols };
+    // A Down task's results tile: within DOWN_TILE_BYTES, or of the fewest rows of H where the
+    // largest expert's rows alone pass it (`plan::down_rows`), so bounded without the routing.
+    let summing = |t: &Task| if let Task::Down { expert: None, rows, .. } = t { rows.len() } else { 0 };
+    let tile_rows = plan.stages.iter().flat_map(|s| &s.tasks).map(summing).max().unwrap_or(0);
+    let tile = if plan.sum_in_down { max_rows * y_stride(tile_rows) } else { 0 };
+    let tile_bound = match plan.sum_in_down {
+        true => (DOWN_TILE_BYTES / 4).max(max_rows.max(n) * y_stride(gran_h)).max(tile),
+        false => 0,
+    };
     ws.act_x.ensure(x_total.max(x_bound));
     ws.act_h.ensure(ah_total.max(ah_bound));
     grow(&mut ws.h, rows_total * cfg.intermediate);
-    grow(&mut ws.y, parts * rows_total * ys);
+    // y only where Reduce sums, so below SUM_IN_DOWN_FROM: a forward after one of more tokens
+    // finds it grown.
+    grow(&mut ws.y, (parts * n * routing.k * ys).min(SUM_IN_DOWN_FROM / 4));
     grow(&mut ws.out_parts, parts * n * hd);
     if ws.ident.len() < rows_total {
         ws.ident = (0..rows_total as u32).collect();
@@ -398,7 +441,9 @@ pub fn forward(
     let (x_blocks, h_blocks, h_base) = (&ws.x_blocks[..], &ws.h_blocks[..], &ws.h_base[..]);
     let active = plan.experts.len();
     let expert = |p: usize, e: usize| w.parts[p].experts[plan.experts[e].id].as_ref().expect("checked above");
-    let blocks = ws.scratch.blocks(exec, backend.scratch_bytes(shape));
+    // (The tile after it starts 64-byte aligned, as Carve wants.)
+    let backend_scratch = round_up(backend.scratch_bytes(shape));
+    let blocks = ws.scratch.blocks(exec, backend_scratch + Carve::bytes::<f32>(tile_bound));
     // Part tasks go to their part's sub-pool; Gather and Merge tasks are spread over all. Each
     // task gets its worker's scratch.
     let run = |tasks: &[Task], f: &(dyn Fn(&Task, &mut [u8]) + Sync)| {
@@ -447,40 +492,55 @@ pub fn forward(
             }
             StageKind::Down => {
                 let (act_h, y) = (ws.act_h.as_slice(), SharedMut::new(&mut ws.y[..]));
-                run(&stage.tasks, &|t, scratch| {
-                    let Task::Down { part: p, expert: e, ref rows } = *t else { unreachable!() };
-                    let (a, i) = (&plan.experts[e], p * active + e);
+                let dst = SharedMut::new(&mut ws.out_parts[..]);
+                run(&stage.tasks, &|t, block| {
+                    let Task::Down { part: p, expert: owner, ref rows } = *t else { unreachable!() };
+                    let down = |e: usize, y: MatMut<'_, f32>, scratch: &mut [u8]| {
+                        let h = &act_h[h_blocks[p * active + e].clone()];
+                        backend.down(&expert(p, e).down, rows.clone(), h, y, scratch)
+                    };
+                    let Some(e) = owner else {
+                        // Every expert on these rows of H, each one's results summed in at once.
+                        let (scratch, rest) = block.split_at_mut(backend_scratch);
+                        let results = Carve::new(rest).take::<f32>(tile);
+                        let stride = y_stride(rows.len());
+                        // SAFETY: the part's Down tasks own disjoint column blocks of its
+                        // output rows; each borrow ends before the next.
+                        let out_row = |t: usize| unsafe {
+                            dst.slice_mut((p * n + t) * hd + rows.start..(p * n + t) * hd + rows.end)
+                        };
+                        for t in 0..n {
+                            out_row(t).fill(0.0);
+                        }
+                        for (e, a) in plan.experts.iter().enumerate() {
+                            let y = MatMut::from_slice(&mut results[..a.rows * stride], a.rows, rows.len(), stride);
+                            down(e, y, scratch);
+                            // Down's bias once per slot: with the first part's share.
+                            let bias = w.bias(a.id).filter(|_| p == 0).map(|b| &b.down[rows.clone()]);
+                            add_rows(plan, a, 0..n, (&results[..], stride, 0), routing.weights, bias, &out_row);
+                        }
+                        return;
+                    };
+                    let a = &plan.experts[e];
                     let at = (p * rows_total + a.first_row) * ys + rows.start;
                     // SAFETY: Down tasks of one (part, expert) own disjoint column blocks of its rows.
-                    let view = unsafe { y.mat_mut(at, a.rows, rows.len(), ys) };
-                    backend.down(&expert(p, e).down, rows.clone(), &act_h[h_blocks[i].clone()], view, scratch);
+                    down(e, unsafe { y.mat_mut(at, a.rows, rows.len(), ys) }, block);
                 });
             }
             StageKind::Reduce => {
                 let (y, dst) = (&ws.y[..], SharedMut::new(&mut ws.out_parts[..]));
                 run(&stage.tasks, &|t, _| {
                     let Task::Reduce { part: p, ref tokens } = *t else { unreachable!() };
-                    // SAFETY: Reduce tasks of one part own disjoint token chunks.
-                    let acc = unsafe { dst.slice_mut((p * n + tokens.start) * hd..(p * n + tokens.end) * hd) };
-                    for (ti, acc) in tokens.clone().zip(acc.chunks_exact_mut(hd)) {
-                        acc.fill(0.0);
-                        for j in 0..k {
-                            let r = plan.slot_rows[ti * k + j];
-                            if r == SKIPPED {
-                                continue;
-                            }
-                            let wt = routing.weights[ti * k + j];
-                            let yr = &y[(p * rows_total + r as usize) * ys..][..hd];
-                            for (o, &v) in acc.iter_mut().zip(yr) {
-                                *o += wt * v;
-                            }
-                            // Down's bias once per slot: with the first part's share.
-                            if let Some(b) = w.bias(routing.ids[ti * k + j] as usize).filter(|_| p == 0) {
-                                for (o, &v) in acc.iter_mut().zip(&b.down) {
-                                    *o += wt * v;
-                                }
-                            }
-                        }
+                    // SAFETY: Reduce tasks of one part own disjoint token chunks; each borrow
+                    // ends before the next.
+                    let out_row = |t: usize| unsafe { dst.slice_mut((p * n + t) * hd..(p * n + t + 1) * hd) };
+                    for t in tokens.clone() {
+                        out_row(t).fill(0.0);
+                    }
+                    for a in &plan.experts {
+                        let bias = w.bias(a.id).filter(|_| p == 0).map(|b| &b.down[..]);
+                        let y = (&y[p * rows_total * ys..], ys, a.first_row);
+                        add_rows(plan, a, tokens.clone(), y, routing.weights, bias, &out_row);
                     }
                 });
             }

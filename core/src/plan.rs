@@ -5,15 +5,25 @@
 //!  GateUp(p,e,rows)   h[e][t][rows] = SwiGLU(gate·x, up·x)            (per part, expert, I-row block)
 //!  PrepareDown(p,e)   h[e] -> prepared activations (int8 per token)   (per part, expert)
 //!  Down(p,e,rows)     y[e][t][rows] = down·h                          (per part, expert, H-row block)
-//!  Reduce(p,tokens)   out_p[t] = sum_j w[t,j] · y[e_j][row of t]      (per part, token chunk; j ascending)
+//!  Reduce(p,tokens)   out_p[t] = sum over t's rows r: w[r] · y[r]     (per part, token chunk)
+//!    or, where y would pass SUM_IN_DOWN_FROM bytes:
+//!  Down(p,rows)       out_p[t][rows] = sum over t's rows r: w[r] · (down_e(r)·h[r])[rows]
+//!                                                                     (per part, H-row block)
 //!  Merge(tokens)      out[t] = bf16(sum_p out_p[t])                   (per token chunk; p ascending)
 //! ```
 //!
-//! SwiGLU is fused into GateUp: it is elementwise on the rows the task just produced. Every
-//! output element is written by exactly one task and every sum runs in a fixed order, so the
-//! result is bit-identical for any number of threads. How many blocks a stage is cut into
-//! follows the thread count ([`target_tasks`]), but a block only decides which task computes
-//! an element, never how.
+//! SwiGLU is fused into GateUp: it is elementwise on the rows the task just produced. For
+//! many tokens the weighted sum over each token's experts is fused into Down: a Down task owns
+//! some rows of H of every token's output, runs each active expert's down on them into a tile
+//! of its worker's scratch and adds the tile in, so the results never round-trip through
+//! memory (y was 67 MB at 1024 tokens of qwen3-30b-a3b, 1.9 GB at 8192 of DeepSeek-V3). For
+//! few tokens Down keeps one expert a task, whose weights then stream in long runs (KT's
+//! int8 and int4 decode 10-20% slower the other way), and Reduce sums y. Either way a
+//! token's rows are added in ascending order (by expert, then slot), so both give the same
+//! bits. Every output element is written by exactly one task and every sum runs in a fixed
+//! order, so the result is bit-identical for any number of threads. How many blocks a stage is
+//! cut into follows the thread count ([`target_tasks`]), but a block only decides which task
+//! computes an element, never how.
 #![forbid(unsafe_code)]
 
 use alloc::vec::Vec;
@@ -33,6 +43,25 @@ pub const TARGET_TASKS: usize = 64;
 /// qwen3-30b-a3b in q4_K from DRAM took 0.83-0.84 ms a forward with 64 tasks a stage, 0.76-0.77
 /// with 32, 0.74-0.77 with 16 and 0.72-0.74 with 8 (prefill unchanged).
 pub const TASKS_PER_THREAD: usize = 4;
+
+/// Bytes of per-row results `y` (all parts, `n·k` rows padded as `forward::y_stride` pads
+/// them) from which Down sums them into the output itself: about what the caches hold.
+/// qwen3-30b-a3b passes it from 128 tokens, DeepSeek-V3 from 37.
+pub const SUM_IN_DOWN_FROM: usize = 8 << 20;
+
+/// Bytes of results a Down task aims to hold at once (the largest expert's rows × the task's
+/// rows of H, f32): what an L2 holds on the CPUs served, so the sums read them from cache.
+pub const DOWN_TILE_BYTES: usize = 512 * 1024;
+
+/// Rows of H a Down task takes: the stage's share of `hidden` among `tasks`, fewer where the
+/// largest expert's `max_rows` results would pass [`DOWN_TILE_BYTES`] (each row padded as
+/// `forward::y_stride` pads it), a multiple of `gran` and at least one.
+pub fn down_rows(hidden: usize, tasks: usize, gran: usize, max_rows: usize) -> usize {
+    let gran = gran.max(1);
+    let share = hidden.div_ceil(tasks.max(1)).div_ceil(gran) * gran;
+    let fits = (DOWN_TILE_BYTES / 4 / max_rows.max(1)).saturating_sub(16) / gran * gran;
+    share.min(fits).max(gran)
+}
 
 /// Tasks a stage of a forward on `threads` threads aims for.
 pub fn target_tasks(threads: usize) -> usize {
@@ -66,9 +95,10 @@ pub enum StageKind {
     GateUp,
     /// Prepare down activations.
     PrepareDown,
-    /// down projection.
+    /// down projection (and, with tasks of every expert, the weighted sum over each token's
+    /// experts).
     Down,
-    /// Weighted sum over each token's experts, per part.
+    /// Weighted sum over each token's experts, per part (where Down does not add it).
     Reduce,
     /// Sum of parts, bf16 output.
     Merge,
@@ -102,8 +132,8 @@ pub enum Task {
     Down {
         /// NUMA part.
         part: usize,
-        /// Active expert index.
-        expert: usize,
+        /// Active expert index, or `None`: every active expert, summed into the output.
+        expert: Option<usize>,
         /// Rows of down.
         rows: Range<usize>,
     },
@@ -156,6 +186,11 @@ pub struct Plan {
     pub row_tokens: Vec<u32>,
     /// Row of each slot `t·k + j`, or [`SKIPPED`].
     pub slot_rows: Vec<u32>,
+    /// Slot `t·k + j` of each row.
+    pub row_slots: Vec<u32>,
+    /// Whether Down sums each token's results into the output itself ([`SUM_IN_DOWN_FROM`]),
+    /// with no Reduce stage.
+    pub sum_in_down: bool,
     /// Stages in execution order.
     pub stages: Vec<Stage>,
     /// Per expert id: rows routed to it, then its index in `experts` or `usize::MAX`.
@@ -188,6 +223,8 @@ impl Default for Plan {
             experts: Vec::new(),
             row_tokens: Vec::new(),
             slot_rows: Vec::new(),
+            row_slots: Vec::new(),
+            sum_in_down: false,
             stages: KINDS.iter().map(|&kind| Stage { kind, tasks: Vec::new() }).collect(),
             counts: Vec::new(),
             fill: Vec::new(),
@@ -253,17 +290,22 @@ impl Plan {
         self.row_tokens.resize(first, 0);
         self.slot_rows.clear();
         self.slot_rows.resize(n * k, SKIPPED);
+        self.row_slots.clear();
+        self.row_slots.resize(first, 0);
         for t in 0..n {
             for j in 0..k {
                 if let Some(e) = routing.expert(t, j, e_count) {
                     let a = counts[e];
                     self.row_tokens[self.fill[a]] = t as u32;
+                    self.row_slots[self.fill[a]] = (t * k + j) as u32;
                     self.slot_rows[t * k + j] = self.fill[a] as u32;
                     self.fill[a] += 1;
                 }
             }
         }
         (self.tokens, self.k) = (n, k);
+        // (Bounded by n·k rows, not the routed ones: the same for every routing of n tokens.)
+        self.sum_in_down = part_rows.len() * n * k * (cfg.hidden + 16) * 4 > SUM_IN_DOWN_FROM;
         self.fill_stages(n, cfg.hidden, part_rows, gran_i, gran_h, tasks);
         Ok(())
     }
@@ -287,7 +329,10 @@ impl Plan {
         // `pieces` blocks), so a later forward of no more tokens plans without allocating.
         let e_max = self.counts.len();
         let per_part = tasks + e_max;
-        let bounds = [e_max, parts * per_part, parts * e_max, parts * per_part, parts * tasks, tasks];
+        let max_rows = self.experts.iter().map(|a| a.rows).max().unwrap_or(0);
+        let down_rows = down_rows(hidden, tasks, gran_h, max_rows);
+        let slices = parts * hidden.div_ceil(gran_h.max(1));
+        let bounds = [e_max, parts * per_part, parts * e_max, slices.max(parts * per_part), parts * tasks, tasks];
         for (s, bound) in self.stages.iter_mut().zip(bounds) {
             s.tasks.clear();
             s.tasks.reserve(bound);
@@ -299,12 +344,22 @@ impl Plan {
                 let b = blocks(rows_p, per_expert, gran_i);
                 gate_up.tasks.extend(b.map(|rows| Task::GateUp { part, expert, rows }));
                 prep.tasks.push(Task::PrepareDown { part, expert });
-                down.tasks.extend(blocks(hidden, per_expert, gran_h).map(|rows| Task::Down { part, expert, rows }));
+                if !self.sum_in_down {
+                    let b = blocks(hidden, per_expert, gran_h);
+                    down.tasks.extend(b.map(|rows| Task::Down { part, expert: Some(expert), rows }));
+                }
+            }
+            if self.sum_in_down {
+                // (Also with no expert active: the tasks clear the part's output.)
+                let slices = (0..hidden).step_by(down_rows).map(|s| s..(s + down_rows).min(hidden));
+                down.tasks.extend(slices.map(|rows| Task::Down { part, expert: None, rows }));
             }
         }
         let token_chunks = blocks(n, tasks, 1);
-        for part in 0..parts {
-            reduce.tasks.extend(token_chunks.clone().map(|tokens| Task::Reduce { part, tokens }));
+        if !self.sum_in_down {
+            for part in 0..parts {
+                reduce.tasks.extend(token_chunks.clone().map(|tokens| Task::Reduce { part, tokens }));
+            }
         }
         merge.tasks.extend(token_chunks.map(|tokens| Task::Merge { tokens }));
     }
@@ -353,6 +408,43 @@ mod tests {
         for threads in [1, 2, 3, 64] {
             let p = Plan::build(&cfg, &r, &[48, 48], 8, 8, target_tasks(threads)).unwrap();
             covers_every_row(&p);
+        }
+    }
+
+    /// Down tasks take the stage's share of H, fewer rows where the largest expert's results
+    /// would pass DOWN_TILE_BYTES, never fewer than the granularity. They cover H once a part
+    /// (summing in Down, past SUM_IN_DOWN_FROM), or once a part and expert (then Reduce sums).
+    #[test]
+    fn down_tasks_cover_h_once() {
+        assert_eq!(down_rows(2048, 8, 32, 64), 256);
+        assert_eq!(down_rows(7168, 8, 32, 500), 224); // 500 · (224 + 16) · 4 ≤ 512 KB
+        assert_eq!(down_rows(2048, 8, 32, 4096), 32);
+        assert_eq!(down_rows(100, 64, 1, 1), 2);
+        for (hidden, tokens, sums) in [(96, 10, false), (4096, 300, true)] {
+            let cfg = MoeConfig { parts: 2, ..MoeConfig::new(16, 4, hidden, 64) };
+            let ids: Vec<i64> = (0..4 * tokens).map(|i| if i % 5 == 0 { -1 } else { (i * 7 % 16) as i64 }).collect();
+            let w = vec![0.5f32; 4 * tokens];
+            let r = Routing { tokens, k: 4, ids: &ids, weights: &w, gpu_mask: None };
+            for threads in [1, 3, 64] {
+                let p = Plan::build(&cfg, &r, &[32, 32], 8, 8, target_tasks(threads)).unwrap();
+                assert_eq!((p.sum_in_down, p.stages[4].tasks.is_empty()), (sums, sums));
+                let owners = if sums { vec![None] } else { (0..p.experts.len()).map(Some).collect() };
+                for (part, owner) in (0..2).flat_map(|part| owners.iter().map(move |&o| (part, o))) {
+                    let mut covered = vec![0; hidden];
+                    for t in &p.stages[3].tasks {
+                        if let Task::Down { part: tp, expert, rows } = t {
+                            if (*tp, *expert) == (part, owner) {
+                                rows.clone().for_each(|r| covered[r] += 1);
+                            }
+                        }
+                    }
+                    assert!(covered.iter().all(|&c| c == 1), "{threads} threads, part {part}, {owner:?}");
+                }
+                // Every row's slot, and back.
+                for (row, &slot) in p.row_slots.iter().enumerate() {
+                    assert_eq!(p.slot_rows[slot as usize], row as u32);
+                }
+            }
         }
     }
 

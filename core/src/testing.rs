@@ -255,6 +255,7 @@ pub fn conformance(backend: &'static dyn Backend) -> Result<(), &'static str> {
     failures.extend(stored_scale_failures(backend, &SerialExecutor));
     failures.extend(extreme_int4_failures(backend, &SerialExecutor));
     failures.extend(mx_tiny_scale_failures(backend, &SerialExecutor));
+    failures.extend(sum_in_down_failures(backend, &SerialExecutor));
     failures.extend(
         accuracy_failures(backend, &SerialExecutor).into_iter().filter(|&(_, err, limit)| err >= limit).map(
             |(f, err, limit)| format!("{} {f}: error {err:.4} against the fp32 MoE, limit {limit}", backend.name()),
@@ -564,6 +565,60 @@ pub fn mx_tiny_scale_failures(backend: &'static dyn Backend, exec: &dyn Executor
             let err = rel_err(exec, &cfg, &ours, &oracle, &input, &rt);
             if err > 1e-2 {
                 failures.push(format!("{} {format} with tiny scales n{tokens}: rel err {err:.3e}", backend.name()));
+            }
+        }
+    }
+    failures
+}
+
+/// A forward of 320 tokens, whose results pass [`crate::plan::SUM_IN_DOWN_FROM`] (Down sums
+/// them into the output), against the same tokens in forwards of 16 (Reduce sums them), bit
+/// for bit: invalid ids, a token naming an expert twice, down biases, 1 and 2 parts, on the
+/// first of int8, bf16 and q4_0 the backend serves.
+pub fn sum_in_down_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<String> {
+    let (h, i, n, k) = (1024, 64, 320, 8);
+    let formats = [WeightFormat::Int8Row, WeightFormat::Bf16, WeightFormat::Ggml(GgmlType::Q4_0)];
+    let Some(format) = formats.into_iter().find(|&f| backend.serves(f, i, h) && backend.serves(f, h, i / 2)) else {
+        return Vec::new();
+    };
+    let mut failures = Vec::new();
+    let (mut ids, w) = random_routing(n, k, 16, 31);
+    for (s, id) in ids.iter_mut().enumerate() {
+        match s % 13 {
+            0 => *id = -1,
+            5 if s % k > 0 => *id = -7, // replaced below by the slot before's expert
+            _ => {}
+        }
+    }
+    for s in 0..n * k {
+        if ids[s] == -7 {
+            ids[s] = ids[s - 1].max(0);
+        }
+    }
+    let input = random_input(n, h, 32);
+    for parts in [1, 2] {
+        let cfg = MoeConfig { parts, max_tokens: n, ..MoeConfig::new(16, k, h, i) };
+        let mut layer = match format {
+            WeightFormat::Ggml(_) => build_ggml_layer(backend, &cfg, format.into(), 33).0,
+            _ => build_layer(backend, &cfg, format, &random_experts(&cfg, 33)),
+        };
+        for (e, b) in random_biases(&cfg, 34).into_iter().enumerate().filter(|&(e, _)| e % 3 == 0) {
+            layer.set_bias(e, b).expect("valid bias");
+        }
+        let whole = Routing { tokens: n, k, ids: &ids, weights: &w, gpu_mask: None };
+        let plan = crate::plan::Plan::build(&cfg, &whole, &vec![i / parts; parts], 1, 1, 8).expect("valid routing");
+        assert!(plan.sum_in_down, "the case must pass SUM_IN_DOWN_FROM");
+        let got = run(exec, &cfg, &layer, &input, &whole);
+        for c in 0..n / 16 {
+            let (sl, tk) = (c * 16 * k..(c + 1) * 16 * k, c * 16 * h..(c + 1) * 16 * h);
+            let part = Routing { tokens: 16, k, ids: &ids[sl.clone()], weights: &w[sl], gpu_mask: None };
+            let want = run(exec, &cfg, &layer, &input[tk.clone()], &part);
+            if want.iter().zip(&got[tk]).any(|(a, b)| a.to_bits() != b.to_bits()) {
+                failures.push(format!(
+                    "{} {format} parts{parts}: tokens {}.. differ summed in Down",
+                    backend.name(),
+                    c * 16
+                ));
             }
         }
     }

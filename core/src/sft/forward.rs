@@ -31,7 +31,7 @@ pub struct Workspace {
 /// layer's inference forward with LoRA on every projection (`lora`: `None` runs the base
 /// alone, KT's `SkipLoRA`). A layer of several NUMA parts runs each expert's parts in its one
 /// task: gate and up by slices of I, down on each part's slice of h into that part's outputs,
-/// summed per token as the inference forward's Reduce and Merge sum them (its bits with B
+/// summed per token as the inference forward's Down and Merge sum them (its bits with B
 /// zero); the LoRA terms read the whole of g, u and h, and the down one goes to part 0's
 /// outputs.
 #[allow(clippy::too_many_arguments)]
@@ -156,7 +156,7 @@ pub fn forward(
         }
     });
 
-    // out[t] = Σ_p Σ_j w·y_p in slot order, as the inference forward's Reduce and Merge add it.
+    // out[t] = Σ_p Σ_j w·y_p in row order, as the inference forward's Down and Merge add it.
     let (slot_rows, wts) = (&plan.slot_rows[..], routing.weights);
     let slot = |s: usize| (slot_rows[s] != SKIPPED).then(|| (slot_rows[s] as usize, wts[s]));
     let part_ys: Vec<&[f32]> = match parts {
@@ -230,9 +230,10 @@ impl TaskPieces {
     }
 }
 
-/// `out[t] = bf16(0 + Σ_p Σ_j w·src_p[row])` for every token `t` over its slots `j` ascending
-/// (parts `p` ascending, each part's sum made first), where `slot(t·k + j)` gives `(row, w)`
-/// (`None`: skipped), on `exec` in token chunks.
+/// `out[t] = bf16(0 + Σ_p Σ_j w·src_p[row])` for every token `t` over its slots' rows
+/// ascending (by expert, then slot: the inference forward's Down adds them so), parts `p`
+/// ascending, each part's sum made first, where `slot(t·k + j)` gives `(row, w)` (`None`:
+/// skipped), on `exec` in token chunks.
 pub(crate) fn reduce(
     exec: &dyn Executor,
     (n, k, h): (usize, usize, usize),
@@ -246,12 +247,15 @@ pub(crate) fn reduce(
         let tokens = chunks[c].clone();
         // SAFETY: token chunks are disjoint.
         let o = unsafe { dst.slice_mut(tokens.start * h..tokens.end * h) };
-        let (mut sum, mut acc) = (vec![0.0f32; h], vec![0.0f32; h]);
+        let (mut sum, mut acc, mut rows) = (vec![0.0f32; h], vec![0.0f32; h], Vec::with_capacity(k));
         for (t, o) in tokens.zip(o.chunks_exact_mut(h)) {
             sum.fill(0.0);
+            rows.clear();
+            rows.extend((t * k..(t + 1) * k).filter_map(slot));
+            rows.sort_unstable_by_key(|&(row, _)| row);
             for src in srcs {
                 acc.fill(0.0);
-                for (row, w) in (t * k..(t + 1) * k).filter_map(slot) {
+                for &(row, w) in &rows {
                     for (a, &v) in acc.iter_mut().zip(&src[row * h..][..h]) {
                         *a += w * v;
                     }
@@ -291,13 +295,7 @@ fn fill_routing(cache: &mut Cache, plan: &Plan, input: &[bf16], routing: &Routin
     cache.x.extend_from_slice(input);
     cache.experts.clone_from(&plan.experts);
     cache.row_tokens.clone_from(&plan.row_tokens);
-    cache.row_slots.clear();
-    cache.row_slots.resize(plan.row_tokens.len(), SKIPPED);
-    for (slot, &row) in plan.slot_rows.iter().enumerate() {
-        if row != SKIPPED {
-            cache.row_slots[row as usize] = slot as u32;
-        }
-    }
+    cache.row_slots.clone_from(&plan.row_slots);
 }
 
 /// Projection `p`'s LoRA term of expert `e` added to `out` (`[rows, out]`) by `kernels`: for
