@@ -441,6 +441,20 @@ fn rel_err(
     mean_rel_err(&got, &want)
 }
 
+/// `backend`'s layer and the reference's, of experts whose matrices `matrix(rows, cols)` makes
+/// (gate and up `[I, H]`, then down `[H, I]`).
+fn quantized_pair(
+    backend: &'static dyn Backend,
+    cfg: &MoeConfig,
+    format: WeightFormat,
+    mut matrix: impl FnMut(usize, usize) -> QuantMatrix,
+) -> (LayerWeights, LayerWeights) {
+    let (h, i) = (cfg.hidden, cfg.intermediate);
+    let experts: Vec<[QuantMatrix; 3]> = (0..cfg.experts).map(|_| [matrix(i, h), matrix(i, h), matrix(h, i)]).collect();
+    let build = |b| build_quantized_layer(b, cfg, format, &experts);
+    (build(backend), build(&REFERENCE))
+}
+
 /// K-group int4 layers of stored scales that are f16 values, not bf16 (a GPTQ checkpoint's,
 /// loaded as stored), and of bf16 ones, on every group `backend` serves: against the reference
 /// within 1e-5 at decode and prefill token counts, where scales rounded to bf16 anywhere
@@ -456,7 +470,7 @@ pub fn stored_scale_failures(backend: &'static dyn Backend, exec: &dyn Executor)
         }
         for f16 in [true, false] {
             let cfg = MoeConfig { max_tokens: 16, ..MoeConfig::new(6, 2, h, i) };
-            let mut matrix = |rows: usize, cols: usize| {
+            let matrix = |rows: usize, cols: usize| {
                 let data = (0..rows * cols / 2).map(|_| (r.next_u64() & 0xFF) as u8).collect();
                 let scales = (0..rows * cols / usize::from(group))
                     .map(|_| 0.004 + r.uniform(0.002).abs())
@@ -464,10 +478,7 @@ pub fn stored_scale_failures(backend: &'static dyn Backend, exec: &dyn Executor)
                     .collect();
                 QuantMatrix::from_parts(format, rows, cols, data, scales).expect("consistent parts")
             };
-            let experts: Vec<[QuantMatrix; 3]> =
-                (0..cfg.experts).map(|_| [matrix(i, h), matrix(i, h), matrix(h, i)]).collect();
-            let build = |b| build_quantized_layer(b, &cfg, format, &experts);
-            let (ours, oracle) = (build(backend), build(&REFERENCE));
+            let (ours, oracle) = quantized_pair(backend, &cfg, format, matrix);
             for tokens in [1, 4, 13] {
                 let input = random_input(tokens, h, tokens as u64);
                 let (ids, w) = random_routing(tokens, 2, 6, 5);
@@ -507,10 +518,7 @@ pub fn extreme_int4_failures(backend: &'static dyn Backend, exec: &dyn Executor)
             let scales = vec![scale; format.scale_count(rows, cols)];
             QuantMatrix::from_parts(format, rows, cols, vec![byte; rows * cols / 2], scales).expect("consistent parts")
         };
-        let experts: Vec<[QuantMatrix; 3]> =
-            (0..cfg.experts).map(|_| [matrix(i, h), matrix(i, h), matrix(h, i)]).collect();
-        let build = |b| build_quantized_layer(b, &cfg, format, &experts);
-        let (ours, oracle) = (build(backend), build(&REFERENCE));
+        let (ours, oracle) = quantized_pair(backend, &cfg, format, matrix);
         for (tokens, x) in [(1, 1.0), (1, -1.0), (2, 1.0), (4, -1.0), (13, 1.0)] {
             let input = vec![bf16::from_f32(x); tokens * h];
             let (ids, w) = random_routing(tokens, 2, 4, 3);
@@ -540,7 +548,7 @@ pub fn mx_tiny_scale_failures(backend: &'static dyn Backend, exec: &dyn Executor
             continue;
         }
         let cfg = MoeConfig { max_tokens: 40, ..MoeConfig::new(6, 2, h, i) };
-        let mut matrix = |rows: usize, cols: usize| {
+        let matrix = |rows: usize, cols: usize| {
             let data = (0..format.data_bytes(rows, cols))
                 .map(|_| match (r.next_u64() & 0xFF) as u8 {
                     0x7F | 0xFF if format == WeightFormat::Mxfp8 => 0x7E, // (e4m3's NaN codes)
@@ -554,10 +562,7 @@ pub fn mx_tiny_scale_failures(backend: &'static dyn Backend, exec: &dyn Executor
                 .collect();
             QuantMatrix::from_parts(format, rows, cols, data, scales).expect("consistent parts")
         };
-        let experts: Vec<[QuantMatrix; 3]> =
-            (0..cfg.experts).map(|_| [matrix(i, h), matrix(i, h), matrix(h, i)]).collect();
-        let build = |b| build_quantized_layer(b, &cfg, format, &experts);
-        let (ours, oracle) = (build(backend), build(&REFERENCE));
+        let (ours, oracle) = quantized_pair(backend, &cfg, format, matrix);
         for tokens in [1, 4, 13, 40] {
             let input = random_input(tokens, h, tokens as u64);
             let (ids, w) = random_routing(tokens, 2, 6, 13);

@@ -14,7 +14,7 @@
 //!    g = W_g·x + s·B_g·(A_g·x),  u = W_u·x + s·B_u·(A_u·x)         base by Backend::down
 //!    h = bf16(silu(bf16 g)·bf16 u)                                   as the inference forward
 //!    y = W_d·h + s·B_d·(A_d·h)
-//!  per token: out = bf16(Σ_j w_j·y_j)                                 j ascending
+//!  per token: out = bf16(Σ_j w_j·y_j)                  its rows ascending (by expert, then j)
 //!  cache: x, and per row g, u, y and the three A·(input) of rank r
 //!
 //!  backward, per active expert, with gy = w·grad_out of each row:
