@@ -109,7 +109,7 @@ pub struct Packed {
     /// `2^(c − code_bias)` is a code's packed scale: 127, less the fold of mxfp4's ½ (128) or of
     /// the fp8 decode's 2^120 (7).
     pub code_bias: i32,
-    /// An mxfp8 matrix whose every scale folds into its elements' bf16 exponents ([`mx_folds`]).
+    /// An mxfp8 matrix whose every scale folds into its elements' bf16 exponents (`mx_folds`).
     pub folds: bool,
     /// Per-row int8 and int4: −128·Σw per row `[panel][32]` (module docs).
     pub bias: Vec<i32>,
