@@ -421,10 +421,8 @@ pub fn forward(
     let shape = TaskShape { format: w.format, tokens: max_rows.max(n), rows: cols, cols };
     // A Down task's results tile: within DOWN_TILE_BYTES, or of the fewest rows of H where the
     // largest expert's rows alone pass it (`plan::down_rows`), so bounded without the routing.
-    let summing = |t: &Task| if let Task::Down { expert: None, rows, .. } = t { rows.len() } else { 0 };
-    let tile_rows = plan.stages.iter().flat_map(|s| &s.tasks).map(summing).max().unwrap_or(0);
-    let tile = if plan.sum_in_down { max_rows * y_stride(tile_rows) } else { 0 };
-    let tile_bound = match plan.sum_in_down {
+    let tile = if plan.sum_in_down() { max_rows * y_stride(plan.down_rows) } else { 0 };
+    let tile_bound = match plan.sum_in_down() {
         true => (DOWN_TILE_BYTES / 4).max(max_rows.max(n) * y_stride(gran_h)).max(tile),
         false => 0,
     };

@@ -188,9 +188,10 @@ pub struct Plan {
     pub slot_rows: Vec<u32>,
     /// Slot `t·k + j` of each row.
     pub row_slots: Vec<u32>,
-    /// Whether Down sums each token's results into the output itself ([`SUM_IN_DOWN_FROM`]),
-    /// with no Reduce stage.
-    pub sum_in_down: bool,
+    /// Rows of H each Down task of every expert takes ([`down_rows`]; the last may take fewer)
+    /// where Down sums each token's results into the output itself ([`SUM_IN_DOWN_FROM`]), with
+    /// no Reduce stage; 0 where Down keeps one expert a task and Reduce sums.
+    pub down_rows: usize,
     /// Stages in execution order.
     pub stages: Vec<Stage>,
     /// Per expert id: rows routed to it, then its index in `experts` or `usize::MAX`.
@@ -224,7 +225,7 @@ impl Default for Plan {
             row_tokens: Vec::new(),
             slot_rows: Vec::new(),
             row_slots: Vec::new(),
-            sum_in_down: false,
+            down_rows: 0,
             stages: KINDS.iter().map(|&kind| Stage { kind, tasks: Vec::new() }).collect(),
             counts: Vec::new(),
             fill: Vec::new(),
@@ -247,6 +248,11 @@ impl Plan {
         let mut p = Plan::default();
         p.rebuild(cfg, routing, part_rows, gran_i, gran_h, tasks)?;
         Ok(p)
+    }
+
+    /// Whether Down sums each token's results into the output itself (`down_rows` > 0).
+    pub fn sum_in_down(&self) -> bool {
+        self.down_rows > 0
     }
 
     /// [`Plan::build`] into `self`, reusing its vectors.
@@ -305,7 +311,9 @@ impl Plan {
         }
         (self.tokens, self.k) = (n, k);
         // (Bounded by n·k rows, not the routed ones: the same for every routing of n tokens.)
-        self.sum_in_down = part_rows.len() * n * k * (cfg.hidden + 16) * 4 > SUM_IN_DOWN_FROM;
+        let sums = part_rows.len() * n * k * (cfg.hidden + 16) * 4 > SUM_IN_DOWN_FROM;
+        let max_rows = self.experts.iter().map(|a| a.rows).max().unwrap_or(0);
+        self.down_rows = if sums { down_rows(cfg.hidden, tasks, gran_h, max_rows) } else { 0 };
         self.fill_stages(n, cfg.hidden, part_rows, gran_i, gran_h, tasks);
         Ok(())
     }
@@ -329,8 +337,8 @@ impl Plan {
         // `pieces` blocks), so a later forward of no more tokens plans without allocating.
         let e_max = self.counts.len();
         let per_part = tasks + e_max;
-        let max_rows = self.experts.iter().map(|a| a.rows).max().unwrap_or(0);
-        let down_rows = down_rows(hidden, tasks, gran_h, max_rows);
+        // Rows of H a Down task of every expert takes; 0: one expert a task, and Reduce.
+        let d = self.down_rows;
         let slices = parts * hidden.div_ceil(gran_h.max(1));
         let bounds = [e_max, parts * per_part, parts * e_max, slices.max(parts * per_part), parts * tasks, tasks];
         for (s, bound) in self.stages.iter_mut().zip(bounds) {
@@ -344,19 +352,19 @@ impl Plan {
                 let b = blocks(rows_p, per_expert, gran_i);
                 gate_up.tasks.extend(b.map(|rows| Task::GateUp { part, expert, rows }));
                 prep.tasks.push(Task::PrepareDown { part, expert });
-                if !self.sum_in_down {
+                if d == 0 {
                     let b = blocks(hidden, per_expert, gran_h);
                     down.tasks.extend(b.map(|rows| Task::Down { part, expert: Some(expert), rows }));
                 }
             }
-            if self.sum_in_down {
+            if d > 0 {
                 // (Also with no expert active: the tasks clear the part's output.)
-                let slices = (0..hidden).step_by(down_rows).map(|s| s..(s + down_rows).min(hidden));
+                let slices = (0..hidden).step_by(d).map(|s| s..(s + d).min(hidden));
                 down.tasks.extend(slices.map(|rows| Task::Down { part, expert: None, rows }));
             }
         }
         let token_chunks = blocks(n, tasks, 1);
-        if !self.sum_in_down {
+        if d == 0 {
             for part in 0..parts {
                 reduce.tasks.extend(token_chunks.clone().map(|tokens| Task::Reduce { part, tokens }));
             }
@@ -427,7 +435,7 @@ mod tests {
             let r = Routing { tokens, k: 4, ids: &ids, weights: &w, gpu_mask: None };
             for threads in [1, 3, 64] {
                 let p = Plan::build(&cfg, &r, &[32, 32], 8, 8, target_tasks(threads)).unwrap();
-                assert_eq!((p.sum_in_down, p.stages[4].tasks.is_empty()), (sums, sums));
+                assert_eq!((p.sum_in_down(), p.stages[4].tasks.is_empty()), (sums, sums));
                 let owners = if sums { vec![None] } else { (0..p.experts.len()).map(Some).collect() };
                 for (part, owner) in (0..2).flat_map(|part| owners.iter().map(move |&o| (part, o))) {
                     let mut covered = vec![0; hidden];
