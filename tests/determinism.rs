@@ -35,7 +35,8 @@ fn on(
     executor: Arc<dyn Executor>,
     xs: &[kt_core::testing::Expert],
 ) -> MoeLayer {
-    MoeLayer::from_f32(cfg, f, owned(xs, &[]), &LayerOptions { backend: Some(b), executor }).unwrap()
+    MoeLayer::from_f32(cfg, f, owned(xs, &[]), &LayerOptions { backend: Some(b), ..LayerOptions::executor(executor) })
+        .unwrap()
 }
 
 fn bits(l: &MoeLayer, input: &[kt_core::bf16], ids: &[i64], w: &[f32], mask: Option<&[bool]>) -> Vec<u16> {

@@ -154,3 +154,41 @@ fn a_given_backend_that_declines_the_format_is_an_error() {
     let msg = e.to_string();
     assert!(msg.contains("avx2") && msg.contains("q4_K") && msg.contains("reference"), "{msg}");
 }
+
+/// Layers built from one `LayerOptions` share one scratch, as a model's layers on one pool
+/// should (one per layer held it times the layers): the second layer finds the first one's
+/// scratch grown, and forwards interleaved across layers of other shapes, formats and token
+/// counts (many enough that Down sums, and few) give the bits of layers with scratch of their
+/// own.
+#[test]
+fn layers_built_from_one_options_share_their_scratch() {
+    let bytes = |l: &MoeLayer| l.scratch().lock().unwrap().bytes();
+    let shared = LayerOptions::threads(2);
+    let wide = MoeConfig::new(8, 8, 1024, 64);
+    let narrow = MoeConfig { parts: 2, ..MoeConfig::new(6, 2, 64, 96) };
+    let layers = [
+        (&wide, WeightFormat::Int8Row, 1),
+        (&wide, WeightFormat::Bf16, 2),
+        (&narrow, WeightFormat::Int4Group { group: 32 }, 3),
+    ]
+    .map(|(cfg, f, seed)| {
+        let xs = experts(cfg, seed);
+        let build = |o: &LayerOptions| MoeLayer::from_f32(cfg, f, owned(&xs, &[]), o).unwrap();
+        (cfg, build(&shared), build(&LayerOptions::threads(2)))
+    });
+    let [(_, first, _), (_, second, _), _] = &layers;
+    let input = random_input(320, wide.hidden, 4);
+    let (ids, w) = random_routing(320, wide.top_k, wide.experts, 5);
+    first.forward(&input, &ids, &w, None).unwrap();
+    assert!(bytes(first) > 0);
+    assert_eq!(bytes(second), bytes(first), "the second layer's scratch is the first's");
+    for (round, n) in [320, 3, 1, 77].into_iter().enumerate() {
+        for (l, (cfg, with_shared, with_own)) in layers.iter().enumerate() {
+            let seed = (10 * round + l) as u64;
+            let input = random_input(n, cfg.hidden, seed);
+            let (ids, w) = random_routing(n, cfg.top_k, cfg.experts, seed + 100);
+            let want = with_own.forward(&input, &ids, &w, None).unwrap();
+            assert_eq!(with_shared.forward(&input, &ids, &w, None).unwrap(), want, "{n} tokens, layer {l}");
+        }
+    }
+}

@@ -52,7 +52,7 @@ fn step(layer: &SftLayer, cfg: &MoeConfig, mats: &LoraMats, tokens: usize, seed:
 
 fn sft_layer(b: &'static dyn Backend, cfg: &MoeConfig, f: WeightFormat, threads: usize, depth: usize) -> SftLayer {
     let xs = experts(cfg, 3);
-    let opts = LayerOptions { backend: Some(b), executor: Arc::new(Pool::new(threads)) };
+    let opts = LayerOptions { backend: Some(b), ..LayerOptions::executor(Arc::new(Pool::new(threads))) };
     SftLayer::from_f32(cfg, f, owned(&xs, &[]), &opts, SftOptions::depth(depth)).unwrap()
 }
 
@@ -134,4 +134,51 @@ fn sft_layers_refuse_what_they_cannot_run() {
     let rt = Routing { tokens: 2, k: 2, ids: &[0, 1, 2, 3], weights: &[0.5; 4], gpu_mask: None };
     let e = layer.forward(&x, &rt, Some(&lora_of(&mats, 4, 8.0)), true, &mut out).unwrap_err();
     assert!(matches!(e, Error::ShapeMismatch { what: "gate_lora_b [E, I, r]", .. }), "{e}");
+}
+
+/// SFT layers built from one `LayerOptions` share one scratch through a training step's order
+/// (every layer's forward, a forward not saved, then the backwards in reverse), with the bits
+/// of layers that have scratch of their own: the backward reads its forward's cache, never
+/// the scratch another layer has since written.
+#[test]
+fn sft_layers_of_one_options_share_their_scratch() {
+    let cfg = MoeConfig { max_tokens: 64, parts: 2, ..MoeConfig::new(8, 2, 256, 128) };
+    let mats = random_lora(&cfg, 4, false, 9);
+    let l = lora_of(&mats, 4, 8.0);
+    let formats = [WeightFormat::Bf16, WeightFormat::Int8Row, WeightFormat::Bf16];
+    let layer = |j: usize, opts: &LayerOptions| {
+        let xs = experts(&cfg, 10 + j as u64);
+        SftLayer::from_f32(&cfg, formats[j], owned(&xs, &[]), opts, SftOptions::depth(1)).unwrap()
+    };
+    let shared_opts = LayerOptions::threads(2);
+    let shared: Vec<_> = (0..3).map(|j| layer(j, &shared_opts)).collect();
+    let own: Vec<_> = (0..3).map(|j| layer(j, &LayerOptions::threads(2))).collect();
+    // Each layer its own token count, so the scratch grows and is reused between them.
+    let tokens = [37, 5, 64];
+    let train = |layers: &[SftLayer]| {
+        let mut bits = Vec::new();
+        // Every layer's saved forward, then one not saved (a serving call) between them and
+        // the backwards.
+        for (j, save) in [(0, true), (1, true), (2, true), (1, false)] {
+            let (n, seed) = (tokens[j] - usize::from(!save), j as u64);
+            let (x, (ids, w, mask)) =
+                (random_input(n, cfg.hidden, seed), scenario_routing(Scenario::Masked, n, &cfg, seed));
+            let rt = Routing { tokens: n, k: cfg.top_k, ids: &ids, weights: &w, gpu_mask: mask.as_deref() };
+            let mut out = vec![bf16::ZERO; n * cfg.hidden];
+            layers[j].forward(&x, &rt, Some(&l), save, &mut out).unwrap();
+            bits.push(out.iter().map(|v| u32::from(v.to_bits())).collect::<Vec<_>>());
+        }
+        for (j, layer) in layers.iter().enumerate().rev() {
+            let n = tokens[j];
+            let go = random_input(n, cfg.hidden, 50 + j as u64);
+            let (mut gi, mut gw) = (vec![bf16::ZERO; n * cfg.hidden], vec![0.0f32; n * cfg.top_k]);
+            layer.backward(&go, Some(&l), outs(&mut gi, &mut gw, None)).unwrap();
+            bits.push(gi.iter().map(|v| u32::from(v.to_bits())).chain(gw.iter().map(|v| v.to_bits())).collect());
+        }
+        bits
+    };
+    assert!(train(&shared) == train(&own), "shared scratch changed a result");
+    assert!(shared.iter().all(|s| Arc::ptr_eq(s.scratch(), shared[0].scratch())));
+    let bytes = |s: &SftLayer| s.scratch().lock().unwrap().bytes();
+    assert!(bytes(&shared[0]) > 0 && bytes(&shared[0]) < own.iter().map(bytes).sum::<usize>());
 }

@@ -268,7 +268,8 @@ pub fn pack_part(
     })
 }
 
-/// Scratch reused across forwards; grows to the largest call and stays.
+/// Scratch reused across forwards; grows to the largest call and stays. A forward writes what
+/// it reads within the call, so forwards of different layers may share one (one at a time).
 #[derive(Debug, Default)]
 pub struct Workspace {
     plan: Plan,
@@ -287,6 +288,15 @@ pub struct Workspace {
     h_blocks: Vec<Range<usize>>,
     part_rows: Vec<usize>,
     h_base: Vec<usize>,
+}
+
+impl Workspace {
+    /// Bytes its buffers hold (the routing plan's small vectors aside): what a forward of the
+    /// most tokens it has seen keeps for the next.
+    pub fn bytes(&self) -> usize {
+        let f32s = self.y.len() + self.out_parts.len() + self.ident.len();
+        self.act_x.len() + self.act_h.len() + self.scratch.bytes() + 2 * self.h.len() + 4 * f32s
+    }
 }
 
 /// The row stride of the down projection's results (`hidden` floats a row, or a Down task's

@@ -19,6 +19,11 @@ pub struct WorkerScratch {
 }
 
 impl WorkerScratch {
+    /// Bytes held over all workers.
+    pub fn bytes(&self) -> usize {
+        self.buf.len()
+    }
+
     /// Blocks of at least `bytes` each (64-byte aligned) for `exec`'s workers.
     pub fn blocks(&mut self, exec: &dyn Executor, bytes: usize) -> Blocks<'_> {
         let (stride, workers) = (round_up(bytes), exec.workers());

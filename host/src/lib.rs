@@ -23,6 +23,7 @@ pub mod placement;
 pub mod pool;
 pub mod queue;
 pub mod registry;
+pub mod scratch;
 pub mod sft;
 pub mod slots;
 pub mod soak;

@@ -10,6 +10,7 @@ use kt_core::sft::{self, Backward, BackwardWeights, Cache, Lora, TransposeFormat
 use kt_core::{Backend, Error, LayerFormat, MoeConfig, PackedMatrix, QuantMatrix, Routing, WeightFormat};
 
 use crate::layer::{LayerOptions, MoeLayer, PartMatrix};
+use crate::scratch::{self, Scratch};
 use crate::weights::{kt_format, slot_reader, stored_reader, Checkpoint, Layout, Slots, WeightError};
 
 /// An expert's packed transposes (a set per slice of I), or why they are not (`None`: not on
@@ -56,11 +57,11 @@ pub struct SftLayer {
 
 #[derive(Default)]
 struct State {
-    ws: sft::Workspace,
     /// Saved forwards, newest last.
     saved: Vec<Cache>,
-    /// The cache of forwards not saved, reused.
-    spare: Cache,
+    /// The last popped one, whose buffers the next saved forward fills (a forward not saved
+    /// fills the shared scratch's, [`Scratch::unsaved`]).
+    recycled: Cache,
 }
 
 impl std::fmt::Debug for SftLayer {
@@ -249,6 +250,12 @@ impl SftLayer {
         self.back.format()
     }
 
+    /// The scratch it shares with the layers built from the same options
+    /// ([`LayerOptions::scratch`]).
+    pub fn scratch(&self) -> &crate::scratch::SharedScratch {
+        self.base.scratch()
+    }
+
     /// Forwards saved and not yet backwarded.
     pub fn cache_depth(&self) -> usize {
         self.lock().saved.len()
@@ -278,11 +285,12 @@ impl SftLayer {
         if save_for_backward && st.saved.len() >= self.max_cache_depth {
             return Err(Error::CacheFull { depth: self.max_cache_depth });
         }
-        let State { ws, spare, .. } = &mut *st;
-        let w = self.base.weights();
-        sft::forward(&**self.base.executor(), cfg, w, lora, input, routing, out, spare, ws)?;
+        let (w, mut scratch) = (self.base.weights(), scratch::lock(self.base.scratch()));
+        let Scratch { sft: ws, unsaved, .. } = &mut *scratch;
+        let cache = if save_for_backward { &mut st.recycled } else { unsaved };
+        sft::forward(&**self.base.executor(), cfg, w, lora, input, routing, out, cache, ws)?;
         if save_for_backward {
-            let cache = std::mem::take(&mut st.spare);
+            let cache = std::mem::take(&mut st.recycled);
             st.saved.push(cache);
         }
         Ok(())
@@ -301,12 +309,12 @@ impl SftLayer {
                 found: grad_output.len(),
             });
         }
-        let State { ws, saved, spare } = &mut *st;
+        let State { saved, recycled } = &mut *st;
         let cache = saved.last().expect("checked above");
         let (cfg, w) = (self.config(), self.base.weights());
-        sft::backward(&**self.base.executor(), cfg, w, &self.back, lora, cache, grad_output, out, ws)?;
-        // The popped cache's buffers serve the next unsaved forward.
-        *spare = saved.pop().expect("checked above");
+        let mut scratch = scratch::lock(self.base.scratch());
+        sft::backward(&**self.base.executor(), cfg, w, &self.back, lora, cache, grad_output, out, &mut scratch.sft)?;
+        *recycled = saved.pop().expect("checked above");
         Ok(())
     }
 

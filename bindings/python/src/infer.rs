@@ -8,6 +8,7 @@ use kt_host::numa_pool::NumaPool;
 use kt_host::placement::{PoolConfig, SubPoolConfig};
 use kt_host::queue::{Task, TaskQueue};
 use kt_host::topology::Topology;
+use kt_host::LayerOptions;
 use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
@@ -21,6 +22,9 @@ pub struct CpuInfer {
     pub(crate) pool: Arc<NumaPool>,
     pub(crate) queue: Arc<TaskQueue>,
     stream_error: Arc<Mutex<Option<String>>>,
+    /// How its layers are built: on its pool, all with one scratch (the queue runs them one
+    /// at a time).
+    layers: LayerOptions,
 }
 
 #[pymethods]
@@ -61,7 +65,8 @@ impl CpuInfer {
             p.pin_caller();
             Ok(())
         }));
-        Ok(CpuInfer { pool, queue, stream_error: Arc::default() })
+        let layers = LayerOptions::executor(pool.clone());
+        Ok(CpuInfer { pool, queue, stream_error: Arc::default(), layers })
     }
 
     /// Threads over all sub-pools.
@@ -109,6 +114,13 @@ impl CpuInfer {
         .map_err(PyRuntimeError::new_err)
     }
 
+    /// Bytes of scratch the engine's layers hold between calls: one for all of them, sized
+    /// by the largest call so far.
+    #[getter]
+    fn scratch_bytes(&self) -> usize {
+        self.layers.scratch.lock().unwrap_or_else(|e| e.into_inner()).bytes()
+    }
+
     /// Tasks queued or running.
     #[getter]
     fn pending(&self) -> usize {
@@ -117,6 +129,11 @@ impl CpuInfer {
 }
 
 impl CpuInfer {
+    /// How a layer on this engine is built: on its pool, with the engine's one scratch.
+    pub(crate) fn layer_options(&self) -> LayerOptions {
+        self.layers.clone()
+    }
+
     fn take_stream_error(&self) -> PyResult<()> {
         match self.stream_error.lock().unwrap_or_else(|e| e.into_inner()).take() {
             Some(e) => Err(PyRuntimeError::new_err(e)),

@@ -10,7 +10,7 @@ use kt_core::{MoeConfig, WeightFormat};
 use kt_host::error::WeightError;
 use kt_host::slots::Slots;
 use kt_host::source::WeightSource;
-use kt_host::{LayerOptions, MoeLayer};
+use kt_host::MoeLayer;
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;
 
@@ -210,7 +210,7 @@ impl Moe {
         };
         let (e, h, i) = (s.cfg.experts, s.cfg.hidden, s.cfg.intermediate);
         let map = checked_map(&map, e)?;
-        let opts = LayerOptions::executor(infer.pool.clone());
+        let opts = infer.layer_options();
         let layer = py.detach(|| {
             MoeLayer::from_f32(
                 &s.cfg,
@@ -241,7 +241,7 @@ impl Moe {
     ) -> PyResult<()> {
         let s = &self.shared;
         let map = checked_map(&map, s.cfg.experts)?;
-        let opts = LayerOptions::executor(infer.pool.clone());
+        let opts = infer.layer_options();
         let loaded = py.detach(|| -> Result<(MoeLayer, Arc<WeightSource>), WeightError> {
             // Every expert is packed (as KT): SGLang moves experts between GPU and CPU by
             // updating the mask in place.

@@ -13,7 +13,7 @@ use kt_core::{MoeConfig, QuantMatrix, Routing, WeightFormat};
 use kt_host::error::WeightError;
 use kt_host::slots::Slots;
 use kt_host::source::WeightSource;
-use kt_host::{LayerOptions, SftLayer, SftOptions};
+use kt_host::{SftLayer, SftOptions};
 use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;
 
@@ -174,7 +174,7 @@ impl SftMoe {
         let (h, i) = (s.cfg.hidden, s.cfg.intermediate);
         let map = checked_map(&map, s.cfg.experts)?;
         let cfg = layer_config(s, infer)?;
-        let opts = LayerOptions::executor(infer.pool.clone());
+        let opts = infer.layer_options();
         let layer = py.detach(|| {
             SftLayer::from_f32(
                 &cfg,
@@ -217,7 +217,7 @@ impl SftMoe {
         }
         let map = checked_map(&map, e)?;
         let cfg = layer_config(s, infer)?;
-        let opts = LayerOptions::executor(infer.pool.clone());
+        let opts = infer.layer_options();
         let matrix = |e: usize, proj: usize| {
             let (rows, cols) = if proj == 2 { (h, i) } else { (i, h) };
             let (bytes, count) = (f.data_bytes(rows, cols), f.scale_count(rows, cols));
@@ -259,7 +259,7 @@ impl SftMoe {
         let s = &self.shared;
         let map = checked_map(&map, s.cfg.experts)?;
         let cfg = layer_config(s, infer)?;
-        let opts = LayerOptions::executor(infer.pool.clone());
+        let opts = infer.layer_options();
         let loaded = py.detach(|| -> Result<SftLayer, WeightError> {
             let slots = Slots { map: Some(&map), gpu: None };
             match &*source(&path)? {

@@ -270,3 +270,19 @@ def test_two_python_threads_on_different_layers_give_one_threads_bits():
     for li in range(len(layers)):
         for r in range(40):
             assert np.array_equal(got[li][r], alone[li][r % len(cases)]), (li, r)
+
+
+def test_layers_share_the_engines_scratch():
+    """Every layer on the process's engine forwards in one workspace (the queue runs them one
+    at a time), so a second layer's forward as large as the first's adds no scratch: one per
+    layer would hold it times the model's layers."""
+    a, b = (make(layer_idx=20 + j, method="AMXINT8", chunk=512) for j in range(2))
+    for w, seed in [(a, 51), (b, 52)]:
+        w.load_weights_from_tensors(*experts(E, H, I, seed=seed))
+    x = np.random.default_rng(6).standard_normal((300, H)).astype(np.float32)
+    ids, ws = routing(300, K, E, 6)
+    a.forward(x, ids, ws)
+    held = a.cpu_infer.scratch_bytes
+    assert held > 300 * H * 4, held
+    b.forward(x, ids, ws)
+    assert b.cpu_infer.scratch_bytes == held

@@ -16,7 +16,9 @@ use crate::plan::{blocks, target_tasks, Plan, SKIPPED};
 use crate::workers::{Carve, WorkerScratch};
 use crate::{Error, Executor, LayerFormat, MoeConfig, PackedMatrix, Routing, WeightFormat};
 
-/// Scratch reused across SFT calls; grows to the largest and stays.
+/// Scratch reused across SFT calls; grows to the largest and stays. A call writes what it
+/// reads within the call (a backward reads its forward's `Cache`, never this), so the layers of
+/// a model may share one.
 #[derive(Debug, Default)]
 pub struct Workspace {
     pub(crate) plan: Plan,
@@ -25,6 +27,13 @@ pub struct Workspace {
     pub(crate) dx: Vec<f32>,
     /// A forward's outputs per NUMA part, `[parts, rows, H]`, for a layer of several parts.
     pub(crate) y_parts: Vec<f32>,
+}
+
+impl Workspace {
+    /// Bytes its buffers hold (the routing plan's small vectors aside).
+    pub fn bytes(&self) -> usize {
+        self.scratch.bytes() + 4 * (self.dx.len() + self.y_parts.len())
+    }
 }
 
 /// `out = bf16(Σ_j w_j · y_j)` over each token's computed slots, and `cache` filled: the
