@@ -93,6 +93,9 @@ struct Shared {
     /// The wrapper's `gpu_experts_mask` (`[E]` bytes, nonzero = on the GPU), read at every
     /// forward; 0 = none.
     mask_ptr: usize,
+    /// Whether a load leaves out the experts the mask puts on the GPU then
+    /// (`KT_KERNEL_SKIP_GPU_EXPERTS=1`).
+    skip_gpu_experts: bool,
     layer: Mutex<Option<Arc<MoeLayer>>>,
     /// Where `load_from_checkpoint` read the layer, for the layerwise prefill's GPU buffers.
     origin: Mutex<Option<Origin>>,
@@ -128,10 +131,11 @@ impl Moe {
     /// `intermediate`, at most `max_tokens` per forward, in `method` (KT's method names), split
     /// into one NUMA part per sub-pool of `infer`. `mask_ptr` is the address of the `[E]` bool
     /// mask the wrapper owns (0 for none). `swiglu_limit`/`swiglu_alpha` select KT's clamped
-    /// SwiGLU (0: plain).
+    /// SwiGLU (0: plain). With `skip_gpu_experts` a load reads and packs only the experts the
+    /// mask leaves on the CPU at that moment (KT keeps them all, for masks updated later).
     #[new]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (infer, experts, top_k, hidden, intermediate, max_tokens, method, mask_ptr, swiglu_limit = 0.0, swiglu_alpha = 0.0))]
+    #[pyo3(signature = (infer, experts, top_k, hidden, intermediate, max_tokens, method, mask_ptr, swiglu_limit = 0.0, swiglu_alpha = 0.0, skip_gpu_experts = false))]
     fn new(
         infer: &CpuInfer,
         experts: usize,
@@ -143,6 +147,7 @@ impl Moe {
         mask_ptr: usize,
         swiglu_limit: f32,
         swiglu_alpha: f32,
+        skip_gpu_experts: bool,
     ) -> PyResult<Self> {
         // RAWINT4 and GPTQ_INT4 run as our K-group int4 in a 4-bit checkpoint's own group (its
         // nibbles and scales as stored), else in groups of 128; LLAMAFILE runs the GGUF file's
@@ -180,6 +185,7 @@ impl Moe {
                 format,
                 checkpoint_group: WeightFormat::takes_checkpoint_group(method),
                 mask_ptr,
+                skip_gpu_experts,
                 layer: Mutex::new(None),
                 origin: Mutex::new(None),
             }),
@@ -211,13 +217,15 @@ impl Moe {
         let (e, h, i) = (s.cfg.experts, s.cfg.hidden, s.cfg.intermediate);
         let map = checked_map(&map, e)?;
         let opts = infer.layer_options();
+        let on_gpu = s.left_out();
+        let keep: Vec<bool> = (0..e).map(|p| !on_gpu.as_ref().is_some_and(|g| g[p])).collect();
         let layer = py.detach(|| {
             MoeLayer::from_f32(
                 &s.cfg,
                 format,
                 // SAFETY: the wrapper checked shapes, dtypes and contiguity of the three arrays
                 // and keeps them alive for this call.
-                |slot| Some(unsafe { array_expert(dtype, [gate, up, down], map[slot], h, i) }),
+                |slot| keep[slot].then(|| unsafe { array_expert(dtype, [gate, up, down], map[slot], h, i) }),
                 &opts,
             )
         });
@@ -242,10 +250,11 @@ impl Moe {
         let s = &self.shared;
         let map = checked_map(&map, s.cfg.experts)?;
         let opts = infer.layer_options();
+        let on_gpu = s.left_out();
         let loaded = py.detach(|| -> Result<(MoeLayer, Arc<WeightSource>), WeightError> {
-            // Every expert is packed (as KT): SGLang moves experts between GPU and CPU by
-            // updating the mask in place.
-            let slots = Slots { map: Some(&map), gpu: None };
+            // Every expert is packed (as KT) unless asked otherwise: SGLang's dynamic expert
+            // update moves experts between GPU and CPU by updating the mask in place.
+            let slots = Slots { map: Some(&map), gpu: on_gpu.as_deref() };
             let src = source(&path)?;
             let format = s.format.map(|f| src.layer_format(layer, f, s.checkpoint_group));
             Ok((src.load_layer(layer, format, &s.cfg, slots, &opts)?, src))
@@ -359,6 +368,12 @@ impl Moe {
         })
     }
 
+    /// Bytes of the packed experts this layer holds on the CPU (0 before a load).
+    #[getter]
+    fn bytes(&self) -> usize {
+        self.shared.layer.lock().unwrap_or_else(|e| e.into_inner()).as_ref().map_or(0, |l| l.bytes())
+    }
+
     /// Whether weights are loaded.
     #[getter]
     fn loaded(&self) -> bool {
@@ -422,10 +437,28 @@ pub(crate) fn source(path: &std::path::Path) -> Result<Arc<WeightSource>, Weight
     Ok(src)
 }
 
+impl Shared {
+    /// The wrapper's mask as it is now, `None` without one.
+    fn mask(&self) -> Option<Vec<bool>> {
+        // SAFETY: the wrapper owns the `[E]` mask at `mask_ptr` for the layer's life.
+        (self.mask_ptr != 0).then(|| {
+            unsafe { std::slice::from_raw_parts(self.mask_ptr as *const u8, self.cfg.experts) }
+                .iter()
+                .map(|&b| b != 0)
+                .collect()
+        })
+    }
+
+    /// The slots a load leaves out: those on the GPU now, where `skip_gpu_experts`.
+    fn left_out(&self) -> Option<Vec<bool>> {
+        self.mask().filter(|_| self.skip_gpu_experts)
+    }
+}
+
 /// The body of a forward task.
 fn forward(s: &Shared, st: Staging) -> Result<(), String> {
     let layer = s.layer.lock().unwrap_or_else(|e| e.into_inner()).clone().ok_or("weights are not loaded")?;
-    let (h, k, e) = (s.cfg.hidden, s.cfg.top_k, s.cfg.experts);
+    let (h, k) = (s.cfg.hidden, s.cfg.top_k);
     // SAFETY (all reads and writes below): the wrapper's staging buffers hold at least
     // max_tokens rows, stay alive and are not touched by Python until the matching sync.
     let n = unsafe { *(st.bsz as *const i32) };
@@ -439,10 +472,16 @@ fn forward(s: &Shared, st: Staging) -> Result<(), String> {
     };
     let ids = unsafe { std::slice::from_raw_parts(st.ids as *const i64, n * k) };
     let weights = unsafe { std::slice::from_raw_parts(st.weights as *const f32, n * k) };
-    let mask: Option<Vec<bool>> = (s.mask_ptr != 0)
-        .then(|| unsafe { std::slice::from_raw_parts(s.mask_ptr as *const u8, e) }.iter().map(|&b| b != 0).collect());
+    let mask = s.mask();
     let mut out = vec![bf16::ZERO; n * h];
-    layer.forward_into(&input, ids, weights, mask.as_deref(), &mut out).map_err(|e| e.to_string())?;
+    layer.forward_into(&input, ids, weights, mask.as_deref(), &mut out).map_err(|err| match err {
+        kt_core::Error::ExpertNotLoaded { expert } if s.skip_gpu_experts => format!(
+            "slot {expert} is routed to the CPU (gpu_experts_mask is false for it) but was on the GPU when this layer \
+             was loaded, and KT_KERNEL_SKIP_GPU_EXPERTS=1 left it out of CPU memory: unset it to update the mask in \
+             place (--kt-enable-dynamic-expert-update)"
+        ),
+        err => err.to_string(),
+    })?;
     let mut v: Vec<f32> = out.iter().map(|x| x.to_f32()).collect();
     if st.addend != 0 {
         let prev = unsafe { st.output_dtype.read(st.addend, n * h) };

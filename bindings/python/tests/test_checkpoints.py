@@ -46,6 +46,42 @@ def test_f16_deepseek_checkpoint_equals_loading_the_same_tensors(tmp_path, metho
     assert rel_err(a, ref) < LIMITS[method]
 
 
+@pytest.mark.parametrize("source", ["checkpoint", "tensors"])
+def test_skip_gpu_experts_leaves_them_out_of_cpu_memory(tmp_path, monkeypatch, source):
+    """KT_KERNEL_SKIP_GPU_EXPERTS=1: the slots the mask puts on the GPU at load are neither read
+    nor packed (the layer's bytes shrink by their share), the CPU's results are the bits of a
+    layer holding every expert, and a mask later moving one of them to the CPU is an error at
+    the sync naming the variable, after which the layer still works."""
+    g, u, d = experts(E, H, I, seed=31)
+    tensors = {n: w for e in range(E) for n, w in zip(deepseek_names(0, e), (g[e], u[e], d[e]))}
+    write_bf16_safetensors(tmp_path / "model.safetensors", tensors)
+    write_config(tmp_path, E, K, H, I, 1)
+    m = np.roll(np.arange(E, dtype=np.int64), 2)
+    mask = np.isin(np.arange(E), [0, 5])
+
+    def loaded():
+        w = make(method="AMXINT8", mask=mask, path=str(tmp_path))
+        w.load_weights(m) if source == "checkpoint" else w.load_weights_from_tensors(g, u, d, m)
+        return w
+
+    every = loaded()
+    monkeypatch.setenv("KT_KERNEL_SKIP_GPU_EXPERTS", "1")
+    cpu_only = loaded()
+    assert cpu_only.moe.bytes * E == every.moe.bytes * (E - 2) > 0
+    x = np.random.default_rng(4).standard_normal((6, H)).astype(np.float32)
+    ids, ws = routing(6, K, E, 4)
+    ids[0, 0] = 0
+    assert np.array_equal(cpu_only.forward(x, ids, ws), every.forward(x, ids, ws))
+    cpu_only.gpu_experts_mask[0] = False
+    with pytest.raises(RuntimeError, match="slot 0 .*KT_KERNEL_SKIP_GPU_EXPERTS=1"):
+        cpu_only.forward(x, ids, ws)
+    cpu_only.gpu_experts_mask[0] = True
+    assert np.array_equal(cpu_only.forward(x, ids, ws), every.forward(x, ids, ws))
+    monkeypatch.setenv("KT_KERNEL_SKIP_GPU_EXPERTS", "yes")
+    with pytest.raises(ValueError, match="KT_KERNEL_SKIP_GPU_EXPERTS must be 0 or 1, got 'yes'"):
+        make(method="AMXINT8", mask=mask)
+
+
 def test_sharded_bf16_mixtral_checkpoint_with_index(tmp_path):
     g, u, d = experts(E, H, I, seed=5)
     shards = [{}, {}]

@@ -7,6 +7,7 @@ Forward tasks read pinned staging buffers by address when they run, so with a CU
 submit and the sync are host functions on that stream and CUDA graphs can capture them.
 """
 
+import os
 import threading
 
 import numpy as np
@@ -339,6 +340,16 @@ def check_sizes(num_experts, num_experts_per_tok, hidden_size, moe_intermediate_
             raise ValueError(f"{name} must be positive, got {v}")
 
 
+def skip_gpu_experts():
+    """``KT_KERNEL_SKIP_GPU_EXPERTS``: ``1`` leaves the experts the mask puts on the GPU at load
+    out of CPU memory (for a server that never updates the mask in place); unset or ``0`` keeps
+    every expert, as KT does."""
+    v = os.environ.get("KT_KERNEL_SKIP_GPU_EXPERTS", "0")
+    if v not in ("0", "1"):
+        raise ValueError(f"KT_KERNEL_SKIP_GPU_EXPERTS must be 0 or 1, got {v!r}")
+    return v == "1"
+
+
 def cpu_infer(cpuinfer_threads, threadpool_count, numa_nodes):
     """The process's one engine (KT's: the first configuration wins): ``cpuinfer_threads``
     threads in ``threadpool_count`` sub-pools on ``numa_nodes``."""
@@ -377,8 +388,6 @@ class ExpertWeights:
         method."""
         if self.weight_path is None:
             raise ValueError("weight_path is None: pass the checkpoint directory, or use load_weights_from_tensors")
-        import os
-
         if not os.path.exists(self.weight_path):
             raise FileNotFoundError(f"weight_path {self.weight_path!r} does not exist")
         self.moe.load_from_checkpoint(self.cpu_infer, os.fspath(self.weight_path), self.layer_idx, self._map(physical_to_logical_map_cpu))
@@ -472,6 +481,7 @@ class NativeMoEWrapper(ExpertWeights):
             _Staging.ptr(self.gpu_experts_mask),
             float(swiglu_limit or 0.0),
             float(swiglu_alpha or 0.0),
+            skip_gpu_experts(),
         )
         self._staging = None
         self._submitted_deferred = False
