@@ -2,6 +2,7 @@
 //! arrays (online quantization); a forward is a queued task that reads the staging buffers by
 //! address when it runs, so the wrapper's pinned buffers and CUDA-graph replays feed it.
 
+use std::borrow::Cow;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
@@ -466,15 +467,26 @@ fn forward(s: &Shared, st: Staging) -> Result<(), String> {
         return Err(format!("{n} tokens in one forward; chunked_prefill_size allows at most {}", s.cfg.max_tokens));
     }
     let n = n as usize;
-    let input: Vec<bf16> = match st.input_dtype {
-        DType::Bf16 => unsafe { std::slice::from_raw_parts(st.input as *const bf16, n * h) }.to_vec(),
-        d => unsafe { d.read(st.input, n * h) }.into_iter().map(bf16::from_f32).collect(),
+    // bf16 hidden states (SGLang's) are read where they are and bf16 results written where they
+    // go: at 8192 tokens of H 7168, copies into fresh buffers and back cost more than the
+    // experts of a layer on a large CPU.
+    let input: Cow<'_, [bf16]> = match st.input_dtype {
+        DType::Bf16 => Cow::Borrowed(unsafe { std::slice::from_raw_parts(st.input as *const bf16, n * h) }),
+        d => Cow::Owned(unsafe { d.read(st.input, n * h) }.into_iter().map(bf16::from_f32).collect()),
     };
     let ids = unsafe { std::slice::from_raw_parts(st.ids as *const i64, n * k) };
     let weights = unsafe { std::slice::from_raw_parts(st.weights as *const f32, n * k) };
     let mask = s.mask();
-    let mut out = vec![bf16::ZERO; n * h];
-    layer.forward_into(&input, ids, weights, mask.as_deref(), &mut out).map_err(|err| match err {
+    let mut converted = Vec::new();
+    let out: &mut [bf16] = match st.output_dtype {
+        // The output buffer is the wrapper's own, apart from every buffer read here.
+        DType::Bf16 => unsafe { std::slice::from_raw_parts_mut(st.output as *mut bf16, n * h) },
+        _ => {
+            converted.resize(n * h, bf16::ZERO);
+            &mut converted
+        }
+    };
+    layer.forward_into(&input, ids, weights, mask.as_deref(), out).map_err(|err| match err {
         kt_core::Error::ExpertNotLoaded { expert } if s.skip_gpu_experts => format!(
             "slot {expert} is routed to the CPU (gpu_experts_mask is false for it) but was on the GPU when this layer \
              was loaded, and KT_KERNEL_SKIP_GPU_EXPERTS=1 left it out of CPU memory: unset it to update the mask in \
@@ -482,11 +494,21 @@ fn forward(s: &Shared, st: Staging) -> Result<(), String> {
         ),
         err => err.to_string(),
     })?;
-    let mut v: Vec<f32> = out.iter().map(|x| x.to_f32()).collect();
-    if st.addend != 0 {
-        let prev = unsafe { st.output_dtype.read(st.addend, n * h) };
-        v.iter_mut().zip(prev).for_each(|(a, b)| *a += b);
+    // The addend (another buffer of the wrapper's) is added in f32 and rounded once.
+    match (st.output_dtype, st.addend) {
+        (DType::Bf16, 0) => {}
+        (DType::Bf16, at) => {
+            let prev = unsafe { std::slice::from_raw_parts(at as *const bf16, n * h) };
+            out.iter_mut().zip(prev).for_each(|(o, p)| *o = bf16::from_f32(o.to_f32() + p.to_f32()));
+        }
+        (d, at) => {
+            let mut v: Vec<f32> = out.iter().map(|x| x.to_f32()).collect();
+            if at != 0 {
+                let prev = unsafe { d.read(at, n * h) };
+                v.iter_mut().zip(prev).for_each(|(a, b)| *a += b);
+            }
+            unsafe { d.write(st.output, &v) };
+        }
     }
-    unsafe { st.output_dtype.write(st.output, &v) };
     Ok(())
 }
