@@ -24,6 +24,7 @@ use half::bf16;
 use crate::aligned::{round_up, AlignedBuf};
 use crate::backend::TaskShape;
 use crate::bias::ExpertBias;
+use crate::dtype::bf16_round;
 use crate::mat::{MatMut, SharedMut};
 use crate::plan::{target_tasks, ActiveExpert, Plan, StageKind, Task, DOWN_TILE_BYTES, SUM_IN_DOWN_FROM};
 use crate::workers::{Carve, WorkerScratch};
@@ -558,10 +559,17 @@ pub fn forward(
                     let Task::Merge { ref tokens } = *t else { unreachable!() };
                     // SAFETY: Merge tasks own disjoint token chunks of the output.
                     let o = unsafe { dst.slice_mut(tokens.start * hd..tokens.end * hd) };
-                    for (i, o) in o.iter_mut().enumerate() {
-                        let at = tokens.start * hd + i;
-                        let s = (0..parts).fold(0.0f32, |s, p| s + parts_out[p * n * hd + at]);
-                        *o = bf16::from_f32(s);
+                    // Per element 0 + part 0 + part 1 ..., in blocks that vectorize.
+                    const BLOCK: usize = 64;
+                    let mut acc = [0.0f32; BLOCK];
+                    for (c, o) in o.chunks_mut(BLOCK).enumerate() {
+                        let (at, acc) = (tokens.start * hd + c * BLOCK, &mut acc[..o.len()]);
+                        acc.fill(0.0);
+                        for p in 0..parts {
+                            let part = &parts_out[p * n * hd + at..][..acc.len()];
+                            acc.iter_mut().zip(part).for_each(|(a, &v)| *a += v);
+                        }
+                        o.iter_mut().zip(&*acc).for_each(|(o, &a)| *o = bf16_round(a));
                     }
                 });
             }

@@ -10,6 +10,7 @@ use super::kernels::SftKernels;
 use super::lora::{Lora, Proj};
 use super::Cache;
 use crate::backend::{Backend, TaskShape};
+use crate::dtype::bf16_round;
 use crate::forward::{ExpertWeights, LayerWeights};
 use crate::mat::{copy_columns, MatMut, SharedMut};
 use crate::plan::{blocks, target_tasks, Plan, SKIPPED};
@@ -273,9 +274,7 @@ pub(crate) fn reduce(
                     *s += a;
                 }
             }
-            for (o, &s) in o.iter_mut().zip(&sum) {
-                *o = bf16::from_f32(s);
-            }
+            o.iter_mut().zip(&sum).for_each(|(o, &s)| *o = bf16_round(s));
         }
     });
 }
