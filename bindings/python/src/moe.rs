@@ -53,6 +53,50 @@ impl DType {
         }
     }
 
+    /// `len` values at `ptr` as bf16: bf16 ones read where they are (SGLang's hidden states: at
+    /// 8192 tokens of H 7168 a copy into a fresh buffer faults in 117 MB of new pages).
+    ///
+    /// # Safety
+    /// `ptr` must address `len` readable elements of this type, unchanged while the result lives.
+    pub(crate) unsafe fn bf16s<'a>(self, ptr: usize, len: usize) -> Cow<'a, [bf16]> {
+        // SAFETY: per the contract above.
+        unsafe {
+            match self {
+                DType::Bf16 => Cow::Borrowed(std::slice::from_raw_parts(ptr as *const bf16, len)),
+                d => Cow::Owned(d.read(ptr, len).into_iter().map(bf16::from_f32).collect()),
+            }
+        }
+    }
+
+    /// Where a task puts `len` bf16 results bound for `ptr`: that buffer itself for bf16, else
+    /// `spare`, grown, for [`DType::store`] to convert.
+    ///
+    /// # Safety
+    /// As [`DType::write`], and nothing else reads or writes `ptr`'s elements while the result
+    /// lives.
+    pub(crate) unsafe fn results(self, ptr: usize, len: usize, spare: &mut Vec<bf16>) -> &mut [bf16] {
+        match self {
+            // SAFETY: per the contract above.
+            DType::Bf16 => unsafe { std::slice::from_raw_parts_mut(ptr as *mut bf16, len) },
+            _ => {
+                spare.resize(len, bf16::ZERO);
+                spare
+            }
+        }
+    }
+
+    /// Results from [`DType::results`] into the buffer at `ptr` (bf16 ones are there already).
+    ///
+    /// # Safety
+    /// As [`DType::write`].
+    pub(crate) unsafe fn store(self, ptr: usize, results: &[bf16]) {
+        if !matches!(self, DType::Bf16) {
+            let v: Vec<f32> = results.iter().map(|x| x.to_f32()).collect();
+            // SAFETY: per the contract above.
+            unsafe { self.write(ptr, &v) };
+        }
+    }
+
     /// Bytes of one element.
     pub(crate) fn size(self) -> usize {
         match self {
@@ -438,16 +482,21 @@ pub(crate) fn source(path: &std::path::Path) -> Result<Arc<WeightSource>, Weight
     Ok(src)
 }
 
+/// The `[E]` bool mask at `ptr` as it is now (nonzero bytes: on the GPU), `None` for 0.
+///
+/// # Safety
+/// A nonzero `ptr` addresses `experts` readable bytes.
+pub(crate) unsafe fn mask_at(ptr: usize, experts: usize) -> Option<Vec<bool>> {
+    // SAFETY: per the contract above.
+    (ptr != 0)
+        .then(|| unsafe { std::slice::from_raw_parts(ptr as *const u8, experts) }.iter().map(|&b| b != 0).collect())
+}
+
 impl Shared {
     /// The wrapper's mask as it is now, `None` without one.
     fn mask(&self) -> Option<Vec<bool>> {
         // SAFETY: the wrapper owns the `[E]` mask at `mask_ptr` for the layer's life.
-        (self.mask_ptr != 0).then(|| {
-            unsafe { std::slice::from_raw_parts(self.mask_ptr as *const u8, self.cfg.experts) }
-                .iter()
-                .map(|&b| b != 0)
-                .collect()
-        })
+        unsafe { mask_at(self.mask_ptr, self.cfg.experts) }
     }
 
     /// The slots a load leaves out: those on the GPU now, where `skip_gpu_experts`.
@@ -467,25 +516,13 @@ fn forward(s: &Shared, st: Staging) -> Result<(), String> {
         return Err(format!("{n} tokens in one forward; chunked_prefill_size allows at most {}", s.cfg.max_tokens));
     }
     let n = n as usize;
-    // bf16 hidden states (SGLang's) are read where they are and bf16 results written where they
-    // go: at 8192 tokens of H 7168, copies into fresh buffers and back cost more than the
-    // experts of a layer on a large CPU.
-    let input: Cow<'_, [bf16]> = match st.input_dtype {
-        DType::Bf16 => Cow::Borrowed(unsafe { std::slice::from_raw_parts(st.input as *const bf16, n * h) }),
-        d => Cow::Owned(unsafe { d.read(st.input, n * h) }.into_iter().map(bf16::from_f32).collect()),
-    };
+    let input = unsafe { st.input_dtype.bf16s(st.input, n * h) };
     let ids = unsafe { std::slice::from_raw_parts(st.ids as *const i64, n * k) };
     let weights = unsafe { std::slice::from_raw_parts(st.weights as *const f32, n * k) };
     let mask = s.mask();
-    let mut converted = Vec::new();
-    let out: &mut [bf16] = match st.output_dtype {
-        // The output buffer is the wrapper's own, apart from every buffer read here.
-        DType::Bf16 => unsafe { std::slice::from_raw_parts_mut(st.output as *mut bf16, n * h) },
-        _ => {
-            converted.resize(n * h, bf16::ZERO);
-            &mut converted
-        }
-    };
+    // The output buffer is the wrapper's own, apart from every buffer read here.
+    let mut spare = Vec::new();
+    let out = unsafe { st.output_dtype.results(st.output, n * h, &mut spare) };
     layer.forward_into(&input, ids, weights, mask.as_deref(), out).map_err(|err| match err {
         kt_core::Error::ExpertNotLoaded { expert } if s.skip_gpu_experts => format!(
             "slot {expert} is routed to the CPU (gpu_experts_mask is false for it) but was on the GPU when this layer \
@@ -494,19 +531,18 @@ fn forward(s: &Shared, st: Staging) -> Result<(), String> {
         ),
         err => err.to_string(),
     })?;
-    // The addend (another buffer of the wrapper's) is added in f32 and rounded once.
+    // The addend (another buffer of the wrapper's) is added in f32 and rounded once, to the
+    // output's dtype.
     match (st.output_dtype, st.addend) {
         (DType::Bf16, 0) => {}
         (DType::Bf16, at) => {
             let prev = unsafe { std::slice::from_raw_parts(at as *const bf16, n * h) };
             out.iter_mut().zip(prev).for_each(|(o, p)| *o = bf16::from_f32(o.to_f32() + p.to_f32()));
         }
+        (d, 0) => unsafe { d.store(st.output, out) },
         (d, at) => {
             let mut v: Vec<f32> = out.iter().map(|x| x.to_f32()).collect();
-            if at != 0 {
-                let prev = unsafe { d.read(at, n * h) };
-                v.iter_mut().zip(prev).for_each(|(a, b)| *a += b);
-            }
+            v.iter_mut().zip(unsafe { d.read(at, n * h) }).for_each(|(a, b)| *a += b);
             unsafe { d.write(st.output, &v) };
         }
     }

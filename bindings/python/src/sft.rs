@@ -19,7 +19,7 @@ use pyo3::prelude::*;
 
 use crate::cuda::Key;
 use crate::infer::CpuInfer;
-use crate::moe::{array_expert, checked_map, next_layer_id, source, DType};
+use crate::moe::{array_expert, checked_map, mask_at, next_layer_id, source, DType};
 use crate::value_error;
 
 /// Addresses of the six bf16 LoRA matrices (or their gradients) in `Lora`'s order.
@@ -496,38 +496,23 @@ unsafe fn lora_view<'a>(cfg: &MoeConfig, (rank, alpha, p): Registered) -> Lora<'
     Lora { rank, alpha, gate_a: m(0), gate_b: m(1), up_a: m(2), up_b: m(3), down_a: m(4), down_b: m(5) }
 }
 
-/// `len` values at `ptr` of `dtype` as bf16.
-///
-/// # Safety
-/// `ptr` holds `len` readable values.
-unsafe fn bf16s(ptr: usize, dtype: DType, len: usize) -> Vec<bf16> {
-    // SAFETY: the caller's contract.
-    unsafe {
-        match dtype {
-            DType::Bf16 => std::slice::from_raw_parts(ptr as *const bf16, len).to_vec(),
-            d => d.read(ptr, len).into_iter().map(bf16::from_f32).collect(),
-        }
-    }
-}
-
 /// The body of a forward task.
 fn forward(s: &Shared, layer: &SftLayer, lora: Option<Registered>, b: Buffers, save: bool) -> Result<(), String> {
     let (h, k) = (s.cfg.hidden, s.cfg.top_k);
     // SAFETY (every access below): the wrapper's buffers hold `n` rows, stay alive and are not
     // touched by Python until the matching sync; the LoRA it registered stays alive likewise.
-    let input = unsafe { bf16s(b.x, b.x_dtype, b.n * h) };
+    let input = unsafe { b.x_dtype.bf16s(b.x, b.n * h) };
     let ids = unsafe { std::slice::from_raw_parts(b.ids as *const i64, b.n * k) };
     let weights = unsafe { std::slice::from_raw_parts(b.weights as *const f32, b.n * k) };
     let lora = lora.map(|l| unsafe { lora_view(&s.cfg, l) });
     // SAFETY: the wrapper owns the `[E]` mask at `mask_ptr` for the layer's life.
-    let mask: Option<Vec<bool>> = (s.mask_ptr != 0).then(|| {
-        unsafe { std::slice::from_raw_parts(s.mask_ptr as *const u8, s.cfg.experts) }.iter().map(|&b| b != 0).collect()
-    });
+    let mask = unsafe { mask_at(s.mask_ptr, s.cfg.experts) };
     let routing = Routing { tokens: b.n, k, ids, weights, gpu_mask: mask.as_deref() };
-    let mut out = vec![bf16::ZERO; b.n * h];
-    layer.forward(&input, &routing, lora.as_ref(), save, &mut out).map_err(|e| e.to_string())?;
-    let v: Vec<f32> = out.iter().map(|x| x.to_f32()).collect();
-    unsafe { b.out_dtype.write(b.out, &v) };
+    // The output buffer is the wrapper's own, apart from every buffer read here.
+    let mut spare = Vec::new();
+    let out = unsafe { b.out_dtype.results(b.out, b.n * h, &mut spare) };
+    layer.forward(&input, &routing, lora.as_ref(), save, out).map_err(|e| e.to_string())?;
+    unsafe { b.out_dtype.store(b.out, out) };
     Ok(())
 }
 
@@ -543,7 +528,7 @@ fn backward(
     let (cfg, h, k) = (&s.cfg, s.cfg.hidden, s.cfg.top_k);
     // SAFETY: as in `forward`; the gradients' buffers likewise, and nothing else writes them
     // while the task runs.
-    let grad_output = unsafe { bf16s(b.x, b.x_dtype, b.n * h) };
+    let grad_output = unsafe { b.x_dtype.bf16s(b.x, b.n * h) };
     let grad_weights = unsafe { std::slice::from_raw_parts_mut(b.grad_weights as *mut f32, b.n * k) };
     let view = lora.map(|l| unsafe { lora_view(cfg, l) });
     let grads = match (lora, grads) {
@@ -560,10 +545,10 @@ fn backward(
         let m = |k: usize| unsafe { std::slice::from_raw_parts_mut(p[k] as *mut bf16, len) };
         BaseGrads { gate: m(0), up: m(1), down: m(2) }
     });
-    let mut grad_input = vec![bf16::ZERO; b.n * h];
-    let out = Backward { grad_input: &mut grad_input, grad_weights, lora: grads, base, grad_scale };
+    let mut spare = Vec::new();
+    let grad_input = unsafe { b.out_dtype.results(b.out, b.n * h, &mut spare) };
+    let out = Backward { grad_input, grad_weights, lora: grads, base, grad_scale };
     layer.backward(&grad_output, view.as_ref(), out).map_err(|e| e.to_string())?;
-    let v: Vec<f32> = grad_input.iter().map(|x| x.to_f32()).collect();
-    unsafe { b.out_dtype.write(b.out, &v) };
+    unsafe { b.out_dtype.store(b.out, &spare) };
     Ok(())
 }
