@@ -6,5 +6,6 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh
 cargo build --release -p kt-host --bin kt
-./target/release/kt info
-exec ./target/release/kt bench "$@"
+kt="${CARGO_TARGET_DIR:-target}/release/kt"
+"$kt" info
+exec "$kt" bench "$@"

@@ -6,4 +6,4 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 [ -x target/pyenv/bin/python ] && target/pyenv/bin/python -c "import kt_kernel" 2>/dev/null || bash scripts/python.sh
 cargo build --release -q -p kt-host --bin kt
-exec target/pyenv/bin/python scripts/soak.py --kt target/release/kt "$@"
+exec target/pyenv/bin/python scripts/soak.py --kt "${CARGO_TARGET_DIR:-target}/release/kt" "$@"

@@ -26,7 +26,7 @@ def kt_binary():
     """The kt CLI of this checkout with its default features (target/debug/kt may be the
     reference-only build `cargo test --no-default-features` leaves there)."""
     subprocess.run(["cargo", "build", "--release", "-q", "-p", "kt-host", "--bin", "kt"], cwd=ROOT, check=True)
-    return str(ROOT / "target" / "release" / "kt")
+    return str(ROOT / os.environ.get("CARGO_TARGET_DIR", "target") / "release" / "kt")
 
 
 def cli(tmp, *args, env=None):
