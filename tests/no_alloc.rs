@@ -104,7 +104,7 @@ fn main() {
         // Past SUM_IN_DOWN_FROM at 80 tokens (Down sums into the output), below at 41 and 1
         // (Reduce sums y, which the warm-up left grown).
         let wide = MoeConfig { max_tokens: 80, parts: *parts, ..MoeConfig::new(8, 8, 4096, 64) };
-        assert!(parts * 80 * 8 * (4096 + 16) * 4 > kt_core::plan::SUM_IN_DOWN_FROM);
+        assert!(parts * 80 * 8 * kt_core::forward::y_stride(4096) * 4 > kt_core::plan::SUM_IN_DOWN_FROM);
         if let Some(f) = [WeightFormat::Int8Row, WeightFormat::Bf16].into_iter().find(|&f| b.serves(f, 64, 4096)) {
             let layer = MoeLayer::from_f32(&wide, f, owned(&experts(&wide, 8), &[]), &opts).expect("layer");
             let before = failures.len();

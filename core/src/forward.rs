@@ -432,10 +432,12 @@ pub fn forward(
     let shape = TaskShape { format: w.format, tokens: max_rows.max(n), rows: cols, cols };
     // A Down task's results tile: within DOWN_TILE_BYTES, or of the fewest rows of H where the
     // largest expert's rows alone pass it (`plan::down_rows`), so bounded without the routing.
-    let tile = if plan.sum_in_down() { max_rows * y_stride(plan.down_rows) } else { 0 };
-    let tile_bound = match plan.sum_in_down() {
-        true => (DOWN_TILE_BYTES / 4).max(max_rows.max(n) * y_stride(gran_h)).max(tile),
-        false => 0,
+    let (tile, tile_bound) = match plan.sum_in_down() {
+        true => {
+            let tile = max_rows * y_stride(plan.down_rows);
+            (tile, (DOWN_TILE_BYTES / 4).max(max_rows.max(n) * y_stride(gran_h)).max(tile))
+        }
+        false => (0, 0),
     };
     ws.act_x.ensure(x_total.max(x_bound));
     ws.act_h.ensure(ah_total.max(ah_bound));

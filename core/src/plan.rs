@@ -29,6 +29,7 @@
 use alloc::vec::Vec;
 use core::ops::Range;
 
+use crate::forward::y_stride;
 use crate::{Error, MoeConfig, Routing};
 
 /// Marks a routing slot whose expert is skipped (invalid id or GPU-resident).
@@ -44,7 +45,7 @@ pub const TARGET_TASKS: usize = 64;
 /// with 32, 0.74-0.77 with 16 and 0.72-0.74 with 8 (prefill unchanged).
 pub const TASKS_PER_THREAD: usize = 4;
 
-/// Bytes of per-row results `y` (all parts, `n·k` rows padded as `forward::y_stride` pads
+/// Bytes of per-row results `y` (all parts, `n·k` rows padded as [`y_stride`] pads
 /// them) from which Down sums them into the output itself: about what the caches hold.
 /// qwen3-30b-a3b passes it from 128 tokens, DeepSeek-V3 from 37.
 pub const SUM_IN_DOWN_FROM: usize = 8 << 20;
@@ -55,11 +56,11 @@ pub const DOWN_TILE_BYTES: usize = 512 * 1024;
 
 /// Rows of H a Down task takes: the stage's share of `hidden` among `tasks`, fewer where the
 /// largest expert's `max_rows` results would pass [`DOWN_TILE_BYTES`] (each row padded as
-/// `forward::y_stride` pads it), a multiple of `gran` and at least one.
+/// [`y_stride`] pads it), a multiple of `gran` and at least one.
 pub fn down_rows(hidden: usize, tasks: usize, gran: usize, max_rows: usize) -> usize {
     let gran = gran.max(1);
     let share = hidden.div_ceil(tasks.max(1)).div_ceil(gran) * gran;
-    let fits = (DOWN_TILE_BYTES / 4 / max_rows.max(1)).saturating_sub(16) / gran * gran;
+    let fits = (DOWN_TILE_BYTES / 4 / max_rows.max(1)).saturating_sub(y_stride(0)) / gran * gran;
     share.min(fits).max(gran)
 }
 
@@ -311,7 +312,7 @@ impl Plan {
         }
         (self.tokens, self.k) = (n, k);
         // (Bounded by n·k rows, not the routed ones: the same for every routing of n tokens.)
-        let sums = part_rows.len() * n * k * (cfg.hidden + 16) * 4 > SUM_IN_DOWN_FROM;
+        let sums = part_rows.len() * n * k * y_stride(cfg.hidden) * 4 > SUM_IN_DOWN_FROM;
         let max_rows = self.experts.iter().map(|a| a.rows).max().unwrap_or(0);
         self.down_rows = if sums { down_rows(cfg.hidden, tasks, gran_h, max_rows) } else { 0 };
         self.fill_stages(n, cfg.hidden, part_rows, gran_i, gran_h, tasks);

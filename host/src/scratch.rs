@@ -29,8 +29,8 @@ impl Scratch {
 /// A handle that layers clone to share one [`Scratch`].
 pub type SharedScratch = Arc<Mutex<Scratch>>;
 
-/// The scratch, locked (a panic in another layer's call leaves nothing it needs intact, as every
-/// call writes what it reads).
-pub(crate) fn lock(s: &SharedScratch) -> MutexGuard<'_, Scratch> {
+/// The scratch, locked; a lock a panicking call poisoned is taken anyway, since every call
+/// writes what it reads.
+pub fn lock(s: &SharedScratch) -> MutexGuard<'_, Scratch> {
     s.lock().unwrap_or_else(|e| e.into_inner())
 }

@@ -118,7 +118,7 @@ impl CpuInfer {
     /// by the largest call so far.
     #[getter]
     fn scratch_bytes(&self) -> usize {
-        self.layers.scratch.lock().unwrap_or_else(|e| e.into_inner()).bytes()
+        kt_host::scratch::lock(&self.layers.scratch).bytes()
     }
 
     /// Tasks queued or running.

@@ -263,14 +263,16 @@ impl Moe {
         let map = checked_map(&map, e)?;
         let opts = infer.layer_options();
         let on_gpu = s.left_out();
-        let keep: Vec<bool> = (0..e).map(|p| !on_gpu.as_ref().is_some_and(|g| g[p])).collect();
+        let slots = Slots { map: Some(&map), gpu: on_gpu.as_deref() };
         let layer = py.detach(|| {
             MoeLayer::from_f32(
                 &s.cfg,
                 format,
                 // SAFETY: the wrapper checked shapes, dtypes and contiguity of the three arrays
                 // and keeps them alive for this call.
-                |slot| keep[slot].then(|| unsafe { array_expert(dtype, [gate, up, down], map[slot], h, i) }),
+                |slot| {
+                    slots.expert(slot).map(|logical| unsafe { array_expert(dtype, [gate, up, down], logical, h, i) })
+                },
                 &opts,
             )
         });
@@ -539,10 +541,11 @@ fn forward(s: &Shared, st: Staging) -> Result<(), String> {
             let prev = unsafe { std::slice::from_raw_parts(at as *const bf16, n * h) };
             out.iter_mut().zip(prev).for_each(|(o, p)| *o = bf16::from_f32(o.to_f32() + p.to_f32()));
         }
-        (d, 0) => unsafe { d.store(st.output, out) },
         (d, at) => {
             let mut v: Vec<f32> = out.iter().map(|x| x.to_f32()).collect();
-            v.iter_mut().zip(unsafe { d.read(at, n * h) }).for_each(|(a, b)| *a += b);
+            if at != 0 {
+                v.iter_mut().zip(unsafe { d.read(at, n * h) }).for_each(|(a, b)| *a += b);
+            }
             unsafe { d.write(st.output, &v) };
         }
     }
