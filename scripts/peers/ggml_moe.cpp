@@ -155,17 +155,26 @@ int main(int argc, char ** argv) {
     }
 
     // The repacking buffers take a tensor in one piece.
-    std::vector<float> f((size_t) cols * rows);
+    // The lattice types (iq1_s, iq2_xxs, iq2_xs) take an importance matrix (all ones here) and
+    // quantize slowly: a few experts are quantized and the rest copy them (what is timed reads
+    // each expert's own bytes all the same).
+    std::vector<float> f((size_t) cols * rows), ones(cols, 1.0f);
     std::vector<uint8_t> q(per * experts);
+    const float * imatrix = ggml_quantize_requires_imatrix(t) ? ones.data() : nullptr;
+    const int distinct = imatrix ? std::min(experts, 4) : experts;
     for (int e = 0; e < experts; e++) {
         for (auto & v : f) {
             v = 0.02f * g(rng);
         }
+        if (e >= distinct) {
+            memcpy(q.data() + e * per, q.data() + (e % distinct) * per, per);
+        } else {
 #ifdef PEER_IK
-        ggml_quantize_chunk(t, f.data(), q.data() + e * per, 0, rows, cols, nullptr, nullptr);
+            ggml_quantize_chunk(t, f.data(), q.data() + e * per, 0, rows, cols, imatrix, nullptr);
 #else
-        ggml_quantize_chunk(t, f.data(), q.data() + e * per, 0, rows, cols, nullptr);
+            ggml_quantize_chunk(t, f.data(), q.data() + e * per, 0, rows, cols, imatrix);
 #endif
+        }
         if (per_expert) {
             ggml_backend_tensor_set(ws[e], q.data() + e * per, 0, per);
         }
