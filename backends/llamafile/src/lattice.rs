@@ -78,6 +78,83 @@ unsafe fn regs<L: Lattice>(b: &L) -> [__m256i; REGS] {
     }
 }
 
+/// ±1 in each byte of a sign byte's 8 columns (−1 where its bit is set): a register's signs
+/// in four loads.
+static SIGN_BYTES: [u64; 256] = {
+    let mut t = [0u64; 256];
+    let mut s = 0;
+    while s < 256 {
+        let mut k = 0;
+        while k < 8 {
+            t[s] |= (if s >> k & 1 == 1 { 0xFF } else { 0x01 }) << (8 * k);
+            k += 1;
+        }
+        s += 1;
+    }
+    t
+};
+
+/// Row `j`'s (and row `j + 8`'s) products with one token's values `a` in row order, summed in
+/// pairs and scaled: the levels stay unsigned for the types with sign bits, which go to the
+/// activations instead.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+unsafe fn row_dot<L: Lattice>(b: &L, j: usize, a: __m256i, sc: __m256i) -> __m256i {
+    let g = [2 * j, 2 * j + 1, 2 * j + 16, 2 * j + 17];
+    // SAFETY: register operations; AVX2 by the callers' contract.
+    unsafe {
+        let v = _mm256_set_epi64x(b.grid(g[3]) as i64, b.grid(g[2]) as i64, b.grid(g[1]) as i64, b.grid(g[0]) as i64);
+        let p = if L::SIGNS {
+            let sign = |g: usize| SIGN_BYTES[usize::from(b.signs(g))] as i64;
+            let s = _mm256_set_epi64x(sign(g[3]), sign(g[2]), sign(g[1]), sign(g[0]));
+            _mm256_maddubs_epi16(v, _mm256_sign_epi8(a, s))
+        } else {
+            let s = u32::from_le_bytes([
+                b.shift(g[0]) as u8,
+                b.shift(g[1]) as u8,
+                b.shift(g[2]) as u8,
+                b.shift(g[3]) as u8,
+            ]);
+            let w = _mm256_add_epi8(v, spread(s));
+            _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w))
+        };
+        // Scale j in every word of the low half, scale j + 8 in the high half's.
+        let at = _mm256_set1_epi16(i16::from_le_bytes([2 * j as u8, 2 * j as u8 + 1]));
+        _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, at))
+    }
+}
+
+/// [`KBlock::rows_dot`]: the 8 rows' sums, then pairs of 16-column rows added into the lanes
+/// of the lane layout (lane `l` of each half: rows `2l`, `2l + 1`), so the i32 lanes equal
+/// the lane-layout kernels' exactly (the same integers, summed exactly).
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+unsafe fn rows_dot<L: Lattice>(b: &L, a: &[__m256i; REGS], sc: __m256i) -> __m256i {
+    // SAFETY: register operations; AVX2 by the callers' contract.
+    unsafe {
+        // (No closures: they would not inherit the caller's target features.)
+        let r: [__m256i; REGS] = [
+            row_dot(b, 0, a[0], sc),
+            row_dot(b, 1, a[1], sc),
+            row_dot(b, 2, a[2], sc),
+            row_dot(b, 3, a[3], sc),
+            row_dot(b, 4, a[4], sc),
+            row_dot(b, 5, a[5], sc),
+            row_dot(b, 6, a[6], sc),
+            row_dot(b, 7, a[7], sc),
+        ];
+        let q = [
+            _mm256_hadd_epi32(_mm256_hadd_epi32(r[0], r[1]), _mm256_hadd_epi32(r[2], r[3])),
+            _mm256_hadd_epi32(_mm256_hadd_epi32(r[4], r[5]), _mm256_hadd_epi32(r[6], r[7])),
+        ];
+        _mm256_hadd_epi32(q[0], q[1])
+    }
+}
+
 /// `(scales, no mins, d·2^-SHIFT, 0)` ([`KBlock::prep`]).
 ///
 /// # Safety
@@ -97,11 +174,12 @@ unsafe fn prep<L: Lattice>(b: &L) -> (__m256i, __m256i, f32, f32) {
 }
 
 macro_rules! lattice_blocks {
-    ($($b:ty),*) => {$(
+    ($($b:ty: $rows:expr),*) => {$(
         // SAFETY (each fn): the trait's contract (AVX2, FMA, F16C); every read is a
         // bounds-checked index of the block's arrays or the grid tables.
         impl KBlock for $b {
             const SIGNED: bool = true;
+            const ROWS_DOT: bool = $rows;
             const FOLD: usize = fold(<$b as Lattice>::MAX_LEVEL);
             const WHOLE: bool = true;
             /// # Safety
@@ -122,11 +200,26 @@ macro_rules! lattice_blocks {
             unsafe fn regs(&self) -> [__m256i; REGS] {
                 unsafe { regs(self) }
             }
+            /// # Safety
+            /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+            #[inline(always)]
+            unsafe fn rows_dot(&self, a: &[__m256i; REGS], sc: __m256i) -> __m256i {
+                unsafe { rows_dot(self, a, sc) }
+            }
         }
     )*};
 }
 
-lattice_blocks!(BlockIq1S, BlockIq1M, BlockIq2Xxs, BlockIq2Xs, BlockIq2S, BlockIq3Xxs, BlockIq3S);
+// Which take the one-token row-order dot: measured, alternated with the lane layout's.
+lattice_blocks!(
+    BlockIq1S: false,
+    BlockIq1M: true,
+    BlockIq2Xxs: true,
+    BlockIq2Xs: true,
+    BlockIq2S: false,
+    BlockIq3Xxs: true,
+    BlockIq3S: false
+);
 
 #[cfg(test)]
 mod tests {
@@ -181,6 +274,53 @@ mod tests {
         check::<BlockIq2S>(GgmlType::IQ2_S);
         check::<BlockIq3Xxs>(GgmlType::IQ3_XXS);
         check::<BlockIq3S>(GgmlType::IQ3_S);
+    }
+
+    /// [`KBlock::rows_dot`]'s i32 lanes are the scaled sums of the lane layout's lanes (lane `l`
+    /// of each half: the columns of its 16-column rows `2l`, `2l + 1`), with the activation
+    /// −128 (Q8_K gives it to each block's largest value) times a negative level as the
+    /// lane-layout kernels take it: `psignb` negates −128 to itself, as in ggml's kernels.
+    fn check_rows_dot<B: Lattice + KBlock>(t: GgmlType) {
+        let mut rng = kt_core::rng::SplitMix64::new(5);
+        for seed in 0..8 {
+            let m = ggml::random_matrix(t, 1, QK_K, seed);
+            let blk: &B = bytemuck::from_bytes(m.data());
+            let x: [i8; QK_K] = core::array::from_fn(|c| if c % 37 == 0 { -128 } else { rng.next_u64() as i8 });
+            let mut lanes = x;
+            crate::lanes::order_act(&mut lanes);
+            let mut got = [0i32; 8];
+            // SAFETY: AVX2, FMA and F16C checked by the caller; 32 bytes a register.
+            unsafe {
+                let regs = core::array::from_fn(|r| _mm256_loadu_si256(lanes[32 * r..].as_ptr().cast()));
+                let sums = KBlock::rows_dot(blk, &transpose(regs), KBlock::prep(blk).0);
+                _mm256_storeu_si256(got.as_mut_ptr().cast(), sums);
+            }
+            let want: [i32; 8] = core::array::from_fn(|l| {
+                (32 * l..32 * l + 32)
+                    .map(|c| {
+                        let level = Lattice::levels(blk, c / 8)[c % 8];
+                        let x = if level < 0 { x[c].wrapping_neg() } else { x[c] };
+                        i32::from(level.unsigned_abs()) * i32::from(x) * i32::from(blk.scale(c / 16))
+                    })
+                    .sum()
+            });
+            assert_eq!(got, want, "{t} seed {seed}");
+        }
+    }
+
+    #[test]
+    fn one_token_rows_give_the_lane_layouts_sums() {
+        if let Err(missing) = kt_core::Backend::cpu_support(&crate::LLAMAFILE) {
+            eprintln!("skipped: this CPU lacks {missing}");
+            return;
+        }
+        check_rows_dot::<BlockIq1S>(GgmlType::IQ1_S);
+        check_rows_dot::<BlockIq1M>(GgmlType::IQ1_M);
+        check_rows_dot::<BlockIq2Xxs>(GgmlType::IQ2_XXS);
+        check_rows_dot::<BlockIq2Xs>(GgmlType::IQ2_XS);
+        check_rows_dot::<BlockIq2S>(GgmlType::IQ2_S);
+        check_rows_dot::<BlockIq3Xxs>(GgmlType::IQ3_XXS);
+        check_rows_dot::<BlockIq3S>(GgmlType::IQ3_S);
     }
 
     #[test]

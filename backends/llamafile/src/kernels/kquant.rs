@@ -110,10 +110,20 @@ pub(super) unsafe fn kquant1_tile<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[
             continue;
         }
         let bs = unsafe { ld(&a.bsums) };
+        // Some lattice types take the token's values in row order, turned once for the tile's
+        // rows, and skip the turn of each row's levels into the lane layout.
+        let rows = match B::ROWS_DOT {
+            true => unsafe { crate::lanes::transpose(array!(bs; REGS, |r| ld(&a.qs[32 * r..]))) },
+            false => [bs; REGS],
+        };
         for i in 0..R {
             let blk = &blocks[i][b];
             let (sc, mn, d, dmin) = unsafe { blk.prep() };
-            let (mins, dots) = (_mm256_madd_epi16(bs, mn), unsafe { block_dot(blk, a, sc) });
+            let dots = match B::ROWS_DOT {
+                true => unsafe { blk.rows_dot(&rows, sc) },
+                false => unsafe { block_dot(blk, a, sc) },
+            };
+            let mins = _mm256_madd_epi16(bs, mn);
             if B::MINS_IN_D {
                 let x = _mm256_cvtepi32_ps(_mm256_sub_epi32(dots, mins));
                 acc[i] = _mm256_fmadd_ps(x, _mm256_mul_ps(_mm256_set1_ps(d), da), acc[i]);
