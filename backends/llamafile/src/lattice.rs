@@ -228,6 +228,19 @@ mod tests {
     use super::*;
     use crate::lanes::column;
 
+    /// `$check::<B>(t)` for every lattice block type `B` and its GGML type `t`.
+    macro_rules! every_type {
+        ($check:ident) => {
+            $check::<BlockIq1S>(GgmlType::IQ1_S);
+            $check::<BlockIq1M>(GgmlType::IQ1_M);
+            $check::<BlockIq2Xxs>(GgmlType::IQ2_XXS);
+            $check::<BlockIq2Xs>(GgmlType::IQ2_XS);
+            $check::<BlockIq2S>(GgmlType::IQ2_S);
+            $check::<BlockIq3Xxs>(GgmlType::IQ3_XXS);
+            $check::<BlockIq3S>(GgmlType::IQ3_S);
+        };
+    }
+
     /// Each register byte is the signed level of its lane-layout column, as core's scalar
     /// definition gives it; the scales and `d` are core's.
     fn check<B: Lattice + KBlock>(t: GgmlType) {
@@ -267,13 +280,7 @@ mod tests {
             eprintln!("skipped: this CPU lacks {missing}");
             return;
         }
-        check::<BlockIq1S>(GgmlType::IQ1_S);
-        check::<BlockIq1M>(GgmlType::IQ1_M);
-        check::<BlockIq2Xxs>(GgmlType::IQ2_XXS);
-        check::<BlockIq2Xs>(GgmlType::IQ2_XS);
-        check::<BlockIq2S>(GgmlType::IQ2_S);
-        check::<BlockIq3Xxs>(GgmlType::IQ3_XXS);
-        check::<BlockIq3S>(GgmlType::IQ3_S);
+        every_type!(check);
     }
 
     /// [`KBlock::rows_dot`]'s i32 lanes are the scaled sums of the lane layout's lanes (lane `l`
@@ -314,13 +321,7 @@ mod tests {
             eprintln!("skipped: this CPU lacks {missing}");
             return;
         }
-        check_rows_dot::<BlockIq1S>(GgmlType::IQ1_S);
-        check_rows_dot::<BlockIq1M>(GgmlType::IQ1_M);
-        check_rows_dot::<BlockIq2Xxs>(GgmlType::IQ2_XXS);
-        check_rows_dot::<BlockIq2Xs>(GgmlType::IQ2_XS);
-        check_rows_dot::<BlockIq2S>(GgmlType::IQ2_S);
-        check_rows_dot::<BlockIq3Xxs>(GgmlType::IQ3_XXS);
-        check_rows_dot::<BlockIq3S>(GgmlType::IQ3_S);
+        every_type!(check_rows_dot);
     }
 
     #[test]
