@@ -284,9 +284,9 @@ mod tests {
     }
 
     /// [`KBlock::rows_dot`]'s i32 lanes are the scaled sums of the lane layout's lanes (lane `l`
-    /// of each half: the columns of its 16-column rows `2l`, `2l + 1`), with the activation
-    /// −128 (Q8_K gives it to each block's largest value) times a negative level as the
-    /// lane-layout kernels take it: `psignb` negates −128 to itself, as in ggml's kernels.
+    /// of each half: the columns of its 16-column rows `2l`, `2l + 1`). Activations of −128
+    /// (ours stop at −127; ggml's Q8_K gives −128 to a block's largest value) times a negative
+    /// level count as the lane-layout kernels take them: `psignb` negates −128 to itself.
     fn check_rows_dot<B: Lattice + KBlock>(t: GgmlType) {
         let mut rng = kt_core::rng::SplitMix64::new(5);
         for seed in 0..8 {
