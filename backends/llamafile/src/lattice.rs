@@ -94,6 +94,18 @@ static SIGN_BYTES: [u64; 256] = {
     t
 };
 
+/// [`SIGN_BYTES`] of ggml's even-parity sign byte of 7 stored bits (`Lattice::sign_bits`):
+/// one lookup where two would be.
+static EVEN_SIGN_BYTES: [u64; 128] = {
+    let mut t = [0u64; 128];
+    let mut i = 0;
+    while i < 128 {
+        t[i] = SIGN_BYTES[i | ((i as u32).count_ones() as usize & 1) << 7];
+        i += 1;
+    }
+    t
+};
+
 /// Row `j`'s (and row `j + 8`'s) products with one token's values `a` in row order, summed in
 /// pairs and scaled: the levels stay unsigned for the types with sign bits, which go to the
 /// activations instead.
@@ -107,7 +119,10 @@ unsafe fn row_dot<L: Lattice>(b: &L, j: usize, a: __m256i, sc: __m256i) -> __m25
     unsafe {
         let v = _mm256_set_epi64x(b.grid(g[3]) as i64, b.grid(g[2]) as i64, b.grid(g[1]) as i64, b.grid(g[0]) as i64);
         let p = if L::SIGNS {
-            let sign = |g: usize| SIGN_BYTES[usize::from(b.signs(g))] as i64;
+            let sign = |g: usize| match L::EVEN_SIGNS {
+                true => EVEN_SIGN_BYTES[(b.sign_bits(g) & 0x7F) as usize] as i64,
+                false => SIGN_BYTES[usize::from(b.signs(g))] as i64,
+            };
             let s = _mm256_set_epi64x(sign(g[3]), sign(g[2]), sign(g[1]), sign(g[0]));
             _mm256_maddubs_epi16(v, _mm256_sign_epi8(a, s))
         } else {

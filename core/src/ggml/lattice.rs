@@ -36,6 +36,15 @@ pub trait Lattice: Pod {
     fn grid(&self, g: usize) -> u64;
     /// Bit k set: column `8g + k` is negated (none for iq1, whose grid carries signs).
     fn signs(&self, g: usize) -> u8;
+    /// [`Lattice::signs`] is ggml's even-parity expansion ([`ksigns`]) of 7 stored bits,
+    /// [`Lattice::sign_bits`]: a kernel can then map those bits to its own form in one lookup.
+    const EVEN_SIGNS: bool = false;
+    /// The 7 stored sign bits of columns `8g..8g + 8` (the low bits; the others are not
+    /// cleared) of an [`Lattice::EVEN_SIGNS`] type.
+    #[inline]
+    fn sign_bits(&self, _g: usize) -> u32 {
+        0
+    }
     /// Added to each level of columns `8g..8g + 8`: iq1's ±1 (its ±1/8 shift), else 0.
     #[inline]
     fn shift(&self, _g: usize) -> i8 {
@@ -141,7 +150,12 @@ impl Lattice for BlockIq2Xxs {
     }
     #[inline]
     fn signs(&self, g: usize) -> u8 {
-        ksigns(u32_at(&self.qs, 2 * (g / 4) + 1) >> (7 * (g % 4)))
+        ksigns(self.sign_bits(g))
+    }
+    const EVEN_SIGNS: bool = true;
+    #[inline]
+    fn sign_bits(&self, g: usize) -> u32 {
+        u32_at(&self.qs, 2 * (g / 4) + 1) >> (7 * (g % 4))
     }
     #[inline]
     fn groups(&self, lv: &mut [u64; 32], sg: &mut [u8; 32]) {
@@ -184,7 +198,12 @@ impl Lattice for BlockIq2Xs {
     }
     #[inline]
     fn signs(&self, g: usize) -> u8 {
-        ksigns(u32::from(u16_at(&self.qs, g) >> 9))
+        ksigns(self.sign_bits(g))
+    }
+    const EVEN_SIGNS: bool = true;
+    #[inline]
+    fn sign_bits(&self, g: usize) -> u32 {
+        u32::from(u16_at(&self.qs, g) >> 9)
     }
 }
 
@@ -254,7 +273,12 @@ impl Lattice for BlockIq3Xxs {
     }
     #[inline]
     fn signs(&self, g: usize) -> u8 {
-        ksigns(u32_at(&self.scales_signs, g / 4) >> (7 * (g % 4)))
+        ksigns(self.sign_bits(g))
+    }
+    const EVEN_SIGNS: bool = true;
+    #[inline]
+    fn sign_bits(&self, g: usize) -> u32 {
+        u32_at(&self.scales_signs, g / 4) >> (7 * (g % 4))
     }
     #[inline]
     fn groups(&self, lv: &mut [u64; 32], sg: &mut [u8; 32]) {
