@@ -36,7 +36,7 @@ pub trait Lattice: Pod {
     fn grid(&self, g: usize) -> u64;
     /// Bit k set: column `8g + k` is negated (none for iq1, whose grid carries signs).
     fn signs(&self, g: usize) -> u8;
-    /// [`Lattice::signs`] is ggml's even-parity expansion ([`ksigns`]) of 7 stored bits,
+    /// [`Lattice::signs`] is ggml's even-parity expansion (`ksigns`) of 7 stored bits,
     /// [`Lattice::sign_bits`]: a kernel can then map those bits to its own form in one lookup.
     const EVEN_SIGNS: bool = false;
     /// The 7 stored sign bits of columns `8g..8g + 8` (the low bits; the others are not
