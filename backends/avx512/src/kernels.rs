@@ -9,11 +9,13 @@
 //!  bf16 dot (avx512_bf16: bf16, and fp8 packed in pairs, at every token count)
 //!          bf16: acc[t][h] = vdpbf16ps(acc[t][h], r[h], x_t[k0,k1] as a bf16 pair)
 //!          fp8:  r[h] → bf16 by two vpermi2b byte tables + the sign (vpternlogd), unpacked
-//!                to (k0,k1) and (k2,k3) pairs of 16 rows: two vdpbf16ps per token
+//!                to (k0,k1) and (k2,k3) pairs of 16 rows: two vdpbf16ps per token (one
+//!                token's: in two chains, added per block)
 //!  int8    vnni: acc[t][h] = vpdpbusd(acc[t][h], x_t quad + 128, r[h]), from −128·Σw
 //!          base: |w| · (x_t · sign w) by vpmaddubsw → vpmaddwd (|x| ≤ 127: no saturation)
-//!  int4    lo, hi = table[nibble] (vpshufb); vnni: two vpdpbusd (k0..3, k4..7); base:
-//!          vpmaddubsw(x + 128, lo) + vpmaddubsw(x + 128, hi) in i16 → vpmaddwd; from −128·Σw
+//!  int4    lo, hi = table[nibble] (vpshufb; vbmi: vpermb, unmasked); vnni: two vpdpbusd
+//!          (k0..3, k4..7; one token's: in two chains); base: vpmaddubsw(x + 128, lo) +
+//!          vpmaddubsw(x + 128, hi) in i16 → vpmaddwd; from −128·Σw
 //!  int4-gG, mxfp4: the roles swapped: weights unsigned (w + o: int4-gG's nibble as stored,
 //!          mxfp4's through a table), activations signed; each group's accumulators start at
 //!          −o·Σx_g (prepared with the activations, `act`), so the panels carry no per-row
@@ -51,9 +53,10 @@ pub enum Level {
     Base,
     /// + AVX512-VNNI: `vpdpbusd`.
     Vnni,
-    /// + AVX512-VBMI. Its byte tables serve the fp8 → bf16 decode of [`Level::Bf16`]; without
-    ///   `vdpbf16ps` the e4m3 → f32 decode by bit placement (≤ 3 instructions per 16 weights,
-    ///   exact) needs none, so this level runs [`Level::Vnni`]'s kernels.
+    /// + AVX512-VBMI: `vpermb` looks up mxfp4's and KT int4's nibbles unmasked, and its byte
+    ///   tables serve the fp8 → bf16 decode of [`Level::Bf16`]; without `vdpbf16ps` the e4m3 →
+    ///   f32 decode by bit placement (≤ 3 instructions per 16 weights, exact) needs none, so
+    ///   this level runs [`Level::Vnni`]'s float kernels.
     Vbmi,
     /// + AVX512-BF16: `vdpbf16ps` for bf16 weights, and for fp8 ones decoded to bf16 by
     ///   VBMI byte tables.
@@ -403,6 +406,10 @@ pub unsafe fn fold_exponents(w: __m512i, step: __m512i) -> __m512i {
 /// `acc[t] += Σ w · x[t]` over units `u0..u1` of an fp8 panel packed in bf16-pair order
 /// (`pack`): each half to bf16 by the byte tables (`vpermi2b`), its sign put back
 /// (`vpternlogd`), unpacked to 16 rows of (k0,k1) and of (k2,k3), then two `vdpbf16ps`.
+/// Tiles of up to [`SPLIT_TOKENS`] tokens keep the (k0,k1) and (k2,k3) products in separate
+/// chains, added at the end: with one chain per token and half, each unit's two dependent
+/// `vdpbf16ps` made their latency, not their issue rate, bound decode. The order is fixed per
+/// tile size either way.
 ///
 /// # Safety
 /// AVX-512F/BW/VBMI/BF16 are present (inlined into a kernel that enables them); `panel` holds
@@ -416,23 +423,62 @@ unsafe fn fp8_dot_units<const N: usize>(
     x: &[*const u32; N],
     acc: &mut [[__m512; 2]; N],
 ) {
-    let mut a = *acc;
-    // SAFETY: the caller's contract; u < u1 is inside the panel, and a row of kp = 4·units bf16
-    // holds 2·units pairs.
+    // SAFETY: the caller's contract; u < u1 is inside the panel.
     unsafe {
+        let (mut a, mut b) = (*acc, [[_mm512_setzero_ps(); 2]; N]);
         for u in u0..u1 {
-            let r = load_unit(panel, u);
-            for h in 0..2 {
-                let [w01, w23] = fp8_pairs(tab, r[h]).map(bh);
-                for t in 0..N {
-                    let x01 = bh(_mm512_set1_epi32(x[t].add(2 * u).read_unaligned() as i32));
-                    let x23 = bh(_mm512_set1_epi32(x[t].add(2 * u + 1).read_unaligned() as i32));
+            fp8_dot_unit::<N>(panel, u, tab, x, N <= SPLIT_TOKENS, &mut a, &mut b);
+        }
+        if N <= SPLIT_TOKENS {
+            for t in 0..N {
+                for h in 0..2 {
+                    a[t][h] = _mm512_add_ps(a[t][h], b[t][h]);
+                }
+            }
+        }
+        *acc = a;
+    }
+}
+
+/// Most tokens of a tile whose kernels split each accumulator's chain of dependent dot
+/// instructions in two: fp8's (k0,k1) and (k2,k3) pairs, int4's low and high nibbles (exact
+/// sums there, so the same bits). At two tokens and more the other tokens' chains hide the
+/// latency (a split measured the same or slower).
+const SPLIT_TOKENS: usize = 1;
+
+/// Unit `u` of an fp8 panel in bf16-pair order into `a` (its (k0,k1) products) and `b` (its
+/// (k2,k3) ones), or (not `split`: a constant where it is inlined) both into `a`, the (k0,k1)
+/// first.
+///
+/// # Safety
+/// As [`fp8_dot_units`], `u` inside the panel (a row of kp = 4·units bf16 holds 2·units pairs).
+#[inline(always)]
+unsafe fn fp8_dot_unit<const N: usize>(
+    panel: *const u8,
+    u: usize,
+    tab: &Fp8Tables,
+    x: &[*const u32; N],
+    split: bool,
+    a: &mut [[__m512; 2]; N],
+    b: &mut [[__m512; 2]; N],
+) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        let r = load_unit(panel, u);
+        for h in 0..2 {
+            let [w01, w23] = fp8_pairs(tab, r[h]).map(bh);
+            for t in 0..N {
+                let x01 = bh(_mm512_set1_epi32(x[t].add(2 * u).read_unaligned() as i32));
+                let x23 = bh(_mm512_set1_epi32(x[t].add(2 * u + 1).read_unaligned() as i32));
+                if split {
+                    a[t][h] = _mm512_dpbf16_ps(a[t][h], w01, x01);
+                    b[t][h] = _mm512_dpbf16_ps(b[t][h], w23, x23);
+                } else {
                     a[t][h] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(a[t][h], w01, x01), w23, x23);
                 }
             }
         }
     }
-    *acc = a;
 }
 
 /// Units `u0..u1` of an fp8 panel: bit-placed for FMAs, or (`DOT`) decoded by the tables for
@@ -584,13 +630,14 @@ float_kernels! {
 /// `vpdpbusd` (`VNNI`) or `vpmaddubsw`/`vpmaddwd`. Activations are int8 + 128, so the sums
 /// gain 128·Σw, which the accumulators start without (−128·Σw), except for int8 without VNNI,
 /// whose sums are exact and start at 0 (see the module docs). `KT`: `panel` is a run in KT's
-/// order that starts at unit `u0` (`pack`), whose int4 bytes pair k with k + 64.
+/// order that starts at unit `u0` (`pack`), whose int4 bytes pair k with k + 64. int4 on VNNI
+/// keeps its low and high nibbles in two chains up to [`SPLIT_TOKENS`] tokens.
 ///
 /// # Safety
 /// AVX-512F/BW (and VNNI if `VNNI`) are present; `panel` holds `u1` units (a KT run `u1 − u0`);
 /// each `x[t]` the padded K.
 #[inline(always)]
-unsafe fn int_units<const N: usize, const INT4: bool, const VNNI: bool, const KT: bool>(
+unsafe fn int_units<const N: usize, const INT4: bool, const VNNI: bool, const VBMI: bool, const KT: bool>(
     panel: *const u8,
     u0: usize,
     u1: usize,
@@ -601,8 +648,8 @@ unsafe fn int_units<const N: usize, const INT4: bool, const VNNI: bool, const KT
     // SAFETY: AVX-512F/BW (and VNNI where used) by the contract; u < u1 is inside the panel and
     // every quad read lies in the padded K of its row.
     unsafe {
-        let mut a = *acc;
         let (ones, flip, zero) = (_mm512_set1_epi16(1), _mm512_set1_epi8(-128), _mm512_setzero_si512());
+        let (mut a, mut b) = (*acc, [[zero; 2]; N]);
         // One pointer walk per stretch: KT's order in tiles of 16 units (stride 64, second half
         // 1024 on), panels in one stretch (stride 128, second half 64 on). (A unit index turned
         // into an address inside the loop cost 25% at 12 tokens: its registers spilled.)
@@ -614,19 +661,22 @@ unsafe fn int_units<const N: usize, const INT4: bool, const VNNI: bool, const KT
             for (i, u) in (start..end).enumerate() {
                 let r = load_halves(base.add(i * stride), second, base.wrapping_add(i * UNIT));
                 if INT4 {
-                    let [lo, hi] = nibbles::<true>(r, lut);
+                    let [lo, hi] = nibbles::<true, VBMI>(r, lut);
                     // Where the unit's low and high nibbles' k are (module docs of `pack`).
                     let (kl, kh) = if KT { (start / 16 * 128 + 4 * i, 64) } else { (8 * u, 4) };
                     for t in 0..N {
                         let (xl, xh) = (quad(x[t], kl), quad(x[t], kl + kh));
                         for h in 0..2 {
-                            a[t][h] = if VNNI {
-                                _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a[t][h], xl, lo[h]), xh, hi[h])
+                            if VNNI && N <= SPLIT_TOKENS {
+                                a[t][h] = _mm512_dpbusd_epi32(a[t][h], xl, lo[h]);
+                                b[t][h] = _mm512_dpbusd_epi32(b[t][h], xh, hi[h]);
+                            } else if VNNI {
+                                a[t][h] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a[t][h], xl, lo[h]), xh, hi[h]);
                             } else {
                                 let s =
                                     _mm512_add_epi16(_mm512_maddubs_epi16(xl, lo[h]), _mm512_maddubs_epi16(xh, hi[h]));
-                                _mm512_add_epi32(a[t][h], _mm512_madd_epi16(s, ones))
-                            };
+                                a[t][h] = _mm512_add_epi32(a[t][h], _mm512_madd_epi16(s, ones));
+                            }
                         }
                     }
                 } else if VNNI {
@@ -651,7 +701,7 @@ unsafe fn int_units<const N: usize, const INT4: bool, const VNNI: bool, const KT
             }
             start = end;
         }
-        *acc = a;
+        *acc = add_chains(a, b);
     }
 }
 
@@ -665,14 +715,25 @@ unsafe fn quad(x: *const u8, at: usize) -> __m512i {
     unsafe { _mm512_set1_epi32(x.add(at).cast::<i32>().read_unaligned()) }
 }
 
-/// A unit's two halves' low nibbles and high nibbles, each through `lut` when `LUT`.
+/// A unit's two halves' low nibbles and high nibbles, each through `lut` (its 16 bytes in
+/// every 128-bit lane) when `LUT`. With `VBMI`, `vpermb` looks them up unmasked: it reads six
+/// bits of each index, and the repeated table maps all four values of the upper two to the
+/// same entry (two instructions of the ten saved per half).
 ///
 /// # Safety
-/// AVX-512F/BW are present (inlined into the kernels, whose features it uses).
+/// AVX-512F/BW (and VBMI if `VBMI`) are present (inlined into the kernels, whose features it
+/// uses).
 #[inline(always)]
-unsafe fn nibbles<const LUT: bool>(r: [__m512i; 2], lut: __m512i) -> [[__m512i; 2]; 2] {
+unsafe fn nibbles<const LUT: bool, const VBMI: bool>(r: [__m512i; 2], lut: __m512i) -> [[__m512i; 2]; 2] {
     // SAFETY: the caller's contract. (No closures: they would not get the kernels' features.)
     unsafe {
+        if LUT && VBMI {
+            let hi = [_mm512_srli_epi16::<4>(r[0]), _mm512_srli_epi16::<4>(r[1])];
+            return [
+                [_mm512_permutexvar_epi8(r[0], lut), _mm512_permutexvar_epi8(r[1], lut)],
+                [_mm512_permutexvar_epi8(hi[0], lut), _mm512_permutexvar_epi8(hi[1], lut)],
+            ];
+        }
         let lo4 = _mm512_set1_epi8(0x0F);
         let lo = [_mm512_and_si512(r[0], lo4), _mm512_and_si512(r[1], lo4)];
         let hi = [_mm512_srli_epi16::<4>(r[0]), _mm512_srli_epi16::<4>(r[1])];
@@ -751,13 +812,14 @@ unsafe fn bf16_scales(p: *const u16) -> [__m512; 2] {
 
 /// `acc[t] += Σ (w + o) · x[t]` over units `u0..u1` of a K-group int4 or mxfp4 panel: each
 /// nibble unsigned (through `lut` when `LUT`), the signed activations broadcast from memory
-/// into `vpdpbusd` (`VNNI`) or `vpmaddubsw`/`vpmaddwd` (|x| ≤ 127, w + o ≤ 24: no saturation).
+/// into `vpdpbusd` (`VNNI`: low and high nibbles in two chains up to [`SPLIT_TOKENS`] tokens)
+/// or `vpmaddubsw`/`vpmaddwd` (|x| ≤ 127, w + o ≤ 24: no saturation).
 ///
 /// # Safety
 /// AVX-512F/BW (and VNNI if `VNNI`) are present; `panel` holds `u1` units; each `x[t]` the
 /// padded K.
 #[inline(always)]
-unsafe fn group_units<const N: usize, const LUT: bool, const VNNI: bool>(
+unsafe fn group_units<const N: usize, const LUT: bool, const VNNI: bool, const VBMI: bool>(
     panel: *const u8,
     u0: usize,
     u1: usize,
@@ -768,24 +830,47 @@ unsafe fn group_units<const N: usize, const LUT: bool, const VNNI: bool>(
     // SAFETY: AVX-512F/BW (and VNNI where used) by the contract; u < u1 is inside the panel and
     // every quad read lies in the padded K of its row.
     unsafe {
-        let mut a = *acc;
         let ones = _mm512_set1_epi16(1);
+        let (mut a, mut b) = (*acc, [[_mm512_setzero_si512(); 2]; N]);
         for u in u0..u1 {
-            let [lo, hi] = nibbles::<LUT>(load_unit(panel, u), lut);
+            let [lo, hi] = nibbles::<LUT, VBMI>(load_unit(panel, u), lut);
             for t in 0..N {
                 let (xl, xh) = (quad(x[t], 8 * u), quad(x[t], 8 * u + 4));
                 for h in 0..2 {
-                    a[t][h] = if VNNI {
-                        _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a[t][h], lo[h], xl), hi[h], xh)
+                    if VNNI && N <= SPLIT_TOKENS {
+                        a[t][h] = _mm512_dpbusd_epi32(a[t][h], lo[h], xl);
+                        b[t][h] = _mm512_dpbusd_epi32(b[t][h], hi[h], xh);
+                    } else if VNNI {
+                        a[t][h] = _mm512_dpbusd_epi32(_mm512_dpbusd_epi32(a[t][h], lo[h], xl), hi[h], xh);
                     } else {
                         let s = _mm512_add_epi16(_mm512_maddubs_epi16(lo[h], xl), _mm512_maddubs_epi16(hi[h], xh));
-                        _mm512_add_epi32(a[t][h], _mm512_madd_epi16(s, ones))
-                    };
+                        a[t][h] = _mm512_add_epi32(a[t][h], _mm512_madd_epi16(s, ones));
+                    }
                 }
             }
         }
-        *acc = a;
+        *acc = add_chains(a, b);
     }
+}
+
+/// Two chains of exact sums as one: `a + b` (`b` is all zeros where the tile kept one).
+///
+/// # Safety
+/// AVX-512F is present (inlined into the kernels, whose features it uses).
+#[inline(always)]
+unsafe fn add_chains<const N: usize>(a: [[__m512i; 2]; N], b: [[__m512i; 2]; N]) -> [[__m512i; 2]; N] {
+    if N > SPLIT_TOKENS {
+        return a;
+    }
+    let mut sum = a;
+    for t in 0..N {
+        for h in 0..2 {
+            // SAFETY: register operations only, under the caller's features. (No closure: it
+            // would not get them.)
+            sum[t][h] = unsafe { _mm512_add_epi32(a[t][h], b[t][h]) };
+        }
+    }
+    sum
 }
 
 /// Prepared int activations of a tile.
@@ -802,7 +887,7 @@ struct IntAct<'a> {
 /// AVX-512F/BW (and VNNI if `VNNI`) are present; `act` holds `t0 + N` rows for `w`'s format.
 /// The scales (and the per-row kinds' biases) hold 32 per panel and group (`pack`).
 #[inline(always)]
-unsafe fn int_panel<const N: usize, const VNNI: bool>(
+unsafe fn int_panel<const N: usize, const VNNI: bool, const VBMI: bool>(
     w: &Packed,
     p: usize,
     act: IntAct<'_>,
@@ -846,8 +931,8 @@ unsafe fn int_panel<const N: usize, const VNNI: bool>(
                     kt_x86::prefetch::scales(w.scales_at(at + SCALE_GROUPS_AHEAD * PANEL));
                     let (u0, u1) = (g * upg, (g + 1) * upg);
                     match table {
-                        Some(_) => group_units::<N, true, VNNI>(panel, u0, u1, lut, &xs, &mut acc),
-                        None => group_units::<N, false, VNNI>(panel, u0, u1, lut, &xs, &mut acc),
+                        Some(_) => group_units::<N, true, VNNI, VBMI>(panel, u0, u1, lut, &xs, &mut acc),
+                        None => group_units::<N, false, VNNI, VBMI>(panel, u0, u1, lut, &xs, &mut acc),
                     }
                     let s = group_scales(w, at);
                     for t in 0..N {
@@ -865,10 +950,10 @@ unsafe fn int_panel<const N: usize, const VNNI: bool>(
                 while let Some((run, units)) = w.run(p, s) {
                     let (u0, u1) = (units.start, units.end);
                     match (f == WeightFormat::Int8Row, w.kt) {
-                        (true, true) => int_units::<N, false, VNNI, true>(run, u0, u1, lut, &xs, &mut acc),
-                        (true, false) => int_units::<N, false, VNNI, false>(run, u0, u1, lut, &xs, &mut acc),
-                        (false, true) => int_units::<N, true, VNNI, true>(run, u0, u1, lut, &xs, &mut acc),
-                        (false, false) => int_units::<N, true, VNNI, false>(run, u0, u1, lut, &xs, &mut acc),
+                        (true, true) => int_units::<N, false, VNNI, VBMI, true>(run, u0, u1, lut, &xs, &mut acc),
+                        (true, false) => int_units::<N, false, VNNI, VBMI, false>(run, u0, u1, lut, &xs, &mut acc),
+                        (false, true) => int_units::<N, true, VNNI, VBMI, true>(run, u0, u1, lut, &xs, &mut acc),
+                        (false, false) => int_units::<N, true, VNNI, VBMI, false>(run, u0, u1, lut, &xs, &mut acc),
                     }
                     s += 1;
                 }
@@ -891,7 +976,7 @@ unsafe fn int_panel<const N: usize, const VNNI: bool>(
 #[target_feature(enable = "avx512f,avx512bw")]
 unsafe fn int_panel_base<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: usize, out: &mut Tile) {
     // SAFETY: forwarded; compiled without VNNI so no instruction of it can appear.
-    unsafe { int_panel::<N, false>(w, p, act, t0, out) }
+    unsafe { int_panel::<N, false, false>(w, p, act, t0, out) }
 }
 
 /// # Safety
@@ -899,7 +984,15 @@ unsafe fn int_panel_base<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, 
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
 unsafe fn int_panel_vnni<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: usize, out: &mut Tile) {
     // SAFETY: forwarded.
-    unsafe { int_panel::<N, true>(w, p, act, t0, out) }
+    unsafe { int_panel::<N, true, false>(w, p, act, t0, out) }
+}
+
+/// # Safety
+/// As [`int_panel`], with AVX-512F/BW/VNNI/VBMI.
+#[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi")]
+unsafe fn int_panel_vbmi<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: usize, out: &mut Tile) {
+    // SAFETY: forwarded.
+    unsafe { int_panel::<N, true, true>(w, p, act, t0, out) }
 }
 
 /// Tokens `t0..t0+nt` (nt ≤ [`max_tokens`]) × panel `p` of `w` into `out[..nt]`, with the
@@ -932,7 +1025,9 @@ pub unsafe fn panel_tile(level: Level, w: &Packed, p: usize, act: &Act<'_>, t0: 
             Act::Float { x, x16, kp } => by_n!(float_panel, w, p, x, x16, kp, t0, out),
             Act::Int { q, kp, scales, groups, starts } => {
                 let a = IntAct { q, kp, scales, groups, starts };
-                if level >= Level::Vnni {
+                if level >= Level::Vbmi {
+                    by_n!(int_panel_vbmi, w, p, a, t0, out)
+                } else if level == Level::Vnni {
                     by_n!(int_panel_vnni, w, p, a, t0, out)
                 } else {
                     by_n!(int_panel_base, w, p, a, t0, out)
