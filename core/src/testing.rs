@@ -299,6 +299,19 @@ pub fn accuracy_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> 
         .collect()
 }
 
+/// Returns from the test it is in, printing that it was skipped and why, unless this CPU runs
+/// the backend: `kt_core::skip_unless_runs!(&MY_BACKEND);` (a macro: the `return` and the
+/// printing are the test's, and this crate has no `std`).
+#[macro_export]
+macro_rules! skip_unless_runs {
+    ($backend:expr) => {
+        if let Err(missing) = $crate::Backend::cpu_support($backend) {
+            eprintln!("skipped: this CPU lacks {missing}");
+            return;
+        }
+    };
+}
+
 /// One line in a backend crate's tests runs the whole suite, inference and SFT
 /// ([`crate::sft::check`]), printing a skip message when the CPU lacks the backend's ISA:
 /// `kt_core::conformance_suite!(&MY_BACKEND);`

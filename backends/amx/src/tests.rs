@@ -123,10 +123,7 @@ fn the_emulator_matches_the_recorded_hardware_products() {
 /// the SwiGLU output turns last-bit differences into larger ones).
 #[test]
 fn the_emulator_gives_the_hardwares_bits() {
-    if let Err(why) = crate::AMX.cpu_support() {
-        eprintln!("skipped: this CPU lacks {why}");
-        return;
-    }
+    kt_core::skip_unless_runs!(&crate::AMX);
     let mut r = SplitMix64::new(5);
     for (op, kd) in [(0, 1), (0, 16), (1, 16), (2, 16)] {
         for _ in 0..20 {

@@ -267,10 +267,7 @@ mod tests {
 
     #[test]
     fn relevel_moves_each_level_to_its_column() {
-        if let Err(missing) = kt_core::Backend::cpu_support(&crate::LLAMAFILE) {
-            eprintln!("skipped: this CPU lacks {missing}");
-            return;
-        }
+        kt_core::skip_unless_runs!(&crate::LLAMAFILE);
         fn cast<B: Relevel + KBlock>(d: &[u8]) -> B {
             *bytemuck::from_bytes(d)
         }

@@ -9,9 +9,12 @@
 
 use core::arch::x86_64::*;
 
-use kt_core::ggml::{BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, Lattice};
+use kt_core::ggml::{
+    even_parity_signs, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, Lattice,
+};
 
 use crate::decode::KBlock;
+use crate::kernels::pair_sums;
 use crate::lanes::{transpose, REGS};
 
 /// The most registers whose pair sums fit in i16 when added: `fold · 2 · max|level| · 127 ≤
@@ -100,7 +103,7 @@ static EVEN_SIGN_BYTES: [u64; 128] = {
     let mut t = [0u64; 128];
     let mut i = 0;
     while i < 128 {
-        t[i] = SIGN_BYTES[i | ((i as u32).count_ones() as usize & 1) << 7];
+        t[i] = SIGN_BYTES[even_parity_signs(i as u32) as usize];
         i += 1;
     }
     t
@@ -132,8 +135,7 @@ unsafe fn row_dot<L: Lattice>(b: &L, j: usize, a: __m256i, sc: __m256i) -> __m25
                 b.shift(g[2]) as u8,
                 b.shift(g[3]) as u8,
             ]);
-            let w = _mm256_add_epi8(v, spread(s));
-            _mm256_maddubs_epi16(_mm256_abs_epi8(w), _mm256_sign_epi8(a, w))
+            pair_sums(true, _mm256_add_epi8(v, spread(s)), a)
         };
         // Scale j in every word of the low half, scale j + 8 in the high half's.
         let at = _mm256_set1_epi16(i16::from_le_bytes([2 * j as u8, 2 * j as u8 + 1]));
@@ -291,10 +293,7 @@ mod tests {
 
     #[test]
     fn registers_hold_each_columns_signed_level_in_the_lane_layout() {
-        if let Err(missing) = kt_core::Backend::cpu_support(&crate::LLAMAFILE) {
-            eprintln!("skipped: this CPU lacks {missing}");
-            return;
-        }
+        kt_core::skip_unless_runs!(&crate::LLAMAFILE);
         every_type!(check);
     }
 
@@ -332,10 +331,7 @@ mod tests {
 
     #[test]
     fn one_token_rows_give_the_lane_layouts_sums() {
-        if let Err(missing) = kt_core::Backend::cpu_support(&crate::LLAMAFILE) {
-            eprintln!("skipped: this CPU lacks {missing}");
-            return;
-        }
+        kt_core::skip_unless_runs!(&crate::LLAMAFILE);
         every_type!(check_rows_dot);
     }
 

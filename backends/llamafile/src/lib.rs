@@ -536,10 +536,7 @@ mod tests {
         use kt_core::{Backend, MoeConfig, Routing, SerialExecutor};
 
         use crate::imp::{LLAMAFILE_EMULATED, LLAMAFILE_TILES_ALL};
-        if let Err(missing) = LLAMAFILE_EMULATED.cpu_support() {
-            eprintln!("skipped: this CPU lacks {missing}");
-            return;
-        }
+        kt_core::skip_unless_runs!(&LLAMAFILE_EMULATED);
         let mut tiled: Vec<&'static dyn Backend> = vec![&LLAMAFILE_EMULATED];
         match kt_x86::isa::request_amx() {
             Ok(()) => tiled.push(&LLAMAFILE_TILES_ALL),
@@ -627,10 +624,7 @@ mod tests {
         use kt_core::rng::SplitMix64;
         use kt_core::{Backend, WeightFormat};
 
-        if let Err(missing) = LLAMAFILE.cpu_support() {
-            eprintln!("skipped: this CPU lacks {missing}");
-            return;
-        }
+        kt_core::skip_unless_runs!(&LLAMAFILE);
         let rows = 6;
         let mut failures = Vec::new();
         for &t in GgmlType::ALL {

@@ -80,15 +80,22 @@ pub trait Lattice: Pod {
     }
 }
 
-/// ggml's sign table: 7 stored sign bits (the low ones of `i`), the eighth making their count
-/// even. A table: without `popcnt` in the baseline target, `count_ones` is a dozen operations.
+/// ggml's sign byte (`ksigns`) of 7 stored sign bits (the low ones of `i`): the eighth bit
+/// makes their count even. For tables; [`Lattice::signs`] reads one.
+pub const fn even_parity_signs(i: u32) -> u8 {
+    let i = (i & 0x7F) as u8;
+    i | ((i.count_ones() & 1) as u8) << 7
+}
+
+/// [`even_parity_signs`] from a table: without `popcnt` in the baseline target, `count_ones`
+/// is a dozen operations.
 #[inline]
 fn ksigns(i: u32) -> u8 {
     static KSIGNS: [u8; 128] = {
         let mut t = [0u8; 128];
         let mut i = 0;
         while i < 128 {
-            t[i] = i as u8 | (((i as u8).count_ones() & 1) as u8) << 7;
+            t[i] = even_parity_signs(i as u32);
             i += 1;
         }
         t

@@ -553,7 +553,7 @@ fn prefetch_next<A>(tile: &Tile<'_, A>, b: usize) {
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
-unsafe fn pair_sums(signed: bool, x: __m256i, a: __m256i) -> __m256i {
+pub(crate) unsafe fn pair_sums(signed: bool, x: __m256i, a: __m256i) -> __m256i {
     // SAFETY: AVX2 in every caller (target_feature functions).
     unsafe {
         if signed {
