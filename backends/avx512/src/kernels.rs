@@ -718,7 +718,7 @@ unsafe fn quad(x: *const u8, at: usize) -> __m512i {
 /// A unit's two halves' low nibbles and high nibbles, each through `lut` (its 16 bytes in
 /// every 128-bit lane) when `LUT`. With `VBMI`, `vpermb` looks them up unmasked: it reads six
 /// bits of each index, and the repeated table maps all four values of the upper two to the
-/// same entry (two instructions of the ten saved per half).
+/// same entry (the four masks of a unit's ten instructions saved).
 ///
 /// # Safety
 /// AVX-512F/BW (and VBMI if `VBMI`) are present (inlined into the kernels, whose features it

@@ -9,7 +9,7 @@
 //! |---|---|---|---|
 //! | `avx512_base` | F, BW | `vpmaddubsw`/`vpmaddwd` | widened to f32, `vfmadd231ps` |
 //! | `avx512_vnni` | + VNNI | `vpdpbusd` | widened to f32, `vfmadd231ps` |
-//! | `avx512_vbmi` | + VBMI | `vpdpbusd` | widened to f32, `vfmadd231ps` |
+//! | `avx512_vbmi` | + VBMI | `vpdpbusd`, mxfp4's and int4's nibble tables by `vpermb` | widened to f32, `vfmadd231ps` |
 //! | `avx512_bf16` | + BF16 | `vpdpbusd` | `vdpbf16ps` (fp8 to bf16 by `vpermi2b` tables) |
 //! | `avx512` | F, BW | the best of the above this CPU runs | |
 //!
