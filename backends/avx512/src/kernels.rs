@@ -701,7 +701,7 @@ unsafe fn int_units<const N: usize, const INT4: bool, const VNNI: bool, const VB
             }
             start = end;
         }
-        *acc = add_chains(a, b);
+        *acc = if INT4 && VNNI { add_chains(a, b) } else { a };
     }
 }
 
@@ -849,11 +849,12 @@ unsafe fn group_units<const N: usize, const LUT: bool, const VNNI: bool, const V
                 }
             }
         }
-        *acc = add_chains(a, b);
+        *acc = if VNNI { add_chains(a, b) } else { a };
     }
 }
 
-/// Two chains of exact sums as one: `a + b` (`b` is all zeros where the tile kept one).
+/// Two chains of exact sums as one: `a + b` for tiles of up to [`SPLIT_TOKENS`] tokens (the
+/// kernels that split call it), else `a` (the only chain).
 ///
 /// # Safety
 /// AVX-512F is present (inlined into the kernels, whose features it uses).
