@@ -78,7 +78,8 @@ def main():
         else:
             out.append(f"/// The {types} grid: {n} entries of {per} levels from {levels}.")
             out.append(f"pub static {name}_GRID: [u32; {n}] = narrow(&expand::<{n}, 4>(&{name}_PACKED, &{levels}, {bits}));")
-        out.append(f"const {name}_PACKED: [u16; {n}] = [")
+        out.append(f"/// Its entries as indices into those levels, {bits} bits each (column k at bit {bits}·k).")
+        out.append(f"pub const {name}_PACKED: [u16; {n}] = [")
         for i in range(0, n, 12):
             out.append("    " + " ".join(f"0x{w:04x}," for w in words[i : i + 12]))
         out.append("];")

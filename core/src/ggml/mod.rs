@@ -25,6 +25,8 @@ mod legacy;
 mod synth;
 mod types;
 
+pub use grids::{IQ2XXS_GRID, IQ2XXS_PACKED};
+
 pub use iq4::{e8m0_half, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, KVALUES_IQ4NL, KVALUES_MXFP4};
 pub use kquants::{
     pack_scale_min_k4, q3k_scales, scale_min_k4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K,

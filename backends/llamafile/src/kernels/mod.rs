@@ -390,6 +390,8 @@ fn fresh<T>(p: *const T) -> *const T {
 mod float;
 mod kquant;
 #[cfg(vnni_intrinsics)]
+mod lattice1;
+#[cfg(vnni_intrinsics)]
 pub mod on_amx;
 #[cfg(vnni_intrinsics)]
 mod on_vnni;
@@ -419,6 +421,11 @@ pub unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) 
     if w.zmm && w.t == GgmlType::IQ4_NL {
         // SAFETY: the caller's contract; packed for AVX512-VNNI, act holds one token's ActV8.
         return unsafe { on_zmm::legacy_gemv(w, rows, act, out) };
+    }
+    #[cfg(vnni_intrinsics)]
+    if w.zmm && w.t == GgmlType::IQ2_XXS && lattice1::runs() {
+        // SAFETY: the caller's contract; packed for AVX512-VNNI, VBMI and DQ checked.
+        return unsafe { lattice1::iq2xxs_gemv(w, rows, act, out) };
     }
     // SAFETY (every arm): the caller's contract; act holds one token in `w.t`'s layout.
     unsafe {
