@@ -1,38 +1,40 @@
-//! One token against iq2_xxs rows in 512-bit registers (AVX512-VNNI with VBMI and DQ), the
-//! type of the 2-bit DeepSeek and Kimi GGUFs: its grid lookups, not memory, bound its decode,
-//! and here they are table lookups in registers instead of a scalar load per 8 columns.
+//! One token against iq2_xxs and iq3_xxs rows in 512-bit registers (AVX512-VNNI with VBMI
+//! and DQ), the types of the 2-3-bit DeepSeek and Kimi GGUFs: their grid lookups, not memory,
+//! bound their decode, and here they are table lookups in registers instead of a scalar load
+//! per 8 (iq2) or 4 (iq3) columns.
 //!
 //! A block's 8 parts of 32 columns lie across a register's 8 qword lanes: register `p` (0..4)
-//! holds in lane `s` the 8 levels of part `s`'s grid entry `p`, and the token's values are put
-//! in that order once per tile (from the lane layout of [`crate::lanes`], one `vpermi2b` a
-//! register). The grid's 256 entries are kept as 2-bit level codes, their low and high bytes
-//! in 8 registers: one `vpshufb` lays each lane's 4 index bytes out twice, four `vpermi2b`
-//! and three blends give each lane its entries' code bytes, and per register one
-//! `vpmultishiftqb` spreads a code a byte and one `vpermb` turns codes into levels. The signs
-//! go to the values: `vpmultishiftqb` cuts each part's four 7-bit sign fields from its stored
-//! word, a 128-byte table (`vpermi2b`) expands them to ggml's even-parity sign bytes, and per
-//! register a `vpmultishiftqb` puts each column's bit on top of its byte for the mask of a
-//! masked subtract. Four `vpdpbusd` leave each part's sum in its lane's two dwords; one add,
-//! the part's scale (`vpmuldq`) and a convert give the 8 f32 lanes of the AVX2 one-token
-//! kernel ([`super::kquant1`]), summed in its order: the same bits.
+//! holds in lane `s` columns `8p..8p + 8` of part `s`, and the token's values are put in that
+//! order once per tile (from the lane layout of [`crate::lanes`], one `vpermi2b` a register).
+//! A grid's 256 entries are kept as level codes (2 or 3 bits a column), their low and high
+//! bytes in 8 registers: four `vpermi2b` and two blends look up 64 index bytes, and per
+//! register one `vpmultishiftqb` spreads a code a byte and one `vpermb` turns codes into
+//! levels ([`Zmm::level_regs`]). The signs go to the values: `vpmultishiftqb` cuts each part's
+//! four 7-bit sign fields from its word, a 128-byte table (`vpermi2b`) expands them to ggml's
+//! even-parity sign bytes, and per register a `vpmultishiftqb` puts each column's bit on top
+//! of its byte for the mask of a masked subtract. Four `vpdpbusd` leave each part's sum in
+//! its lane's two dwords; one add, the part's scale (`vpmuldq`) and a convert give the 8 f32
+//! lanes of the AVX2 one-token kernel ([`super::kquant1`]), summed in its order: the same bits.
 //!
-//! Tried and slower on Zen 5 (the dots bench, one token): the grid from `vpgatherqq` (94 µs
-//! against 57), or from scalar loads (94), and the masks by `vpshufbitqmb` (2.5× slower).
-//! Built from rustc 1.89 only (`build.rs`).
+//! Tried and slower on Zen 5 (the dots bench, iq2_xxs, one token): the grid from `vpgatherqq`
+//! (94 µs against 57), or from scalar loads (94), and the masks by `vpshufbitqmb` (2.5×
+//! slower). Built from rustc 1.89 only (`build.rs`).
 
 #![allow(clippy::incompatible_msrv)]
 
 use core::arch::x86_64::*;
 use core::ops::Range;
 
-use kt_core::ggml::{even_parity_signs, BlockIq2Xxs, IQ2XXS_PACKED};
+use kt_core::ggml::{even_parity_signs, BlockIq2Xxs, BlockIq3Xxs, GgmlType, Lattice, IQ2XXS_PACKED, IQ3XXS_PACKED};
 
 use super::{hsum4, prefetch_next, Packed, Tile, R};
 use crate::act::ActK;
 
-/// Whether this CPU runs [`iq2xxs_gemv`] (beside the AVX512-VNNI its callers checked).
-pub(super) fn runs() -> bool {
-    is_x86_feature_detected!("avx512vbmi") && is_x86_feature_detected!("avx512dq")
+/// Whether this CPU runs [`gemv`] for type `t` (beside the AVX512-VNNI its callers checked).
+pub(super) fn runs(t: GgmlType) -> bool {
+    matches!(t, GgmlType::IQ2_XXS | GgmlType::IQ3_XXS)
+        && is_x86_feature_detected!("avx512vbmi")
+        && is_x86_feature_detected!("avx512dq")
 }
 
 /// A table for 512-bit loads.
@@ -50,24 +52,46 @@ static SIGNS: Aligned<[u8; 128]> = {
     Aligned(t)
 };
 
-/// The grid's level codes (2 bits a column), the low bytes of its 256 entries, then the high.
-static CODES: Aligned<[u8; 512]> = {
+/// A grid's level codes, the low bytes of its 256 entries, then the high.
+const fn code_bytes(packed: &[u16; 256]) -> Aligned<[u8; 512]> {
     let mut t = [0u8; 512];
     let mut i = 0;
     while i < 256 {
-        t[i] = IQ2XXS_PACKED[i] as u8;
-        t[256 + i] = (IQ2XXS_PACKED[i] >> 8) as u8;
+        t[i] = packed[i] as u8;
+        t[256 + i] = (packed[i] >> 8) as u8;
         i += 1;
     }
     Aligned(t)
-};
+}
 
-/// A code (a byte's low 2 bits) to its level: `vpermb`'s 64 entries.
-static LEVELS: Aligned<[u8; 64]> = {
+static IQ2XXS_CODES: Aligned<[u8; 512]> = code_bytes(&IQ2XXS_PACKED);
+static IQ3XXS_CODES: Aligned<[u8; 512]> = code_bytes(&IQ3XXS_PACKED);
+
+/// A code (a byte's low `bits` bits) to its level of `levels`: `vpermb`'s 64 entries.
+const fn level_table(levels: &[u8], bits: u32) -> Aligned<[u8; 64]> {
     let mut t = [0u8; 64];
     let mut j = 0;
     while j < 64 {
-        t[j] = [8, 25, 43, 0][j % 4];
+        let c = j % (1 << bits);
+        t[j] = if c < levels.len() { levels[c] } else { 0 };
+        j += 1;
+    }
+    Aligned(t)
+}
+
+static IQ2XXS_LEVELS: Aligned<[u8; 64]> = level_table(&[8, 25, 43], 2);
+static IQ3XXS_LEVELS: Aligned<[u8; 64]> = level_table(&[4, 12, 20, 28, 36, 44, 52, 62], 3);
+
+/// `vpermi2d` indices for iq3_xxs's register `p`: lane `s` takes the code words of part `s`'s
+/// entries `2p`, `2p + 1` (dword `p` of its 128-bit lane `s / 2` of the low unpack for even
+/// `s`, of the high unpack for odd).
+static IQ3XXS_PLACE: Aligned<[[u32; 16]; 4]> = {
+    let mut t = [[0u32; 16]; 4];
+    let mut j = 0;
+    while j < 64 {
+        let (p, d) = (j / 16, j % 16);
+        let s = d / 2;
+        t[p][d] = (16 * (s % 2) + 4 * (s / 2) + p) as u32;
         j += 1;
     }
     Aligned(t)
@@ -92,45 +116,162 @@ static VALUE_ORDER: Aligned<[[u8; 64]; 4]> = {
     Aligned(t)
 };
 
-/// [`super::gemv`] for iq2_xxs.
+/// `_mm512_load_si512` of a 64-byte aligned table's bytes from `$t` on.
+macro_rules! load {
+    ($t:expr) => {
+        _mm512_load_si512($t.as_ptr().cast())
+    };
+}
+
+/// A lattice type of this kernel: where its levels and its sign-and-scale words are.
+trait Zmm: Lattice {
+    /// Bit of each lane's qword where its part's word starts: 4 × 7 sign bits, then the 4-bit
+    /// scale in the top bits.
+    const WORD_AT: u8;
+    /// The grid's code bytes ([`code_bytes`]).
+    fn codes() -> &'static Aligned<[u8; 512]>;
+    /// Codes to levels ([`level_table`]).
+    fn level_table() -> &'static Aligned<[u8; 64]>;
+    /// Register `p` of the block's levels: lane `s` holds columns `8p..8p + 8` of part `s`.
+    /// `codes` holds [`Zmm::codes`], `levels` [`Zmm::level_table`].
+    ///
+    /// # Safety
+    /// As [`gemv`].
+    unsafe fn level_regs(&self, codes: &[__m512i; 8], levels: __m512i) -> [__m512i; 4];
+    /// The parts' words, lane `s` part `s`'s at bit [`Zmm::WORD_AT`].
+    ///
+    /// # Safety
+    /// As [`gemv`].
+    unsafe fn words(&self) -> __m512i;
+}
+
+/// Each lane's index bytes, through `codes` (`vpermi2b` a 128-entry half, bit 7 of the index
+/// picking the half): lane byte `e` of the results holds the low and high code bytes of
+/// index byte `e`.
+///
+/// # Safety
+/// As [`gemv`].
+#[inline(always)]
+unsafe fn look_up(idx: __m512i, codes: &[__m512i; 8]) -> (__m512i, __m512i) {
+    // SAFETY: register operations; AVX512-VBMI and BW by the callers' contract.
+    unsafe {
+        let r = array!(idx; 4, |h| _mm512_permutex2var_epi8(codes[2 * h], idx, codes[2 * h + 1]));
+        let k7 = _mm512_movepi8_mask(idx);
+        (_mm512_mask_blend_epi8(k7, r[0], r[1]), _mm512_mask_blend_epi8(k7, r[2], r[3]))
+    }
+}
+
+impl Zmm for BlockIq2Xxs {
+    const WORD_AT: u8 = 32;
+    fn codes() -> &'static Aligned<[u8; 512]> {
+        &IQ2XXS_CODES
+    }
+    fn level_table() -> &'static Aligned<[u8; 64]> {
+        &IQ2XXS_LEVELS
+    }
+    /// Lane `s` holds part `s`'s 4 grid bytes then its word; register `p` is its entry `p`,
+    /// a 16-bit code of 8 levels.
+    #[inline(always)]
+    unsafe fn level_regs(&self, codes: &[__m512i; 8], levels: __m512i) -> [__m512i; 4] {
+        // SAFETY: 64 bytes of `qs`; register operations, the callers' features.
+        unsafe {
+            let q = _mm512_loadu_si512(self.qs.as_ptr().cast());
+            let twice = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 8, 9, 10, 11, 8, 9, 10, 11));
+            let (low, high) = look_up(_mm512_shuffle_epi8(q, twice), codes);
+            // Lane s: the codes of part s's 4 entries, low bytes then high bytes.
+            let codes_of = _mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, low, high);
+            // Column k's code of entry 0 in byte k (bits 2k of its low byte, 2k − 8 of its
+            // high one); entry p's 8p bits further.
+            let spread = _mm512_set1_epi64(i64::from_le_bytes([0, 2, 4, 6, 32, 34, 36, 38]));
+            array!(q; 4, |p| _mm512_permutexvar_epi8(
+                _mm512_multishift_epi64_epi8(_mm512_add_epi8(spread, _mm512_set1_epi8(8 * p as i8)), codes_of),
+                levels
+            ))
+        }
+    }
+    #[inline(always)]
+    unsafe fn words(&self) -> __m512i {
+        // SAFETY: 64 bytes of `qs`.
+        unsafe { _mm512_loadu_si512(self.qs.as_ptr().cast()) }
+    }
+}
+
+impl Zmm for BlockIq3Xxs {
+    const WORD_AT: u8 = 0;
+    fn codes() -> &'static Aligned<[u8; 512]> {
+        &IQ3XXS_CODES
+    }
+    fn level_table() -> &'static Aligned<[u8; 64]> {
+        &IQ3XXS_LEVELS
+    }
+    /// Lane `s` holds part `s`'s 8 grid bytes; register `p` is its entries `2p` and `2p + 1`,
+    /// 12-bit codes of 4 levels each.
+    #[inline(always)]
+    unsafe fn level_regs(&self, codes: &[__m512i; 8], levels: __m512i) -> [__m512i; 4] {
+        // SAFETY: 64 bytes of `qs`; the 64-byte tables; register operations, the callers'
+        // features.
+        unsafe {
+            let (low, high) = look_up(_mm512_loadu_si512(self.qs.as_ptr().cast()), codes);
+            // Code words: parts 2L (low) and 2L + 1 (high) in 128-bit lane L.
+            let (even, odd) = (_mm512_unpacklo_epi8(low, high), _mm512_unpackhi_epi8(low, high));
+            // Column k's code in byte k: bits 3k of entry 2p's word, 3(k − 4) of the next.
+            let spread = _mm512_set1_epi64(i64::from_le_bytes([0, 3, 6, 9, 16, 19, 22, 25]));
+            array!(even; 4, |p| _mm512_permutexvar_epi8(
+                _mm512_multishift_epi64_epi8(spread, _mm512_permutex2var_epi32(even, load!(IQ3XXS_PLACE.0[p]), odd)),
+                levels
+            ))
+        }
+    }
+    #[inline(always)]
+    unsafe fn words(&self) -> __m512i {
+        // SAFETY: the 32 bytes of `scales_signs`.
+        unsafe { _mm512_cvtepu32_epi64(_mm256_loadu_si256(self.scales_signs.as_ptr().cast())) }
+    }
+}
+
+/// [`super::gemv`] for iq2_xxs and iq3_xxs ([`runs`]).
 ///
 /// # Safety
 /// AVX512-VNNI (with F, BW, VL), VBMI and DQ ([`runs`]), AVX2, FMA and F16C must be present;
 /// `act` must hold one token's [`ActK`] blocks.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi")]
-pub(super) unsafe fn iq2xxs_gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
-    one_token_tiles!(w, rows, act, out, ActK, |tile, res| unsafe { iq2xxs_tile(&tile, &mut res) })
+pub(super) unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
+    macro_rules! run {
+        ($b:ty) => {
+            one_token_tiles!(w, rows, act, out, ActK, |tile, res| unsafe { tile_dots::<$b>(&tile, &mut res) })
+        };
+    }
+    match w.t {
+        GgmlType::IQ2_XXS => run!(BlockIq2Xxs),
+        GgmlType::IQ3_XXS => run!(BlockIq3Xxs),
+        t => unreachable!("{t} has no 512-bit one-token kernel"),
+    }
 }
 
-/// One tile of [`iq2xxs_gemv`].
+/// One tile of [`gemv`].
 ///
 /// # Safety
-/// As [`iq2xxs_gemv`].
+/// As [`gemv`].
 #[inline]
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi")]
-unsafe fn iq2xxs_tile(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
-    let blocks: [&[BlockIq2Xxs]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
+unsafe fn tile_dots<B: Zmm>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
+    let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
     let acts = tile.act();
     let mut acc = [_mm256_setzero_ps(); R];
     // SAFETY (whole function): this function's features; every load reads inside a static
-    // table, a block (64 bytes of `qs`) or an activation block (256 bytes of `qs`).
+    // table, a block or an activation block (256 bytes of `qs`).
     unsafe {
-        macro_rules! load {
-            ($t:expr) => {
-                _mm512_load_si512($t.as_ptr().cast())
-            };
-        }
         let zero = _mm512_setzero_si512();
-        let codes = array!(zero; 8, |t| load!(CODES.0[64 * t..]));
-        let twice = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 8, 9, 10, 11, 8, 9, 10, 11));
-        let (signs, levels) = ((load!(SIGNS.0), load!(SIGNS.0[64..])), load!(LEVELS.0));
-        // Bits 32 + 7p of each lane's word: part `s`'s sign field `p` in byte p.
-        let fields = _mm512_set1_epi64(i64::from_le_bytes([32, 39, 46, 53, 0, 0, 0, 0]));
-        // Column k's code of entry 0 in byte k (bits 2k of its low byte, 2k − 8 of its high
-        // one); entry p's 8p bits further.
-        let spread = _mm512_set1_epi64(i64::from_le_bytes([0, 2, 4, 6, 32, 34, 36, 38]));
-        // Column k's sign bit of entry 0 (bit k of sign byte 0) at the top of byte k.
+        let codes = array!(zero; 8, |t| load!(B::codes().0[64 * t..]));
+        let (signs, levels) = ((load!(SIGNS.0), load!(SIGNS.0[64..])), load!(B::level_table().0));
+        // Each lane's sign field p (bits WORD_AT + 7p of its word) in byte p.
+        let w = B::WORD_AT;
+        let fields = _mm512_set1_epi64(i64::from_le_bytes([w, w + 7, w + 14, w + 21, 0, 0, 0, 0]));
+        // Column k's sign bit of register 0 (bit k of sign byte 0) at the top of byte k.
         let sign_at = _mm512_set1_epi64(i64::from_le_bytes([57, 58, 59, 60, 61, 62, 63, 0]));
+        // The scale field's bits, shifted to bits 1..5 (`2·scale + 1` after the mask).
+        let scale_at = _mm_cvtsi32_si128(i32::from(B::WORD_AT) + 27);
+        let unit = (1u32 << B::SHIFT) as f32;
         for b in 0..tile.nb {
             prefetch_next(tile, b);
             let a = &acts[b];
@@ -145,36 +286,24 @@ unsafe fn iq2xxs_tile(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
             let no_mins = _mm256_mul_ps(_mm256_setzero_ps(), da);
             for i in 0..R {
                 let blk = &blocks[i][b];
-                let q = _mm512_loadu_si512(blk.qs.as_ptr().cast());
-                // Lane s: the codes of part s's 4 grid entries, low bytes then high bytes (128
-                // entries a `vpermi2b`; bit 7 of the index picks the half).
-                let idx = _mm512_shuffle_epi8(q, twice);
-                let r = array!(zero; 4, |h| _mm512_permutex2var_epi8(codes[2 * h], idx, codes[2 * h + 1]));
-                let k7 = _mm512_movepi8_mask(idx);
-                let (low, high) = (_mm512_mask_blend_epi8(k7, r[0], r[1]), _mm512_mask_blend_epi8(k7, r[2], r[3]));
-                let codes_of = _mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, low, high);
-                let sign_bytes = _mm512_permutex2var_epi8(signs.0, _mm512_multishift_epi64_epi8(fields, q), signs.1);
+                let lv = blk.level_regs(&codes, levels);
+                let words = blk.words();
+                let sign_bytes = _mm512_permutex2var_epi8(signs.0, _mm512_multishift_epi64_epi8(fields, words), signs.1);
                 let mut sums = zero;
                 for p in 0..4 {
-                    // Lane s: part s's entry p, its levels and its signs' mask.
-                    let at = _mm512_set1_epi8(8 * p as i8);
-                    let lv = _mm512_permutexvar_epi8(
-                        _mm512_multishift_epi64_epi8(_mm512_add_epi8(spread, at), codes_of),
-                        levels,
-                    );
-                    let neg =
-                        _mm512_movepi8_mask(_mm512_multishift_epi64_epi8(_mm512_add_epi8(sign_at, at), sign_bytes));
+                    let at = _mm512_add_epi8(sign_at, _mm512_set1_epi8(8 * p as i8));
+                    let neg = _mm512_movepi8_mask(_mm512_multishift_epi64_epi8(at, sign_bytes));
                     let signed = _mm512_mask_sub_epi8(x[p], neg, zero, x[p]);
-                    sums = _mm512_dpbusd_epi32(sums, lv, signed);
+                    sums = _mm512_dpbusd_epi32(sums, lv[p], signed);
                 }
-                // Each part's two dwords added, times its scale 2·(word >> 28) + 1.
+                // Each part's two dwords added, times its scale 2·field + 1.
                 let parts = _mm512_add_epi32(sums, _mm512_srli_epi64::<32>(sums));
                 let scale = _mm512_or_si512(
-                    _mm512_and_si512(_mm512_srli_epi64::<59>(q), _mm512_set1_epi64(0x1E)),
+                    _mm512_and_si512(_mm512_srl_epi64(words, scale_at), _mm512_set1_epi64(0x1E)),
                     _mm512_set1_epi64(1),
                 );
                 let dots = _mm512_cvtepi64_ps(_mm512_mul_epi32(parts, scale));
-                let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(u16::from_le_bytes(blk.d))))) / 8.0;
+                let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(blk.d_bits())))) / unit;
                 acc[i] = _mm256_fnmadd_ps(_mm256_setzero_ps(), no_mins, acc[i]);
                 acc[i] = _mm256_fmadd_ps(dots, _mm256_mul_ps(_mm256_set1_ps(d), da), acc[i]);
             }
@@ -193,28 +322,38 @@ mod tests {
     use super::*;
     use crate::vnni::Vnni;
 
+    /// Block `n` of type `t`, its parts' grid indices, sign fields and scales running through
+    /// every value as `n` does.
+    fn block(t: GgmlType, n: usize) -> Vec<u8> {
+        let mut out = f16::from_f32(0.003 * (1 + n % 7) as f32).to_le_bytes().to_vec();
+        let word = |part: usize| {
+            let fields = (0..4).fold(0u32, |w, p| w | (((4 * part + p) * 37 % 128) as u32) << (7 * p));
+            (fields | ((part % 16) as u32) << 28).to_le_bytes()
+        };
+        let index = |i: usize| (i * 7 % 256) as u8;
+        for part in 8 * n..8 * n + 8 {
+            match t {
+                GgmlType::IQ2_XXS => {
+                    out.extend((0..4).map(|e| index(4 * part + e)));
+                    out.extend(word(part));
+                }
+                _ => out.extend((0..8).map(|e| index(8 * part + e))),
+            }
+        }
+        if t == GgmlType::IQ3_XXS {
+            (8 * n..8 * n + 8).for_each(|part| out.extend(word(part)));
+        }
+        out
+    }
+
     /// Rows of 8 blocks whose parts use every grid index, every sign field and every scale
     /// (and 9 rows: a short last tile; and a call starting at row 3) give the AVX2 one-token
     /// kernel's bits, for activations with ties and the largest values at both signs.
-    #[test]
-    fn every_index_sign_and_scale_gives_the_avx2_kernels_bits() {
-        if crate::vnni::detect() != Some(Vnni::Evex) || !runs() {
-            eprintln!("skipped: this CPU lacks AVX512-VNNI, VBMI or DQ");
-            return;
-        }
+    fn gives_the_avx2_kernels_bits<B: Zmm + crate::decode::KBlock>(t: GgmlType) {
         let (rows, cols) = (9, 8 * QK_K);
-        let mut data = Vec::new();
-        for (r, b) in (0..rows).flat_map(|r| (0..cols / QK_K).map(move |b| (r, b))) {
-            let block = r * cols / QK_K + b;
-            data.extend(f16::from_f32(0.003 * (1 + block % 7) as f32).to_le_bytes());
-            for s in 0..8 {
-                let part = 8 * block + s;
-                data.extend((0..4).map(|p| ((4 * part + p) * 7 % 256) as u8));
-                let fields = (0..4).fold(0u32, |w, p| w | (((4 * part + p) * 37 % 128) as u32) << (7 * p));
-                data.extend((fields | ((part % 16) as u32) << 28).to_le_bytes());
-            }
-        }
-        let (t, vnni) = (GgmlType::IQ2_XXS, Some(Vnni::Evex));
+        let data: Vec<u8> = (0..rows * cols / QK_K).flat_map(|n| block(t, n)).collect();
+        assert_eq!(data.len(), t.row_bytes(cols) * rows);
+        let vnni = Some(Vnni::Evex);
         let w = Packed::new(t, rows, cols, &data, vnni);
         let mut rng = SplitMix64::new(3);
         let x: Vec<bf16> = (0..cols)
@@ -230,16 +369,26 @@ mod tests {
         let kind = crate::act::layout(t, vnni);
         for range in [0..rows, 3..rows] {
             let (mut got, mut want) = (vec![0.0f32; range.len()], vec![1.0f32; range.len()]);
-            // SAFETY: the features checked above (AVX2, FMA and F16C with AVX512-VNNI); one
-            // token's activations for `t`, prepared as the backend prepares them.
+            // SAFETY: the caller checked the features (AVX2, FMA and F16C with AVX512-VNNI,
+            // VBMI, DQ); one token's activations for `t`, prepared as the backend prepares them.
             unsafe {
                 crate::act::prepare(t, cols, &x, &[0], act.as_mut_slice(), kind, scratch.as_mut_slice());
-                iq2xxs_gemv(&w, range.clone(), act.as_slice(), &mut got);
-                super::super::kquant1::<BlockIq2Xxs>(&w, range.clone(), act.as_slice(), &mut want);
+                gemv(&w, range.clone(), act.as_slice(), &mut got);
+                super::super::kquant1::<B>(&w, range.clone(), act.as_slice(), &mut want);
             }
             let bits = |v: &[f32]| v.iter().map(|y| y.to_bits()).collect::<Vec<_>>();
-            assert_eq!(bits(&got), bits(&want), "rows {range:?}: {got:?} against {want:?}");
-            assert!(want.iter().all(|y| y.is_finite() && *y != 0.0), "{want:?}");
+            assert_eq!(bits(&got), bits(&want), "{t} rows {range:?}: {got:?} against {want:?}");
+            assert!(want.iter().all(|y| y.is_finite() && *y != 0.0), "{t}: {want:?}");
         }
+    }
+
+    #[test]
+    fn every_index_sign_and_scale_gives_the_avx2_kernels_bits() {
+        if crate::vnni::detect() != Some(Vnni::Evex) || !runs(GgmlType::IQ2_XXS) {
+            eprintln!("skipped: this CPU lacks AVX512-VNNI, VBMI or DQ");
+            return;
+        }
+        gives_the_avx2_kernels_bits::<BlockIq2Xxs>(GgmlType::IQ2_XXS);
+        gives_the_avx2_kernels_bits::<BlockIq3Xxs>(GgmlType::IQ3_XXS);
     }
 }

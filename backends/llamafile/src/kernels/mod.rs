@@ -423,9 +423,9 @@ pub unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) 
         return unsafe { on_zmm::legacy_gemv(w, rows, act, out) };
     }
     #[cfg(vnni_intrinsics)]
-    if w.zmm && w.t == GgmlType::IQ2_XXS && lattice1::runs() {
+    if w.zmm && lattice1::runs(w.t) {
         // SAFETY: the caller's contract; packed for AVX512-VNNI, VBMI and DQ checked.
-        return unsafe { lattice1::iq2xxs_gemv(w, rows, act, out) };
+        return unsafe { lattice1::gemv(w, rows, act, out) };
     }
     // SAFETY (every arm): the caller's contract; act holds one token in `w.t`'s layout.
     unsafe {
