@@ -288,7 +288,8 @@ unsafe fn tile_dots<B: Zmm>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
                 let blk = &blocks[i][b];
                 let lv = blk.level_regs(&codes, levels);
                 let words = blk.words();
-                let sign_bytes = _mm512_permutex2var_epi8(signs.0, _mm512_multishift_epi64_epi8(fields, words), signs.1);
+                let sign_bytes =
+                    _mm512_permutex2var_epi8(signs.0, _mm512_multishift_epi64_epi8(fields, words), signs.1);
                 let mut sums = zero;
                 for p in 0..4 {
                     let at = _mm512_add_epi8(sign_at, _mm512_set1_epi8(8 * p as i8));
