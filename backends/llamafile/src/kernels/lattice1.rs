@@ -25,14 +25,17 @@
 use core::arch::x86_64::*;
 use core::ops::Range;
 
-use kt_core::ggml::{even_parity_signs, BlockIq2Xxs, BlockIq3Xxs, GgmlType, Lattice, IQ2XXS_PACKED, IQ3XXS_PACKED};
+use kt_core::ggml::{
+    even_parity_signs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, GgmlType, Lattice, IQ2XXS_PACKED, IQ3S_PACKED,
+    IQ3XXS_PACKED,
+};
 
 use super::{hsum4, prefetch_next, Packed, Tile, R};
 use crate::act::ActK;
 
 /// Whether this CPU runs [`gemv`] for type `t` (beside the AVX512-VNNI its callers checked).
 pub(super) fn runs(t: GgmlType) -> bool {
-    matches!(t, GgmlType::IQ2_XXS | GgmlType::IQ3_XXS)
+    matches!(t, GgmlType::IQ2_XXS | GgmlType::IQ3_XXS | GgmlType::IQ3_S)
         && is_x86_feature_detected!("avx512vbmi")
         && is_x86_feature_detected!("avx512dq")
 }
@@ -52,20 +55,22 @@ static SIGNS: Aligned<[u8; 128]> = {
     Aligned(t)
 };
 
-/// A grid's level codes, the low bytes of its 256 entries, then the high.
-const fn code_bytes(packed: &[u16; 256]) -> Aligned<[u8; 512]> {
-    let mut t = [0u8; 512];
+/// A grid's level codes in 256-byte tables: the low bytes of its entries, 256 a table, then
+/// the high bytes (`M` = 2 · entries / 256).
+const fn code_bytes<const M: usize>(packed: &[u16]) -> Aligned<[[u8; 256]; M]> {
+    let mut t = [[0u8; 256]; M];
     let mut i = 0;
-    while i < 256 {
-        t[i] = packed[i] as u8;
-        t[256 + i] = (packed[i] >> 8) as u8;
+    while i < packed.len() {
+        t[i / 256][i % 256] = packed[i] as u8;
+        t[M / 2 + i / 256][i % 256] = (packed[i] >> 8) as u8;
         i += 1;
     }
     Aligned(t)
 }
 
-static IQ2XXS_CODES: Aligned<[u8; 512]> = code_bytes(&IQ2XXS_PACKED);
-static IQ3XXS_CODES: Aligned<[u8; 512]> = code_bytes(&IQ3XXS_PACKED);
+static IQ2XXS_CODES: Aligned<[[u8; 256]; 2]> = code_bytes(&IQ2XXS_PACKED);
+static IQ3XXS_CODES: Aligned<[[u8; 256]; 2]> = code_bytes(&IQ3XXS_PACKED);
+static IQ3S_CODES: Aligned<[[u8; 256]; 4]> = code_bytes(&IQ3S_PACKED);
 
 /// A code (a byte's low `bits` bits) to its level of `levels`: `vpermb`'s 64 entries.
 const fn level_table(levels: &[u8], bits: u32) -> Aligned<[u8; 64]> {
@@ -81,11 +86,12 @@ const fn level_table(levels: &[u8], bits: u32) -> Aligned<[u8; 64]> {
 
 static IQ2XXS_LEVELS: Aligned<[u8; 64]> = level_table(&[8, 25, 43], 2);
 static IQ3XXS_LEVELS: Aligned<[u8; 64]> = level_table(&[4, 12, 20, 28, 36, 44, 52, 62], 3);
+static IQ3S_LEVELS: Aligned<[u8; 64]> = level_table(&[1, 3, 5, 7, 9, 11, 13, 15], 3);
 
-/// `vpermi2d` indices for iq3_xxs's register `p`: lane `s` takes the code words of part `s`'s
+/// `vpermi2d` indices for iq3's register `p`: lane `s` takes the code words of part `s`'s
 /// entries `2p`, `2p + 1` (dword `p` of its 128-bit lane `s / 2` of the low unpack for even
 /// `s`, of the high unpack for odd).
-static IQ3XXS_PLACE: Aligned<[[u32; 16]; 4]> = {
+static IQ3_PLACE: Aligned<[[u32; 16]; 4]> = {
     let mut t = [[0u32; 16]; 4];
     let mut j = 0;
     while j < 64 {
@@ -123,109 +129,186 @@ macro_rules! load {
     };
 }
 
-/// A lattice type of this kernel: where its levels and its sign-and-scale words are.
+/// A lattice type of this kernel: its levels, signs and scales, a block's part `s` in lane `s`.
 trait Zmm: Lattice {
-    /// Bit of each lane's qword where its part's word starts: 4 × 7 sign bits, then the 4-bit
-    /// scale in the top bits.
-    const WORD_AT: u8;
-    /// The grid's code bytes ([`code_bytes`]).
-    fn codes() -> &'static Aligned<[u8; 512]>;
-    /// Codes to levels ([`level_table`]).
-    fn level_table() -> &'static Aligned<[u8; 64]>;
     /// Register `p` of the block's levels: lane `s` holds columns `8p..8p + 8` of part `s`.
-    /// `codes` holds [`Zmm::codes`], `levels` [`Zmm::level_table`].
     ///
     /// # Safety
     /// As [`gemv`].
-    unsafe fn level_regs(&self, codes: &[__m512i; 8], levels: __m512i) -> [__m512i; 4];
-    /// The parts' words, lane `s` part `s`'s at bit [`Zmm::WORD_AT`].
+    unsafe fn level_regs(&self) -> [__m512i; 4];
+    /// Lane `s`: byte `p` is part `s`'s sign byte of columns `8p..8p + 8` (bit `k` set:
+    /// column `8p + k` negated).
     ///
     /// # Safety
     /// As [`gemv`].
-    unsafe fn words(&self) -> __m512i;
+    unsafe fn sign_bytes(&self) -> __m512i;
+    /// Lane `s`: part `s`'s scale, `2·field + 1`, as an i64.
+    ///
+    /// # Safety
+    /// As [`gemv`].
+    unsafe fn scales(&self) -> __m512i;
 }
 
-/// Each lane's index bytes, through `codes` (`vpermi2b` a 128-entry half, bit 7 of the index
-/// picking the half): lane byte `e` of the results holds the low and high code bytes of
-/// index byte `e`.
+/// Byte `i` of the 256-byte `table` for each index byte `i` of `idx` (`vpermi2b` a 128-byte
+/// half; `k7`, the indices' bit 7, picks the half).
 ///
 /// # Safety
 /// As [`gemv`].
 #[inline(always)]
-unsafe fn look_up(idx: __m512i, codes: &[__m512i; 8]) -> (__m512i, __m512i) {
-    // SAFETY: register operations; AVX512-VBMI and BW by the callers' contract.
+unsafe fn table_bytes(idx: __m512i, k7: __mmask64, table: &[u8; 256]) -> __m512i {
+    // SAFETY: 64-byte loads inside the aligned table; the callers' features.
     unsafe {
-        let r = array!(idx; 4, |h| _mm512_permutex2var_epi8(codes[2 * h], idx, codes[2 * h + 1]));
-        let k7 = _mm512_movepi8_mask(idx);
-        (_mm512_mask_blend_epi8(k7, r[0], r[1]), _mm512_mask_blend_epi8(k7, r[2], r[3]))
+        let low = _mm512_permutex2var_epi8(load!(table[..]), idx, load!(table[64..]));
+        let high = _mm512_permutex2var_epi8(load!(table[128..]), idx, load!(table[192..]));
+        _mm512_mask_blend_epi8(k7, low, high)
     }
 }
 
+/// The iq3 types' level registers from each entry's code bytes `low`, `high` (lane `s`, byte
+/// `e`: part `s`'s entry `e`, 4 levels of 3 bits): register `p` takes entries `2p`, `2p + 1`.
+///
+/// # Safety
+/// As [`gemv`].
+#[inline(always)]
+unsafe fn iq3_regs(low: __m512i, high: __m512i, levels: &Aligned<[u8; 64]>) -> [__m512i; 4] {
+    // SAFETY: register operations and the aligned tables; the callers' features.
+    unsafe {
+        // Code words: parts 2L (low unpack) and 2L + 1 (high) in 128-bit lane L.
+        let (even, odd) = (_mm512_unpacklo_epi8(low, high), _mm512_unpackhi_epi8(low, high));
+        // Column k's code in byte k: bits 3k of entry 2p's word, 3(k − 4) of the next.
+        let spread = _mm512_set1_epi64(i64::from_le_bytes([0, 3, 6, 9, 16, 19, 22, 25]));
+        let levels = load!(levels.0);
+        array!(even; 4, |p| _mm512_permutexvar_epi8(
+            _mm512_multishift_epi64_epi8(spread, _mm512_permutex2var_epi32(even, load!(IQ3_PLACE.0[p]), odd)),
+            levels
+        ))
+    }
+}
+
+/// iq2_xxs' and iq3_xxs' sign bytes from each lane's word at bit `at`: its four 7-bit fields
+/// cut by `vpmultishiftqb` and expanded to ggml's even-parity bytes by a 128-byte table.
+///
+/// # Safety
+/// As [`gemv`].
+#[inline(always)]
+unsafe fn word_signs(words: __m512i, at: u8) -> __m512i {
+    // SAFETY: register operations and the aligned table; the callers' features.
+    unsafe {
+        let fields = _mm512_set1_epi64(i64::from_le_bytes([at, at + 7, at + 14, at + 21, 0, 0, 0, 0]));
+        _mm512_permutex2var_epi8(load!(SIGNS.0), _mm512_multishift_epi64_epi8(fields, words), load!(SIGNS.0[64..]))
+    }
+}
+
+/// `2·field + 1` of each lane's 4-bit field at bit `at`.
+///
+/// # Safety
+/// As [`gemv`].
+#[inline(always)]
+unsafe fn odd_scales(v: __m512i, at: __m512i) -> __m512i {
+    // SAFETY: register operations; the callers' features.
+    unsafe {
+        let field = _mm512_and_si512(_mm512_srlv_epi64(v, at), _mm512_set1_epi64(0xF));
+        _mm512_or_si512(_mm512_add_epi64(field, field), _mm512_set1_epi64(1))
+    }
+}
+
+/// Lane `s`: part `s`'s 4 grid bytes, then its word (4 × 7 sign bits, the scale in bits
+/// 28..32); register `p` is entry `p` of each part, a 16-bit code of 8 levels.
 impl Zmm for BlockIq2Xxs {
-    const WORD_AT: u8 = 32;
-    fn codes() -> &'static Aligned<[u8; 512]> {
-        &IQ2XXS_CODES
-    }
-    fn level_table() -> &'static Aligned<[u8; 64]> {
-        &IQ2XXS_LEVELS
-    }
-    /// Lane `s` holds part `s`'s 4 grid bytes then its word; register `p` is its entry `p`,
-    /// a 16-bit code of 8 levels.
     #[inline(always)]
-    unsafe fn level_regs(&self, codes: &[__m512i; 8], levels: __m512i) -> [__m512i; 4] {
+    unsafe fn level_regs(&self) -> [__m512i; 4] {
         // SAFETY: 64 bytes of `qs`; register operations, the callers' features.
         unsafe {
             let q = _mm512_loadu_si512(self.qs.as_ptr().cast());
             let twice = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 8, 9, 10, 11, 8, 9, 10, 11));
-            let (low, high) = look_up(_mm512_shuffle_epi8(q, twice), codes);
+            let idx = _mm512_shuffle_epi8(q, twice);
+            let k7 = _mm512_movepi8_mask(idx);
             // Lane s: the codes of part s's 4 entries, low bytes then high bytes.
-            let codes_of = _mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, low, high);
+            let low = table_bytes(idx, k7, &IQ2XXS_CODES.0[0]);
+            let codes = _mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, low, table_bytes(idx, k7, &IQ2XXS_CODES.0[1]));
             // Column k's code of entry 0 in byte k (bits 2k of its low byte, 2k − 8 of its
             // high one); entry p's 8p bits further.
             let spread = _mm512_set1_epi64(i64::from_le_bytes([0, 2, 4, 6, 32, 34, 36, 38]));
+            let levels = load!(IQ2XXS_LEVELS.0);
             array!(q; 4, |p| _mm512_permutexvar_epi8(
-                _mm512_multishift_epi64_epi8(_mm512_add_epi8(spread, _mm512_set1_epi8(8 * p as i8)), codes_of),
+                _mm512_multishift_epi64_epi8(_mm512_add_epi8(spread, _mm512_set1_epi8(8 * p as i8)), codes),
                 levels
             ))
         }
     }
     #[inline(always)]
-    unsafe fn words(&self) -> __m512i {
-        // SAFETY: 64 bytes of `qs`.
-        unsafe { _mm512_loadu_si512(self.qs.as_ptr().cast()) }
+    unsafe fn sign_bytes(&self) -> __m512i {
+        // SAFETY: 64 bytes of `qs`; the callers' features.
+        unsafe { word_signs(_mm512_loadu_si512(self.qs.as_ptr().cast()), 32) }
+    }
+    #[inline(always)]
+    unsafe fn scales(&self) -> __m512i {
+        // SAFETY: as above.
+        unsafe { odd_scales(_mm512_loadu_si512(self.qs.as_ptr().cast()), _mm512_set1_epi64(60)) }
     }
 }
 
+/// Lane `s`: part `s`'s 8 grid bytes (entries of 4 columns); its word (as iq2_xxs') apart.
 impl Zmm for BlockIq3Xxs {
-    const WORD_AT: u8 = 0;
-    fn codes() -> &'static Aligned<[u8; 512]> {
-        &IQ3XXS_CODES
-    }
-    fn level_table() -> &'static Aligned<[u8; 64]> {
-        &IQ3XXS_LEVELS
-    }
-    /// Lane `s` holds part `s`'s 8 grid bytes; register `p` is its entries `2p` and `2p + 1`,
-    /// 12-bit codes of 4 levels each.
     #[inline(always)]
-    unsafe fn level_regs(&self, codes: &[__m512i; 8], levels: __m512i) -> [__m512i; 4] {
-        // SAFETY: 64 bytes of `qs`; the 64-byte tables; register operations, the callers'
-        // features.
+    unsafe fn level_regs(&self) -> [__m512i; 4] {
+        // SAFETY: 64 bytes of `qs`; the callers' features.
         unsafe {
-            let (low, high) = look_up(_mm512_loadu_si512(self.qs.as_ptr().cast()), codes);
-            // Code words: parts 2L (low) and 2L + 1 (high) in 128-bit lane L.
-            let (even, odd) = (_mm512_unpacklo_epi8(low, high), _mm512_unpackhi_epi8(low, high));
-            // Column k's code in byte k: bits 3k of entry 2p's word, 3(k − 4) of the next.
-            let spread = _mm512_set1_epi64(i64::from_le_bytes([0, 3, 6, 9, 16, 19, 22, 25]));
-            array!(even; 4, |p| _mm512_permutexvar_epi8(
-                _mm512_multishift_epi64_epi8(spread, _mm512_permutex2var_epi32(even, load!(IQ3XXS_PLACE.0[p]), odd)),
-                levels
-            ))
+            let q = _mm512_loadu_si512(self.qs.as_ptr().cast());
+            let k7 = _mm512_movepi8_mask(q);
+            let (t, levels) = (&IQ3XXS_CODES.0, &IQ3XXS_LEVELS);
+            iq3_regs(table_bytes(q, k7, &t[0]), table_bytes(q, k7, &t[1]), levels)
         }
     }
     #[inline(always)]
-    unsafe fn words(&self) -> __m512i {
-        // SAFETY: the 32 bytes of `scales_signs`.
-        unsafe { _mm512_cvtepu32_epi64(_mm256_loadu_si256(self.scales_signs.as_ptr().cast())) }
+    unsafe fn sign_bytes(&self) -> __m512i {
+        // SAFETY: the 32 bytes of `scales_signs`; the callers' features.
+        unsafe { word_signs(iq3xxs_words(self), 0) }
+    }
+    #[inline(always)]
+    unsafe fn scales(&self) -> __m512i {
+        // SAFETY: as above.
+        unsafe { odd_scales(iq3xxs_words(self), _mm512_set1_epi64(28)) }
+    }
+}
+
+/// Lane `s`: iq3_xxs part `s`'s word.
+///
+/// # Safety
+/// As [`gemv`].
+#[inline(always)]
+unsafe fn iq3xxs_words(b: &BlockIq3Xxs) -> __m512i {
+    // SAFETY: the 32 bytes of `scales_signs`; the callers' features.
+    unsafe { _mm512_cvtepu32_epi64(_mm256_loadu_si256(b.scales_signs.as_ptr().cast())) }
+}
+
+/// Lane `s`: part `s`'s 8 grid bytes, their ninth bits in byte `s` of `qh`, its 4 sign bytes
+/// and its scale nibble `s`.
+impl Zmm for BlockIq3S {
+    #[inline(always)]
+    unsafe fn level_regs(&self) -> [__m512i; 4] {
+        // SAFETY: 64 bytes of `qs`; the callers' features.
+        unsafe {
+            let q = _mm512_loadu_si512(self.qs.as_ptr().cast());
+            let (k7, k8) = (_mm512_movepi8_mask(q), u64::from_le_bytes(self.qh));
+            let t = &IQ3S_CODES.0;
+            let low = _mm512_mask_blend_epi8(k8, table_bytes(q, k7, &t[0]), table_bytes(q, k7, &t[1]));
+            let high = _mm512_mask_blend_epi8(k8, table_bytes(q, k7, &t[2]), table_bytes(q, k7, &t[3]));
+            iq3_regs(low, high, &IQ3S_LEVELS)
+        }
+    }
+    #[inline(always)]
+    unsafe fn sign_bytes(&self) -> __m512i {
+        // SAFETY: the 32 sign bytes; the callers' features.
+        unsafe { _mm512_cvtepu32_epi64(_mm256_loadu_si256(self.signs.as_ptr().cast())) }
+    }
+    #[inline(always)]
+    unsafe fn scales(&self) -> __m512i {
+        // SAFETY: register operations; the callers' features.
+        unsafe {
+            let v = _mm512_set1_epi64(i64::from(u32::from_le_bytes(self.scales)));
+            odd_scales(v, _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28))
+        }
     }
 }
 
@@ -244,6 +327,7 @@ pub(super) unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut 
     match w.t {
         GgmlType::IQ2_XXS => run!(BlockIq2Xxs),
         GgmlType::IQ3_XXS => run!(BlockIq3Xxs),
+        GgmlType::IQ3_S => run!(BlockIq3S),
         t => unreachable!("{t} has no 512-bit one-token kernel"),
     }
 }
@@ -262,15 +346,8 @@ unsafe fn tile_dots<B: Zmm>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
     // table, a block or an activation block (256 bytes of `qs`).
     unsafe {
         let zero = _mm512_setzero_si512();
-        let codes = array!(zero; 8, |t| load!(B::codes().0[64 * t..]));
-        let (signs, levels) = ((load!(SIGNS.0), load!(SIGNS.0[64..])), load!(B::level_table().0));
-        // Each lane's sign field p (bits WORD_AT + 7p of its word) in byte p.
-        let w = B::WORD_AT;
-        let fields = _mm512_set1_epi64(i64::from_le_bytes([w, w + 7, w + 14, w + 21, 0, 0, 0, 0]));
         // Column k's sign bit of register 0 (bit k of sign byte 0) at the top of byte k.
         let sign_at = _mm512_set1_epi64(i64::from_le_bytes([57, 58, 59, 60, 61, 62, 63, 0]));
-        // The scale field's bits, shifted to bits 1..5 (`2·scale + 1` after the mask).
-        let scale_at = _mm_cvtsi32_si128(i32::from(B::WORD_AT) + 27);
         let unit = (1u32 << B::SHIFT) as f32;
         for b in 0..tile.nb {
             prefetch_next(tile, b);
@@ -286,10 +363,7 @@ unsafe fn tile_dots<B: Zmm>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
             let no_mins = _mm256_mul_ps(_mm256_setzero_ps(), da);
             for i in 0..R {
                 let blk = &blocks[i][b];
-                let lv = blk.level_regs(&codes, levels);
-                let words = blk.words();
-                let sign_bytes =
-                    _mm512_permutex2var_epi8(signs.0, _mm512_multishift_epi64_epi8(fields, words), signs.1);
+                let (lv, sign_bytes) = (blk.level_regs(), blk.sign_bytes());
                 let mut sums = zero;
                 for p in 0..4 {
                     let at = _mm512_add_epi8(sign_at, _mm512_set1_epi8(8 * p as i8));
@@ -297,13 +371,9 @@ unsafe fn tile_dots<B: Zmm>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
                     let signed = _mm512_mask_sub_epi8(x[p], neg, zero, x[p]);
                     sums = _mm512_dpbusd_epi32(sums, lv[p], signed);
                 }
-                // Each part's two dwords added, times its scale 2·field + 1.
+                // Each part's two dwords added, times its scale.
                 let parts = _mm512_add_epi32(sums, _mm512_srli_epi64::<32>(sums));
-                let scale = _mm512_or_si512(
-                    _mm512_and_si512(_mm512_srl_epi64(words, scale_at), _mm512_set1_epi64(0x1E)),
-                    _mm512_set1_epi64(1),
-                );
-                let dots = _mm512_cvtepi64_ps(_mm512_mul_epi32(parts, scale));
+                let dots = _mm512_cvtepi64_ps(_mm512_mul_epi32(parts, blk.scales()));
                 let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(blk.d_bits())))) / unit;
                 acc[i] = _mm256_fnmadd_ps(_mm256_setzero_ps(), no_mins, acc[i]);
                 acc[i] = _mm256_fmadd_ps(dots, _mm256_mul_ps(_mm256_set1_ps(d), da), acc[i]);
@@ -323,8 +393,8 @@ mod tests {
     use super::*;
     use crate::vnni::Vnni;
 
-    /// Block `n` of type `t`, its parts' grid indices, sign fields and scales running through
-    /// every value as `n` does.
+    /// Block `n` of type `t`, its parts' grid indices, sign fields (or bytes) and scales
+    /// running through every value as `n` does.
     fn block(t: GgmlType, n: usize) -> Vec<u8> {
         let mut out = f16::from_f32(0.003 * (1 + n % 7) as f32).to_le_bytes().to_vec();
         let word = |part: usize| {
@@ -332,17 +402,23 @@ mod tests {
             (fields | ((part % 16) as u32) << 28).to_le_bytes()
         };
         let index = |i: usize| (i * 7 % 256) as u8;
-        for part in 8 * n..8 * n + 8 {
-            match t {
-                GgmlType::IQ2_XXS => {
-                    out.extend((0..4).map(|e| index(4 * part + e)));
-                    out.extend(word(part));
-                }
-                _ => out.extend((0..8).map(|e| index(8 * part + e))),
+        let parts = 8 * n..8 * n + 8;
+        match t {
+            GgmlType::IQ2_XXS => parts.for_each(|part| {
+                out.extend((0..4).map(|e| index(4 * part + e)));
+                out.extend(word(part));
+            }),
+            GgmlType::IQ3_XXS => {
+                parts.clone().for_each(|part| out.extend((0..8).map(|e| index(8 * part + e))));
+                parts.for_each(|part| out.extend(word(part)));
             }
-        }
-        if t == GgmlType::IQ3_XXS {
-            (8 * n..8 * n + 8).for_each(|part| out.extend(word(part)));
+            _ => {
+                // iq3_s: 9-bit indices (their ninth bits in `qh`), sign bytes, scale nibbles.
+                parts.clone().for_each(|part| out.extend((0..8).map(|e| index(8 * part + e))));
+                out.extend(parts.clone().map(|part| (part * 29 % 256) as u8));
+                out.extend(parts.clone().flat_map(|part| (0..4).map(move |p| ((4 * part + p) * 53 % 256) as u8)));
+                out.extend((0..4).map(|j| ((8 * n + 2 * j) % 16 | (8 * n + 2 * j + 1) % 16 << 4) as u8));
+            }
         }
         out
     }
@@ -391,5 +467,6 @@ mod tests {
         }
         gives_the_avx2_kernels_bits::<BlockIq2Xxs>(GgmlType::IQ2_XXS);
         gives_the_avx2_kernels_bits::<BlockIq3Xxs>(GgmlType::IQ3_XXS);
+        gives_the_avx2_kernels_bits::<BlockIq3S>(GgmlType::IQ3_S);
     }
 }
