@@ -417,7 +417,7 @@ mod tests {
                 parts.clone().for_each(|part| out.extend((0..8).map(|e| index(8 * part + e))));
                 out.extend(parts.clone().map(|part| (part * 29 % 256) as u8));
                 out.extend(parts.clone().flat_map(|part| (0..4).map(move |p| ((4 * part + p) * 53 % 256) as u8)));
-                out.extend((0..4).map(|j| ((8 * n + 2 * j) % 16 | (8 * n + 2 * j + 1) % 16 << 4) as u8));
+                out.extend((0..4).map(|j| (((8 * n + 2 * j) % 16) | (((8 * n + 2 * j + 1) % 16) << 4)) as u8));
             }
         }
         out
