@@ -26,8 +26,8 @@ use core::arch::x86_64::*;
 use core::ops::Range;
 
 use kt_core::ggml::{
-    even_parity_signs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, GgmlType, Lattice, IQ2XXS_PACKED, IQ3S_PACKED,
-    IQ3XXS_PACKED,
+    even_parity_signs, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, GgmlType, Lattice, IQ2XS_PACKED, IQ2XXS_PACKED,
+    IQ3S_PACKED, IQ3XXS_PACKED,
 };
 
 use super::{hsum4, prefetch_next, Packed, Tile, R};
@@ -35,7 +35,7 @@ use crate::act::ActK;
 
 /// Whether this CPU runs [`gemv`] for type `t` (beside the AVX512-VNNI its callers checked).
 pub(super) fn runs(t: GgmlType) -> bool {
-    matches!(t, GgmlType::IQ2_XXS | GgmlType::IQ3_XXS | GgmlType::IQ3_S)
+    matches!(t, GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ3_XXS | GgmlType::IQ3_S)
         && is_x86_feature_detected!("avx512vbmi")
         && is_x86_feature_detected!("avx512dq")
 }
@@ -70,6 +70,7 @@ const fn code_bytes<const M: usize>(packed: &[u16]) -> Aligned<[[u8; 256]; M]> {
 
 static IQ2XXS_CODES: Aligned<[[u8; 256]; 2]> = code_bytes(&IQ2XXS_PACKED);
 static IQ3XXS_CODES: Aligned<[[u8; 256]; 2]> = code_bytes(&IQ3XXS_PACKED);
+static IQ2XS_CODES: Aligned<[[u8; 256]; 4]> = code_bytes(&IQ2XS_PACKED);
 static IQ3S_CODES: Aligned<[[u8; 256]; 4]> = code_bytes(&IQ3S_PACKED);
 
 /// A code (a byte's low `bits` bits) to its level of `levels`: `vpermb`'s 64 entries.
@@ -84,7 +85,7 @@ const fn level_table(levels: &[u8], bits: u32) -> Aligned<[u8; 64]> {
     Aligned(t)
 }
 
-static IQ2XXS_LEVELS: Aligned<[u8; 64]> = level_table(&[8, 25, 43], 2);
+static IQ2_LEVELS: Aligned<[u8; 64]> = level_table(&[8, 25, 43], 2);
 static IQ3XXS_LEVELS: Aligned<[u8; 64]> = level_table(&[4, 12, 20, 28, 36, 44, 52, 62], 3);
 static IQ3S_LEVELS: Aligned<[u8; 64]> = level_table(&[1, 3, 5, 7, 9, 11, 13, 15], 3);
 
@@ -142,11 +143,14 @@ trait Zmm: Lattice {
     /// # Safety
     /// As [`gemv`].
     unsafe fn sign_bytes(&self) -> __m512i;
-    /// Lane `s`: part `s`'s scale, `2·field + 1`, as an i64.
+    /// Lane `s`: part `s`'s scale, `2·field + 1`, as an i64; with [`Zmm::HALVES`] that of its
+    /// first 16 columns, and the second's apart.
     ///
     /// # Safety
     /// As [`gemv`].
-    unsafe fn scales(&self) -> __m512i;
+    unsafe fn scales(&self) -> (__m512i, __m512i);
+    /// Scales cover 16 columns (registers 0, 1 and 2, 3 of a part), not 32.
+    const HALVES: bool = false;
 }
 
 /// Byte `i` of the 256-byte `table` for each index byte `i` of `idx` (`vpermi2b` a 128-byte
@@ -185,16 +189,38 @@ unsafe fn iq3_regs(low: __m512i, high: __m512i, levels: &Aligned<[u8; 64]>) -> [
     }
 }
 
-/// iq2_xxs' and iq3_xxs' sign bytes from each lane's word at bit `at`: its four 7-bit fields
-/// cut by `vpmultishiftqb` and expanded to ggml's even-parity bytes by a 128-byte table.
+/// The iq2 types' level registers from `codes` (lane `s`: the low code bytes of part `s`'s 4
+/// entries, then their high bytes; an entry is 8 levels of 2 bits): register `p` is entry
+/// `p`.
 ///
 /// # Safety
 /// As [`gemv`].
 #[inline(always)]
-unsafe fn word_signs(words: __m512i, at: u8) -> __m512i {
+unsafe fn iq2_regs(codes: __m512i) -> [__m512i; 4] {
     // SAFETY: register operations and the aligned table; the callers' features.
     unsafe {
-        let fields = _mm512_set1_epi64(i64::from_le_bytes([at, at + 7, at + 14, at + 21, 0, 0, 0, 0]));
+        // Column k's code of entry 0 in byte k (bits 2k of its low byte, 2k − 8 of its high
+        // one); entry p's 8p bits further.
+        let spread = _mm512_set1_epi64(i64::from_le_bytes([0, 2, 4, 6, 32, 34, 36, 38]));
+        let levels = load!(IQ2_LEVELS.0);
+        array!(codes; 4, |p| _mm512_permutexvar_epi8(
+            _mm512_multishift_epi64_epi8(_mm512_add_epi8(spread, _mm512_set1_epi8(8 * p as i8)), codes),
+            levels
+        ))
+    }
+}
+
+/// Sign bytes from each lane's four 7-bit fields at bits `at` (ggml's stored signs of
+/// iq2_xxs, iq2_xs, iq3_xxs): cut by `vpmultishiftqb`, expanded to its even-parity bytes by
+/// a 128-byte table.
+///
+/// # Safety
+/// As [`gemv`].
+#[inline(always)]
+unsafe fn parity_signs(words: __m512i, at: [u8; 4]) -> __m512i {
+    // SAFETY: register operations and the aligned table; the callers' features.
+    unsafe {
+        let fields = _mm512_set1_epi64(i64::from_le_bytes([at[0], at[1], at[2], at[3], 0, 0, 0, 0]));
         _mm512_permutex2var_epi8(load!(SIGNS.0), _mm512_multishift_epi64_epi8(fields, words), load!(SIGNS.0[64..]))
     }
 }
@@ -223,28 +249,56 @@ impl Zmm for BlockIq2Xxs {
             let twice = _mm512_broadcast_i32x4(_mm_setr_epi8(0, 1, 2, 3, 0, 1, 2, 3, 8, 9, 10, 11, 8, 9, 10, 11));
             let idx = _mm512_shuffle_epi8(q, twice);
             let k7 = _mm512_movepi8_mask(idx);
-            // Lane s: the codes of part s's 4 entries, low bytes then high bytes.
             let low = table_bytes(idx, k7, &IQ2XXS_CODES.0[0]);
-            let codes = _mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, low, table_bytes(idx, k7, &IQ2XXS_CODES.0[1]));
-            // Column k's code of entry 0 in byte k (bits 2k of its low byte, 2k − 8 of its
-            // high one); entry p's 8p bits further.
-            let spread = _mm512_set1_epi64(i64::from_le_bytes([0, 2, 4, 6, 32, 34, 36, 38]));
-            let levels = load!(IQ2XXS_LEVELS.0);
-            array!(q; 4, |p| _mm512_permutexvar_epi8(
-                _mm512_multishift_epi64_epi8(_mm512_add_epi8(spread, _mm512_set1_epi8(8 * p as i8)), codes),
-                levels
-            ))
+            iq2_regs(_mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, low, table_bytes(idx, k7, &IQ2XXS_CODES.0[1])))
         }
     }
     #[inline(always)]
     unsafe fn sign_bytes(&self) -> __m512i {
         // SAFETY: 64 bytes of `qs`; the callers' features.
-        unsafe { word_signs(_mm512_loadu_si512(self.qs.as_ptr().cast()), 32) }
+        unsafe { parity_signs(_mm512_loadu_si512(self.qs.as_ptr().cast()), [32, 39, 46, 53]) }
     }
     #[inline(always)]
-    unsafe fn scales(&self) -> __m512i {
+    unsafe fn scales(&self) -> (__m512i, __m512i) {
         // SAFETY: as above.
-        unsafe { odd_scales(_mm512_loadu_si512(self.qs.as_ptr().cast()), _mm512_set1_epi64(60)) }
+        let s = unsafe { odd_scales(_mm512_loadu_si512(self.qs.as_ptr().cast()), _mm512_set1_epi64(60)) };
+        (s, s)
+    }
+}
+
+/// Lane `s`: part `s`'s 4 u16, each a 9-bit grid index and 7 sign bits; two scale nibbles a
+/// part (16 columns each).
+impl Zmm for BlockIq2Xs {
+    const HALVES: bool = true;
+    #[inline(always)]
+    unsafe fn level_regs(&self) -> [__m512i; 4] {
+        // SAFETY: 64 bytes of `qs`; register operations, the callers' features.
+        unsafe {
+            let q = _mm512_loadu_si512(self.qs.as_ptr().cast());
+            // Each lane's index low bytes twice, and their ninth bits in the same places.
+            let twice = _mm_setr_epi8(0, 2, 4, 6, 0, 2, 4, 6, 8, 10, 12, 14, 8, 10, 12, 14);
+            let idx = _mm512_shuffle_epi8(q, _mm512_broadcast_i32x4(twice));
+            let ninth = _mm512_shuffle_epi8(q, _mm512_broadcast_i32x4(_mm_add_epi8(twice, _mm_set1_epi8(1))));
+            let (k7, k8) = (_mm512_movepi8_mask(idx), _mm512_test_epi8_mask(ninth, _mm512_set1_epi8(1)));
+            let t = &IQ2XS_CODES.0;
+            let low = _mm512_mask_blend_epi8(k8, table_bytes(idx, k7, &t[0]), table_bytes(idx, k7, &t[1]));
+            let high = _mm512_mask_blend_epi8(k8, table_bytes(idx, k7, &t[2]), table_bytes(idx, k7, &t[3]));
+            iq2_regs(_mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, low, high))
+        }
+    }
+    #[inline(always)]
+    unsafe fn sign_bytes(&self) -> __m512i {
+        // SAFETY: 64 bytes of `qs`; the callers' features.
+        unsafe { parity_signs(_mm512_loadu_si512(self.qs.as_ptr().cast()), [9, 25, 41, 57]) }
+    }
+    #[inline(always)]
+    unsafe fn scales(&self) -> (__m512i, __m512i) {
+        // SAFETY: register operations; the callers' features.
+        unsafe {
+            let v = _mm512_set1_epi64(i64::from_le_bytes(self.scales));
+            let at = _mm512_setr_epi64(0, 8, 16, 24, 32, 40, 48, 56);
+            (odd_scales(v, at), odd_scales(v, _mm512_add_epi64(at, _mm512_set1_epi64(4))))
+        }
     }
 }
 
@@ -263,12 +317,13 @@ impl Zmm for BlockIq3Xxs {
     #[inline(always)]
     unsafe fn sign_bytes(&self) -> __m512i {
         // SAFETY: the 32 bytes of `scales_signs`; the callers' features.
-        unsafe { word_signs(iq3xxs_words(self), 0) }
+        unsafe { parity_signs(iq3xxs_words(self), [0, 7, 14, 21]) }
     }
     #[inline(always)]
-    unsafe fn scales(&self) -> __m512i {
+    unsafe fn scales(&self) -> (__m512i, __m512i) {
         // SAFETY: as above.
-        unsafe { odd_scales(iq3xxs_words(self), _mm512_set1_epi64(28)) }
+        let s = unsafe { odd_scales(iq3xxs_words(self), _mm512_set1_epi64(28)) };
+        (s, s)
     }
 }
 
@@ -303,12 +358,13 @@ impl Zmm for BlockIq3S {
         unsafe { _mm512_cvtepu32_epi64(_mm256_loadu_si256(self.signs.as_ptr().cast())) }
     }
     #[inline(always)]
-    unsafe fn scales(&self) -> __m512i {
+    unsafe fn scales(&self) -> (__m512i, __m512i) {
         // SAFETY: register operations; the callers' features.
-        unsafe {
+        let s = unsafe {
             let v = _mm512_set1_epi64(i64::from(u32::from_le_bytes(self.scales)));
             odd_scales(v, _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28))
-        }
+        };
+        (s, s)
     }
 }
 
@@ -326,6 +382,7 @@ pub(super) unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut 
     }
     match w.t {
         GgmlType::IQ2_XXS => run!(BlockIq2Xxs),
+        GgmlType::IQ2_XS => run!(BlockIq2Xs),
         GgmlType::IQ3_XXS => run!(BlockIq3Xxs),
         GgmlType::IQ3_S => run!(BlockIq3S),
         t => unreachable!("{t} has no 512-bit one-token kernel"),
@@ -364,16 +421,23 @@ unsafe fn tile_dots<B: Zmm>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
             for i in 0..R {
                 let blk = &blocks[i][b];
                 let (lv, sign_bytes) = (blk.level_regs(), blk.sign_bytes());
-                let mut sums = zero;
+                // Registers 0, 1 and 2, 3 apart where their scales differ (HALVES).
+                let mut sums = [zero; 2];
                 for p in 0..4 {
                     let at = _mm512_add_epi8(sign_at, _mm512_set1_epi8(8 * p as i8));
                     let neg = _mm512_movepi8_mask(_mm512_multishift_epi64_epi8(at, sign_bytes));
                     let signed = _mm512_mask_sub_epi8(x[p], neg, zero, x[p]);
-                    sums = _mm512_dpbusd_epi32(sums, lv[p], signed);
+                    let h = usize::from(B::HALVES && p >= 2);
+                    sums[h] = _mm512_dpbusd_epi32(sums[h], lv[p], signed);
                 }
                 // Each part's two dwords added, times its scale.
-                let parts = _mm512_add_epi32(sums, _mm512_srli_epi64::<32>(sums));
-                let dots = _mm512_cvtepi64_ps(_mm512_mul_epi32(parts, blk.scales()));
+                let (first, second) = blk.scales();
+                let parts = array!(zero; 2, |h| _mm512_add_epi32(sums[h], _mm512_srli_epi64::<32>(sums[h])));
+                let mut products = _mm512_mul_epi32(parts[0], first);
+                if B::HALVES {
+                    products = _mm512_add_epi64(products, _mm512_mul_epi32(parts[1], second));
+                }
+                let dots = _mm512_cvtepi64_ps(products);
                 let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(blk.d_bits())))) / unit;
                 acc[i] = _mm256_fnmadd_ps(_mm256_setzero_ps(), no_mins, acc[i]);
                 acc[i] = _mm256_fmadd_ps(dots, _mm256_mul_ps(_mm256_set1_ps(d), da), acc[i]);
@@ -408,6 +472,16 @@ mod tests {
                 out.extend((0..4).map(|e| index(4 * part + e)));
                 out.extend(word(part));
             }),
+            GgmlType::IQ2_XS => {
+                // 9-bit indices with 7 sign bits above, two scale nibbles a part.
+                out.extend(parts.flat_map(|part| {
+                    (0..4).flat_map(move |p| {
+                        let g = 4 * part + p;
+                        ((g * 7 % 512) as u16 | ((g * 37 % 128) as u16) << 9).to_le_bytes()
+                    })
+                }));
+                out.extend((0..8).map(|j| (((8 * n + j) % 16) | (((8 * n + j + 3) % 16) << 4)) as u8));
+            }
             GgmlType::IQ3_XXS => {
                 parts.clone().for_each(|part| out.extend((0..8).map(|e| index(8 * part + e))));
                 parts.for_each(|part| out.extend(word(part)));
@@ -466,6 +540,7 @@ mod tests {
             return;
         }
         gives_the_avx2_kernels_bits::<BlockIq2Xxs>(GgmlType::IQ2_XXS);
+        gives_the_avx2_kernels_bits::<BlockIq2Xs>(GgmlType::IQ2_XS);
         gives_the_avx2_kernels_bits::<BlockIq3Xxs>(GgmlType::IQ3_XXS);
         gives_the_avx2_kernels_bits::<BlockIq3S>(GgmlType::IQ3_S);
     }
