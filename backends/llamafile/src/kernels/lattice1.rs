@@ -26,8 +26,8 @@ use core::arch::x86_64::*;
 use core::ops::Range;
 
 use kt_core::ggml::{
-    even_parity_signs, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, GgmlType, Lattice, IQ2XS_PACKED, IQ2XXS_PACKED,
-    IQ3S_PACKED, IQ3XXS_PACKED,
+    even_parity_signs, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, GgmlType, Lattice, IQ2S_PACKED,
+    IQ2XS_PACKED, IQ2XXS_PACKED, IQ3S_PACKED, IQ3XXS_PACKED,
 };
 
 use super::{hsum4, prefetch_next, Packed, Tile, R};
@@ -35,7 +35,7 @@ use crate::act::ActK;
 
 /// Whether this CPU runs [`gemv`] for type `t` (beside the AVX512-VNNI its callers checked).
 pub(super) fn runs(t: GgmlType) -> bool {
-    matches!(t, GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ3_XXS | GgmlType::IQ3_S)
+    matches!(t, GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S | GgmlType::IQ3_XXS | GgmlType::IQ3_S)
         && is_x86_feature_detected!("avx512vbmi")
         && is_x86_feature_detected!("avx512dq")
 }
@@ -71,6 +71,7 @@ const fn code_bytes<const M: usize>(packed: &[u16]) -> Aligned<[[u8; 256]; M]> {
 static IQ2XXS_CODES: Aligned<[[u8; 256]; 2]> = code_bytes(&IQ2XXS_PACKED);
 static IQ3XXS_CODES: Aligned<[[u8; 256]; 2]> = code_bytes(&IQ3XXS_PACKED);
 static IQ2XS_CODES: Aligned<[[u8; 256]; 4]> = code_bytes(&IQ2XS_PACKED);
+static IQ2S_CODES: Aligned<[[u8; 256]; 8]> = code_bytes(&IQ2S_PACKED);
 static IQ3S_CODES: Aligned<[[u8; 256]; 4]> = code_bytes(&IQ3S_PACKED);
 
 /// A code (a byte's low `bits` bits) to its level of `levels`: `vpermb`'s 64 entries.
@@ -112,6 +113,17 @@ const fn lane_byte(c: usize) -> usize {
 
 /// `vpermi2b` indices putting register `p`'s values in place: byte `8s + k` is column
 /// `32s + 8p + k`, read from the 128 lane-layout bytes at `128·(p % 2)`.
+/// `vpermb` indices laying each lane's 4 bytes (bytes `4s..4s + 4` of 32) out twice.
+static TWICE4: Aligned<[u8; 64]> = {
+    let mut t = [0u8; 64];
+    let mut j = 0;
+    while j < 64 {
+        t[j] = (4 * (j / 8) + j % 4) as u8;
+        j += 1;
+    }
+    Aligned(t)
+};
+
 static VALUE_ORDER: Aligned<[[u8; 64]; 4]> = {
     let mut t = [[0u8; 64]; 4];
     let mut j = 0;
@@ -302,6 +314,50 @@ impl Zmm for BlockIq2Xs {
     }
 }
 
+/// Lane `s`: part `s`'s 4 index low bytes, sign bytes and index high bit pairs (byte `s` of
+/// `qh`); two scale nibbles a part, as iq2_xs.
+impl Zmm for BlockIq2S {
+    const HALVES: bool = true;
+    #[inline(always)]
+    unsafe fn level_regs(&self) -> [__m512i; 4] {
+        // SAFETY: 32 bytes of `qs`, 8 of `qh`; register operations, the callers' features.
+        unsafe {
+            let q = _mm512_castsi256_si512(_mm256_loadu_si256(self.qs.as_ptr().cast()));
+            // Each lane's 4 index bytes twice.
+            let idx = _mm512_permutexvar_epi8(load!(TWICE4.0), q);
+            // Byte e's index bits 8 and 9 (bits 2(e % 4) and 2(e % 4) + 1 of its lane's `qh`
+            // byte) on top of it, for masks.
+            let qh = _mm512_cvtepu8_epi64(_mm_loadl_epi64(self.qh.as_ptr().cast()));
+            let bit8 = _mm512_set1_epi64(i64::from_le_bytes([57, 59, 61, 63, 57, 59, 61, 63]));
+            let k8 = _mm512_movepi8_mask(_mm512_multishift_epi64_epi8(bit8, qh));
+            let k9 = _mm512_movepi8_mask(_mm512_multishift_epi64_epi8(_mm512_add_epi8(bit8, _mm512_set1_epi8(1)), qh));
+            let k7 = _mm512_movepi8_mask(idx);
+            // Code byte h (0 low, 1 high) of each index: 256 entries a table, bits 8 and 9 pick.
+            let t = &IQ2S_CODES.0;
+            let half = array!(idx; 2, |h| {
+                let quarter = array!(idx; 4, |c| table_bytes(idx, k7, &t[4 * h + c]));
+                let low = _mm512_mask_blend_epi8(k8, quarter[0], quarter[1]);
+                _mm512_mask_blend_epi8(k9, low, _mm512_mask_blend_epi8(k8, quarter[2], quarter[3]))
+            });
+            iq2_regs(_mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, half[0], half[1]))
+        }
+    }
+    #[inline(always)]
+    unsafe fn sign_bytes(&self) -> __m512i {
+        // SAFETY: the 32 sign bytes; the callers' features.
+        unsafe { _mm512_cvtepu32_epi64(_mm256_loadu_si256(self.signs.as_ptr().cast())) }
+    }
+    #[inline(always)]
+    unsafe fn scales(&self) -> (__m512i, __m512i) {
+        // SAFETY: register operations; the callers' features.
+        unsafe {
+            let v = _mm512_set1_epi64(i64::from_le_bytes(self.scales));
+            let at = _mm512_setr_epi64(0, 8, 16, 24, 32, 40, 48, 56);
+            (odd_scales(v, at), odd_scales(v, _mm512_add_epi64(at, _mm512_set1_epi64(4))))
+        }
+    }
+}
+
 /// Lane `s`: part `s`'s 8 grid bytes (entries of 4 columns); its word (as iq2_xxs') apart.
 impl Zmm for BlockIq3Xxs {
     #[inline(always)]
@@ -383,6 +439,7 @@ pub(super) unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut 
     match w.t {
         GgmlType::IQ2_XXS => run!(BlockIq2Xxs),
         GgmlType::IQ2_XS => run!(BlockIq2Xs),
+        GgmlType::IQ2_S => run!(BlockIq2S),
         GgmlType::IQ3_XXS => run!(BlockIq3Xxs),
         GgmlType::IQ3_S => run!(BlockIq3S),
         t => unreachable!("{t} has no 512-bit one-token kernel"),
@@ -482,6 +539,13 @@ mod tests {
                 }));
                 out.extend((0..8).map(|j| (((8 * n + j) % 16) | (((8 * n + j + 3) % 16) << 4)) as u8));
             }
+            GgmlType::IQ2_S => {
+                // Index low bytes, sign bytes, index high bit pairs, two scale nibbles a part.
+                out.extend(parts.clone().flat_map(|part| (0..4).map(move |p| index(4 * part + p))));
+                out.extend(parts.clone().flat_map(|part| (0..4).map(move |p| ((4 * part + p) * 53 % 256) as u8)));
+                out.extend(parts.map(|part| (part * 29 % 256) as u8));
+                out.extend((0..8).map(|j| (((8 * n + j) % 16) | (((8 * n + j + 3) % 16) << 4)) as u8));
+            }
             GgmlType::IQ3_XXS => {
                 parts.clone().for_each(|part| out.extend((0..8).map(|e| index(8 * part + e))));
                 parts.for_each(|part| out.extend(word(part)));
@@ -541,6 +605,7 @@ mod tests {
         }
         gives_the_avx2_kernels_bits::<BlockIq2Xxs>(GgmlType::IQ2_XXS);
         gives_the_avx2_kernels_bits::<BlockIq2Xs>(GgmlType::IQ2_XS);
+        gives_the_avx2_kernels_bits::<BlockIq2S>(GgmlType::IQ2_S);
         gives_the_avx2_kernels_bits::<BlockIq3Xxs>(GgmlType::IQ3_XXS);
         gives_the_avx2_kernels_bits::<BlockIq3S>(GgmlType::IQ3_S);
     }
