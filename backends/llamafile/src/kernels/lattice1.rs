@@ -1,20 +1,23 @@
-//! One token against iq2_xxs and iq3_xxs rows in 512-bit registers (AVX512-VNNI with VBMI
-//! and DQ), the types of the 2-3-bit DeepSeek and Kimi GGUFs: their grid lookups, not memory,
-//! bound their decode, and here they are table lookups in registers instead of a scalar load
-//! per 8 (iq2) or 4 (iq3) columns.
+//! One token against the lattice types of up to 1024 grid entries (iq2_xxs, iq2_xs, iq2_s,
+//! iq3_xxs, iq3_s) in 512-bit registers (AVX512-VNNI with VBMI and DQ), the types of the
+//! 2-3.4-bit DeepSeek and Kimi GGUFs: their grid lookups, not memory, bound their decode, and
+//! here they are table lookups in registers instead of a scalar load per 8 (iq2) or 4 (iq3)
+//! columns. iq1_s and iq1_m (2048 entries) keep the AVX2 kernel.
 //!
 //! A block's 8 parts of 32 columns lie across a register's 8 qword lanes: register `p` (0..4)
 //! holds in lane `s` columns `8p..8p + 8` of part `s`, and the token's values are put in that
 //! order once per tile (from the lane layout of [`crate::lanes`], one `vpermi2b` a register).
-//! A grid's 256 entries are kept as level codes (2 or 3 bits a column), their low and high
-//! bytes in 8 registers: four `vpermi2b` and two blends look up 64 index bytes, and per
-//! register one `vpmultishiftqb` spreads a code a byte and one `vpermb` turns codes into
-//! levels ([`Zmm::level_regs`]). The signs go to the values: `vpmultishiftqb` cuts each part's
-//! four 7-bit sign fields from its word, a 128-byte table (`vpermi2b`) expands them to ggml's
-//! even-parity sign bytes, and per register a `vpmultishiftqb` puts each column's bit on top
-//! of its byte for the mask of a masked subtract. Four `vpdpbusd` leave each part's sum in
-//! its lane's two dwords; one add, the part's scale (`vpmuldq`) and a convert give the 8 f32
-//! lanes of the AVX2 one-token kernel ([`super::kquant1`]), summed in its order: the same bits.
+//! A grid's entries are kept as level codes (2 or 3 bits a column) in tables of 256 code
+//! bytes, low and high: two `vpermi2b` and a blend look up 64 index bytes in one
+//! ([`table_bytes`]), blends by the index's bits 8 and 9 pick among tables, and per register
+//! one `vpmultishiftqb` spreads a code a byte and one `vpermb` turns codes into levels
+//! ([`Zmm::level_regs`]). The signs go to the values: each part's sign bytes (stored, or
+//! ggml's 7-bit fields cut by `vpmultishiftqb` and expanded by a 128-byte table), and per
+//! register a `vpmultishiftqb` puts each column's bit on top of its byte for the mask of a
+//! masked subtract. Four `vpdpbusd` leave each part's sum in its lane's two dwords (two sums
+//! where scales cover 16 columns); one add, the part's scale (`vpmuldq`) and a convert give
+//! the 8 f32 lanes of the AVX2 one-token kernel ([`super::kquant1`]), summed in its order:
+//! the same bits.
 //!
 //! Tried and slower on Zen 5 (the dots bench, iq2_xxs, one token): the grid from `vpgatherqq`
 //! (94 µs against 57), or from scalar loads (94), and the masks by `vpshufbitqmb` (2.5×
