@@ -240,6 +240,31 @@ unsafe fn parity_signs(words: __m512i, at: [u8; 4]) -> __m512i {
     }
 }
 
+/// Lane `s`: bytes `4s..4s + 4` of `bytes` (iq2_s' and iq3_s' stored sign bytes).
+///
+/// # Safety
+/// As [`gemv`].
+#[inline(always)]
+unsafe fn four_a_lane(bytes: &[u8; 32]) -> __m512i {
+    // SAFETY: 32 bytes; the callers' features.
+    unsafe { _mm512_cvtepu32_epi64(_mm256_loadu_si256(bytes.as_ptr().cast())) }
+}
+
+/// The iq2_xs and iq2_s scales (two nibbles a part's byte, 16 columns each) as
+/// [`Zmm::scales`] gives them.
+///
+/// # Safety
+/// As [`gemv`].
+#[inline(always)]
+unsafe fn nibble_pairs(scales: [u8; 8]) -> (__m512i, __m512i) {
+    // SAFETY: register operations; the callers' features.
+    unsafe {
+        let v = _mm512_set1_epi64(i64::from_le_bytes(scales));
+        let at = _mm512_setr_epi64(0, 8, 16, 24, 32, 40, 48, 56);
+        (odd_scales(v, at), odd_scales(v, _mm512_add_epi64(at, _mm512_set1_epi64(4))))
+    }
+}
+
 /// `2·field + 1` of each lane's 4-bit field at bit `at`.
 ///
 /// # Safety
@@ -309,11 +334,7 @@ impl Zmm for BlockIq2Xs {
     #[inline(always)]
     unsafe fn scales(&self) -> (__m512i, __m512i) {
         // SAFETY: register operations; the callers' features.
-        unsafe {
-            let v = _mm512_set1_epi64(i64::from_le_bytes(self.scales));
-            let at = _mm512_setr_epi64(0, 8, 16, 24, 32, 40, 48, 56);
-            (odd_scales(v, at), odd_scales(v, _mm512_add_epi64(at, _mm512_set1_epi64(4))))
-        }
+        unsafe { nibble_pairs(self.scales) }
     }
 }
 
@@ -347,17 +368,13 @@ impl Zmm for BlockIq2S {
     }
     #[inline(always)]
     unsafe fn sign_bytes(&self) -> __m512i {
-        // SAFETY: the 32 sign bytes; the callers' features.
-        unsafe { _mm512_cvtepu32_epi64(_mm256_loadu_si256(self.signs.as_ptr().cast())) }
+        // SAFETY: the callers' features.
+        unsafe { four_a_lane(&self.signs) }
     }
     #[inline(always)]
     unsafe fn scales(&self) -> (__m512i, __m512i) {
         // SAFETY: register operations; the callers' features.
-        unsafe {
-            let v = _mm512_set1_epi64(i64::from_le_bytes(self.scales));
-            let at = _mm512_setr_epi64(0, 8, 16, 24, 32, 40, 48, 56);
-            (odd_scales(v, at), odd_scales(v, _mm512_add_epi64(at, _mm512_set1_epi64(4))))
-        }
+        unsafe { nibble_pairs(self.scales) }
     }
 }
 
@@ -413,8 +430,8 @@ impl Zmm for BlockIq3S {
     }
     #[inline(always)]
     unsafe fn sign_bytes(&self) -> __m512i {
-        // SAFETY: the 32 sign bytes; the callers' features.
-        unsafe { _mm512_cvtepu32_epi64(_mm256_loadu_si256(self.signs.as_ptr().cast())) }
+        // SAFETY: the callers' features.
+        unsafe { four_a_lane(&self.signs) }
     }
     #[inline(always)]
     unsafe fn scales(&self) -> (__m512i, __m512i) {
