@@ -25,7 +25,7 @@ mod legacy;
 mod synth;
 mod types;
 
-pub use grids::{IQ2S_PACKED, IQ2XS_PACKED, IQ2XXS_PACKED, IQ3S_PACKED, IQ3XXS_PACKED};
+pub use grids::{IQ1S_GRID8, IQ2S_PACKED, IQ2XS_PACKED, IQ2XXS_PACKED, IQ3S_PACKED, IQ3XXS_PACKED};
 
 pub use iq4::{e8m0_half, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, KVALUES_IQ4NL, KVALUES_MXFP4};
 pub use kquants::{

@@ -29,8 +29,8 @@ use core::arch::x86_64::*;
 use core::ops::Range;
 
 use kt_core::ggml::{
-    even_parity_signs, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, GgmlType, Lattice, IQ2S_PACKED,
-    IQ2XS_PACKED, IQ2XXS_PACKED, IQ3S_PACKED, IQ3XXS_PACKED,
+    even_parity_signs, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, GgmlType, Lattice,
+    IQ1S_GRID8, IQ2S_PACKED, IQ2XS_PACKED, IQ2XXS_PACKED, IQ3S_PACKED, IQ3XXS_PACKED,
 };
 
 use super::{hsum4, prefetch_next, Packed, Tile, R};
@@ -38,8 +38,10 @@ use crate::act::ActK;
 
 /// Whether this CPU runs [`gemv`] for type `t` (beside the AVX512-VNNI its callers checked).
 pub(super) fn runs(t: GgmlType) -> bool {
-    matches!(t, GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S | GgmlType::IQ3_XXS | GgmlType::IQ3_S)
-        && is_x86_feature_detected!("avx512vbmi")
+    matches!(
+        t,
+        GgmlType::IQ1_S | GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S | GgmlType::IQ3_XXS | GgmlType::IQ3_S
+    ) && is_x86_feature_detected!("avx512vbmi")
         && is_x86_feature_detected!("avx512dq")
 }
 
@@ -127,6 +129,19 @@ static TWICE4: Aligned<[u8; 64]> = {
     Aligned(t)
 };
 
+/// `vpermb` indices putting byte `4s + p` of 32 at byte `8s` (lane `s`'s low byte), one table
+/// a `p`.
+static EVERY_FOURTH: Aligned<[[u8; 64]; 4]> = {
+    let mut t = [[0u8; 64]; 4];
+    let mut j = 0;
+    while j < 256 {
+        let (p, b) = (j / 64, j % 64);
+        t[p][b] = (4 * (b / 8) + p) as u8;
+        j += 1;
+    }
+    Aligned(t)
+};
+
 static VALUE_ORDER: Aligned<[[u8; 64]; 4]> = {
     let mut t = [[0u8; 64]; 4];
     let mut j = 0;
@@ -158,6 +173,27 @@ trait Zmm: Lattice {
     /// # Safety
     /// As [`gemv`].
     unsafe fn sign_bytes(&self) -> __m512i;
+    /// The block's levels as `vpdpbusd`'s unsigned bytes and each register's mask of negated
+    /// columns: [`Zmm::level_regs`], and a `vpmultishiftqb` putting each column's bit of
+    /// [`Zmm::sign_bytes`] on top of its byte (iq1_s, whose levels carry their signs, has its
+    /// own).
+    ///
+    /// # Safety
+    /// As [`gemv`].
+    #[inline(always)]
+    unsafe fn dot_regs(&self) -> ([__m512i; 4], [__mmask64; 4]) {
+        // SAFETY: register operations; the callers' features.
+        unsafe {
+            let (lv, signs) = (self.level_regs(), self.sign_bytes());
+            // Column k's sign bit of register 0 (bit k of sign byte 0) at the top of byte k.
+            let at = _mm512_set1_epi64(i64::from_le_bytes([57, 58, 59, 60, 61, 62, 63, 0]));
+            let neg = array!(0; 4, |p| _mm512_movepi8_mask(_mm512_multishift_epi64_epi8(
+                _mm512_add_epi8(at, _mm512_set1_epi8(8 * p as i8)),
+                signs
+            )));
+            (lv, neg)
+        }
+    }
     /// Lane `s`: part `s`'s scale, `2·field + 1`, as an i64; with [`Zmm::HALVES`] that of its
     /// first 16 columns, and the second's apart.
     ///
@@ -378,6 +414,61 @@ impl Zmm for BlockIq2S {
     }
 }
 
+/// Lane `s`: part `s`'s 4 index low bytes and its u16 of their high 3 bits each, scale and
+/// shift sign; its levels `8·g ± 1` carry their signs, so [`Zmm::dot_regs`] is its own: the
+/// 2048-entry grid by one gather a register (its 16 KB fit no registers), the shift added,
+/// magnitudes by `vpabsb` and the signs' mask by `vpmovb2m`.
+impl Zmm for BlockIq1S {
+    unsafe fn level_regs(&self) -> [__m512i; 4] {
+        unreachable!("iq1_s takes its levels and signs from dot_regs")
+    }
+    unsafe fn sign_bytes(&self) -> __m512i {
+        unreachable!("iq1_s takes its levels and signs from dot_regs")
+    }
+    #[inline(always)]
+    unsafe fn dot_regs(&self) -> ([__m512i; 4], [__mmask64; 4]) {
+        // SAFETY: 32 bytes of `qs`, 16 of `qh`; the gathers read the grid at indices below
+        // 2048; the callers' features.
+        unsafe {
+            let q = _mm512_castsi256_si512(_mm256_loadu_si256(self.qs.as_ptr().cast()));
+            let qh = iq1s_words(self);
+            let minus = _mm512_test_epi64_mask(qh, _mm512_set1_epi64(0x8000));
+            let shift = _mm512_mask_blend_epi64(minus, _mm512_set1_epi8(1), _mm512_set1_epi8(-1));
+            let mut lv = [q; 4];
+            let mut neg = [0; 4];
+            for p in 0..4 {
+                // Lane s: index low byte 4s + p, zero-extended, and its high bits 3p of the word.
+                let low = _mm512_maskz_permutexvar_epi8(0x0101_0101_0101_0101, load!(EVERY_FOURTH.0[p]), q);
+                let high =
+                    _mm512_and_si512(_mm512_srl_epi64(qh, _mm_cvtsi32_si128(3 * p as i32)), _mm512_set1_epi64(7));
+                let index = _mm512_or_si512(low, _mm512_slli_epi64::<8>(high));
+                let levels = _mm512_add_epi8(_mm512_i64gather_epi64::<8>(index, IQ1S_GRID8.as_ptr().cast()), shift);
+                (lv[p], neg[p]) = (_mm512_abs_epi8(levels), _mm512_movepi8_mask(levels));
+            }
+            (lv, neg)
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales(&self) -> (__m512i, __m512i) {
+        // SAFETY: register operations; the callers' features.
+        unsafe {
+            let field = _mm512_and_si512(_mm512_srli_epi64::<12>(iq1s_words(self)), _mm512_set1_epi64(7));
+            let s = _mm512_or_si512(_mm512_add_epi64(field, field), _mm512_set1_epi64(1));
+            (s, s)
+        }
+    }
+}
+
+/// Lane `s`: iq1_s part `s`'s u16 of `qh`.
+///
+/// # Safety
+/// As [`gemv`].
+#[inline(always)]
+unsafe fn iq1s_words(b: &BlockIq1S) -> __m512i {
+    // SAFETY: the 16 bytes of `qh`; the callers' features.
+    unsafe { _mm512_cvtepu16_epi64(_mm_loadu_si128(b.qh.as_ptr().cast())) }
+}
+
 /// Lane `s`: part `s`'s 8 grid bytes (entries of 4 columns); its word (as iq2_xxs') apart.
 impl Zmm for BlockIq3Xxs {
     #[inline(always)]
@@ -457,6 +548,7 @@ pub(super) unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut 
         };
     }
     match w.t {
+        GgmlType::IQ1_S => run!(BlockIq1S),
         GgmlType::IQ2_XXS => run!(BlockIq2Xxs),
         GgmlType::IQ2_XS => run!(BlockIq2Xs),
         GgmlType::IQ2_S => run!(BlockIq2S),
@@ -480,8 +572,6 @@ unsafe fn tile_dots<B: Zmm>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
     // table, a block or an activation block (256 bytes of `qs`).
     unsafe {
         let zero = _mm512_setzero_si512();
-        // Column k's sign bit of register 0 (bit k of sign byte 0) at the top of byte k.
-        let sign_at = _mm512_set1_epi64(i64::from_le_bytes([57, 58, 59, 60, 61, 62, 63, 0]));
         let unit = (1u32 << B::SHIFT) as f32;
         for b in 0..tile.nb {
             prefetch_next(tile, b);
@@ -497,13 +587,11 @@ unsafe fn tile_dots<B: Zmm>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
             let no_mins = _mm256_mul_ps(_mm256_setzero_ps(), da);
             for i in 0..R {
                 let blk = &blocks[i][b];
-                let (lv, sign_bytes) = (blk.level_regs(), blk.sign_bytes());
+                let (lv, neg) = blk.dot_regs();
                 // Registers 0, 1 and 2, 3 apart where their scales differ (HALVES).
                 let mut sums = [zero; 2];
                 for p in 0..4 {
-                    let at = _mm512_add_epi8(sign_at, _mm512_set1_epi8(8 * p as i8));
-                    let neg = _mm512_movepi8_mask(_mm512_multishift_epi64_epi8(at, sign_bytes));
-                    let signed = _mm512_mask_sub_epi8(x[p], neg, zero, x[p]);
+                    let signed = _mm512_mask_sub_epi8(x[p], neg[p], zero, x[p]);
                     let h = usize::from(B::HALVES && p >= 2);
                     sums[h] = _mm512_dpbusd_epi32(sums[h], lv[p], signed);
                 }
@@ -558,6 +646,15 @@ mod tests {
                     })
                 }));
                 out.extend((0..8).map(|j| (((8 * n + j) % 16) | (((8 * n + j + 3) % 16) << 4)) as u8));
+            }
+            GgmlType::IQ1_S => {
+                // 11-bit indices (low bytes, then a u16 a part: 4 × 3 high bits, scale, shift
+                // sign); the sign where the block number's bit matches, both shifts seen.
+                out.extend(parts.clone().flat_map(|part| (0..4).map(move |p| index(4 * part + p))));
+                out.extend(parts.flat_map(|part| {
+                    let high = (0..4).fold(0u16, |w, p| w | (((4 * part + p) * 5 % 8) as u16) << (3 * p));
+                    (high | ((part % 8) as u16) << 12 | ((part / 3 % 2) as u16) << 15).to_le_bytes()
+                }));
             }
             GgmlType::IQ2_S => {
                 // Index low bytes, sign bytes, index high bit pairs, two scale nibbles a part.
@@ -623,6 +720,7 @@ mod tests {
             eprintln!("skipped: this CPU lacks AVX512-VNNI, VBMI or DQ");
             return;
         }
+        gives_the_avx2_kernels_bits::<BlockIq1S>(GgmlType::IQ1_S);
         gives_the_avx2_kernels_bits::<BlockIq2Xxs>(GgmlType::IQ2_XXS);
         gives_the_avx2_kernels_bits::<BlockIq2Xs>(GgmlType::IQ2_XS);
         gives_the_avx2_kernels_bits::<BlockIq2S>(GgmlType::IQ2_S);
