@@ -16,7 +16,7 @@ use kt_core::Backend;
 const ROWS: usize = 768;
 const COLS: usize = 2048;
 
-#[divan::bench(args = ["q2_K", "q3_K", "q4_K", "q4_K/avx2", "q5_K", "q5_K/avx2", "q6_K", "iq4_xs", "q8_0", "q8_0/avx2", "q4_0", "q4_0/avx2", "q5_0", "q5_0/avx2", "iq2_xxs", "iq2_xxs/avx2", "iq3_xxs", "iq3_xxs/avx2", "iq3_s", "iq3_s/avx2", "iq2_xs", "iq2_xs/avx2", "iq2_s", "iq2_s/avx2", "iq1_s", "iq1_s/avx2"], consts = [1, 4, 20, 33])]
+#[divan::bench(args = ["q2_K", "q3_K", "q4_K", "q4_K/avx2", "q5_K", "q5_K/avx2", "q6_K", "iq4_xs", "q8_0", "q8_0/avx2", "q4_0", "q4_0/avx2", "q5_0", "q5_0/avx2", "iq2_xxs", "iq2_xxs/avx2", "iq3_xxs", "iq3_xxs/avx2", "iq3_s", "iq3_s/avx2", "iq2_xs", "iq2_xs/avx2", "iq2_s", "iq2_s/avx2", "iq1_s", "iq1_s/avx2", "iq1_m", "iq1_m/avx2"], consts = [1, 4, 20, 33])]
 fn dots<const N: usize>(bencher: divan::Bencher, name: &str) {
     run::<N>(bencher, name, ROWS, COLS);
 }

@@ -29,8 +29,8 @@ use core::arch::x86_64::*;
 use core::ops::Range;
 
 use kt_core::ggml::{
-    even_parity_signs, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, GgmlType, Lattice,
-    IQ1S_GRID8, IQ2S_PACKED, IQ2XS_PACKED, IQ2XXS_PACKED, IQ3S_PACKED, IQ3XXS_PACKED,
+    even_parity_signs, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, GgmlType,
+    Lattice, IQ1S_GRID8, IQ2S_PACKED, IQ2XS_PACKED, IQ2XXS_PACKED, IQ3S_PACKED, IQ3XXS_PACKED,
 };
 
 use super::{hsum4, prefetch_next, Packed, Tile, R};
@@ -40,7 +40,13 @@ use crate::act::ActK;
 pub(super) fn runs(t: GgmlType) -> bool {
     matches!(
         t,
-        GgmlType::IQ1_S | GgmlType::IQ2_XXS | GgmlType::IQ2_XS | GgmlType::IQ2_S | GgmlType::IQ3_XXS | GgmlType::IQ3_S
+        GgmlType::IQ1_S
+            | GgmlType::IQ1_M
+            | GgmlType::IQ2_XXS
+            | GgmlType::IQ2_XS
+            | GgmlType::IQ2_S
+            | GgmlType::IQ3_XXS
+            | GgmlType::IQ3_S
     ) && is_x86_feature_detected!("avx512vbmi")
         && is_x86_feature_detected!("avx512dq")
 }
@@ -414,6 +420,33 @@ impl Zmm for BlockIq2S {
     }
 }
 
+/// The iq1 types' levels `8·g ± 1` (their signs carried) as [`Zmm::dot_regs`] gives them:
+/// register `p`'s 2048-entry grid indices from `qs` byte `4s + p` and the low 3 bits of
+/// `high_shift(p).0` (lane `s`), by one gather (the grid's 16 KB fit no registers), plus
+/// `high_shift(p).1` (±1 in each byte); magnitudes by `vpabsb`, the signs' mask by
+/// `vpmovb2m`.
+///
+/// # Safety
+/// As [`gemv`].
+#[inline(always)]
+unsafe fn iq1_regs(qs: &[u8; 32], high_shift: impl Fn(usize) -> (__m512i, __m512i)) -> ([__m512i; 4], [__mmask64; 4]) {
+    // SAFETY: 32 bytes of `qs`; the gathers read the grid at indices below 2048; the callers'
+    // features.
+    unsafe {
+        let q = _mm512_castsi256_si512(_mm256_loadu_si256(qs.as_ptr().cast()));
+        let (mut lv, mut neg) = ([q; 4], [0; 4]);
+        for p in 0..4 {
+            let (high, shift) = high_shift(p);
+            // Lane s: index low byte 4s + p, zero-extended, and its high bits.
+            let low = _mm512_maskz_permutexvar_epi8(0x0101_0101_0101_0101, load!(EVERY_FOURTH.0[p]), q);
+            let index = _mm512_or_si512(low, _mm512_slli_epi64::<8>(_mm512_and_si512(high, _mm512_set1_epi64(7))));
+            let levels = _mm512_add_epi8(_mm512_i64gather_epi64::<8>(index, IQ1S_GRID8.as_ptr().cast()), shift);
+            (lv[p], neg[p]) = (_mm512_abs_epi8(levels), _mm512_movepi8_mask(levels));
+        }
+        (lv, neg)
+    }
+}
+
 /// Lane `s`: part `s`'s 4 index low bytes and its u16 of their high 3 bits each, scale and
 /// shift sign; its levels `8·g ± 1` carry their signs, so [`Zmm::dot_regs`] is its own: the
 /// 2048-entry grid by one gather a register (its 16 KB fit no registers), the shift added,
@@ -427,25 +460,13 @@ impl Zmm for BlockIq1S {
     }
     #[inline(always)]
     unsafe fn dot_regs(&self) -> ([__m512i; 4], [__mmask64; 4]) {
-        // SAFETY: 32 bytes of `qs`, 16 of `qh`; the gathers read the grid at indices below
-        // 2048; the callers' features.
+        // SAFETY: 32 bytes of `qs`, 16 of `qh`; register operations, the callers' features.
         unsafe {
-            let q = _mm512_castsi256_si512(_mm256_loadu_si256(self.qs.as_ptr().cast()));
             let qh = iq1s_words(self);
             let minus = _mm512_test_epi64_mask(qh, _mm512_set1_epi64(0x8000));
             let shift = _mm512_mask_blend_epi64(minus, _mm512_set1_epi8(1), _mm512_set1_epi8(-1));
-            let mut lv = [q; 4];
-            let mut neg = [0; 4];
-            for p in 0..4 {
-                // Lane s: index low byte 4s + p, zero-extended, and its high bits 3p of the word.
-                let low = _mm512_maskz_permutexvar_epi8(0x0101_0101_0101_0101, load!(EVERY_FOURTH.0[p]), q);
-                let high =
-                    _mm512_and_si512(_mm512_srl_epi64(qh, _mm_cvtsi32_si128(3 * p as i32)), _mm512_set1_epi64(7));
-                let index = _mm512_or_si512(low, _mm512_slli_epi64::<8>(high));
-                let levels = _mm512_add_epi8(_mm512_i64gather_epi64::<8>(index, IQ1S_GRID8.as_ptr().cast()), shift);
-                (lv[p], neg[p]) = (_mm512_abs_epi8(levels), _mm512_movepi8_mask(levels));
-            }
-            (lv, neg)
+            // Register p's high index bits: bits 3p of the word.
+            iq1_regs(&self.qs, |p| (_mm512_srl_epi64(qh, _mm_cvtsi32_si128(3 * p as i32)), shift))
         }
     }
     #[inline(always)]
@@ -455,6 +476,45 @@ impl Zmm for BlockIq1S {
             let field = _mm512_and_si512(_mm512_srli_epi64::<12>(iq1s_words(self)), _mm512_set1_epi64(7));
             let s = _mm512_or_si512(_mm512_add_epi64(field, field), _mm512_set1_epi64(1));
             (s, s)
+        }
+    }
+}
+
+/// Lane `s`: part `s`'s 4 index low bytes and 4 nibbles (3 high index bits and the shift's
+/// sign, per 8 columns: bytes `2s`, `2s + 1` of `qh`); 3-bit scales of 16 columns, 4 a u16
+/// of `scales` (whose top nibbles hold `d`).
+impl Zmm for BlockIq1M {
+    const HALVES: bool = true;
+    unsafe fn level_regs(&self) -> [__m512i; 4] {
+        unreachable!("iq1_m takes its levels and signs from dot_regs")
+    }
+    unsafe fn sign_bytes(&self) -> __m512i {
+        unreachable!("iq1_m takes its levels and signs from dot_regs")
+    }
+    #[inline(always)]
+    unsafe fn dot_regs(&self) -> ([__m512i; 4], [__mmask64; 4]) {
+        // SAFETY: the 16 bytes of `qh`; register operations, the callers' features.
+        unsafe {
+            let nibbles = _mm512_cvtepu16_epi64(_mm_loadu_si128(self.qh.as_ptr().cast()));
+            iq1_regs(&self.qs, |p| {
+                let nibble = _mm512_srl_epi64(nibbles, _mm_cvtsi32_si128(4 * p as i32));
+                let minus = _mm512_test_epi64_mask(nibble, _mm512_set1_epi64(8));
+                (nibble, _mm512_mask_blend_epi64(minus, _mm512_set1_epi8(1), _mm512_set1_epi8(-1)))
+            })
+        }
+    }
+    #[inline(always)]
+    unsafe fn scales(&self) -> (__m512i, __m512i) {
+        // SAFETY: register operations; the callers' features.
+        unsafe {
+            // Lane s: 16-column scales 2s and 2s + 1, bits 6·(s % 2) and 3 more of u16 s / 2.
+            let v = _mm512_set1_epi64(i64::from_le_bytes(self.scales));
+            let at = _mm512_setr_epi64(0, 6, 16, 22, 32, 38, 48, 54);
+            let odd = |at: __m512i| {
+                let field = _mm512_and_si512(_mm512_srlv_epi64(v, at), _mm512_set1_epi64(7));
+                _mm512_or_si512(_mm512_add_epi64(field, field), _mm512_set1_epi64(1))
+            };
+            (odd(at), odd(_mm512_add_epi64(at, _mm512_set1_epi64(3))))
         }
     }
 }
@@ -549,6 +609,7 @@ pub(super) unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut 
     }
     match w.t {
         GgmlType::IQ1_S => run!(BlockIq1S),
+        GgmlType::IQ1_M => run!(BlockIq1M),
         GgmlType::IQ2_XXS => run!(BlockIq2Xxs),
         GgmlType::IQ2_XS => run!(BlockIq2Xs),
         GgmlType::IQ2_S => run!(BlockIq2S),
@@ -656,6 +717,20 @@ mod tests {
                     (high | ((part % 8) as u16) << 12 | ((part / 3 % 2) as u16) << 15).to_le_bytes()
                 }));
             }
+            GgmlType::IQ1_M => {
+                // Index low bytes; a nibble per 8 columns (3 high index bits, the shift's sign);
+                // 3-bit scales of 16 columns under d's nibbles (d as the block's u16 in `out`).
+                out.clear();
+                out.extend(parts.clone().flat_map(|part| (0..4).map(move |p| index(4 * part + p))));
+                out.extend(parts.flat_map(|part| {
+                    (0..2).map(move |j| ((4 * part + 2 * j) * 5 % 16 | ((4 * part + 2 * j + 1) * 3 % 16) << 4) as u8)
+                }));
+                let d = f16::from_f32(0.003 * (1 + n % 7) as f32).to_bits();
+                out.extend((0..4).flat_map(|i| {
+                    let sc = (0..4).fold(0u16, |w, k| w | (((8 * n + 4 * i + k) % 8) as u16) << (3 * k));
+                    (sc | (d >> (4 * i) & 0xF) << 12).to_le_bytes()
+                }));
+            }
             GgmlType::IQ2_S => {
                 // Index low bytes, sign bytes, index high bit pairs, two scale nibbles a part.
                 out.extend(parts.clone().flat_map(|part| (0..4).map(move |p| index(4 * part + p))));
@@ -721,6 +796,7 @@ mod tests {
             return;
         }
         gives_the_avx2_kernels_bits::<BlockIq1S>(GgmlType::IQ1_S);
+        gives_the_avx2_kernels_bits::<BlockIq1M>(GgmlType::IQ1_M);
         gives_the_avx2_kernels_bits::<BlockIq2Xxs>(GgmlType::IQ2_XXS);
         gives_the_avx2_kernels_bits::<BlockIq2Xs>(GgmlType::IQ2_XS);
         gives_the_avx2_kernels_bits::<BlockIq2S>(GgmlType::IQ2_S);
