@@ -6,8 +6,8 @@
 //!
 //! Modules: `pack` (weights rearranged at load), `act` (prepared activations), `kernels`
 //! (`kquant` for the 256-column types, `q32` for the 32-column ones, `float`, and the VNNI and
-//! 512-bit variants `on_vnni`, `on_zmm`, `lattice1` (one token of the lattice types but iq1,
-//! their grids in registers), and the AMX tiles' `on_amx`), `tiled` (an expert's
+//! 512-bit variants `on_vnni`, `on_zmm`, `lattice1` (one token of the lattice types, their
+//! grids in registers), and the AMX tiles' `on_amx`), `tiled` (an expert's
 //! projections on tiles), and the layouts they share (`decode`, `lanes`, `lattice`, `legacy`).
 //!
 //! Weights keep their GGUF values, rearranged at load (`pack::Packed`: 32-column types in
@@ -19,7 +19,7 @@
 //! Where the CPU has VNNI (AVX-VNNI or AVX512-VNNI), q8_0 (packed for it), q4_0, q4_1, q5_0,
 //! q5_1, q4_K, q5_K and iq4_xs run on `vpdpbusd` (`vnni`, `kernels::on_vnni`,
 //! `kernels::on_zmm`), with the same results bit for bit; with AVX512-VBMI one token of
-//! iq2_xxs, iq2_xs, iq2_s, iq3_xxs and iq3_s does too (`kernels::lattice1`). Where the CPU
+//! the lattice types does too (`kernels::lattice1`). Where the CPU
 //! has AMX, an expert with
 //! at least `kt_x86::amx::TILE_FROM` tokens (and two at least) of a quantized type runs on int8
 //! tiles (`kernels::on_amx`, driven by `tiled`; its activations then in a tile layout:

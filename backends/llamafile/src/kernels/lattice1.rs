@@ -1,8 +1,8 @@
-//! One token against the lattice types of up to 1024 grid entries (iq2_xxs, iq2_xs, iq2_s,
-//! iq3_xxs, iq3_s) in 512-bit registers (AVX512-VNNI with VBMI and DQ), the types of the
-//! 2-3.4-bit DeepSeek and Kimi GGUFs: their grid lookups, not memory, bound their decode, and
-//! here they are table lookups in registers instead of a scalar load per 8 (iq2) or 4 (iq3)
-//! columns. iq1_s and iq1_m (2048 entries) keep the AVX2 kernel.
+//! One token against the lattice types (iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs,
+//! iq3_s) in 512-bit registers (AVX512-VNNI with VBMI and DQ), the types of the 1.6-3.4-bit
+//! DeepSeek and Kimi GGUFs: their grid lookups, not memory, bound their decode, and here they
+//! are table lookups in registers (up to 1024 entries) or one gather a register (iq1's 2048)
+//! instead of a scalar load per 8 (iq1, iq2) or 4 (iq3) columns.
 //!
 //! A block's 8 parts of 32 columns lie across a register's 8 qword lanes: register `p` (0..4)
 //! holds in lane `s` columns `8p..8p + 8` of part `s`, and the token's values are put in that
@@ -17,7 +17,8 @@
 //! masked subtract. Four `vpdpbusd` leave each part's sum in its lane's two dwords (two sums
 //! where scales cover 16 columns); one add, the part's scale (`vpmuldq`) and a convert give
 //! the 8 f32 lanes of the AVX2 one-token kernel ([`super::kquant1`]), summed in its order:
-//! the same bits.
+//! the same bits. iq1's signed levels `8·g ± 1` go in as magnitudes with their signs' masks
+//! ([`iq1_regs`]).
 //!
 //! Tried and slower on Zen 5 (the dots bench, iq2_xxs, one token): the grid from `vpgatherqq`
 //! (94 µs against 57), or from scalar loads (94), and the masks by `vpshufbitqmb` (2.5×
@@ -723,7 +724,8 @@ mod tests {
                 out.clear();
                 out.extend(parts.clone().flat_map(|part| (0..4).map(move |p| index(4 * part + p))));
                 out.extend(parts.flat_map(|part| {
-                    (0..2).map(move |j| ((4 * part + 2 * j) * 5 % 16 | ((4 * part + 2 * j + 1) * 3 % 16) << 4) as u8)
+                    (0..2)
+                        .map(move |j| (((4 * part + 2 * j) * 5 % 16) | (((4 * part + 2 * j + 1) * 3 % 16) << 4)) as u8)
                 }));
                 let d = f16::from_f32(0.003 * (1 + n % 7) as f32).to_bits();
                 out.extend((0..4).flat_map(|i| {

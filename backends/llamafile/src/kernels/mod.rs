@@ -7,7 +7,7 @@
 //! q8_0, the unsigned 32-column types, q4_K, q5_K and iq4_xs on VNNI by `vpdpbusd`
 //! ([`on_vnni`]; with AVX512-VNNI in 512-bit registers, [`on_zmm`], where iq4_nl runs too,
 //! and q2_K, q3_K, q6_K and the lattice types by `maddubs`; one token of the lattice types
-//! but iq1 by `vpdpbusd` with their grids in registers, [`lattice1`]); every
+//! by `vpdpbusd`, [`lattice1`]); every
 //! quantized type on AMX int8 tiles for an expert with many tokens ([`on_amx`]). Every
 //! output is computed in block order by one call, whatever the tile: results do not depend on
 //! how rows are split over tasks.
