@@ -123,8 +123,6 @@ const fn lane_byte(c: usize) -> usize {
     32 * ((c % 16) / 2) + 2 * (c / 16) + c % 2
 }
 
-/// `vpermi2b` indices putting register `p`'s values in place: byte `8s + k` is column
-/// `32s + 8p + k`, read from the 128 lane-layout bytes at `128·(p % 2)`.
 /// `vpermb` indices laying each lane's 4 bytes (bytes `4s..4s + 4` of 32) out twice.
 static TWICE4: Aligned<[u8; 64]> = {
     let mut t = [0u8; 64];
@@ -149,6 +147,8 @@ static EVERY_FOURTH: Aligned<[[u8; 64]; 4]> = {
     Aligned(t)
 };
 
+/// `vpermi2b` indices putting register `p`'s values in place: byte `8s + k` is column
+/// `32s + 8p + k`, read from the 128 lane-layout bytes at `128·(p % 2)`.
 static VALUE_ORDER: Aligned<[[u8; 64]; 4]> = {
     let mut t = [[0u8; 64]; 4];
     let mut j = 0;
@@ -182,8 +182,8 @@ trait Zmm: Lattice {
     unsafe fn sign_bytes(&self) -> __m512i;
     /// The block's levels as `vpdpbusd`'s unsigned bytes and each register's mask of negated
     /// columns: [`Zmm::level_regs`], and a `vpmultishiftqb` putting each column's bit of
-    /// [`Zmm::sign_bytes`] on top of its byte (iq1_s, whose levels carry their signs, has its
-    /// own).
+    /// [`Zmm::sign_bytes`] on top of its byte (iq1_s and iq1_m, whose levels carry their
+    /// signs, have their own).
     ///
     /// # Safety
     /// As [`gemv`].
@@ -304,19 +304,19 @@ unsafe fn nibble_pairs(scales: [u8; 8]) -> (__m512i, __m512i) {
     unsafe {
         let v = _mm512_set1_epi64(i64::from_le_bytes(scales));
         let at = _mm512_setr_epi64(0, 8, 16, 24, 32, 40, 48, 56);
-        (odd_scales(v, at), odd_scales(v, _mm512_add_epi64(at, _mm512_set1_epi64(4))))
+        (odd_scales(v, at, 0xF), odd_scales(v, _mm512_add_epi64(at, _mm512_set1_epi64(4)), 0xF))
     }
 }
 
-/// `2·field + 1` of each lane's 4-bit field at bit `at`.
+/// `2·field + 1` of each lane's field at bit `at`, `mask` its width (0xF or 7).
 ///
 /// # Safety
 /// As [`gemv`].
 #[inline(always)]
-unsafe fn odd_scales(v: __m512i, at: __m512i) -> __m512i {
+unsafe fn odd_scales(v: __m512i, at: __m512i, mask: i64) -> __m512i {
     // SAFETY: register operations; the callers' features.
     unsafe {
-        let field = _mm512_and_si512(_mm512_srlv_epi64(v, at), _mm512_set1_epi64(0xF));
+        let field = _mm512_and_si512(_mm512_srlv_epi64(v, at), _mm512_set1_epi64(mask));
         _mm512_or_si512(_mm512_add_epi64(field, field), _mm512_set1_epi64(1))
     }
 }
@@ -344,7 +344,7 @@ impl Zmm for BlockIq2Xxs {
     #[inline(always)]
     unsafe fn scales(&self) -> (__m512i, __m512i) {
         // SAFETY: as above.
-        let s = unsafe { odd_scales(_mm512_loadu_si512(self.qs.as_ptr().cast()), _mm512_set1_epi64(60)) };
+        let s = unsafe { odd_scales(_mm512_loadu_si512(self.qs.as_ptr().cast()), _mm512_set1_epi64(60), 0xF) };
         (s, s)
     }
 }
@@ -473,11 +473,8 @@ impl Zmm for BlockIq1S {
     #[inline(always)]
     unsafe fn scales(&self) -> (__m512i, __m512i) {
         // SAFETY: register operations; the callers' features.
-        unsafe {
-            let field = _mm512_and_si512(_mm512_srli_epi64::<12>(iq1s_words(self)), _mm512_set1_epi64(7));
-            let s = _mm512_or_si512(_mm512_add_epi64(field, field), _mm512_set1_epi64(1));
-            (s, s)
-        }
+        let s = unsafe { odd_scales(iq1s_words(self), _mm512_set1_epi64(12), 7) };
+        (s, s)
     }
 }
 
@@ -511,11 +508,7 @@ impl Zmm for BlockIq1M {
             // Lane s: 16-column scales 2s and 2s + 1, bits 6·(s % 2) and 3 more of u16 s / 2.
             let v = _mm512_set1_epi64(i64::from_le_bytes(self.scales));
             let at = _mm512_setr_epi64(0, 6, 16, 22, 32, 38, 48, 54);
-            let odd = |at: __m512i| {
-                let field = _mm512_and_si512(_mm512_srlv_epi64(v, at), _mm512_set1_epi64(7));
-                _mm512_or_si512(_mm512_add_epi64(field, field), _mm512_set1_epi64(1))
-            };
-            (odd(at), odd(_mm512_add_epi64(at, _mm512_set1_epi64(3))))
+            (odd_scales(v, at, 7), odd_scales(v, _mm512_add_epi64(at, _mm512_set1_epi64(3)), 7))
         }
     }
 }
@@ -550,7 +543,7 @@ impl Zmm for BlockIq3Xxs {
     #[inline(always)]
     unsafe fn scales(&self) -> (__m512i, __m512i) {
         // SAFETY: as above.
-        let s = unsafe { odd_scales(iq3xxs_words(self), _mm512_set1_epi64(28)) };
+        let s = unsafe { odd_scales(iq3xxs_words(self), _mm512_set1_epi64(28), 0xF) };
         (s, s)
     }
 }
@@ -590,7 +583,7 @@ impl Zmm for BlockIq3S {
         // SAFETY: register operations; the callers' features.
         let s = unsafe {
             let v = _mm512_set1_epi64(i64::from(u32::from_le_bytes(self.scales)));
-            odd_scales(v, _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28))
+            odd_scales(v, _mm512_setr_epi64(0, 4, 8, 12, 16, 20, 24, 28), 0xF)
         };
         (s, s)
     }
