@@ -69,15 +69,20 @@ def main():
         rust_t = "u64" if per == 8 else "u32"
         if name == "IQ1S":
             # Stored times 8: iq1's values are 8·level ± 1 eighths.
-            eight = [8 * v for v in levels]
-            out.append(f"/// The {types} grid: {n} entries of 8 levels from {levels}, times 8.")
-            out.append(f"pub static {name}_GRID8: [u64; {n}] = expand::<{n}, 8>(&{name}_PACKED, &{eight}, {bits});")
-        elif rust_t == "u64":
-            out.append(f"/// The {types} grid: {n} entries of {per} levels from {levels}.")
-            out.append(f"pub static {name}_GRID: [u64; {n}] = expand::<{n}, 8>(&{name}_PACKED, &{levels}, {bits});")
+            levels = [8 * v for v in levels]
+            out.append(f"/// The {types} levels, times 8 (iq1's values are 8·level ± 1 eighths).")
         else:
-            out.append(f"/// The {types} grid: {n} entries of {per} levels from {levels}.")
-            out.append(f"pub static {name}_GRID: [u32; {n}] = narrow(&expand::<{n}, 4>(&{name}_PACKED, &{levels}, {bits}));")
+            out.append(f"/// The {types} levels.")
+        out.append(f"pub const {name}_LEVELS: [i8; {len(levels)}] = {levels};")
+        if name == "IQ1S":
+            out.append(f"/// The {types} grid: {n} entries of 8 of those levels.")
+            out.append(f"pub static {name}_GRID8: [u64; {n}] = expand::<{n}, 8>(&{name}_PACKED, &{name}_LEVELS, {bits});")
+        elif rust_t == "u64":
+            out.append(f"/// The {types} grid: {n} entries of {per} of those levels.")
+            out.append(f"pub static {name}_GRID: [u64; {n}] = expand::<{n}, 8>(&{name}_PACKED, &{name}_LEVELS, {bits});")
+        else:
+            out.append(f"/// The {types} grid: {n} entries of {per} of those levels.")
+            out.append(f"pub static {name}_GRID: [u32; {n}] = narrow(&expand::<{n}, 4>(&{name}_PACKED, &{name}_LEVELS, {bits}));")
         out.append(f"/// Its entries as indices into those levels, {bits} bits each (column k at bit {bits}·k).")
         out.append(f"pub const {name}_PACKED: [u16; {n}] = [")
         for i in range(0, n, 12):

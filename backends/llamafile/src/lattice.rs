@@ -10,7 +10,7 @@
 use core::arch::x86_64::*;
 
 use kt_core::ggml::{
-    even_parity_signs, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, Lattice,
+    BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, Lattice, KSIGNS,
 };
 
 use crate::decode::KBlock;
@@ -103,7 +103,7 @@ static EVEN_SIGN_BYTES: [u64; 128] = {
     let mut t = [0u64; 128];
     let mut i = 0;
     while i < 128 {
-        t[i] = SIGN_BYTES[even_parity_signs(i as u32) as usize];
+        t[i] = SIGN_BYTES[KSIGNS[i] as usize];
         i += 1;
     }
     t

@@ -18,8 +18,10 @@ const fn expand<const M: usize, const N: usize>(words: &[u16; M], map: &[i8], bi
     out
 }
 
-/// The iq2_xxs grid: 256 entries of 8 levels from [8, 25, 43].
-pub static IQ2XXS_GRID: [u64; 256] = expand::<256, 8>(&IQ2XXS_PACKED, &[8, 25, 43], 2);
+/// The iq2_xxs levels.
+pub const IQ2XXS_LEVELS: [i8; 3] = [8, 25, 43];
+/// The iq2_xxs grid: 256 entries of 8 of those levels.
+pub static IQ2XXS_GRID: [u64; 256] = expand::<256, 8>(&IQ2XXS_PACKED, &IQ2XXS_LEVELS, 2);
 /// Its entries as indices into those levels, 2 bits each (column k at bit 2·k).
 pub const IQ2XXS_PACKED: [u16; 256] = [
     0x0000, 0x0002, 0x0005, 0x0008, 0x000a, 0x0011, 0x0014, 0x0020, 0x0022, 0x0028, 0x002a, 0x0041,
@@ -46,8 +48,10 @@ pub const IQ2XXS_PACKED: [u16; 256] = [
     0xa200, 0xa418, 0xa850, 0xa904,
 ];
 
-/// The iq2_xs grid: 512 entries of 8 levels from [8, 25, 43].
-pub static IQ2XS_GRID: [u64; 512] = expand::<512, 8>(&IQ2XS_PACKED, &[8, 25, 43], 2);
+/// The iq2_xs levels.
+pub const IQ2XS_LEVELS: [i8; 3] = [8, 25, 43];
+/// The iq2_xs grid: 512 entries of 8 of those levels.
+pub static IQ2XS_GRID: [u64; 512] = expand::<512, 8>(&IQ2XS_PACKED, &IQ2XS_LEVELS, 2);
 /// Its entries as indices into those levels, 2 bits each (column k at bit 2·k).
 pub const IQ2XS_PACKED: [u16; 512] = [
     0x0000, 0x0002, 0x0005, 0x0008, 0x000a, 0x0011, 0x0014, 0x0016, 0x0019, 0x0020, 0x0022, 0x0025,
@@ -95,8 +99,10 @@ pub const IQ2XS_PACKED: [u16; 512] = [
     0xa8a8, 0xa904, 0xa984, 0xa986, 0xaa28, 0xaa2a, 0xaa91, 0xaaaa,
 ];
 
-/// The iq2_s grid: 1024 entries of 8 levels from [8, 25, 43].
-pub static IQ2S_GRID: [u64; 1024] = expand::<1024, 8>(&IQ2S_PACKED, &[8, 25, 43], 2);
+/// The iq2_s levels.
+pub const IQ2S_LEVELS: [i8; 3] = [8, 25, 43];
+/// The iq2_s grid: 1024 entries of 8 of those levels.
+pub static IQ2S_GRID: [u64; 1024] = expand::<1024, 8>(&IQ2S_PACKED, &IQ2S_LEVELS, 2);
 /// Its entries as indices into those levels, 2 bits each (column k at bit 2·k).
 pub const IQ2S_PACKED: [u16; 1024] = [
     0x0000, 0x0002, 0x0005, 0x0008, 0x000a, 0x0011, 0x0014, 0x0016, 0x0019, 0x0020, 0x0022, 0x0025,
@@ -187,8 +193,10 @@ pub const IQ2S_PACKED: [u16; 1024] = [
     0xaa22, 0xaa28, 0xaa88, 0xaaaa,
 ];
 
-/// The iq3_xxs grid: 256 entries of 4 levels from [4, 12, 20, 28, 36, 44, 52, 62].
-pub static IQ3XXS_GRID: [u32; 256] = narrow(&expand::<256, 4>(&IQ3XXS_PACKED, &[4, 12, 20, 28, 36, 44, 52, 62], 3));
+/// The iq3_xxs levels.
+pub const IQ3XXS_LEVELS: [i8; 8] = [4, 12, 20, 28, 36, 44, 52, 62];
+/// The iq3_xxs grid: 256 entries of 4 of those levels.
+pub static IQ3XXS_GRID: [u32; 256] = narrow(&expand::<256, 4>(&IQ3XXS_PACKED, &IQ3XXS_LEVELS, 3));
 /// Its entries as indices into those levels, 3 bits each (column k at bit 3·k).
 pub const IQ3XXS_PACKED: [u16; 256] = [
     0x0000, 0x0002, 0x0004, 0x0009, 0x000b, 0x000f, 0x0010, 0x0012, 0x0019, 0x0022, 0x003b, 0x003d,
@@ -215,8 +223,10 @@ pub const IQ3XXS_PACKED: [u16; 256] = [
     0x0f40, 0x0f42, 0x0f54, 0x0f98,
 ];
 
-/// The iq3_s grid: 512 entries of 4 levels from [1, 3, 5, 7, 9, 11, 13, 15].
-pub static IQ3S_GRID: [u32; 512] = narrow(&expand::<512, 4>(&IQ3S_PACKED, &[1, 3, 5, 7, 9, 11, 13, 15], 3));
+/// The iq3_s levels.
+pub const IQ3S_LEVELS: [i8; 8] = [1, 3, 5, 7, 9, 11, 13, 15];
+/// The iq3_s grid: 512 entries of 4 of those levels.
+pub static IQ3S_GRID: [u32; 512] = narrow(&expand::<512, 4>(&IQ3S_PACKED, &IQ3S_LEVELS, 3));
 /// Its entries as indices into those levels, 3 bits each (column k at bit 3·k).
 pub const IQ3S_PACKED: [u16; 512] = [
     0x0000, 0x0001, 0x0002, 0x0005, 0x0007, 0x0008, 0x0009, 0x000a, 0x000c, 0x000e, 0x0010, 0x0011,
@@ -264,8 +274,10 @@ pub const IQ3S_PACKED: [u16; 512] = [
     0x0f0b, 0x0f10, 0x0f28, 0x0f52, 0x0f62, 0x0f82, 0x0f99, 0x0fc0,
 ];
 
-/// The iq1_s and iq1_m grid: 2048 entries of 8 levels from [-1, 0, 1], times 8.
-pub static IQ1S_GRID8: [u64; 2048] = expand::<2048, 8>(&IQ1S_PACKED, &[-8, 0, 8], 2);
+/// The iq1_s and iq1_m levels, times 8 (iq1's values are 8·level ± 1 eighths).
+pub const IQ1S_LEVELS: [i8; 3] = [-8, 0, 8];
+/// The iq1_s and iq1_m grid: 2048 entries of 8 of those levels.
+pub static IQ1S_GRID8: [u64; 2048] = expand::<2048, 8>(&IQ1S_PACKED, &IQ1S_LEVELS, 2);
 /// Its entries as indices into those levels, 2 bits each (column k at bit 2·k).
 pub const IQ1S_PACKED: [u16; 2048] = [
     0x0000, 0x0002, 0x0005, 0x0008, 0x000a, 0x0011, 0x0015, 0x0020, 0x0022, 0x0028, 0x002a, 0x0045,

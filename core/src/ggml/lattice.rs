@@ -80,27 +80,24 @@ pub trait Lattice: Pod {
     }
 }
 
-/// ggml's sign byte (`ksigns`) of 7 stored sign bits (the low ones of `i`): the eighth bit
-/// makes their count even. For tables; [`Lattice::signs`] reads one.
-pub const fn even_parity_signs(i: u32) -> u8 {
-    let i = (i & 0x7F) as u8;
-    i | ((i.count_ones() & 1) as u8) << 7
-}
+/// ggml's sign bytes (`ksigns`) of the 128 stored 7-bit fields: the eighth bit makes the
+/// count of set bits even. [`Lattice::signs`] reads one; the kernels build theirs from it.
+pub const KSIGNS: [u8; 128] = {
+    let mut t = [0u8; 128];
+    let mut i = 0;
+    while i < 128 {
+        t[i] = i as u8 | ((i.count_ones() & 1) as u8) << 7;
+        i += 1;
+    }
+    t
+};
 
-/// [`even_parity_signs`] from a table: without `popcnt` in the baseline target, `count_ones`
-/// is a dozen operations.
+/// [`KSIGNS`] of the low 7 bits of `i`, from a static: without `popcnt` in the baseline
+/// target, `count_ones` is a dozen operations.
 #[inline]
 fn ksigns(i: u32) -> u8 {
-    static KSIGNS: [u8; 128] = {
-        let mut t = [0u8; 128];
-        let mut i = 0;
-        while i < 128 {
-            t[i] = even_parity_signs(i as u32);
-            i += 1;
-        }
-        t
-    };
-    KSIGNS[(i & 0x7F) as usize]
+    static TABLE: [u8; 128] = KSIGNS;
+    TABLE[(i & 0x7F) as usize]
 }
 
 #[inline]

@@ -25,15 +25,16 @@ mod legacy;
 mod synth;
 mod types;
 
-pub use grids::{IQ1S_GRID8, IQ2S_PACKED, IQ2XS_PACKED, IQ2XXS_PACKED, IQ3S_PACKED, IQ3XXS_PACKED};
+pub use grids::{
+    IQ1S_GRID8, IQ2S_PACKED, IQ2XS_PACKED, IQ2XXS_LEVELS, IQ2XXS_PACKED, IQ3S_LEVELS, IQ3S_PACKED, IQ3XXS_LEVELS,
+    IQ3XXS_PACKED,
+};
 
 pub use iq4::{e8m0_half, BlockIq4Nl, BlockIq4Xs, BlockMxfp4, KVALUES_IQ4NL, KVALUES_MXFP4};
 pub use kquants::{
     pack_scale_min_k4, q3k_scales, scale_min_k4, BlockQ2K, BlockQ3K, BlockQ4K, BlockQ5K, BlockQ6K, BlockQ8K, QK_K,
 };
-pub use lattice::{
-    even_parity_signs, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, Lattice,
-};
+pub use lattice::{BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, Lattice, KSIGNS};
 pub use legacy::{BlockQ4_0, BlockQ4_1, BlockQ5_0, BlockQ5_1, BlockQ8_0, QK};
 pub use synth::random_matrix;
 pub use types::{id_name, ActKind, GgmlType};

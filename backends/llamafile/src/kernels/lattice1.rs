@@ -11,7 +11,7 @@
 //! bytes, low and high: two `vpermi2b` and a blend look up 64 index bytes in one
 //! ([`table_bytes`]), blends by the index's bits 8 and 9 pick among tables, and per register
 //! one `vpmultishiftqb` spreads a code a byte and one `vpermb` turns codes into levels
-//! ([`Zmm::level_regs`]). The signs go to the values: each part's sign bytes (stored, or
+//! ([`Zmm::dot_regs`]). The signs go to the values: each part's sign bytes (stored, or
 //! ggml's 7-bit fields cut by `vpmultishiftqb` and expanded by a 128-byte table), and per
 //! register a `vpmultishiftqb` puts each column's bit on top of its byte for the mask of a
 //! masked subtract. Four `vpdpbusd` leave each part's sum in its lane's two dwords (two sums
@@ -30,8 +30,9 @@ use core::arch::x86_64::*;
 use core::ops::Range;
 
 use kt_core::ggml::{
-    even_parity_signs, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, GgmlType,
-    Lattice, IQ1S_GRID8, IQ2S_PACKED, IQ2XS_PACKED, IQ2XXS_PACKED, IQ3S_PACKED, IQ3XXS_PACKED,
+    BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, GgmlType, Lattice, IQ1S_GRID8,
+    IQ2S_PACKED, IQ2XS_PACKED, IQ2XXS_LEVELS, IQ2XXS_PACKED, IQ3S_LEVELS, IQ3S_PACKED, IQ3XXS_LEVELS, IQ3XXS_PACKED,
+    KSIGNS,
 };
 
 use super::{hsum4, prefetch_next, Packed, Tile, R};
@@ -57,15 +58,7 @@ pub(super) fn runs(t: GgmlType) -> bool {
 struct Aligned<T>(T);
 
 /// ggml's sign bytes of the 128 stored 7-bit fields.
-static SIGNS: Aligned<[u8; 128]> = {
-    let mut t = [0u8; 128];
-    let mut i = 0;
-    while i < 128 {
-        t[i] = even_parity_signs(i as u32);
-        i += 1;
-    }
-    Aligned(t)
-};
+static SIGNS: Aligned<[u8; 128]> = Aligned(KSIGNS);
 
 /// A grid's level codes in 256-byte tables: the low bytes of its entries, 256 a table, then
 /// the high bytes (`M` = 2 · entries / 256).
@@ -87,20 +80,20 @@ static IQ2S_CODES: Aligned<[[u8; 256]; 8]> = code_bytes(&IQ2S_PACKED);
 static IQ3S_CODES: Aligned<[[u8; 256]; 4]> = code_bytes(&IQ3S_PACKED);
 
 /// A code (a byte's low `bits` bits) to its level of `levels`: `vpermb`'s 64 entries.
-const fn level_table(levels: &[u8], bits: u32) -> Aligned<[u8; 64]> {
+const fn level_table(levels: &[i8], bits: u32) -> Aligned<[u8; 64]> {
     let mut t = [0u8; 64];
     let mut j = 0;
     while j < 64 {
         let c = j % (1 << bits);
-        t[j] = if c < levels.len() { levels[c] } else { 0 };
+        t[j] = if c < levels.len() { levels[c] as u8 } else { 0 };
         j += 1;
     }
     Aligned(t)
 }
 
-static IQ2_LEVELS: Aligned<[u8; 64]> = level_table(&[8, 25, 43], 2);
-static IQ3XXS_LEVELS: Aligned<[u8; 64]> = level_table(&[4, 12, 20, 28, 36, 44, 52, 62], 3);
-static IQ3S_LEVELS: Aligned<[u8; 64]> = level_table(&[1, 3, 5, 7, 9, 11, 13, 15], 3);
+static IQ2_LEVEL_TABLE: Aligned<[u8; 64]> = level_table(&IQ2XXS_LEVELS, 2);
+static IQ3XXS_LEVEL_TABLE: Aligned<[u8; 64]> = level_table(&IQ3XXS_LEVELS, 3);
+static IQ3S_LEVEL_TABLE: Aligned<[u8; 64]> = level_table(&IQ3S_LEVELS, 3);
 
 /// `vpermi2d` indices for iq3's register `p`: lane `s` takes the code words of part `s`'s
 /// entries `2p`, `2p + 1` (dword `p` of its 128-bit lane `s / 2` of the low unpack for even
@@ -169,38 +162,12 @@ macro_rules! load {
 
 /// A lattice type of this kernel: its levels, signs and scales, a block's part `s` in lane `s`.
 trait Zmm: Lattice {
-    /// Register `p` of the block's levels: lane `s` holds columns `8p..8p + 8` of part `s`.
+    /// The block's levels as `vpdpbusd`'s unsigned bytes, register `p` holding columns
+    /// `8p..8p + 8` of part `s` in lane `s`, and each register's mask of negated columns.
     ///
     /// # Safety
     /// As [`gemv`].
-    unsafe fn level_regs(&self) -> [__m512i; 4];
-    /// Lane `s`: byte `p` is part `s`'s sign byte of columns `8p..8p + 8` (bit `k` set:
-    /// column `8p + k` negated).
-    ///
-    /// # Safety
-    /// As [`gemv`].
-    unsafe fn sign_bytes(&self) -> __m512i;
-    /// The block's levels as `vpdpbusd`'s unsigned bytes and each register's mask of negated
-    /// columns: [`Zmm::level_regs`], and a `vpmultishiftqb` putting each column's bit of
-    /// [`Zmm::sign_bytes`] on top of its byte (iq1_s and iq1_m, whose levels carry their
-    /// signs, have their own).
-    ///
-    /// # Safety
-    /// As [`gemv`].
-    #[inline(always)]
-    unsafe fn dot_regs(&self) -> ([__m512i; 4], [__mmask64; 4]) {
-        // SAFETY: register operations; the callers' features.
-        unsafe {
-            let (lv, signs) = (self.level_regs(), self.sign_bytes());
-            // Column k's sign bit of register 0 (bit k of sign byte 0) at the top of byte k.
-            let at = _mm512_set1_epi64(i64::from_le_bytes([57, 58, 59, 60, 61, 62, 63, 0]));
-            let neg = array!(0; 4, |p| _mm512_movepi8_mask(_mm512_multishift_epi64_epi8(
-                _mm512_add_epi8(at, _mm512_set1_epi8(8 * p as i8)),
-                signs
-            )));
-            (lv, neg)
-        }
-    }
+    unsafe fn dot_regs(&self) -> ([__m512i; 4], [__mmask64; 4]);
     /// Lane `s`: part `s`'s scale, `2·field + 1`, as an i64; with [`Zmm::HALVES`] that of its
     /// first 16 columns, and the second's apart.
     ///
@@ -209,6 +176,27 @@ trait Zmm: Lattice {
     unsafe fn scales(&self) -> (__m512i, __m512i);
     /// Scales cover 16 columns (registers 0, 1 and 2, 3 of a part), not 32.
     const HALVES: bool = false;
+}
+
+/// [`Zmm::dot_regs`] of the types whose levels are unsigned and signs apart: the levels `lv`,
+/// and a `vpmultishiftqb` a register putting each column's bit of `signs` (lane `s`: byte `p`
+/// is part `s`'s sign byte of columns `8p..8p + 8`, bit `k` set: column `8p + k` negated) on
+/// top of its byte for the mask.
+///
+/// # Safety
+/// As [`gemv`].
+#[inline(always)]
+unsafe fn with_signs(lv: [__m512i; 4], signs: __m512i) -> ([__m512i; 4], [__mmask64; 4]) {
+    // SAFETY: register operations; the callers' features.
+    unsafe {
+        // Column k's sign bit of register 0 (bit k of sign byte 0) at the top of byte k.
+        let at = _mm512_set1_epi64(i64::from_le_bytes([57, 58, 59, 60, 61, 62, 63, 0]));
+        let neg = array!(0; 4, |p| _mm512_movepi8_mask(_mm512_multishift_epi64_epi8(
+            _mm512_add_epi8(at, _mm512_set1_epi8(8 * p as i8)),
+            signs
+        )));
+        (lv, neg)
+    }
 }
 
 /// Byte `i` of the 256-byte `table` for each index byte `i` of `idx` (`vpermi2b` a 128-byte
@@ -260,7 +248,7 @@ unsafe fn iq2_regs(codes: __m512i) -> [__m512i; 4] {
         // Column k's code of entry 0 in byte k (bits 2k of its low byte, 2k − 8 of its high
         // one); entry p's 8p bits further.
         let spread = _mm512_set1_epi64(i64::from_le_bytes([0, 2, 4, 6, 32, 34, 36, 38]));
-        let levels = load!(IQ2_LEVELS.0);
+        let levels = load!(IQ2_LEVEL_TABLE.0);
         array!(codes; 4, |p| _mm512_permutexvar_epi8(
             _mm512_multishift_epi64_epi8(_mm512_add_epi8(spread, _mm512_set1_epi8(8 * p as i8)), codes),
             levels
@@ -325,7 +313,7 @@ unsafe fn odd_scales(v: __m512i, at: __m512i, mask: i64) -> __m512i {
 /// 28..32); register `p` is entry `p` of each part, a 16-bit code of 8 levels.
 impl Zmm for BlockIq2Xxs {
     #[inline(always)]
-    unsafe fn level_regs(&self) -> [__m512i; 4] {
+    unsafe fn dot_regs(&self) -> ([__m512i; 4], [__mmask64; 4]) {
         // SAFETY: 64 bytes of `qs`; register operations, the callers' features.
         unsafe {
             let q = _mm512_loadu_si512(self.qs.as_ptr().cast());
@@ -333,13 +321,11 @@ impl Zmm for BlockIq2Xxs {
             let idx = _mm512_shuffle_epi8(q, twice);
             let k7 = _mm512_movepi8_mask(idx);
             let low = table_bytes(idx, k7, &IQ2XXS_CODES.0[0]);
-            iq2_regs(_mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, low, table_bytes(idx, k7, &IQ2XXS_CODES.0[1])))
+            with_signs(
+                iq2_regs(_mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, low, table_bytes(idx, k7, &IQ2XXS_CODES.0[1]))),
+                parity_signs(q, [32, 39, 46, 53]),
+            )
         }
-    }
-    #[inline(always)]
-    unsafe fn sign_bytes(&self) -> __m512i {
-        // SAFETY: 64 bytes of `qs`; the callers' features.
-        unsafe { parity_signs(_mm512_loadu_si512(self.qs.as_ptr().cast()), [32, 39, 46, 53]) }
     }
     #[inline(always)]
     unsafe fn scales(&self) -> (__m512i, __m512i) {
@@ -354,7 +340,7 @@ impl Zmm for BlockIq2Xxs {
 impl Zmm for BlockIq2Xs {
     const HALVES: bool = true;
     #[inline(always)]
-    unsafe fn level_regs(&self) -> [__m512i; 4] {
+    unsafe fn dot_regs(&self) -> ([__m512i; 4], [__mmask64; 4]) {
         // SAFETY: 64 bytes of `qs`; register operations, the callers' features.
         unsafe {
             let q = _mm512_loadu_si512(self.qs.as_ptr().cast());
@@ -366,13 +352,11 @@ impl Zmm for BlockIq2Xs {
             let t = &IQ2XS_CODES.0;
             let low = _mm512_mask_blend_epi8(k8, table_bytes(idx, k7, &t[0]), table_bytes(idx, k7, &t[1]));
             let high = _mm512_mask_blend_epi8(k8, table_bytes(idx, k7, &t[2]), table_bytes(idx, k7, &t[3]));
-            iq2_regs(_mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, low, high))
+            with_signs(
+                iq2_regs(_mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, low, high)),
+                parity_signs(q, [9, 25, 41, 57]),
+            )
         }
-    }
-    #[inline(always)]
-    unsafe fn sign_bytes(&self) -> __m512i {
-        // SAFETY: 64 bytes of `qs`; the callers' features.
-        unsafe { parity_signs(_mm512_loadu_si512(self.qs.as_ptr().cast()), [9, 25, 41, 57]) }
     }
     #[inline(always)]
     unsafe fn scales(&self) -> (__m512i, __m512i) {
@@ -386,7 +370,7 @@ impl Zmm for BlockIq2Xs {
 impl Zmm for BlockIq2S {
     const HALVES: bool = true;
     #[inline(always)]
-    unsafe fn level_regs(&self) -> [__m512i; 4] {
+    unsafe fn dot_regs(&self) -> ([__m512i; 4], [__mmask64; 4]) {
         // SAFETY: 32 bytes of `qs`, 8 of `qh`; register operations, the callers' features.
         unsafe {
             let q = _mm512_castsi256_si512(_mm256_loadu_si256(self.qs.as_ptr().cast()));
@@ -406,13 +390,11 @@ impl Zmm for BlockIq2S {
                 let low = _mm512_mask_blend_epi8(k8, quarter[0], quarter[1]);
                 _mm512_mask_blend_epi8(k9, low, _mm512_mask_blend_epi8(k8, quarter[2], quarter[3]))
             });
-            iq2_regs(_mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, half[0], half[1]))
+            with_signs(
+                iq2_regs(_mm512_mask_blend_epi8(0xF0F0_F0F0_F0F0_F0F0, half[0], half[1])),
+                four_a_lane(&self.signs),
+            )
         }
-    }
-    #[inline(always)]
-    unsafe fn sign_bytes(&self) -> __m512i {
-        // SAFETY: the callers' features.
-        unsafe { four_a_lane(&self.signs) }
     }
     #[inline(always)]
     unsafe fn scales(&self) -> (__m512i, __m512i) {
@@ -449,16 +431,8 @@ unsafe fn iq1_regs(qs: &[u8; 32], high_shift: impl Fn(usize) -> (__m512i, __m512
 }
 
 /// Lane `s`: part `s`'s 4 index low bytes and its u16 of their high 3 bits each, scale and
-/// shift sign; its levels `8·g ± 1` carry their signs, so [`Zmm::dot_regs`] is its own: the
-/// 2048-entry grid by one gather a register (its 16 KB fit no registers), the shift added,
-/// magnitudes by `vpabsb` and the signs' mask by `vpmovb2m`.
+/// shift sign; its levels `8·g ± 1` carry their signs ([`iq1_regs`]).
 impl Zmm for BlockIq1S {
-    unsafe fn level_regs(&self) -> [__m512i; 4] {
-        unreachable!("iq1_s takes its levels and signs from dot_regs")
-    }
-    unsafe fn sign_bytes(&self) -> __m512i {
-        unreachable!("iq1_s takes its levels and signs from dot_regs")
-    }
     #[inline(always)]
     unsafe fn dot_regs(&self) -> ([__m512i; 4], [__mmask64; 4]) {
         // SAFETY: 32 bytes of `qs`, 16 of `qh`; register operations, the callers' features.
@@ -483,12 +457,6 @@ impl Zmm for BlockIq1S {
 /// of `scales` (whose top nibbles hold `d`).
 impl Zmm for BlockIq1M {
     const HALVES: bool = true;
-    unsafe fn level_regs(&self) -> [__m512i; 4] {
-        unreachable!("iq1_m takes its levels and signs from dot_regs")
-    }
-    unsafe fn sign_bytes(&self) -> __m512i {
-        unreachable!("iq1_m takes its levels and signs from dot_regs")
-    }
     #[inline(always)]
     unsafe fn dot_regs(&self) -> ([__m512i; 4], [__mmask64; 4]) {
         // SAFETY: the 16 bytes of `qh`; register operations, the callers' features.
@@ -526,19 +494,17 @@ unsafe fn iq1s_words(b: &BlockIq1S) -> __m512i {
 /// Lane `s`: part `s`'s 8 grid bytes (entries of 4 columns); its word (as iq2_xxs') apart.
 impl Zmm for BlockIq3Xxs {
     #[inline(always)]
-    unsafe fn level_regs(&self) -> [__m512i; 4] {
+    unsafe fn dot_regs(&self) -> ([__m512i; 4], [__mmask64; 4]) {
         // SAFETY: 64 bytes of `qs`; the callers' features.
         unsafe {
             let q = _mm512_loadu_si512(self.qs.as_ptr().cast());
             let k7 = _mm512_movepi8_mask(q);
-            let (t, levels) = (&IQ3XXS_CODES.0, &IQ3XXS_LEVELS);
-            iq3_regs(table_bytes(q, k7, &t[0]), table_bytes(q, k7, &t[1]), levels)
+            let (t, levels) = (&IQ3XXS_CODES.0, &IQ3XXS_LEVEL_TABLE);
+            with_signs(
+                iq3_regs(table_bytes(q, k7, &t[0]), table_bytes(q, k7, &t[1]), levels),
+                parity_signs(iq3xxs_words(self), [0, 7, 14, 21]),
+            )
         }
-    }
-    #[inline(always)]
-    unsafe fn sign_bytes(&self) -> __m512i {
-        // SAFETY: the 32 bytes of `scales_signs`; the callers' features.
-        unsafe { parity_signs(iq3xxs_words(self), [0, 7, 14, 21]) }
     }
     #[inline(always)]
     unsafe fn scales(&self) -> (__m512i, __m512i) {
@@ -562,7 +528,7 @@ unsafe fn iq3xxs_words(b: &BlockIq3Xxs) -> __m512i {
 /// and its scale nibble `s`.
 impl Zmm for BlockIq3S {
     #[inline(always)]
-    unsafe fn level_regs(&self) -> [__m512i; 4] {
+    unsafe fn dot_regs(&self) -> ([__m512i; 4], [__mmask64; 4]) {
         // SAFETY: 64 bytes of `qs`; the callers' features.
         unsafe {
             let q = _mm512_loadu_si512(self.qs.as_ptr().cast());
@@ -570,13 +536,8 @@ impl Zmm for BlockIq3S {
             let t = &IQ3S_CODES.0;
             let low = _mm512_mask_blend_epi8(k8, table_bytes(q, k7, &t[0]), table_bytes(q, k7, &t[1]));
             let high = _mm512_mask_blend_epi8(k8, table_bytes(q, k7, &t[2]), table_bytes(q, k7, &t[3]));
-            iq3_regs(low, high, &IQ3S_LEVELS)
+            with_signs(iq3_regs(low, high, &IQ3S_LEVEL_TABLE), four_a_lane(&self.signs))
         }
-    }
-    #[inline(always)]
-    unsafe fn sign_bytes(&self) -> __m512i {
-        // SAFETY: the callers' features.
-        unsafe { four_a_lane(&self.signs) }
     }
     #[inline(always)]
     unsafe fn scales(&self) -> (__m512i, __m512i) {
