@@ -9,7 +9,8 @@
 #
 # Checkouts (never vendored here): GGML_SRC (default ~/.cache/kt-peer/ggml) and IK_SRC
 # (~/.cache/kt-peer/ik_llama.cpp), cloned from GitHub when absent; IK_SRC=none skips
-# ik_llama.cpp. Each is built in <checkout>/build-peer (Release, -march=native; cmake and ninja
+# ik_llama.cpp and GGML_SRC=none mainline ggml (whose quantizers take minutes a shape for the
+# lattice types on a small VM). Each is built in <checkout>/build-peer (Release, -march=native; cmake and ninja
 # from pip when missing) with our small harness, scripts/peers/ggml_moe.cpp. Each peer runs
 # gate's shape (768 x 2048) and down's (2048 x 768); its layer time is 2 x gate + down from the
 # best times, which leaves out its activation quantization, SwiGLU, weighting and gather, in its
@@ -42,13 +43,15 @@ fetch() { # DIR URL
     [ -d "$1" ] || git clone --quiet --depth 1 "$2" "$1"
 }
 
-fetch "$ggml" https://github.com/ggml-org/ggml
-cmake -S "$ggml" -B "$ggml/build-peer" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
-    -DGGML_CPU_REPACK=ON -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF > /dev/null
-ninja -C "$ggml/build-peer" ggml > /dev/null
-g++ -O2 -std=c++17 "$here/peers/ggml_moe.cpp" -I"$ggml/include" -L"$ggml/build-peer/src" -lggml -lggml-base \
-    -lggml-cpu -Wl,-rpath,"$ggml/build-peer/src" -o "$ggml/build-peer/ggml_moe"
-echo "ggml $(git -C "$ggml" rev-parse --short HEAD 2> /dev/null || echo '(no git)')"
+if [ "$ggml" != none ]; then
+    fetch "$ggml" https://github.com/ggml-org/ggml
+    cmake -S "$ggml" -B "$ggml/build-peer" -G Ninja -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON \
+        -DGGML_CPU_REPACK=ON -DGGML_BUILD_TESTS=OFF -DGGML_BUILD_EXAMPLES=OFF > /dev/null
+    ninja -C "$ggml/build-peer" ggml > /dev/null
+    g++ -O2 -std=c++17 "$here/peers/ggml_moe.cpp" -I"$ggml/include" -L"$ggml/build-peer/src" -lggml -lggml-base \
+        -lggml-cpu -Wl,-rpath,"$ggml/build-peer/src" -o "$ggml/build-peer/ggml_moe"
+    echo "ggml $(git -C "$ggml" rev-parse --short HEAD 2> /dev/null || echo '(no git)')"
+fi
 if [ "$ik" != none ]; then
     fetch "$ik" https://github.com/ikawrakow/ik_llama.cpp
     # Its ggml is built on its own: C++20 (std::barrier), and the pkg-config template it names.
@@ -84,10 +87,12 @@ for t in "${types[@]}"; do
     read -r mine roof < <(python3 -c 'import json,sys
 r=[x for x in json.loads(sys.argv[1])["results"] if x["method"].lower()==sys.argv[2].lower()]
 print("%.2f %.2f,%s" % (r[0]["ms_best"], r[0]["roofline_ratio"], r[0]["judged_by"]) if r else "- -")' "$ours" "$(ours_name "$t")")
-    plain=$(layer "$ggml/build-peer/ggml_moe" "$t" CPU)
-    repack=$(layer "$ggml/build-peer/ggml_moe" "$t" CPU_REPACK)
-    tiles=-
-    [ "$amx" = yes ] && tiles=$(layer "$ggml/build-peer/ggml_moe" "$t" AMX)
+    plain=- repack=- tiles=-
+    if [ "$ggml" != none ]; then
+        plain=$(layer "$ggml/build-peer/ggml_moe" "$t" CPU)
+        repack=$(layer "$ggml/build-peer/ggml_moe" "$t" CPU_REPACK)
+        [ "$amx" = yes ] && tiles=$(layer "$ggml/build-peer/ggml_moe" "$t" AMX)
+    fi
     ikt=-
     if [ "$ik" != none ] && [ -n "${ik_type[$t]:-}" ]; then
         ikt="$(layer "$ik/build-peer/ggml_moe" "${ik_type[$t]}" CPU) (${ik_type[$t]})"
