@@ -10,8 +10,9 @@
 # Checkouts (never vendored here): GGML_SRC (default ~/.cache/kt-peer/ggml) and IK_SRC
 # (~/.cache/kt-peer/ik_llama.cpp), cloned from GitHub when absent; IK_SRC=none skips
 # ik_llama.cpp and GGML_SRC=none mainline ggml (whose quantizers take minutes a shape for the
-# lattice types on a small VM). Each is built in <checkout>/build-peer (Release, -march=native; cmake and ninja
-# from pip when missing) with our small harness, scripts/peers/ggml_moe.cpp. Each peer runs
+# lattice types on a small VM). Each is built in <checkout>/build-peer (Release,
+# -march=native; cmake and ninja from pip when missing) with our small harness,
+# scripts/peers/ggml_moe.cpp. Each peer runs
 # gate's shape (768 x 2048) and down's (2048 x 768); its layer time is 2 x gate + down from the
 # best times, which leaves out its activation quantization, SwiGLU, weighting and gather, in its
 # favour. Ours is `kt bench`'s whole layer (best time, with its ratio to the roofline that the same

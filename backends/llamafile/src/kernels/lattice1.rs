@@ -91,6 +91,7 @@ const fn level_table(levels: &[i8], bits: u32) -> Aligned<[u8; 64]> {
     Aligned(t)
 }
 
+/// One table for the three iq2 types: gguf-py gives iq2_xs and iq2_s iq2_xxs' levels.
 static IQ2_LEVEL_TABLE: Aligned<[u8; 64]> = level_table(&IQ2XXS_LEVELS, 2);
 static IQ3XXS_LEVEL_TABLE: Aligned<[u8; 64]> = level_table(&IQ3XXS_LEVELS, 3);
 static IQ3S_LEVEL_TABLE: Aligned<[u8; 64]> = level_table(&IQ3S_LEVELS, 3);
