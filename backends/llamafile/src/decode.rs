@@ -52,8 +52,8 @@ pub trait KBlock: Pod {
         unsafe { [0, 1, 2, 3, 4, 5, 6, 7].map(|r| self.reg(r)) }
     }
     /// The one-token kernel takes this type's levels in row order ([`KBlock::rows_dot`]): the
-    /// lattice types where it measured faster than the lane layout (iq2_xxs, iq2_xs, iq1_m,
-    /// iq3_xxs: 12-29% less time; iq3_s took 27% more, iq1_s and iq2_s the same).
+    /// lattice types, whose levels are looked up (1.1-1.4x faster than putting them in the lane
+    /// layout, once their per-block fields are taken in registers, `crate::lattice`).
     const ROWS_DOT: bool = false;
     /// One token's dot with the block for a [`KBlock::ROWS_DOT`] type, the token's values in row
     /// order (`a[j]`: 16-column rows `j` and `j + 8`, [`crate::lanes::transpose`] of its
@@ -67,6 +67,9 @@ pub trait KBlock: Pod {
     unsafe fn rows_dot(&self, _a: &[__m256i; REGS], _sc: __m256i) -> __m256i {
         unreachable!("rows_dot of a block type whose levels are not looked up")
     }
+    /// No mins (the lattice types): the one-token kernel leaves their terms out (the same
+    /// bits: it would subtract exact zeros).
+    const NO_MINS: bool = false;
     /// The mins are in units of `d` (`dmin == d`: q3_K, q6_K), so the one-token kernel
     /// subtracts them from the dots in i32 (exact: both stay far below 2³¹) and converts and
     /// scales once.

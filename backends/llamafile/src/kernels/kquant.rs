@@ -123,6 +123,10 @@ pub(super) unsafe fn kquant1_tile<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[
                 true => unsafe { blk.rows_dot(&rows, sc) },
                 false => unsafe { block_dot(blk, a, sc) },
             };
+            if B::NO_MINS {
+                acc[i] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dots), _mm256_mul_ps(_mm256_set1_ps(d), da), acc[i]);
+                continue;
+            }
             let mins = _mm256_madd_epi16(bs, mn);
             if B::MINS_IN_D {
                 let x = _mm256_cvtepi32_ps(_mm256_sub_epi32(dots, mins));

@@ -9,13 +9,14 @@
 
 use core::arch::x86_64::*;
 
-use kt_core::ggml::{
-    BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, Lattice, KSIGNS,
-};
+use kt_core::ggml::{BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, Lattice};
 
 use crate::decode::KBlock;
 use crate::kernels::pair_sums;
 use crate::lanes::{transpose, REGS};
+pub use fields::Fields;
+
+mod fields;
 
 /// The most registers whose pair sums fit in i16 when added: `fold · 2 · max|level| · 127 ≤
 /// 32767`, a power of two up to 8.
@@ -25,6 +26,60 @@ const fn fold(max_level: u8) -> usize {
         f /= 2;
     }
     f
+}
+
+/// Register `j`'s byte of each column from the block's [`Fields::group_bytes`]: groups `2j`,
+/// `2j + 1` in the low half (16-column row `j`), `2j + 16`, `2j + 17` in the high one (row
+/// `j + 8`), each group's byte in its 8 columns.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+unsafe fn column_bytes(group_bytes: __m256i, j: usize) -> __m256i {
+    // SAFETY: a 32-byte load of a static; AVX2 by the callers' contract.
+    unsafe { _mm256_shuffle_epi8(group_bytes, _mm256_loadu_si256(SPREAD[j].as_ptr().cast())) }
+}
+
+/// [`column_bytes`]' `vpshufb` control for register `j`: in each half, bytes 0-7 take byte
+/// `2j` and bytes 8-15 byte `2j + 1` of that half.
+static SPREAD: [[u8; 32]; 8] = {
+    let mut t = [[0u8; 32]; 8];
+    let mut j = 0;
+    while j < 8 {
+        let mut i = 0;
+        while i < 32 {
+            t[j][i] = (2 * j + (i % 16) / 8) as u8;
+            i += 1;
+        }
+        j += 1;
+    }
+    t
+};
+
+/// ±1 per byte from [`column_bytes`] of sign bytes: −1 where the column's bit is set.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+unsafe fn plus_minus(column_bytes: __m256i) -> __m256i {
+    // SAFETY: register operations; AVX2 by the callers' contract.
+    unsafe {
+        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        let minus = _mm256_cmpeq_epi8(_mm256_and_si256(column_bytes, bit), bit);
+        _mm256_or_si256(minus, _mm256_set1_epi8(1))
+    }
+}
+
+/// Register `j`'s levels before signs and shifts: the grid entries of its 4 groups.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+unsafe fn grid_reg<L: Fields>(b: &L, ix: &L::Indices, j: usize) -> __m256i {
+    let g = [2 * j, 2 * j + 1, 2 * j + 16, 2 * j + 17];
+    let at = |g: usize| b.grid_of(ix, g) as i64;
+    // SAFETY: register operations; AVX2 by the callers' contract.
+    unsafe { _mm256_set_epi64x(at(g[3]), at(g[2]), at(g[1]), at(g[0])) }
 }
 
 /// Byte `k` of `s` (a byte of each of a register's four 8-column groups: low half 0, 1; high
@@ -43,23 +98,9 @@ unsafe fn spread(s: u32) -> __m256i {
     }
 }
 
-/// ±1 per byte: -1 for the columns whose bit is set in their group's sign byte in `s`
-/// ([`spread`]).
-///
-/// # Safety
-/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
-#[inline(always)]
-unsafe fn sign_vector(s: u32) -> __m256i {
-    // SAFETY: register operations; AVX2 by the callers' contract.
-    unsafe {
-        let bytes = spread(s);
-        let bit = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-        let neg = _mm256_cmpeq_epi8(_mm256_and_si256(bytes, bit), bit);
-        _mm256_or_si256(neg, _mm256_set1_epi8(1))
-    }
-}
-
-/// The block's registers in the lane layout ([`KBlock::regs`]).
+/// The block's registers in the lane layout ([`KBlock::regs`]). (Its groups' bytes as
+/// [`Lattice::groups`] gives them: from [`Fields::group_bytes`], or the grid entries looked up
+/// a register at a time as [`row_dot`] does, one-token iq1_s and iq3_s took 1.1× the time.)
 ///
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
@@ -74,96 +115,73 @@ unsafe fn regs<L: Lattice>(b: &L) -> [__m256i; REGS] {
             // Row j (groups 2j, 2j + 1) in the low half, row j + 8 in the high one.
             let g = [2 * j, 2 * j + 1, 2 * j + 16, 2 * j + 17];
             let v = _mm256_set_epi64x(lv[g[3]] as i64, lv[g[2]] as i64, lv[g[1]] as i64, lv[g[0]] as i64);
-            let s = u32::from_le_bytes([sg[g[0]], sg[g[1]], sg[g[2]], sg[g[3]]]);
-            *y = if L::SIGNS { _mm256_sign_epi8(v, sign_vector(s)) } else { _mm256_add_epi8(v, spread(s)) };
+            let c = spread(u32::from_le_bytes([sg[g[0]], sg[g[1]], sg[g[2]], sg[g[3]]]));
+            *y = if L::SIGNS { _mm256_sign_epi8(v, plus_minus(c)) } else { _mm256_add_epi8(v, c) };
         }
         transpose(y)
     }
 }
 
-/// ±1 in each byte of a sign byte's 8 columns (−1 where its bit is set): a register's signs
-/// in four loads.
-static SIGN_BYTES: [u64; 256] = {
-    let mut t = [0u64; 256];
-    let mut s = 0;
-    while s < 256 {
-        let mut k = 0;
-        while k < 8 {
-            t[s] |= (if s >> k & 1 == 1 { 0xFF } else { 0x01 }) << (8 * k);
-            k += 1;
-        }
-        s += 1;
-    }
-    t
-};
-
-/// [`SIGN_BYTES`] of ggml's even-parity sign byte of 7 stored bits (`Lattice::sign_bits`):
-/// one lookup where two would be.
-static EVEN_SIGN_BYTES: [u64; 128] = {
-    let mut t = [0u64; 128];
-    let mut i = 0;
-    while i < 128 {
-        t[i] = SIGN_BYTES[KSIGNS[i] as usize];
-        i += 1;
-    }
-    t
-};
-
 /// Row `j`'s (and row `j + 8`'s) products with one token's values `a` in row order, summed in
-/// pairs and scaled: the levels stay unsigned for the types with sign bits, which go to the
-/// activations instead.
+/// pairs (i16): the levels stay unsigned for the types with sign bits, which go to the
+/// activations instead. `gb` is the block's [`Fields::group_bytes`].
 ///
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
-unsafe fn row_dot<L: Lattice>(b: &L, j: usize, a: __m256i, sc: __m256i) -> __m256i {
-    let g = [2 * j, 2 * j + 1, 2 * j + 16, 2 * j + 17];
+unsafe fn row_dot<L: Fields>(b: &L, ix: &L::Indices, j: usize, a: __m256i, gb: __m256i) -> __m256i {
     // SAFETY: register operations; AVX2 by the callers' contract.
     unsafe {
-        let v = _mm256_set_epi64x(b.grid(g[3]) as i64, b.grid(g[2]) as i64, b.grid(g[1]) as i64, b.grid(g[0]) as i64);
-        let p = if L::SIGNS {
-            let sign = |g: usize| match L::EVEN_SIGNS {
-                true => EVEN_SIGN_BYTES[(b.sign_bits(g) & 0x7F) as usize] as i64,
-                false => SIGN_BYTES[usize::from(b.signs(g))] as i64,
-            };
-            let s = _mm256_set_epi64x(sign(g[3]), sign(g[2]), sign(g[1]), sign(g[0]));
-            _mm256_maddubs_epi16(v, _mm256_sign_epi8(a, s))
-        } else {
-            let s = u32::from_le_bytes([
-                b.shift(g[0]) as u8,
-                b.shift(g[1]) as u8,
-                b.shift(g[2]) as u8,
-                b.shift(g[3]) as u8,
-            ]);
-            pair_sums(true, _mm256_add_epi8(v, spread(s)), a)
-        };
-        // Scale j in every word of the low half, scale j + 8 in the high half's.
-        let at = _mm256_set1_epi16(i16::from_le_bytes([2 * j as u8, 2 * j as u8 + 1]));
-        _mm256_madd_epi16(p, _mm256_shuffle_epi8(sc, at))
+        let (v, c) = (grid_reg(b, ix, j), column_bytes(gb, j));
+        match L::SIGNS {
+            true => _mm256_maddubs_epi16(v, _mm256_sign_epi8(a, plus_minus(c))),
+            false => pair_sums(true, _mm256_add_epi8(v, c), a),
+        }
     }
 }
 
-/// [`KBlock::rows_dot`]: the 8 rows' sums, then pairs of 16-column rows added into the lanes
-/// of the lane layout (lane `l` of each half: rows `2l`, `2l + 1`), so the i32 lanes equal
-/// the lane-layout kernels' exactly (the same integers, summed exactly).
+/// [`KBlock::rows_dot`]: the 8 rows' pair sums, scaled and summed into the lanes of the lane
+/// layout (lane `l` of each half: rows `2l`, `2l + 1`, one 32-column group), so the i32 lanes
+/// equal the lane-layout kernels' exactly (the same integers, summed exactly). A group's two
+/// rows are added in i16 first where they share a scale ([`Fields::SCALE32`]; 2 · 2 · 62 ·
+/// 128 < 2^15), which then multiplies the group's sum: 4 horizontal adds and one multiply where
+/// the rows scaled apart take 8 scale shuffles and 7.
 ///
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
-unsafe fn rows_dot<L: Lattice>(b: &L, a: &[__m256i; REGS], sc: __m256i) -> __m256i {
+unsafe fn rows_dot<L: Fields>(b: &L, a: &[__m256i; REGS], sc: __m256i) -> __m256i {
+    const { assert!(4 * L::MAX_LEVEL as usize * 128 < 1 << 15) };
     // SAFETY: register operations; AVX2 by the callers' contract.
     unsafe {
+        let (gb, ix) = (b.group_bytes(), b.indices());
         // (No closures: they would not inherit the caller's target features.)
-        let r: [__m256i; REGS] = [
-            row_dot(b, 0, a[0], sc),
-            row_dot(b, 1, a[1], sc),
-            row_dot(b, 2, a[2], sc),
-            row_dot(b, 3, a[3], sc),
-            row_dot(b, 4, a[4], sc),
-            row_dot(b, 5, a[5], sc),
-            row_dot(b, 6, a[6], sc),
-            row_dot(b, 7, a[7], sc),
+        let p: [__m256i; REGS] = [
+            row_dot(b, &ix, 0, a[0], gb),
+            row_dot(b, &ix, 1, a[1], gb),
+            row_dot(b, &ix, 2, a[2], gb),
+            row_dot(b, &ix, 3, a[3], gb),
+            row_dot(b, &ix, 4, a[4], gb),
+            row_dot(b, &ix, 5, a[5], gb),
+            row_dot(b, &ix, 6, a[6], gb),
+            row_dot(b, &ix, 7, a[7], gb),
         ];
+        if L::SCALE32 {
+            let ones = _mm256_set1_epi16(1);
+            let mut s = [_mm256_setzero_si256(); 4];
+            for l in 0..4 {
+                s[l] = _mm256_madd_epi16(_mm256_add_epi16(p[2 * l], p[2 * l + 1]), ones);
+            }
+            let sums = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+            // i32 lane g of `sc` holds group g's scale in both words.
+            return _mm256_mullo_epi32(sums, _mm256_srli_epi32::<16>(sc));
+        }
+        let mut r = [_mm256_setzero_si256(); REGS];
+        for j in 0..REGS {
+            // Scale j in every word of the low half, scale j + 8 in the high half's.
+            let at = _mm256_set1_epi16(i16::from_le_bytes([2 * j as u8, 2 * j as u8 + 1]));
+            r[j] = _mm256_madd_epi16(p[j], _mm256_shuffle_epi8(sc, at));
+        }
         let q = [
             _mm256_hadd_epi32(_mm256_hadd_epi32(r[0], r[1]), _mm256_hadd_epi32(r[2], r[3])),
             _mm256_hadd_epi32(_mm256_hadd_epi32(r[4], r[5]), _mm256_hadd_epi32(r[6], r[7])),
@@ -177,26 +195,23 @@ unsafe fn rows_dot<L: Lattice>(b: &L, a: &[__m256i; REGS], sc: __m256i) -> __m25
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
-unsafe fn prep<L: Lattice>(b: &L) -> (__m256i, __m256i, f32, f32) {
-    let mut m = [0u8; 16];
-    for (h, m) in m.iter_mut().enumerate() {
-        *m = b.scale(h);
-    }
-    // SAFETY: 16 bytes; AVX2 and F16C by the callers' contract.
+unsafe fn prep<L: Fields>(b: &L) -> (__m256i, __m256i, f32, f32) {
+    // SAFETY: AVX2 and F16C by the callers' contract.
     unsafe {
-        let sc = _mm256_cvtepu8_epi16(_mm_loadu_si128(m.as_ptr().cast()));
+        let sc = b.scales();
         let d = _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(i32::from(b.d_bits()))));
         (sc, _mm256_setzero_si256(), d / (1u32 << L::SHIFT) as f32, 0.0)
     }
 }
 
 macro_rules! lattice_blocks {
-    ($($b:ty: $rows:expr),*) => {$(
+    ($($b:ty),*) => {$(
         // SAFETY (each fn): the trait's contract (AVX2, FMA, F16C); every read is a
         // bounds-checked index of the block's arrays or the grid tables.
         impl KBlock for $b {
             const SIGNED: bool = true;
-            const ROWS_DOT: bool = $rows;
+            const NO_MINS: bool = true;
+            const ROWS_DOT: bool = true;
             const FOLD: usize = fold(<$b as Lattice>::MAX_LEVEL);
             const WHOLE: bool = true;
             /// # Safety
@@ -227,16 +242,7 @@ macro_rules! lattice_blocks {
     )*};
 }
 
-// Which take the one-token row-order dot: measured, alternated with the lane layout's.
-lattice_blocks!(
-    BlockIq1S: false,
-    BlockIq1M: true,
-    BlockIq2Xxs: true,
-    BlockIq2Xs: true,
-    BlockIq2S: false,
-    BlockIq3Xxs: true,
-    BlockIq3S: false
-);
+lattice_blocks!(BlockIq1S, BlockIq1M, BlockIq2Xxs, BlockIq2Xs, BlockIq2S, BlockIq3Xxs, BlockIq3S);
 
 #[cfg(test)]
 mod tests {
