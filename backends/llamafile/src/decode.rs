@@ -57,14 +57,15 @@ pub trait KBlock: Pod {
     const ROWS_DOT: bool = false;
     /// One token's dot with the block for a [`KBlock::ROWS_DOT`] type, the token's values in row
     /// order (`a[j]`: 16-column rows `j` and `j + 8`, [`crate::lanes::transpose`] of its
-    /// lane-layout registers) and `sc` its [`KBlock::prep`] scales: the i32 lanes the
-    /// lane-layout dot gives, without putting the levels in that layout (the one-token kernel;
+    /// lane-layout registers), `sc` its [`KBlock::prep`] scales and `bsums` the token's sums of
+    /// each 16 columns: the i32 lanes the lane-layout dot gives, without putting the levels in
+    /// that layout (the one-token kernel;
     /// the default, never called, is for the other types).
     ///
     /// # Safety
     /// As [`KBlock::prep`].
     #[inline(always)]
-    unsafe fn rows_dot(&self, _a: &[__m256i; REGS], _sc: __m256i) -> __m256i {
+    unsafe fn rows_dot(&self, _a: &[__m256i; REGS], _sc: __m256i, _bsums: __m256i) -> __m256i {
         unreachable!("rows_dot of a block type whose levels are not looked up")
     }
     /// No mins (the lattice types): the one-token kernel leaves their terms out (the same

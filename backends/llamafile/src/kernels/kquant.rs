@@ -120,7 +120,7 @@ pub(super) unsafe fn kquant1_tile<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[
             let blk = &blocks[i][b];
             let (sc, mn, d, dmin) = unsafe { blk.prep() };
             let dots = match B::ROWS_DOT {
-                true => unsafe { blk.rows_dot(&rows, sc) },
+                true => unsafe { blk.rows_dot(&rows, sc, bs) },
                 false => unsafe { block_dot(blk, a, sc) },
             };
             if B::NO_MINS {

@@ -26,6 +26,22 @@ pub trait Fields: Lattice {
     unsafe fn indices(&self) -> Self::Indices;
     /// [`Lattice::grid`] of group `g`, by the block's [`Fields::indices`].
     fn grid_of(&self, ix: &Self::Indices, g: usize) -> u64;
+    /// The levels are taken unsigned ([`Fields::unsigned_grid_of`]: iq1_s's −8, 0, 8 as 0, 8,
+    /// 16, one `vpmaddubsw` where signed levels take three operations) and the group's
+    /// [`Fields::offsets`] times the token's sum of its columns added to their dot, exactly.
+    const OFFSET: bool = false;
+    /// [`Fields::grid_of`] plus 8 in each byte (an [`Fields::OFFSET`] type's).
+    #[inline(always)]
+    fn unsigned_grid_of(&self, ix: &Self::Indices, g: usize) -> u64 {
+        self.grid_of(ix, g)
+    }
+    /// i16 lane `h`: [`Lattice::shift`] − 8 of columns `16h..16h + 16` (an [`Fields::OFFSET`]
+    /// type's; one shift per 16 columns).
+    #[inline(always)]
+    unsafe fn offsets(&self) -> __m256i {
+        // SAFETY: register operations.
+        unsafe { _mm256_setzero_si256() }
+    }
     /// Byte `g`: 8-column group `g`'s sign byte ([`Lattice::signs`]), or for a type without
     /// signs its shift ([`Lattice::shift`]) as a byte.
     #[inline(always)]
@@ -48,6 +64,22 @@ pub trait Fields: Lattice {
         unsafe { _mm256_cvtepu8_epi16(_mm_loadu_si128(m.as_ptr().cast())) }
     }
 }
+
+/// iq1_s's and iq1_m's grid entries (−8, 0, 8 a byte) plus 8 in each byte.
+static IQ1S_GRID_U: [u64; 2048] = {
+    let mut t = [0u64; 2048];
+    let mut i = 0;
+    while i < 2048 {
+        let mut k = 0;
+        while k < 8 {
+            let level = (IQ1S_GRID8[i] >> (8 * k)) as u8 as i8;
+            t[i] |= ((level + 8) as u64) << (8 * k);
+            k += 1;
+        }
+        i += 1;
+    }
+    t
+};
 
 /// `2n + 1` in each i16 lane: the lattice types' scale of a field `n`.
 #[inline(always)]
@@ -325,6 +357,21 @@ impl Fields for BlockIq1S {
     fn grid_of(&self, ix: &[u32; 32], g: usize) -> u64 {
         IQ1S_GRID8[ix[g] as usize & 2047]
     }
+    const OFFSET: bool = true;
+    #[inline(always)]
+    fn unsigned_grid_of(&self, ix: &[u32; 32], g: usize) -> u64 {
+        IQ1S_GRID_U[ix[g] as usize & 2047]
+    }
+    #[inline(always)]
+    unsafe fn offsets(&self) -> __m256i {
+        // SAFETY: 16 bytes; register operations.
+        unsafe {
+            // Bit 15 of each 32 columns' u16: −1 − 8 where set, else 1 − 8, in both its lanes.
+            let qh = _mm_loadu_si128(self.qh.as_ptr().cast());
+            let s = _mm_sub_epi16(_mm_slli_epi16::<1>(_mm_srai_epi16::<15>(qh)), _mm_set1_epi16(7));
+            _mm256_set_m128i(_mm_unpackhi_epi16(s, s), _mm_unpacklo_epi16(s, s))
+        }
+    }
     #[inline(always)]
     unsafe fn group_bytes(&self) -> __m256i {
         // SAFETY: 16 bytes; register operations.
@@ -444,10 +491,11 @@ mod tests {
     /// Each field in registers equals [`Lattice`]'s scalar definition.
     fn check<B: Fields>(name: &str) {
         for (i, b) in blocks::<B>().iter().enumerate() {
-            let (mut bytes, mut scales) = ([0u8; 32], [0i16; 16]);
+            let (mut bytes, mut scales, mut offsets) = ([0u8; 32], [0i16; 16], [0i16; 16]);
             // SAFETY: AVX2 checked by the caller; 32 bytes each.
             let ix = unsafe {
                 _mm256_storeu_si256(bytes.as_mut_ptr().cast(), b.group_bytes());
+                _mm256_storeu_si256(offsets.as_mut_ptr().cast(), b.offsets());
                 _mm256_storeu_si256(scales.as_mut_ptr().cast(), b.scales());
                 b.indices()
             };
@@ -455,6 +503,11 @@ mod tests {
                 let want = if B::SIGNS { b.signs(g) } else { b.shift(g) as u8 };
                 assert_eq!(got, want, "{name} block {i} group {g}: sign or shift byte");
                 assert_eq!(b.grid_of(&ix, g), b.grid(g), "{name} block {i} group {g}: grid entry");
+                if B::OFFSET {
+                    let plus8 = b.grid(g).to_le_bytes().map(|l| (l as i8 + 8) as u8);
+                    assert_eq!(b.unsigned_grid_of(&ix, g).to_le_bytes(), plus8, "{name} block {i} group {g}");
+                    assert_eq!(offsets[g / 2], i16::from(b.shift(g)) - 8, "{name} block {i} group {g}: offset");
+                }
             }
             for (h, &got) in scales.iter().enumerate() {
                 assert_eq!(got, i16::from(b.scale(h)), "{name} block {i} scale {h}");

@@ -132,6 +132,12 @@ unsafe fn regs<L: Lattice>(b: &L) -> [__m256i; REGS] {
 unsafe fn row_dot<L: Fields>(b: &L, ix: &L::Indices, j: usize, a: __m256i, gb: __m256i) -> __m256i {
     // SAFETY: register operations; AVX2 by the callers' contract.
     unsafe {
+        if L::OFFSET {
+            // Unsigned levels: the shift and the offset are the caller's.
+            let g = [2 * j, 2 * j + 1, 2 * j + 16, 2 * j + 17];
+            let at = |g: usize| b.unsigned_grid_of(ix, g) as i64;
+            return _mm256_maddubs_epi16(_mm256_set_epi64x(at(g[3]), at(g[2]), at(g[1]), at(g[0])), a);
+        }
         let (v, c) = (grid_reg(b, ix, j), column_bytes(gb, j));
         match L::SIGNS {
             true => _mm256_maddubs_epi16(v, _mm256_sign_epi8(a, plus_minus(c))),
@@ -145,12 +151,13 @@ unsafe fn row_dot<L: Fields>(b: &L, ix: &L::Indices, j: usize, a: __m256i, gb: _
 /// equal the lane-layout kernels' exactly (the same integers, summed exactly). A group's two
 /// rows are added in i16 first where they share a scale ([`Fields::SCALE32`]; 2 · 2 · 62 ·
 /// 128 < 2^15), which then multiplies the group's sum: 4 horizontal adds and one multiply where
-/// the rows scaled apart take 8 scale shuffles and 7.
+/// the rows scaled apart take 8 scale shuffles and 7. An [`Fields::OFFSET`] type's sums of its
+/// unsigned levels get (shift − 8) times the token's sum of each group, from `bsums`.
 ///
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
-unsafe fn rows_dot<L: Fields>(b: &L, a: &[__m256i; REGS], sc: __m256i) -> __m256i {
+unsafe fn rows_dot<L: Fields>(b: &L, a: &[__m256i; REGS], sc: __m256i, bsums: __m256i) -> __m256i {
     const { assert!(4 * L::MAX_LEVEL as usize * 128 < 1 << 15) };
     // SAFETY: register operations; AVX2 by the callers' contract.
     unsafe {
@@ -172,7 +179,10 @@ unsafe fn rows_dot<L: Fields>(b: &L, a: &[__m256i; REGS], sc: __m256i) -> __m256
             for l in 0..4 {
                 s[l] = _mm256_madd_epi16(_mm256_add_epi16(p[2 * l], p[2 * l + 1]), ones);
             }
-            let sums = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+            let mut sums = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+            if L::OFFSET {
+                sums = _mm256_add_epi32(sums, _mm256_madd_epi16(bsums, b.offsets()));
+            }
             // i32 lane g of `sc` holds group g's scale in both words.
             return _mm256_mullo_epi32(sums, _mm256_srli_epi32::<16>(sc));
         }
@@ -235,8 +245,8 @@ macro_rules! lattice_blocks {
             /// # Safety
             /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
             #[inline(always)]
-            unsafe fn rows_dot(&self, a: &[__m256i; REGS], sc: __m256i) -> __m256i {
-                unsafe { rows_dot(self, a, sc) }
+            unsafe fn rows_dot(&self, a: &[__m256i; REGS], sc: __m256i, bsums: __m256i) -> __m256i {
+                unsafe { rows_dot(self, a, sc, bsums) }
             }
         }
     )*};
@@ -306,20 +316,27 @@ mod tests {
     /// [`KBlock::rows_dot`]'s i32 lanes are the scaled sums of the lane layout's lanes (lane `l`
     /// of each half: the columns of its 16-column rows `2l`, `2l + 1`). Activations of −128
     /// (ours stop at −127; ggml's Q8_K gives −128 to a block's largest value) times a negative
-    /// level count as the lane-layout kernels take them: `psignb` negates −128 to itself.
-    fn check_rows_dot<B: Lattice + KBlock>(t: GgmlType) {
+    /// level count as the lane-layout kernels take them: `psignb` negates −128 to itself. An
+    /// [`Fields::OFFSET`] type's unsigned levels multiply −128 as it is, so its activations
+    /// stop at −127, as the kernels' own do.
+    fn check_rows_dot<B: Fields + KBlock>(t: GgmlType) {
         let mut rng = kt_core::rng::SplitMix64::new(5);
+        let least = if B::OFFSET { -127 } else { -128 };
         for seed in 0..8 {
             let m = ggml::random_matrix(t, 1, QK_K, seed);
             let blk: &B = bytemuck::from_bytes(m.data());
-            let x: [i8; QK_K] = core::array::from_fn(|c| if c % 37 == 0 { -128 } else { rng.next_u64() as i8 });
+            let x: [i8; QK_K] =
+                core::array::from_fn(|c| if c % 37 == 0 { least } else { (rng.next_u64() as i8).max(least) });
             let mut lanes = x;
             crate::lanes::order_act(&mut lanes);
             let mut got = [0i32; 8];
             // SAFETY: AVX2, FMA and F16C checked by the caller; 32 bytes a register.
             unsafe {
                 let regs = core::array::from_fn(|r| _mm256_loadu_si256(lanes[32 * r..].as_ptr().cast()));
-                let sums = KBlock::rows_dot(blk, &transpose(regs), KBlock::prep(blk).0);
+                let bsums: [i16; 16] =
+                    core::array::from_fn(|h| x[16 * h..16 * h + 16].iter().map(|&v| i16::from(v)).sum());
+                let bsums = _mm256_loadu_si256(bsums.as_ptr().cast());
+                let sums = KBlock::rows_dot(blk, &transpose(regs), KBlock::prep(blk).0, bsums);
                 _mm256_storeu_si256(got.as_mut_ptr().cast(), sums);
             }
             let want: [i32; 8] = core::array::from_fn(|l| {
