@@ -51,22 +51,27 @@ pub trait KBlock: Pod {
         // SAFETY: the caller's contract.
         unsafe { [0, 1, 2, 3, 4, 5, 6, 7].map(|r| self.reg(r)) }
     }
-    /// The one-token kernel takes this type's levels in row order ([`KBlock::rows_dot`]): the
+    /// The one-token kernel takes this type's levels in row order ([`KBlock::rows_dots`]): the
     /// lattice types, whose levels are looked up (1.1-1.4x faster than putting them in the lane
     /// layout, once their per-block fields are taken in registers, `crate::lattice`).
     const ROWS_DOT: bool = false;
-    /// One token's dot with the block for a [`KBlock::ROWS_DOT`] type, the token's values in row
-    /// order (`a[j]`: 16-column rows `j` and `j + 8`, [`crate::lanes::transpose`] of its
-    /// lane-layout registers), `sc` its [`KBlock::prep`] scales and `bsums` the token's sums of
-    /// each 16 columns: the i32 lanes the lane-layout dot gives, without putting the levels in
-    /// that layout (the one-token kernel;
-    /// the default, never called, is for the other types).
+    /// Tokens' dots with the block for a [`KBlock::ROWS_DOT`] type, each token's values in row
+    /// order (`a[t][j]`: 16-column rows `j` and `j + 8`, [`crate::lanes::transpose`] of its
+    /// lane-layout registers), `sc` the block's [`KBlock::prep`] scales and `bsums[t]` the
+    /// token's sums of each 16 columns: the i32 lanes the lane-layout dot gives, without
+    /// putting the levels in that layout (the one- and few-token kernels; the default, never
+    /// called, is for the other types).
     ///
     /// # Safety
     /// As [`KBlock::prep`].
     #[inline(always)]
-    unsafe fn rows_dot(&self, _a: &[__m256i; REGS], _sc: __m256i, _bsums: __m256i) -> __m256i {
-        unreachable!("rows_dot of a block type whose levels are not looked up")
+    unsafe fn rows_dots<const TN: usize>(
+        &self,
+        _a: &[[__m256i; REGS]; TN],
+        _sc: __m256i,
+        _bsums: &[__m256i; TN],
+    ) -> [__m256i; TN] {
+        unreachable!("rows_dots of a block type whose levels are not looked up")
     }
     /// No mins (the lattice types): the one-token kernel leaves their terms out (the same
     /// bits: it would subtract exact zeros).

@@ -113,14 +113,14 @@ pub(super) unsafe fn kquant1_tile<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[
         // Some lattice types take the token's values in row order, turned once for the tile's
         // rows, and skip the turn of each row's levels into the lane layout.
         let rows = match B::ROWS_DOT {
-            true => unsafe { crate::lanes::transpose(array!(bs; REGS, |r| ld(&a.qs[32 * r..]))) },
-            false => [bs; REGS],
+            true => [unsafe { crate::lanes::transpose(array!(bs; REGS, |r| ld(&a.qs[32 * r..]))) }],
+            false => [[bs; REGS]],
         };
         for i in 0..R {
             let blk = &blocks[i][b];
             let (sc, mn, d, dmin) = unsafe { blk.prep() };
             let dots = match B::ROWS_DOT {
-                true => unsafe { blk.rows_dot(&rows, sc, bs) },
+                true => unsafe { blk.rows_dots(&rows, sc, &[bs])[0] },
                 false => unsafe { block_dot(blk, a, sc) },
             };
             if B::NO_MINS {
@@ -141,6 +141,50 @@ pub(super) unsafe fn kquant1_tile<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[
     // SAFETY: AVX present.
     out[0] = unsafe { hsum4(acc) };
 }
+
+/// Two to [`FEW_ROWS`] tokens of a [`KBlock::ROWS_DOT`] type (the lattice types): each
+/// block's levels looked up once a row and dotted with every token's values in row order
+/// ([`KBlock::rows_dots`]), without [`kquant`]'s store and reload of the levels; its bits.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn kquant_rows<const TN: usize, B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
+    let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
+    let (n, acts) = (tile.n, tile.act());
+    debug_assert_eq!(n, TN);
+    let mut acc = [[_mm256_setzero_ps(); TN]; R];
+    for b in 0..tile.nb {
+        prefetch_next(tile, b);
+        let (mut rows, mut bs, mut da) =
+            ([[_mm256_setzero_si256(); REGS]; TN], [_mm256_setzero_si256(); TN], [0.0; TN]);
+        for t in 0..TN {
+            let a = &acts[b * n + t];
+            // SAFETY (whole loop): AVX2/FMA/F16C present (this function's features); loads stay
+            // inside the activation blocks and the weight blocks.
+            unsafe {
+                bs[t] = ld(&a.bsums);
+                rows[t] = crate::lanes::transpose(array!(bs[t]; REGS, |r| ld(&a.qs[32 * r..])));
+            }
+            da[t] = a.d;
+        }
+        for i in 0..R {
+            let blk = &blocks[i][b];
+            let (sc, _, d, _) = unsafe { blk.prep() };
+            let dots = unsafe { blk.rows_dots(&rows, sc, &bs) };
+            for t in 0..TN {
+                // (d · da, then the first block's product or the sum: `kquant`'s order.)
+                let s = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_set1_ps(da[t]));
+                acc[i][t] = add_product(b == 0, _mm256_cvtepi32_ps(dots[t]), s, acc[i][t]);
+            }
+        }
+    }
+    // SAFETY: AVX present.
+    unsafe { write_out(&acc, &mut out[..TN]) };
+}
+
+/// Most tokens [`kquant_rows`] takes.
+pub(super) const FEW_ROWS: usize = 8;
 
 /// K-quants for several tokens: each block decoded once into [`DecK`] and dotted with
 /// `TC` tokens at a time.
@@ -239,5 +283,73 @@ pub(super) unsafe fn kquant<const TC: usize, B: KBlock>(
             }
         }
         unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use half::bf16;
+    use kt_core::aligned::AlignedBuf;
+    use kt_core::ggml::{
+        random_matrix, BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs,
+    };
+    use kt_core::rng::SplitMix64;
+    use kt_core::{Backend, WeightFormat};
+
+    use super::*;
+    use crate::LLAMAFILE_AVX2;
+
+    /// [`kquant_rows`] gives [`kquant`]'s bits (which the tile and 512-bit kernels repeat) for
+    /// `B` at every token count it takes, on a tile of 4 rows and a short one of 3.
+    fn check<B: KBlock>(t: GgmlType) {
+        let (rows, cols) = (7, 512);
+        let m = random_matrix(t, rows, cols, 9);
+        let format = WeightFormat::Ggml(t);
+        let packed = LLAMAFILE_AVX2.pack(&m).expect("packs");
+        let w = packed.get::<Packed>().expect("the llamafile backend's");
+        let mut buf = AlignedBuf::zeroed(size_of::<Scratch>());
+        let (scratch, _) = Scratch::from_bytes(buf.as_mut_slice());
+        for n in 2..=FEW_ROWS {
+            let mut r = SplitMix64::new(n as u64);
+            let x: Vec<bf16> = (0..n * cols).map(|_| bf16::from_f32(r.gaussian())).collect();
+            let ids: Vec<u32> = (0..n as u32).collect();
+            let mut act = AlignedBuf::zeroed(LLAMAFILE_AVX2.act_bytes(format, n, cols));
+            let mut tmp = AlignedBuf::zeroed(4 * cols * n + 4096);
+            LLAMAFILE_AVX2.quantize_act(format, cols, &x, &ids, act.as_mut_slice(), tmp.as_mut_slice());
+            for (r0, nr) in [(0, R), (4, 3)] {
+                let tile = Tile::<u8>::new(w, r0, nr, act.as_slice(), n);
+                let (mut want, mut got) = (vec![[0.0f32; R]; n], vec![[0.0f32; R]; n]);
+                // SAFETY: AVX2, FMA and F16C checked by the caller; the activations are `n`
+                // tokens of this type's, the tile inside the matrix.
+                unsafe {
+                    kquant::<TC, B>(tile.cast(), &mut want, &mut scratch.k, &mut scratch.acc);
+                    match n {
+                        2 => kquant_rows::<2, B>(tile.cast(), &mut got),
+                        3 => kquant_rows::<3, B>(tile.cast(), &mut got),
+                        4 => kquant_rows::<4, B>(tile.cast(), &mut got),
+                        5 => kquant_rows::<5, B>(tile.cast(), &mut got),
+                        6 => kquant_rows::<6, B>(tile.cast(), &mut got),
+                        7 => kquant_rows::<7, B>(tile.cast(), &mut got),
+                        _ => kquant_rows::<8, B>(tile.cast(), &mut got),
+                    }
+                }
+                for (tok, (g, w)) in got.iter().zip(&want).enumerate() {
+                    let same = g[..nr].iter().zip(&w[..nr]).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{t} n {n} rows {r0}+{nr} token {tok}: {g:?} against {w:?}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn few_tokens_in_row_order_give_the_level_stores_bits() {
+        kt_core::skip_unless_runs!(&LLAMAFILE_AVX2);
+        check::<BlockIq1S>(GgmlType::IQ1_S);
+        check::<BlockIq1M>(GgmlType::IQ1_M);
+        check::<BlockIq2Xxs>(GgmlType::IQ2_XXS);
+        check::<BlockIq2Xs>(GgmlType::IQ2_XS);
+        check::<BlockIq2S>(GgmlType::IQ2_S);
+        check::<BlockIq3Xxs>(GgmlType::IQ3_XXS);
+        check::<BlockIq3S>(GgmlType::IQ3_S);
     }
 }

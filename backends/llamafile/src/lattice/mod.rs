@@ -12,7 +12,6 @@ use core::arch::x86_64::*;
 use kt_core::ggml::{BlockIq1M, BlockIq1S, BlockIq2S, BlockIq2Xs, BlockIq2Xxs, BlockIq3S, BlockIq3Xxs, Lattice};
 
 use crate::decode::KBlock;
-use crate::kernels::pair_sums;
 use crate::lanes::{transpose, REGS};
 pub use fields::Fields;
 
@@ -122,66 +121,117 @@ unsafe fn regs<L: Lattice>(b: &L) -> [__m256i; REGS] {
     }
 }
 
-/// Row `j`'s (and row `j + 8`'s) products with one token's values `a` in row order, summed in
-/// pairs (i16): the levels stay unsigned for the types with sign bits, which go to the
-/// activations instead. `gb` is the block's [`Fields::group_bytes`].
+/// `[e(0), …, e(7)]`, one expression a register written out: a loop over the registers with
+/// the grid lookups in it was not unrolled for iq3_xxs and iq3_s (1.15-1.25× the time), and a
+/// closure would not inherit the caller's target features.
+macro_rules! by_register {
+    (|$j:ident| $e:expr) => {
+        [
+            {
+                let $j = 0;
+                $e
+            },
+            {
+                let $j = 1;
+                $e
+            },
+            {
+                let $j = 2;
+                $e
+            },
+            {
+                let $j = 3;
+                $e
+            },
+            {
+                let $j = 4;
+                $e
+            },
+            {
+                let $j = 5;
+                $e
+            },
+            {
+                let $j = 6;
+                $e
+            },
+            {
+                let $j = 7;
+                $e
+            },
+        ]
+    };
+}
+
+/// Register `j`'s (rows `j` and `j + 8`) levels for the row-order dots: the unsigned levels and
+/// what a token's values take the signs from (±1 for the types with sign bits, iq1_m's signed
+/// levels; unused for an [`Fields::OFFSET`] type, whose unsigned levels multiply the values as
+/// they are). `ix` and `gb` are the block's [`Fields::indices`] and [`Fields::group_bytes`].
 ///
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
-unsafe fn row_dot<L: Fields>(b: &L, ix: &L::Indices, j: usize, a: __m256i, gb: __m256i) -> __m256i {
+unsafe fn row_levels<L: Fields>(b: &L, ix: &L::Indices, gb: __m256i, j: usize) -> [__m256i; 2] {
     // SAFETY: register operations; AVX2 by the callers' contract.
     unsafe {
         if L::OFFSET {
-            // Unsigned levels: the shift and the offset are the caller's.
             let g = [2 * j, 2 * j + 1, 2 * j + 16, 2 * j + 17];
             let at = |g: usize| b.unsigned_grid_of(ix, g) as i64;
-            return _mm256_maddubs_epi16(_mm256_set_epi64x(at(g[3]), at(g[2]), at(g[1]), at(g[0])), a);
+            return [_mm256_set_epi64x(at(g[3]), at(g[2]), at(g[1]), at(g[0])), _mm256_setzero_si256()];
         }
-        let (v, c) = (grid_reg(b, ix, j), column_bytes(gb, j));
+        let (grid, c) = (grid_reg(b, ix, j), column_bytes(gb, j));
         match L::SIGNS {
-            true => _mm256_maddubs_epi16(v, _mm256_sign_epi8(a, plus_minus(c))),
-            false => pair_sums(true, _mm256_add_epi8(v, c), a),
+            true => [grid, plus_minus(c)],
+            false => {
+                let x = _mm256_add_epi8(grid, c);
+                [_mm256_abs_epi8(x), x]
+            }
         }
     }
 }
 
-/// [`KBlock::rows_dot`]: the 8 rows' pair sums, scaled and summed into the lanes of the lane
-/// layout (lane `l` of each half: rows `2l`, `2l + 1`, one 32-column group), so the i32 lanes
-/// equal the lane-layout kernels' exactly (the same integers, summed exactly). A group's two
-/// rows are added in i16 first where they share a scale ([`Fields::SCALE32`]; 2 · 2 · 62 ·
-/// 128 < 2^15), which then multiplies the group's sum: 4 horizontal adds and one multiply where
-/// the rows scaled apart take 8 scale shuffles and 7. An [`Fields::OFFSET`] type's sums of its
-/// unsigned levels get (shift − 8) times the token's sum of each group, from `bsums`.
+/// A register's pair sums (i16) with one token's values `a` in row order, from its
+/// [`row_levels`].
 ///
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
-unsafe fn rows_dot<L: Fields>(b: &L, a: &[__m256i; REGS], sc: __m256i, bsums: __m256i) -> __m256i {
+unsafe fn pair_sums_of<L: Fields>([v, s]: [__m256i; 2], a: __m256i) -> __m256i {
+    // SAFETY: register operations; AVX2 by the callers' contract.
+    unsafe {
+        match L::OFFSET {
+            true => _mm256_maddubs_epi16(v, a),
+            false => _mm256_maddubs_epi16(v, _mm256_sign_epi8(a, s)),
+        }
+    }
+}
+
+/// One token's 8 registers' [`pair_sums_of`], scaled and summed into the lanes of the lane
+/// layout (lane `l` of each half: rows `2l`, `2l + 1`, one 32-column group), so the i32 lanes
+/// equal the lane-layout kernels' exactly (the same integers, summed exactly); `bsums` are the
+/// token's sums of each 16 columns, `sc` and `offsets` the block's [`Fields::scales`] and
+/// [`Fields::offsets`]. A group's two rows are added in i16 first where they share a scale
+/// ([`Fields::SCALE32`]; 2 · 2 · 62 · 128 < 2^15), which then multiplies the group's sum: 4
+/// horizontal adds and one multiply where the rows scaled apart take 8 scale shuffles and 7.
+/// An [`Fields::OFFSET`] type's sums of its unsigned levels get (shift − 8) times the token's
+/// sum of each group.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+unsafe fn lane_sums<L: Fields>(p: &[__m256i; REGS], bsums: __m256i, sc: __m256i, offsets: __m256i) -> __m256i {
     const { assert!(4 * L::MAX_LEVEL as usize * 128 < 1 << 15) };
     // SAFETY: register operations; AVX2 by the callers' contract.
     unsafe {
-        let (gb, ix) = (b.group_bytes(), b.indices());
-        // (No closures: they would not inherit the caller's target features.)
-        let p: [__m256i; REGS] = [
-            row_dot(b, &ix, 0, a[0], gb),
-            row_dot(b, &ix, 1, a[1], gb),
-            row_dot(b, &ix, 2, a[2], gb),
-            row_dot(b, &ix, 3, a[3], gb),
-            row_dot(b, &ix, 4, a[4], gb),
-            row_dot(b, &ix, 5, a[5], gb),
-            row_dot(b, &ix, 6, a[6], gb),
-            row_dot(b, &ix, 7, a[7], gb),
-        ];
         if L::SCALE32 {
             let ones = _mm256_set1_epi16(1);
-            let mut s = [_mm256_setzero_si256(); 4];
+            let mut g = [_mm256_setzero_si256(); 4];
             for l in 0..4 {
-                s[l] = _mm256_madd_epi16(_mm256_add_epi16(p[2 * l], p[2 * l + 1]), ones);
+                g[l] = _mm256_madd_epi16(_mm256_add_epi16(p[2 * l], p[2 * l + 1]), ones);
             }
-            let mut sums = _mm256_hadd_epi32(_mm256_hadd_epi32(s[0], s[1]), _mm256_hadd_epi32(s[2], s[3]));
+            let mut sums = _mm256_hadd_epi32(_mm256_hadd_epi32(g[0], g[1]), _mm256_hadd_epi32(g[2], g[3]));
             if L::OFFSET {
-                sums = _mm256_add_epi32(sums, _mm256_madd_epi16(bsums, b.offsets()));
+                sums = _mm256_add_epi32(sums, _mm256_madd_epi16(bsums, offsets));
             }
             // i32 lane g of `sc` holds group g's scale in both words.
             return _mm256_mullo_epi32(sums, _mm256_srli_epi32::<16>(sc));
@@ -197,6 +247,36 @@ unsafe fn rows_dot<L: Fields>(b: &L, a: &[__m256i; REGS], sc: __m256i, bsums: __
             _mm256_hadd_epi32(_mm256_hadd_epi32(r[4], r[5]), _mm256_hadd_epi32(r[6], r[7])),
         ];
         _mm256_hadd_epi32(q[0], q[1])
+    }
+}
+
+/// [`KBlock::rows_dots`]: for one token each register's levels used as they are made, for more
+/// all made once, then each token's sums.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+unsafe fn rows_dots<L: Fields, const TN: usize>(
+    b: &L,
+    a: &[[__m256i; REGS]; TN],
+    sc: __m256i,
+    bsums: &[__m256i; TN],
+) -> [__m256i; TN] {
+    // SAFETY: register operations; AVX2 by the callers' contract.
+    unsafe {
+        let (gb, ix, offsets) = (b.group_bytes(), b.indices(), b.offsets());
+        let mut out = [_mm256_setzero_si256(); TN];
+        if TN == 1 {
+            let p = by_register!(|j| pair_sums_of::<L>(row_levels(b, &ix, gb, j), a[0][j]));
+            out[0] = lane_sums::<L>(&p, bsums[0], sc, offsets);
+            return out;
+        }
+        let levels = by_register!(|j| row_levels(b, &ix, gb, j));
+        for t in 0..TN {
+            let p = by_register!(|j| pair_sums_of::<L>(levels[j], a[t][j]));
+            out[t] = lane_sums::<L>(&p, bsums[t], sc, offsets);
+        }
+        out
     }
 }
 
@@ -245,8 +325,13 @@ macro_rules! lattice_blocks {
             /// # Safety
             /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
             #[inline(always)]
-            unsafe fn rows_dot(&self, a: &[__m256i; REGS], sc: __m256i, bsums: __m256i) -> __m256i {
-                unsafe { rows_dot(self, a, sc, bsums) }
+            unsafe fn rows_dots<const TN: usize>(
+                &self,
+                a: &[[__m256i; REGS]; TN],
+                sc: __m256i,
+                bsums: &[__m256i; TN],
+            ) -> [__m256i; TN] {
+                unsafe { rows_dots(self, a, sc, bsums) }
             }
         }
     )*};
@@ -313,7 +398,7 @@ mod tests {
         every_type!(check);
     }
 
-    /// [`KBlock::rows_dot`]'s i32 lanes are the scaled sums of the lane layout's lanes (lane `l`
+    /// [`KBlock::rows_dots`]' i32 lanes are the scaled sums of the lane layout's lanes (lane `l`
     /// of each half: the columns of its 16-column rows `2l`, `2l + 1`). Activations of −128
     /// (ours stop at −127; ggml's Q8_K gives −128 to a block's largest value) times a negative
     /// level count as the lane-layout kernels take them: `psignb` negates −128 to itself. An
@@ -336,7 +421,7 @@ mod tests {
                 let bsums: [i16; 16] =
                     core::array::from_fn(|h| x[16 * h..16 * h + 16].iter().map(|&v| i16::from(v)).sum());
                 let bsums = _mm256_loadu_si256(bsums.as_ptr().cast());
-                let sums = KBlock::rows_dot(blk, &transpose(regs), KBlock::prep(blk).0, bsums);
+                let [sums] = KBlock::rows_dots(blk, &[transpose(regs)], KBlock::prep(blk).0, &[bsums]);
                 _mm256_storeu_si256(got.as_mut_ptr().cast(), sums);
             }
             let want: [i32; 8] = core::array::from_fn(|l| {
