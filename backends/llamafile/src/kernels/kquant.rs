@@ -110,7 +110,7 @@ pub(super) unsafe fn kquant1_tile<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[
             continue;
         }
         let bs = unsafe { ld(&a.bsums) };
-        // Some lattice types take the token's values in row order, turned once for the tile's
+        // The lattice types take the token's values in row order, turned once for the tile's
         // rows, and skip the turn of each row's levels into the lane layout.
         let rows = match B::ROWS_DOT {
             true => [unsafe { crate::lanes::transpose(array!(bs; REGS, |r| ld(&a.qs[32 * r..]))) }],
@@ -144,7 +144,7 @@ pub(super) unsafe fn kquant1_tile<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[
 
 /// Two to [`FEW_ROWS`] tokens of a [`KBlock::ROWS_DOT`] type (the lattice types): each
 /// block's levels looked up once a row and dotted with every token's values in row order
-/// ([`KBlock::rows_dots`]), without [`kquant`]'s store and reload of the levels; its bits.
+/// ([`KBlock::rows_dots`]), without [`kquant`](fn@kquant)'s store and reload of the levels; its bits.
 ///
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
@@ -299,7 +299,7 @@ mod tests {
     use super::*;
     use crate::LLAMAFILE_AVX2;
 
-    /// [`kquant_rows`] gives [`kquant`]'s bits (which the tile and 512-bit kernels repeat) for
+    /// [`kquant_rows`] gives [`kquant`](fn@kquant)'s bits (which the tile and 512-bit kernels repeat) for
     /// `B` at every token count it takes, on a tile of 4 rows and a short one of 3.
     fn check<B: KBlock>(t: GgmlType) {
         let (rows, cols) = (7, 512);

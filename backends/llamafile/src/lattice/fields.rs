@@ -81,6 +81,20 @@ static IQ1S_GRID_U: [u64; 2048] = {
     t
 };
 
+/// [`Fields::Indices`] of a type whose grid index is a byte or a u16's low bits as stored:
+/// none kept, each lookup [`Lattice::grid`].
+macro_rules! plain_indices {
+    () => {
+        type Indices = ();
+        #[inline(always)]
+        unsafe fn indices(&self) {}
+        #[inline(always)]
+        fn grid_of(&self, _: &(), g: usize) -> u64 {
+            self.grid(g)
+        }
+    };
+}
+
 /// `2n + 1` in each i16 lane: the lattice types' scale of a field `n`.
 #[inline(always)]
 unsafe fn odd(n: __m256i) -> __m256i {
@@ -160,13 +174,7 @@ unsafe fn seven_bit_signs(w: __m256i) -> __m256i {
 
 impl Fields for BlockIq2Xxs {
     const SCALE32: bool = true;
-    type Indices = ();
-    #[inline(always)]
-    unsafe fn indices(&self) {}
-    #[inline(always)]
-    fn grid_of(&self, _: &(), g: usize) -> u64 {
-        self.grid(g)
-    }
+    plain_indices!();
     #[inline(always)]
     unsafe fn group_bytes(&self) -> __m256i {
         // SAFETY: the trait's contract.
@@ -181,13 +189,7 @@ impl Fields for BlockIq2Xxs {
 
 impl Fields for BlockIq3Xxs {
     const SCALE32: bool = true;
-    type Indices = ();
-    #[inline(always)]
-    unsafe fn indices(&self) {}
-    #[inline(always)]
-    fn grid_of(&self, _: &(), g: usize) -> u64 {
-        self.grid(g)
-    }
+    plain_indices!();
     #[inline(always)]
     unsafe fn group_bytes(&self) -> __m256i {
         // SAFETY: 32 bytes; the trait's contract.
@@ -257,7 +259,8 @@ impl Fields for BlockIq2S {
             let up = _mm256_setr_epi16(256, 64, 16, 4, 256, 64, 16, 4, 256, 64, 16, 4, 256, 64, 16, 4);
             for m in 0..2 {
                 let low = _mm256_cvtepu8_epi16(_mm_loadu_si128(self.qs[16 * m..].as_ptr().cast()));
-                let q = _mm256_set1_epi32(i32::from_le_bytes(self.qh[4 * m..4 * m + 4].try_into().unwrap()));
+                let qh = [self.qh[4 * m], self.qh[4 * m + 1], self.qh[4 * m + 2], self.qh[4 * m + 3]];
+                let q = _mm256_set1_epi32(i32::from_le_bytes(qh));
                 let high =
                     _mm256_and_si256(_mm256_mullo_epi16(_mm256_shuffle_epi8(q, byte), up), _mm256_set1_epi16(0x300));
                 _mm256_storeu_si256(ix[16 * m..].as_mut_ptr().cast(), _mm256_or_si256(low, high));

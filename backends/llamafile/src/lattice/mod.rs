@@ -1,11 +1,13 @@
 //! The lattice types (iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s) as [`KBlock`]s.
-//! Their levels are table lookups, not bit fields, so they stay as GGUF stores them and are
-//! put in the lane layout of [`crate::lanes`] as they are decoded: each 16-column row of the
-//! block is two 8-column grid entries, a row and the row 8 below fill a register (four u64
-//! lookups, their sign bits applied in one `psignb` or iq1's shift in one `paddb`), and one
-//! [`transpose`] gives the registers. Levels are signed; scales are the types' integers `m`
-//! per 16 columns and `d·2^-SHIFT` the block's f32 scale, as core's [`Lattice`] defines the
-//! values.
+//! Their levels are table lookups, not bit fields, so they stay as GGUF stores them. For many
+//! tokens they are put in the lane layout of [`crate::lanes`] as they are decoded: each
+//! 16-column row of the block is two 8-column grid entries, a row and the row 8 below fill a
+//! register (four u64 lookups, their sign bits applied in one `psignb` or iq1's shift in one
+//! `paddb`), and one [`transpose`] gives the registers. For one to eight tokens the tokens'
+//! values go to row order instead and each block's levels are looked up once for all of them
+//! ([`KBlock::rows_dots`]), its fields taken in registers ([`Fields`]). Levels are signed;
+//! scales are the types' integers `m` per 16 columns and `d·2^-SHIFT` the block's f32 scale,
+//! as core's [`Lattice`] defines the values.
 
 use core::arch::x86_64::*;
 
@@ -97,9 +99,8 @@ unsafe fn spread(s: u32) -> __m256i {
     }
 }
 
-/// The block's registers in the lane layout ([`KBlock::regs`]). (Its groups' bytes as
-/// [`Lattice::groups`] gives them: from [`Fields::group_bytes`], or the grid entries looked up
-/// a register at a time as [`row_dot`] does, one-token iq1_s and iq3_s took 1.1× the time.)
+/// The block's registers in the lane layout ([`KBlock::regs`]), for the kernels of more tokens
+/// than [`KBlock::rows_dots`] serves.
 ///
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
