@@ -186,6 +186,27 @@ pub(super) unsafe fn kquant_rows<const TN: usize, B: KBlock>(tile: &Tile<'_, Act
 /// Most tokens [`kquant_rows`] takes.
 pub(super) const FEW_ROWS: usize = 8;
 
+/// [`kquant_rows`] for the tile's `n` tokens (2 to [`FEW_ROWS`]).
+///
+/// # Safety
+/// As [`kquant_rows`].
+#[inline(always)]
+pub(super) unsafe fn kquant_few<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
+    // SAFETY: the caller's contract.
+    unsafe {
+        match tile.n {
+            2 => kquant_rows::<2, B>(tile, out),
+            3 => kquant_rows::<3, B>(tile, out),
+            4 => kquant_rows::<4, B>(tile, out),
+            5 => kquant_rows::<5, B>(tile, out),
+            6 => kquant_rows::<6, B>(tile, out),
+            7 => kquant_rows::<7, B>(tile, out),
+            8 => kquant_rows::<8, B>(tile, out),
+            n => unreachable!("{n} tokens for kquant_rows"),
+        }
+    }
+}
+
 /// K-quants for several tokens: each block decoded once into [`DecK`] and dotted with
 /// `TC` tokens at a time.
 ///
@@ -323,15 +344,7 @@ mod tests {
                 // tokens of this type's, the tile inside the matrix.
                 unsafe {
                     kquant::<TC, B>(tile.cast(), &mut want, &mut scratch.k, &mut scratch.acc);
-                    match n {
-                        2 => kquant_rows::<2, B>(tile.cast(), &mut got),
-                        3 => kquant_rows::<3, B>(tile.cast(), &mut got),
-                        4 => kquant_rows::<4, B>(tile.cast(), &mut got),
-                        5 => kquant_rows::<5, B>(tile.cast(), &mut got),
-                        6 => kquant_rows::<6, B>(tile.cast(), &mut got),
-                        7 => kquant_rows::<7, B>(tile.cast(), &mut got),
-                        _ => kquant_rows::<8, B>(tile.cast(), &mut got),
-                    }
+                    kquant_few::<B>(tile.cast(), &mut got);
                 }
                 for (tok, (g, w)) in got.iter().zip(&want).enumerate() {
                     let same = g[..nr].iter().zip(&w[..nr]).all(|(a, b)| a.to_bits() == b.to_bits());

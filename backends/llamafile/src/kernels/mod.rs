@@ -282,15 +282,7 @@ pub unsafe fn dots(
             // SAFETY: the caller's contract; act holds [blocks][n] ActK.
             unsafe {
                 match n {
-                    2..=kquant::FEW_ROWS if <$b as KBlock>::ROWS_DOT => match n {
-                        2 => kquant_rows::<2, $b>(&tile, out),
-                        3 => kquant_rows::<3, $b>(&tile, out),
-                        4 => kquant_rows::<4, $b>(&tile, out),
-                        5 => kquant_rows::<5, $b>(&tile, out),
-                        6 => kquant_rows::<6, $b>(&tile, out),
-                        7 => kquant_rows::<7, $b>(&tile, out),
-                        _ => kquant_rows::<8, $b>(&tile, out),
-                    },
+                    2..=kquant::FEW_ROWS if <$b as KBlock>::ROWS_DOT => kquant_few::<$b>(&tile, out),
                     ..=TC => kquant::<TC, $b>(&tile, out, &mut scratch.k, &mut scratch.acc),
                     _ => kquant::<{ 2 * TC }, $b>(&tile, out, &mut scratch.k, &mut scratch.acc),
                 }

@@ -11,7 +11,7 @@ use kt_core::ggml::{
     IQ2XS_GRID, IQ3S_GRID,
 };
 
-/// The fields in registers; the scalar defaults read [`Lattice`].
+/// The fields in registers.
 ///
 /// # Safety (each fn)
 /// The CPU has AVX2 (the callers' target features: every fn is inlined).
@@ -44,25 +44,9 @@ pub trait Fields: Lattice {
     }
     /// Byte `g`: 8-column group `g`'s sign byte ([`Lattice::signs`]), or for a type without
     /// signs its shift ([`Lattice::shift`]) as a byte.
-    #[inline(always)]
-    unsafe fn group_bytes(&self) -> __m256i {
-        let mut b = [0u8; 32];
-        for (g, b) in b.iter_mut().enumerate() {
-            *b = if Self::SIGNS { self.signs(g) } else { self.shift(g) as u8 };
-        }
-        // SAFETY: 32 bytes.
-        unsafe { _mm256_loadu_si256(b.as_ptr().cast()) }
-    }
+    unsafe fn group_bytes(&self) -> __m256i;
     /// i16 lane `h`: the scale of columns `16h..16h + 16` ([`Lattice::scale`]).
-    #[inline(always)]
-    unsafe fn scales(&self) -> __m256i {
-        let mut m = [0u8; 16];
-        for (h, m) in m.iter_mut().enumerate() {
-            *m = self.scale(h);
-        }
-        // SAFETY: 16 bytes.
-        unsafe { _mm256_cvtepu8_epi16(_mm_loadu_si128(m.as_ptr().cast())) }
-    }
+    unsafe fn scales(&self) -> __m256i;
 }
 
 /// iq1_s's and iq1_m's grid entries (−8, 0, 8 a byte) plus 8 in each byte.

@@ -71,14 +71,15 @@ unsafe fn plus_minus(column_bytes: __m256i) -> __m256i {
     }
 }
 
-/// Register `j`'s levels before signs and shifts: the grid entries of its 4 groups.
+/// Register `j`'s levels before signs and shifts: the grid entries of its 4 groups (`unsigned`:
+/// [`Fields::unsigned_grid_of`]'s).
 ///
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
-unsafe fn grid_reg<L: Fields>(b: &L, ix: &L::Indices, j: usize) -> __m256i {
+unsafe fn grid_reg<L: Fields>(b: &L, ix: &L::Indices, j: usize, unsigned: bool) -> __m256i {
     let g = [2 * j, 2 * j + 1, 2 * j + 16, 2 * j + 17];
-    let at = |g: usize| b.grid_of(ix, g) as i64;
+    let at = |g: usize| if unsigned { b.unsigned_grid_of(ix, g) } else { b.grid_of(ix, g) } as i64;
     // SAFETY: register operations; AVX2 by the callers' contract.
     unsafe { _mm256_set_epi64x(at(g[3]), at(g[2]), at(g[1]), at(g[0])) }
 }
@@ -176,11 +177,9 @@ unsafe fn row_levels<L: Fields>(b: &L, ix: &L::Indices, gb: __m256i, j: usize) -
     // SAFETY: register operations; AVX2 by the callers' contract.
     unsafe {
         if L::OFFSET {
-            let g = [2 * j, 2 * j + 1, 2 * j + 16, 2 * j + 17];
-            let at = |g: usize| b.unsigned_grid_of(ix, g) as i64;
-            return [_mm256_set_epi64x(at(g[3]), at(g[2]), at(g[1]), at(g[0])), _mm256_setzero_si256()];
+            return [grid_reg(b, ix, j, true), _mm256_setzero_si256()];
         }
-        let (grid, c) = (grid_reg(b, ix, j), column_bytes(gb, j));
+        let (grid, c) = (grid_reg(b, ix, j, false), column_bytes(gb, j));
         match L::SIGNS {
             true => [grid, plus_minus(c)],
             false => {
