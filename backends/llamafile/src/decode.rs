@@ -73,9 +73,15 @@ pub trait KBlock: Pod {
     ) -> [__m256i; TN] {
         unreachable!("rows_dots of a block type whose levels are not looked up")
     }
-    /// No mins (the lattice types): the one-token kernel leaves their terms out (the same
-    /// bits: it would subtract exact zeros).
+    /// No mins (the lattice types): the kernels leave their terms out (the same bits: they
+    /// would subtract exact zeros).
     const NO_MINS: bool = false;
+    /// For a [`KBlock::SIGNED`] type whose levels are small enough, the registers whose pair
+    /// sums may be added in i16 when the many-token kernel multiplies the activations unsigned
+    /// (`a + 128`) with the signed levels (`ACT_FOLD · 2 · 255 · max|level| ≤ 32767`), taking
+    /// `128·Σ level·scale` off once a block and row: no `psignb` per token, row and register.
+    /// 0: the sign trick (iq4_xs, whose levels reach 127).
+    const ACT_FOLD: usize = 0;
     /// The mins are in units of `d` (`dmin == d`: q3_K, q6_K), so the one-token kernel
     /// subtracts them from the dots in i32 (exact: both stay far below 2³¹) and converts and
     /// scales once.

@@ -234,10 +234,16 @@ pub(super) unsafe fn kquant<const TC: usize, B: KBlock>(
                 let o = &mut dec[i];
                 let (sc, mn, d, dmin) = unsafe { blk.prep() };
                 let whole = if B::WHOLE { unsafe { blk.regs() } } else { [sc; REGS] };
+                let mut corr = _mm256_setzero_si256();
                 for r in 0..REGS {
                     let x = unsafe { reg_of(blk, &whole, r) };
                     unsafe {
-                        if B::SIGNED {
+                        if B::ACT_FOLD > 0 {
+                            // Exact: |128·(w₀ + w₁)| < 2^15 and the lanes far below 2^31.
+                            let pairs = _mm256_maddubs_epi16(_mm256_set1_epi8(-128), x);
+                            corr = _mm256_add_epi32(corr, _mm256_madd_epi16(pairs, sc));
+                            _mm256_store_si256(o.w[r].as_mut_ptr().cast(), x);
+                        } else if B::SIGNED {
                             _mm256_store_si256(o.v[r].as_mut_ptr().cast(), _mm256_abs_epi8(x));
                             _mm256_store_si256(o.w[r].as_mut_ptr().cast(), x);
                         } else {
@@ -255,19 +261,25 @@ pub(super) unsafe fn kquant<const TC: usize, B: KBlock>(
                         _mm256_store_si256(o.mn.as_mut_ptr().cast(), mn);
                     }
                 }
+                unsafe { _mm256_store_si256(o.corr.as_mut_ptr().cast(), corr) };
                 (o.d, o.dmin) = (d, dmin);
             }
+            // The activations unsigned for ACT_FOLD types (`a ^ 0x80 = a + 128`).
+            let fold = if B::ACT_FOLD > 0 { B::ACT_FOLD } else { B::FOLD };
+            let flip = _mm256_set1_epi8(if B::ACT_FOLD > 0 { -128 } else { 0 });
             for t in 0..tn {
                 let a = &acts[b * n + t0 + t];
                 let mut isum = [_mm256_setzero_si256(); R];
-                for f in (0..REGS).step_by(B::FOLD) {
+                for f in (0..REGS).step_by(fold) {
                     let mut p = [_mm256_setzero_si256(); R];
-                    for r in f..f + B::FOLD {
-                        let av = unsafe { ld(&a.qs[32 * r..]) };
+                    for r in f..f + fold {
+                        let av = _mm256_xor_si256(unsafe { ld(&a.qs[32 * r..]) }, flip);
                         for i in 0..R {
                             let d = &dec[i];
                             let s = unsafe {
-                                if B::SIGNED {
+                                if B::ACT_FOLD > 0 {
+                                    _mm256_maddubs_epi16(av, ld(&d.w[r]))
+                                } else if B::SIGNED {
                                     _mm256_maddubs_epi16(ld(&d.v[r]), _mm256_sign_epi8(av, ld(&d.w[r])))
                                 } else {
                                     _mm256_maddubs_epi16(ld(&d.v[r]), av)
@@ -291,14 +303,23 @@ pub(super) unsafe fn kquant<const TC: usize, B: KBlock>(
                     }
                     continue;
                 }
+                if B::ACT_FOLD > 0 {
+                    for i in 0..R {
+                        isum[i] = _mm256_sub_epi32(isum[i], unsafe { ld(&dec[i].corr) });
+                    }
+                }
                 let bs = unsafe { ld(&a.bsums) };
                 let da = _mm256_set1_ps(a.d);
                 for i in 0..R {
                     let d = &dec[i];
-                    let mins = _mm256_madd_epi16(bs, unsafe { ld(&d.mn) });
                     let s = _mm256_mul_ps(_mm256_set1_ps(d.d), da);
-                    let m = _mm256_mul_ps(_mm256_set1_ps(d.dmin), da);
                     let x = add_product(first, _mm256_cvtepi32_ps(isum[i]), s, acc[i][t]);
+                    if B::NO_MINS {
+                        acc[i][t] = x;
+                        continue;
+                    }
+                    let mins = _mm256_madd_epi16(bs, unsafe { ld(&d.mn) });
+                    let m = _mm256_mul_ps(_mm256_set1_ps(d.dmin), da);
                     acc[i][t] = _mm256_fnmadd_ps(_mm256_cvtepi32_ps(mins), m, x);
                 }
             }

@@ -101,6 +101,8 @@ pub struct DecK {
     v: [[u8; 32]; REGS],
     /// Signed levels (signed types only).
     w: [[u8; 32]; REGS],
+    /// `128·Σ level·scale` of each i32 lane ([`KBlock::ACT_FOLD`] types only).
+    corr: [i32; 8],
     /// Scales of each 16 columns.
     sc: [i16; 16],
     /// Mins of each 16 columns.

@@ -19,11 +19,12 @@ pub use fields::Fields;
 
 mod fields;
 
-/// The most registers whose pair sums fit in i16 when added: `fold · 2 · max|level| · 127 ≤
-/// 32767`, a power of two up to 8.
-const fn fold(max_level: u8) -> usize {
+/// The most registers whose pair sums fit in i16 when added: `fold · 2 · max|level| · max|a|
+/// ≤ 32767`, a power of two up to 8, for activations up to `max_act` in magnitude (127 signed,
+/// 255 unsigned: [`KBlock::ACT_FOLD`]).
+const fn fold(max_level: u8, max_act: usize) -> usize {
     let mut f = 8;
-    while f > 1 && f * 2 * max_level as usize * 127 > 32767 {
+    while f > 1 && f * 2 * max_level as usize * max_act > 32767 {
         f /= 2;
     }
     f
@@ -302,7 +303,8 @@ macro_rules! lattice_blocks {
             const SIGNED: bool = true;
             const NO_MINS: bool = true;
             const ROWS_DOT: bool = true;
-            const FOLD: usize = fold(<$b as Lattice>::MAX_LEVEL);
+            const FOLD: usize = fold(<$b as Lattice>::MAX_LEVEL, 127);
+            const ACT_FOLD: usize = fold(<$b as Lattice>::MAX_LEVEL, 255);
             const WHOLE: bool = true;
             /// # Safety
             /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
@@ -446,7 +448,11 @@ mod tests {
     #[test]
     fn folds_keep_pair_sums_in_i16() {
         for (max, f) in [(9, 8), (15, 8), (43, 2), (62, 2), (127, 1)] {
-            assert_eq!(fold(max), f);
+            assert_eq!(fold(max, 127), f);
+        }
+        // Unsigned activations (`KBlock::ACT_FOLD`).
+        for (max, f) in [(9, 4), (15, 4), (43, 1), (62, 1)] {
+            assert_eq!(fold(max, 255), f);
         }
     }
 }
