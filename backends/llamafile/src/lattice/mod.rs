@@ -85,45 +85,6 @@ unsafe fn grid_reg<L: Fields>(b: &L, ix: &L::Indices, j: usize, unsigned: bool) 
     unsafe { _mm256_set_epi64x(at(g[3]), at(g[2]), at(g[1]), at(g[0])) }
 }
 
-/// Byte `k` of `s` (a byte of each of a register's four 8-column groups: low half 0, 1; high
-/// half 2, 3) in each byte of its group.
-///
-/// # Safety
-/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
-#[inline(always)]
-unsafe fn spread(s: u32) -> __m256i {
-    // SAFETY: register operations; AVX2 by the callers' contract.
-    unsafe {
-        let at = _mm256_setr_epi8(
-            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
-        );
-        _mm256_shuffle_epi8(_mm256_set1_epi32(s as i32), at)
-    }
-}
-
-/// The block's registers in the lane layout ([`KBlock::regs`]), for the kernels of more tokens
-/// than [`KBlock::rows_dots`] serves.
-///
-/// # Safety
-/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
-#[inline(always)]
-unsafe fn regs<L: Lattice>(b: &L) -> [__m256i; REGS] {
-    let (mut lv, mut sg) = ([0u64; 32], [0u8; 32]);
-    b.groups(&mut lv, &mut sg);
-    // SAFETY: register operations; AVX2 by the callers' contract.
-    unsafe {
-        let mut y = [_mm256_setzero_si256(); 8];
-        for (j, y) in y.iter_mut().enumerate() {
-            // Row j (groups 2j, 2j + 1) in the low half, row j + 8 in the high one.
-            let g = [2 * j, 2 * j + 1, 2 * j + 16, 2 * j + 17];
-            let v = _mm256_set_epi64x(lv[g[3]] as i64, lv[g[2]] as i64, lv[g[1]] as i64, lv[g[0]] as i64);
-            let c = spread(u32::from_le_bytes([sg[g[0]], sg[g[1]], sg[g[2]], sg[g[3]]]));
-            *y = if L::SIGNS { _mm256_sign_epi8(v, plus_minus(c)) } else { _mm256_add_epi8(v, c) };
-        }
-        transpose(y)
-    }
-}
-
 /// `[e(0), …, e(7)]`, one expression a register written out: a loop over the registers with
 /// the grid lookups in it was not unrolled for iq3_xxs and iq3_s (1.15-1.25× the time), and a
 /// closure would not inherit the caller's target features.
@@ -164,6 +125,29 @@ macro_rules! by_register {
             },
         ]
     };
+}
+
+/// The block's registers in the lane layout ([`KBlock::regs`]), for the kernels of more tokens
+/// than [`KBlock::rows_dots`] serves: each register's rows in row order from the block's
+/// fields in registers ([`Fields`]), as [`row_levels`] makes them, then one [`transpose`].
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+unsafe fn regs<L: Fields>(b: &L) -> [__m256i; REGS] {
+    // SAFETY: register operations; AVX2 by the callers' contract.
+    unsafe {
+        let (gb, ix) = (b.group_bytes(), b.indices());
+        let rows = by_register!(|j| {
+            let (grid, c) = (grid_reg(b, &ix, j, false), column_bytes(gb, j));
+            if L::SIGNS {
+                _mm256_sign_epi8(grid, plus_minus(c))
+            } else {
+                _mm256_add_epi8(grid, c)
+            }
+        });
+        transpose(rows)
+    }
 }
 
 /// Register `j`'s (rows `j` and `j + 8`) levels for the row-order dots: the unsigned levels and
