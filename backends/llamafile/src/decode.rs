@@ -9,7 +9,8 @@
 //!
 //! Levels are unsigned (0..63) except for iq4_xs's and the lattice types' ([`crate::lattice`]),
 //! which are signed and which the kernels multiply with the sign trick of `maddubs` (|w| times
-//! the activation given w's sign).
+//! the activation given w's sign), or, where the levels are small, with the activations
+//! unsigned ([`KBlock::ACT_FOLD`]).
 
 use core::arch::x86_64::*;
 use core::mem::offset_of;
