@@ -30,7 +30,7 @@ ik=${IK_SRC:-$cache/ik_llama.cpp}
 H=2048 I=768 E=128 K=8
 
 # ik_llama.cpp's row-interleaved form of each type (none: not run there).
-declare -A ik_type=([q4_0]=q4_0_r8 [q8_0]=q8_0_r8 [q4_K]=q4_k_r4 [q5_K]=q5_k_r4 [q6_K]=q6_k_r4 [iq4_xs]=iq4_xs_r8
+declare -A ik_type=([q4_0]=q4_0_r8 [q8_0]=q8_0_r8 [q2_K]=q2_k_r4 [q3_K]=q3_k_r4 [q4_K]=q4_k_r4 [q5_K]=q5_k_r4 [q6_K]=q6_k_r4 [iq4_xs]=iq4_xs_r8
     [mxfp4]=mxfp4_r8 [iq4_nl]=iq4_nl_r4 [iq2_xxs]=iq2_xxs_r4 [iq3_xxs]=iq3_xxs_r4 [iq1_s]=iq1_s_r4
     [iq1_m]=iq1_m_r4 [iq2_xs]=iq2_xs_r4 [iq2_s]=iq2_s_r4 [iq3_s]=iq3_s_r4)
 # Our method name of a ggml type, where it differs (`mxfp4` alone names KT's MXFP4).

@@ -51,16 +51,6 @@ pub trait Lattice: Pod {
         0
     }
 
-    /// Every group at once: `lv[g]` = [`Lattice::grid`], `sg[g]` = [`Lattice::signs`] (or,
-    /// without signs, [`Lattice::shift`] as a byte). One pass a block, for the kernels.
-    #[inline]
-    fn groups(&self, lv: &mut [u64; 32], sg: &mut [u8; 32]) {
-        for g in 0..32 {
-            lv[g] = self.grid(g);
-            sg[g] = if Self::SIGNS { self.signs(g) } else { self.shift(g) as u8 };
-        }
-    }
-
     /// The signed levels of columns `8g..8g + 8`.
     #[inline]
     fn levels(&self, g: usize) -> [i8; 8] {
@@ -160,16 +150,6 @@ impl Lattice for BlockIq2Xxs {
     #[inline]
     fn sign_bits(&self, g: usize) -> u32 {
         u32_at(&self.qs, 2 * (g / 4) + 1) >> (7 * (g % 4))
-    }
-    #[inline]
-    fn groups(&self, lv: &mut [u64; 32], sg: &mut [u8; 32]) {
-        for (ib, q) in self.qs.chunks_exact(8).enumerate() {
-            let aux = u32_at(q, 1);
-            for l in 0..4 {
-                lv[4 * ib + l] = IQ2XXS_GRID[usize::from(q[l])];
-                sg[4 * ib + l] = ksigns(aux >> (7 * l));
-            }
-        }
     }
 }
 
@@ -283,16 +263,6 @@ impl Lattice for BlockIq3Xxs {
     #[inline]
     fn sign_bits(&self, g: usize) -> u32 {
         u32_at(&self.scales_signs, g / 4) >> (7 * (g % 4))
-    }
-    #[inline]
-    fn groups(&self, lv: &mut [u64; 32], sg: &mut [u8; 32]) {
-        for (ib, q) in self.qs.chunks_exact(8).enumerate() {
-            let aux = u32_at(&self.scales_signs, ib);
-            for l in 0..4 {
-                lv[4 * ib + l] = pair(&IQ3XXS_GRID, usize::from(q[2 * l]), usize::from(q[2 * l + 1]));
-                sg[4 * ib + l] = ksigns(aux >> (7 * l));
-            }
-        }
     }
 }
 
