@@ -261,7 +261,9 @@ pub(super) unsafe fn kquant<const TC: usize, B: KBlock>(
                         _mm256_store_si256(o.mn.as_mut_ptr().cast(), mn);
                     }
                 }
-                unsafe { _mm256_store_si256(o.corr.as_mut_ptr().cast(), corr) };
+                if B::ACT_FOLD > 0 {
+                    unsafe { _mm256_store_si256(o.corr.as_mut_ptr().cast(), corr) };
+                }
                 (o.d, o.dmin) = (d, dmin);
             }
             // The activations unsigned for ACT_FOLD types (`a ^ 0x80 = a + 128`).

@@ -127,9 +127,27 @@ macro_rules! by_register {
     };
 }
 
+/// Register `j`'s (rows `j` and `j + 8`) signed levels: its grid entries with their signs
+/// applied or iq1's shifts added. `ix` and `gb` are the block's [`Fields::indices`] and
+/// [`Fields::group_bytes`].
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+unsafe fn signed_levels<L: Fields>(b: &L, ix: &L::Indices, gb: __m256i, j: usize) -> __m256i {
+    // SAFETY: register operations; AVX2 by the callers' contract.
+    unsafe {
+        let (grid, c) = (grid_reg(b, ix, j, false), column_bytes(gb, j));
+        match L::SIGNS {
+            true => _mm256_sign_epi8(grid, plus_minus(c)),
+            false => _mm256_add_epi8(grid, c),
+        }
+    }
+}
+
 /// The block's registers in the lane layout ([`KBlock::regs`]), for the kernels of more tokens
-/// than [`KBlock::rows_dots`] serves: each register's rows in row order from the block's
-/// fields in registers ([`Fields`]), as [`row_levels`] makes them, then one [`transpose`].
+/// than [`KBlock::rows_dots`] serves: each register's [`signed_levels`] in row order, from the
+/// block's fields in registers ([`Fields`]), then one [`transpose`].
 ///
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
@@ -138,15 +156,7 @@ unsafe fn regs<L: Fields>(b: &L) -> [__m256i; REGS] {
     // SAFETY: register operations; AVX2 by the callers' contract.
     unsafe {
         let (gb, ix) = (b.group_bytes(), b.indices());
-        let rows = by_register!(|j| {
-            let (grid, c) = (grid_reg(b, &ix, j, false), column_bytes(gb, j));
-            if L::SIGNS {
-                _mm256_sign_epi8(grid, plus_minus(c))
-            } else {
-                _mm256_add_epi8(grid, c)
-            }
-        });
-        transpose(rows)
+        transpose(by_register!(|j| signed_levels(b, &ix, gb, j)))
     }
 }
 
@@ -164,14 +174,11 @@ unsafe fn row_levels<L: Fields>(b: &L, ix: &L::Indices, gb: __m256i, j: usize) -
         if L::OFFSET {
             return [grid_reg(b, ix, j, true), _mm256_setzero_si256()];
         }
-        let (grid, c) = (grid_reg(b, ix, j, false), column_bytes(gb, j));
-        match L::SIGNS {
-            true => [grid, plus_minus(c)],
-            false => {
-                let x = _mm256_add_epi8(grid, c);
-                [_mm256_abs_epi8(x), x]
-            }
+        if L::SIGNS {
+            return [grid_reg(b, ix, j, false), plus_minus(column_bytes(gb, j))];
         }
+        let x = signed_levels(b, ix, gb, j);
+        [_mm256_abs_epi8(x), x]
     }
 }
 
