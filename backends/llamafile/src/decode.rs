@@ -74,7 +74,7 @@ pub trait KBlock: Pod {
     ) -> [__m256i; TN] {
         unreachable!("rows_dots of a block type whose levels are not looked up")
     }
-    /// No mins (the lattice types): the kernels leave their terms out (the same bits: they
+    /// No mins (iq4_xs, the lattice types): the kernels leave their terms out (the same bits: they
     /// would subtract exact zeros).
     const NO_MINS: bool = false;
     /// For a [`KBlock::SIGNED`] type whose levels are small enough, the registers whose pair
@@ -522,6 +522,7 @@ impl KBlock for Iq4XsU {
     const SIGNED: bool = true;
     const FOLD: usize = 1;
     const PER32: bool = true;
+    const NO_MINS: bool = true;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         unsafe { (twice(u64::from_le_bytes(self.sc), true), _mm256_setzero_si256(), h(self.d), 0.0) }

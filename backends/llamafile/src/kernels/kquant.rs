@@ -31,12 +31,14 @@ pub(super) unsafe fn block_dot<B: KBlock>(blk: &B, a: &ActK, sc: __m256i) -> __m
 /// A [`KBlock::PER32`] block's step for one row and token: `acc·keep + s·(d·scale)·da −
 /// (dmin·min)·(da·Σa)` per 32-column part, `keep` all ones but for a tile's first block
 /// (zeros: [`keep`]), `s` the parts' sums of levels times activations, `sc` the block's
-/// [`KBlock::prep32`], `(da, m)` the token's [`act32`].
+/// [`KBlock::prep32`], `(da, m)` the token's [`act32`]. `no_mins` ([`KBlock::NO_MINS`]) leaves
+/// the mins term out, and with it the work that made `m`.
 ///
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
 pub(super) unsafe fn per32(
+    no_mins: bool,
     keep: __m256,
     acc: __m256,
     s: __m256i,
@@ -47,6 +49,9 @@ pub(super) unsafe fn per32(
     // SAFETY: AVX and FMA in every caller (target_feature functions).
     unsafe {
         let x = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s), _mm256_mul_ps(dsc, da), _mm256_and_ps(acc, keep));
+        if no_mins {
+            return x;
+        }
         _mm256_fnmadd_ps(dmn, m, x)
     }
 }
@@ -105,7 +110,7 @@ pub(super) unsafe fn kquant1_tile<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[
             for i in 0..R {
                 let blk = &blocks[i][b];
                 let s = unsafe { block_dot(blk, a, _mm256_set1_epi16(1)) };
-                acc[i] = unsafe { per32(keep(b), acc[i], s, blk.prep32(), da, m) };
+                acc[i] = unsafe { per32(B::NO_MINS, keep(b), acc[i], s, blk.prep32(), da, m) };
             }
             continue;
         }
@@ -219,6 +224,8 @@ pub(super) unsafe fn kquant<const TC: usize, B: KBlock>(
     dec: &mut [DecK; R],
     acc: &mut Acc,
 ) {
+    // The ACT_FOLD correction is made with the 16-column scales, after the PER32 branch.
+    const { assert!(B::ACT_FOLD == 0 || !B::PER32, "an ACT_FOLD type's scales cover 16 columns") };
     let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
     let (n, acts) = (tile.n, tile.act());
     for (t0, tn) in token_tiles::<TC>(n) {
@@ -255,7 +262,9 @@ pub(super) unsafe fn kquant<const TC: usize, B: KBlock>(
                     if B::PER32 {
                         let (dsc, dmn) = blk.prep32();
                         _mm256_store_ps(o.dsc.as_mut_ptr(), dsc);
-                        _mm256_store_ps(o.dmn.as_mut_ptr(), dmn);
+                        if !B::NO_MINS {
+                            _mm256_store_ps(o.dmn.as_mut_ptr(), dmn);
+                        }
                     } else {
                         _mm256_store_si256(o.sc.as_mut_ptr().cast(), sc);
                         _mm256_store_si256(o.mn.as_mut_ptr().cast(), mn);
@@ -301,7 +310,7 @@ pub(super) unsafe fn kquant<const TC: usize, B: KBlock>(
                     for i in 0..R {
                         let d = &dec[i];
                         let sc = unsafe { (_mm256_load_ps(d.dsc.as_ptr()), _mm256_load_ps(d.dmn.as_ptr())) };
-                        acc[i][t] = unsafe { per32(keep(b), acc[i][t], isum[i], sc, da, m) };
+                        acc[i][t] = unsafe { per32(B::NO_MINS, keep(b), acc[i][t], isum[i], sc, da, m) };
                     }
                     continue;
                 }

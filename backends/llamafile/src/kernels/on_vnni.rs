@@ -162,7 +162,7 @@ unsafe fn k32_tokens<D: Dp, B: KBlock, const NT: usize, const A: usize>(
             };
             for i in 0..R {
                 let s = if B::SIGNED { _mm256_sub_epi32(s[i][k], off) } else { s[i][k] };
-                acc[i][t + k] = per32(keep, acc[i][t + k], s, sc[i], da, m);
+                acc[i][t + k] = per32(B::NO_MINS, keep, acc[i][t + k], s, sc[i], da, m);
             }
         }
     }

@@ -160,7 +160,7 @@ unsafe fn k32_scale<B: KBlock, const K: usize, const A: usize, const FIRST: bool
                 let kept = if FIRST { _mm512_setzero_ps() } else { acc[p][t + k] };
                 let s = if B::SIGNED { _mm512_sub_epi32(s[p][k], off) } else { s[p][k] };
                 let x = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(dsc, da), kept);
-                acc[p][t + k] = _mm512_fnmadd_ps(dmn, m, x);
+                acc[p][t + k] = if B::NO_MINS { x } else { _mm512_fnmadd_ps(dmn, m, x) };
             }
         }
     }
