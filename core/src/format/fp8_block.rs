@@ -22,10 +22,13 @@ pub fn quantize(rows: usize, cols: usize, src: &[f32]) -> (Vec<u8>, Vec<f32>) {
         *s /= F8E4M3::MAX;
     }
     let mut data = vec![0u8; rows * cols];
-    for r in 0..rows {
-        for c in 0..cols {
-            let inv = inverse(scales[(r / FP8_BLOCK) * bc + c / FP8_BLOCK]);
-            data[r * cols + c] = F8E4M3::from_f32(src[r * cols + c] * inv).0;
+    for (r, (out, row)) in data.chunks_mut(cols.max(1)).zip(src.chunks(cols.max(1))).enumerate().take(rows) {
+        for (b, (o, x)) in out.chunks_mut(FP8_BLOCK).zip(row.chunks(FP8_BLOCK)).enumerate() {
+            // One inverse a block and row, not one a weight.
+            let inv = inverse(scales[(r / FP8_BLOCK) * bc + b]);
+            for (o, &x) in o.iter_mut().zip(x) {
+                *o = F8E4M3::from_f32(x * inv).0;
+            }
         }
     }
     (data, scales)
