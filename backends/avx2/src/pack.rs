@@ -124,22 +124,42 @@ pub fn pack(m: &QuantMatrix) -> Packed {
         let (p, i) = (r / PANEL, r % PANEL);
         let dst = &mut buf[p * panel_bytes..(p + 1) * panel_bytes];
         let src = m.row_data(r);
-        for c in 0..cols {
-            match f {
-                WeightFormat::Bf16 => {
+        // One format test a row, not a weight (a load packs billions of weights).
+        match f {
+            WeightFormat::Bf16 => {
+                for (c, w) in src[..2 * cols].chunks_exact(2).enumerate() {
                     let at = (c * PANEL + i) * 2;
-                    dst[at..at + 2].copy_from_slice(&src[2 * c..2 * c + 2]);
+                    dst[at..at + 2].copy_from_slice(w);
                 }
-                WeightFormat::Fp8Block | WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => dst[fp8_at(i, c)] = src[c],
-                WeightFormat::Int8Row => dst[(c / 4) * 64 + i * 4 + c % 4] = src[c],
-                f if is_int4(f) => {
+            }
+            WeightFormat::Fp8Block | WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => {
+                for (c, &w) in src[..cols].iter().enumerate() {
+                    dst[fp8_at(i, c)] = w;
+                }
+            }
+            WeightFormat::Int8Row => {
+                for (c, &w) in src[..cols].iter().enumerate() {
+                    dst[(c / 4) * 64 + i * 4 + c % 4] = w;
+                }
+            }
+            f if is_int4(f) => {
+                // Whole octets from their 4 source bytes at once (every int4 kind stores its
+                // nibbles as they come, low nibble the even column: `int4_nibble`).
+                for (u, w) in src[..cols / 8 * 4].chunks_exact(4).enumerate() {
+                    let w = u32::from_le_bytes([w[0], w[1], w[2], w[3]]);
+                    for j in 0..4 {
+                        dst[u * 64 + i * 4 + j] =
+                            ((w >> (4 * j)) & 0x0F) as u8 | (((w >> (16 + 4 * j)) & 0x0F) << 4) as u8;
+                    }
+                }
+                for c in cols / 8 * 8..cols {
                     let nib = int4_nibble(f, src, c);
                     let (u, j) = (c / 8, c % 8);
                     let at = u * 64 + i * 4 + j % 4;
                     dst[at] = if j < 4 { (dst[at] & 0xF0) | nib } else { (dst[at] & 0x0F) | (nib << 4) };
                 }
-                _ => unreachable!("supports() admits only these formats"),
             }
+            _ => unreachable!("supports() admits only these formats"),
         }
     }
     let (scales, codes, code_bias) = match f {
