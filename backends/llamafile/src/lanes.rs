@@ -54,8 +54,7 @@ pub const fn column(r: usize, b: usize) -> usize {
 }
 
 /// An activation block's values from column order into the lane layout: the definition that
-/// [`order_act_avx2`] is tested against.
-#[cfg(test)]
+/// [`order_act_avx2`] is tested against, and [`relevel`]'s way on a CPU without AVX2.
 pub fn order_act(qs: &mut [i8; QK_K]) {
     let src = *qs;
     for r in 0..REGS {
@@ -126,22 +125,26 @@ pub unsafe fn transpose(y: [core::arch::x86_64::__m256i; 8]) -> [core::arch::x86
 }
 
 /// `blk` with its levels in the lane layout: the level of chunk `r`, column `b` (GGUF's
-/// addressing) becomes that of column [`column`](fn@column)`(r, b)`. Levels move 16 columns at a time
-/// (loops the compiler vectorizes): a few hundred ns a block.
+/// addressing) becomes that of column [`column`](fn@column)`(r, b)`. The levels are read out in
+/// column order, put in the lane layout as the activations are ([`order_act_avx2`]: the
+/// byte-by-byte move had become half of packing a K-quant), and written back 16 at a time.
 pub fn relevel<B: Relevel>(blk: &B) -> B {
     let src = bytemuck::bytes_of(blk);
-    // Levels in column order, 16 columns a row.
-    let lv: [[u8; 16]; QK_K / 16] = core::array::from_fn(|g| read(src, B::fields(g / 2, g % 2)));
+    let mut lv = [0u8; QK_K];
+    for (g, o) in lv.chunks_exact_mut(16).enumerate() {
+        o.copy_from_slice(&read(src, B::fields(g / 2, g % 2)));
+    }
+    let lanes: &mut [i8; QK_K] = bytemuck::cast_mut(&mut lv);
+    if std::arch::is_x86_feature_detected!("avx2") {
+        // SAFETY: AVX2 checked on the line above.
+        unsafe { order_act_avx2(lanes) };
+    } else {
+        order_act(lanes);
+    }
     let mut out = *blk;
     let dst = bytemuck::bytes_of_mut(&mut out);
-    for r in 0..REGS {
-        for h in 0..2 {
-            let v: [u8; 16] = core::array::from_fn(|k| {
-                let c = column(r, 16 * h + k);
-                lv[c / 16][c % 16]
-            });
-            write(dst, B::fields(r, h), v);
-        }
+    for (j, v) in lv.chunks_exact(16).enumerate() {
+        write(dst, B::fields(j / 2, j % 2), v.try_into().expect("16 levels"));
     }
     out
 }
