@@ -38,6 +38,23 @@ pub trait KBlock: Pod {
     /// # Safety
     /// As [`KBlock::prep`].
     unsafe fn reg(&self, r: usize) -> __m256i;
+    /// Register `r` as `vpdpbusd`'s unsigned operand: the levels, + 128 for a signed type (the
+    /// default flips each level's sign bit; iq4_xs looks its levels up so from its table).
+    ///
+    /// # Safety
+    /// As [`KBlock::prep`].
+    #[inline(always)]
+    unsafe fn ureg(&self, r: usize) -> __m256i {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let x = self.reg(r);
+            if Self::SIGNED {
+                _mm256_xor_si256(x, _mm256_set1_epi8(i8::MIN))
+            } else {
+                x
+            }
+        }
+    }
     /// The kernels take every register at once from [`KBlock::regs`] instead of calling
     /// [`KBlock::reg`] for each: the lattice types' levels are table lookups put in the lane
     /// layout by one transpose of all 8 registers ([`crate::lattice`]).
@@ -149,13 +166,22 @@ unsafe fn bits(x: __m256i, s: usize, m: i8) -> __m256i {
     unsafe { _mm256_and_si256(_mm256_srl_epi16(x, _mm_cvtsi32_si128(s as i32)), _mm256_set1_epi8(m)) }
 }
 
-/// The 16 iq4 levels in both 128-bit lanes, for `pshufb`.
+/// The 16 iq4 levels in both 128-bit lanes, for `pshufb`; with `PLUS128` each + 128, as
+/// `vpdpbusd`'s unsigned operand ([`KBlock::ureg`]).
 ///
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[inline(always)]
-unsafe fn iq4_lut() -> __m256i {
-    let k: [i8; 16] = KVALUES_IQ4NL;
+unsafe fn iq4_lut<const PLUS128: bool>() -> __m256i {
+    let k: [i8; 16] = const {
+        let mut k = KVALUES_IQ4NL;
+        let mut i = 0;
+        while PLUS128 && i < 16 {
+            k[i] ^= i8::MIN;
+            i += 1;
+        }
+        k
+    };
     // SAFETY: 16 bytes; AVX by contract.
     unsafe {
         let l = _mm_loadu_si128(k.as_ptr().cast());
@@ -536,7 +562,23 @@ impl KBlock for Iq4XsU {
     }
     #[inline(always)]
     unsafe fn reg(&self, r: usize) -> __m256i {
-        unsafe { _mm256_shuffle_epi8(iq4_lut(), bits(load(&self.qs[32 * (r / 2)..]), 4 * (r % 2), 0x0F)) }
+        unsafe { self.lookup::<false>(r) }
+    }
+    #[inline(always)]
+    unsafe fn ureg(&self, r: usize) -> __m256i {
+        unsafe { self.lookup::<true>(r) }
+    }
+}
+
+impl Iq4XsU {
+    /// Register `r`'s levels from the table, + 128 with `PLUS128` ([`iq4_lut`]).
+    ///
+    /// # Safety
+    /// AVX2 (inlined into kernels that enable it).
+    #[inline(always)]
+    unsafe fn lookup<const PLUS128: bool>(&self, r: usize) -> __m256i {
+        // SAFETY: AVX2 by the contract; `r < 8`, so the 32 bytes lie inside `qs`.
+        unsafe { _mm256_shuffle_epi8(iq4_lut::<PLUS128>(), bits(load(&self.qs[32 * (r / 2)..]), 4 * (r % 2), 0x0F)) }
     }
 }
 

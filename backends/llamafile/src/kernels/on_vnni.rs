@@ -136,7 +136,7 @@ unsafe fn k32_tokens<D: Dp, B: KBlock, const NT: usize, const A: usize>(
             for r in [2 * p, 2 * p + 1] {
                 let w = array!(_mm256_setzero_si256(); R, |i| match dec {
                     Some(d) => ld(&d[i].v[r]),
-                    None => unsigned_reg(blk[i], r),
+                    None => blk[i].ureg(r),
                 });
                 let s = if NT == 1 && r % 2 == 1 { &mut odd } else { &mut s };
                 for k in 0..NT {
@@ -168,23 +168,6 @@ unsafe fn k32_tokens<D: Dp, B: KBlock, const NT: usize, const A: usize>(
     }
 }
 
-/// Register `r` of `blk` as `vpdpbusd`'s unsigned operand: signed levels + 128.
-///
-/// # Safety
-/// AVX2 (inlined into kernels that enable it).
-#[inline(always)]
-pub(super) unsafe fn unsigned_reg<B: KBlock>(blk: &B, r: usize) -> __m256i {
-    // SAFETY: the caller's contract.
-    unsafe {
-        let x = blk.reg(r);
-        if B::SIGNED {
-            _mm256_xor_si256(x, _mm256_set1_epi8(i8::MIN))
-        } else {
-            x
-        }
-    }
-}
-
 /// One tile of a [`KBlock::PER32`] type: `NT` tokens at a time share each register of a
 /// block's rows (decoded once per token tile into `dec`, or where used for one token), the
 /// rest in one group ([`groups`]); accumulators set by the first block and added to in block
@@ -212,7 +195,7 @@ unsafe fn vnni_k32<D: Dp, B: KBlock, const NT: usize, const TC: usize, const A: 
             if let Some(d) = dec.as_deref_mut() {
                 for i in 0..R {
                     for r in 0..REGS {
-                        unsafe { _mm256_store_si256(d[i].v[r].as_mut_ptr().cast(), unsigned_reg(blk[i], r)) };
+                        unsafe { _mm256_store_si256(d[i].v[r].as_mut_ptr().cast(), blk[i].ureg(r)) };
                     }
                 }
             }

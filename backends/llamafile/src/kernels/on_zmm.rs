@@ -22,7 +22,6 @@ use core::ops::Range;
 
 use kt_core::ggml::GgmlType;
 
-use super::on_vnni::unsigned_reg;
 use super::{act32, fresh, hsum4, ld, open_group, prefetch_next, token_tiles, Acc, Packed, Tile, R, TC};
 use crate::act::{ActK, ActV8};
 use crate::decode::{reg_of, KBlock};
@@ -198,7 +197,7 @@ pub(super) unsafe fn dots<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]
             }
             // SAFETY (whole loop): this function's features; stores stay inside `lv`.
             let blk = array!(&blocks[0][0]; R, |i| &blocks[i][b]);
-            unsafe { lv.fill(|i, r| unsigned_reg(blk[i], r)) };
+            unsafe { lv.fill(|i, r| blk[i].ureg(r)) };
             let sc = unsafe { prep_pairs(&blk) };
             let act = &acts[b * n + t0..b * n + t0 + tn];
             if b == 0 {
@@ -258,8 +257,8 @@ pub(super) unsafe fn k32_few<B: KBlock, const K: usize>(tile: &Tile<'_, ActK>, o
             for p in 0..R / 2 {
                 let regs = |i: usize| {
                     array!(_mm512_setzero_si512(); 4, |h| {
-                        let lo = _mm512_castsi256_si512(unsigned_reg(blk[i], 2 * h));
-                        _mm512_inserti64x4::<1>(lo, unsigned_reg(blk[i], 2 * h + 1))
+                        let lo = _mm512_castsi256_si512(blk[i].ureg(2 * h));
+                        _mm512_inserti64x4::<1>(lo, blk[i].ureg(2 * h + 1))
                     })
                 };
                 let (qa, qb) = (regs(2 * p), regs(2 * p + 1));
