@@ -2,6 +2,7 @@
 """Markdown tables from `kt bench --json` runs, for docs/performance.md and the README.
 
     python3 scripts/perf-table.py RUN.json [RUN.json ...]            # one table per preset
+    python3 scripts/perf-table.py --medians RUN.json [RUN.json ...]  # the same, each cell "best / median"
     python3 scripts/perf-table.py --summary RUN.json [RUN.json ...]  # the README's short table
     python3 scripts/perf-table.py --compare B1.json B2.json -- A1.json A2.json  # before/after, best of alternated runs
 
@@ -13,6 +14,7 @@ method and backend.
 """
 
 import json
+import statistics
 import sys
 from collections import defaultdict
 
@@ -21,11 +23,21 @@ def load(paths):
     return [json.load(open(p)) for p in paths]
 
 
+def ratio(r):
+    return r["dram_ratio"] if r["tokens"] <= 4 else r["compute_ratio"]
+
+
 def cell(r):
-    ratio = r["dram_ratio"] if r["tokens"] <= 4 else r["compute_ratio"]
     judged = r.get("judged_by") or ("vnni" if r.get("vnni") else "")
     mark = {"vnni": "*", "bf16dot": "†"}.get(judged, "") if r["tokens"] > 4 else ""
-    return f"{r['ms_best']:.2f} ({ratio:.2f}{mark})"
+    return f"{r['ms_best']:.2f} ({ratio(r):.2f}{mark})"
+
+
+def median_cell(rs):
+    """Best of the runs' best times and its ratio, then the median of the runs' median times (on
+    a noisy VM the best alone flatters)."""
+    best = min(rs, key=lambda r: r["ms_best"])
+    return f"{cell(best)} / {statistics.median(r['ms_median'] for r in rs):.2f}"
 
 
 def machine(runs):
@@ -66,7 +78,7 @@ def by_case(runs, short=False):
     return cases
 
 
-def tables(runs):
+def tables(runs, medians=False):
     cases = by_case(runs)
     tokens = sorted({t for (_, _, t) in cases})
     out = [machine(runs), ""]
@@ -76,10 +88,11 @@ def tables(runs):
         out.append("| method | backend | " + " | ".join(f"n = {t}" for t in tokens) + " |")
         out.append("|---|---|" + "---|" * len(tokens))
         for m in methods:
-            best = [min(cases.get((preset, m, t), []), key=lambda r: r["ms_best"], default=None) for t in tokens]
-            backend = next(r["backend"] for r in best if r)
+            rs = [cases.get((preset, m, t), []) for t in tokens]
+            backend = next(r[0]["backend"] for r in rs if r)
             name = m.split("\t")[0]
-            out.append(f"| {name} | {backend} | " + " | ".join(cell(r) if r else "" for r in best) + " |")
+            show = median_cell if medians else lambda rs: cell(min(rs, key=lambda r: r["ms_best"]))
+            out.append(f"| {name} | {backend} | " + " | ".join(show(r) if r else "" for r in rs) + " |")
         out.append("")
     return "\n".join(out)
 
@@ -116,7 +129,9 @@ def main(argv):
     if not argv or argv[0] in ("-h", "--help"):
         print(__doc__)
         return 0
-    if argv[0] == "--summary":
+    if argv[0] == "--medians":
+        print(tables(load(argv[1:]), medians=True))
+    elif argv[0] == "--summary":
         print(summary(load(argv[1:])))
     elif argv[0] == "--compare":
         half = [p for p in argv[1:]]
