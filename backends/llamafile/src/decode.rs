@@ -104,6 +104,14 @@ pub trait KBlock: Pod {
     /// subtracts them from the dots in i32 (exact: both stay far below 2³¹) and converts and
     /// scales once.
     const MINS_IN_D: bool = false;
+    /// Each level times its 16 columns' scale fits `vpdpbusd`'s unsigned byte: `Some((o, c))`
+    /// where `(level − o)·scale + c` lies in 0..=255 for every level and scale (q2_K: `(0, 0)`,
+    /// 0..45; q3_K: `(4, 124)`, 0..252). The 512-bit many-token kernel stores them so, scaled
+    /// once a block and row, and multiplies them with each token in one `vpdpbusd` a register,
+    /// where the `maddubs` pair sums took a second multiply by the scales (`vpdpwssd`); per 16
+    /// columns it takes `(c − o·scale)·Σa` back out of the i32 sums, which are then the same.
+    /// An offset `o` is the type's min (its mins are `o·scale`, [`KBlock::MINS_IN_D`]).
+    const SCALED: Option<(i16, i16)> = None;
     /// Scales and mins cover 32 columns (q4_K, q5_K; iq4_xs, which has no mins). In the lane layout i32 lane `l` of every
     /// register holds columns of 32-column part `l` only, so the kernels sum each part's
     /// products in i32 unscaled (a `madd` with ones, or `vpdpbusd`) and scale them in f32 by
@@ -226,6 +234,7 @@ fn unpack_k4(s: &[u8; 12]) -> ([u8; 8], [u8; 8]) {
 impl KBlock for BlockQ2K {
     const SIGNED: bool = false;
     const FOLD: usize = 8;
+    const SCALED: Option<(i16, i16)> = Some((0, 0));
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         unsafe {
@@ -271,6 +280,7 @@ impl KBlock for Q3KU {
     const SIGNED: bool = false;
     const FOLD: usize = 8;
     const MINS_IN_D: bool = true;
+    const SCALED: Option<(i16, i16)> = Some((4, 124));
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
         unsafe {

@@ -443,6 +443,7 @@ mod imp {
         }
 
         fn instructions(&self, format: WeightFormat) -> Instructions {
+            use kt_core::ggml::GgmlType::{IQ4_NL, Q2_K, Q3_K};
             // Another format has no kernels here: its answer is where its activations would go.
             let WeightFormat::Ggml(t) = format else {
                 return if format.int_activations() { Instructions::Int8Pairs } else { Instructions::FmaF32 };
@@ -450,8 +451,9 @@ mod imp {
             if self.tiles_here() && tile_type(t, self.vnni().is_some()) {
                 Instructions::AmxInt8
             } else if self.vnni().is_some() && vnni::runs(t)
-                // iq4_nl: its 512-bit kernels (`legacy::Iq4NlV`).
-                || self.vnni() == Some(Vnni::Evex) && t == kt_core::ggml::GgmlType::IQ4_NL
+                // iq4_nl: its 512-bit kernels (`legacy::Iq4NlV`); q2_K and q3_K: their levels
+                // scaled in the 512-bit ones (`KBlock::SCALED`).
+                || self.vnni() == Some(Vnni::Evex) && matches!(t, IQ4_NL | Q2_K | Q3_K)
             {
                 Instructions::Int8Vnni
             } else if self.vnni() == Some(Vnni::Evex) && t.act() == kt_core::ggml::ActKind::Q8K {
@@ -497,19 +499,21 @@ mod tests {
             assert_eq!(LLAMAFILE.instructions(g(t)), on_tiles(vnni), "{t}");
             assert_eq!(LLAMAFILE_AVX2.instructions(g(t)), Instructions::Int8Pairs, "{t}");
         }
-        // iq4_nl: `vpdpbusd` in the 512-bit kernels only.
-        let iq4 = match crate::vnni::detect() {
+        // iq4_nl, q2_K and q3_K: `vpdpbusd` in the 512-bit kernels only.
+        let evex = match crate::vnni::detect() {
             Some(crate::vnni::Vnni::Evex) => Instructions::Int8Vnni,
             _ => Instructions::Int8Pairs,
         };
-        assert_eq!(LLAMAFILE.instructions(g(GgmlType::IQ4_NL)), on_tiles(iq4));
+        for t in [GgmlType::IQ4_NL, GgmlType::Q3_K, GgmlType::Q2_K] {
+            assert_eq!(LLAMAFILE.instructions(g(t)), on_tiles(evex), "{t}");
+        }
         assert_eq!(LLAMAFILE.instructions(g(GgmlType::MXFP4)), on_tiles(vnni));
         // The other 256-column types: `vpmaddubsw` in 512-bit registers with AVX512-VNNI.
         let zmm = match crate::vnni::detect() {
             Some(crate::vnni::Vnni::Evex) => Instructions::Int8PairsZmm,
             _ => Instructions::Int8Pairs,
         };
-        for t in [GgmlType::Q6_K, GgmlType::Q3_K, GgmlType::Q2_K, GgmlType::IQ2_XS, GgmlType::IQ1_M] {
+        for t in [GgmlType::Q6_K, GgmlType::IQ2_XS, GgmlType::IQ1_M] {
             assert_eq!(LLAMAFILE.instructions(g(t)), on_tiles(zmm), "{t}");
             assert_eq!(LLAMAFILE_AVX2.instructions(g(t)), Instructions::Int8Pairs, "{t}");
         }

@@ -3,8 +3,10 @@
 //! activations broadcast to both halves, so one `vpdpbusd` does the work of two 256-bit ones
 //! (on a Xeon with two 512-bit units, 1.86× their throughput) and each f32 step serves two
 //! rows. For q4_K, q5_K and iq4_xs ([`KBlock::PER32`], [`dots`]; 2-6 tokens without the
-//! level store, [`k32_few`]), q2_K, q3_K, q6_K and the lattice types (`vpmaddubsw`, as AVX2
-//! does: [`kquant16`]) and the 32-column types ([`legacy`]: q8_0's bytes, q4_0, q4_1, q5_0,
+//! level store, [`k32_few`]), q6_K and the lattice types (`vpmaddubsw`, as AVX2 does:
+//! [`kquant16`]), q2_K and q3_K (their levels times their 16-column scales, one `vpdpbusd` a
+//! register: [`KBlock::SCALED`]; 2-6 tokens without the level store, [`k16_few`]) and the
+//! 32-column types ([`legacy`]: q8_0's bytes, q4_0, q4_1, q5_0,
 //! q5_1, mxfp4 and iq4_nl through their tables, q8_0's and iq4_nl's + 128 taken back out of
 //! each block's sum, the others' levels packed in q8_0's 4-column lanes, [`quads`]; up to 7
 //! tokens without a level store, [`legacy_few`]).
@@ -615,7 +617,7 @@ const fn fold16<B: KBlock>() -> usize {
 unsafe fn k16_tokens<B: KBlock, const K: usize, const FIRST: bool>(
     lv: &Pairs,
     signs: &Pairs,
-    f: &[(__m512i, __m512i, __m512, __m512); R / 2],
+    f: &K16,
     act: &[ActK],
     acc: &mut Acc2,
     t: usize,
@@ -654,23 +656,164 @@ unsafe fn k16_tokens<B: KBlock, const K: usize, const FIRST: bool>(
                 }
             }
         }
+        k16_scale::<B, K, { 2 * TC }, FIRST>(&s, f, act, acc, t);
+    }
+}
+
+/// [`super::kquant`]'s f32 step on `K` tokens' i32 sums `s` of a 16-column-scale block (pairs
+/// of rows, row `2p` low; `f` as [`k16_tokens`]' but for a [`KBlock::SCALED`] type whose
+/// levels went in scaled, `f[p].0` is each 16 columns' `c − o·scale`, and its `Σa` times
+/// that comes off first): `acc[p][t + k]` plus (or, for a tile's `FIRST` block, set to)
+/// `Σ·d·d_a − mins·dmin·d_a`.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+unsafe fn k16_scale<B: KBlock, const K: usize, const A: usize, const FIRST: bool>(
+    s: &[[__m512i; K]; R / 2],
+    f: &K16,
+    act: &[ActK],
+    acc: &mut [[__m512; A]; R / 2],
+    t: usize,
+) {
+    let (o, c) = B::SCALED.unwrap_or((0, 0));
+    // SAFETY (whole function): AVX2/FMA/AVX512F/BW by the callers' contract; loads stay
+    // inside the activation blocks and the accumulators.
+    unsafe {
         for k in 0..K {
             let (bs, da) = (_mm512_broadcast_i64x4(ld(&act[k].bsums)), _mm512_set1_ps(act[k].d));
+            // With levels offset by `o`, the mins are `o·scale` (q3_K), the fix's complement
+            // to `c`: Σa·c less the fix's sum, one `madd` a token for every pair.
+            let csum = if o != 0 { _mm512_madd_epi16(bs, _mm512_set1_epi16(c)) } else { _mm512_setzero_si512() };
             for p in 0..R / 2 {
-                let (_, mn, d, dmin) = f[p];
-                let mins = _mm512_cvtepi32_ps(_mm512_madd_epi16(bs, mn));
-                let (x, sd) = (_mm512_cvtepi32_ps(s[p][k]), _mm512_mul_ps(d, da));
+                let (fix, mn, d, dmin) = f[p];
+                let fixsum = if (o, c) != (0, 0) { _mm512_madd_epi16(bs, fix) } else { _mm512_setzero_si512() };
+                let (x, sd) = (_mm512_cvtepi32_ps(_mm512_sub_epi32(s[p][k], fixsum)), _mm512_mul_ps(d, da));
                 let x = if FIRST { _mm512_mul_ps(x, sd) } else { _mm512_fmadd_ps(x, sd, acc[p][t + k]) };
-                acc[p][t + k] = _mm512_fnmadd_ps(mins, _mm512_mul_ps(dmin, da), x);
+                if B::NO_MINS {
+                    acc[p][t + k] = x;
+                    continue;
+                }
+                let mins = if o != 0 { _mm512_sub_epi32(csum, fixsum) } else { _mm512_madd_epi16(bs, mn) };
+                let md = if B::MINS_IN_D { sd } else { _mm512_mul_ps(dmin, da) };
+                acc[p][t + k] = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), md, x);
             }
         }
     }
 }
 
+/// [`k16_tokens`] for a [`KBlock::SCALED`] type, its levels scaled in `lv`: [`dp_pairs`] (one
+/// `vpdpbusd` a register, as the 32-column-scale types take), then [`k16_scale`].
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+unsafe fn k16_scaled_tokens<B: KBlock, const K: usize, const FIRST: bool>(
+    lv: &Pairs,
+    f: &K16,
+    act: &[ActK],
+    acc: &mut Acc2,
+    t: usize,
+) {
+    // SAFETY: the callers' features; loads inside the levels and the activation blocks.
+    unsafe {
+        let mut s = [[_mm512_setzero_si512(); K]; R / 2];
+        dp_pairs(lv, act, |a| &a.qs, &mut s);
+        k16_scale::<B, K, { 2 * TC }, FIRST>(&s, f, act, acc, t);
+    }
+}
+
+/// A block's factors for the token steps of the tile's rows in pairs ([`k16_scale`]): per
+/// pair the i16 factors of each 16 columns (the scales; for a [`KBlock::SCALED`] type,
+/// whose levels go in scaled, its `c − o·scale`), the mins, `d` and `dmin`.
+type K16 = [(__m512i, __m512i, __m512, __m512); R / 2];
+
+/// Each row's [`KBlock::prep`] of a block as [`K16`], and for a [`KBlock::SCALED`] type each
+/// row's `(scales, c − o·scale)` for [`scaled`].
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+unsafe fn k16_prep<B: KBlock>(blk: &[&B; R]) -> ([(__m256i, __m256i); R], K16) {
+    // SAFETY (whole function): the callers' features.
+    unsafe {
+        let prep = array!((_mm256_setzero_si256(), _mm256_setzero_si256(), 0.0, 0.0); R, |i| blk[i].prep());
+        let fac = array!(_mm256_setzero_si256(); R, |i| match B::SCALED {
+            Some((o, c)) => _mm256_sub_epi16(_mm256_set1_epi16(c), _mm256_mullo_epi16(prep[i].0, _mm256_set1_epi16(o))),
+            None => prep[i].0,
+        });
+        let f = array!((_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_ps(), _mm512_setzero_ps()); R / 2, |p| {
+            let ((_, mn0, d0, m0), (_, mn1, d1, m1)) = (prep[2 * p], prep[2 * p + 1]);
+            let two = |x: __m256i, y: __m256i| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(x), y);
+            let halves = |x: f32, y: f32| join(_mm256_set1_ps(x), _mm256_set1_ps(y));
+            (two(fac[2 * p], fac[2 * p + 1]), two(mn0, mn1), halves(d0, d1), halves(m0, m1))
+        });
+        (array!((fac[0], fac[0]); R, |i| (prep[i].0, fac[i])), f)
+    }
+}
+
+/// Register `l` of levels (bytes) times `sc` (the i16 scale of each byte pair's 16 columns)
+/// plus `fix` (`c − o·scale`, in 0..=255, [`KBlock::SCALED`]), each byte's own product: one
+/// `vpmullw` of both bytes of a lane, since the low byte's product plus `fix` lies in 0..=255
+/// and carries nothing into the high one.
+///
+/// # Safety
+/// AVX2 is present (inlined into kernels that enable it).
+#[inline(always)]
+unsafe fn scaled(l: __m256i, (sc, fix): (__m256i, __m256i)) -> __m256i {
+    // SAFETY: AVX2 by the caller's contract.
+    unsafe { _mm256_add_epi16(_mm256_mullo_epi16(l, sc), _mm256_mullo_epi16(fix, _mm256_set1_epi16(0x0101))) }
+}
+
+/// [`kquant16`] for a [`KBlock::SCALED`] type and a call of `K` ≤ 6 tokens (an expert's share
+/// of a batched decode), with no level store, as [`k32_few`]: each row's registers scaled
+/// two to a 512-bit register for [`pair_dots`], then [`k16_scale`]; the same bits.
+///
+/// # Safety
+/// As [`kquant16`], for `K` tokens.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k16_few<B: KBlock, const K: usize>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
+    debug_assert_eq!(tile.n, K);
+    let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
+    let acts = tile.act();
+    let mut acc = [[_mm512_setzero_ps(); K]; R / 2];
+    for b in 0..tile.nb {
+        prefetch_next(tile, b);
+        // SAFETY (whole loop): this function's features; loads stay inside the blocks and the
+        // tokens' activation blocks (their 256 values in four 64-byte quarters).
+        unsafe {
+            let blk = array!(&blocks[0][0]; R, |i| &blocks[i][b]);
+            let (sf, f) = k16_prep(&blk);
+            let act = &acts[b * K..b * K + K];
+            let mut s = [[_mm512_setzero_si512(); K]; R / 2];
+            for p in 0..R / 2 {
+                let regs = |i: usize| {
+                    array!(_mm512_setzero_si512(); 4, |h| {
+                        let lo = _mm512_castsi256_si512(scaled(blk[i].reg(2 * h), sf[i]));
+                        _mm512_inserti64x4::<1>(lo, scaled(blk[i].reg(2 * h + 1), sf[i]))
+                    })
+                };
+                let (qa, qb) = (regs(2 * p), regs(2 * p + 1));
+                for k in 0..K {
+                    s[p][k] = pair_dots(&qa, &qb, &act[k].qs);
+                }
+            }
+            if b == 0 {
+                k16_scale::<B, K, K, true>(&s, &f, act, &mut acc, 0);
+            } else {
+                k16_scale::<B, K, K, false>(&s, &f, act, &mut acc, 0);
+            }
+        }
+    }
+    // SAFETY: this function's features.
+    unsafe { write_out(&acc, out) };
+}
+
 /// [`super::dots`] for a 256-column type whose scales cover 16 columns (q2_K, q3_K, q6_K, the
 /// signed lattice types) in 512-bit registers: [`super::kquant`]'s integers and f32 steps for
 /// two rows a register, `NT` tokens at a time, each block's levels (their magnitudes in `lv`,
-/// signed ones in `signs`) put in place once per token tile.
+/// signed ones in `signs`; q2_K's and q3_K's scaled, [`KBlock::SCALED`]) put in place once per
+/// token tile.
 ///
 /// # Safety
 /// As [`super::dots`]; AVX512F, AVX512BW, AVX512VL and AVX512-VNNI must be present.
@@ -682,7 +825,25 @@ pub(super) unsafe fn kquant16<B: KBlock>(
     signs: &mut Pairs,
     acc: &mut Acc,
 ) {
-    const { assert!(!B::PER32) };
+    const {
+        assert!(!B::PER32);
+        if let Some((o, _)) = B::SCALED {
+            assert!(!B::SIGNED && !B::WHOLE && (o == 0 || B::MINS_IN_D));
+        }
+    };
+    if B::SCALED.is_some() {
+        // SAFETY: the caller's contract, for `tile.n` tokens.
+        unsafe {
+            match tile.n {
+                2 => return k16_few::<B, 2>(tile, out),
+                3 => return k16_few::<B, 3>(tile, out),
+                4 => return k16_few::<B, 4>(tile, out),
+                5 => return k16_few::<B, 5>(tile, out),
+                6 => return k16_few::<B, 6>(tile, out),
+                _ => {}
+            }
+        }
+    }
     let acc = in_pairs(acc);
     let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
     let (n, acts) = (tile.n, tile.act());
@@ -695,26 +856,31 @@ pub(super) unsafe fn kquant16<B: KBlock>(
             let blk = array!(&blocks[0][0]; R, |i| &blocks[i][b]);
             let zeros = [_mm256_setzero_si256(); REGS];
             let whole = array!(zeros; R, |i| if B::WHOLE { unsafe { blk[i].regs() } } else { zeros });
+            let (sf, f) = unsafe { k16_prep(&blk) };
             unsafe {
-                if B::SIGNED {
+                if B::SCALED.is_some() {
+                    lv.fill(|i, r| scaled(blk[i].reg(r), sf[i]));
+                } else if B::SIGNED {
                     lv.fill(|i, r| _mm256_abs_epi8(reg_of(blk[i], &whole[i], r)));
                     signs.fill(|i, r| reg_of(blk[i], &whole[i], r));
                 } else {
                     lv.fill(|i, r| reg_of(blk[i], &whole[i], r));
                 }
             }
-            let zero = (_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_ps(), _mm512_setzero_ps());
-            let f = array!(zero; R / 2, |p| unsafe {
-                let ((sc0, mn0, d0, m0), (sc1, mn1, d1, m1)) = (blk[2 * p].prep(), blk[2 * p + 1].prep());
-                let two = |x: __m256i, y: __m256i| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(x), y);
-                let halves = |x: f32, y: f32| join(_mm256_set1_ps(x), _mm256_set1_ps(y));
-                (two(sc0, sc1), two(mn0, mn1), halves(d0, d1), halves(m0, m1))
-            });
             let act = &acts[b * n + t0..b * n + t0 + tn];
-            if b == 0 {
-                groups!(NT, tn, |K, t| unsafe { k16_tokens::<B, K, true>(lv, signs, &f, &act[t..], acc, t) });
-            } else {
-                groups!(NT, tn, |K, t| unsafe { k16_tokens::<B, K, false>(lv, signs, &f, &act[t..], acc, t) });
+            match (B::SCALED.is_some(), b == 0) {
+                (true, true) => {
+                    groups!(NT, tn, |K, t| unsafe { k16_scaled_tokens::<B, K, true>(lv, &f, &act[t..], acc, t) })
+                }
+                (true, false) => {
+                    groups!(NT, tn, |K, t| unsafe { k16_scaled_tokens::<B, K, false>(lv, &f, &act[t..], acc, t) })
+                }
+                (false, true) => {
+                    groups!(NT, tn, |K, t| unsafe { k16_tokens::<B, K, true>(lv, signs, &f, &act[t..], acc, t) })
+                }
+                (false, false) => {
+                    groups!(NT, tn, |K, t| unsafe { k16_tokens::<B, K, false>(lv, signs, &f, &act[t..], acc, t) })
+                }
             }
         }
         unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
