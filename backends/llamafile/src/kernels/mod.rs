@@ -427,6 +427,11 @@ pub unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) 
         return unsafe { on_zmm::legacy_gemv(w, rows, act, out) };
     }
     #[cfg(vnni_intrinsics)]
+    if w.zmm && matches!(w.t, GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K) {
+        // SAFETY: the caller's contract; packed for AVX512-VNNI, act holds one token's ActK.
+        return unsafe { on_zmm::k16_gemv(w, rows, act, out) };
+    }
+    #[cfg(vnni_intrinsics)]
     if w.zmm && lattice1::runs(w.t) {
         // SAFETY: the caller's contract; packed for AVX512-VNNI, VBMI and DQ checked.
         return unsafe { lattice1::gemv(w, rows, act, out) };

@@ -809,6 +809,75 @@ unsafe fn k16_few<B: KBlock, const K: usize>(tile: &Tile<'_, ActK>, out: &mut [[
     unsafe { write_out(&acc, out) };
 }
 
+/// One token of a 16-column-scale type with unsigned levels (q2_K, q3_K, q6_K) on a tile, two
+/// rows a 512-bit register (row `2p` low): each block's registers of both rows meet the
+/// token's register broadcast to both halves, [`super::kquant1_tile`]'s i32 sums and f32
+/// steps, so its bits.
+///
+/// # Safety
+/// As [`super::kquant1_tile`]; AVX512F, AVX512BW, AVX512VL and AVX512-VNNI must be present.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+unsafe fn k16_one<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
+    const { assert!(!B::PER32 && !B::SIGNED && !B::WHOLE && !B::ROWS_DOT && !B::NO_MINS) };
+    let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
+    let acts = tile.act();
+    let mut acc = [[_mm512_setzero_ps(); 1]; R / 2];
+    let two = |x: __m256i, y: __m256i| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(x), y);
+    for b in 0..tile.nb {
+        prefetch_next(tile, b);
+        // SAFETY (whole loop): this function's features; loads stay inside the blocks and the
+        // token's activation block.
+        unsafe {
+            let a = &acts[b];
+            let blk = array!(&blocks[0][0]; R, |i| &blocks[i][b]);
+            let (bs, da) = (_mm512_broadcast_i64x4(ld(&a.bsums)), _mm512_set1_ps(a.d));
+            let (sf, f) = k16_prep(&blk);
+            for p in 0..R / 2 {
+                // The scales themselves (`f`'s are a SCALED type's fix).
+                let (sc, (_, mn, d, dmin)) = (two(sf[2 * p].0, sf[2 * p + 1].0), f[p]);
+                let mut dots = _mm512_setzero_si512();
+                for f in (0..REGS).step_by(B::FOLD) {
+                    let mut x = _mm512_setzero_si512();
+                    for r in f..f + B::FOLD {
+                        let w = two(blk[2 * p].reg(r), blk[2 * p + 1].reg(r));
+                        x = _mm512_add_epi16(x, _mm512_maddubs_epi16(w, _mm512_broadcast_i64x4(ld(&a.qs[32 * r..]))));
+                    }
+                    dots = _mm512_dpwssd_epi32(dots, x, sc);
+                }
+                let mins = _mm512_madd_epi16(bs, mn);
+                let sd = _mm512_mul_ps(d, da);
+                acc[p][0] = if B::MINS_IN_D {
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_sub_epi32(dots, mins)), sd, acc[p][0])
+                } else {
+                    let x = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_mul_ps(dmin, da), acc[p][0]);
+                    _mm512_fmadd_ps(_mm512_cvtepi32_ps(dots), sd, x)
+                };
+            }
+        }
+    }
+    // SAFETY: this function's features.
+    unsafe { write_out(&acc, out) };
+}
+
+/// [`super::gemv`] for q2_K, q3_K and q6_K ([`k16_one`]).
+///
+/// # Safety
+/// As [`super::gemv`] for a matrix of one of those types, packed for AVX512-VNNI.
+#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
+pub(super) unsafe fn k16_gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
+    macro_rules! run {
+        ($b:ty) => {
+            one_token_tiles!(w, rows, act, out, ActK, |tile, res| unsafe { k16_one::<$b>(&tile, &mut res) })
+        };
+    }
+    match w.t {
+        GgmlType::Q2_K => run!(kt_core::ggml::BlockQ2K),
+        GgmlType::Q3_K => run!(crate::decode::Q3KU),
+        GgmlType::Q6_K => run!(crate::decode::Q6KP),
+        t => unreachable!("{t} has no 512-bit one-token kernel"),
+    }
+}
+
 /// [`super::dots`] for a 256-column type whose scales cover 16 columns (q2_K, q3_K, q6_K, the
 /// signed lattice types) in 512-bit registers: [`super::kquant`]'s integers and f32 steps for
 /// two rows a register, `NT` tokens at a time, each block's levels (their magnitudes in `lv`,
