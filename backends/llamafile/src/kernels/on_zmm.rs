@@ -255,19 +255,7 @@ pub(super) unsafe fn k32_few<B: KBlock, const K: usize>(tile: &Tile<'_, ActK>, o
             let blk = array!(&blocks[0][0]; R, |i| &blocks[i][b]);
             let sc = prep_pairs(&blk);
             let act = &acts[b * K..b * K + K];
-            let mut s = [[_mm512_setzero_si512(); K]; R / 2];
-            for p in 0..R / 2 {
-                let regs = |i: usize| {
-                    array!(_mm512_setzero_si512(); 4, |h| {
-                        let lo = _mm512_castsi256_si512(blk[i].ureg(2 * h));
-                        _mm512_inserti64x4::<1>(lo, blk[i].ureg(2 * h + 1))
-                    })
-                };
-                let (qa, qb) = (regs(2 * p), regs(2 * p + 1));
-                for k in 0..K {
-                    s[p][k] = pair_dots(&qa, &qb, &act[k].qs);
-                }
-            }
+            let s = few_sums::<K>(|i, r| blk[i].ureg(r), act);
             if b == 0 {
                 k32_scale::<B, K, K, true>(&s, &sc, act, &mut acc, 0);
             } else {
@@ -277,6 +265,32 @@ pub(super) unsafe fn k32_few<B: KBlock, const K: usize>(tile: &Tile<'_, ActK>, o
     }
     // SAFETY: this function's features.
     unsafe { write_out(&acc, out) };
+}
+
+/// The few-token kernels' i32 sums ([`k32_few`], [`k16_few`]): `K` tokens' [`pair_dots`] with
+/// the tile's rows in pairs, row `i`'s register `r` from `reg(i, r)`, two to a 512-bit
+/// register, with no level store.
+///
+/// # Safety
+/// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
+#[inline(always)]
+unsafe fn few_sums<const K: usize>(reg: impl Fn(usize, usize) -> __m256i, act: &[ActK]) -> [[__m512i; K]; R / 2] {
+    // SAFETY: the callers' features; `pair_dots` reads inside the `K` activation blocks.
+    unsafe {
+        let mut s = [[_mm512_setzero_si512(); K]; R / 2];
+        for p in 0..R / 2 {
+            let regs = |i: usize| {
+                array!(_mm512_setzero_si512(); 4, |h| {
+                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(reg(i, 2 * h)), reg(i, 2 * h + 1))
+                })
+            };
+            let (qa, qb) = (regs(2 * p), regs(2 * p + 1));
+            for k in 0..K {
+                s[p][k] = pair_dots(&qa, &qb, &act[k].qs);
+            }
+        }
+        s
+    }
 }
 
 /// `out[t][i]` = the sum of row `i`'s lanes in `acc[i / 2][t]`, as the 256-bit kernels'
@@ -785,19 +799,7 @@ unsafe fn k16_few<B: KBlock, const K: usize>(tile: &Tile<'_, ActK>, out: &mut [[
             let blk = array!(&blocks[0][0]; R, |i| &blocks[i][b]);
             let (sf, f) = k16_prep(&blk);
             let act = &acts[b * K..b * K + K];
-            let mut s = [[_mm512_setzero_si512(); K]; R / 2];
-            for p in 0..R / 2 {
-                let regs = |i: usize| {
-                    array!(_mm512_setzero_si512(); 4, |h| {
-                        let lo = _mm512_castsi256_si512(scaled(blk[i].reg(2 * h), sf[i]));
-                        _mm512_inserti64x4::<1>(lo, scaled(blk[i].reg(2 * h + 1), sf[i]))
-                    })
-                };
-                let (qa, qb) = (regs(2 * p), regs(2 * p + 1));
-                for k in 0..K {
-                    s[p][k] = pair_dots(&qa, &qb, &act[k].qs);
-                }
-            }
+            let s = few_sums::<K>(|i, r| scaled(blk[i].reg(r), sf[i]), act);
             if b == 0 {
                 k16_scale::<B, K, K, true>(&s, &f, act, &mut acc, 0);
             } else {
