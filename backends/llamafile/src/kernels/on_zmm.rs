@@ -9,7 +9,8 @@
 //! 32-column types ([`legacy`]: q8_0's bytes, q4_0, q4_1, q5_0,
 //! q5_1, mxfp4 and iq4_nl through their tables, q8_0's and iq4_nl's + 128 taken back out of
 //! each block's sum, the others' levels packed in q8_0's 4-column lanes, [`quads`]; up to 7
-//! tokens without a level store, [`legacy_few`]).
+//! tokens without a level store, [`legacy_few`]). One token of q2_K, q3_K and q6_K also runs
+//! two rows a register ([`k16_one`], the 256-bit one-token kernel's steps).
 //! Lane for lane the operations are those of the 256-bit kernels ([`per32`](super::per32),
 //! [`vnni_q8`](super::on_vnni) and [`legacy`](fn@super::legacy)'s f32 steps): the results are
 //! bit for bit the AVX2 kernels'.
