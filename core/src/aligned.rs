@@ -2,7 +2,7 @@
 //! aligned so SIMD kernels may use aligned loads and no two threads' regions share a line edge
 //! by accident of the allocator.
 
-use alloc::alloc::{alloc, alloc_zeroed, dealloc, handle_alloc_error};
+use alloc::alloc::{alloc_zeroed, dealloc, handle_alloc_error};
 use core::alloc::Layout;
 use core::ptr::NonNull;
 
@@ -33,8 +33,7 @@ impl AlignedBuf {
         Self::zeroed_aligned(len, ALIGN)
     }
 
-    /// A zeroed buffer of `len` bytes aligned to `align` (a power of two ≥ 64), e.g. 2 MiB so
-    /// that the host may back large weight buffers with huge pages.
+    /// A zeroed buffer of `len` bytes aligned to `align` (a power of two ≥ 64).
     pub fn zeroed_aligned(len: usize, align: usize) -> Self {
         let align = align.max(ALIGN);
         if len == 0 {
@@ -44,25 +43,6 @@ impl AlignedBuf {
         // SAFETY: layout has non-zero size.
         let raw = unsafe { alloc_zeroed(layout) };
         let ptr = NonNull::new(raw).unwrap_or_else(|| handle_alloc_error(layout));
-        AlignedBuf { ptr, len, align }
-    }
-
-    /// Like [`Self::zeroed_aligned`], but `advise(ptr, len)` runs on the allocation before
-    /// anything touches it, and only then is it zeroed: a hint such as `MADV_HUGEPAGE` applies
-    /// to page faults, and `alloc_zeroed` with a large alignment zeroes (so faults in) every
-    /// page itself.
-    pub fn zeroed_advised(len: usize, align: usize, advise: impl FnOnce(*mut u8, usize)) -> Self {
-        let align = align.max(ALIGN);
-        if len == 0 {
-            return Self::zeroed_aligned(0, align);
-        }
-        let layout = Self::layout(len, align);
-        // SAFETY: layout has non-zero size.
-        let raw = unsafe { alloc(layout) };
-        let ptr = NonNull::new(raw).unwrap_or_else(|| handle_alloc_error(layout));
-        advise(ptr.as_ptr(), len);
-        // SAFETY: ptr is valid for len bytes of writes; afterwards they are initialised.
-        unsafe { core::ptr::write_bytes(ptr.as_ptr(), 0, len) };
         AlignedBuf { ptr, len, align }
     }
 
@@ -111,7 +91,7 @@ impl Default for AlignedBuf {
 impl Drop for AlignedBuf {
     fn drop(&mut self) {
         if self.len != 0 {
-            // SAFETY: allocated in `zeroed_aligned` or `zeroed_advised` with this exact layout.
+            // SAFETY: allocated in `zeroed_aligned` with this exact layout.
             unsafe { dealloc(self.ptr.as_ptr(), Self::layout(self.len, self.align)) }
         }
     }
@@ -140,22 +120,5 @@ mod tests {
         assert_eq!(AlignedBuf::default().as_slice().len(), 0);
         let big = AlignedBuf::zeroed_aligned(3 << 20, 2 << 20);
         assert_eq!(big.as_slice().as_ptr() as usize % (2 << 20), 0);
-    }
-
-    #[test]
-    fn advised_sees_the_whole_allocation_then_it_is_zeroed() {
-        let mut seen = None;
-        let b = AlignedBuf::zeroed_advised(5000, 4096, |p, len| {
-            // Scribble: the buffer must still come back zeroed.
-            // SAFETY: p is valid for len bytes of writes.
-            unsafe { core::ptr::write_bytes(p, 0xAB, len) };
-            seen = Some((p as usize, len));
-        });
-        assert_eq!(seen, Some((b.as_slice().as_ptr() as usize, 5000)));
-        assert_eq!(b.as_slice().as_ptr() as usize % 4096, 0);
-        assert!(b.as_slice().iter().all(|&x| x == 0));
-        let mut called = false;
-        assert!(AlignedBuf::zeroed_advised(0, 64, |_, _| called = true).is_empty());
-        assert!(!called, "nothing to advise for an empty buffer");
     }
 }

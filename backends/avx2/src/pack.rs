@@ -29,13 +29,12 @@
 //! fp8 block `[panel][k-block]` (a panel never straddles a 128-row block). fp8 scales carry a
 //! factor 2^120 that undoes the exponent placement of the in-register e4m3 decode.
 
-use kt_core::aligned::AlignedBuf;
 use kt_core::format::mx;
 use kt_core::format::FP8_BLOCK;
 use kt_core::{QuantMatrix, WeightFormat};
 pub use kt_x86::int4::{is_int4, nibble_table};
 use kt_x86::int4::{nibble as int4_nibble, weight as int4_w};
-use kt_x86::memory::weight_buffer;
+use kt_x86::memory::{weight_buffer, WeightBuf};
 
 /// Output rows per panel.
 pub const PANEL: usize = 16;
@@ -51,7 +50,7 @@ pub struct Packed {
     pub units: usize,
     /// Bytes per panel.
     pub panel_bytes: usize,
-    pub data: AlignedBuf,
+    pub data: WeightBuf,
     /// Scales as the module docs lay them out (none for the MX kinds: `codes`; none for a
     /// K-group int4 matrix whose scales are all bf16: `scales16`).
     pub scales: Vec<f32>,

@@ -35,11 +35,11 @@
 //! undoes the exponent placement of the in-register e4m3 decode (not in `pairs`: the table gives
 //! every e4m3 value exactly in bf16).
 
-use kt_core::aligned::AlignedBuf;
 use kt_core::format::mx;
 use kt_core::format::{kt_packed, FP8_BLOCK};
 use kt_core::{Error, QuantMatrix, WeightFormat};
 use kt_x86::int4;
+use kt_x86::memory::WeightBuf;
 
 use crate::kernels::Level;
 
@@ -95,7 +95,7 @@ pub struct Packed {
     /// Units of K per panel.
     pub units: usize,
     /// The panels (or KT's tiles).
-    pub data: AlignedBuf,
+    pub data: WeightBuf,
     /// Scales as the module docs lay them out (none for the MX kinds: `codes`; none for a
     /// K-group int4 matrix whose scales are all bf16: `scales16`).
     pub scales: Vec<f32>,

@@ -10,6 +10,7 @@
 //! ```
 
 use kt_core::ggml::{self, ActKind, GgmlType, QK, QK_K};
+use kt_x86::memory::{weight_buffer, WeightBuf};
 
 use crate::decode::{Iq4XsU, Q3KU, Q4KU, Q5KU, Q6KP};
 use crate::kernels::R;
@@ -48,8 +49,8 @@ pub struct Packed {
     /// ([`legacy::to_nibble_quads`]).
     #[cfg_attr(not(vnni_intrinsics), allow(dead_code))] // Always `false` there.
     pub(crate) zmm: bool,
-    /// Row-major blocks.
-    pub data: Vec<u8>,
+    /// Row-major blocks, in this thread's huge-page arena ([`weight_buffer`]).
+    pub data: WeightBuf,
 }
 
 impl Packed {
@@ -71,10 +72,10 @@ impl Packed {
             GgmlType::Q6_K => return k(releveled(src, Q6KP::from_block)),
             GgmlType::IQ4_XS => return k(releveled(src, Iq4XsU::from_block)),
             // The lattice and float types run as GGUF stores them.
-            _ if t.is_lattice() || t.act() == ActKind::F32 => return k(src.to_vec()),
+            _ if t.is_lattice() || t.act() == ActKind::F32 => return k(WeightBuf::copy_of(src)),
             _ => {}
         }
-        let mut data = vec![0u8; rows * row_bytes];
+        let mut data = weight_buffer(rows * row_bytes);
         for (o, s) in data.chunks_exact_mut(row_bytes.max(1)).zip(src.chunks_exact(t.row_bytes(cols).max(1))) {
             legacy::repack_row(t, s, o);
             if vnni.is_some() && t == GgmlType::Q8_0 {
@@ -99,9 +100,9 @@ impl Packed {
 }
 
 /// GGUF blocks `src` (of type `S`) as kernel blocks `B` in the lane layout.
-fn releveled<S: bytemuck::Pod, B: Relevel>(src: &[u8], from: impl Fn(&S) -> B) -> Vec<u8> {
+fn releveled<S: bytemuck::Pod, B: Relevel>(src: &[u8], from: impl Fn(&S) -> B) -> WeightBuf {
     let blocks: &[S] = bytemuck::cast_slice(src);
-    let mut out = vec![0u8; blocks.len() * size_of::<B>()];
+    let mut out = weight_buffer(blocks.len() * size_of::<B>());
     for (o, b) in out.chunks_exact_mut(size_of::<B>()).zip(blocks) {
         o.copy_from_slice(bytemuck::bytes_of(&relevel(&from(b))));
     }
