@@ -82,6 +82,16 @@ unsafe fn join(lo: __m256, hi: __m256) -> __m512 {
     }
 }
 
+/// `lo` and `hi` as one register (integers).
+///
+/// # Safety
+/// AVX512F is present (inlined into kernels that enable it).
+#[inline(always)]
+unsafe fn join_si(lo: __m256i, hi: __m256i) -> __m512i {
+    // SAFETY: AVX512F by the callers' contract.
+    unsafe { _mm512_inserti64x4::<1>(_mm512_castsi256_si512(lo), hi) }
+}
+
 /// `s[p][k]` plus the 8 `vpdpbusd` of pair `p`'s levels in `lv` with token `k`'s values
 /// (`qs(&act[k])`, each register's 32 bytes broadcast to both halves), for `K` tokens.
 ///
@@ -280,11 +290,7 @@ unsafe fn few_sums<const K: usize>(reg: impl Fn(usize, usize) -> __m256i, act: &
     unsafe {
         let mut s = [[_mm512_setzero_si512(); K]; R / 2];
         for p in 0..R / 2 {
-            let regs = |i: usize| {
-                array!(_mm512_setzero_si512(); 4, |h| {
-                    _mm512_inserti64x4::<1>(_mm512_castsi256_si512(reg(i, 2 * h)), reg(i, 2 * h + 1))
-                })
-            };
+            let regs = |i: usize| array!(_mm512_setzero_si512(); 4, |h| join_si(reg(i, 2 * h), reg(i, 2 * h + 1)));
             let (qa, qb) = (regs(2 * p), regs(2 * p + 1));
             for k in 0..K {
                 s[p][k] = pair_dots(&qa, &qb, &act[k].qs);
@@ -744,7 +750,7 @@ unsafe fn k16_scaled_tokens<B: KBlock, const K: usize, const FIRST: bool>(
 type K16 = [(__m512i, __m512i, __m512, __m512); R / 2];
 
 /// Each row's [`KBlock::prep`] of a block as [`K16`], and for a [`KBlock::SCALED`] type each
-/// row's `(scales, c − o·scale)` for [`scaled`].
+/// row's scales and `c − o·scale` in both bytes of each word, for [`scaled`].
 ///
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
@@ -759,25 +765,25 @@ unsafe fn k16_prep<B: KBlock>(blk: &[&B; R]) -> ([(__m256i, __m256i); R], K16) {
         });
         let f = array!((_mm512_setzero_si512(), _mm512_setzero_si512(), _mm512_setzero_ps(), _mm512_setzero_ps()); R / 2, |p| {
             let ((_, mn0, d0, m0), (_, mn1, d1, m1)) = (prep[2 * p], prep[2 * p + 1]);
-            let two = |x: __m256i, y: __m256i| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(x), y);
             let halves = |x: f32, y: f32| join(_mm256_set1_ps(x), _mm256_set1_ps(y));
-            (two(fac[2 * p], fac[2 * p + 1]), two(mn0, mn1), halves(d0, d1), halves(m0, m1))
+            (join_si(fac[2 * p], fac[2 * p + 1]), join_si(mn0, mn1), halves(d0, d1), halves(m0, m1))
         });
-        (array!((fac[0], fac[0]); R, |i| (prep[i].0, fac[i])), f)
+        let both_bytes = _mm256_set1_epi16(0x0101);
+        (array!((fac[0], fac[0]); R, |i| (prep[i].0, _mm256_mullo_epi16(fac[i], both_bytes))), f)
     }
 }
 
 /// Register `l` of levels (bytes) times `sc` (the i16 scale of each byte pair's 16 columns)
-/// plus `fix` (`c − o·scale`, in 0..=255, [`KBlock::SCALED`]), each byte's own product: one
-/// `vpmullw` of both bytes of a lane, since the low byte's product plus `fix` lies in 0..=255
-/// and carries nothing into the high one.
+/// plus `fix` (`c − o·scale`, in 0..=255, [`KBlock::SCALED`], in both bytes of each word),
+/// each byte's own product: one `vpmullw` of both bytes of a lane, since the low byte's product
+/// plus its `fix` lies in 0..=255 and carries nothing into the high one.
 ///
 /// # Safety
 /// AVX2 is present (inlined into kernels that enable it).
 #[inline(always)]
 unsafe fn scaled(l: __m256i, (sc, fix): (__m256i, __m256i)) -> __m256i {
     // SAFETY: AVX2 by the caller's contract.
-    unsafe { _mm256_add_epi16(_mm256_mullo_epi16(l, sc), _mm256_mullo_epi16(fix, _mm256_set1_epi16(0x0101))) }
+    unsafe { _mm256_add_epi16(_mm256_mullo_epi16(l, sc), fix) }
 }
 
 /// [`kquant16`] for a [`KBlock::SCALED`] type and a call of `K` ≤ 6 tokens (an expert's share
@@ -825,7 +831,6 @@ unsafe fn k16_one<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
     let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
     let acts = tile.act();
     let mut acc = [[_mm512_setzero_ps(); 1]; R / 2];
-    let two = |x: __m256i, y: __m256i| _mm512_inserti64x4::<1>(_mm512_castsi256_si512(x), y);
     for b in 0..tile.nb {
         prefetch_next(tile, b);
         // SAFETY (whole loop): this function's features; loads stay inside the blocks and the
@@ -837,12 +842,12 @@ unsafe fn k16_one<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
             let (sf, f) = k16_prep(&blk);
             for p in 0..R / 2 {
                 // The scales themselves (`f`'s are a SCALED type's fix).
-                let (sc, (_, mn, d, dmin)) = (two(sf[2 * p].0, sf[2 * p + 1].0), f[p]);
+                let (sc, (_, mn, d, dmin)) = (join_si(sf[2 * p].0, sf[2 * p + 1].0), f[p]);
                 let mut dots = _mm512_setzero_si512();
                 for f in (0..REGS).step_by(B::FOLD) {
                     let mut x = _mm512_setzero_si512();
                     for r in f..f + B::FOLD {
-                        let w = two(blk[2 * p].reg(r), blk[2 * p + 1].reg(r));
+                        let w = join_si(blk[2 * p].reg(r), blk[2 * p + 1].reg(r));
                         x = _mm512_add_epi16(x, _mm512_maddubs_epi16(w, _mm512_broadcast_i64x4(ld(&a.qs[32 * r..]))));
                     }
                     dots = _mm512_dpwssd_epi32(dots, x, sc);
