@@ -17,6 +17,14 @@ fn info_reports_cpu_and_backends() {
     assert_eq!(code, 0);
     assert!(out.contains("CPU:") && out.contains("KT variant:") && out.contains("selected:"), "{out}");
     assert!(out.contains("reference"), "{out}");
+    // The transparent-huge-page mode, as the kernel reports it.
+    let thp = std::fs::read_to_string("/sys/kernel/mm/transparent_hugepage/enabled").unwrap_or_default();
+    let line = out.lines().find(|l| l.starts_with("huge pages:")).unwrap_or_else(|| panic!("{out}"));
+    match thp.split_whitespace().find(|w| w.starts_with('[')) {
+        Some("[never]") => assert!(line.contains("never") && line.contains("4 KiB"), "{line}"),
+        Some(m) => assert!(line.contains(m.trim_matches(['[', ']'])) && line.contains("2 MiB"), "{line}"),
+        None => assert!(line.contains("none"), "{line}"),
+    }
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         assert!(out.lines().any(|l| l.starts_with("ISA:") && l.contains("avx2")), "{out}");

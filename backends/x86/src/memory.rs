@@ -166,9 +166,32 @@ pub fn weight_buffer(len: usize) -> WeightBuf {
     b
 }
 
+/// Where the kernel says whether it backs advised ranges with transparent huge pages.
+const THP_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
+
+/// The transparent-huge-page mode (`always`, `madvise` or `never`), or `None` where the kernel
+/// has none (not Linux, or built without them): the arenas' advice takes effect under the
+/// first two.
+pub fn huge_page_mode() -> Option<String> {
+    selected_mode(&std::fs::read_to_string(THP_ENABLED).ok()?).map(str::to_owned)
+}
+
+/// The bracketed word of a sysfs choice list such as `always [madvise] never`.
+fn selected_mode(list: &str) -> Option<&str> {
+    list.split_whitespace().find_map(|w| w.strip_prefix('[')?.strip_suffix(']'))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_selected_mode_is_the_bracketed_one() {
+        assert_eq!(selected_mode("always [madvise] never\n"), Some("madvise"));
+        assert_eq!(selected_mode("[always] madvise never"), Some("always"));
+        assert_eq!(selected_mode("always madvise [never]"), Some("never"));
+        assert_eq!(selected_mode("always madvise never"), None);
+    }
 
     #[test]
     fn buffers_are_zeroed_aligned_and_disjoint() {
@@ -219,7 +242,7 @@ mod tests {
     #[cfg(target_os = "linux")]
     #[test]
     fn chunks_are_advised_for_huge_pages() {
-        if !std::path::Path::new("/sys/kernel/mm/transparent_hugepage").exists() {
+        if !std::path::Path::new(THP_ENABLED).exists() {
             eprintln!("skipped: this kernel has no transparent huge pages to advise");
             return;
         }

@@ -254,6 +254,7 @@ fn info(pool: &PoolArgs) -> ExitCode {
             cpulist(&first)
         );
     }
+    println!("huge pages:  {}", huge_pages_line());
     print!("pool:\n{placement}");
     println!("backends (best first; a layer runs on the first that serves its formats):");
     for b in registry::registered() {
@@ -269,6 +270,19 @@ fn info(pool: &PoolArgs) -> ExitCode {
             ExitCode::SUCCESS
         }
         Err(e) => usage(e),
+    }
+}
+
+/// Whether packed weights can sit on transparent huge pages (`kt_x86::memory`'s arenas
+/// advise them; decode streams every routed expert from DRAM).
+fn huge_pages_line() -> String {
+    match kt_x86::memory::huge_page_mode().as_deref() {
+        Some(m @ ("always" | "madvise")) => format!("transparent, {m}: packed weights on 2 MiB pages"),
+        Some(m) => format!(
+            "transparent, {m}: packed weights stay on 4 KiB pages \
+             (`echo madvise > /sys/kernel/mm/transparent_hugepage/enabled` as root lets them)"
+        ),
+        None => "none: this kernel has no transparent huge pages; packed weights on 4 KiB pages".into(),
     }
 }
 
