@@ -167,7 +167,7 @@ pub fn weight_buffer(len: usize) -> WeightBuf {
 }
 
 /// Where the kernel says whether it backs advised ranges with transparent huge pages.
-const THP_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
+pub const THP_ENABLED: &str = "/sys/kernel/mm/transparent_hugepage/enabled";
 
 /// The transparent-huge-page mode (`always`, `madvise` or `never`), or `None` where the kernel
 /// has none (not Linux, or built without them): the arenas' advice takes effect under the

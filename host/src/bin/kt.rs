@@ -279,8 +279,8 @@ fn huge_pages_line() -> String {
     match kt_x86::memory::huge_page_mode().as_deref() {
         Some(m @ ("always" | "madvise")) => format!("transparent, {m}: packed weights on 2 MiB pages"),
         Some(m) => format!(
-            "transparent, {m}: packed weights stay on 4 KiB pages \
-             (`echo madvise > /sys/kernel/mm/transparent_hugepage/enabled` as root lets them)"
+            "transparent, {m}: packed weights stay on 4 KiB pages (`echo madvise > {}` as root lets them)",
+            kt_x86::memory::THP_ENABLED
         ),
         None => "none: this kernel has no transparent huge pages; packed weights on 4 KiB pages".into(),
     }
