@@ -264,13 +264,8 @@ unsafe fn dots_evex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scra
     unsafe {
         macro_rules! k32 {
             ($b:ty) => {
-                match raw.n {
-                    2 => on_zmm::k32_few::<$b, 2>(raw.cast(), out),
-                    3 => on_zmm::k32_few::<$b, 3>(raw.cast(), out),
-                    4 => on_zmm::k32_few::<$b, 4>(raw.cast(), out),
-                    5 => on_zmm::k32_few::<$b, 5>(raw.cast(), out),
-                    6 => on_zmm::k32_few::<$b, 6>(raw.cast(), out),
-                    _ => on_zmm::dots::<$b>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
+                if !on_zmm::k32_few::<$b>(raw.cast(), out) {
+                    on_zmm::dots::<$b>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc)
                 }
             };
         }

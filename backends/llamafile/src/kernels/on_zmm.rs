@@ -3,9 +3,9 @@
 //! activations broadcast to both halves, so one `vpdpbusd` does the work of two 256-bit ones
 //! (on a Xeon with two 512-bit units, 1.86× their throughput) and each f32 step serves two
 //! rows. For q4_K, q5_K and iq4_xs ([`KBlock::PER32`], [`dots`]; 2-6 tokens without the
-//! level store, [`k32_few`]), q6_K and the lattice types (`vpmaddubsw`, as AVX2 does:
+//! level store, [`few`]), q6_K and the lattice types (`vpmaddubsw`, as AVX2 does:
 //! [`kquant16`]), q2_K and q3_K (their levels times their 16-column scales, one `vpdpbusd` a
-//! register: [`KBlock::SCALED`]; 2-6 tokens without the level store, [`k16_few`]) and the
+//! register: [`KBlock::SCALED`]; 2-6 tokens without the level store, [`few`]) and the
 //! 32-column types ([`legacy`]: q8_0's bytes, q4_0, q4_1, q5_0,
 //! q5_1, mxfp4 and iq4_nl through their tables, q8_0's and iq4_nl's + 128 taken back out of
 //! each block's sum, the others' levels packed in q8_0's 4-column lanes, [`quads`]; up to 7
@@ -245,15 +245,124 @@ unsafe fn pair_dots(qa: &[__m512i; 4], qb: &[__m512i; 4], qs: &[i8; 256]) -> __m
     }
 }
 
-/// [`dots`] for a call of `K` ≤ 6 tokens (an expert's share of a batched decode), with no
-/// level store: each row's registers decoded two to a 512-bit register for [`pair_dots`],
-/// then [`k32_scale`]: the same integer sums in the same f32 steps, so the same bits. In
-/// cache 1.2-1.7× [`dots`]' speed at 2-6 tokens; at 7 only q4_K gained, at 8 none.
+/// The f32 steps of a block family in [`few`]: its factors of a block (`prep`), row `i`'s
+/// register `r` for [`pair_dots`] (`reg`), and the step on the i32 sums (`scale`).
+trait FewSteps<B: KBlock> {
+    type Prep;
+    /// # Safety
+    /// The few-token kernels' features.
+    unsafe fn prep(blk: &[&B; R]) -> Self::Prep;
+    /// # Safety
+    /// As `prep`.
+    unsafe fn reg(blk: &B, prep: &Self::Prep, i: usize, r: usize) -> __m256i;
+    /// # Safety
+    /// As `prep`.
+    unsafe fn scale<const K: usize, const FIRST: bool>(
+        s: &[[__m512i; K]; R / 2],
+        prep: &Self::Prep,
+        act: &[ActK],
+        acc: &mut [[__m512; K]; R / 2],
+    );
+}
+
+/// [`KBlock::PER32`] types: [`prep_pairs`], levels unsigned as they are, [`k32_scale`].
+struct Per32;
+
+impl<B: KBlock> FewSteps<B> for Per32 {
+    type Prep = [(__m512, __m512); R / 2];
+    #[inline(always)]
+    unsafe fn prep(blk: &[&B; R]) -> Self::Prep {
+        // SAFETY: the caller's features.
+        unsafe { prep_pairs(blk) }
+    }
+    #[inline(always)]
+    unsafe fn reg(blk: &B, _: &Self::Prep, _: usize, r: usize) -> __m256i {
+        // SAFETY: the caller's features.
+        unsafe { blk.ureg(r) }
+    }
+    #[inline(always)]
+    unsafe fn scale<const K: usize, const FIRST: bool>(
+        s: &[[__m512i; K]; R / 2],
+        sc: &Self::Prep,
+        act: &[ActK],
+        acc: &mut [[__m512; K]; R / 2],
+    ) {
+        // SAFETY: the caller's features; `K` blocks of activations.
+        unsafe { k32_scale::<B, K, K, FIRST>(s, sc, act, acc, 0) }
+    }
+}
+
+/// [`KBlock::SCALED`] 16-column types: [`k16_prep`], levels [`scaled`], [`k16_scale`].
+struct Scaled16;
+
+impl<B: KBlock> FewSteps<B> for Scaled16 {
+    type Prep = ([(__m256i, __m256i); R], K16);
+    #[inline(always)]
+    unsafe fn prep(blk: &[&B; R]) -> Self::Prep {
+        // SAFETY: the caller's features.
+        unsafe { k16_prep(blk) }
+    }
+    #[inline(always)]
+    unsafe fn reg(blk: &B, (sf, _): &Self::Prep, i: usize, r: usize) -> __m256i {
+        // SAFETY: the caller's features.
+        unsafe { scaled(blk.reg(r), sf[i]) }
+    }
+    #[inline(always)]
+    unsafe fn scale<const K: usize, const FIRST: bool>(
+        s: &[[__m512i; K]; R / 2],
+        (_, f): &Self::Prep,
+        act: &[ActK],
+        acc: &mut [[__m512; K]; R / 2],
+    ) {
+        // SAFETY: the caller's features; `K` blocks of activations.
+        unsafe { k16_scale::<B, K, K, FIRST>(s, f, act, acc, 0) }
+    }
+}
+
+/// Most tokens of a call the few-token kernels take.
+const FEW: usize = 6;
+
+/// A call of 2..=[`FEW`] tokens (an expert's share of a batched decode) of a [`KBlock::PER32`]
+/// type on its few-token kernel ([`few`]); false, having done nothing, for other counts.
 ///
 /// # Safety
-/// As [`dots`], for `K` tokens.
+/// As [`dots`].
+#[inline(always)]
+pub(super) unsafe fn k32_few<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) -> bool {
+    // SAFETY: the caller's contract.
+    unsafe { few::<B, Per32>(tile, out) }
+}
+
+/// [`few`] for `tile.n` tokens where it is 2..=[`FEW`] (true), else nothing (false).
+///
+/// # Safety
+/// As [`dots`] (or [`kquant16`]) for `S`'s types.
+#[inline(always)]
+unsafe fn few<B: KBlock, S: FewSteps<B>>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) -> bool {
+    const { assert!(FEW == 6) };
+    // SAFETY: the caller's contract, for `tile.n` tokens.
+    unsafe {
+        match tile.n {
+            2 => few_n::<B, S, 2>(tile, out),
+            3 => few_n::<B, S, 3>(tile, out),
+            4 => few_n::<B, S, 4>(tile, out),
+            5 => few_n::<B, S, 5>(tile, out),
+            6 => few_n::<B, S, 6>(tile, out),
+            _ => return false,
+        }
+    }
+    true
+}
+
+/// [`dots`] (or [`kquant16`]'s scaled path) for a call of `K` ≤ [`FEW`] tokens, with no level
+/// store: each row's registers (`S::reg`) two to a 512-bit register for [`pair_dots`], then
+/// `S::scale`: the same integer sums in the same f32 steps, so the same bits. In cache
+/// 1.2-1.7× [`dots`]' speed at 2-6 tokens; at 7 only q4_K gained, at 8 none.
+///
+/// # Safety
+/// As [`few`], for `K` tokens.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn k32_few<B: KBlock, const K: usize>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
+unsafe fn few_n<B: KBlock, S: FewSteps<B>, const K: usize>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
     debug_assert_eq!(tile.n, K);
     let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
     let acts = tile.act();
@@ -264,13 +373,13 @@ pub(super) unsafe fn k32_few<B: KBlock, const K: usize>(tile: &Tile<'_, ActK>, o
         // tokens' activation blocks (their 256 values in four 64-byte quarters).
         unsafe {
             let blk = array!(&blocks[0][0]; R, |i| &blocks[i][b]);
-            let sc = prep_pairs(&blk);
+            let prep = S::prep(&blk);
             let act = &acts[b * K..b * K + K];
-            let s = few_sums::<K>(|i, r| blk[i].ureg(r), act);
+            let s = few_sums::<K>(|i, r| S::reg(blk[i], &prep, i, r), act);
             if b == 0 {
-                k32_scale::<B, K, K, true>(&s, &sc, act, &mut acc, 0);
+                S::scale::<K, true>(&s, &prep, act, &mut acc);
             } else {
-                k32_scale::<B, K, K, false>(&s, &sc, act, &mut acc, 0);
+                S::scale::<K, false>(&s, &prep, act, &mut acc);
             }
         }
     }
@@ -278,7 +387,7 @@ pub(super) unsafe fn k32_few<B: KBlock, const K: usize>(tile: &Tile<'_, ActK>, o
     unsafe { write_out(&acc, out) };
 }
 
-/// The few-token kernels' i32 sums ([`k32_few`], [`k16_few`]): `K` tokens' [`pair_dots`] with
+/// The few-token kernels' i32 sums ([`few_n`]): `K` tokens' [`pair_dots`] with
 /// the tile's rows in pairs, row `i`'s register `r` from `reg(i, r)`, two to a 512-bit
 /// register, with no level store.
 ///
@@ -786,38 +895,6 @@ unsafe fn scaled(l: __m256i, (sc, fix): (__m256i, __m256i)) -> __m256i {
     unsafe { _mm256_add_epi16(_mm256_mullo_epi16(l, sc), fix) }
 }
 
-/// [`kquant16`] for a [`KBlock::SCALED`] type and a call of `K` ≤ 6 tokens (an expert's share
-/// of a batched decode), with no level store, as [`k32_few`]: each row's registers scaled
-/// two to a 512-bit register for [`pair_dots`], then [`k16_scale`]; the same bits.
-///
-/// # Safety
-/// As [`kquant16`], for `K` tokens.
-#[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-unsafe fn k16_few<B: KBlock, const K: usize>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
-    debug_assert_eq!(tile.n, K);
-    let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
-    let acts = tile.act();
-    let mut acc = [[_mm512_setzero_ps(); K]; R / 2];
-    for b in 0..tile.nb {
-        prefetch_next(tile, b);
-        // SAFETY (whole loop): this function's features; loads stay inside the blocks and the
-        // tokens' activation blocks (their 256 values in four 64-byte quarters).
-        unsafe {
-            let blk = array!(&blocks[0][0]; R, |i| &blocks[i][b]);
-            let (sf, f) = k16_prep(&blk);
-            let act = &acts[b * K..b * K + K];
-            let s = few_sums::<K>(|i, r| scaled(blk[i].reg(r), sf[i]), act);
-            if b == 0 {
-                k16_scale::<B, K, K, true>(&s, &f, act, &mut acc, 0);
-            } else {
-                k16_scale::<B, K, K, false>(&s, &f, act, &mut acc, 0);
-            }
-        }
-    }
-    // SAFETY: this function's features.
-    unsafe { write_out(&acc, out) };
-}
-
 /// One token of a 16-column-scale type with unsigned levels (q2_K, q3_K, q6_K) on a tile, two
 /// rows a 512-bit register (row `2p` low): each block's registers of both rows meet the
 /// token's register broadcast to both halves, [`super::kquant1_tile`]'s i32 sums and f32
@@ -908,18 +985,9 @@ pub(super) unsafe fn kquant16<B: KBlock>(
             assert!(!B::SIGNED && !B::WHOLE && (o == 0 || B::MINS_IN_D));
         }
     };
-    if B::SCALED.is_some() {
-        // SAFETY: the caller's contract, for `tile.n` tokens.
-        unsafe {
-            match tile.n {
-                2 => return k16_few::<B, 2>(tile, out),
-                3 => return k16_few::<B, 3>(tile, out),
-                4 => return k16_few::<B, 4>(tile, out),
-                5 => return k16_few::<B, 5>(tile, out),
-                6 => return k16_few::<B, 6>(tile, out),
-                _ => {}
-            }
-        }
+    // SAFETY: the caller's contract; 2..=FEW tokens of a scaled type run without level stores.
+    if B::SCALED.is_some() && unsafe { few::<B, Scaled16>(tile, out) } {
+        return;
     }
     let acc = in_pairs(acc);
     let blocks: [&[B]; R] = array!(&[][..]; R, |i| bytemuck::cast_slice(tile.row(i)));
