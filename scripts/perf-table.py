@@ -9,8 +9,10 @@
 Each case: best time in ms, and the ratio to the roofline the same run measured: weight bytes
 per second / DRAM bandwidth for up to 4 tokens (decode), achieved rate / the peak of the
 kernel's instruction family for more tokens (prefill, `*` where that family is VNNI, `†` vdpbf16ps;
-512-bit FMA and int8 peaks for the AVX-512 backends). Runs of several backends give one row per
-method and backend.
+512-bit FMA and int8 peaks for the AVX-512 backends). Decode cells of runs that have it add
+`s` and the case's `stream_ratio` (the median over its reps of the time the pool took to stream
+the rep's weight bytes right after it, over the rep's time). Runs of several backends give one
+row per method and backend.
 """
 
 import json
@@ -30,7 +32,9 @@ def ratio(r):
 def cell(r):
     judged = r.get("judged_by") or ("vnni" if r.get("vnni") else "")
     mark = {"vnni": "*", "bf16dot": "†"}.get(judged, "") if r["tokens"] > 4 else ""
-    return f"{r['ms_best']:.2f} ({ratio(r):.2f}{mark})"
+    stream = r.get("stream_ratio")
+    paired = f", s{stream:.2f}" if stream is not None and r["tokens"] <= 4 else ""
+    return f"{r['ms_best']:.2f} ({ratio(r):.2f}{mark}{paired})"
 
 
 def median_cell(rs):

@@ -119,7 +119,7 @@ fn bench_json_has_the_documented_schema() {
         "--intermediate",
         "64",
         "--tokens",
-        "1,3",
+        "1,5",
         "--method",
         "bf16,int4-g32,q8_0",
         "--layers",
@@ -157,6 +157,12 @@ fn bench_json_has_the_documented_schema() {
             assert!(r[k].as_f64().is_some_and(|x| x.is_finite() && x >= 0.0), "{k} = {}", r[k]);
         }
         assert!(r["ms_best"].as_f64() <= r["ms_median"].as_f64());
+        // Decode cases (up to 4 tokens) pair each rep with a DRAM read of its weight bytes.
+        let stream = &r["stream_ratio"];
+        match r["tokens"].as_u64() {
+            Some(1) => assert!(stream.as_f64().is_some_and(|x| x.is_finite() && x > 0.0), "stream_ratio = {stream}"),
+            _ => assert!(stream.is_null(), "stream_ratio = {stream} for 5 tokens"),
+        }
         // Ratios are to the best probe readings of the instructions the kernels ran on: what
         // each backend says it runs (the reference: scalar; avx2: FMA for bf16, int8 pairs for
         // int4; llamafile's q8_0: VNNI where the CPU has it and rustc was 1.89 or later).
@@ -204,7 +210,7 @@ fn bench_json_has_the_documented_schema() {
         );
         assert!((f("compute_ratio") - f("gflops") / peak.unwrap()).abs() <= 1e-9 * f("compute_ratio"));
     }
-    assert_eq!(results[1]["tokens"], 3);
+    assert_eq!(results[1]["tokens"], 5);
     assert_eq!(results[2]["method"], "int4-g32");
 }
 

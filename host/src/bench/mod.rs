@@ -7,6 +7,7 @@ pub mod layerwise;
 pub mod report;
 pub mod roofline;
 pub mod sft;
+pub mod stream;
 pub mod synth;
 
 use std::fmt;
@@ -29,6 +30,10 @@ use crate::placement::{Placement, PoolConfig, PoolError};
 use crate::slots::Slots;
 use crate::source::WeightSource;
 use crate::topology::Topology;
+
+/// Token counts up to this are decode cases: each rep is paired with a DRAM read of its weight
+/// bytes ([`stream`]).
+pub const STREAM_UP_TO: usize = 4;
 
 /// A model shape to benchmark.
 #[derive(Clone, Copy, Debug)]
@@ -118,6 +123,10 @@ pub struct CaseResult {
     pub judged_by: &'static str,
     /// The instruction family of the gate's kernels (`Backend::instructions`).
     pub instructions: Instructions,
+    /// For up to [`STREAM_UP_TO`] tokens: the median over the reps of the time the pool took
+    /// to stream that rep's weight bytes from DRAM right after it, over the rep's own time
+    /// ([`stream`]).
+    pub stream_ratio: Option<f64>,
     /// mean |out − ref| / mean |ref| against the reference backend, ≤ 16 tokens.
     pub rel_err: f64,
     /// Reps timed.
@@ -249,6 +258,16 @@ pub fn pool_cpus(placement: &Placement) -> Vec<usize> {
     placement.subpools.iter().flat_map(|p| p.cpus.iter().copied()).collect()
 }
 
+/// Bytes of the decode cases' DRAM stream ([`stream`]): the probe's, where a case has up to
+/// [`STREAM_UP_TO`] tokens.
+fn stream_bytes(spec: &BenchSpec, topology: &Topology) -> usize {
+    if spec.tokens.iter().any(|&n| n <= STREAM_UP_TO) {
+        dram_probe_bytes(topology)
+    } else {
+        0
+    }
+}
+
 /// Layers to rotate: as asked, or enough that their bytes exceed 2× the L3 size.
 fn layer_count(spec: &BenchSpec, l3: usize, per_layer: u64) -> usize {
     spec.layers.unwrap_or_else(|| ((2 * l3 as u64).div_ceil(per_layer.max(1))).clamp(1, 64) as usize)
@@ -307,8 +326,9 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
         let per_layer = layer_bytes(cfg, m);
         let layers = layer_count(spec, machine.topology.l3_bytes, per_layer);
         // +1 layer for the reference copy that checks accuracy, plus the forward's scratch.
-        let needed =
-            per_layer * (layers as u64 + 1) + scratch_bytes(cfg, spec.tokens.iter().copied().max().unwrap_or(1));
+        let needed = per_layer * (layers as u64 + 1)
+            + scratch_bytes(cfg, spec.tokens.iter().copied().max().unwrap_or(1))
+            + stream_bytes(spec, &machine.topology) as u64;
         let available = machine.topology.mem_available;
         if available > 0 && needed > available / 10 * 9 {
             return Err(BenchError::OutOfMemory { needed, available, layers });
@@ -323,11 +343,12 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
     // (the probes pin their own threads).
     pool.pin_caller();
 
+    let mut stream = (stream_bytes(spec, &machine.topology) > 0).then(|| stream::Stream::new(&pool, dram_bytes));
     let mut results = Vec::new();
     let mut layers_used = 0;
     for (method, layers) in plans {
         layers_used = layers_used.max(layers);
-        results.extend(run_method(spec, method, layers, pool.clone())?);
+        results.extend(run_method(spec, method, layers, pool.clone(), stream.as_mut())?);
         probes.push(probe(&format!("after {method}")));
     }
     let roof = probes.iter().copied().reduce(Roofline::max).expect("probed before the cases");
@@ -355,9 +376,10 @@ fn run_method(
     method: LayerFormat,
     layers: usize,
     pool: std::sync::Arc<NumaPool>,
+    mut stream: Option<&mut stream::Stream>,
 ) -> Result<Vec<CaseResult>, BenchError> {
     let cfg = &MoeConfig { max_tokens: spec.tokens.iter().copied().max().unwrap_or(1), ..spec.cfg.clone() };
-    let opts = LayerOptions::executor(pool);
+    let opts = LayerOptions::executor(pool.clone());
     // Each expert is generated once per part (every part packs its own slice on its node).
     let pb = bar(
         spec.progress,
@@ -414,7 +436,8 @@ fn run_method(
     let mut out = Vec::new();
     for &n in &spec.tokens {
         cases.set_message(format!("{method} on {}, {n} token(s)", backend.name()));
-        out.push(run_case(spec, cfg, &built, oracle.as_ref().unwrap_or(&built[0]), n)?);
+        let paired = stream.as_deref_mut().filter(|_| n <= STREAM_UP_TO).map(|s| (s, &*pool));
+        out.push(run_case(spec, cfg, &built, oracle.as_ref().unwrap_or(&built[0]), n, paired)?);
         cases.inc(1);
     }
     cases.finish_and_clear();
@@ -427,6 +450,7 @@ fn run_case(
     layers: &[MoeLayer],
     oracle: &MoeLayer,
     n: usize,
+    mut paired: Option<(&mut stream::Stream, &NumaPool)>,
 ) -> Result<CaseResult, BenchError> {
     let (h, k) = (cfg.hidden, cfg.top_k);
     let input = synth::input(n, h, spec.seed ^ 0xA11CE);
@@ -441,6 +465,7 @@ fn run_case(
     // had one, routings: a cycle visits each pair of layer and routing once.
     layers[0].forward_into(&input, &routings[0].0, &routings[0].1, None, &mut out)?;
     let mut times = Vec::new();
+    let mut streamed = Vec::new();
     let mut best = (f64::INFINITY, 0u64);
     let start = Instant::now();
     while times.len() < 3 || (start.elapsed().as_secs_f64() < spec.min_seconds && times.len() < 10_000) {
@@ -450,10 +475,16 @@ fn run_case(
         layer.forward_into(&input, ids, w, None, &mut out)?;
         let t = t0.elapsed().as_secs_f64();
         times.push(t);
+        let bytes = touched(layer, ids);
+        if let Some((stream, pool)) = paired.as_mut() {
+            streamed.push(stream.read(pool, bytes as usize) / t);
+        }
         if t < best.0 {
-            best = (t, touched(layer, ids));
+            best = (t, bytes);
         }
     }
+    streamed.sort_by(f64::total_cmp);
+    let stream_ratio = streamed.get(streamed.len() / 2).copied();
     times.sort_by(f64::total_cmp);
     let median = times[times.len() / 2];
     let flops = 2.0 * 3.0 * (h * cfg.intermediate * k * n) as f64;
@@ -482,6 +513,7 @@ fn run_case(
         dram_ratio: f64::NAN,
         compute_ratio: f64::NAN,
         judged_by: "",
+        stream_ratio,
         rel_err: if den > 0.0 { num / den } else { num },
         reps: times.len(),
     })

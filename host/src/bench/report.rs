@@ -58,6 +58,7 @@ pub fn to_json(r: &Report) -> Value {
             "gflops": c.gflops,
             "weight_gbps": c.weight_gbps,
             "dram_ratio": c.dram_ratio,
+            "stream_ratio": c.stream_ratio,
             "compute_ratio": c.compute_ratio,
             "judged_by": c.judged_by,
             "roofline_ratio": c.roofline_ratio(),
@@ -97,7 +98,7 @@ pub fn print_table(r: &Report) {
     // The method column fits the longest label (mixed GGML layers read "q4_K (down q5_0)").
     let w = r.results.iter().map(|x| x.method.to_string().chars().count()).max().unwrap_or(0).max(12);
     println!(
-        "{:<w$} {:<14} {:>6} {:>10} {:>10} {:>9} {:>9} {:>7} {:>9} {:<8} {:>6} {:>9} {:>5}",
+        "{:<w$} {:<14} {:>6} {:>10} {:>10} {:>9} {:>9} {:>7} {:>8} {:>9} {:<8} {:>6} {:>9} {:>5}",
         "method",
         "backend",
         "tokens",
@@ -106,6 +107,7 @@ pub fn print_table(r: &Report) {
         "GFLOP/s",
         "GB/s",
         "DRAM×",
+        "stream×",
         "compute×",
         "peak",
         "roof×",
@@ -114,7 +116,7 @@ pub fn print_table(r: &Report) {
     );
     for x in &r.results {
         println!(
-            "{:<w$} {:<14} {:>6} {:>10.3} {:>10.3} {:>9.2} {:>9.2} {:>7.3} {:>9.3} {:<8} {:>6.3} {:>9.2e} {:>5}",
+            "{:<w$} {:<14} {:>6} {:>10.3} {:>10.3} {:>9.2} {:>9.2} {:>7.3} {:>8} {:>9.3} {:<8} {:>6.3} {:>9.2e} {:>5}",
             x.method.to_string(),
             x.backend,
             x.tokens,
@@ -123,6 +125,7 @@ pub fn print_table(r: &Report) {
             x.gflops,
             x.weight_gbps,
             x.dram_ratio,
+            x.stream_ratio.map_or("-".to_string(), |r| format!("{r:.3}")),
             x.compute_ratio,
             x.judged_by,
             x.roofline_ratio(),
@@ -135,5 +138,9 @@ pub fn print_table(r: &Report) {
     println!("the peak column, the instructions the kernels ran on (fma, int8 = vpmaddubsw, vnni = vpdpbusd,");
     println!("bf16dot = vdpbf16ps; -512: in 512-bit registers; amx-int8/-bf16: AMX tiles); roof× = the roofline time");
     println!("max(bytes / DRAM, ops / peak) over the best time (the larger of the two); the roofline was probed");
-    println!("before the cases and after each method.");
+    println!(
+        "before the cases and after each method. stream× (up to {} tokens): the median over the reps of",
+        super::STREAM_UP_TO
+    );
+    println!("the time the pool took to stream the rep's weight bytes from DRAM right after it, over the rep's time.");
 }

@@ -201,7 +201,8 @@ pub fn dram_gbps(th: Threads<'_>, bytes: usize) -> f64 {
     (words * 8) as f64 / best / 1e9
 }
 
-fn read_sum(xs: &[u64]) -> u64 {
+/// The sum of `xs` (a read of every byte that the compiler cannot drop).
+pub(super) fn read_sum(xs: &[u64]) -> u64 {
     #[cfg(target_arch = "x86_64")]
     if std::arch::is_x86_feature_detected!("avx2") {
         // SAFETY: AVX2 is present (checked).
