@@ -339,7 +339,7 @@ pub(super) unsafe fn k32_few<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; 
 /// As [`dots`] (or [`kquant16`]) for `S`'s types.
 #[inline(always)]
 unsafe fn few<B: KBlock, S: FewSteps<B>>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) -> bool {
-    const { assert!(FEW == 6) };
+    const { assert!(FEW == 6, "one arm below for each count up to FEW") };
     // SAFETY: the caller's contract, for `tile.n` tokens.
     unsafe {
         match tile.n {
