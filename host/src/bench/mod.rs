@@ -321,6 +321,7 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
     let pool = std::sync::Arc::new(NumaPool::new(&pool_config, &topology)?);
     let machine = Machine { cpu: CpuInfo::detect(), placement: pool.placement().clone(), topology };
     // Check memory for every method before spending time on the roofline.
+    let stream_len = stream_bytes(spec, &machine.topology);
     let mut plans = Vec::new();
     for &m in &spec.methods {
         let per_layer = layer_bytes(cfg, m);
@@ -328,7 +329,7 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
         // +1 layer for the reference copy that checks accuracy, plus the forward's scratch.
         let needed = per_layer * (layers as u64 + 1)
             + scratch_bytes(cfg, spec.tokens.iter().copied().max().unwrap_or(1))
-            + stream_bytes(spec, &machine.topology) as u64;
+            + stream_len as u64;
         let available = machine.topology.mem_available;
         if available > 0 && needed > available / 10 * 9 {
             return Err(BenchError::OutOfMemory { needed, available, layers });
@@ -343,7 +344,7 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
     // (the probes pin their own threads).
     pool.pin_caller();
 
-    let mut stream = (stream_bytes(spec, &machine.topology) > 0).then(|| stream::Stream::new(&pool, dram_bytes));
+    let mut stream = (stream_len > 0).then(|| stream::Stream::new(&pool, stream_len));
     let mut results = Vec::new();
     let mut layers_used = 0;
     for (method, layers) in plans {
