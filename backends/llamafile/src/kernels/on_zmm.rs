@@ -853,6 +853,30 @@ unsafe fn k16_scaled_tokens<B: KBlock, const K: usize, const FIRST: bool>(
     }
 }
 
+/// `K` tokens of [`kquant16`]'s block: [`k16_scaled_tokens`] for a [`KBlock::SCALED`] type,
+/// else [`k16_tokens`] (magnitudes in `lv`, signed levels in `signs`).
+///
+/// # Safety
+/// As [`k16_tokens`].
+#[inline(always)]
+unsafe fn k16_step<B: KBlock, const K: usize, const FIRST: bool>(
+    lv: &Pairs,
+    signs: &Pairs,
+    f: &K16,
+    act: &[ActK],
+    acc: &mut Acc2,
+    t: usize,
+) {
+    // SAFETY: forwarded from the caller.
+    unsafe {
+        if B::SCALED.is_some() {
+            k16_scaled_tokens::<B, K, FIRST>(lv, f, act, acc, t)
+        } else {
+            k16_tokens::<B, K, FIRST>(lv, signs, f, act, acc, t)
+        }
+    }
+}
+
 /// A block's factors for the token steps of the tile's rows in pairs ([`k16_scale`]): per
 /// pair the i16 factors of each 16 columns (the scales; for a [`KBlock::SCALED`] type,
 /// whose levels go in scaled, its `c − o·scale`), the mins, `d` and `dmin`.
@@ -1013,19 +1037,10 @@ pub(super) unsafe fn kquant16<B: KBlock>(
                 }
             }
             let act = &acts[b * n + t0..b * n + t0 + tn];
-            match (B::SCALED.is_some(), b == 0) {
-                (true, true) => {
-                    groups!(NT, tn, |K, t| unsafe { k16_scaled_tokens::<B, K, true>(lv, &f, &act[t..], acc, t) })
-                }
-                (true, false) => {
-                    groups!(NT, tn, |K, t| unsafe { k16_scaled_tokens::<B, K, false>(lv, &f, &act[t..], acc, t) })
-                }
-                (false, true) => {
-                    groups!(NT, tn, |K, t| unsafe { k16_tokens::<B, K, true>(lv, signs, &f, &act[t..], acc, t) })
-                }
-                (false, false) => {
-                    groups!(NT, tn, |K, t| unsafe { k16_tokens::<B, K, false>(lv, signs, &f, &act[t..], acc, t) })
-                }
+            if b == 0 {
+                groups!(NT, tn, |K, t| unsafe { k16_step::<B, K, true>(lv, signs, &f, &act[t..], acc, t) });
+            } else {
+                groups!(NT, tn, |K, t| unsafe { k16_step::<B, K, false>(lv, signs, &f, &act[t..], acc, t) });
             }
         }
         unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
