@@ -738,7 +738,8 @@ const fn fold16<B: KBlock>() -> usize {
 /// pair the i16 scales `sc` and mins `mn`, and `d`, `dmin` of both rows), added to
 /// `acc[p][t..t + K]` or setting them for a tile's `FIRST` block: `maddubs` pair sums folded
 /// in i16 ([`fold16`]) and scaled into the i32 sums by one `vpdpwssd` (AVX2's `madd` and add
-/// in one; 4-7% faster), then [`super::kquant`]'s f32 step.
+/// in one; 4-7% faster), then [`super::kquant`]'s f32 step. A [`KBlock::SCALED`] type's
+/// levels are in `lv` scaled, and [`k16_scaled_tokens`] takes them.
 ///
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
@@ -755,6 +756,9 @@ unsafe fn k16_tokens<B: KBlock, const K: usize, const FIRST: bool>(
     // SAFETY (whole function): AVX2/FMA/AVX512F/BW by the callers' contract; loads stay
     // inside the levels, the activation blocks and the accumulators.
     unsafe {
+        if B::SCALED.is_some() {
+            return k16_scaled_tokens::<B, K, FIRST>(lv, f, act, acc, t);
+        }
         let fold = const { fold16::<B>() };
         let mut s = [[_mm512_setzero_si512(); K]; R / 2];
         for r0 in (0..REGS).step_by(fold) {
@@ -850,30 +854,6 @@ unsafe fn k16_scaled_tokens<B: KBlock, const K: usize, const FIRST: bool>(
         let mut s = [[_mm512_setzero_si512(); K]; R / 2];
         dp_pairs(lv, act, |a| &a.qs, &mut s);
         k16_scale::<B, K, { 2 * TC }, FIRST>(&s, f, act, acc, t);
-    }
-}
-
-/// `K` tokens of [`kquant16`]'s block: [`k16_scaled_tokens`] for a [`KBlock::SCALED`] type,
-/// else [`k16_tokens`] (magnitudes in `lv`, signed levels in `signs`).
-///
-/// # Safety
-/// As [`k16_tokens`].
-#[inline(always)]
-unsafe fn k16_step<B: KBlock, const K: usize, const FIRST: bool>(
-    lv: &Pairs,
-    signs: &Pairs,
-    f: &K16,
-    act: &[ActK],
-    acc: &mut Acc2,
-    t: usize,
-) {
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        if B::SCALED.is_some() {
-            k16_scaled_tokens::<B, K, FIRST>(lv, f, act, acc, t)
-        } else {
-            k16_tokens::<B, K, FIRST>(lv, signs, f, act, acc, t)
-        }
     }
 }
 
@@ -1038,9 +1018,9 @@ pub(super) unsafe fn kquant16<B: KBlock>(
             }
             let act = &acts[b * n + t0..b * n + t0 + tn];
             if b == 0 {
-                groups!(NT, tn, |K, t| unsafe { k16_step::<B, K, true>(lv, signs, &f, &act[t..], acc, t) });
+                groups!(NT, tn, |K, t| unsafe { k16_tokens::<B, K, true>(lv, signs, &f, &act[t..], acc, t) });
             } else {
-                groups!(NT, tn, |K, t| unsafe { k16_step::<B, K, false>(lv, signs, &f, &act[t..], acc, t) });
+                groups!(NT, tn, |K, t| unsafe { k16_tokens::<B, K, false>(lv, signs, &f, &act[t..], acc, t) });
             }
         }
         unsafe { write_out(acc, &mut out[t0..t0 + tn]) };
