@@ -89,7 +89,7 @@ unsafe fn zero_c<T: TileOps>(t: &mut T, two: bool) {
 /// One 64-byte K step: B6, B7 from `b` (`b + half`), A4, A5 from `a` (`a + 16·stride`).
 ///
 /// # Safety
-/// As [`TileOps`], with the tiles configured by [`config`]; `two`: the second token half is.
+/// As [`TileOps`], with the tiles configured by [`TileOps::config`]; `two`: the second token half is.
 #[inline(always)]
 pub(crate) unsafe fn step<T: TileOps, const OP: u8>(
     t: &mut T,

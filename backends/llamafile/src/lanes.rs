@@ -164,7 +164,7 @@ pub fn refield<S: Relevel, D: Relevel>(src: &S, mut dst: D) -> D {
 /// The 16 levels that `fields` describe. The 16 bytes of a field are taken as one `u128`
 /// (a field never crosses its byte, so shifting the word and masking every byte is each
 /// byte's shift and mask): byte by byte, with the fields known only at run time, this and
-/// [`write`] were three quarters of packing q3_K.
+/// [`write()`] were three quarters of packing q3_K.
 fn read(bytes: &[u8], fields: Fields) -> [u8; 16] {
     let (mut lv, mut at) = (0u128, 0);
     for f in fields.into_iter().take_while(|f| f.width > 0) {

@@ -119,7 +119,7 @@ pub struct DecK {
 #[repr(C, align(32))]
 struct W16([[i16; 16]; QK / 2]);
 
-/// Accumulators of one tile of up to `2·TC` tokens ([`wide`], [`legacy`](fn@legacy), [`kquant`]), set by the tile's
+/// Accumulators of one tile of up to `2·TC` tokens ([`wide`], [`legacy`](fn@legacy), [`kquant()`]), set by the tile's
 /// first group rather than zeroed per call (a `memset` of up to 8 KiB a tile: q8_0's down
 /// shape 3-7% slower in alternated `dots` runs). A matrix of no columns never sets them, so
 /// [`dots`] answers zeros for it without a kernel.

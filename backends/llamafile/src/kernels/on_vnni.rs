@@ -107,7 +107,7 @@ unsafe fn vnni_q8<D: Dp, const NT: usize, const TC: usize, const A: usize>(
 /// [`KBlock::prep32`] is `sc`; its levels decoded into `dec` when several tokens share them,
 /// else decoded here), added to `acc[i][t..t + NT]`: 8 `vpdpbusd` a row and token give the
 /// 32-column parts' sums in their lanes (the lane layout keeps each i32 lane in one part),
-/// the integers [`super::kquant`] finds with `maddubs` and a `madd` with ones; then the same
+/// the integers [`super::kquant()`] finds with `maddubs` and a `madd` with ones; then the same
 /// f32 step ([`per32`]).
 ///
 /// # Safety
@@ -171,7 +171,7 @@ unsafe fn k32_tokens<D: Dp, B: KBlock, const NT: usize, const A: usize>(
 /// One tile of a [`KBlock::PER32`] type: `NT` tokens at a time share each register of a
 /// block's rows (decoded once per token tile into `dec`, or where used for one token), the
 /// rest in one group ([`groups`]); accumulators set by the first block and added to in block
-/// order as [`super::kquant`] does: the results are bit for bit those of the AVX2 kernels.
+/// order as [`super::kquant()`] does: the results are bit for bit those of the AVX2 kernels.
 ///
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.

@@ -6,7 +6,7 @@
 //! level store, [`few`]), q6_K and the lattice types (`vpmaddubsw`, as AVX2 does:
 //! [`kquant16`]), q2_K and q3_K (their levels times their 16-column scales, one `vpdpbusd` a
 //! register: [`KBlock::SCALED`]; 2-6 tokens without the level store, [`few`]) and the
-//! 32-column types ([`legacy`]: q8_0's bytes, q4_0, q4_1, q5_0,
+//! 32-column types ([`legacy()`]: q8_0's bytes, q4_0, q4_1, q5_0,
 //! q5_1, mxfp4 and iq4_nl through their tables, q8_0's and iq4_nl's + 128 taken back out of
 //! each block's sum, the others' levels packed in q8_0's 4-column lanes, [`quads`]; up to 7
 //! tokens without a level store, [`legacy_few`]). One token of q2_K, q3_K and q6_K also runs
@@ -547,7 +547,7 @@ unsafe fn factors<L: LGroup>(grp: &[&[u8]; R], dw: &[__m256; R]) -> Factors {
     }
 }
 
-/// The f32 steps of the AVX2 kernel ([`super::legacy`]) on `K` tokens' block sums `s` of a
+/// The f32 steps of the AVX2 kernel ([`super::legacy()`]) on `K` tokens' block sums `s` of a
 /// group (pairs of rows, row `2p` low): `acc[p][t + k]` plus (or, for a tile's `FIRST` group,
 /// set to) `m·s_a + Σq·d·d_a` of each block.
 ///
@@ -624,17 +624,17 @@ pub(super) unsafe fn legacy<L: LGroup>(tile: &Tile<'_, ActV8>, out: &mut [[f32; 
     }
 }
 
-/// [`legacy`] for a call of `K` ≤ 7 tokens (one, or an expert's share of a batched decode;
-/// at 5-7 1.1-1.8× [`legacy`]'s speed in cache, at 8 no faster), with no level store: each
+/// [`legacy()`] for a call of `K` ≤ 7 tokens (one, or an expert's share of a batched decode;
+/// at 5-7 1.1-1.8× [`legacy()`]'s speed in cache, at 8 no faster), with no level store: each
 /// row's [`quads`] (registers 2h | 2h + 1 in one register) for [`pair_dots`], whose row pairs
 /// are [`legacy_tokens`]' layout (row `2p` low), then [`legacy_scale`]: the same integer sums
 /// in the same f32 steps (one token's from zero, as the AVX2 one-token kernel's; more set by
-/// the first group, as [`legacy`]'s), so the same bits. At one token this is a third of
-/// [`legacy`]'s vector work, whose moves of the levels into `lv` and back were as much work
+/// the first group, as [`legacy()`]'s), so the same bits. At one token this is a third of
+/// [`legacy()`]'s vector work, whose moves of the levels into `lv` and back were as much work
 /// as the dot.
 ///
 /// # Safety
-/// As [`legacy`], for `K` tokens.
+/// As [`legacy()`], for `K` tokens.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 unsafe fn legacy_few<L: LGroup, const K: usize>(tile: &Tile<'_, ActV8>, out: &mut [[f32; R]]) {
     debug_assert_eq!(tile.n, K);
@@ -683,10 +683,10 @@ macro_rules! by_lgroup {
     };
 }
 
-/// [`super::dots`] for a 32-column type ([`legacy`]).
+/// [`super::dots`] for a 32-column type ([`legacy()`]).
 ///
 /// # Safety
-/// As [`legacy`].
+/// As [`legacy()`].
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
 pub(super) unsafe fn legacy_dots(tile: &Tile<'_, ActV8>, out: &mut [[f32; R]], lv: &mut Pairs, acc: &mut Acc) {
     let acc = in_pairs(acc);
@@ -738,7 +738,7 @@ const fn fold16<B: KBlock>() -> usize {
 /// pair the i16 scales `sc` and mins `mn`, and `d`, `dmin` of both rows), added to
 /// `acc[p][t..t + K]` or setting them for a tile's `FIRST` block: `maddubs` pair sums folded
 /// in i16 ([`fold16`]) and scaled into the i32 sums by one `vpdpwssd` (AVX2's `madd` and add
-/// in one; 4-7% faster), then [`super::kquant`]'s f32 step. A [`KBlock::SCALED`] type's
+/// in one; 4-7% faster), then [`super::kquant()`]'s f32 step. A [`KBlock::SCALED`] type's
 /// levels are in `lv` scaled, and [`k16_scaled_tokens`] takes them.
 ///
 /// # Safety
@@ -794,7 +794,7 @@ unsafe fn k16_tokens<B: KBlock, const K: usize, const FIRST: bool>(
     }
 }
 
-/// [`super::kquant`]'s f32 step on `K` tokens' i32 sums `s` of a 16-column-scale block (pairs
+/// [`super::kquant()`]'s f32 step on `K` tokens' i32 sums `s` of a 16-column-scale block (pairs
 /// of rows, row `2p` low; `f` as [`k16_tokens`]' but for a [`KBlock::SCALED`] type whose
 /// levels went in scaled, `f[p].0` is each 16 columns' `c − o·scale`, and its `Σa` times
 /// that comes off first): `acc[p][t + k]` plus (or, for a tile's `FIRST` block, set to)
@@ -968,7 +968,7 @@ pub(super) unsafe fn k16_gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &
 }
 
 /// [`super::dots`] for a 256-column type whose scales cover 16 columns (q2_K, q3_K, q6_K, the
-/// signed lattice types) in 512-bit registers: [`super::kquant`]'s integers and f32 steps for
+/// signed lattice types) in 512-bit registers: [`super::kquant()`]'s integers and f32 steps for
 /// two rows a register, `NT` tokens at a time, each block's levels (their magnitudes in `lv`,
 /// signed ones in `signs`; q2_K's and q3_K's scaled, [`KBlock::SCALED`]) put in place once per
 /// token tile.

@@ -79,7 +79,7 @@ pub fn family(t: GgmlType) -> Family {
 }
 
 /// Whether type `t` runs on tiles; `quads`: it was packed for VNNI (q8_0's levels in 4-column
-/// lanes, the layout [`unpack`] reads). Every 256-column type does, so all the types that
+/// lanes, the layout [`unpack()`] reads). Every 256-column type does, so all the types that
 /// share [`ActK`] activations (gate's, read by up) agree on their layout.
 pub fn runs(t: GgmlType, quads: bool) -> bool {
     use GgmlType::*;
@@ -105,7 +105,7 @@ pub fn panel_bytes(t: GgmlType, cols: usize) -> usize {
     parts(t, cols) * (B_BLOCK + 2 * 4 * PANEL + ints)
 }
 
-/// A panel's rows unpacked for the tiles ([`unpack`]): per part, its two B tiles and its f32
+/// A panel's rows unpacked for the tiles ([`unpack()`]): per part, its two B tiles and its f32
 /// factors over the rows (`d`, `m`: a block's scale and offset; `d·scale` and `dmin·min` for
 /// [`Family::Per32`]; `d` and `dmin` for [`Family::Sixteen`], whose i32 scales of each 16
 /// columns are `sc`, two per part, and its i16 mins `mn`, the part's two in one word).
@@ -184,7 +184,7 @@ unsafe fn tile_sums<T: TileOps>(
 /// `t0 + t`, for `t < nt ≤ MAX_TOKENS`; `act` holds `n` tokens' activations prepared for the
 /// tiles (`[slices][n]`, `ACT_BYTES` each: [`ActT8`] groups, or [`ActK`] blocks in column
 /// order), `slices` per token. `next`: bytes to bring into L2 meanwhile, a share per slice
-/// (the matrix's next panel of rows, which [`unpack`] then reads from L2: from DRAM, its
+/// (the matrix's next panel of rows, which [`unpack()`] then reads from L2: from DRAM, its
 /// strided rows were a latency-bound half of the tile path's time).
 ///
 /// # Safety
