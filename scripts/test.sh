@@ -19,8 +19,8 @@ cargo clippy --workspace --all-targets -- -D warnings
 CARGO_TARGET_DIR=target cargo clippy --manifest-path bindings/python/Cargo.toml -- -D warnings
 cargo clippy -p kt-host --no-default-features --all-targets -- -D warnings
 cargo clippy -p kt-host --features tile-floor --all-targets -- -D warnings
-echo "== rustdoc (broken or private intra-doc links fail)"
-RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps
+echo "== rustdoc (broken or private intra-doc links fail, the private items' docs too)"
+RUSTDOCFLAGS="-D warnings" cargo doc --workspace --no-deps --document-private-items
 echo "== no_std core, built alone"
 cargo build -p kt-core
 echo "== tests"
