@@ -15,10 +15,15 @@
 #   gguf       GGUF prefill n = 512, 2048 on tiles (the default threshold) and off
 #   tables     the AMX table: amx and avx512 backends, n = 1, 4, 256, 1024, 2 and 16 threads
 #   kt         KT-Kernel 0.7.2's AMX build on the same shapes (scripts/peers/kt_moe.py)
+#   decode     #34's MX decode: mxfp4, mxfp8 (int4, bf16 beside them) at n = 1, 4 against a
+#              paired DRAM stream (`stream×`), 2 and 16 threads
+#   gemm       the hot-weight GEMM bench (`cargo bench -p kt-backend-amx --bench gemm`: one
+#              2048 × 7168 expert, 256 tokens, one thread) against the tile peaks it times
 # Each phase writes one file into $OUT (at most 8 come back from the device) and its lines into
 # $OUT/log.txt; `summary` prints the crossover and side-by-side tables from them. All five take
 # about 11 minutes on 2 + 16 threads, more than one device call: run `run tests tile-from gguf`
-# and then `run tables kt` (each under 6 minutes; the second call finds the machine warm).
+# and then `run tables kt decode gemm` (each under 6 minutes, the last two about one more; the
+# second call finds the machine warm).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -41,6 +46,15 @@ for line in sys.stdin:
     name = m.get("target", {}).get("name")
     if m.get("executable") and name in ("kt_backend_amx", "kt_backend_llamafile", "kt_fixtures"):
         shutil.copy(m["executable"], sys.argv[1] + "/test-" + name)
+' "$dev/bin"
+    # The hot-weight GEMM bench (divan).
+    cargo bench -p kt-backend-amx --bench gemm --no-run --message-format=json 2>/dev/null |
+        python3 -c '
+import json, sys, shutil
+for line in sys.stdin:
+    m = json.loads(line)
+    if m.get("executable") and m.get("target", {}).get("name") == "gemm":
+        shutil.copy(m["executable"], sys.argv[1] + "/bench-gemm")
 ' "$dev/bin"
     strip "$dev"/bin/*
     for l in libhwloc.so.15 libudev.so.1; do cp -L "$(ldconfig -p | awk -v l=$l '$1 == l {print $NF; exit}')" "$dev/lib/"; done
@@ -145,6 +159,18 @@ phase_kt() {
     grep -E "^KT " "$out/log.txt" > "$out/kt.txt" || true
 }
 
+phase_decode() {
+    for threads in 2 16; do
+        step "decode against a paired stream, $threads threads" 45 bench "$out/decode.json" -- \
+            --method mxfp4,mxfp8,int4,bf16 --tokens 1,4 --threads $threads --min-time 0.3
+    done
+}
+
+phase_gemm() {
+    [ -x "$dev/bin/bench-gemm" ] || { log "no $dev/bin/bench-gemm (prepare)"; return 0; }
+    step "hot-weight GEMM (divan, one thread)" 60 sh -c "'$dev/bin/bench-gemm' --bench > '$out/gemm.txt' 2>&1; cat '$out/gemm.txt'"
+}
+
 run() {
     out=${OUT:-$root/.dev/out}
     mkdir -p "$out"
@@ -155,9 +181,9 @@ run() {
     log "== machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
     log "   AMX flags: $(grep -m1 -o -w 'amx_[a-z0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
     local phases=("$@")
-    [ ${#phases[@]} -gt 0 ] || phases=(tests tile-from gguf tables kt)
+    [ ${#phases[@]} -gt 0 ] || phases=(tests tile-from gguf tables kt decode gemm)
     for p in "${phases[@]}"; do
-        declare -F "phase_${p//-/_}" > /dev/null || { log "device-amx: no phase $p (tests, tile-from, gguf, tables, kt)"; exit 2; }
+        declare -F "phase_${p//-/_}" > /dev/null || { log "device-amx: no phase $p (tests, tile-from, gguf, tables, kt, decode, gemm)"; exit 2; }
     done
     for p in "${phases[@]}"; do "phase_${p//-/_}"; done
     summary "$out" | tee "$out/summary.md"
@@ -202,6 +228,18 @@ for name, title in (("gguf.json", "GGUF prefill (2 threads): off / default TILE_
         for (m, b, th, env), v in sorted(rows.items()):
             print(f"- {m} {b} {th} thr [{env}]: " + ", ".join(f"n={n} {ms:.2f} ({x:.2f})" for n, (ms, x) in sorted(v.items())))
         print()
+dec = defaultdict(dict)
+for env, r in results("decode.json"):
+    dec[(r["method"], r["backend"], r["threads"])][r["tokens"]] = (r["ms_best"], r["stream_ratio"], r["dram_ratio"])
+if dec:
+    print("## Decode: best ms (stream×, DRAM×)\n")
+    for (m, b, th), v in sorted(dec.items()):
+        print(f"- {m} {b} {th} thr: " + ", ".join(f"n={n} {ms:.2f} ({s if s is None else round(s, 2)}, {x:.2f})" for n, (ms, s, x) in sorted(v.items())))
+    print()
+gemm = os.path.join(d, "gemm.txt")
+if os.path.exists(gemm):
+    print("## Hot-weight GEMM (one thread; Gitem/s over the peak's is the ratio)\n")
+    print("```\n" + open(gemm).read().strip() + "\n```\n")
 kt = os.path.join(d, "kt.txt")
 if os.path.exists(kt):
     print("## KT-Kernel 0.7.2 AMX build\n")
