@@ -20,10 +20,10 @@
 #   gemm       the hot-weight GEMM bench (`cargo bench -p kt-backend-amx --bench gemm`: one
 #              2048 × 7168 expert, 256 tokens, one thread) against the tile peaks it times
 # Each phase writes one file into $OUT (at most 8 come back from the device) and its lines into
-# $OUT/log.txt; `summary` prints the crossover and side-by-side tables from them. All five take
-# about 11 minutes on 2 + 16 threads, more than one device call: run `run tests tile-from gguf`
-# and then `run tables kt decode gemm` (each under 6 minutes, the last two about one more; the
-# second call finds the machine warm).
+# $OUT/log.txt; `summary` prints the crossover and side-by-side tables from them. The first five
+# take about 11 minutes on 2 + 16 threads, more than one device call: run `run tests tile-from
+# gguf` and then `run tables kt decode gemm` (each under 6 minutes, decode and gemm about one
+# more; the second call finds the machine warm).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
