@@ -31,31 +31,30 @@ dev=$root/.dev
 KT_FORMATS=int8,int4,bf16,fp8,int4-g32,mxfp4
 GGUF_TYPES=q4_0,q8_0,q4_k,q5_k,q6_k,iq4_xs
 
+# executables PREFIX TARGET...: from cargo's JSON messages on stdin, copy the executables of
+# the named targets into .dev/bin as PREFIX + target name.
+executables() {
+    python3 -c '
+import json, sys, shutil
+prefix, names = sys.argv[2], sys.argv[3:]
+for line in sys.stdin:
+    m = json.loads(line)
+    name = m.get("target", {}).get("name")
+    if m.get("executable") and name in names:
+        shutil.copy(m["executable"], sys.argv[1] + "/" + prefix + name)
+' "$dev/bin" "$@"
+}
+
 prepare() {
     cd "$root"
     rm -rf "$dev" && mkdir -p "$dev/bin" "$dev/lib" "$dev/kt"
     cargo build --release -p kt-host --bin kt
     cp target/release/kt "$dev/bin/kt"
-    # The test binaries of the crates with tile kernels, and KT's byte-compatibility fixtures.
+    # The test binaries of the crates with tile kernels, KT's byte-compatibility fixtures and
+    # the hot-weight GEMM bench (divan).
     cargo test --release -p kt-backend-amx -p kt-backend-llamafile -p kt-host --test kt_fixtures --lib \
-        --no-run --message-format=json 2>/dev/null |
-        python3 -c '
-import json, sys, shutil
-for line in sys.stdin:
-    m = json.loads(line)
-    name = m.get("target", {}).get("name")
-    if m.get("executable") and name in ("kt_backend_amx", "kt_backend_llamafile", "kt_fixtures"):
-        shutil.copy(m["executable"], sys.argv[1] + "/test-" + name)
-' "$dev/bin"
-    # The hot-weight GEMM bench (divan).
-    cargo bench -p kt-backend-amx --bench gemm --no-run --message-format=json 2>/dev/null |
-        python3 -c '
-import json, sys, shutil
-for line in sys.stdin:
-    m = json.loads(line)
-    if m.get("executable") and m.get("target", {}).get("name") == "gemm":
-        shutil.copy(m["executable"], sys.argv[1] + "/bench-gemm")
-' "$dev/bin"
+        --no-run --message-format=json 2>/dev/null | executables test- kt_backend_amx kt_backend_llamafile kt_fixtures
+    cargo bench -p kt-backend-amx --bench gemm --no-run --message-format=json 2>/dev/null | executables bench- gemm
     strip "$dev"/bin/*
     for l in libhwloc.so.15 libudev.so.1; do cp -L "$(ldconfig -p | awk -v l=$l '$1 == l {print $NF; exit}')" "$dev/lib/"; done
     # shellcheck source=peers/kt_wheel.sh
