@@ -764,6 +764,21 @@ unsafe fn mx_scales(p: *const u8, bias: i32) -> [__m512; 2] {
     }
 }
 
+/// 32 rows' MX scales from their codes as f32 exponent fields (`Packed::exponents`): each
+/// code `c` placed as the bits `c << 23`.
+///
+/// # Safety
+/// AVX-512F is present (inlined into the kernels); 32 readable bytes at `p`.
+#[inline(always)]
+unsafe fn exponent_scales(p: *const u8) -> [__m512; 2] {
+    // SAFETY: the caller's contract. (No closures: they would not get the kernels' features.)
+    unsafe {
+        let lo = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.cast()));
+        let hi = _mm512_cvtepu8_epi32(_mm_loadu_si128(p.add(HALF).cast()));
+        [_mm512_castsi512_ps(_mm512_slli_epi32::<23>(lo)), _mm512_castsi512_ps(_mm512_slli_epi32::<23>(hi))]
+    }
+}
+
 /// The 32 rows' scales at `at` (`[panel][group][32]` index) of a K-group, MX or per-row fp8 matrix.
 ///
 /// # Safety
@@ -774,6 +789,7 @@ unsafe fn group_scales(w: &Packed, at: usize) -> [__m512; 2] {
     unsafe {
         match w.group_scale_kind() {
             GroupScales::Codes(c, bias) => mx_scales(c[at..at + PANEL].as_ptr(), bias),
+            GroupScales::Exponents(c) => exponent_scales(c[at..at + PANEL].as_ptr()),
             GroupScales::Bf16(s) => bf16_scales(s[at..at + PANEL].as_ptr()),
             GroupScales::F32(s) => load32(s[at..at + PANEL].as_ptr()),
         }
