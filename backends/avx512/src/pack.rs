@@ -78,7 +78,7 @@ fn mx_folds(m: &QuantMatrix, pairs: bool, codes: &[u8], code_bias: i32) -> bool 
 
 /// An MX matrix's codes rebiased to 127, `clamp(c + 127 − code_bias, 0, 255)`, so that each
 /// placed in an f32's exponent field is its scale (`c << 23`: two instructions per 16 rows
-/// where `vscalefps` took four; mxfp4 decode 7% less time in cache on Zen 4): 255 is +∞ as
+/// where `vscalefps` took four; mxfp4 decode 8% less time in cache on Zen 4): 255 is +∞ as
 /// [`mx_scale`] has it, and 0 (+0, not a subnormal) is allowed only where the block is all
 /// zeros, whose sums are 0 whatever the scale. `None` if a nonzero block's scale is subnormal
 /// (mxfp4's codes 0 and 1, mxfp8's 0): such a matrix keeps its codes for `vscalefps`.

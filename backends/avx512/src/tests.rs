@@ -217,45 +217,39 @@ fn mxfp8_scales_fold_into_the_decoded_bf16_exactly() {
 #[test]
 fn mx_codes_become_exponents_only_where_exact() {
     let (rows, cols, groups) = (40, 64, 2);
+    // Codes 0, 1, 2, 127, 200, 254 over the blocks (each the e8m0 code of its f32 scale).
+    let codes: Vec<u8> = (0..rows * groups).map(|i| [2u8, 127, 200, 254, 0, 1][i % 6]).collect();
+    let scales: Vec<f32> = codes.iter().map(|&c| f32::from_bits(u32::from(c) << 23)).collect();
     for f in [WeightFormat::Mxfp4, WeightFormat::Mxfp8] {
-        let bytes = f.data_bytes(rows, cols) / rows;
-        let zero = |data: &mut Vec<u8>, at: usize| {
-            let (r, g) = (at / groups, at % groups);
-            // −0 throughout: the zero test ignores signs.
-            data[r * bytes + g * bytes / 2..r * bytes + (g + 1) * bytes / 2].fill(if f == WeightFormat::Mxfp4 {
-                0x88
-            } else {
-                0x80
-            });
-        };
+        let (bytes, minus_zeros) =
+            (f.data_bytes(rows, cols) / rows, if f == WeightFormat::Mxfp4 { 0x88 } else { 0x80 });
         let data: Vec<u8> = (0..rows * bytes).map(|i| [0x35, 0x71, 0x12, 0x5E][i % 4]).collect();
-        // Codes 0, 1, 2, 127, 200, 254 over the blocks; the scale the kernels take stays
-        // 2^(c − bias) with the bias of the codes as they were (mxfp4 128: its ½ folded).
-        let codes: Vec<u8> = (0..rows * groups).map(|i| [2u8, 127, 200, 254, 0, 1][i % 6]).collect();
-        for (level, bias) in [(Level::Bf16, if f == WeightFormat::Mxfp4 { 128 } else { 127 }), (Level::Vnni, 7)] {
-            if f == WeightFormat::Mxfp4 && level == Level::Vnni {
-                continue;
-            }
-            for (blanks, exponents) in [(vec![], false), ((0..rows * groups).filter(|i| codes[*i] < 2).collect(), true)]
-            {
+        for level in [Level::Bf16, Level::Vnni] {
+            // The packed scale is 2^(c − bias): mxfp4's ½ folded in, or mxfp8's 2^120 where
+            // its e4m3 decode places bits (no `vdpbf16ps`).
+            let bias = match (f, level) {
+                (WeightFormat::Mxfp4, _) => 128,
+                (_, Level::Bf16) => 127,
+                _ => 7,
+            };
+            let subnormal = |c: u8| i32::from(c) + 127 - bias < 1;
+            // Unblanked, then with every block of codes 0 and 1 all −0 (the zero test ignores
+            // signs).
+            for blanks in [vec![], (0..rows * groups).filter(|&i| codes[i] < 2).collect::<Vec<_>>()] {
                 let mut data = data.clone();
                 for &at in &blanks {
-                    zero(&mut data, at);
+                    let (r, g) = (at / groups, at % groups);
+                    data[r * bytes + g * bytes / groups..r * bytes + (g + 1) * bytes / groups].fill(minus_zeros);
                 }
-                // mxfp8's code 1 is a normal scale at every bias: only code 0 needs a blank.
-                let scales = codes.iter().map(|&c| f32::from_bits(u32::from(c) << 23)).collect();
-                let m = QuantMatrix::from_parts(f, rows, cols, data, scales).unwrap();
+                let m = QuantMatrix::from_parts(f, rows, cols, data, scales.clone()).unwrap();
                 let p = pack::pack(&m, level);
-                let subnormal = |c: u8| i32::from(c) + 127 - bias < 1;
-                let expect = exponents || !codes.iter().enumerate().any(|(i, &c)| subnormal(c) && !blanks.contains(&i));
-                assert_eq!(p.exponents, expect, "{f} {level:?} blanks {}", blanks.len());
-                for (at, &c) in codes.iter().enumerate() {
+                let exact = !codes.iter().enumerate().any(|(i, &c)| subnormal(c) && !blanks.contains(&i));
+                assert_eq!(p.exponents, exact, "{f} {level:?} blanks {}", blanks.len());
+                for (at, &c) in codes.iter().enumerate().filter(|(at, _)| !blanks.contains(at)) {
                     let (r, g) = (at / groups, at % groups);
                     let got = p.group_scales((r / 32 * groups + g) * 32)[r % 32];
-                    if !blanks.contains(&at) {
-                        let want = pack::mx_scale(c, bias);
-                        assert_eq!(got.to_bits(), want.to_bits(), "{f} {level:?} code {c}: {got:e} against {want:e}");
-                    }
+                    let want = pack::mx_scale(c, bias);
+                    assert_eq!(got.to_bits(), want.to_bits(), "{f} {level:?} code {c}: {got:e} against {want:e}");
                 }
             }
         }
