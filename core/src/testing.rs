@@ -573,7 +573,7 @@ pub fn mx_tiny_scale_failures(backend: &'static dyn Backend, exec: &dyn Executor
             let groups = cols / crate::format::mx::MX_BLOCK;
             let scales = (0..rows * groups)
                 .map(|at| if at / groups % 7 == 3 && at % groups == 0 { tiny } else { -5 - (at % 3) as i32 })
-                .map(|e| if e == -127 { f32::from_bits(1 << 22) } else { f32::from_bits(((e + 127) as u32) << 23) })
+                .map(crate::format::mx::pow2)
                 .collect();
             QuantMatrix::from_parts(format, rows, cols, data, scales).expect("consistent parts")
         };

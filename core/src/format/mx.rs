@@ -19,7 +19,7 @@ pub const MX_BLOCK: usize = 32;
 pub const FP4_X2: [i8; 16] = [0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12];
 
 /// `2^x` for an e8m0 exponent range, as f32 (x in -127..=127).
-fn pow2(x: i32) -> f32 {
+pub(crate) fn pow2(x: i32) -> f32 {
     let x = x.clamp(-127, 127);
     if x == -127 {
         f32::from_bits(0x0040_0000)
