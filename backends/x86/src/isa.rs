@@ -68,6 +68,20 @@ unsafe fn xgetbv0() -> u64 {
     unsafe { std::arch::x86_64::_xgetbv(0) }
 }
 
+/// The CPU's family as CPUID.1 gives it (base family, plus the extended family where the base
+/// is 0xF) when its vendor string is AMD's, else `None`: 0x19 is Zen 3 and Zen 4, 0x1A Zen 5.
+pub fn amd_family() -> Option<u32> {
+    use std::arch::x86_64::__cpuid;
+    let v = __cpuid(0);
+    let vendor = [v.ebx, v.edx, v.ecx].map(u32::to_le_bytes);
+    if vendor.concat() != b"AuthenticAMD" {
+        return None;
+    }
+    let eax = __cpuid(1).eax;
+    let base = (eax >> 8) & 0xF;
+    Some(if base == 0xF { base + ((eax >> 20) & 0xFF) } else { base })
+}
+
 /// Linux's `arch_prctl` codes for the extended-state permissions, and AMX's tile data state.
 const ARCH_GET_XCOMP_PERM: libc::c_long = 0x1022;
 const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
@@ -120,6 +134,23 @@ mod tests {
             }
             Err(why) => eprintln!("this kernel refused AMX tile state: {why}"),
         }
+    }
+
+    #[test]
+    fn amd_family_reads_cpuinfo() {
+        // /proc/cpuinfo's "vendor_id" and "cpu family" (decimal) come from the same CPUID leaves.
+        let Ok(info) = std::fs::read_to_string("/proc/cpuinfo") else {
+            eprintln!("skipped: no /proc/cpuinfo to compare with");
+            return;
+        };
+        let field = |k: &str| {
+            info.lines().find(|l| l.starts_with(k)).and_then(|l| l.split(':').nth(1)).map(|v| v.trim().to_string())
+        };
+        let expected = match field("vendor_id").as_deref() {
+            Some("AuthenticAMD") => field("cpu family").and_then(|f| f.parse().ok()),
+            _ => None,
+        };
+        assert_eq!(amd_family(), expected);
     }
 
     #[test]

@@ -3,6 +3,7 @@
 //! prefetches further ahead into L2.
 
 use core::arch::x86_64::{_mm_prefetch, _MM_HINT_T0, _MM_HINT_T1};
+use std::sync::OnceLock;
 
 /// Prefetch `p + l1` into L1 and `p + l2` into L2.
 #[inline(always)]
@@ -13,6 +14,24 @@ pub fn ahead(p: *const u8, l1: usize, l2: usize) {
         _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(l1).cast());
         _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(l2).cast());
     }
+}
+
+/// Prefetch `p + l2` into L2 only.
+#[inline(always)]
+pub fn to_l2(p: *const u8, l2: usize) {
+    // SAFETY: as in `ahead`.
+    unsafe { _mm_prefetch::<_MM_HINT_T1>(p.wrapping_add(l2).cast()) };
+}
+
+/// Whether a kernel that streams its weights once, as decode does, prefetches them into L1
+/// as well as L2 ([`ahead`] rather than [`to_l2`]). Not on AMD family 19h (Zen 4, the one
+/// with AVX-512), where the L1 prefetch beside the L2 one slows the stream: one thread
+/// decoding 150 qwen3 gate matrices from DRAM, mxfp4 17-18 → 20-22 GB/s without it, mxfp8
+/// 19-20 → 23-24, bf16 and int4-g32 level (docs/tuning.md). Elsewhere both: on the Xeons L1
+/// prefetches alone kept too few lines in flight, and L2 alone is unmeasured there and on Zen 5.
+pub fn l1_at_decode() -> bool {
+    static L1: OnceLock<bool> = OnceLock::new();
+    *L1.get_or_init(|| crate::isa::amd_family() != Some(0x19))
 }
 
 /// K groups (or scale blocks) ahead of the one in hand whose scales a kernel prefetches with
