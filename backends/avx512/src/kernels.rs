@@ -91,39 +91,57 @@ const PREFETCH_L2: usize = 3 * PREFETCH;
 /// mxfp8 n = 256 without it: 76-77 against 65 ms).
 const DECODE_TOKENS: usize = 4;
 
-/// Whether an `N`-token tile's weight loads prefetch into L1 as well as L2.
-#[inline(always)]
-fn l1_ahead<const N: usize>() -> bool {
-    N > DECODE_TOKENS || kt_x86::prefetch::l1_at_decode()
+/// What an `N`-token tile's weight loads prefetch ahead.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Ahead {
+    /// Into L1 and L2.
+    Both,
+    /// Into L2 only.
+    L2,
+    /// Nothing: the hardware prefetchers alone. bf16 decode on Zen 4, where they stream its
+    /// one load a `vdpbf16ps` at 0.98-1.01 of a plain read and its L2 prefetch held it to
+    /// 0.81-0.83 (one thread, 150 gate matrices from DRAM); the other kinds' work between
+    /// loads needs the L2 prefetch there (mxfp8 0.62-0.69 without it against 0.80-0.83).
+    Off,
 }
 
-/// Unit `u` of `panel`: rows 0-15 and 16-31, with both lines of the unit `PREFETCH_L2` ahead
-/// prefetched into L2, and `PREFETCH` ahead into L1 if `l1` (a task's panels are contiguous,
+/// What an `N`-token tile of bf16 (`BF16`) or another panel-order kind prefetches.
+#[inline(always)]
+fn ahead<const N: usize, const BF16: bool>() -> Ahead {
+    match N > DECODE_TOKENS || kt_x86::prefetch::l1_at_decode() {
+        true => Ahead::Both,
+        false if BF16 => Ahead::Off,
+        false => Ahead::L2,
+    }
+}
+
+/// Unit `u` of `panel`: rows 0-15 and 16-31, with both lines of the unit prefetched as `pf`
+/// says, `PREFETCH` ahead into L1 and `PREFETCH_L2` into L2 (a task's panels are contiguous,
 /// so that runs into the next panel).
 ///
 /// # Safety
 /// AVX-512F is present (inlined into the kernels, whose features it uses); `panel` holds more
 /// than `u` units.
 #[inline(always)]
-unsafe fn load_unit(panel: *const u8, u: usize, l1: bool) -> [__m512i; 2] {
+unsafe fn load_unit(panel: *const u8, u: usize, pf: Ahead) -> [__m512i; 2] {
     // SAFETY: the caller's contract.
-    unsafe { load_halves(panel.add(u * UNIT), 64, panel.add(u * UNIT), l1) }
+    unsafe { load_halves(panel.add(u * UNIT), 64, panel.add(u * UNIT), pf) }
 }
 
-/// The two halves at `p` and `p + second`, with the two lines at `pf` (the stretch's
+/// The two halves at `p` and `p + second`, with the two lines at `at` (the stretch's
 /// `i`-th 128 bytes: in memory order whatever the layout) prefetched as [`load_unit`] says.
 ///
 /// # Safety
 /// As [`load_unit`].
 #[inline(always)]
-unsafe fn load_halves(p: *const u8, second: usize, pf: *const u8, l1: bool) -> [__m512i; 2] {
+unsafe fn load_halves(p: *const u8, second: usize, at: *const u8, pf: Ahead) -> [__m512i; 2] {
     // SAFETY: the caller's contract; prefetches never fault.
     unsafe {
-        for line in [pf, pf.wrapping_add(64)] {
-            if l1 {
-                kt_x86::prefetch::ahead(line, PREFETCH, PREFETCH_L2);
-            } else {
-                kt_x86::prefetch::to_l2(line, PREFETCH_L2);
+        for line in [at, at.wrapping_add(64)] {
+            match pf {
+                Ahead::Both => kt_x86::prefetch::ahead(line, PREFETCH, PREFETCH_L2),
+                Ahead::L2 => kt_x86::prefetch::to_l2(line, PREFETCH_L2),
+                Ahead::Off => {}
             }
         }
         [_mm512_loadu_si512(p.cast()), _mm512_loadu_si512(p.add(second).cast())]
@@ -168,7 +186,7 @@ unsafe fn decode_half<const BF16: bool>(v: __m512i, j: usize) -> __m512 {
     }
 }
 
-/// `acc[t] += Σ w · x[t]` over units `u0..u1` of a bf16 (`BF16`) or fp8 panel (`l1`: as
+/// `acc[t] += Σ w · x[t]` over units `u0..u1` of a bf16 (`BF16`) or fp8 panel (`pf`: as
 /// [`load_unit`]).
 ///
 /// # Safety
@@ -179,7 +197,7 @@ unsafe fn float_units<const N: usize, const BF16: bool>(
     u0: usize,
     u1: usize,
     x: &[*const f32; N],
-    l1: bool,
+    pf: Ahead,
     acc: &mut [[__m512; 2]; N],
 ) {
     let kpu = if BF16 { 2 } else { 4 };
@@ -187,7 +205,7 @@ unsafe fn float_units<const N: usize, const BF16: bool>(
     for u in u0..u1 {
         // SAFETY: u < u1 is inside the panel; x rows hold the padded K (caller's contract).
         unsafe {
-            let r = load_unit(panel, u, l1);
+            let r = load_unit(panel, u, pf);
             for j in 0..kpu {
                 let w = decode::<BF16>(r, j);
                 for t in 0..N {
@@ -262,7 +280,7 @@ fn bh(v: __m512i) -> __m512bh {
 }
 
 /// `acc[t] += Σ w · x[t]` over units `u0..u1` of a bf16 panel by `vdpbf16ps`, the weights as
-/// packed against each token's bf16 pair of the unit (`l1`: as [`load_unit`]).
+/// packed against each token's bf16 pair of the unit (`pf`: as [`load_unit`]).
 ///
 /// # Safety
 /// AVX-512F/BF16 are present (inlined into a kernel that enables them); `panel` holds `u1`
@@ -273,14 +291,14 @@ unsafe fn bf16_dot_units<const N: usize>(
     u0: usize,
     u1: usize,
     x: &[*const u32; N],
-    l1: bool,
+    pf: Ahead,
     acc: &mut [[__m512; 2]; N],
 ) {
     let mut a = *acc;
     for u in u0..u1 {
         // SAFETY: u < u1 is inside the panel; a row of kp = 2·units bf16 holds `units` pairs.
         unsafe {
-            let r = load_unit(panel, u, l1);
+            let r = load_unit(panel, u, pf);
             let w = [bh(r[0]), bh(r[1])];
             for t in 0..N {
                 let xv = bh(_mm512_set1_epi32(x[t].add(u).read_unaligned() as i32));
@@ -377,7 +395,7 @@ pub unsafe fn fp8_tile_rows(panel: *const u8, u0: usize, u1: usize, dst: [*mut u
         };
         for u in u0..u1 {
             // Prefill staging: the tiles read it again from the caches.
-            let r = load_unit(panel, u, true);
+            let r = load_unit(panel, u, Ahead::Both);
             for h in 0..2 {
                 let [mut w01, mut w23] = fp8_pairs(&tab, r[h]);
                 if let Some(s) = steps {
@@ -431,7 +449,7 @@ pub unsafe fn fold_exponents(w: __m512i, step: __m512i) -> __m512i {
 /// Tiles of up to [`SPLIT_TOKENS`] tokens keep the (k0,k1) and (k2,k3) products in separate
 /// chains, added at the end: with one chain per token and half, each unit's two dependent
 /// `vdpbf16ps` made their latency, not their issue rate, bound decode. The order is fixed per
-/// tile size either way. `l1`: as [`load_unit`].
+/// tile size either way. `pf`: as [`load_unit`].
 ///
 /// # Safety
 /// AVX-512F/BW/VBMI/BF16 are present (inlined into a kernel that enables them); `panel` holds
@@ -443,14 +461,14 @@ unsafe fn fp8_dot_units<const N: usize>(
     u1: usize,
     tab: &Fp8Tables,
     x: &[*const u32; N],
-    l1: bool,
+    pf: Ahead,
     acc: &mut [[__m512; 2]; N],
 ) {
     // SAFETY: the caller's contract; u < u1 is inside the panel.
     unsafe {
         let (mut a, mut b) = (*acc, [[_mm512_setzero_ps(); 2]; N]);
         for u in u0..u1 {
-            fp8_dot_unit::<N>(panel, u, tab, x, l1, &mut a, &mut b);
+            fp8_dot_unit::<N>(panel, u, tab, x, pf, &mut a, &mut b);
         }
         if N <= SPLIT_TOKENS {
             for t in 0..N {
@@ -470,7 +488,7 @@ unsafe fn fp8_dot_units<const N: usize>(
 const SPLIT_TOKENS: usize = 1;
 
 /// Unit `u` of an fp8 panel in bf16-pair order into `a` (its (k0,k1) products) and `b` (its
-/// (k2,k3) ones) up to [`SPLIT_TOKENS`] tokens, else both into `a`, the (k0,k1) first. `l1`:
+/// (k2,k3) ones) up to [`SPLIT_TOKENS`] tokens, else both into `a`, the (k0,k1) first. `pf`:
 /// as [`load_unit`].
 ///
 /// # Safety
@@ -481,13 +499,13 @@ unsafe fn fp8_dot_unit<const N: usize>(
     u: usize,
     tab: &Fp8Tables,
     x: &[*const u32; N],
-    l1: bool,
+    pf: Ahead,
     a: &mut [[__m512; 2]; N],
     b: &mut [[__m512; 2]; N],
 ) {
     // SAFETY: the caller's contract.
     unsafe {
-        let r = load_unit(panel, u, l1);
+        let r = load_unit(panel, u, pf);
         for h in 0..2 {
             let [w01, w23] = fp8_pairs(tab, r[h]).map(bh);
             for t in 0..N {
@@ -517,15 +535,15 @@ unsafe fn fp8_span<const N: usize, const DOT: bool>(
     tab: &Fp8Tables,
     x: &[*const f32; N],
     x16: &[*const u32; N],
-    l1: bool,
+    pf: Ahead,
     acc: &mut [[__m512; 2]; N],
 ) {
     // SAFETY: forwarded.
     unsafe {
         if DOT {
-            fp8_dot_units::<N>(panel, u0, u1, tab, x16, l1, acc)
+            fp8_dot_units::<N>(panel, u0, u1, tab, x16, pf, acc)
         } else {
-            float_units::<N, false>(panel, u0, u1, x, l1, acc)
+            float_units::<N, false>(panel, u0, u1, x, pf, acc)
         }
     }
 }
@@ -564,7 +582,7 @@ unsafe fn float_body<const N: usize, const DOT: bool>(
             _ => (FP8_BLOCK / 4, 1, false),
         };
         let tab = Fp8Tables::new();
-        let l1 = l1_ahead::<N>();
+        let pf = ahead::<N, false>();
         let blocks = w.units.div_ceil(per_block);
         let base = if rows { p * blocks * PANEL } else { p * blocks };
         for b in 0..blocks {
@@ -572,7 +590,7 @@ unsafe fn float_body<const N: usize, const DOT: bool>(
             if w.format == WeightFormat::Mxfp8 {
                 kt_x86::prefetch::scales(w.scales_at(base + (b + SCALE_GROUPS_AHEAD) * stride));
             }
-            fp8_span::<N, DOT>(panel, span(b * per_block, per_block), &tab, &xs, &xh, l1, &mut blk);
+            fp8_span::<N, DOT>(panel, span(b * per_block, per_block), &tab, &xs, &xh, pf, &mut blk);
             let s = match rows {
                 true => group_scales(w, base + b * stride),
                 false => [_mm512_set1_ps(w.scales[base + b * stride]); 2],
@@ -614,10 +632,10 @@ unsafe fn bf16_body<const N: usize, const DOT: bool>(
         let mut acc = [[_mm512_setzero_ps(); 2]; N];
         if DOT {
             let xh: [*const u32; N] = core::array::from_fn(|t| x16[(t0 + t) * kp..].as_ptr().cast());
-            bf16_dot_units::<N>(panel, 0, w.units, &xh, l1_ahead::<N>(), &mut acc)
+            bf16_dot_units::<N>(panel, 0, w.units, &xh, ahead::<N, true>(), &mut acc)
         } else {
             let xs: [*const f32; N] = core::array::from_fn(|t| x[(t0 + t) * kp..].as_ptr());
-            float_units::<N, true>(panel, 0, w.units, &xs, l1_ahead::<N>(), &mut acc)
+            float_units::<N, true>(panel, 0, w.units, &xs, ahead::<N, true>(), &mut acc)
         }
         store_tile(&acc, out);
     }
@@ -686,7 +704,7 @@ unsafe fn int_units<const N: usize, const INT4: bool, const VNNI: bool, const VB
             for (i, u) in (start..end).enumerate() {
                 // Both prefetches at every token count: KT's int8 one-token decode on Zen 4 took
                 // 1.24-1.37 ms without the L1 one against 0.89-1.18 with it (2 threads, qwen3).
-                let r = load_halves(base.add(i * stride), second, base.wrapping_add(i * UNIT), true);
+                let r = load_halves(base.add(i * stride), second, base.wrapping_add(i * UNIT), Ahead::Both);
                 if INT4 {
                     let [lo, hi] = nibbles::<true, VBMI>(r, lut);
                     // Where the unit's low and high nibbles' k are (module docs of `pack`).
@@ -856,7 +874,7 @@ unsafe fn bf16_scales(p: *const u16) -> [__m512; 2] {
 /// `acc[t] += Σ (w + o) · x[t]` over units `u0..u1` of a K-group int4 or mxfp4 panel: each
 /// nibble unsigned (through `lut` when `LUT`), the signed activations broadcast from memory
 /// into `vpdpbusd` (`VNNI`: low and high nibbles in two chains up to [`SPLIT_TOKENS`] tokens)
-/// or `vpmaddubsw`/`vpmaddwd` (|x| ≤ 127, w + o ≤ 24: no saturation). `l1`: as [`load_unit`].
+/// or `vpmaddubsw`/`vpmaddwd` (|x| ≤ 127, w + o ≤ 24: no saturation). `pf`: as [`load_unit`].
 ///
 /// # Safety
 /// AVX-512F/BW (and VNNI if `VNNI`) are present; `panel` holds `u1` units; each `x[t]` the
@@ -868,7 +886,7 @@ unsafe fn group_units<const N: usize, const LUT: bool, const VNNI: bool, const V
     u1: usize,
     lut: __m512i,
     x: &[*const u8; N],
-    l1: bool,
+    pf: Ahead,
     acc: &mut [[__m512i; 2]; N],
 ) {
     // SAFETY: AVX-512F/BW (and VNNI where used) by the contract; u < u1 is inside the panel and
@@ -877,7 +895,7 @@ unsafe fn group_units<const N: usize, const LUT: bool, const VNNI: bool, const V
         let ones = _mm512_set1_epi16(1);
         let (mut a, mut b) = (*acc, [[_mm512_setzero_si512(); 2]; N]);
         for u in u0..u1 {
-            let [lo, hi] = nibbles::<LUT, VBMI>(load_unit(panel, u, l1), lut);
+            let [lo, hi] = nibbles::<LUT, VBMI>(load_unit(panel, u, pf), lut);
             for t in 0..N {
                 let (xl, xh) = (quad(x[t], 8 * u), quad(x[t], 8 * u + 4));
                 for h in 0..2 {
@@ -967,7 +985,7 @@ unsafe fn int_panel<const N: usize, const VNNI: bool, const VBMI: bool>(
                 // check per token and group held the rescale's instructions in order.
                 let tile = t0 * groups..(t0 + N) * groups;
                 let (scales, starts) = (act.scales[tile.clone()].as_ptr(), act.starts[tile].as_ptr());
-                let l1 = l1_ahead::<N>();
+                let pf = ahead::<N, false>();
                 for g in 0..groups {
                     let at = (p * groups + g) * PANEL;
                     let mut acc = [[_mm512_setzero_si512(); 2]; N];
@@ -977,8 +995,8 @@ unsafe fn int_panel<const N: usize, const VNNI: bool, const VBMI: bool>(
                     kt_x86::prefetch::scales(w.scales_at(at + SCALE_GROUPS_AHEAD * PANEL));
                     let (u0, u1) = (g * upg, (g + 1) * upg);
                     match table {
-                        Some(_) => group_units::<N, true, VNNI, VBMI>(panel, u0, u1, lut, &xs, l1, &mut acc),
-                        None => group_units::<N, false, VNNI, VBMI>(panel, u0, u1, lut, &xs, l1, &mut acc),
+                        Some(_) => group_units::<N, true, VNNI, VBMI>(panel, u0, u1, lut, &xs, pf, &mut acc),
+                        None => group_units::<N, false, VNNI, VBMI>(panel, u0, u1, lut, &xs, pf, &mut acc),
                     }
                     let s = group_scales(w, at);
                     for t in 0..N {
