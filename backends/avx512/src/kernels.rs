@@ -86,13 +86,13 @@ const PREFETCH: usize = 2048;
 const PREFETCH_L2: usize = 3 * PREFETCH;
 
 /// Most tokens of a tile that streams its weights as decode does, once from DRAM: such a tile
-/// prefetches them into L1 too only where [`kt_x86::prefetch::l1_at_decode`] says so. Larger
-/// tiles read a panel again from the caches, where the L1 prefetch pays on every CPU (Zen 4,
-/// mxfp8 n = 256 without it: 76-77 against 65 ms).
+/// prefetches them into L1 too only where [`kt_x86::prefetch::l1_at_decode`] says so
+/// ([`ahead`]). Larger tiles read a panel again from the caches, where the L1 prefetch pays on
+/// every CPU (Zen 4, mxfp8 n = 256 without it: 76-77 against 65 ms).
 const DECODE_TOKENS: usize = 4;
 
 /// What an `N`-token tile's weight loads prefetch ahead.
-#[derive(Clone, Copy, PartialEq, Eq)]
+#[derive(Clone, Copy)]
 enum Ahead {
     /// Into L1 and L2.
     Both,
@@ -100,7 +100,7 @@ enum Ahead {
     L2,
     /// Nothing: the hardware prefetchers alone. bf16 decode on Zen 4, where they stream its
     /// one load a `vdpbf16ps` at 0.98-1.01 of a plain read and its L2 prefetch held it to
-    /// 0.81-0.83 (one thread, 150 gate matrices from DRAM); the other kinds' work between
+    /// 0.81-0.83 (one thread, 472 MB of gate matrices from DRAM); the other kinds' work between
     /// loads needs the L2 prefetch there (mxfp8 0.62-0.69 without it against 0.80-0.83).
     Off,
 }
