@@ -28,11 +28,16 @@ fn main() {
     }
     let mut args = std::env::args().skip(1);
     let formats = args.next().unwrap_or_else(|| "bf16,fp8,mxfp8,int8,int4,int4-g32,mxfp4".into());
-    let count: Option<usize> = args.next().map(|c| c.parse().expect("COUNT is a number of matrices"));
+    let count = args.next().map(|c| match c.parse::<usize>() {
+        Ok(n) if n > 0 => n,
+        _ => usage(&format!("COUNT {c:?} is not a number of matrices, 1 or more")),
+    });
     let mut r = SplitMix64::new(1);
     let w: Vec<f32> = (0..ROWS * COLS).map(|_| r.uniform(0.05)).collect();
     for name in formats.split(',') {
-        let format = WeightFormat::parse(name).unwrap_or_else(|| panic!("{name}: not a weight format"));
+        let Some(format) = WeightFormat::parse(name) else {
+            usage(&format!("{name:?} is not a weight format"));
+        };
         let m = QuantMatrix::quantize(format, ROWS, COLS, &w).expect("quantizes");
         let each = format.matrix_bytes(ROWS, COLS);
         let count = count.unwrap_or((128usize << 20).div_ceil(each));
@@ -67,4 +72,10 @@ fn main() {
             ratio[REPS - 1]
         );
     }
+}
+
+/// Say what was wrong with the arguments and what is expected, and exit with status 2.
+fn usage(why: &str) -> ! {
+    eprintln!("{why}; usage: stream [FORMATS (comma list, e.g. bf16,mxfp4)] [COUNT]");
+    std::process::exit(2)
 }
