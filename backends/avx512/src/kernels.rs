@@ -96,7 +96,11 @@ const DECODE_TOKENS: usize = 4;
 enum Ahead {
     /// Into L1 and L2.
     Both,
-    /// Into L2 only.
+    /// Into L2 only, each line asked for twice: `PREFETCH_L2` and twice that ahead. On Zen 4
+    /// one request a line left decode at 0.55-0.75 of a plain read; the second, further one
+    /// gave mxfp4 and int8 10-20% more, mxfp8 and fp8 20-25% (one thread, 135 MB of qwen3
+    /// gates from DRAM, alternated rep by rep: docs/tuning.md). Both at the same distance
+    /// measured about the same as the pair, a further one alone (12 KB) as none.
     L2,
     /// Nothing: the hardware prefetchers alone. bf16 decode on Zen 4, where they stream its
     /// one load a `vdpbf16ps` at 0.98-1.01 of a plain read and its L2 prefetch held it to
@@ -105,7 +109,7 @@ enum Ahead {
     Off,
 }
 
-/// What an `N`-token tile of bf16 (`BF16`) or another panel-order kind prefetches.
+/// What an `N`-token tile of bf16 (`BF16`) or another kind prefetches.
 #[inline(always)]
 fn ahead<const N: usize, const BF16: bool>() -> Ahead {
     match N > DECODE_TOKENS || kt_x86::prefetch::l1_at_decode() {
@@ -140,7 +144,10 @@ unsafe fn load_halves(p: *const u8, second: usize, at: *const u8, pf: Ahead) -> 
         for line in [at, at.wrapping_add(64)] {
             match pf {
                 Ahead::Both => kt_x86::prefetch::ahead(line, PREFETCH, PREFETCH_L2),
-                Ahead::L2 => kt_x86::prefetch::to_l2(line, PREFETCH_L2),
+                Ahead::L2 => {
+                    kt_x86::prefetch::to_l2(line, PREFETCH_L2);
+                    kt_x86::prefetch::to_l2(line, 2 * PREFETCH_L2);
+                }
                 Ahead::Off => {}
             }
         }
@@ -697,14 +704,13 @@ unsafe fn int_units<const N: usize, const INT4: bool, const VNNI: bool, const VB
         // 1024 on), panels in one stretch (stride 128, second half 64 on). (A unit index turned
         // into an address inside the loop cost 25% at 12 tokens: its registers spilled.)
         let (stride, second, per) = if KT { (64, KT_TILE / 2, 16) } else { (UNIT, 64, u1 - u0) };
+        let pf = ahead::<N, false>();
         let mut start = u0;
         while start < u1 {
             let end = (start + per).min(u1);
             let base = if KT { panel.add((start - u0) / 16 * KT_TILE) } else { panel.add(start * UNIT) };
             for (i, u) in (start..end).enumerate() {
-                // Both prefetches at every token count: KT's int8 one-token decode on Zen 4 took
-                // 1.24-1.37 ms without the L1 one against 0.89-1.18 with it (2 threads, qwen3).
-                let r = load_halves(base.add(i * stride), second, base.wrapping_add(i * UNIT), Ahead::Both);
+                let r = load_halves(base.add(i * stride), second, base.wrapping_add(i * UNIT), pf);
                 if INT4 {
                     let [lo, hi] = nibbles::<true, VBMI>(r, lut);
                     // Where the unit's low and high nibbles' k are (module docs of `pack`).
