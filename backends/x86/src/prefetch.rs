@@ -30,8 +30,23 @@ pub fn to_l2(p: *const u8, l2: usize) {
 /// 19-20 → 23-24, bf16 and int4-g32 level (docs/tuning.md). Elsewhere both: on the Xeons L1
 /// prefetches alone kept too few lines in flight, and L2 alone is unmeasured there and on Zen 5.
 pub fn l1_at_decode() -> bool {
-    static L1: OnceLock<bool> = OnceLock::new();
-    *L1.get_or_init(|| crate::isa::amd_family() != Some(0x19))
+    !zen4()
+}
+
+/// Whether the GGUF kernels' 32-column tiles, at decode, ask for each line of the third tile
+/// ahead into L2 besides the next into L1 and the one after into L2 (`kt_backend_llamafile`;
+/// its K-quant kernels measured slower with it, q4_K 0.66-0.70 → 0.54-0.58): on Zen 4
+/// one thread decoding 135 MB of qwen3 gates from DRAM read q4_0 at 0.76-0.78 of a plain read
+/// without it and 0.88-0.95 with it, q8_0 0.64-0.66 against 0.85-0.86 (docs/tuning.md).
+/// Unmeasured elsewhere.
+pub fn far_at_decode() -> bool {
+    zen4()
+}
+
+/// AMD family 19h: Zen 4, the one with AVX-512 (and Zen 3, which lacks it and these kernels).
+fn zen4() -> bool {
+    static ZEN4: OnceLock<bool> = OnceLock::new();
+    *ZEN4.get_or_init(|| crate::isa::amd_family() == Some(0x19))
 }
 
 /// K groups (or scale blocks) ahead of the one in hand whose scales a kernel prefetches with
