@@ -43,10 +43,11 @@ pub fn far_at_decode() -> bool {
     zen4()
 }
 
-/// AMD family 19h: Zen 4, the one with AVX-512 (and Zen 3, which lacks it and these kernels).
+/// Zen 4: AMD family 19h with AVX-512 (Zen 3, the same family without it, runs the GGUF
+/// kernels too, unmeasured with these choices).
 fn zen4() -> bool {
     static ZEN4: OnceLock<bool> = OnceLock::new();
-    *ZEN4.get_or_init(|| crate::isa::amd_family() == Some(0x19))
+    *ZEN4.get_or_init(|| crate::isa::amd_family() == Some(0x19) && std::arch::is_x86_feature_detected!("avx512f"))
 }
 
 /// K groups (or scale blocks) ahead of the one in hand whose scales a kernel prefetches with
