@@ -98,7 +98,7 @@ enum Ahead {
     Both,
     /// Into L2 only, each line asked for twice: `PREFETCH_L2` and twice that ahead. On Zen 4
     /// one request a line left decode at 0.55-0.75 of a plain read; the second, further one
-    /// gave mxfp4 and int8 10-20% more, mxfp8 and fp8 20-25% (one thread, 135 MB of qwen3
+    /// gave mxfp4 and int8 10-20% more, mxfp8 and fp8 20-30% (one thread, 135 MB of qwen3
     /// gates from DRAM, alternated rep by rep: docs/tuning.md). Both at the same distance
     /// measured about the same as the pair, a further one alone (12 KB) as none.
     L2,
