@@ -181,7 +181,7 @@ struct Tile<'a, A> {
     slice_bytes: usize,
     /// Bytes of the next tile to prefetch per slice ([`prefetch_next`]).
     prefetch: usize,
-    /// Whether a 32-column kernel also asks for the third tile ahead ([`prefetch_far`]).
+    /// Whether a 32-column kernel also asks for the third tile ahead ([`prefetch_ahead`]).
     far: bool,
     layout: PhantomData<&'a [A]>,
 }
@@ -489,10 +489,7 @@ fn group<'a, A>(tile: &Tile<'a, A>, g: usize) -> [&'a [u8]; R] {
 #[inline(always)]
 unsafe fn open_group<'a, A>(tile: &Tile<'a, A>, t0: usize, g: usize) -> ([&'a [u8]; R], [__m256; R]) {
     if t0 == 0 {
-        prefetch_next(tile, g);
-        if tile.far {
-            prefetch_far(tile, g);
-        }
+        prefetch_ahead(tile, g, tile.far);
     }
     let grp = group(tile, g);
     // SAFETY: the caller's contract; each group starts with its 8 f16 scales.
@@ -560,31 +557,28 @@ fn token_tiles<const TC: usize>(n: usize) -> impl Iterator<Item = (usize, usize)
 /// no better: past its rows are the first of the task another thread is starting.
 #[inline(always)]
 fn prefetch_next<A>(tile: &Tile<'_, A>, b: usize) {
-    let len = R * tile.row_bytes;
-    let next = tile.data.as_ptr().wrapping_add(len);
-    let step = tile.prefetch;
-    let mut off = b * step;
-    while off < ((b + 1) * step).min(len) {
-        kt_x86::prefetch::ahead(next.wrapping_add(off), 0, len);
-        off += 64;
-    }
+    prefetch_ahead(tile, b, false);
 }
 
 /// Most tokens of a tile whose 32-column kernel asks for the third tile ahead too: decode's,
 /// which streams its rows once from DRAM.
 const FAR_TOKENS: usize = 4;
 
-/// Prefetch the `b`-th of `nb` slices of the third tile ahead into L2, where
-/// [`kt_x86::prefetch::far_at_decode`] says so: on Zen 4 [`prefetch_next`]'s two requests left
-/// one-token q4_0 and q8_0 at 0.64-0.78 of a plain read, with this third 0.85-0.95.
+/// [`prefetch_next`], and with `far` the same slice of the third tile ahead into L2 as well,
+/// where [`kt_x86::prefetch::far_at_decode`] says so (`Tile::far`): on Zen 4 the two requests
+/// left one-token q4_0 and q8_0 at 0.64-0.78 of a plain read, with this third 0.85-0.95.
 #[inline(always)]
-fn prefetch_far<A>(tile: &Tile<'_, A>, b: usize) {
+fn prefetch_ahead<A>(tile: &Tile<'_, A>, b: usize, far: bool) {
     let len = R * tile.row_bytes;
-    let far = tile.data.as_ptr().wrapping_add(3 * len);
+    let next = tile.data.as_ptr().wrapping_add(len);
     let step = tile.prefetch;
     let mut off = b * step;
     while off < ((b + 1) * step).min(len) {
-        kt_x86::prefetch::to_l2(far.wrapping_add(off), 0);
+        let line = next.wrapping_add(off);
+        kt_x86::prefetch::ahead(line, 0, len);
+        if far {
+            kt_x86::prefetch::to_l2(line, 2 * len);
+        }
         off += 64;
     }
 }
