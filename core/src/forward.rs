@@ -18,6 +18,7 @@
 use alloc::vec;
 use alloc::vec::Vec;
 use core::ops::Range;
+use core::sync::atomic::{AtomicUsize, Ordering};
 
 use half::bf16;
 
@@ -287,6 +288,9 @@ pub struct Workspace {
     x_blocks: Vec<[Range<usize>; 2]>,
     /// Per part and active expert, where its down activations are in `act_h`.
     h_blocks: Vec<Range<usize>>,
+    /// Per part and active expert, its GateUp tasks not yet finished: the last one to finish
+    /// prepares its down activations.
+    gate_up_left: Vec<AtomicUsize>,
     part_rows: Vec<usize>,
     h_base: Vec<usize>,
 }
@@ -362,6 +366,22 @@ fn add_rows<'o>(
     }
 }
 
+/// `out = bf16(0 + part(0) + part(1) + ...)` elementwise over `parts` parts in ascending order,
+/// in blocks that vectorize: the Merge stage's sum, and with one part what Reduce and Down
+/// write at once (`0 + x`, as the stage would: a −0 sum becomes +0).
+fn merge<'a>(parts: usize, part: impl Fn(usize) -> &'a [f32], out: &mut [bf16]) {
+    const BLOCK: usize = 64;
+    let mut acc = [0.0f32; BLOCK];
+    for (c, o) in out.chunks_mut(BLOCK).enumerate() {
+        let acc = &mut acc[..o.len()];
+        acc.fill(0.0);
+        for p in 0..parts {
+            acc.iter_mut().zip(&part(p)[c * BLOCK..]).for_each(|(a, &v)| *a += v);
+        }
+        o.iter_mut().zip(&*acc).for_each(|(o, &a)| *o = bf16_round(a));
+    }
+}
+
 /// `out[n,H] = Σ_j w[t,j] · expert_{ids[t,j]}(input[t])` over the CPU-resident experts, on the
 /// backend that packed `w`.
 pub fn forward(
@@ -405,7 +425,12 @@ pub fn forward(
         x_total += round_up(bytes);
         r
     };
-    for a in &plan.experts {
+    for (i, a) in plan.experts.iter().enumerate() {
+        if a.act != i {
+            // Its token's first expert prepared them (an earlier one).
+            ws.x_blocks.push(ws.x_blocks[a.act].clone());
+            continue;
+        }
         let g = block(backend.act_bytes(gate_fmt, a.rows, hd));
         let u = if own_up { block(backend.act_bytes(up_fmt, a.rows, hd)) } else { g.clone() };
         ws.x_blocks.push([g, u]);
@@ -449,19 +474,27 @@ pub fn forward(
     if ws.ident.len() < rows_total {
         ws.ident = (0..rows_total as u32).collect();
     }
+    if ws.gate_up_left.len() < parts * cfg.experts {
+        ws.gate_up_left = (0..parts * cfg.experts).map(|_| AtomicUsize::new(0)).collect();
+    }
     let (x_blocks, h_blocks, h_base) = (&ws.x_blocks[..], &ws.h_blocks[..], &ws.h_base[..]);
     let active = plan.experts.len();
     let expert = |p: usize, e: usize| w.parts[p].experts[plan.experts[e].id].as_ref().expect("checked above");
     // (The tile after it starts 64-byte aligned, as Carve wants.)
     let backend_scratch = round_up(backend.scratch_bytes(shape));
     let blocks = ws.scratch.blocks(exec, backend_scratch + Carve::bytes::<f32>(tile_bound));
+    let out_dst = SharedMut::new(out);
+    // Columns `cols` of token `t`'s output row onwards (`cols` may pass the row's end).
+    // SAFETY: its callers take what their task owns (a Down task of one part its rows of H of
+    // every token, a Reduce or Merge task its tokens), one borrow at a time.
+    let out_cols = |t: usize, cols: Range<usize>| unsafe { out_dst.slice_mut(t * hd + cols.start..t * hd + cols.end) };
     // Part tasks go to their part's sub-pool; Gather and Merge tasks are spread over all. Each
     // task gets its worker's scratch.
     let run = |tasks: &[Task], f: &(dyn Fn(&Task, &mut [u8]) + Sync)| {
         blocks.run(exec, tasks.len(), &|i| tasks[i].part().unwrap_or(i), &|i, scratch| f(&tasks[i], scratch))
     };
 
-    for stage in &plan.stages {
+    for stage in plan.stages.iter().filter(|s| !s.tasks.is_empty()) {
         match stage.kind {
             StageKind::Gather => {
                 let dst = SharedMut::new(ws.act_x.as_mut_slice());
@@ -478,27 +511,33 @@ pub fn forward(
                 });
             }
             StageKind::GateUp => {
-                let (act_x, h) = (ws.act_x.as_slice(), SharedMut::new(&mut ws.h[..]));
+                let left = &ws.gate_up_left[..parts * active];
+                left.iter().for_each(|l| l.store(0, Ordering::Relaxed));
+                for t in &stage.tasks {
+                    let Task::GateUp { part: p, expert: e, .. } = *t else { unreachable!() };
+                    left[p * active + e].fetch_add(1, Ordering::Relaxed);
+                }
+                let (act_x, ident) = (ws.act_x.as_slice(), &ws.ident[..]);
+                let (h, dst) = (SharedMut::new(&mut ws.h[..]), SharedMut::new(ws.act_h.as_mut_slice()));
                 run(&stage.tasks, &|t, scratch| {
                     let Task::GateUp { part: p, expert: e, ref rows } = *t else { unreachable!() };
-                    let (a, ip) = (&plan.experts[e], part_rows[p]);
+                    let (a, ip, i) = (&plan.experts[e], part_rows[p], p * active + e);
+                    let base = h_base[p] + a.first_row * ip;
                     // SAFETY: GateUp tasks of one (part, expert) own disjoint column blocks of its rows.
-                    let view = unsafe { h.mat_mut(h_base[p] + a.first_row * ip + rows.start, a.rows, rows.len(), ip) };
+                    let view = unsafe { h.mat_mut(base + rows.start, a.rows, rows.len(), ip) };
                     let (ew, [g, u]) = (expert(p, e), &x_blocks[e]);
                     let (ag, au) = (&act_x[g.clone()], &act_x[u.clone()]);
                     let bias = w.bias(a.id).map(|b| b.gate_up(w.parts[p].range.clone()));
                     backend.gate_up(&ew.gate, &ew.up, rows.clone(), ag, au, cfg.glu, bias, view, scratch);
-                });
-            }
-            StageKind::PrepareDown => {
-                let (h, ident, dst) = (&ws.h[..], &ws.ident[..], SharedMut::new(ws.act_h.as_mut_slice()));
-                run(&stage.tasks, &|t, scratch| {
-                    let Task::PrepareDown { part: p, expert: e } = *t else { unreachable!() };
-                    let (a, ip, i) = (&plan.experts[e], part_rows[p], p * active + e);
-                    let src = &h[h_base[p] + a.first_row * ip..h_base[p] + (a.first_row + a.rows) * ip];
-                    // SAFETY: one PrepareDown task per (part, expert) block.
-                    let d = unsafe { dst.slice_mut(h_blocks[i].clone()) };
-                    backend.quantize_act(down_fmt, ip, src, &ident[..a.rows], d, scratch);
+                    // The last of (p, e)'s tasks to finish (AcqRel: after the others' writes to
+                    // its rows) prepares them for down.
+                    if left[i].fetch_sub(1, Ordering::AcqRel) == 1 {
+                        // SAFETY: every GateUp task of (p, e) has finished writing its rows,
+                        // and only this one reads them or writes (p, e)'s act_h block.
+                        let (src, d) =
+                            unsafe { (h.slice_mut(base..base + a.rows * ip), dst.slice_mut(h_blocks[i].clone())) };
+                        backend.quantize_act(down_fmt, ip, src, &ident[..a.rows], d, scratch);
+                    }
                 });
             }
             StageKind::Down => {
@@ -530,6 +569,12 @@ pub fn forward(
                             let bias = w.bias(a.id).filter(|_| p == 0).map(|b| &b.down[rows.clone()]);
                             add_rows(plan, a, 0..n, (&results[..], stride, 0), routing.weights, bias, &out_row);
                         }
+                        if parts == 1 {
+                            for t in 0..n {
+                                let sum = &*out_row(t);
+                                merge(1, |_| sum, out_cols(t, rows.clone()));
+                            }
+                        }
                         return;
                     };
                     let a = &plan.experts[e];
@@ -553,26 +598,21 @@ pub fn forward(
                         let y = (&y[p * rows_total * ys..], ys, a.first_row);
                         add_rows(plan, a, tokens.clone(), y, routing.weights, bias, &out_row);
                     }
+                    if parts == 1 {
+                        for t in tokens.clone() {
+                            let sum = &*out_row(t);
+                            merge(1, |_| sum, out_cols(t, 0..hd));
+                        }
+                    }
                 });
             }
             StageKind::Merge => {
-                let (parts_out, dst) = (&ws.out_parts[..], SharedMut::new(&mut out[..]));
+                let parts_out = &ws.out_parts[..parts * n * hd];
                 run(&stage.tasks, &|t, _| {
                     let Task::Merge { ref tokens } = *t else { unreachable!() };
-                    // SAFETY: Merge tasks own disjoint token chunks of the output.
-                    let o = unsafe { dst.slice_mut(tokens.start * hd..tokens.end * hd) };
-                    // Per element 0 + part 0 + part 1 ..., in blocks that vectorize.
-                    const BLOCK: usize = 64;
-                    let mut acc = [0.0f32; BLOCK];
-                    for (c, o) in o.chunks_mut(BLOCK).enumerate() {
-                        let (at, acc) = (tokens.start * hd + c * BLOCK, &mut acc[..o.len()]);
-                        acc.fill(0.0);
-                        for p in 0..parts {
-                            let part = &parts_out[p * n * hd + at..][..acc.len()];
-                            acc.iter_mut().zip(part).for_each(|(a, &v)| *a += v);
-                        }
-                        o.iter_mut().zip(&*acc).for_each(|(o, &a)| *o = bf16_round(a));
-                    }
+                    let at = tokens.start * hd;
+                    let part = |p: usize| &parts_out[p * n * hd + at..];
+                    merge(parts, part, out_cols(tokens.start, 0..tokens.len() * hd));
                 });
             }
         }

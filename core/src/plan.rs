@@ -1,18 +1,26 @@
 //! The task graph of one forward, planned as data.
 //!
 //! ```text
-//!  Gather(e)          x rows of expert e -> prepared activations      (one task per active expert)
+//!  Gather(e)          x rows of expert e -> prepared activations      (one task per expert that
+//!                                                                      prepares its own: below)
 //!  GateUp(p,e,rows)   h[e][t][rows] = SwiGLU(gate·x, up·x)            (per part, expert, I-row block)
-//!  PrepareDown(p,e)   h[e] -> prepared activations (int8 per token)   (per part, expert)
+//!                     and, by the task that finishes (p,e)'s blocks:
+//!                     h[e] -> prepared activations for down
 //!  Down(p,e,rows)     y[e][t][rows] = down·h                          (per part, expert, H-row block)
 //!  Reduce(p,tokens)   out_p[t] = sum over t's rows r: w[r] · y[r]     (per part, token chunk)
 //!    or, where y would pass SUM_IN_DOWN_FROM bytes:
 //!  Down(p,rows)       out_p[t][rows] = sum over t's rows r: w[r] · (down_e(r)·h[r])[rows]
 //!                                                                     (per part, H-row block)
-//!  Merge(tokens)      out[t] = bf16(sum_p out_p[t])                   (per token chunk; p ascending)
+//!  Merge(tokens)      out[t] = bf16(sum_p out_p[t])                   (per token chunk; p ascending;
+//!                                                                      with one part, Reduce's or
+//!                                                                      Down's tasks do it)
 //! ```
 //!
-//! SwiGLU is fused into GateUp: it is elementwise on the rows the task just produced. For
+//! SwiGLU is fused into GateUp: it is elementwise on the rows the task just produced, and the
+//! task that finishes an expert's rows (the last of its blocks to end, counted down in the
+//! forward) prepares them for down at once, with no stage of its own to wait for. An expert
+//! routed exactly one token reads the prepared activations of the first such expert of that
+//! token ([`ActiveExpert::act`]): one token's decode prepares its row once, not k times. For
 //! many tokens the weighted sum over each token's experts is fused into Down: a Down task owns
 //! some rows of H of every token's output, runs each active expert's down on them into a tile
 //! of its worker's scratch and adds the tile in, so the results never round-trip through
@@ -78,6 +86,10 @@ pub struct ActiveExpert {
     pub first_row: usize,
     /// Rows (token slots) routed to it.
     pub rows: usize,
+    /// The active expert whose prepared gate/up activations it reads: itself, or, where it is
+    /// routed exactly one token, the first active expert routed that token alone (whose Gather
+    /// task prepares them).
+    pub act: usize,
 }
 
 impl ActiveExpert {
@@ -90,18 +102,19 @@ impl ActiveExpert {
 /// The stages, in execution order.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum StageKind {
-    /// Gather and prepare gate/up activations.
+    /// Gather and prepare gate/up activations (of the experts that own them:
+    /// [`ActiveExpert::act`]).
     Gather,
-    /// gate and up projections with SwiGLU.
+    /// gate and up projections with SwiGLU; the task that finishes a (part, expert)'s rows
+    /// prepares them for down.
     GateUp,
-    /// Prepare down activations.
-    PrepareDown,
     /// down projection (and, with tasks of every expert, the weighted sum over each token's
     /// experts).
     Down,
     /// Weighted sum over each token's experts, per part (where Down does not add it).
     Reduce,
-    /// Sum of parts, bf16 output.
+    /// Sum of parts, bf16 output (with more than one part; one part's Reduce or Down tasks
+    /// write their own tokens' or rows' output).
     Merge,
 }
 
@@ -121,13 +134,6 @@ pub enum Task {
         expert: usize,
         /// Rows of gate/up (local to the part).
         rows: Range<usize>,
-    },
-    /// See [`StageKind::PrepareDown`].
-    PrepareDown {
-        /// NUMA part.
-        part: usize,
-        /// Active expert index.
-        expert: usize,
     },
     /// See [`StageKind::Down`]; `rows` are rows of down (H).
     Down {
@@ -157,7 +163,7 @@ impl Task {
     /// Merge, which serve every part).
     pub fn part(&self) -> Option<usize> {
         match *self {
-            Task::GateUp { part, .. } | Task::PrepareDown { part, .. } | Task::Down { part, .. } => Some(part),
+            Task::GateUp { part, .. } | Task::Down { part, .. } => Some(part),
             Task::Reduce { part, .. } => Some(part),
             Task::Gather { .. } | Task::Merge { .. } => None,
         }
@@ -199,6 +205,8 @@ pub struct Plan {
     counts: Vec<usize>,
     /// Per active expert: the next row to fill.
     fill: Vec<usize>,
+    /// Per token: the first active expert routed it alone, or `usize::MAX`.
+    alone: Vec<usize>,
 }
 
 /// Split `len` rows into about `pieces` blocks whose starts are multiples of `gran`.
@@ -208,14 +216,8 @@ pub fn blocks(len: usize, pieces: usize, gran: usize) -> impl Iterator<Item = Ra
     (0..len).step_by(size).map(move |s| s..(s + size).min(len))
 }
 
-const KINDS: [StageKind; 6] = [
-    StageKind::Gather,
-    StageKind::GateUp,
-    StageKind::PrepareDown,
-    StageKind::Down,
-    StageKind::Reduce,
-    StageKind::Merge,
-];
+const KINDS: [StageKind; 5] =
+    [StageKind::Gather, StageKind::GateUp, StageKind::Down, StageKind::Reduce, StageKind::Merge];
 
 impl Default for Plan {
     fn default() -> Self {
@@ -230,6 +232,7 @@ impl Default for Plan {
             stages: KINDS.iter().map(|&kind| Stage { kind, tasks: Vec::new() }).collect(),
             counts: Vec::new(),
             fill: Vec::new(),
+            alone: Vec::new(),
         }
     }
 }
@@ -285,7 +288,8 @@ impl Plan {
         let mut first = 0;
         for (e, c) in counts.iter_mut().enumerate() {
             if *c > 0 {
-                self.experts.push(ActiveExpert { id: e, first_row: first, rows: *c });
+                let act = self.experts.len();
+                self.experts.push(ActiveExpert { id: e, first_row: first, rows: *c, act });
                 self.fill.push(first);
                 first += *c;
                 *c = self.experts.len() - 1;
@@ -308,6 +312,17 @@ impl Plan {
                     self.slot_rows[t * k + j] = self.fill[a] as u32;
                     self.fill[a] += 1;
                 }
+            }
+        }
+        self.alone.clear();
+        self.alone.resize(n, usize::MAX);
+        for (i, a) in self.experts.iter_mut().enumerate() {
+            if a.rows == 1 {
+                let first = &mut self.alone[self.row_tokens[a.first_row] as usize];
+                if *first == usize::MAX {
+                    *first = i;
+                }
+                a.act = *first;
             }
         }
         (self.tokens, self.k) = (n, k);
@@ -341,18 +356,18 @@ impl Plan {
         // Rows of H a Down task of every expert takes; 0: one expert a task, and Reduce.
         let d = self.down_rows;
         let slices = parts * hidden.div_ceil(gran_h.max(1));
-        let bounds = [e_max, parts * per_part, parts * e_max, slices.max(parts * per_part), parts * tasks, tasks];
+        let bounds = [e_max, parts * per_part, slices.max(parts * per_part), parts * tasks, tasks];
         for (s, bound) in self.stages.iter_mut().zip(bounds) {
             s.tasks.clear();
             s.tasks.reserve(bound);
         }
-        let [gather, gate_up, prep, down, reduce, merge] = &mut self.stages[..] else { unreachable!("six stages") };
-        gather.tasks.extend((0..active).map(|expert| Task::Gather { expert }));
+        let [gather, gate_up, down, reduce, merge] = &mut self.stages[..] else { unreachable!("five stages") };
+        let owners = self.experts.iter().enumerate().filter(|(i, a)| a.act == *i);
+        gather.tasks.extend(owners.map(|(expert, _)| Task::Gather { expert }));
         for (part, &rows_p) in part_rows.iter().enumerate() {
             for expert in 0..active {
                 let b = blocks(rows_p, per_expert, gran_i);
                 gate_up.tasks.extend(b.map(|rows| Task::GateUp { part, expert, rows }));
-                prep.tasks.push(Task::PrepareDown { part, expert });
                 if d == 0 {
                     let b = blocks(hidden, per_expert, gran_h);
                     down.tasks.extend(b.map(|rows| Task::Down { part, expert: Some(expert), rows }));
@@ -370,7 +385,9 @@ impl Plan {
                 reduce.tasks.extend(token_chunks.clone().map(|tokens| Task::Reduce { part, tokens }));
             }
         }
-        merge.tasks.extend(token_chunks.map(|tokens| Task::Merge { tokens }));
+        if parts > 1 {
+            merge.tasks.extend(token_chunks.map(|tokens| Task::Merge { tokens }));
+        }
     }
 }
 
@@ -408,6 +425,43 @@ mod tests {
         assert_eq!(p.slot_rows, [4, 0, 1, 5, 2, 3, SKIPPED, SKIPPED]);
     }
 
+    /// An expert routed one token alone reads the first such expert's prepared activations of
+    /// that token, and only experts reading their own have a Gather task; an expert of two
+    /// rows (two tokens, or one token naming it twice) prepares its own.
+    #[test]
+    fn experts_of_one_token_share_its_prepared_activations() {
+        let cfg = MoeConfig::new(8, 2, 8, 8);
+        // token 0: experts 0, 4; token 1: 1, 4; token 2: 3, 2; token 3: 5 twice.
+        let ids = [0i64, 4, 1, 4, 3, 2, 5, 5];
+        let w = [1.0f32; 8];
+        let r = Routing { tokens: 4, k: 2, ids: &ids, weights: &w, gpu_mask: None };
+        let p = Plan::build(&cfg, &r, &[8], 1, 1, TARGET_TASKS).unwrap();
+        let acts: Vec<_> = p.experts.iter().map(|a| (a.id, a.act)).collect();
+        // Active indices: 0→0, 1→1, 2→2, 3→3, 4→4, 5→5; expert 3 shares expert 2's (token 2).
+        assert_eq!(acts, [(0, 0), (1, 1), (2, 2), (3, 2), (4, 4), (5, 5)]);
+        let gathered = [0, 1, 2, 4, 5].map(|expert| Task::Gather { expert });
+        assert_eq!(p.stages[0].tasks, gathered);
+        // One token: every expert reads the first one's.
+        let ids1 = [6i64, 1, 7];
+        let one = Routing { tokens: 1, k: 3, ids: &ids1, weights: &w[..3], gpu_mask: None };
+        let p = Plan::build(&MoeConfig::new(8, 3, 8, 8), &one, &[8], 1, 1, TARGET_TASKS).unwrap();
+        assert_eq!(p.experts.iter().map(|a| (a.id, a.act)).collect::<Vec<_>>(), [(1, 0), (6, 0), (7, 0)]);
+        assert_eq!(p.stages[0].tasks, [Task::Gather { expert: 0 }]);
+    }
+
+    /// One part's Reduce (or Down) tasks write the output themselves: no Merge stage.
+    #[test]
+    fn merge_only_with_parts() {
+        let ids: Vec<i64> = (0..12).map(|i| i % 7).collect();
+        let w = vec![0.5f32; 12];
+        let r = Routing { tokens: 3, k: 4, ids: &ids, weights: &w, gpu_mask: None };
+        for parts in [1, 2] {
+            let cfg = MoeConfig { parts, ..MoeConfig::new(8, 4, 16, 16) };
+            let p = Plan::build(&cfg, &r, &vec![16 / parts; parts], 1, 1, target_tasks(2)).unwrap();
+            assert_eq!(p.stages[4].tasks.is_empty(), parts == 1, "{parts} parts");
+        }
+    }
+
     #[test]
     fn every_target_covers_every_row_once() {
         let cfg = MoeConfig { parts: 2, ..MoeConfig::new(16, 4, 64, 96) };
@@ -436,11 +490,11 @@ mod tests {
             let r = Routing { tokens, k: 4, ids: &ids, weights: &w, gpu_mask: None };
             for threads in [1, 3, 64] {
                 let p = Plan::build(&cfg, &r, &[32, 32], 8, 8, target_tasks(threads)).unwrap();
-                assert_eq!((p.sum_in_down(), p.stages[4].tasks.is_empty()), (sums, sums));
+                assert_eq!((p.sum_in_down(), p.stages[3].tasks.is_empty()), (sums, sums));
                 let owners = if sums { vec![None] } else { (0..p.experts.len()).map(Some).collect() };
                 for (part, owner) in (0..2).flat_map(|part| owners.iter().map(move |&o| (part, o))) {
                     let mut covered = vec![0; hidden];
-                    for t in &p.stages[3].tasks {
+                    for t in &p.stages[2].tasks {
                         if let Task::Down { part: tp, expert, rows } = t {
                             if (*tp, *expert) == (part, owner) {
                                 rows.clone().for_each(|r| covered[r] += 1);
