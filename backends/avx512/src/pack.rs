@@ -265,6 +265,40 @@ fn place(f: WeightFormat, pairs: bool, i: usize, c: usize) -> (usize, bool) {
     }
 }
 
+/// The rows `src` of a panel (their stored bytes), their first `whole` units' columns, into the
+/// panel's bytes `dst`: what [`place`] says column by column, 16 units at a time, each row's
+/// bytes of them in turn, so that a row's source line and the units' 2 KB stay in L1. Column
+/// by column through `place` a qwen3 gate (768 × 2048) packed in 2.75 ms in fp8, 4.2 in mxfp4
+/// and int4-g32, 5.3 in mxfp8 and 1.5 in bf16 on the Zen 4 VM; this way in 0.45-0.56, 0.8-1.1,
+/// 0.6-0.8, 0.8-1.0 and 0.75 (page faults of the fresh buffer included).
+fn place_units(f: WeightFormat, pairs: bool, src: &[&[u8]], whole: usize, dst: &mut [u8]) {
+    const BLOCK: usize = 16;
+    let is4 = int4::is_int4(f);
+    for u0 in (0..whole).step_by(BLOCK) {
+        for (i, s) in src.iter().enumerate() {
+            let row = (i / HALF) * 64;
+            for u in u0..(u0 + BLOCK).min(whole) {
+                let d = &mut dst[u * UNIT..(u + 1) * UNIT];
+                if is4 {
+                    let (c, slot) = (u * 8, row + (i % HALF) * 4);
+                    for (b, d) in d[slot..slot + 4].iter_mut().enumerate() {
+                        *d = int4::nibble(f, s, c + b) | (int4::nibble(f, s, c + b + 4) << 4);
+                    }
+                } else if pairs {
+                    // Byte kinds: a row's (k0, k1) beside three other rows', then its (k2, k3).
+                    let (s, slot) = (&s[4 * u..4 * u + 4], row + (i % HALF / 4) * 16 + (i % 4) * 2);
+                    d[slot..slot + 2].copy_from_slice(&s[..2]);
+                    d[slot + 8..slot + 10].copy_from_slice(&s[2..]);
+                } else {
+                    // Four bytes of the row: four byte columns or two bf16 ones.
+                    let slot = row + (i % HALF) * 4;
+                    d[slot..slot + 4].copy_from_slice(&s[4 * u..4 * u + 4]);
+                }
+            }
+        }
+    }
+}
+
 /// Pack `m` (any format `supports` admits) for the kernels of `level`.
 pub fn pack(m: &QuantMatrix, level: Level) -> Packed {
     let f = m.format();
@@ -283,11 +317,18 @@ pub fn pack(m: &QuantMatrix, level: Level) -> Packed {
         let z = int4::zero_nibble(f);
         buf.fill(z | (z << 4));
     }
+    let whole = cols / unit_k(f);
+    for (p, dst) in buf.chunks_exact_mut(units * UNIT).enumerate() {
+        let panel_rows = p * PANEL..((p + 1) * PANEL).min(rows);
+        let mut src: [&[u8]; PANEL] = [&[]; PANEL];
+        src.iter_mut().zip(panel_rows.clone()).for_each(|(s, r)| *s = m.row_data(r));
+        place_units(f, pairs, &src[..panel_rows.len()], whole, dst);
+    }
     for r in 0..rows {
         let (p, i) = (r / PANEL, r % PANEL);
         let dst = &mut buf[p * units * UNIT..(p + 1) * units * UNIT];
         let src = m.row_data(r);
-        for c in 0..cols {
+        for c in whole * unit_k(f)..cols {
             let (at, high) = place(f, pairs, i, c);
             match f {
                 WeightFormat::Bf16 => dst[at..at + 2].copy_from_slice(&src[2 * c..2 * c + 2]),
