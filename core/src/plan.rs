@@ -19,8 +19,8 @@
 //! SwiGLU is fused into GateUp: it is elementwise on the rows the task just produced, and the
 //! task that finishes an expert's rows (the last of its blocks to end, counted down in the
 //! forward) prepares them for down at once, with no stage of its own to wait for. An expert
-//! routed exactly one token reads the prepared activations of the first such expert of that
-//! token ([`ActiveExpert::act`]): one token's decode prepares its row once, not k times. For
+//! with one row reads the prepared activations of the first expert with that token as its one
+//! row ([`ActiveExpert::act`]): one token's decode prepares its row once, not k times. For
 //! many tokens the weighted sum over each token's experts is fused into Down: a Down task owns
 //! some rows of H of every token's output, runs each active expert's down on them into a tile
 //! of its worker's scratch and adds the tile in, so the results never round-trip through
@@ -86,9 +86,9 @@ pub struct ActiveExpert {
     pub first_row: usize,
     /// Rows (token slots) routed to it.
     pub rows: usize,
-    /// The active expert whose prepared gate/up activations it reads: itself, or, where it is
-    /// routed exactly one token, the first active expert routed that token alone (whose Gather
-    /// task prepares them).
+    /// The active expert whose prepared gate/up activations it reads: itself, or, where its
+    /// one row is a token's, the first active expert whose one row is that token's (whose
+    /// Gather task prepares it).
     pub act: usize,
 }
 
@@ -205,7 +205,7 @@ pub struct Plan {
     counts: Vec<usize>,
     /// Per active expert: the next row to fill.
     fill: Vec<usize>,
-    /// Per token: the first active expert routed it alone, or `usize::MAX`.
+    /// Per token: the first active expert whose one row it is, or `usize::MAX`.
     alone: Vec<usize>,
 }
 
@@ -425,9 +425,9 @@ mod tests {
         assert_eq!(p.slot_rows, [4, 0, 1, 5, 2, 3, SKIPPED, SKIPPED]);
     }
 
-    /// An expert routed one token alone reads the first such expert's prepared activations of
-    /// that token, and only experts reading their own have a Gather task; an expert of two
-    /// rows (two tokens, or one token naming it twice) prepares its own.
+    /// An expert with one row reads the prepared activations of the first expert with the same
+    /// token as its one row, and only experts reading their own have a Gather task; an expert
+    /// of two rows (two tokens, or one token naming it twice) prepares its own.
     #[test]
     fn experts_of_one_token_share_its_prepared_activations() {
         let cfg = MoeConfig::new(8, 2, 8, 8);
