@@ -51,26 +51,37 @@ pub const ORDER: [usize; G] = [0, 2, 4, 6, 1, 3, 5, 7];
 /// Where column `col` of block `k` of a group is among its 256 levels in the layout of the q8_0
 /// VNNI kernel: register `j = 2m + h` holds in lane [`slot`]`(k)` columns `8m + 2h` + 0, 1, 4, 5
 /// (the order in which two `unpack`s of column pairs would put them).
-pub fn quad_at(k: usize, col: usize) -> usize {
+pub const fn quad_at(k: usize, col: usize) -> usize {
     let (m, r) = (col / 8, col % 8);
     32 * (2 * m + r / 2 % 2) + 4 * slot(k) + r % 2 + 2 * (r / 4)
 }
+
+/// [`quad_at`] of every block and column, and where each place's level comes from in a
+/// repacked q8_0 group's column pairs: tables, so that packing a row looks them up (computed
+/// per level, they took most of a q4_0 load's time).
+const QUADS: ([[u8; QK]; G], [u8; 32 * G]) = {
+    let (mut at, mut from) = ([[0u8; QK]; G], [0u8; 32 * G]);
+    let mut k = 0;
+    while k < G {
+        let mut col = 0;
+        while col < QK {
+            at[k][col] = quad_at(k, col) as u8;
+            from[quad_at(k, col)] = (16 * (col / 2) + 2 * slot(k) + col % 2) as u8;
+            col += 1;
+        }
+        k += 1;
+    }
+    (at, from)
+};
 
 /// A repacked q8_0 row (column pairs) put in place into the VNNI kernel's layout: levels at
 /// [`quad_at`], + 128 (unsigned, for `vpdpbusd`'s unsigned operand). Moving each group at
 /// load rather than in the kernel made q8_0 prefill tiles about a tenth faster.
 pub fn to_quads(row: &mut [u8]) {
     let (at, gb) = (2 * G, group_bytes(GgmlType::Q8_0));
-    // Where each level of the new layout comes from.
-    let mut from = [0u8; 32 * G];
-    for k in 0..G {
-        for col in 0..QK {
-            from[quad_at(k, col)] = (16 * (col / 2) + 2 * slot(k) + col % 2) as u8;
-        }
-    }
     for g in row.chunks_exact_mut(gb) {
         let pairs: [u8; 32 * G] = g[at..].try_into().expect("a q8_0 group's levels");
-        for (q, &f) in g[at..].iter_mut().zip(&from) {
+        for (q, &f) in g[at..].iter_mut().zip(&QUADS.1) {
             *q = pairs[usize::from(f)] ^ 0x80;
         }
     }
@@ -88,14 +99,15 @@ pub fn to_nibble_quads(t: GgmlType, row: &mut [u8]) {
     let five = matches!(t, GgmlType::Q5_0 | GgmlType::Q5_1);
     for g in row.chunks_exact_mut(gb) {
         let mut quads = [0u8; 32 * G];
-        for k in 0..G {
-            for col in 0..QK {
-                let byte = g[at + 16 * k + col % 16];
-                let mut n = if col < 16 { byte & 0xF } else { byte >> 4 };
+        for (k, places) in QUADS.0.iter().enumerate() {
+            for i in 0..16 {
+                let (lo, hi, byte) = (usize::from(places[i]), usize::from(places[i + 16]), g[at + 16 * k + i]);
+                (quads[lo], quads[hi]) = (byte & 0xF, byte >> 4);
                 if five {
-                    n |= ((g[at + 16 * G + 16 * (k % 2) + col % 16] >> (2 * (k / 2) + col / 16)) & 1) << 4;
+                    let plane = g[at + 16 * G + 16 * (k % 2) + i] >> (2 * (k / 2));
+                    quads[lo] |= (plane & 1) << 4;
+                    quads[hi] |= ((plane >> 1) & 1) << 4;
                 }
-                quads[quad_at(k, col)] = n;
             }
         }
         for (i, b) in g[at..at + 16 * G].iter_mut().enumerate() {
@@ -182,7 +194,14 @@ pub fn repack_row(t: GgmlType, src: &[u8], out: &mut [u8]) {
     let nb = src.len() / bb;
     out.fill(0);
     for (g, o) in out.chunks_exact_mut(gb).enumerate() {
-        let blocks: Vec<&[u8]> = (0..G).filter_map(|k| src.get((g * G + k) * bb..(g * G + k + 1) * bb)).collect();
+        // The group's blocks (the row's last group may have fewer).
+        let mut all: [&[u8]; G] = [&[]; G];
+        let n = (0..G)
+            .map_while(|k| src.get((g * G + k) * bb..(g * G + k + 1) * bb))
+            .zip(&mut all)
+            .map(|(b, a)| *a = b)
+            .count();
+        let blocks = &all[..n];
         debug_assert!(g * G < nb);
         let mut qh = [0u32; G];
         for (k, b) in blocks.iter().enumerate() {
@@ -197,10 +216,10 @@ pub fn repack_row(t: GgmlType, src: &[u8], out: &mut [u8]) {
         if t == GgmlType::Q8_0 {
             // Column pair c (columns 2c, 2c+1) of the 8 blocks in slot order: widened to i16,
             // one `madd` gives each block's share in its own lane ([`crate::act::ActW8`]).
+            let levels: [&[u8]; G] = core::array::from_fn(|k| blocks.get(k).map_or(&[0u8; 32][..], |b| fields(t, b).2));
             for c in 0..QK / 2 {
                 for k in ORDER {
-                    let q = blocks.get(k).map_or(&[0u8; 32][..], |b| fields(t, b).2);
-                    put(o, &mut at, &q[2 * c..2 * c + 2]);
+                    put(o, &mut at, &levels[k][2 * c..2 * c + 2]);
                 }
             }
         } else {
