@@ -10,9 +10,9 @@
 # deadline, DEADLINE_S seconds from its start, default 540, is too near):
 #   tests      the AMX tests on the hardware tiles: the amx backend's (conformance, tiles =
 #              AVX-512 bits), the GGUF tile kernels' (tiles = vector bits), KT's fixtures
-#   tile-from  TILE_FROM: each format at n = 16 … 256 (1, 2, 4, 8, 16 tokens an expert on
+#   tile-from  the tile thresholds: each format at n = 16 … 256 (1, 2, 4, 8, 16 tokens an expert on
 #              average) with every expert on tiles (KT_AMX_TILE_FROM=1) and none
-#   gguf       GGUF prefill n = 512, 2048 on tiles (the default threshold) and off
+#   gguf       GGUF prefill n = 512, 2048 on tiles (from 2 tokens an expert) and off (the default)
 #   tables     the AMX table: amx and avx512 backends, n = 1, 4, 256, 1024, 2 and 16 threads
 #   kt         KT-Kernel 0.7.2's AMX build on the same shapes (scripts/peers/kt_moe.py)
 #   decode     #34's MX decode: mxfp4, mxfp8 (int4, bf16 beside them) at n = 1, 4 against a
@@ -20,10 +20,12 @@
 #   gemm       the hot-weight GEMM bench (`cargo bench -p kt-backend-amx --bench gemm`: one
 #              2048 × 7168 expert, 256 tokens, one thread) against the tile peaks it times
 # Each phase writes one file into $OUT (at most 8 come back from the device) and its lines into
-# $OUT/log.txt; `summary` prints the crossover and side-by-side tables from them. The first five
-# take about 11 minutes on 2 + 16 threads, more than one device call: run `run tests tile-from
-# gguf` and then `run tables kt decode gemm` (each under 6 minutes, decode and gemm about one
-# more; the second call finds the machine warm).
+# $OUT/log.txt; `summary` prints the crossover and side-by-side tables from them. Timed on the
+# 16-core Xeon (2026-12-04): tests 60 s, decode 45 s, tables 230 s, gemm 60 s, tile-from 330 s
+# (KT's steps did not load that day; the `gguf` phase did not fit). A lease of 15 device
+# minutes holds about two calls, the first starting the machine (~1 minute): `run tests decode
+# tables kt gemm` (DEADLINE_S=545, timeout_s=600), then at once, while the machine is warm,
+# `run tile-from gguf` or what is left, with DEADLINE_S fitted to the lease.
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -59,8 +61,12 @@ prepare() {
     for l in libhwloc.so.15 libudev.so.1; do cp -L "$(ldconfig -p | awk -v l=$l '$1 == l {print $NF; exit}')" "$dev/lib/"; done
     # shellcheck source=peers/kt_wheel.sh
     source "$here/peers/kt_wheel.sh"
-    ext=$(kt_wheel_ext amx)
-    cp "$ext" "$dev/kt/" && cp -r "$(dirname "$ext")/../kt_kernel.libs" "$dev/kt/"
+    # This machine's CPython and the device's (3.12 when last seen; DEVICE_PY to change it):
+    # `kt` picks the one its python3 loads.
+    for py in "" "${DEVICE_PY:-312}"; do
+        ext=$(kt_wheel_ext amx $py)
+        cp "$ext" "$dev/kt/" && cp -r "$(dirname "$ext")/../kt_kernel.libs" "$dev/kt/"
+    done
     ls -l "$dev/bin"
     echo "device-amx: $(du -sh "$dev" | cut -f1) in .dev (carry limit 64 MiB with the tree); on the device:"
     echo "  run(command='bash scripts/device-amx.sh run', carry=['.dev'], timeout_s=600)"
@@ -130,8 +136,8 @@ phase_tile_from() {
 }
 
 phase_gguf() {
-    for from in 100000 ""; do
-        step "gguf n=512,2048, KT_AMX_TILE_FROM=${from:-default}" 90 bench "$out/gguf.json" KT_AMX_TILE_FROM=$from -- \
+    for from in 100000 2; do
+        step "gguf n=512,2048, KT_AMX_TILE_FROM=$from" 90 bench "$out/gguf.json" KT_AMX_TILE_FROM=$from -- \
             --method "$GGUF_TYPES" --tokens 512,2048 --threads 2 --min-time 0.3
     done
 }
@@ -147,8 +153,8 @@ phase_tables() {
 
 phase_kt() {
     local ext
-    ext=$(ls "$dev"/kt/_kt_kernel_ext_amx.*.so 2>/dev/null | head -1 || true)
-    [ -n "$ext" ] || { log "kt: no KT extension in .dev/kt (prepare)"; return 0; }
+    ext=$dev/kt/_kt_kernel_ext_amx$(python3 -c 'import sysconfig; print(sysconfig.get_config_var("EXT_SUFFIX"))')
+    [ -e "$ext" ] || { log "kt: no KT extension for $(python3 -V) in .dev/kt (prepare with DEVICE_PY)"; return 0; }
     for threads in 2 16; do
         for m in AMXINT8 AMXINT4 BF16 FP8 RAWINT4; do
             step "KT $m, $threads threads" 30 python3 "$here/peers/kt_moe.py" "$ext" --method $m \
@@ -200,13 +206,13 @@ def results(name):
     for run in runs(name):
         for r in run["results"]:
             yield run["env"], r
-# TILE_FROM: per format and n, tiles always against never, and the smallest n from which
+# The thresholds: per format and n, tiles always against never, and the smallest n from which
 # tiles win at every larger n (n·k/E tokens an expert on average).
 t = defaultdict(dict)
 for env, r in results("tile_from.json"):
     t[r["method"]][(r["tokens"], "tiles" if "KT_AMX_TILE_FROM=1" in env.split() else "off")] = r["ms_best"]
 if t:
-    print("## TILE_FROM crossover (2 threads, best ms: tiles always / never)\n")
+    print("## Tile threshold crossover (2 threads, best ms: tiles always / never)\n")
     ns = sorted({n for m in t.values() for n, _ in m})
     print("| format | " + " | ".join(f"n={n}" for n in ns) + " | tiles win from n |")
     print("|---" * (len(ns) + 2) + "|")
@@ -218,7 +224,7 @@ if t:
             win = n if a and b and a < b and win is None else (None if a and b and a >= b else win)
         print(f"| {m} | " + " | ".join(cells) + f" | {win or '-'} |")
     print()
-for name, title in (("gguf.json", "GGUF prefill (2 threads): off / default TILE_FROM"), ("tables.json", "AMX table: best ms (roof×)")):
+for name, title in (("gguf.json", "GGUF prefill (2 threads): off / tiles from 2 tokens"), ("tables.json", "AMX table: best ms (roof×)")):
     rows = defaultdict(dict)
     for env, r in results(name):
         rows[(r["method"], r["backend"], r["threads"], env)][r["tokens"]] = (r["ms_best"], r["roofline_ratio"])
