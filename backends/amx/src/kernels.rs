@@ -69,6 +69,32 @@ pub fn runs(w: &Packed) -> bool {
     }
 }
 
+/// Tokens per expert from which an expert of `format` runs on tiles unless `KT_AMX_TILE_FROM`
+/// says otherwise (None: on the AVX-512 kernels always); `folds`: mxfp8's scales fold
+/// (`Packed::folds`). Measured on a 16-core AMX Xeon (2026-12-04, `bash scripts/device-amx.sh
+/// run tile-from`: qwen3-30b-a3b, 2 threads, every expert on tiles against none, at 1, 2, 4, 8
+/// and 16 tokens an expert on average; docs/performance.md), tiles' speed to the AVX-512
+/// kernels':
+/// - int8: level at 1-8 tokens (1.00-1.07), 1.35 at 16;
+/// - int4 in KT's order: 0.87-0.92 at 1-4, level at 8, 1.36 at 16;
+/// - bf16: level at 1-2, 1.29 at 4; fp8: 0.93 at 1, 1.14 at 2, 1.55 at 4;
+/// - K-group int4 in groups of 32 and mxfp4 (C tiles stored and rescaled every 32 K, half-deep
+///   tiles): 0.47-0.65 at 1-8, 1.0-1.5 at 16 and 0.78-0.83 at 64 (n = 1024): never.
+///
+/// Not measured on tiles, set by kin: mxfp8 whose scales fold as fp8 (the C tiles sum the whole
+/// K; never where they do not, rescaled every 32 K as mxfp4), K-group int4 in groups of 128 or
+/// more as KT's int4 (rescaled every 128 K as fp8's blocks), of 64 never.
+pub const fn measured_tile_from(format: WeightFormat, folds: bool) -> Option<usize> {
+    match format {
+        WeightFormat::Int8Row => Some(4),
+        WeightFormat::Int4Row => Some(8),
+        WeightFormat::Int4Group { group } if group >= 128 => Some(8),
+        WeightFormat::Bf16 | WeightFormat::Fp8Block | WeightFormat::Fp8Channel => Some(2),
+        WeightFormat::Mxfp8 if folds => Some(2),
+        _ => None,
+    }
+}
+
 /// Clear the C tiles.
 ///
 /// # Safety

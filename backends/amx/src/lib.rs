@@ -4,9 +4,10 @@
 //! The weights are packed as the `avx512_bf16` backend packs them (`kt_backend_avx512::pack`):
 //! per-row int8 and int4 in KT's own `BufferB` order (so KT's converted files load by copying),
 //! the rest in 32-row panels whose 128-byte units are rows of AMX B tiles of both halves (or,
-//! for int4 and fp8 kinds, decode to them in L1). Each expert runs on tiles from
-//! [`TILE_FROM`] tokens (`kernels`: every KT format: int8, int4 per row and per K-group, mxfp4
-//! on int8 tiles; bf16, fp8, mxfp8 on bf16 tiles), and on the AVX-512 kernels otherwise; the
+//! for int4 and fp8 kinds, decode to them in L1). Each expert runs on tiles from its format's
+//! measured threshold of tokens (`kernels::measured_tile_from`; `KT_AMX_TILE_FROM` overrides
+//! it), on the AVX-512 kernels below it (`kernels`: every KT format has tile kernels: int8,
+//! int4 per row and per K-group, mxfp4 on int8 tiles; bf16, fp8, mxfp8 on bf16 tiles); the
 //! integer formats give the same bits either way (exact sums, one scaling order).
 //!
 //! The tile instructions sit behind a seam (`tile::TileOps`, `kt_x86::amx`, which the `llamafile`
@@ -49,11 +50,6 @@ pub fn release_tiles() {
     tile::release();
 }
 
-/// Tokens per expert from which the tile kernels run (`kt_x86::amx::TILE_FROM`, shared with
-/// the `llamafile` backend's tiles; `KT_AMX_TILE_FROM` overrides it).
-#[cfg(target_arch = "x86_64")]
-pub use kt_x86::amx::TILE_FROM;
-
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 pub use imp::{AmxBackend, AMX};
 
@@ -83,7 +79,8 @@ mod imp {
     /// [`Emulator`](crate::tile::Emulator) (the tests' `amx_emulated`).
     pub struct AmxBackend<T> {
         name: &'static str,
-        /// Tokens from which an expert runs on tiles; 0: [`tile_from`].
+        /// Tokens from which an expert runs on tiles; 0: [`tile_from`] with the format's
+        /// measured threshold ([`kernels::measured_tile_from`]).
         from: usize,
         tiles: PhantomData<fn() -> T>,
     }
@@ -94,10 +91,17 @@ mod imp {
             AmxBackend { name, from, tiles: PhantomData }
         }
 
+        /// Tokens from which an expert of `format` runs on tiles (None: never).
+        fn from(&self, format: WeightFormat, folds: bool) -> Option<usize> {
+            match self.from {
+                0 => tile_from(kernels::measured_tile_from(format, folds)),
+                from => Some(from),
+            }
+        }
+
         /// Whether `n` tokens of `ws` run on tiles.
         fn on_tiles(&self, n: usize, ws: &[&Packed]) -> bool {
-            let from = if self.from == 0 { tile_from() } else { self.from };
-            n >= from && ws.iter().all(|w| kernels::runs(w))
+            ws.iter().all(|w| kernels::runs(w) && self.from(w.format, w.folds).is_some_and(|from| n >= from))
         }
     }
 
@@ -107,7 +111,7 @@ mod imp {
         }
     }
 
-    /// AMX tiles, with the AVX-512 kernels below [`crate::TILE_FROM`] tokens (built with the
+    /// AMX tiles, with the AVX-512 kernels below each format's threshold of tokens (built with the
     /// `tile-floor` feature: `amx_floor`, on tiles whose products do nothing).
     pub static AMX: AmxBackend<Hardware> =
         AmxBackend::new(if cfg!(feature = "tile-floor") { "amx_floor" } else { "amx" }, 0);
@@ -247,7 +251,12 @@ mod imp {
             });
         }
 
+        /// The tiles' family for the formats that run on them from some token count (mxfp8
+        /// where its scales fold), else the AVX-512 kernels'.
         fn instructions(&self, format: WeightFormat) -> Instructions {
+            if self.from(format, true).is_none() {
+                return SIMD.instructions(format);
+            }
             match format {
                 WeightFormat::Int8Row
                 | WeightFormat::Int4Row
@@ -266,6 +275,9 @@ mod imp {
     pub(crate) static EMULATED: AmxBackend<Emulator> = AmxBackend::new("amx_emulated", 0);
     #[cfg(test)]
     pub(crate) static EMULATED_ALL: AmxBackend<Emulator> = AmxBackend::new("amx_emulated_all", 1);
+    /// The hardware tiles at every token count, whatever the format's threshold.
+    #[cfg(test)]
+    pub(crate) static HARDWARE_ALL: AmxBackend<Hardware> = AmxBackend::new("amx_all", 1);
 }
 
 #[cfg(all(test, target_arch = "x86_64", avx512_intrinsics))]

@@ -18,6 +18,37 @@ mod emulated_all {
 mod hardware {
     kt_core::conformance_suite!(&crate::AMX);
 }
+mod hardware_all {
+    kt_core::conformance_suite!(&crate::imp::HARDWARE_ALL);
+}
+
+/// The default thresholds (`kernels::measured_tile_from`): the formats the tiles lose on report
+/// the AVX-512 kernels' instructions, the others the tiles'; an explicit threshold puts every
+/// format with tile kernels on them.
+#[test]
+fn instructions_follow_the_measured_thresholds() {
+    use kt_core::backend::Instructions::{AmxBf16, AmxInt8};
+    if crate::tile::tile_from_env().is_some() {
+        eprintln!("skipped: KT_AMX_TILE_FROM is set, in place of the measured thresholds");
+        return;
+    }
+    let simd = &kt_backend_avx512::AVX512_BF16;
+    let tiles = [
+        (WeightFormat::Int8Row, AmxInt8),
+        (WeightFormat::Int4Row, AmxInt8),
+        (WeightFormat::Int4Group { group: 128 }, AmxInt8),
+        (WeightFormat::Bf16, AmxBf16),
+        (WeightFormat::Fp8Block, AmxBf16),
+        (WeightFormat::Mxfp8, AmxBf16),
+    ];
+    for (f, family) in tiles {
+        assert_eq!(EMULATED.instructions(f), family, "{f}");
+    }
+    for f in [WeightFormat::Int4Group { group: 32 }, WeightFormat::Int4Group { group: 64 }, WeightFormat::Mxfp4] {
+        assert_eq!(EMULATED.instructions(f), simd.instructions(f), "{f}");
+        assert_eq!(EMULATED_ALL.instructions(f), AmxInt8, "{f}");
+    }
+}
 
 /// The integer formats on tiles give the AVX-512 kernels' bits at every token count from 1 to
 /// 70 (one and three token halves, short last blocks): per-row int8 and int4 in KT's order
@@ -32,7 +63,7 @@ fn tiles_give_the_avx512_kernels_bits() {
     let simd: &'static dyn Backend = &kt_backend_avx512::AVX512_BF16;
     let mut backends: Vec<&'static dyn Backend> = vec![&EMULATED_ALL];
     match crate::AMX.cpu_support() {
-        Ok(()) => backends.push(&crate::AMX),
+        Ok(()) => backends.push(&crate::imp::HARDWARE_ALL),
         Err(why) => eprintln!("hardware tiles skipped: this CPU lacks {why}"),
     }
     let cases = [

@@ -20,10 +20,11 @@
 //! q5_1, q4_K, q5_K and iq4_xs run on `vpdpbusd` (`vnni`, `kernels::on_vnni`,
 //! `kernels::on_zmm`), with the same results bit for bit; with AVX512-VBMI one token of
 //! the lattice types does too (`kernels::lattice1`). Where the CPU
-//! has AMX, an expert with
-//! at least `kt_x86::amx::TILE_FROM` tokens (and two at least) of a quantized type runs on int8
-//! tiles (`kernels::on_amx`, driven by `tiled`; its activations then in a tile layout:
-//! `act::ActT8`, or `act::ActK` in column order), with the same results bit for bit again.
+//! has AMX and `KT_AMX_TILE_FROM=n` asks for them (off by default: measured slower, see
+//! `TILES_MEASURED_FROM`), an expert with at least n tokens (and two at least) of a quantized
+//! type runs on int8 tiles (`kernels::on_amx`, driven by `tiled`; its activations then in a
+//! tile layout: `act::ActT8`, or `act::ActK` in column order), with the same results bit for
+//! bit again.
 //!
 //! **Must not** depend on another backend crate (what the x86 backends share is `kt-x86`'s),
 //! nor serve a format that is not GGML's (our formats are the `avx2` backend's).
@@ -95,7 +96,8 @@ mod imp {
         vnni: bool,
         /// Where its AMX tiles come from.
         tiles: TileSource,
-        /// Tokens per expert from which an expert runs on tiles; 0: `kt_x86::amx::tile_from`.
+        /// Tokens per expert from which an expert runs on tiles; 0: `kt_x86::amx::tile_from`
+        /// with [`TILES_MEASURED_FROM`].
         from: usize,
     }
 
@@ -152,10 +154,26 @@ mod imp {
         /// K-quants with 16-column scales subtract their mins before scaling), which the tiles
         /// repeat only for two tokens or more.
         fn on_tiles(&self, t: kt_core::ggml::GgmlType, n: usize) -> bool {
-            let from = if self.from == 0 { kt_x86::amx::tile_from() } else { self.from };
-            n >= from.max(2) && self.tiles_here() && tile_type(t, self.vnni().is_some())
+            self.from().is_some_and(|from| n >= from.max(2)) && self.tiles_here() && tile_type(t, self.vnni().is_some())
+        }
+
+        /// Tokens per expert from which an expert runs on tiles (None: never).
+        fn from(&self) -> Option<usize> {
+            match self.from {
+                0 => kt_x86::amx::tile_from(TILES_MEASURED_FROM),
+                from => Some(from),
+            }
         }
     }
+
+    /// Tokens per expert from which the GGUF types run on tiles unless `KT_AMX_TILE_FROM` says
+    /// otherwise: never. Measured on a 16-core AMX Xeon (2026-12-04, `bash scripts/device-amx.sh
+    /// run tile-from`: qwen3-30b-a3b, 2 threads, every expert on tiles against none, at 1-16
+    /// tokens an expert on average; docs/performance.md), the tiles ran at 0.33-0.66 of the
+    /// vector kernels' speed for q4_0, q8_0, q4_K, q5_K, q6_K and iq4_xs at 1-8 tokens and
+    /// 0.56-0.78 at 16 (each 32-column part's sums stored from the C tiles and scaled, as for
+    /// the `amx` backend's K-group kinds, which lose there too).
+    const TILES_MEASURED_FROM: Option<usize> = None;
 
     /// `crate::tiled::$f::<T>(args)` with `T` the tile instructions `$source` names.
     #[cfg(vnni_intrinsics)]
@@ -448,7 +466,7 @@ mod imp {
             let WeightFormat::Ggml(t) = format else {
                 return if format.int_activations() { Instructions::Int8Pairs } else { Instructions::FmaF32 };
             };
-            if self.tiles_here() && tile_type(t, self.vnni().is_some()) {
+            if self.from().is_some() && self.tiles_here() && tile_type(t, self.vnni().is_some()) {
                 Instructions::AmxInt8
             } else if self.vnni().is_some() && vnni::runs(t)
                 // iq4_nl: its 512-bit kernels (`legacy::Iq4NlV`); q2_K and q3_K: their levels
@@ -491,10 +509,14 @@ mod tests {
         use kt_core::{Backend, WeightFormat};
         let g = WeightFormat::Ggml;
         let vnni = if crate::vnni::detect().is_some() { Instructions::Int8Vnni } else { Instructions::Int8Pairs };
-        // The quantized types run on tiles (prefill) where the CPU has AMX.
+        // The quantized types run on tiles (prefill) where the CPU has AMX and, for the default
+        // instance, `KT_AMX_TILE_FROM` asks for them.
         let avx512 = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
         let tiles = cfg!(vnni_intrinsics) && avx512 && kt_x86::isa::request_amx().is_ok();
-        let on_tiles = |other| if tiles { Instructions::AmxInt8 } else { other };
+        let asked = kt_x86::amx::tile_from_env().is_some();
+        let on_tiles = |other| if tiles && asked { Instructions::AmxInt8 } else { other };
+        let tiles_all = if tiles { Instructions::AmxInt8 } else { vnni };
+        assert_eq!(crate::imp::LLAMAFILE_TILES_ALL.instructions(g(GgmlType::Q4_0)), tiles_all);
         for t in [GgmlType::Q8_0, GgmlType::Q4_0, GgmlType::Q4_K, GgmlType::IQ4_XS] {
             assert_eq!(LLAMAFILE.instructions(g(t)), on_tiles(vnni), "{t}");
             assert_eq!(LLAMAFILE_AVX2.instructions(g(t)), Instructions::Int8Pairs, "{t}");

@@ -268,19 +268,17 @@ pub fn hardware_available() -> Result<(), &'static str> {
     Hardware::available()
 }
 
-/// Tokens per expert from which the backends run an expert on tiles; below, their vector
-/// kernels on the same bytes. Provisional: KT switches at 4 tokens per expert on average
-/// (`qlen > 4·E/k`), and this threshold has not yet been measured on an AMX CPU; `kt bench
-/// --method` on one, with `KT_AMX_TILE_FROM` set to each candidate, is the benchmark that
-/// should replace it.
-pub const TILE_FROM: usize = 4;
+/// `KT_AMX_TILE_FROM`: tokens per expert from which every format runs on tiles, in place of
+/// the backends' measured thresholds (for the benchmark that measures them); read once.
+pub fn tile_from_env() -> Option<usize> {
+    static FROM: std::sync::OnceLock<Option<usize>> = std::sync::OnceLock::new();
+    *FROM.get_or_init(|| std::env::var("KT_AMX_TILE_FROM").ok().and_then(|v| v.parse().ok()).map(|n: usize| n.max(1)))
+}
 
-/// Tokens from which an expert runs on tiles: `KT_AMX_TILE_FROM` if set (for the benchmark
-/// that measures it), else [`TILE_FROM`]; read once.
-pub fn tile_from() -> usize {
-    static FROM: std::sync::OnceLock<usize> = std::sync::OnceLock::new();
-    *FROM
-        .get_or_init(|| std::env::var("KT_AMX_TILE_FROM").ok().and_then(|v| v.parse().ok()).unwrap_or(TILE_FROM).max(1))
+/// Tokens per expert from which an expert runs on tiles: `KT_AMX_TILE_FROM` if set, else its
+/// format's measured threshold `measured` (None: never, its vector kernels always).
+pub fn tile_from(measured: Option<usize>) -> Option<usize> {
+    tile_from_env().or(measured)
 }
 
 /// Release this thread's tiles (`tilerelease`) if it configured them: the tile state returns to
