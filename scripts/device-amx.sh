@@ -10,22 +10,26 @@
 # deadline, DEADLINE_S seconds from its start, default 540, is too near):
 #   tests      the AMX tests on the hardware tiles: the amx backend's (conformance, tiles =
 #              AVX-512 bits), the GGUF tile kernels' (tiles = vector bits), KT's fixtures
-#   tile-from  the tile thresholds: each format at n = 16 … 256 (1, 2, 4, 8, 16 tokens an expert on
-#              average) with every expert on tiles (KT_AMX_TILE_FROM=1) and none
+#   kt         KT-Kernel 0.7.2's AMX build on the table's shapes (scripts/peers/kt_moe.py)
 #   gguf       GGUF prefill n = 512, 2048 on tiles (from 2 tokens an expert) and off (the default)
+#   profile    flat `perf` profiles (carried: the device has none) of int8, int4, fp8 on the
+#              amx backend and q4_0 on tiles, n = 1024, 2 threads
+#   floor      the `tile-floor` build's times (the tile path without its products) at n = 256,
+#              1024, to set beside the table's
 #   tables     the AMX table: amx and avx512 backends, n = 1, 4, 256, 1024, 2 and 16 threads
-#   kt         KT-Kernel 0.7.2's AMX build on the same shapes (scripts/peers/kt_moe.py)
-#   decode     #34's MX decode: mxfp4, mxfp8 (int4, bf16 beside them) at n = 1, 4 against a
-#              paired DRAM stream (`stream×`), 2 and 16 threads
+#   decode     MX decode: mxfp4, mxfp8 (int4, bf16 beside them) at n = 1, 4 against a paired
+#              DRAM stream (`stream×`), 2 and 16 threads
+#   tile-from  the tile thresholds: each format at n = 16 … 256 (1, 2, 4, 8, 16 tokens an expert
+#              on average) with every expert on tiles (KT_AMX_TILE_FROM=1) and none
 #   gemm       the hot-weight GEMM bench (`cargo bench -p kt-backend-amx --bench gemm`: one
 #              2048 × 7168 expert, 256 tokens, one thread) against the tile peaks it times
 # Each phase writes one file into $OUT (at most 8 come back from the device) and its lines into
-# $OUT/log.txt; `summary` prints the crossover and side-by-side tables from them. Timed on the
-# 16-core Xeon (2026-12-04): tests 60 s, decode 45 s, tables 230 s, gemm 60 s, tile-from 330 s
-# (KT's steps did not load that day; the `gguf` phase did not fit). A lease of 15 device
-# minutes holds about two calls, the first starting the machine (~1 minute): `run tests decode
-# tables kt gemm` (DEADLINE_S=545, timeout_s=600), then at once, while the machine is warm,
-# `run tile-from gguf` or what is left, with DEADLINE_S fitted to the lease.
+# $OUT/log.txt; `summary` prints the tables from them. Timed on the 16-core Xeon (2026-12-04):
+# tests 60 s, decode 45 s, tables 230 s, gemm 60 s, tile-from 330 s (KT's steps did not load
+# that day, the others were new since). A lease of 15 device minutes holds about two calls, the
+# first starting the machine (~1 minute): `run` (DEADLINE_S=545, timeout_s=600: the phases in
+# the order above), then at once, while the machine is warm, `run` with the phases the first
+# skipped and DEADLINE_S fitted to what is left of the lease (`status`).
 set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 root=$(cd "$here/.." && pwd)
@@ -57,7 +61,13 @@ prepare() {
     cargo test --release -p kt-backend-amx -p kt-backend-llamafile -p kt-host --test kt_fixtures --lib \
         --no-run --message-format=json 2>/dev/null | executables test- kt_backend_amx kt_backend_llamafile kt_fixtures
     cargo bench -p kt-backend-amx --bench gemm --no-run --message-format=json 2>/dev/null | executables bench- gemm
-    strip "$dev"/bin/*
+    # The tile-floor build: tile products that do nothing, the rest of the tile path timed.
+    cargo build --release -p kt-host --bin kt --features tile-floor --target-dir target/floor
+    cp target/floor/release/kt "$dev/bin/kt-floor"
+    # `kt` keeps its symbols for the profile.
+    strip --strip-debug "$dev"/bin/kt "$dev"/bin/kt-floor
+    strip "$dev"/bin/test-* "$dev"/bin/bench-*
+    pack_perf
     for l in libhwloc.so.15 libudev.so.1; do cp -L "$(ldconfig -p | awk -v l=$l '$1 == l {print $NF; exit}')" "$dev/lib/"; done
     # shellcheck source=peers/kt_wheel.sh
     source "$here/peers/kt_wheel.sh"
@@ -70,6 +80,18 @@ prepare() {
     ls -l "$dev/bin"
     echo "device-amx: $(du -sh "$dev" | cut -f1) in .dev (carry limit 64 MiB with the tree); on the device:"
     echo "  run(command='bash scripts/device-amx.sh run', carry=['.dev'], timeout_s=600)"
+}
+
+# pack_perf: this machine's `perf` with the libraries it links beyond glibc's, compressed into
+# .dev/perf.tar.xz (the device has no perf); none if this machine has none.
+pack_perf() {
+    local perf tmp
+    perf=$(command -v perf) || { echo "device-amx: no perf here, so no profile phase there"; return 0; }
+    tmp=$(mktemp -d)
+    mkdir "$tmp/lib" && cp -L "$perf" "$tmp/perf"
+    ldd "$perf" | awk '$3 ~ /^\// {print $3}' | grep -v -E '/(libc|libm|libpthread|libdl|librt|libresolv)\.so' |
+        while read -r l; do cp -L "$l" "$tmp/lib/"; done
+    tar -C "$tmp" -cJf "$dev/perf.tar.xz" . && rm -rf "$tmp"
 }
 
 log() { echo "$*" | tee -a "$out/log.txt"; }
@@ -171,6 +193,34 @@ phase_decode() {
     done
 }
 
+# profile FORMAT [VAR=VALUE...]: a flat `perf` profile (cpu-clock samples by symbol) of FORMAT
+# at n = 1024 on 2 threads with the variables given, its weights built and quantized first
+# (their symbols show apart).
+profile() {
+    local p=/tmp/kt-perf m=$1
+    shift
+    [ -x $p/perf ] || { mkdir -p $p && tar -C $p -xJf "$dev/perf.tar.xz"; }
+    LD_LIBRARY_PATH=$p/lib $p/perf record -e cpu-clock -F 1999 -q -o /tmp/perf.data -- \
+        env LD_LIBRARY_PATH="$LD_LIBRARY_PATH" "$@" "$dev/bin/kt" bench --method "$m" --tokens 1024 --threads 2 \
+        --min-time 5 > /dev/null 2>> "$out/log.txt" || { log "  perf record failed (exit $?)"; return 0; }
+    { echo "### $m $*, n = 1024, 2 threads"; LD_LIBRARY_PATH=$p/lib $p/perf report -i /tmp/perf.data --stdio \
+        --sort sym --percent-limit 0.5 2> /dev/null | grep -v -e '^#' -e '^$' | head -40; echo; } | tee -a "$out/profile.txt"
+}
+
+phase_profile() {
+    [ -f "$dev/perf.tar.xz" ] || { log "no perf in .dev (prepare on a machine with perf)"; return 0; }
+    for m in int8 int4 fp8; do
+        step "profile $m" 45 profile $m
+    done
+    step "profile q4_0 on tiles" 45 profile q4_0 KT_AMX_TILE_FROM=2
+}
+
+phase_floor() {
+    [ -x "$dev/bin/kt-floor" ] || { log "no $dev/bin/kt-floor (prepare)"; return 0; }
+    step "floor: the tile path without its products, 2 threads" 90 sh -c "'$dev/bin/kt-floor' bench \
+        --method int8,int4,bf16,fp8,mxfp8 --tokens 256,1024 --threads 2 --min-time 0.3 | tee '$out/floor.txt'"
+}
+
 phase_gemm() {
     [ -x "$dev/bin/bench-gemm" ] || { log "no $dev/bin/bench-gemm (prepare)"; return 0; }
     step "hot-weight GEMM (divan, one thread)" 60 sh -c "'$dev/bin/bench-gemm' --bench > '$out/gemm.txt' 2>&1; cat '$out/gemm.txt'"
@@ -186,9 +236,9 @@ run() {
     log "== machine: $(nproc) CPUs, $(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2-)"
     log "   AMX flags: $(grep -m1 -o -w 'amx_[a-z0-9]*' /proc/cpuinfo | sort -u | tr '\n' ' ')"
     local phases=("$@")
-    [ ${#phases[@]} -gt 0 ] || phases=(tests tile-from gguf tables kt decode gemm)
+    [ ${#phases[@]} -gt 0 ] || phases=(tests kt gguf profile floor tables decode tile-from gemm)
     for p in "${phases[@]}"; do
-        declare -F "phase_${p//-/_}" > /dev/null || { log "device-amx: no phase $p (tests, tile-from, gguf, tables, kt, decode, gemm)"; exit 2; }
+        declare -F "phase_${p//-/_}" > /dev/null || { log "device-amx: no phase $p (tests, kt, gguf, profile, floor, tables, decode, tile-from, gemm)"; exit 2; }
     done
     for p in "${phases[@]}"; do "phase_${p//-/_}"; done
     summary "$out" | tee "$out/summary.md"
