@@ -25,6 +25,12 @@ pub trait Executor: Send + Sync {
         let _ = group;
         self.parallel_for(n_tasks, f);
     }
+
+    /// Names the work of the next call (the forward names its stages), for an executor that
+    /// times its calls (`kt bench --stages`). Others ignore it.
+    fn label(&self, what: &'static str) {
+        let _ = what;
+    }
 }
 
 /// Runs every task on the calling thread, in order.

@@ -495,6 +495,7 @@ pub fn forward(
     };
 
     for stage in plan.stages.iter().filter(|s| !s.tasks.is_empty()) {
+        exec.label(stage.kind.name());
         match stage.kind {
             StageKind::Gather => {
                 let dst = SharedMut::new(ws.act_x.as_mut_slice());
@@ -645,5 +646,46 @@ mod tests {
         layer.set_expert(1, own()).unwrap();
         assert_eq!(layer.expert_bytes(0), 0);
         assert!(layer.expert_bytes(1) > 0);
+    }
+
+    /// The forward names each stage to its executor before the stage's one call, in the
+    /// plan's order (what `kt bench --stages` times): one part at one token Gather, GateUp,
+    /// Down, Reduce; two parts add Merge.
+    #[test]
+    fn each_stage_is_named_before_its_call() {
+        use alloc::vec::Vec;
+        use std::sync::Mutex;
+
+        /// Serial, recording each call's label (None: a call with none).
+        struct Names(Mutex<(Option<&'static str>, Vec<Option<&'static str>>)>);
+        impl Executor for Names {
+            fn parallel_for(&self, n_tasks: usize, f: &(dyn Fn(usize, usize) + Sync)) {
+                let mut s = self.0.lock().unwrap();
+                let label = s.0.take();
+                s.1.push(label);
+                drop(s);
+                crate::SerialExecutor.parallel_for(n_tasks, f);
+            }
+            fn workers(&self) -> usize {
+                1
+            }
+            fn label(&self, what: &'static str) {
+                self.0.lock().unwrap().0 = Some(what);
+            }
+        }
+        for (parts, want) in [
+            (1, &["Gather", "GateUp", "Down", "Reduce"][..]),
+            (2, &["Gather", "GateUp", "Down", "Reduce", "Merge"][..]),
+        ] {
+            let cfg = MoeConfig { parts, ..MoeConfig::new(4, 2, 64, 64) };
+            let layer = crate::testing::build_layer(&REFERENCE, &cfg, WeightFormat::Bf16, &random_experts(&cfg, 3));
+            let input = crate::testing::random_input(1, 64, 5);
+            let (ids, w) = crate::rng::random_routing(1, 2, 4, 7);
+            let routing = Routing { tokens: 1, k: 2, ids: &ids, weights: &w, gpu_mask: None };
+            let names = Names(Mutex::new((None, Vec::new())));
+            crate::testing::run(&names, &cfg, &layer, &input, &routing);
+            let got: Vec<_> = names.0.into_inner().unwrap().1;
+            assert_eq!(got, want.iter().map(|&n| Some(n)).collect::<Vec<_>>(), "{parts} part(s)");
+        }
     }
 }

@@ -118,6 +118,19 @@ pub enum StageKind {
     Merge,
 }
 
+impl StageKind {
+    /// The stage's name, as the docs and `kt bench --stages` give it.
+    pub const fn name(self) -> &'static str {
+        match self {
+            StageKind::Gather => "Gather",
+            StageKind::GateUp => "GateUp",
+            StageKind::Down => "Down",
+            StageKind::Reduce => "Reduce",
+            StageKind::Merge => "Merge",
+        }
+    }
+}
+
 /// One independent unit of work. `expert` indexes [`Plan::experts`].
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Task {

@@ -184,6 +184,10 @@ fn bench_json_has_the_documented_schema() {
             ("avx512", "bf16") => "FmaF32Zmm",
             ("avx512", _) if std::arch::is_x86_feature_detected!("avx512vnni") => "Int8Vnni",
             ("avx512", _) => "Int8PairsZmm",
+            // An AMX CPU: bf16 on bf16 tiles; int4 in groups of 32 on the AVX-512 kernels (the
+            // tiles lose there: `measured_tile_from`).
+            ("amx", "bf16") => "AmxBf16",
+            ("amx", _) => "Int8Vnni",
             // An AMX CPU: llamafile's 32-column types on int8 tiles.
             ("llamafile", _) if ins == "AmxInt8" && amx => "AmxInt8",
             ("llamafile", _) if vnni.is_null() => "Int8Pairs",
@@ -197,21 +201,43 @@ fn bench_json_has_the_documented_schema() {
         let peak = match ins {
             "Int8Vnni" => vnni.as_f64(),
             "AmxInt8" => roof["amx_int8_gops"].as_f64().or(vnni.as_f64()),
+            "AmxBf16" => roof["amx_bf16_gflops"].as_f64(),
             "Int8Pairs" => roof["int8_gops"].as_f64(),
             "Int8PairsZmm" => roof["int8_512_gops"].as_f64(),
             "FmaF32Zmm" => roof["fma512_gflops"].as_f64(),
             "Bf16DotZmm" => roof["bf16dot512_gflops"].as_f64(),
             _ => roof["fma_gflops"].as_f64(),
         };
-        let named = ["vnni", "int8", "int8-512", "fma-512", "bf16dot", "fma", "amx-int8"];
+        let named = ["vnni", "int8", "int8-512", "fma-512", "bf16dot", "fma", "amx-int8", "amx-bf16"];
         assert!(named.contains(&judged), "judged_by {judged}");
         assert!(
             (f("dram_ratio") - f("weight_gbps") / roof["dram_gbps"].as_f64().unwrap()).abs() <= 1e-9 * f("dram_ratio")
         );
         assert!((f("compute_ratio") - f("gflops") / peak.unwrap()).abs() <= 1e-9 * f("compute_ratio"));
+        assert_eq!(r["stages_ms"], serde_json::json!([]), "stages only with --stages");
     }
     assert_eq!(results[1]["tokens"], 5);
     assert_eq!(results[2]["method"], "int4-g32");
+}
+
+/// `--stages`: each case's forward stages as it ran them, then its serial work, in the JSON
+/// and after the table.
+#[test]
+fn bench_stages_names_each_stage() {
+    let args = ["bench", "--experts", "4", "--top-k", "2", "--hidden", "64", "--intermediate", "64", "--tokens", "1"];
+    let args =
+        [&args[..], &["--method", "bf16", "--layers", "1", "--min-time", "0", "--threads", "2", "--stages"]].concat();
+    let (code, out, err) = kt(&[&args[..], &["--json"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object on stdout");
+    let stages = v["results"][0]["stages_ms"].as_array().expect("stages_ms: an array");
+    let names: Vec<&str> = stages.iter().map(|s| s["stage"].as_str().expect("a stage name")).collect();
+    assert_eq!(names, ["Gather", "GateUp", "Down", "Reduce", "serial"], "{v}");
+    assert!(stages.iter().all(|s| s["ms"].as_f64().is_some_and(|ms| ms.is_finite() && ms >= 0.0)), "{v}");
+    let (code, out, err) = kt(&args);
+    assert_eq!(code, 0, "{err}");
+    let line = out.lines().skip_while(|l| !l.starts_with("stages (median")).nth(1).unwrap_or_default();
+    assert!(line.contains("bf16") && line.contains("GateUp") && line.contains("serial"), "{out}");
 }
 
 #[test]

@@ -7,6 +7,7 @@ pub mod layerwise;
 pub mod report;
 pub mod roofline;
 pub mod sft;
+pub mod stages;
 pub mod stream;
 pub mod synth;
 
@@ -89,6 +90,8 @@ pub struct BenchSpec {
     pub min_seconds: f64,
     /// Draw progress bars on stderr.
     pub progress: bool,
+    /// Time each stage of the forward too ([`CaseResult::stages`]).
+    pub stages: bool,
 }
 
 /// One measured case.
@@ -131,6 +134,10 @@ pub struct CaseResult {
     pub rel_err: f64,
     /// Reps timed.
     pub reps: usize,
+    /// With [`BenchSpec::stages`]: per stage of the forward (`Gather`, `GateUp`, `Down`,
+    /// `Reduce`, `Merge`, as it ran them), the median over the reps of its ms, and `serial`:
+    /// the forward's time outside them (its plan and buffers, on the calling thread).
+    pub stages: Vec<(&'static str, f64)>,
 }
 
 impl CaseResult {
@@ -380,7 +387,11 @@ fn run_method(
     mut stream: Option<&mut stream::Stream>,
 ) -> Result<Vec<CaseResult>, BenchError> {
     let cfg = &MoeConfig { max_tokens: spec.tokens.iter().copied().max().unwrap_or(1), ..spec.cfg.clone() };
-    let opts = LayerOptions::executor(pool.clone());
+    let clock = spec.stages.then(|| std::sync::Arc::new(stages::StageClock::new(pool.clone())));
+    let opts = match &clock {
+        Some(c) => LayerOptions::executor(c.clone()),
+        None => LayerOptions::executor(pool.clone()),
+    };
     // Each expert is generated once per part (every part packs its own slice on its node).
     let pb = bar(
         spec.progress,
@@ -438,7 +449,8 @@ fn run_method(
     for &n in &spec.tokens {
         cases.set_message(format!("{method} on {}, {n} token(s)", backend.name()));
         let paired = stream.as_deref_mut().filter(|_| n <= STREAM_UP_TO).map(|s| (s, &*pool));
-        out.push(run_case(spec, cfg, &built, oracle.as_ref().unwrap_or(&built[0]), n, paired)?);
+        let oracle = oracle.as_ref().unwrap_or(&built[0]);
+        out.push(run_case(spec, cfg, &built, oracle, n, paired, clock.as_deref())?);
         cases.inc(1);
     }
     cases.finish_and_clear();
@@ -452,6 +464,7 @@ fn run_case(
     oracle: &MoeLayer,
     n: usize,
     mut paired: Option<(&mut stream::Stream, &NumaPool)>,
+    clock: Option<&stages::StageClock>,
 ) -> Result<CaseResult, BenchError> {
     let (h, k) = (cfg.hidden, cfg.top_k);
     let input = synth::input(n, h, spec.seed ^ 0xA11CE);
@@ -465,6 +478,10 @@ fn run_case(
     // Warm-up grows the workspace; then time reps rotating layers and, once every layer has
     // had one, routings: a cycle visits each pair of layer and routing once.
     layers[0].forward_into(&input, &routings[0].0, &routings[0].1, None, &mut out)?;
+    if let Some(c) = clock {
+        c.take();
+    }
+    let mut stage_reps = Vec::new();
     let mut times = Vec::new();
     let mut streamed = Vec::new();
     let mut best = (f64::INFINITY, 0u64);
@@ -476,6 +493,9 @@ fn run_case(
         layer.forward_into(&input, ids, w, None, &mut out)?;
         let t = t0.elapsed().as_secs_f64();
         times.push(t);
+        if let Some(c) = clock {
+            stage_reps.push((t, c.take()));
+        }
         let bytes = touched(layer, ids);
         if let Some((stream, pool)) = paired.as_mut() {
             streamed.push(stream.read(pool, bytes as usize) / t);
@@ -517,6 +537,7 @@ fn run_case(
         stream_ratio,
         rel_err: if den > 0.0 { num / den } else { num },
         reps: times.len(),
+        stages: stages::medians(&stage_reps).into_iter().map(|(l, s)| (l, s * 1e3)).collect(),
     })
 }
 

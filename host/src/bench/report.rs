@@ -66,6 +66,7 @@ pub fn to_json(r: &Report) -> Value {
             "vnni": c.instructions == Instructions::Int8Vnni,
             "instructions": format!("{:?}", c.instructions),
             "rel_err": c.rel_err,
+            "stages_ms": c.stages.iter().map(|&(l, ms)| json!({"stage": l, "ms": ms})).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     })
 }
@@ -143,4 +144,11 @@ pub fn print_table(r: &Report) {
         super::STREAM_UP_TO
     );
     println!("the time the pool took to stream the rep's weight bytes from DRAM right after it, over the rep's time.");
+    if r.results.iter().any(|x| !x.stages.is_empty()) {
+        println!("stages (median µs a forward; serial: the forward's own work outside them, on the calling thread):");
+        for x in &r.results {
+            let s: Vec<String> = x.stages.iter().map(|(l, ms)| format!("{l} {:.1}", ms * 1e3)).collect();
+            println!("  {:<w$} {:<14} {:>6}  {}", x.method.to_string(), x.backend, x.tokens, s.join(", "));
+        }
+    }
 }

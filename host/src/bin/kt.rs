@@ -167,6 +167,10 @@ struct BenchArgs {
     /// Print one JSON object instead of the table.
     #[arg(long)]
     json: bool,
+    /// Also time each stage of the forward (Gather, GateUp, Down, Reduce, Merge) and its
+    /// serial work: the medians a forward, after the table (`stages_ms` in the JSON).
+    #[arg(long, conflicts_with_all = ["layerwise", "sft"])]
+    stages: bool,
     /// Use a checkpoint's weights (Hugging Face safetensors, or KT's converted format) instead
     /// of synthetic ones; the shape comes from its config.json.
     #[arg(long)]
@@ -436,6 +440,7 @@ fn run_bench(a: BenchArgs) -> ExitCode {
         seed: a.seed,
         min_seconds: a.min_time,
         progress: true,
+        stages: a.stages,
     };
     match bench::run(&spec) {
         Ok(r) if a.json => {
