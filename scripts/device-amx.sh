@@ -18,7 +18,7 @@
 #              1024, to set beside the table's
 #   tables     the AMX table: amx and avx512 backends, n = 1, 4, 256, 1024, 2 and 16 threads
 #   decode     MX decode: mxfp4, mxfp8 (int4, bf16 beside them) at n = 1, 4 against a paired
-#              DRAM stream (`stream×`), 2 and 16 threads
+#              DRAM stream (`stream×`), 2 and 16 threads; the forward's stages at 16 (--stages)
 #   tile-from  the tile thresholds: each format at n = 16 … 256 (1, 2, 4, 8, 16 tokens an expert
 #              on average) with every expert on tiles (KT_AMX_TILE_FROM=1) and none
 #   gemm       the hot-weight GEMM bench (`cargo bench -p kt-backend-amx --bench gemm`: one
@@ -191,6 +191,9 @@ phase_decode() {
         step "decode against a paired stream, $threads threads" 45 bench "$out/decode.json" -- \
             --method mxfp4,mxfp8,int4,bf16 --tokens 1,4 --threads $threads --min-time 0.3
     done
+    # Where 16 threads lose what 2 do not at one token: the forward's stages.
+    step "decode stages, 16 threads" 30 bench "$out/stages.json" -- \
+        --method int4,mxfp4,bf16 --tokens 1,4 --threads 16 --min-time 0.3 --stages
 }
 
 # profile FORMAT [VAR=VALUE...]: a flat `perf` profile (cpu-clock samples by symbol) of FORMAT
@@ -290,6 +293,13 @@ if dec:
     print("## Decode: best ms (stream×, DRAM×)\n")
     for (m, b, th), v in sorted(dec.items()):
         print(f"- {m} {b} {th} thr: " + ", ".join(f"n={n} {ms:.2f} ({s if s is None else round(s, 2)}, {x:.2f})" for n, (ms, s, x) in sorted(v.items())))
+    print()
+st = list(results("stages.json"))
+if st:
+    print("## Decode stages, 16 threads (median µs a forward)\n")
+    for env, r in st:
+        print(f"- {r['method']} {r['backend']} n={r['tokens']} ({r['ms_best'] * 1e3:.0f} µs best): "
+              + ", ".join(f"{s['stage']} {s['ms'] * 1e3:.1f}" for s in r.get("stages_ms", [])))
     print()
 gemm = os.path.join(d, "gemm.txt")
 if os.path.exists(gemm):
