@@ -78,9 +78,9 @@ mod tests {
         sign | ((e as u8) << 3) | q as u8
     }
 
-    /// Every f32 with each of the low 12 mantissa bits patterns that decide a rounding (all
-    /// zero, the tie, just below and above it), every exponent and sign, and a stride through
-    /// the rest: the same code as the oracle.
+    /// Every sign, exponent and top 11 mantissa bits (where e4m3 keeps its 3 and where its
+    /// ties lie, bit 19) with 8 patterns of the low 12 (zero, one, around their middle, all
+    /// ones, two others): the same code as the oracle. (Every f32 was checked once, 2026-12-04.)
     #[test]
     fn from_f32_gives_the_oracles_code() {
         let mut checked = 0u64;
