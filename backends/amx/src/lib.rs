@@ -93,10 +93,7 @@ mod imp {
 
         /// Tokens from which an expert of `format` runs on tiles (None: never).
         fn from(&self, format: WeightFormat, folds: bool) -> Option<usize> {
-            match self.from {
-                0 => tile_from(kernels::measured_tile_from(format, folds)),
-                from => Some(from),
-            }
+            tile_from(self.from, kernels::measured_tile_from(format, folds))
         }
 
         /// Whether `n` tokens of `ws` run on tiles.

@@ -159,10 +159,7 @@ mod imp {
 
         /// Tokens per expert from which an expert runs on tiles (None: never).
         fn from(&self) -> Option<usize> {
-            match self.from {
-                0 => kt_x86::amx::tile_from(TILES_MEASURED_FROM),
-                from => Some(from),
-            }
+            kt_x86::amx::tile_from(self.from, TILES_MEASURED_FROM)
         }
     }
 

@@ -275,10 +275,14 @@ pub fn tile_from_env() -> Option<usize> {
     *FROM.get_or_init(|| std::env::var("KT_AMX_TILE_FROM").ok().and_then(|v| v.parse().ok()).map(|n: usize| n.max(1)))
 }
 
-/// Tokens per expert from which an expert runs on tiles: `KT_AMX_TILE_FROM` if set, else its
-/// format's measured threshold `measured` (None: never, its vector kernels always).
-pub fn tile_from(measured: Option<usize>) -> Option<usize> {
-    tile_from_env().or(measured)
+/// Tokens per expert from which an expert runs on tiles (None: never, its vector kernels
+/// always): a backend instance's own threshold `fixed` (the tests' instances), or for 0
+/// `KT_AMX_TILE_FROM` if set, else its format's measured threshold `measured`.
+pub fn tile_from(fixed: usize, measured: Option<usize>) -> Option<usize> {
+    match fixed {
+        0 => tile_from_env().or(measured),
+        fixed => Some(fixed),
+    }
 }
 
 /// Release this thread's tiles (`tilerelease`) if it configured them: the tile state returns to
