@@ -152,15 +152,13 @@ phase_tests() {
 }
 
 phase_tile_from() {
-    for from in 1 100000; do
-        step "tile-from unmeasured formats, KT_AMX_TILE_FROM=$from" 60 bench "$out/tile_from.json" KT_AMX_TILE_FROM=$from -- \
-            --method "$UNMEASURED" --tokens 16,32,64,128,256 --threads 2 --min-time 0.3
-    done
-    for from in 1 100000; do
-        step "tile-from KT formats, KT_AMX_TILE_FROM=$from" 60 bench "$out/tile_from.json" KT_AMX_TILE_FROM=$from -- \
-            --method "$KT_FORMATS" --tokens 16,32,64,128,256 --threads 2 --min-time 0.3
-        step "tile-from GGUF types, KT_AMX_TILE_FROM=$from" 60 bench "$out/tile_from.json" KT_AMX_TILE_FROM=$from -- \
-            --method "$GGUF_TYPES" --tokens 16,32,64,128,256 --threads 2 --min-time 0.3
+    local methods from
+    # Each list on tiles and off before the next, so a deadline cuts whole pairs.
+    for methods in "$UNMEASURED" "$KT_FORMATS" "$GGUF_TYPES"; do
+        for from in 1 100000; do
+            step "tile-from $methods, KT_AMX_TILE_FROM=$from" 60 bench "$out/tile_from.json" KT_AMX_TILE_FROM=$from -- \
+                --method "$methods" --tokens 16,32,64,128,256 --threads 2 --min-time 0.3
+        done
     done
 }
 
