@@ -82,7 +82,7 @@ fn main() {
         kt_host::registry::registered().into_iter().filter(|b| b.cpu_support().is_ok()).collect();
     let skipped: Vec<_> = kt_host::registry::registered().into_iter().filter(|b| b.cpu_support().is_err()).collect();
     for b in skipped {
-        println!("skipped {}: this CPU lacks {}", b.name(), b.cpu_support().unwrap_err());
+        kt_core::skip_isa!(format!("{} (backend {})", b.cpu_support().unwrap_err(), b.name()));
     }
     // The host's pool, and a NUMA pool of two sub-pools (two NUMA parts of I) on this machine.
     let mut executors: Vec<(Arc<dyn kt_core::Executor>, usize)> = vec![(Arc::new(Pool::new(2)), 1)];

@@ -150,6 +150,68 @@ pub fn mean_rel_err(out: &[f32], reference: &[f64]) -> f64 {
     }
 }
 
+/// The step of the activations `format`'s kernels read, relative to their row's largest value:
+/// a backend and the reference may round an intermediate to the other side of one step (their
+/// f32 sums run in other orders), and that is all they may differ by. int8 activations
+/// (per token, per K-group, or GGML's Q8 blocks) step by 1/127; float activations by bf16's
+/// 2^-8 (the SwiGLU output `h` is bf16 for every format).
+pub fn act_step(format: WeightFormat) -> f64 {
+    let int8 = match format {
+        WeightFormat::Ggml(t) => !matches!(t.act(), crate::ggml::ActKind::F32),
+        f => f.int_activations(),
+    };
+    if int8 {
+        1.0 / 127.0
+    } else {
+        1.0 / 256.0
+    }
+}
+
+/// How many activation steps ([`act_step`]) of its row's RMS one output element may be off
+/// the reference by, beyond its own bf16 rounding: about three times the worst element any
+/// backend of this workspace reaches over the suite (docs/tuning.md). One element wrong by its
+/// own magnitude is off by tens of steps.
+pub const ELEMENT_STEPS: f64 = 2.0;
+
+/// Where `got` strays from `want` (both `[tokens, hidden]`) by more than a layer of
+/// `formats` allows element by element: `|got − want| ≤ ELEMENT_STEPS · step · rms(want's row)
+/// + 2^-8 · |want|` (the output's bf16 rounding), `step` the coarsest of the formats'
+/// [`act_step`]. A row of zeros must stay zeros. Returns the worst element as a line.
+pub fn element_failure(got: &[f32], want: &[f32], hidden: usize, formats: &[WeightFormat]) -> Option<String> {
+    let step = formats.iter().map(|&f| act_step(f)).fold(0.0, f64::max);
+    let mut worst: Option<(f64, usize, f32, f32)> = None;
+    for (t, (g, w)) in got.chunks(hidden).zip(want.chunks(hidden)).enumerate() {
+        let rms = libm::sqrt(w.iter().map(|&v| f64::from(v) * f64::from(v)).sum::<f64>() / hidden as f64);
+        for (c, (&a, &b)) in g.iter().zip(w).enumerate() {
+            let off = (f64::from(a) - f64::from(b)).abs();
+            let allowed = ELEMENT_STEPS * step * rms + f64::from(b).abs() / 256.0;
+            // off in units of the allowance (infinite where nothing may differ).
+            let excess = if off == 0.0 { 0.0 } else if allowed == 0.0 { f64::INFINITY } else { off / allowed };
+            if !(excess <= 1.0) && worst.is_none_or(|(x, ..)| excess > x) {
+                worst = Some((excess, t * hidden + c, a, b));
+            }
+        }
+    }
+    worst.map(|(x, at, a, b)| {
+        let (t, c) = (at / hidden, at % hidden);
+        format!("element [{t}][{c}] {a} against {b}: {x:.1}× its bound")
+    })
+}
+
+/// Whether `got` fails against `want`: not finite, mean relative error above `mean_limit`, or
+/// one element out of [`element_failure`]'s bound. Returns what failed as a line.
+pub fn compare(got: &[f32], want: &[f32], hidden: usize, formats: &[WeightFormat], mean_limit: f64) -> Option<String> {
+    if let Some(at) = got.iter().position(|v| !v.is_finite()) {
+        return Some(format!("element {at} is {}", got[at]));
+    }
+    let want64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+    let err = mean_rel_err(got, &want64);
+    if err > mean_limit {
+        return Some(format!("rel err {err:.3e}"));
+    }
+    element_failure(got, want, hidden, formats).map(|e| format!("rel err {err:.3e}, {e}"))
+}
+
 /// Run one forward on the layer's backend and return the output as f32.
 pub fn run(
     exec: &dyn Executor,
@@ -299,21 +361,47 @@ pub fn accuracy_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> 
         .collect()
 }
 
-/// Returns from the test it is in, printing that it was skipped and why, unless this CPU runs
-/// the backend: `kt_core::skip_unless_runs!(&MY_BACKEND);` (a macro: the `return` and the
-/// printing are the test's, and this crate has no `std`).
+/// Whether `required`, the value of `KT_REQUIRE_ISA` (ISA families separated by commas:
+/// `avx2`, `avx512`, `amx`, ..., or `all`), names the family of `missing`, what a test found
+/// this CPU lacks ("AVX-512F/BW", "AMX-INT8"...): case, dashes and underscores aside, `missing`
+/// contains one of the names.
+pub fn isa_required(missing: &str, required: &str) -> bool {
+    let squash = |s: &str| s.chars().filter(char::is_ascii_alphanumeric).map(|c| c.to_ascii_lowercase()).collect::<String>();
+    let missing = squash(missing);
+    required.split(',').map(squash).filter(|r| !r.is_empty()).any(|r| r == "all" || missing.contains(&r))
+}
+
+/// What a test does where this CPU lacks an instruction set (`missing` describes it): prints
+/// "skipped: this CPU lacks {missing}", or panics where `KT_REQUIRE_ISA` names its family
+/// ([`isa_required`]), so a run on a machine that has the ISA cannot pass by skipping.
+/// A macro: the printing and the environment are the test's (this crate has no `std`).
+#[macro_export]
+macro_rules! skip_isa {
+    ($missing:expr) => {{
+        let missing: &str = &$missing;
+        let required = ::std::env::var("KT_REQUIRE_ISA").unwrap_or_default();
+        if $crate::testing::isa_required(missing, &required) {
+            panic!("KT_REQUIRE_ISA={required}, and this CPU lacks {missing}");
+        }
+        eprintln!("skipped: this CPU lacks {missing}");
+    }};
+}
+
+/// Returns from the test it is in ([`skip_isa!`]: printing that it was skipped and why, or
+/// failing under `KT_REQUIRE_ISA`), unless this CPU runs the backend:
+/// `kt_core::skip_unless_runs!(&MY_BACKEND);`
 #[macro_export]
 macro_rules! skip_unless_runs {
     ($backend:expr) => {
         if let Err(missing) = $crate::Backend::cpu_support($backend) {
-            eprintln!("skipped: this CPU lacks {missing}");
+            $crate::skip_isa!(missing);
             return;
         }
     };
 }
 
 /// One line in a backend crate's tests runs the whole suite, inference and SFT
-/// ([`crate::sft::check`]), printing a skip message when the CPU lacks the backend's ISA:
+/// ([`crate::sft::check`]), skipped ([`skip_isa!`]) where the CPU lacks the backend's ISA:
 /// `kt_core::conformance_suite!(&MY_BACKEND);`
 #[macro_export]
 macro_rules! conformance_suite {
@@ -321,17 +409,14 @@ macro_rules! conformance_suite {
         #[test]
         fn conformance() {
             if let Err(missing) = $crate::testing::conformance($backend) {
-                eprintln!("conformance skipped: this CPU lacks {missing}");
+                $crate::skip_isa!(missing);
             }
         }
 
         #[test]
         fn sft_conformance() {
             let backend: &'static dyn $crate::Backend = $backend;
-            if let Err(missing) = backend.cpu_support() {
-                eprintln!("SFT conformance skipped: this CPU lacks {missing}");
-                return;
-            }
+            $crate::skip_unless_runs!(backend);
             let failures = $crate::sft::check::sft_failures(backend, &$crate::SerialExecutor);
             assert!(failures.is_empty(), "{} failures:\n{}", failures.len(), failures.join("\n"));
         }
@@ -362,12 +447,12 @@ pub fn conformance_failures(backend: &'static dyn Backend, exec: &dyn Executor) 
                         let r = Routing { tokens, k, ids: &ids, weights: &w, gpu_mask: mask.as_deref() };
                         let got = run(exec, &cfg, &ours, &input, &r);
                         let want = run(&SerialExecutor, &cfg, &oracle, &input, &r);
-                        let want64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
-                        let err = mean_rel_err(&got, &want64);
                         let exact_zero = matches!(s, Scenario::AllMasked) && got.iter().any(|&v| v != 0.0);
-                        if err > 1e-2 || exact_zero || got.iter().any(|v| !v.is_finite()) {
+                        let failed = compare(&got, &want, h, &[format], 1e-2)
+                            .or_else(|| exact_zero.then(|| "not all zero".into()));
+                        if let Some(why) = failed {
                             failures.push(format!(
-                                "{} {format} E{e} k{k} H{h} I{i} parts{parts} n{tokens} {s:?}: rel err {err:.3e}",
+                                "{} {format} E{e} k{k} H{h} I{i} parts{parts} n{tokens} {s:?}: {why}",
                                 backend.name()
                             ));
                         }
@@ -395,8 +480,8 @@ pub fn glu_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<S
             let cfg = MoeConfig { max_tokens: 16, glu, ..MoeConfig::new(6, 2, h, i) };
             let layers = layer_pair(backend, &cfg, format, 5);
             for tokens in [1, 9] {
-                if let Some(err) = against_oracle(exec, &cfg, &layers, tokens, 3 + gi as u64) {
-                    failures.push(format!("{} {format} {glu:?} n{tokens}: rel err {err:.3e}", backend.name()));
+                if let Some(why) = against_oracle(exec, &cfg, &layers, tokens, 3 + gi as u64) {
+                    failures.push(format!("{} {format} {glu:?} n{tokens}: {why}", backend.name()));
                 }
             }
         }
@@ -420,38 +505,36 @@ fn layer_pair(
     (build_layer(backend, cfg, format, &experts), build_layer(&REFERENCE, cfg, format, &experts))
 }
 
-/// The error of the first layer against the second (the reference) on `tokens` random tokens
-/// (seed `seed`, k 2 of the first 6 experts), where it fails: above 1e-2 or not finite.
+/// What fails of the first layer against the second (the reference) on `tokens` random
+/// tokens (seed `seed`, k 2 of the first 6 experts): [`compare`] with a mean limit of 1e-2.
 fn against_oracle(
     exec: &dyn Executor,
     cfg: &MoeConfig,
     (ours, oracle): &(LayerWeights, LayerWeights),
     tokens: usize,
     seed: u64,
-) -> Option<f64> {
+) -> Option<String> {
     let input = random_input(tokens, cfg.hidden, seed);
     let (ids, w) = random_routing(tokens, 2, 6, 11);
     let r = Routing { tokens, k: 2, ids: &ids, weights: &w, gpu_mask: None };
-    let err = rel_err(exec, cfg, ours, oracle, &input, &r);
-    (err > 1e-2).then_some(err)
+    check(exec, cfg, ours, oracle, &input, &r, 1e-2)
 }
 
-/// The mean relative error of `ours` against `oracle` (the reference, run serially) on `input`
-/// routed by `r`: infinite where one of `ours`' outputs is not finite.
-fn rel_err(
+/// [`compare`] of `ours` against `oracle` (the reference, run serially) on `input` routed by
+/// `r`, the elements bounded by the steps of `ours`' formats.
+fn check(
     exec: &dyn Executor,
     cfg: &MoeConfig,
     ours: &LayerWeights,
     oracle: &LayerWeights,
     input: &[bf16],
     r: &Routing<'_>,
-) -> f64 {
+    mean_limit: f64,
+) -> Option<String> {
     let got = run(exec, cfg, ours, input, r);
-    if got.iter().any(|v| !v.is_finite()) {
-        return f64::INFINITY;
-    }
-    let want: Vec<f64> = run(&SerialExecutor, cfg, oracle, input, r).iter().map(|&v| f64::from(v)).collect();
-    mean_rel_err(&got, &want)
+    let want = run(&SerialExecutor, cfg, oracle, input, r);
+    let f = ours.format;
+    compare(&got, &want, cfg.hidden, &[f.gate, f.up, f.down], mean_limit)
 }
 
 /// `backend`'s layer and the reference's, of experts whose matrices `matrix(rows, cols)` makes
@@ -496,11 +579,9 @@ pub fn stored_scale_failures(backend: &'static dyn Backend, exec: &dyn Executor)
                 let input = random_input(tokens, h, tokens as u64);
                 let (ids, w) = random_routing(tokens, 2, 6, 5);
                 let rt = Routing { tokens, k: 2, ids: &ids, weights: &w, gpu_mask: None };
-                let err = rel_err(exec, &cfg, &ours, &oracle, &input, &rt);
-                if err > 1e-5 {
+                if let Some(why) = check(exec, &cfg, &ours, &oracle, &input, &rt, 1e-5) {
                     let kind = if f16 { "f16" } else { "bf16" };
-                    failures
-                        .push(format!("{} {format} with {kind} scales n{tokens}: rel err {err:.3e}", backend.name()));
+                    failures.push(format!("{} {format} with {kind} scales n{tokens}: {why}", backend.name()));
                 }
             }
         }
@@ -536,12 +617,8 @@ pub fn extreme_int4_failures(backend: &'static dyn Backend, exec: &dyn Executor)
             let input = vec![bf16::from_f32(x); tokens * h];
             let (ids, w) = random_routing(tokens, 2, 4, 3);
             let rt = Routing { tokens, k: 2, ids: &ids, weights: &w, gpu_mask: None };
-            let err = rel_err(exec, &cfg, &ours, &oracle, &input, &rt);
-            if err > 1e-5 {
-                failures.push(format!(
-                    "{} {format} at its extreme level, x = {x}, n{tokens}: rel err {err:.3e}",
-                    backend.name()
-                ));
+            if let Some(why) = check(exec, &cfg, &ours, &oracle, &input, &rt, 1e-5) {
+                failures.push(format!("{} {format} at its extreme level, x = {x}, n{tokens}: {why}", backend.name()));
             }
         }
     }
@@ -582,10 +659,8 @@ pub fn mx_tiny_scale_failures(backend: &'static dyn Backend, exec: &dyn Executor
             let input = random_input(tokens, h, tokens as u64);
             let (ids, w) = random_routing(tokens, 2, 6, 13);
             let rt = Routing { tokens, k: 2, ids: &ids, weights: &w, gpu_mask: None };
-            let err = rel_err(exec, &cfg, &ours, &oracle, &input, &rt);
-            if err > 1e-2 {
-                failures
-                    .push(format!("{} {format} with scales of 2^{tiny} n{tokens}: rel err {err:.3e}", backend.name()));
+            if let Some(why) = check(exec, &cfg, &ours, &oracle, &input, &rt, 1e-2) {
+                failures.push(format!("{} {format} with scales of 2^{tiny} n{tokens}: {why}", backend.name()));
             }
         }
     }
@@ -679,9 +754,9 @@ pub fn bias_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<
             }
             let layers = (ours, oracle);
             for tokens in [1, 9, 40] {
-                if let Some(err) = against_oracle(exec, &cfg, &layers, tokens, 3 + tokens as u64) {
+                if let Some(why) = against_oracle(exec, &cfg, &layers, tokens, 3 + tokens as u64) {
                     failures.push(format!(
-                        "{} {format} biases, parts {parts}, {glu:?} n{tokens}: rel err {err:.3e}",
+                        "{} {format} biases, parts {parts}, {glu:?} n{tokens}: {why}",
                         backend.name()
                     ));
                 }
@@ -787,19 +862,19 @@ fn ggml_failures(backend: &'static dyn Backend, exec: &dyn Executor, against_ref
                     let (ids, w, mask) = scenario_routing(s, tokens, &cfg, 5 * tokens as u64);
                     let r = Routing { tokens, k, ids: &ids, weights: &w, gpu_mask: mask.as_deref() };
                     let got = run(exec, &cfg, &ours, &input, &r);
-                    let err = oracle.as_ref().map_or(0.0, |oracle| {
-                        let want: Vec<f64> =
-                            run(&SerialExecutor, &cfg, oracle, &input, &r).iter().map(|&v| f64::from(v)).collect();
-                        mean_rel_err(&got, &want)
+                    let against = oracle.as_ref().and_then(|oracle| {
+                        let want = run(&SerialExecutor, &cfg, oracle, &input, &r);
+                        compare(&got, &want, h, &[lf.gate, lf.up, lf.down], 1e-2)
                     });
                     let fp32 = textbook_moe(&cfg, &deq, &input, &r);
                     let err32 = mean_rel_err(&got, &fp32);
                     let bad_zero = matches!(s, Scenario::AllMasked) && got.iter().any(|&v| v != 0.0);
-                    if err > 1e-2 || err32 > 0.03 || bad_zero || got.iter().any(|v| !v.is_finite()) {
+                    if against.is_some() || err32 > 0.03 || bad_zero || got.iter().any(|v| !v.is_finite()) {
                         failures.push(format!(
-                            "{} {lf} E{e} k{k} H{h} I{i} parts{parts} n{tokens} {s:?}: rel err {err:.3e} vs reference, \
+                            "{} {lf} E{e} k{k} H{h} I{i} parts{parts} n{tokens} {s:?}: {} vs reference, \
                              {err32:.3e} vs fp32",
-                            backend.name()
+                            backend.name(),
+                            against.as_deref().unwrap_or("within bounds"),
                         ));
                     }
                 }
@@ -866,5 +941,43 @@ impl Backend for OnlyFormat {
     }
     fn instructions(&self, format: WeightFormat) -> Instructions {
         REFERENCE.instructions(format)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn isa_required_matches_families_not_spellings() {
+        assert!(isa_required("AVX-512F/BW", "avx512"));
+        assert!(isa_required("AMX-INT8 (the hardware tiles)", "avx2, AMX"));
+        assert!(isa_required("AVX2, FMA or F16C", "avx2"));
+        assert!(isa_required("F16C", "all"));
+        assert!(!isa_required("AVX-512F/BW", "avx2,amx"));
+        assert!(!isa_required("AMX", ""));
+        assert!(!isa_required("AMX", " , "));
+    }
+
+    #[test]
+    fn one_element_off_by_its_magnitude_fails_where_the_mean_passes() {
+        let hidden = 160;
+        let mut r = SplitMix64::new(3);
+        let want: Vec<f32> = (0..40 * hidden).map(|_| r.gaussian()).collect();
+        let mut got = want.clone();
+        let at = 17 * hidden + 5;
+        got[at] *= 2.0;
+        let want64: Vec<f64> = want.iter().map(|&v| f64::from(v)).collect();
+        assert!(mean_rel_err(&got, &want64) < 1e-2);
+        for f in [WeightFormat::Bf16, WeightFormat::Int8Row, WeightFormat::Ggml(GgmlType::Q4_K)] {
+            let why = compare(&got, &want, hidden, &[f], 1e-2).expect("caught");
+            assert!(why.contains("[17][5]"), "{why}");
+            assert_eq!(compare(&want, &want, hidden, &[f], 1e-2), None);
+        }
+        // A row of zeros stays zeros.
+        let mut zeros = vec![0.0f32; 2 * hidden];
+        assert_eq!(compare(&zeros, &zeros.clone(), hidden, &[WeightFormat::Bf16], 1e-2), None);
+        zeros[hidden + 3] = 1e-30;
+        assert!(compare(&zeros, &vec![0.0; 2 * hidden], hidden, &[WeightFormat::Bf16], 1e-2).is_some());
     }
 }

@@ -119,7 +119,7 @@ fn every_backend_loads_kts_files_and_gives_its_outputs() {
     let (backends, skipped): (Vec<_>, Vec<_>) =
         kt_host::registry::registered().into_iter().partition(|b| b.cpu_support().is_ok());
     for b in skipped {
-        eprintln!("skipped {}: this CPU lacks {}", b.name(), b.cpu_support().unwrap_err());
+        kt_core::skip_isa!(format!("{} (backend {})", b.cpu_support().unwrap_err(), b.name()));
     }
     for dir in fixtures() {
         let Case { ck, cfg, format, tokens } = case(&dir);

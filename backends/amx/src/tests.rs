@@ -57,14 +57,14 @@ fn instructions_follow_the_measured_thresholds() {
 #[test]
 fn tiles_give_the_avx512_kernels_bits() {
     let Ok(()) = EMULATED_ALL.cpu_support() else {
-        eprintln!("skipped: this CPU lacks the AVX-512 the emulated backend runs beside");
+        kt_core::skip_isa!("AVX-512, which the emulated backend runs beside");
         return;
     };
     let simd: &'static dyn Backend = &kt_backend_avx512::AVX512_BF16;
     let mut backends: Vec<&'static dyn Backend> = vec![&EMULATED_ALL];
     match crate::AMX.cpu_support() {
         Ok(()) => backends.push(&crate::imp::HARDWARE_ALL),
-        Err(why) => eprintln!("hardware tiles skipped: this CPU lacks {why}"),
+        Err(why) => kt_core::skip_isa!(format!("{why} (the hardware tiles)")),
     }
     let cases = [
         (WeightFormat::Int8Row, 3712, 128),

@@ -578,7 +578,7 @@ mod tests {
     #[test]
     fn mx_scales_are_exact_powers_of_two() {
         if !std::arch::is_x86_feature_detected!("avx2") {
-            eprintln!("skipped: this CPU lacks AVX2");
+            kt_core::skip_isa!("AVX2");
             return;
         }
         for bias in [128, 127, 7] {

@@ -253,7 +253,7 @@ mod tests {
             && is_x86_feature_detected!("avx512bw")
             && is_x86_feature_detected!("avx512vl"))
         {
-            eprintln!("skipped: this CPU lacks one of {isa:?}");
+            kt_core::skip_isa!(format!("one of AVX-512 {isa:?}"));
             return;
         }
         let mut r = kt_core::rng::SplitMix64::new(17);

@@ -1116,7 +1116,7 @@ mod mx_tests {
     #[test]
     fn mx_scales_are_exact_powers_of_two() {
         if !std::arch::is_x86_feature_detected!("avx512f") {
-            eprintln!("skipped: this CPU lacks AVX-512F");
+            kt_core::skip_isa!("AVX-512F");
             return;
         }
         for bias in [128, 127, 7] {

@@ -58,7 +58,7 @@ fn int_formats_give_the_same_bits_on_every_sub_variant() {
     let variants: [&'static dyn Backend; 4] = [&BF16, &VBMI, &VNNI, &BASE];
     let runs: Vec<_> = variants.into_iter().filter(|b| b.cpu_support().is_ok()).collect();
     if runs.len() < 2 {
-        eprintln!("skipped: this CPU runs {} AVX-512 sub-variants, nothing to compare", runs.len());
+        kt_core::skip_isa!(format!("AVX-512 (it runs {} AVX-512 sub-variants: nothing to compare)", runs.len()));
         return;
     }
     let cfg = MoeConfig { max_tokens: 40, ..MoeConfig::new(4, 2, 160, 96) };
@@ -84,7 +84,7 @@ fn int_formats_give_the_same_bits_on_every_sub_variant() {
 #[test]
 fn kts_order_across_k_blocks_gives_the_references_bits() {
     let Ok(()) = AVX512.cpu_support() else {
-        eprintln!("skipped: this CPU lacks AVX-512F/BW");
+        kt_core::skip_isa!("AVX-512F/BW");
         return;
     };
     for (f, h) in [(WeightFormat::Int8Row, 3712), (WeightFormat::Int4Row, 7424)] {
@@ -101,16 +101,22 @@ fn kts_order_across_k_blocks_gives_the_references_bits() {
     }
 }
 
-/// `avx512` is the widest sub-variant this CPU runs, and reports it under KT's name.
+/// `avx512` reports, under KT's name, a sub-variant this CPU runs, and runs its kernels.
 #[test]
-fn the_best_variant_is_the_widest_this_cpu_runs() {
+fn the_default_runs_the_sub_variant_it_reports() {
     let Ok(()) = AVX512.cpu_support() else {
-        eprintln!("skipped: this CPU lacks AVX-512F/BW");
+        kt_core::skip_isa!("AVX-512F/BW");
         return;
     };
-    let widest = [&BF16, &VBMI, &VNNI, &BASE].into_iter().find(|b| b.cpu_support().is_ok()).unwrap();
-    assert_eq!(AVX512.variant(), widest.name());
-    assert_eq!(AVX512.level(), widest.level());
+    let subs: [&'static dyn Backend; 4] = [&BF16, &VBMI, &VNNI, &BASE];
+    let named = subs.into_iter().find(|b| b.name() == AVX512.variant()).expect("a sub-variant's name");
+    assert!(named.cpu_support().is_ok(), "{} reported, which this CPU does not run", named.name());
+    let cfg = MoeConfig { max_tokens: 9, ..MoeConfig::new(4, 2, 160, 96) };
+    for f in WeightFormat::ALL {
+        assert_eq!(AVX512.instructions(f), named.instructions(f), "{f}");
+        let bits = |b| layer_outputs(b, f, &cfg, 9, Scenario::Random).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
+        assert_eq!(bits(&AVX512), bits(named), "{f}");
+    }
 }
 
 #[test]
@@ -180,7 +186,7 @@ fn mxfp8_scales_fold_into_the_decoded_bf16_exactly() {
     let p = pack::pack(&m, Level::Bf16);
     assert!(p.pairs && p.folds, "codes 10..=246 fold");
     if !(is_x86_feature_detected!("avx512bw") && is_x86_feature_detected!("avx512vbmi")) {
-        eprintln!("skipped the decode: this CPU lacks AVX-512BW or VBMI");
+        kt_core::skip_isa!("AVX-512BW or VBMI (the decode)");
     } else {
         let mut tiles = vec![0u8; 2 * 1024];
         for g in 0..groups {

@@ -498,7 +498,7 @@ mod tests {
     #[test]
     fn matches_core_quantizers_bit_for_bit() {
         if !(is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") && is_x86_feature_detected!("f16c")) {
-            eprintln!("skipped: this CPU lacks AVX2, FMA or F16C");
+            kt_core::skip_isa!("AVX2, FMA or F16C");
             return;
         }
         let mut r = SplitMix64::new(5);

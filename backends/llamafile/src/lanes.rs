@@ -213,7 +213,7 @@ mod tests {
     #[test]
     fn order_act_avx2_is_order_act() {
         if !is_x86_feature_detected!("avx2") {
-            eprintln!("skipped: this CPU lacks AVX2");
+            kt_core::skip_isa!("AVX2");
             return;
         }
         let mut r = kt_core::rng::SplitMix64::new(9);

@@ -566,7 +566,7 @@ mod tests {
         let mut tiled: Vec<&'static dyn Backend> = vec![&LLAMAFILE_EMULATED];
         match kt_x86::isa::request_amx() {
             Ok(()) => tiled.push(&LLAMAFILE_TILES_ALL),
-            Err(why) => eprintln!("hardware tiles skipped: this CPU lacks {why}"),
+            Err(why) => kt_core::skip_isa!(format!("{why} (the hardware tiles)")),
         }
         let vector: &'static dyn Backend = &LLAMAFILE_AVX2;
         let on_tiles =

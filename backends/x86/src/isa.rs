@@ -130,7 +130,7 @@ mod tests {
             }
             Err(why) if !amx => {
                 assert!(why.contains("AMX"), "{why}");
-                eprintln!("skipped the granted path: this CPU lacks AMX");
+                kt_core::skip_isa!("AMX (the granted path)");
             }
             Err(why) => eprintln!("this kernel refused AMX tile state: {why}"),
         }

@@ -262,7 +262,7 @@ mod tests {
         for l in [Loop::Fma, Loop::Int8, Loop::Vnni, Loop::Fma512, Loop::Int8Zmm, Loop::Bf16Zmm] {
             assert_eq!(l.run(1000), l.ops().is_some(), "{l:?}");
             if l.ops().is_none() {
-                eprintln!("skipped {l:?}: this CPU lacks its instructions");
+                kt_core::skip_isa!(format!("{l:?}'s instructions"));
             }
         }
         // The ymm forms a CPU with AVX512-VNNI never picks.

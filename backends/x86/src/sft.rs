@@ -630,7 +630,7 @@ mod tests {
     #[test]
     fn the_vector_kernels_agree_with_the_portable_ones() {
         if let Err(missing) = crate::isa::avx2_fma() {
-            eprintln!("skipped: the CPU lacks {missing}");
+            kt_core::skip_isa!(missing);
             return;
         }
         let mut cases = 0;
@@ -684,7 +684,7 @@ mod tests {
     #[test]
     fn the_backward_kernels_agree_with_the_portable_ones() {
         if let Err(missing) = crate::isa::avx2_fma() {
-            eprintln!("skipped: the CPU lacks {missing}");
+            kt_core::skip_isa!(missing);
             return;
         }
         let n = 203;
@@ -730,7 +730,7 @@ mod tests {
     #[test]
     fn the_outer_product_agrees_with_the_portable_one() {
         if let Err(missing) = crate::isa::avx2_fma() {
-            eprintln!("skipped: the CPU lacks {missing}");
+            kt_core::skip_isa!(missing);
             return;
         }
         for (dout, din) in [(3, 37), (64, 48), (70, 40), (129, 17)] {
@@ -755,7 +755,7 @@ mod tests {
     #[test]
     fn the_glu_is_the_row_kernels() {
         if let Err(missing) = crate::isa::avx2_fma() {
-            eprintln!("skipped: the CPU lacks {missing}");
+            kt_core::skip_isa!(missing);
             return;
         }
         let (width, m) = (40, 3);

@@ -129,7 +129,7 @@ mod tests {
     fn avx2_fma() -> bool {
         let here = is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma");
         if !here {
-            eprintln!("skipped: this CPU lacks AVX2 or FMA");
+            kt_core::skip_isa!("AVX2 or FMA");
         }
         here
     }

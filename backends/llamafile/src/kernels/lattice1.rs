@@ -749,7 +749,7 @@ mod tests {
     #[test]
     fn every_index_sign_and_scale_gives_the_avx2_kernels_bits() {
         if crate::vnni::detect() != Some(Vnni::Evex) || !runs(GgmlType::IQ2_XXS) {
-            eprintln!("skipped: this CPU lacks AVX512-VNNI, VBMI or DQ");
+            kt_core::skip_isa!("AVX512-VNNI, VBMI or DQ");
             return;
         }
         gives_the_avx2_kernels_bits::<BlockIq1S>(GgmlType::IQ1_S);

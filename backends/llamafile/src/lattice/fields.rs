@@ -508,7 +508,7 @@ mod tests {
     #[test]
     fn fields_in_registers_are_the_scalar_ones() {
         if !std::arch::is_x86_feature_detected!("avx2") {
-            eprintln!("skipped: this CPU lacks AVX2");
+            kt_core::skip_isa!("AVX2");
             return;
         }
         check::<BlockIq1S>("iq1_s");
