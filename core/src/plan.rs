@@ -37,7 +37,6 @@
 use alloc::vec::Vec;
 use core::ops::Range;
 
-use crate::forward::y_stride;
 use crate::{Error, MoeConfig, Routing};
 
 /// Marks a routing slot whose expert is skipped (invalid id or GPU-resident).
@@ -47,20 +46,27 @@ pub const SKIPPED: u32 = u32::MAX;
 pub const TARGET_TASKS: usize = 64;
 
 /// Tasks per thread a stage aims for below [`TARGET_TASKS`]: enough to even out skewed
-/// routing, few enough that each task streams long runs of rows. Each task's start costs
-/// time that software prefetch at its start did not win back: two threads decoding
-/// qwen3-30b-a3b in q4_K from DRAM took 0.83-0.84 ms a forward with 64 tasks a stage, 0.76-0.77
-/// with 32, 0.74-0.77 with 16 and 0.72-0.74 with 8 (prefill unchanged).
+/// routing, few enough that each task streams long runs of rows: each task's start costs
+/// time that software prefetch at its start does not win back (docs/tuning.md, "The
+/// forward's stages").
 pub const TASKS_PER_THREAD: usize = 4;
 
 /// Bytes of per-row results `y` (all parts, `n·k` rows padded as [`y_stride`] pads
-/// them) from which Down sums them into the output itself: about what the caches hold.
-/// qwen3-30b-a3b passes it from 128 tokens, DeepSeek-V3 from 37.
+/// them) from which Down sums them into the output itself: about what the caches hold (a
+/// large MoE passes it from a few dozen tokens).
 pub const SUM_IN_DOWN_FROM: usize = 8 << 20;
 
 /// Bytes of results a Down task aims to hold at once (the largest expert's rows × the task's
 /// rows of H, f32): what an L2 holds on the CPUs served, so the sums read them from cache.
 pub const DOWN_TILE_BYTES: usize = 512 * 1024;
+
+/// The row stride of the down projection's results (`hidden` floats a row, or a Down task's
+/// rows of it): one cache line more than a row, so that a tile's results for consecutive
+/// tokens fall in different L1 sets (with `hidden` a multiple of 1024 every row would start in
+/// the same set, and a down tile's token stores thrash its ways: docs/tuning.md).
+pub fn y_stride(hidden: usize) -> usize {
+    hidden + 16
+}
 
 /// Rows of H a Down task takes: the stage's share of `hidden` among `tasks`, fewer where the
 /// largest expert's `max_rows` results would pass [`DOWN_TILE_BYTES`] (each row padded as
@@ -131,70 +137,109 @@ impl StageKind {
     }
 }
 
-/// One independent unit of work. `expert` indexes [`Plan::experts`].
+/// A stage's task: which stage it belongs to, and the NUMA part whose weights or partial output
+/// it touches (`None` for Gather and Merge, which serve every part). `expert` fields index
+/// [`Plan::experts`].
+pub trait StageTask {
+    /// Its stage.
+    const KIND: StageKind;
+    /// Its NUMA part, if it has one.
+    fn part(&self) -> Option<usize>;
+}
+
+/// See [`StageKind::Gather`].
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub enum Task {
-    /// See [`StageKind::Gather`].
-    Gather {
-        /// Active expert index.
-        expert: usize,
-    },
-    /// See [`StageKind::GateUp`]; `rows` are rows of the part's I slice.
-    GateUp {
-        /// NUMA part.
-        part: usize,
-        /// Active expert index.
-        expert: usize,
-        /// Rows of gate/up (local to the part).
-        rows: Range<usize>,
-    },
-    /// See [`StageKind::Down`]; `rows` are rows of down (H).
-    Down {
-        /// NUMA part.
-        part: usize,
-        /// Active expert index, or `None`: every active expert, summed into the output.
-        expert: Option<usize>,
-        /// Rows of down.
-        rows: Range<usize>,
-    },
-    /// See [`StageKind::Reduce`].
-    Reduce {
-        /// NUMA part.
-        part: usize,
-        /// Tokens.
-        tokens: Range<usize>,
-    },
-    /// See [`StageKind::Merge`].
-    Merge {
-        /// Tokens.
-        tokens: Range<usize>,
-    },
+pub struct GatherTask {
+    /// Active expert index.
+    pub expert: usize,
 }
 
-impl Task {
-    /// The NUMA part whose weights or partial output the task touches (`None` for Gather and
-    /// Merge, which serve every part).
-    pub fn part(&self) -> Option<usize> {
-        match *self {
-            Task::GateUp { part, .. } | Task::Down { part, .. } => Some(part),
-            Task::Reduce { part, .. } => Some(part),
-            Task::Gather { .. } | Task::Merge { .. } => None,
+/// See [`StageKind::GateUp`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct GateUpTask {
+    /// NUMA part.
+    pub part: usize,
+    /// Active expert index.
+    pub expert: usize,
+    /// Rows of gate/up (local to the part's I slice).
+    pub rows: Range<usize>,
+}
+
+/// See [`StageKind::Down`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct DownTask {
+    /// NUMA part.
+    pub part: usize,
+    /// Active expert index, or `None`: every active expert, summed into the output.
+    pub expert: Option<usize>,
+    /// Rows of down (H).
+    pub rows: Range<usize>,
+}
+
+/// See [`StageKind::Reduce`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct ReduceTask {
+    /// NUMA part.
+    pub part: usize,
+    /// Tokens.
+    pub tokens: Range<usize>,
+}
+
+/// See [`StageKind::Merge`].
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct MergeTask {
+    /// Tokens.
+    pub tokens: Range<usize>,
+}
+
+macro_rules! stage_task {
+    ($task:ty, $kind:ident, $self_:ident => $part:expr) => {
+        impl StageTask for $task {
+            const KIND: StageKind = StageKind::$kind;
+            fn part(&$self_) -> Option<usize> {
+                $part
+            }
         }
-    }
+    };
+}
+stage_task!(GatherTask, Gather, self => None);
+stage_task!(GateUpTask, GateUp, self => Some(self.part));
+stage_task!(DownTask, Down, self => Some(self.part));
+stage_task!(ReduceTask, Reduce, self => Some(self.part));
+stage_task!(MergeTask, Merge, self => None);
+
+/// Each stage's tasks, which may run in any order and in parallel; the stages run in the order
+/// of the fields.
+#[derive(Clone, Debug, Default)]
+pub struct Stages {
+    /// See [`StageKind::Gather`].
+    pub gather: Vec<GatherTask>,
+    /// See [`StageKind::GateUp`].
+    pub gate_up: Vec<GateUpTask>,
+    /// See [`StageKind::Down`].
+    pub down: Vec<DownTask>,
+    /// See [`StageKind::Reduce`] (empty where Down sums).
+    pub reduce: Vec<ReduceTask>,
+    /// See [`StageKind::Merge`] (empty with one part).
+    pub merge: Vec<MergeTask>,
 }
 
-/// A stage: tasks that may run in any order and in parallel.
-#[derive(Clone, Debug)]
-pub struct Stage {
-    /// What the tasks do.
-    pub kind: StageKind,
-    /// The tasks.
-    pub tasks: Vec<Task>,
+impl Stages {
+    /// How many tasks each stage has, in execution order.
+    pub fn counts(&self) -> [(StageKind, usize); 5] {
+        [
+            (StageKind::Gather, self.gather.len()),
+            (StageKind::GateUp, self.gate_up.len()),
+            (StageKind::Down, self.down.len()),
+            (StageKind::Reduce, self.reduce.len()),
+            (StageKind::Merge, self.merge.len()),
+        ]
+    }
 }
 
 /// The plan of one forward. [`Plan::rebuild`] reuses the vectors of the previous plan, so a
 /// forward after warm-up plans without allocating.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub struct Plan {
     /// Tokens.
     pub tokens: usize,
@@ -212,8 +257,8 @@ pub struct Plan {
     /// where Down sums each token's results into the output itself ([`SUM_IN_DOWN_FROM`]), with
     /// no Reduce stage; 0 where Down keeps one expert a task and Reduce sums.
     pub down_rows: usize,
-    /// Stages in execution order.
-    pub stages: Vec<Stage>,
+    /// Each stage's tasks.
+    pub stages: Stages,
     /// Per expert id: rows routed to it, then its index in `experts` or `usize::MAX`.
     counts: Vec<usize>,
     /// Per active expert: the next row to fill.
@@ -222,32 +267,17 @@ pub struct Plan {
     alone: Vec<usize>,
 }
 
+/// Empty `v`, with room for `bound` elements.
+fn fresh<T>(v: &mut Vec<T>, bound: usize) {
+    v.clear();
+    v.reserve(bound);
+}
+
 /// Split `len` rows into about `pieces` blocks whose starts are multiples of `gran`.
 pub fn blocks(len: usize, pieces: usize, gran: usize) -> impl Iterator<Item = Range<usize>> + Clone {
     let gran = gran.max(1);
     let size = len.div_ceil(pieces.max(1)).div_ceil(gran).max(1) * gran;
     (0..len).step_by(size).map(move |s| s..(s + size).min(len))
-}
-
-const KINDS: [StageKind; 5] =
-    [StageKind::Gather, StageKind::GateUp, StageKind::Down, StageKind::Reduce, StageKind::Merge];
-
-impl Default for Plan {
-    fn default() -> Self {
-        Plan {
-            tokens: 0,
-            k: 0,
-            experts: Vec::new(),
-            row_tokens: Vec::new(),
-            slot_rows: Vec::new(),
-            row_slots: Vec::new(),
-            down_rows: 0,
-            stages: KINDS.iter().map(|&kind| Stage { kind, tasks: Vec::new() }).collect(),
-            counts: Vec::new(),
-            fill: Vec::new(),
-            alone: Vec::new(),
-        }
-    }
 }
 
 impl Plan {
@@ -359,9 +389,6 @@ impl Plan {
         let active = self.experts.len();
         let per_expert = tasks.div_ceil(active.max(1));
         let parts = part_rows.len();
-        if self.stages.len() != KINDS.len() {
-            self.stages = Plan::default().stages;
-        }
         // Capacity for the most tasks any routing of this size makes (`blocks` yields at most
         // `pieces` blocks), so a later forward of no more tokens plans without allocating.
         let e_max = self.counts.len();
@@ -369,37 +396,37 @@ impl Plan {
         // Rows of H a Down task of every expert takes; 0: one expert a task, and Reduce.
         let d = self.down_rows;
         let slices = parts * hidden.div_ceil(gran_h.max(1));
-        let bounds = [e_max, parts * per_part, slices.max(parts * per_part), parts * tasks, tasks];
-        for (s, bound) in self.stages.iter_mut().zip(bounds) {
-            s.tasks.clear();
-            s.tasks.reserve(bound);
-        }
-        let [gather, gate_up, down, reduce, merge] = &mut self.stages[..] else { unreachable!("five stages") };
+        let Stages { gather, gate_up, down, reduce, merge } = &mut self.stages;
+        fresh(gather, e_max);
+        fresh(gate_up, parts * per_part);
+        fresh(down, slices.max(parts * per_part));
+        fresh(reduce, parts * tasks);
+        fresh(merge, tasks);
         let owners = self.experts.iter().enumerate().filter(|(i, a)| a.act == *i);
-        gather.tasks.extend(owners.map(|(expert, _)| Task::Gather { expert }));
+        gather.extend(owners.map(|(expert, _)| GatherTask { expert }));
         for (part, &rows_p) in part_rows.iter().enumerate() {
             for expert in 0..active {
                 let b = blocks(rows_p, per_expert, gran_i);
-                gate_up.tasks.extend(b.map(|rows| Task::GateUp { part, expert, rows }));
+                gate_up.extend(b.map(|rows| GateUpTask { part, expert, rows }));
                 if d == 0 {
                     let b = blocks(hidden, per_expert, gran_h);
-                    down.tasks.extend(b.map(|rows| Task::Down { part, expert: Some(expert), rows }));
+                    down.extend(b.map(|rows| DownTask { part, expert: Some(expert), rows }));
                 }
             }
             if d > 0 {
                 // (Also with no expert active: the tasks clear the part's output.)
                 let slices = (0..hidden).step_by(d).map(|s| s..(s + d).min(hidden));
-                down.tasks.extend(slices.map(|rows| Task::Down { part, expert: None, rows }));
+                down.extend(slices.map(|rows| DownTask { part, expert: None, rows }));
             }
         }
         let token_chunks = blocks(n, tasks, 1);
         if d == 0 {
             for part in 0..parts {
-                reduce.tasks.extend(token_chunks.clone().map(|tokens| Task::Reduce { part, tokens }));
+                reduce.extend(token_chunks.clone().map(|tokens| ReduceTask { part, tokens }));
             }
         }
         if parts > 1 {
-            merge.tasks.extend(token_chunks.map(|tokens| Task::Merge { tokens }));
+            merge.extend(token_chunks.map(|tokens| MergeTask { tokens }));
         }
     }
 }
@@ -452,14 +479,14 @@ mod tests {
         let acts: Vec<_> = p.experts.iter().map(|a| (a.id, a.act)).collect();
         // Active indices: 0→0, 1→1, 2→2, 3→3, 4→4, 5→5; expert 3 shares expert 2's (token 2).
         assert_eq!(acts, [(0, 0), (1, 1), (2, 2), (3, 2), (4, 4), (5, 5)]);
-        let gathered = [0, 1, 2, 4, 5].map(|expert| Task::Gather { expert });
-        assert_eq!(p.stages[0].tasks, gathered);
+        let gathered = [0, 1, 2, 4, 5].map(|expert| GatherTask { expert });
+        assert_eq!(p.stages.gather, gathered);
         // One token: every expert reads the first one's.
         let ids1 = [6i64, 1, 7];
         let one = Routing { tokens: 1, k: 3, ids: &ids1, weights: &w[..3], gpu_mask: None };
         let p = Plan::build(&MoeConfig::new(8, 3, 8, 8), &one, &[8], 1, 1, TARGET_TASKS).unwrap();
         assert_eq!(p.experts.iter().map(|a| (a.id, a.act)).collect::<Vec<_>>(), [(1, 0), (6, 0), (7, 0)]);
-        assert_eq!(p.stages[0].tasks, [Task::Gather { expert: 0 }]);
+        assert_eq!(p.stages.gather, [GatherTask { expert: 0 }]);
     }
 
     /// One part's Reduce (or Down) tasks write the output themselves: no Merge stage.
@@ -471,7 +498,7 @@ mod tests {
         for parts in [1, 2] {
             let cfg = MoeConfig { parts, ..MoeConfig::new(8, 4, 16, 16) };
             let p = Plan::build(&cfg, &r, &vec![16 / parts; parts], 1, 1, target_tasks(2)).unwrap();
-            assert_eq!(p.stages[4].tasks.is_empty(), parts == 1, "{parts} parts");
+            assert_eq!(p.stages.merge.is_empty(), parts == 1, "{parts} parts");
         }
     }
 
@@ -503,15 +530,13 @@ mod tests {
             let r = Routing { tokens, k: 4, ids: &ids, weights: &w, gpu_mask: None };
             for threads in [1, 3, 64] {
                 let p = Plan::build(&cfg, &r, &[32, 32], 8, 8, target_tasks(threads)).unwrap();
-                assert_eq!((p.sum_in_down(), p.stages[3].tasks.is_empty()), (sums, sums));
+                assert_eq!((p.sum_in_down(), p.stages.reduce.is_empty()), (sums, sums));
                 let owners = if sums { vec![None] } else { (0..p.experts.len()).map(Some).collect() };
                 for (part, owner) in (0..2).flat_map(|part| owners.iter().map(move |&o| (part, o))) {
                     let mut covered = vec![0; hidden];
-                    for t in &p.stages[2].tasks {
-                        if let Task::Down { part: tp, expert, rows } = t {
-                            if (*tp, *expert) == (part, owner) {
-                                rows.clone().for_each(|r| covered[r] += 1);
-                            }
+                    for DownTask { part: tp, expert, rows } in &p.stages.down {
+                        if (*tp, *expert) == (part, owner) {
+                            rows.clone().for_each(|r| covered[r] += 1);
                         }
                     }
                     assert!(covered.iter().all(|&c| c == 1), "{threads} threads, part {part}, {owner:?}");
@@ -528,11 +553,9 @@ mod tests {
         for part in 0..2 {
             for (ei, _) in p.experts.iter().enumerate() {
                 let mut covered = [0; 48];
-                for t in &p.stages[1].tasks {
-                    if let Task::GateUp { part: tp, expert, rows } = t {
-                        if *tp == part && *expert == ei {
-                            rows.clone().for_each(|r| covered[r] += 1);
-                        }
+                for GateUpTask { part: tp, expert, rows } in &p.stages.gate_up {
+                    if *tp == part && *expert == ei {
+                        rows.clone().for_each(|r| covered[r] += 1);
                     }
                 }
                 assert!(covered.iter().all(|&c| c == 1));

@@ -169,8 +169,8 @@ pub fn act_step(format: WeightFormat) -> f64 {
 
 /// How many activation steps ([`act_step`]) of its row's RMS one output element may be off
 /// the reference by, beyond its own bf16 rounding: about three times the worst element any
-/// backend of this workspace reaches over the suite (docs/tuning.md). One element wrong by its
-/// own magnitude is off by tens of steps.
+/// backend of this workspace reaches over the suite (docs/architecture.md, "Numerics"). One
+/// element wrong by its own magnitude is off by tens of steps.
 pub const ELEMENT_STEPS: f64 = 2.0;
 
 /// Where `got` strays from `want` (both `[tokens, hidden]`) by more than a layer of
@@ -186,8 +186,14 @@ pub fn element_failure(got: &[f32], want: &[f32], hidden: usize, formats: &[Weig
             let off = (f64::from(a) - f64::from(b)).abs();
             let allowed = ELEMENT_STEPS * step * rms + f64::from(b).abs() / 256.0;
             // off in units of the allowance (infinite where nothing may differ).
-            let excess = if off == 0.0 { 0.0 } else if allowed == 0.0 { f64::INFINITY } else { off / allowed };
-            if !(excess <= 1.0) && worst.is_none_or(|(x, ..)| excess > x) {
+            let excess = if off == 0.0 {
+                0.0
+            } else if allowed == 0.0 {
+                f64::INFINITY
+            } else {
+                off / allowed
+            };
+            if (excess > 1.0 || excess.is_nan()) && worst.is_none_or(|(x, ..)| excess > x) {
                 worst = Some((excess, t * hidden + c, a, b));
             }
         }
@@ -366,7 +372,8 @@ pub fn accuracy_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> 
 /// this CPU lacks ("AVX-512F/BW", "AMX-INT8"...): case, dashes and underscores aside, `missing`
 /// contains one of the names.
 pub fn isa_required(missing: &str, required: &str) -> bool {
-    let squash = |s: &str| s.chars().filter(char::is_ascii_alphanumeric).map(|c| c.to_ascii_lowercase()).collect::<String>();
+    let squash =
+        |s: &str| s.chars().filter(char::is_ascii_alphanumeric).map(|c| c.to_ascii_lowercase()).collect::<String>();
     let missing = squash(missing);
     required.split(',').map(squash).filter(|r| !r.is_empty()).any(|r| r == "all" || missing.contains(&r))
 }
@@ -755,10 +762,8 @@ pub fn bias_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<
             let layers = (ours, oracle);
             for tokens in [1, 9, 40] {
                 if let Some(why) = against_oracle(exec, &cfg, &layers, tokens, 3 + tokens as u64) {
-                    failures.push(format!(
-                        "{} {format} biases, parts {parts}, {glu:?} n{tokens}: {why}",
-                        backend.name()
-                    ));
+                    failures
+                        .push(format!("{} {format} biases, parts {parts}, {glu:?} n{tokens}: {why}", backend.name()));
                 }
             }
         }
