@@ -214,8 +214,9 @@ fn worker(s: &Shared, w: usize) {
         while s.epoch.load(Ordering::Acquire) == seen {
             if spin.expired(SPIN) {
                 // A parked worker holds no AMX tile state: a context switch then saves none.
-                #[cfg(feature = "amx")]
-                kt_backend_amx::release_tiles();
+                // (kt-x86 configures every backend's tiles, the amx and llamafile ones alike.)
+                #[cfg(target_arch = "x86_64")]
+                kt_x86::amx::release();
                 let mut g = lock(&s.lock);
                 s.sleepers.fetch_add(1, Ordering::Relaxed);
                 while s.epoch.load(Ordering::Acquire) == seen {

@@ -35,11 +35,11 @@ fn gemm(bencher: divan::Bencher, name: &str) {
 }
 
 /// `amx-int8`, `amx-bf16`: the kernels' 2×2 tile block from L1 (`kt_backend_amx::probe`);
-/// `vnni`, `bf16-512`: the 512-bit `vpdpbusd` and `vdpbf16ps` chains (`kt_x86::peak`).
+/// `vnni`, `bf16-512`: the 512-bit `vpdpbusd` and `vdpbf16ps` chains (`kt_peak`).
 #[divan::bench(args = ["amx-int8", "amx-bf16", "vnni", "bf16-512"])]
 fn peak(bencher: divan::Bencher, name: &str) {
     use kt_backend_amx::probe::{block_steps, OPS_PER_STEP};
-    use kt_x86::peak::Loop;
+    use kt_peak::Loop;
     const STEPS: u64 = 10_000;
     let (ops, run): (_, Box<dyn Fn()>) = match name {
         "amx-int8" | "amx-bf16" => {

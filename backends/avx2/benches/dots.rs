@@ -2,7 +2,7 @@
 //! first rep): the kernels' own speed, for 1 and 4 tokens (decode, and an expert's share of a
 //! batched one) and 6 and 24 (the float tile and four of them: prefill). `peak`: the 256-bit
 //! FMA and `vpmaddubsw` chains the float and int kernels are judged by, timed on the same
-//! thread in the same run (`kt_x86::peak`, as `kt bench`'s roofline runs them). Items are
+//! thread in the same run (`kt_peak`, as `kt bench`'s roofline runs them). Items are
 //! operations (2·rows·cols·tokens), so a kernel's Gitem/s over its peak's is its ratio to the
 //! roofline. Prints nothing but a skip line on a CPU without AVX2 and FMA.
 //! `cargo bench -p kt-backend-avx2 --bench dots`
@@ -32,7 +32,7 @@ fn dots<const N: usize>(bencher: divan::Bencher, name: &str) {
 /// vpaddd` chains (the int kernels).
 #[divan::bench(args = ["fma", "int8"])]
 fn peak(bencher: divan::Bencher, name: &str) {
-    use kt_x86::peak::Loop;
+    use kt_peak::Loop;
     const ITERS: u64 = 100_000;
     let l = if name == "fma" { Loop::Fma } else { Loop::Int8 };
     let Some(ops) = l.ops() else {

@@ -119,7 +119,7 @@ mod imp {
         }
 
         fn sft_kernels(&self) -> &'static kt_core::sft::SftKernels {
-            &kt_x86::sft::KERNELS
+            &kt_x86_sft::KERNELS
         }
 
         fn scratch_bytes(&self, shape: TaskShape) -> usize {

@@ -214,7 +214,7 @@ mod imp {
         }
 
         fn sft_kernels(&self) -> &'static kt_core::sft::SftKernels {
-            &kt_x86::sft::KERNELS_512
+            &kt_x86_sft::KERNELS_512
         }
 
         fn scratch_bytes(&self, shape: TaskShape) -> usize {

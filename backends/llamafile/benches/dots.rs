@@ -43,10 +43,10 @@ fn run<const N: usize>(bencher: divan::Bencher, name: &str, rows: usize, cols: u
 
 /// `vnni`: the widest `vpdpbusd` (the VNNI kernels); `int8`: AVX2's `vpmaddubsw` chain (the
 /// `/avx2` kernels); `int8-512`: its 512-bit form (q2_K, q3_K, q6_K and the lattice types
-/// with AVX512-VNNI). `kt_x86::peak`'s loops, as `kt bench`'s roofline runs them.
+/// with AVX512-VNNI). `kt_peak`'s loops, as `kt bench`'s roofline runs them.
 #[divan::bench(args = ["vnni", "int8", "int8-512"])]
 fn peak(bencher: divan::Bencher, name: &str) {
-    use kt_x86::peak::Loop;
+    use kt_peak::Loop;
     const ITERS: u64 = 100_000;
     let l = match name {
         "vnni" => Loop::Vnni,

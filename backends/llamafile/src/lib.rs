@@ -164,12 +164,10 @@ mod imp {
     }
 
     /// Tokens per expert from which the GGUF types run on tiles unless `KT_AMX_TILE_FROM` says
-    /// otherwise: never. Measured on a 16-core AMX Xeon (2026-12-04, `bash scripts/device-amx.sh
-    /// run tile-from`: qwen3-30b-a3b, 2 threads, every expert on tiles against none, at 1-16
-    /// tokens an expert on average; docs/performance.md), the tiles ran at 0.33-0.66 of the
-    /// vector kernels' speed for q4_0, q8_0, q4_K, q5_K, q6_K and iq4_xs at 1-8 tokens and
-    /// 0.56-0.78 at 16 (each 32-column part's sums stored from the C tiles and scaled, as for
-    /// the `amx` backend's K-group kinds, which lose there too).
+    /// otherwise: never. In the device job's `tile-from` phase the tiles lost to the vector
+    /// kernels for every type timed at every token count (each 32-column part's sums stored
+    /// from the C tiles and scaled, as for the `amx` backend's K-group kinds, which lose there
+    /// too; docs/performance.md, "Tile thresholds per format").
     const TILES_MEASURED_FROM: Option<usize> = None;
 
     /// `crate::tiled::$f::<T>(args)` with `T` the tile instructions `$source` names.
@@ -330,7 +328,7 @@ mod imp {
         }
 
         fn sft_kernels(&self) -> &'static kt_core::sft::SftKernels {
-            &kt_x86::sft::KERNELS
+            &kt_x86_sft::KERNELS
         }
 
         fn scratch_bytes(&self, shape: TaskShape) -> usize {

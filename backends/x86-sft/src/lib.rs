@@ -1,6 +1,9 @@
+//! # kt-x86-sft
+//!
 //! The SFT passes' rank-r LoRA products, SwiGLU and SiLU's derivative on AVX2/FMA vectors, for
-//! every x86 backend (`Backend::sft_kernels`): the SwiGLU is [`crate::swiglu::glu_row`], the one
+//! every x86 backend (`Backend::sft_kernels`): the SwiGLU is [`kt_x86::swiglu::glu_row`], the one
 //! their `gate_up` runs, so with B zero the SFT forward keeps the inference forward's bits.
+#![cfg(target_arch = "x86_64")]
 
 use core::arch::x86_64::*;
 
@@ -11,8 +14,9 @@ use kt_core::swiglu::Glu;
 /// The kernels at 8 lanes (AVX2); on a CPU without AVX2 and FMA each call runs [`PORTABLE`]'s.
 pub static KERNELS: SftKernels = SftKernels { project, expand, glu, glu_backward, lora_backward, outer };
 
-/// The products at 16 lanes (AVX-512F: the avx512 and amx backends'; on Zen 5 the rank-r
-/// products took half the time), the rest as [`KERNELS`]; on a CPU without AVX-512F, [`KERNELS`].
+/// The products at 16 lanes (AVX-512F: the avx512 and amx backends'; the rank-r products in
+/// half the time, docs/tuning.md), the rest as [`KERNELS`]; on a CPU without AVX-512F,
+/// [`KERNELS`].
 pub static KERNELS_512: SftKernels = SftKernels {
     project: project512,
     expand: expand512,
@@ -23,7 +27,7 @@ pub static KERNELS_512: SftKernels = SftKernels {
 };
 
 fn vectors() -> bool {
-    crate::isa::avx2_fma().is_ok()
+    kt_x86::isa::avx2_fma().is_ok()
 }
 
 /// AVX-512F here, and a rustc whose AVX-512 intrinsics are stable (1.89: this crate's
@@ -92,7 +96,7 @@ fn glu(glu: Glu, width: usize, g: &[f32], u: &[f32], out: &mut [bf16]) {
     let rows = g.chunks_exact(width).zip(u.chunks_exact(width)).zip(out.chunks_exact_mut(width));
     for ((g, u), out) in rows {
         // SAFETY: AVX2 and FMA checked above.
-        unsafe { crate::swiglu::glu_row(glu, g, u, out) };
+        unsafe { kt_x86::swiglu::glu_row(glu, g, u, out) };
     }
 }
 
@@ -134,7 +138,7 @@ unsafe fn glu_backward_avx2(g: &[f32], u: &[f32], dh: &[f32], dg: &mut [f32], du
         let one = _mm256_set1_ps(1.0);
         for i in (0..body).step_by(8) {
             let (gv, uv, dv) = (_mm256_loadu_ps(&g[i]), _mm256_loadu_ps(&u[i]), _mm256_loadu_ps(&dh[i]));
-            let e = crate::swiglu::exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv), _mm256_set1_ps(88.0)));
+            let e = kt_x86::swiglu::exp8(_mm256_min_ps(_mm256_sub_ps(_mm256_setzero_ps(), gv), _mm256_set1_ps(88.0)));
             let sig = _mm256_div_ps(one, _mm256_add_ps(one, e));
             // dh·u·σ·(1 + g·(1 − σ)), and dh·g·σ.
             let slope = _mm256_fmadd_ps(gv, _mm256_sub_ps(one, sig), one);
@@ -629,7 +633,7 @@ mod tests {
     /// too).
     #[test]
     fn the_vector_kernels_agree_with_the_portable_ones() {
-        if let Err(missing) = crate::isa::avx2_fma() {
+        if let Err(missing) = kt_x86::isa::avx2_fma() {
             kt_core::skip_isa!(missing);
             return;
         }
@@ -683,7 +687,7 @@ mod tests {
     /// vector bodies).
     #[test]
     fn the_backward_kernels_agree_with_the_portable_ones() {
-        if let Err(missing) = crate::isa::avx2_fma() {
+        if let Err(missing) = kt_x86::isa::avx2_fma() {
             kt_core::skip_isa!(missing);
             return;
         }
@@ -729,7 +733,7 @@ mod tests {
     /// tail, 1-9 rows gathered with duplicates, added to a gradient that is not zero.
     #[test]
     fn the_outer_product_agrees_with_the_portable_one() {
-        if let Err(missing) = crate::isa::avx2_fma() {
+        if let Err(missing) = kt_x86::isa::avx2_fma() {
             kt_core::skip_isa!(missing);
             return;
         }
@@ -754,7 +758,7 @@ mod tests {
 
     #[test]
     fn the_glu_is_the_row_kernels() {
-        if let Err(missing) = crate::isa::avx2_fma() {
+        if let Err(missing) = kt_x86::isa::avx2_fma() {
             kt_core::skip_isa!(missing);
             return;
         }
@@ -763,7 +767,7 @@ mod tests {
         let mut want = vec![bf16::ZERO; width * m];
         for ((g, u), out) in g.chunks(width).zip(u.chunks(width)).zip(want.chunks_mut(width)) {
             // SAFETY: AVX2 and FMA checked above.
-            unsafe { crate::swiglu::glu_row(Glu::SILU, g, u, out) };
+            unsafe { kt_x86::swiglu::glu_row(Glu::SILU, g, u, out) };
         }
         let mut got = vec![bf16::ZERO; width * m];
         (KERNELS.glu)(Glu::SILU, width, &g, &u, &mut got);

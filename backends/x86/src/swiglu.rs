@@ -26,7 +26,7 @@ unsafe fn round_bf16(x: __m256) -> __m256 {
 /// # Safety
 /// The CPU has AVX2 and FMA (inlined into [`swiglu16`], whose features it uses).
 #[inline(always)]
-pub(crate) unsafe fn exp8(x: __m256) -> __m256 {
+pub unsafe fn exp8(x: __m256) -> __m256 {
     unsafe {
         let x = _mm256_max_ps(x, _mm256_set1_ps(-87.3));
         let fx = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(

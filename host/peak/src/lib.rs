@@ -1,7 +1,10 @@
+//! # kt-peak
+//!
 //! One thread's instruction peaks: register-only loops of independent chains of the
 //! instructions the kernels run on, in inline asm so the compiler cannot hoist their
 //! loop-invariant work. `kt bench`'s roofline times them on the pool's threads; the kernels'
 //! divan benches time them beside the kernels, so each run carries its own peak.
+#![cfg(target_arch = "x86_64")]
 
 /// A loop of one instruction family.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -68,8 +71,8 @@ pub enum VnniForm {
 }
 
 impl VnniForm {
-    /// The widest form this CPU runs (zmm with AVX512-VNNI: on a Xeon with two 512-bit units
-    /// 1.86× the 256-bit form), `None` without VNNI.
+    /// The widest form this CPU runs (zmm with AVX512-VNNI: nearly twice the 256-bit form with
+    /// two 512-bit units), `None` without VNNI.
     pub fn best() -> Option<VnniForm> {
         if is_x86_feature_detected!("avx512vnni") && avx512() {
             return Some(VnniForm::Zmm);

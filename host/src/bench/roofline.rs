@@ -1,14 +1,15 @@
 //! The machine's roofline, measured in the same run as the kernels it judges: DRAM read
 //! bandwidth, FP32 FMA peak and int8-dot peak, each with the pool's threads on the pool's CPUs,
 //! best of a few tries. `kt bench` probes before and after each method and keeps the best
-//! reading of each limit ([`Roofline::max`]): one early probe on a shared machine read from
-//! 15 to 30 GB/s, and a kernel's best over thousands of reps set against a low reading gave
-//! ratios above 1.
+//! reading of each limit ([`Roofline::max`]): on a shared machine one probe can read half the
+//! bandwidth, and a kernel's best over thousands of reps set against a low reading gave ratios
+//! above 1.
 //!
-//! The compute loops are `kt_x86::peak`'s, inline asm the compiler cannot hoist work out of.
+//! The compute loops are `kt_peak`'s, inline asm the compiler cannot hoist work out of.
 //! The int8 peak is the AVX2 loop the kernels' instructions come from; where the CPU has VNNI,
 //! its `vpdpbusd` peak is read as well, in the widest registers it runs (512-bit with
-//! AVX512-VNNI: on a Xeon with two 512-bit units 1.86× the 256-bit form; Zen 4 splits them):
+//! AVX512-VNNI: nearly twice the 256-bit form with two 512-bit units; a CPU that splits them
+//! gains less):
 //! kernels that run on VNNI (`Instructions::Int8Vnni`) are set against that one, whatever
 //! width they use, so the ratio is to what the CPU can do ([`Roofline::peak`]). Where the CPU
 //! has AVX-512, the 512-bit FMA and `vpmaddubsw` peaks are read too (the AVX-512 kernels are
@@ -251,10 +252,10 @@ pub fn int8_gops(th: Threads<'_>) -> f64 {
     (th.n as u64 * ITERS * 8 * 32 * 2) as f64 / best / 1e9
 }
 
-/// The rate of `l` ([`kt_x86::peak::Loop`]) on `th`'s threads, best of 3; `None` where the CPU
+/// The rate of `l` ([`kt_peak::Loop`]) on `th`'s threads, best of 3; `None` where the CPU
 /// lacks its instructions.
 #[cfg(target_arch = "x86_64")]
-fn loop_rate(th: Threads<'_>, l: kt_x86::peak::Loop) -> Option<f64> {
+fn loop_rate(th: Threads<'_>, l: kt_peak::Loop) -> Option<f64> {
     let ops = l.ops()?;
     let best = best_seconds(3, th, |_| {
         l.run(ITERS);
@@ -267,14 +268,14 @@ fn loop_rate(th: Threads<'_>, l: kt_x86::peak::Loop) -> Option<f64> {
 /// without AVX-VNNI or AVX512-VNNI.
 pub fn vnni_gops(th: Threads<'_>) -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
-    return loop_rate(th, kt_x86::peak::Loop::Vnni);
+    return loop_rate(th, kt_peak::Loop::Vnni);
     #[cfg(not(target_arch = "x86_64"))]
     None
 }
 
 fn fma_loop(iters: u64) {
     #[cfg(target_arch = "x86_64")]
-    if kt_x86::peak::Loop::Fma.run(iters) {
+    if kt_peak::Loop::Fma.run(iters) {
         return;
     }
     let mut acc = [0.0f32; 12];
@@ -288,7 +289,7 @@ fn fma_loop(iters: u64) {
 
 fn int8_loop(iters: u64) {
     #[cfg(target_arch = "x86_64")]
-    if kt_x86::peak::Loop::Int8.run(iters) {
+    if kt_peak::Loop::Int8.run(iters) {
         return;
     }
     let mut acc = [0i32; 8];
@@ -304,7 +305,7 @@ fn int8_loop(iters: u64) {
 pub fn zmm_peaks(th: Threads<'_>) -> Zmm {
     #[cfg(target_arch = "x86_64")]
     {
-        use kt_x86::peak::Loop;
+        use kt_peak::Loop;
         Zmm {
             fma_gflops: loop_rate(th, Loop::Fma512),
             int8_gops: loop_rate(th, Loop::Int8Zmm),
@@ -347,7 +348,7 @@ mod tests {
         int8_loop(1000);
         #[cfg(target_arch = "x86_64")]
         {
-            use kt_x86::peak::Loop;
+            use kt_peak::Loop;
             assert_eq!(vnni_gops(Threads::unpinned(1)).is_some(), Loop::Vnni.ops().is_some());
             assert!(vnni_gops(Threads::unpinned(1)).is_none_or(|g| g.is_finite() && g > 0.0));
             let z = zmm_peaks(Threads::unpinned(1));
