@@ -111,7 +111,7 @@ fn the_default_runs_the_sub_variant_it_reports() {
     let subs: [&'static dyn Backend; 4] = [&BF16, &VBMI, &VNNI, &BASE];
     let named = subs.into_iter().find(|b| b.name() == AVX512.variant()).expect("a sub-variant's name");
     assert!(named.cpu_support().is_ok(), "{} reported, which this CPU does not run", named.name());
-    let cfg = MoeConfig { max_tokens: 9, ..MoeConfig::new(4, 2, 160, 96) };
+    let cfg = MoeConfig { max_tokens: 9, ..MoeConfig::new(4, 2, 256, 128) };
     for f in WeightFormat::ALL {
         assert_eq!(AVX512.instructions(f), named.instructions(f), "{f}");
         let bits = |b| layer_outputs(b, f, &cfg, 9, Scenario::Random).iter().map(|v| v.to_bits()).collect::<Vec<_>>();
