@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Every test: formatting, lints (default features, reference-only, the tile floor), rustdoc's
 # link checks, the no_std core built alone, the workspace tests, loom model checks, the Python
-# package (wheel built with maturin as a manylinux wheel, installed in a venv, pytest; no SIMD
-# intrinsic called out of line in it), SGLang's own
+# package (wheel built with maturin as a manylinux wheel, installed in a venv, pytest, mypy; no
+# SIMD intrinsic called out of line in it), SGLang's own
 # integration code driving it and kt_kernel.sft in torch's autograd (torch and SGLang's wheels
 # in a cache outside the checkout), a 20-second soak, and short fuzz smoke runs. CI runs
 # exactly this (.ci/run).
@@ -31,6 +31,8 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p kt-host --rele
 echo "== Python package kt_kernel: wheel, install into target/pyenv, pytest"
 bash scripts/python.sh
 (cd bindings/python/tests && ../../../target/pyenv/bin/python -m pytest -q)
+echo "== mypy on the Python package (its type hints, py.typed and the native extension's stub)"
+(cd bindings/python && ../../target/pyenv/bin/python -m mypy)
 echo "== no SIMD intrinsic compiled out of line in the built extension"
 bash scripts/inline-check.sh target/pyenv/lib/python3*/site-packages/kt_kernel/kt_kernel_ext*.so
 echo "== SGLang's own KT integration code (upstream and KT's fork, from their wheels) on our package, and kt_kernel.sft, with torch"

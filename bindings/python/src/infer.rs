@@ -9,10 +9,10 @@ use kt_host::placement::{PoolConfig, SubPoolConfig};
 use kt_host::queue::{Task, TaskQueue};
 use kt_host::topology::Topology;
 use kt_host::LayerOptions;
-use pyo3::exceptions::PyRuntimeError;
 use pyo3::prelude::*;
 
 use crate::cuda;
+use crate::errors::KTRuntimeError;
 use crate::value_error;
 
 /// The engine: pool + queue (+ the first error of a stream-ordered sync, kept for the next
@@ -87,7 +87,7 @@ impl CpuInfer {
     fn sync(&self, py: Python<'_>, allow_n_pending: usize) -> PyResult<()> {
         let r = py.detach(|| self.queue.sync(allow_n_pending));
         self.take_stream_error()?;
-        r.map_err(|e| PyRuntimeError::new_err(e.to_string()))
+        r.map_err(|e| KTRuntimeError::new_err(e.to_string()))
     }
 
     /// Wait until the task with this ticket (from `submit_forward`) and all before it ran: what
@@ -95,7 +95,7 @@ impl CpuInfer {
     fn sync_until(&self, py: Python<'_>, ticket: u64) -> PyResult<()> {
         let r = py.detach(|| self.queue.sync_until(ticket));
         self.take_stream_error()?;
-        r.map_err(|e| PyRuntimeError::new_err(e.to_string()))
+        r.map_err(|e| KTRuntimeError::new_err(e.to_string()))
     }
 
     /// Stream-ordered sync: enqueue on `stream` a host function that blocks the stream until at
@@ -111,7 +111,7 @@ impl CpuInfer {
                 slot.lock().unwrap_or_else(|e| e.into_inner()).get_or_insert(e.to_string());
             }
         })
-        .map_err(PyRuntimeError::new_err)
+        .map_err(KTRuntimeError::new_err)
     }
 
     /// Bytes of scratch the engine's layers hold between calls: one for all of them, sized
@@ -136,7 +136,7 @@ impl CpuInfer {
 
     fn take_stream_error(&self) -> PyResult<()> {
         match self.stream_error.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            Some(e) => Err(PyRuntimeError::new_err(e)),
+            Some(e) => Err(KTRuntimeError::new_err(e)),
             None => Ok(()),
         }
     }
@@ -156,7 +156,7 @@ impl CpuInfer {
         cuda::launch(stream, key, move || {
             queue.submit(task());
         })
-        .map_err(PyRuntimeError::new_err)?;
+        .map_err(KTRuntimeError::new_err)?;
         Ok(None)
     }
 }

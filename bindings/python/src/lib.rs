@@ -14,9 +14,19 @@ mod sft;
 
 use pyo3::prelude::*;
 
-/// Map a `kt_core::Error` to the Python exception a user expects.
+/// The exceptions of `kt_kernel.errors` (pure Python: each derives from `KTKernelError` and
+/// from the built-in its kind always was), raised from here too, so that one `except` catches
+/// the package's errors and the extension's alike.
+mod errors {
+    pyo3::import_exception!(kt_kernel.errors, KTValueError);
+    pyo3::import_exception!(kt_kernel.errors, KTRuntimeError);
+    pyo3::import_exception!(kt_kernel.errors, KTNotImplementedError);
+}
+
+/// Map a `kt_core::Error` (or any refusal of an argument) to the Python exception a user
+/// expects: a `ValueError`, as `kt_kernel.errors.KTValueError`.
 fn value_error(e: impl std::fmt::Display) -> PyErr {
-    pyo3::exceptions::PyValueError::new_err(e.to_string())
+    errors::KTValueError::new_err(e.to_string())
 }
 
 #[pymodule]

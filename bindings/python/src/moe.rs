@@ -12,10 +12,10 @@ use kt_host::error::WeightError;
 use kt_host::slots::Slots;
 use kt_host::source::WeightSource;
 use kt_host::MoeLayer;
-use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;
 
 use crate::cuda::Key;
+use crate::errors::{KTNotImplementedError, KTRuntimeError};
 use crate::infer::CpuInfer;
 use crate::value_error;
 
@@ -202,7 +202,7 @@ impl Moe {
             _ => WeightFormat::parse(method).map(Some),
         };
         let format = parsed.ok_or_else(|| {
-            PyNotImplementedError::new_err(format!(
+            KTNotImplementedError::new_err(format!(
                 "method {method} has no CPU backend in this build yet; working methods: {}, LLAMAFILE",
                 WeightFormat::NAMES
             ))
@@ -332,13 +332,13 @@ impl Moe {
         let s = &self.shared;
         let origin = s.origin.lock().unwrap_or_else(|e| e.into_inner()).clone();
         let Some((src, layer, map)) = origin else {
-            return Err(PyRuntimeError::new_err(
+            return Err(KTRuntimeError::new_err(
                 "layerwise prefill writes experts from the checkpoint: load this layer with load_weights() from a \
                  Hugging Face safetensors checkpoint first",
             ));
         };
         let WeightSource::Hf(ck) = &*src else {
-            return Err(PyNotImplementedError::new_err(format!(
+            return Err(KTNotImplementedError::new_err(format!(
                 "layerwise prefill needs a Hugging Face safetensors checkpoint (the GPU layer's own weights); {} is \
                  not one",
                 src.path().display()
@@ -391,7 +391,7 @@ impl Moe {
         addend: usize,
     ) -> PyResult<Option<u64>> {
         if self.shared.layer.lock().unwrap_or_else(|e| e.into_inner()).is_none() {
-            return Err(PyRuntimeError::new_err("weights are not loaded: call load_weights first"));
+            return Err(KTRuntimeError::new_err("weights are not loaded: call load_weights first"));
         }
         let st = Staging {
             bsz,

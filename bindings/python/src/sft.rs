@@ -14,10 +14,10 @@ use kt_host::error::WeightError;
 use kt_host::slots::Slots;
 use kt_host::source::WeightSource;
 use kt_host::{SftLayer, SftOptions};
-use pyo3::exceptions::{PyNotImplementedError, PyRuntimeError};
 use pyo3::prelude::*;
 
 use crate::cuda::Key;
+use crate::errors::{KTNotImplementedError, KTRuntimeError};
 use crate::infer::CpuInfer;
 use crate::moe::{array_expert, checked_map, mask_at, next_layer_id, source, DType};
 use crate::value_error;
@@ -118,7 +118,7 @@ impl SftMoe {
             "RAWINT4_SFT" => WeightFormat::Int4Group { group: 32 },
             "MXFP4_SFT" => WeightFormat::Mxfp4,
             _ => {
-                return Err(PyNotImplementedError::new_err(format!(
+                return Err(KTNotImplementedError::new_err(format!(
                     "SFT method {method} has no CPU backend in this build (the zero-point int4 kinds AMXINT4_1_SFT and \
                      AMXINT4_1KGroup_SFT are not implemented); working: AMXBF16_SFT, AMXINT8_SFT, INT8_SFT, \
                      AMXINT4_SFT, AMXINT4_KGroup_SFT, AMXFP8_SFT, RAWINT4_SFT, MXFP4_SFT and their _SkipLoRA variants"
@@ -461,7 +461,7 @@ impl SftMoe {
 
     /// The loaded layer and the LoRA a step runs with (`None` for the `_SkipLoRA` methods).
     fn ready(&self) -> PyResult<(Arc<SftLayer>, Option<Registered>)> {
-        ready(&self.shared).map_err(PyRuntimeError::new_err)
+        ready(&self.shared).map_err(KTRuntimeError::new_err)
     }
 }
 

@@ -4,6 +4,8 @@ importing torch unless the caller passed one."""
 
 import numpy as np
 
+from .errors import KTTypeError
+
 # Native element types: name -> (numpy dtype or None, torch dtype name, bytes)
 _TORCH_NAMES = {"torch.bfloat16": "bf16", "torch.float16": "f16", "torch.float32": "f32"}
 
@@ -31,7 +33,7 @@ def host(x):
         try:
             return np.from_dlpack(x)
         except (BufferError, TypeError, RuntimeError) as e:
-            raise TypeError(f"{type(x).__name__}: a DLPack tensor numpy cannot read on the host ({e})") from e
+            raise KTTypeError(f"{type(x).__name__}: a DLPack tensor numpy cannot read on the host ({e})") from e
     return x
 
 
@@ -58,7 +60,7 @@ def to_host_array(x, what):
     try:
         a = np.ascontiguousarray(x)
     except Exception as e:  # noqa: BLE001 - report what was passed
-        raise TypeError(f"{what}: expected a torch tensor or an array, got {type(x).__name__}") from e
+        raise KTTypeError(f"{what}: expected a torch tensor or an array, got {type(x).__name__}") from e
     return a, int(a.ctypes.data)
 
 
@@ -68,5 +70,5 @@ def int_array(x, what):
         x = x.detach().cpu().numpy()
     a = np.asarray(host(x))
     if a.dtype.kind not in "iu":
-        raise TypeError(f"{what}: expected an integer tensor, got dtype {a.dtype}")
+        raise KTTypeError(f"{what}: expected an integer tensor, got dtype {a.dtype}")
     return a.astype(np.int64, copy=False)

@@ -22,6 +22,7 @@ import re
 
 import torch
 
+from ..errors import KTValueError
 from .autograd import KTMoEFunction
 from .wrapper import SFTMoEWrapper
 
@@ -32,15 +33,16 @@ _NAMES = ("gate_lora_a", "gate_lora_b", "up_lora_a", "up_lora_b", "down_lora_a",
 class KTExperts(torch.nn.Module):
     """A transformers ``<Arch>Experts`` module's drop-in on an ``SFTMoEWrapper``."""
 
-    def __init__(self, experts, layer_idx, top_k, lora_rank=16, lora_alpha=32.0, method="AMXBF16_SFT",
-                 cpuinfer_threads=1, threadpool_count=1, max_tokens=4096, max_cache_depth=1, seed=0,
-                 full_weight_grad=False):
+    def __init__(self, experts: torch.nn.Module, layer_idx: int, top_k: int, lora_rank: int = 16,
+                 lora_alpha: float = 32.0, method: str = "AMXBF16_SFT", cpuinfer_threads: int = 1,
+                 threadpool_count: int = 1, max_tokens: int = 4096, max_cache_depth: int = 1, seed: int = 0,
+                 full_weight_grad: bool = False) -> None:
         super().__init__()
         gate_up, down = experts.gate_up_proj.detach(), experts.down_proj.detach()
         e, two_i, h = gate_up.shape
         i = two_i // 2
         if tuple(down.shape) != (e, h, i):
-            raise ValueError(f"down_proj must have shape [{e}, {h}, {i}] for gate_up_proj {list(gate_up.shape)}, "
+            raise KTValueError(f"down_proj must have shape [{e}, {h}, {i}] for gate_up_proj {list(gate_up.shape)}, "
                              f"got {list(down.shape)}")
         self.layer_idx, self.top_k = int(layer_idx), int(top_k)
         self.wrapper = SFTMoEWrapper(layer_idx, e, top_k, h, i, cpuinfer_threads=cpuinfer_threads,
@@ -79,11 +81,11 @@ class KTExperts(torch.nn.Module):
         if params:
             self.wrapper.init_lora_weights(*params, *[p.grad for p in params])
 
-    def lora_parameters(self):
+    def lora_parameters(self) -> list[torch.nn.Parameter]:
         """The six LoRA parameters, in ``init_lora_weights``' order (none at rank 0)."""
         return [getattr(self, n) for n in _NAMES if hasattr(self, n)]
 
-    def base_parameters(self):
+    def base_parameters(self) -> list[torch.nn.Parameter]:
         """The base weights' parameters when full fine-tuning (``gate_proj``, ``up_proj``,
         ``down_proj``), else none."""
         return [getattr(self, n) for n in ("gate_proj", "up_proj", "down_proj") if self._full]
@@ -91,7 +93,7 @@ class KTExperts(torch.nn.Module):
     def _versions(self):
         return [p._version for p in self.base_parameters()]
 
-    def forward(self, hidden_states, top_k_index, top_k_weights):
+    def forward(self, hidden_states: torch.Tensor, top_k_index: torch.Tensor, top_k_weights: torch.Tensor) -> torch.Tensor:
         shape = hidden_states.shape
         x = hidden_states.reshape(-1, shape[-1])
         if self._full and self._versions() != self._base_versions:
@@ -107,7 +109,7 @@ class KTExperts(torch.nn.Module):
             out = out.to(device=x.device, dtype=x.dtype)
         return out.reshape(shape)
 
-    def extra_repr(self):
+    def extra_repr(self) -> str:
         w = self.wrapper
         return (f"layer {self.layer_idx}, experts {w.num_experts}, top_k {self.top_k}, hidden {w.hidden_size}, "
                 f"intermediate {w.moe_intermediate_size}, {w.method}, rank {w.lora_rank}, alpha {w.lora_alpha}")
@@ -125,8 +127,9 @@ def _experts_modules(model):
     return found
 
 
-def attach(model, lora_rank=16, lora_alpha=32.0, method="AMXBF16_SFT", cpuinfer_threads=1, threadpool_count=1,
-           max_tokens=4096, max_cache_depth=1, seed=0, full_weight_grad=False):
+def attach(model: torch.nn.Module, lora_rank: int = 16, lora_alpha: float = 32.0, method: str = "AMXBF16_SFT",
+           cpuinfer_threads: int = 1, threadpool_count: int = 1, max_tokens: int = 4096, max_cache_depth: int = 1,
+           seed: int = 0, full_weight_grad: bool = False) -> list[KTExperts]:
     """Replace every routed-experts module of a Hugging Face MoE ``model`` by a ``KTExperts``
     (in place) and freeze nothing else; returns the new modules, one per MoE layer in order.
     ``max_tokens`` bounds the tokens (batch × sequence) of one forward. ``full_weight_grad``
@@ -136,14 +139,14 @@ def attach(model, lora_rank=16, lora_alpha=32.0, method="AMXBF16_SFT", cpuinfer_
     cfg = model.config
     kind = getattr(cfg, "model_type", None)
     if kind not in SUPPORTED:
-        raise ValueError(f"model_type {kind!r} is not supported; kt_kernel.sft.attach supports {', '.join(SUPPORTED)}")
+        raise KTValueError(f"model_type {kind!r} is not supported; kt_kernel.sft.attach supports {', '.join(SUPPORTED)}")
     act = getattr(cfg, "hidden_act", "silu")
     if act != "silu":
-        raise ValueError(f"the experts' activation must be silu (SwiGLU), the config has hidden_act={act!r}")
+        raise KTValueError(f"the experts' activation must be silu (SwiGLU), the config has hidden_act={act!r}")
     top_k = int(cfg.num_experts_per_tok)
     found = _experts_modules(model)
     if not found:
-        raise ValueError(f"no routed-experts module (fused gate_up_proj [E, 2I, H] and down_proj [E, H, I]) in this "
+        raise KTValueError(f"no routed-experts module (fused gate_up_proj [E, 2I, H] and down_proj [E, H, I]) in this "
                          f"{kind} model: kt_kernel.sft.attach needs transformers >= 5")
     layers = []
     for n, (path, parent, name, experts) in enumerate(found):
@@ -165,11 +168,11 @@ def _attached(model):
     """``(path, KTExperts)`` of every attached experts module."""
     found = [(path, m) for path, m in model.named_modules() if isinstance(m, KTExperts)]
     if not found:
-        raise ValueError("the model has no KTExperts: call kt_kernel.sft.attach(model, ...) first")
+        raise KTValueError("the model has no KTExperts: call kt_kernel.sft.attach(model, ...) first")
     return found
 
 
-def save_adapter(model, directory):
+def save_adapter(model: torch.nn.Module, directory: str) -> None:
     """Write the experts' LoRA as a PEFT adapter directory: ``adapter_config.json`` (``r``,
     ``lora_alpha``, the target projections) and ``adapter_model.safetensors`` with PEFT's key for
     each expert's projection, ``base_model.model.<path>.<e>.<gate|up|down>_proj.lora_<A|B>.weight``
@@ -214,7 +217,7 @@ def save_adapter(model, directory):
         raise
 
 
-def load_adapter(model, directory):
+def load_adapter(model: torch.nn.Module, directory: str) -> None:
     """Read a PEFT adapter of the experts (``save_adapter``'s layout, with or without PEFT's
     ``base_model.model.`` prefix) into the attached ``model``'s LoRA parameters, in place (the SFT
     layers keep reading the same storage). Every expert's tensors must be there with their
@@ -230,7 +233,7 @@ def load_adapter(model, directory):
     first = found[0][1].wrapper
     for key, have in [("r", first.lora_rank), ("lora_alpha", first.lora_alpha)]:
         if config.get(key) != have:
-            raise ValueError(f"adapter {key} is {config.get(key)!r}, the attached model's is {have!r}")
+            raise KTValueError(f"adapter {key} is {config.get(key)!r}, the attached model's is {have!r}")
     tensors = load_file(os.path.join(directory, "adapter_model.safetensors"))
 
     def tensor(name, shape):
@@ -238,9 +241,9 @@ def load_adapter(model, directory):
             if key in tensors:
                 t = tensors[key]
                 if tuple(t.shape) != tuple(shape):
-                    raise ValueError(f"adapter tensor {key!r} has shape {list(t.shape)}, expected {list(shape)}")
+                    raise KTValueError(f"adapter tensor {key!r} has shape {list(t.shape)}, expected {list(shape)}")
                 return t
-        raise ValueError(f"adapter lacks {_PREFIX + name!r}")
+        raise KTValueError(f"adapter lacks {_PREFIX + name!r}")
 
     with torch.no_grad():
         for path, kt in found:
