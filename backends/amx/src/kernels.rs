@@ -1,5 +1,5 @@
 //! The tile kernels: a block of up to [`MAX_TOKENS`] tokens × one 32-row panel, over the whole
-//! K, on the AVX-512 backend's packed bytes (`kt_backend_avx512::pack`) and prepared
+//! K, on the AVX-512 backend's packed bytes (`kt_zmm::pack`) and prepared
 //! activations (`act`), generic over the tile seam ([`TileOps`]).
 //!
 //! ```text
@@ -30,12 +30,12 @@
 //! the tiles' own order of additions (close to the AVX-512 kernels', not the same bits), except
 //! mxfp8's where they fold.
 
-use kt_backend_avx512::act::Act;
-use kt_backend_avx512::pack::{Packed, HALF, KT_TILE, PANEL, UNIT};
 use kt_core::format::mx::MX_BLOCK;
 use kt_core::format::FP8_BLOCK;
 use kt_core::WeightFormat;
 use kt_x86::prefetch::share_to_l2;
+use kt_zmm::act::Act;
+use kt_zmm::pack::{Packed, HALF, KT_TILE, PANEL, UNIT};
 
 use crate::tile::{TileConfig, TileOps, COLSB, ROWS};
 
@@ -71,15 +71,10 @@ pub fn runs(w: &Packed) -> bool {
 
 /// Tokens per expert from which an expert of `format` runs on tiles unless `KT_AMX_TILE_FROM`
 /// says otherwise (None: on the AVX-512 kernels always); `folds`: mxfp8's scales fold
-/// (`Packed::folds`). Measured on a 16-core AMX Xeon (2026-12-04, `bash scripts/device-amx.sh
-/// run tile-from`: qwen3-30b-a3b, 2 threads, every expert on tiles against none, at 1, 2, 4, 8
-/// and 16 tokens an expert on average; docs/performance.md), tiles' speed to the AVX-512
-/// kernels':
-/// - int8: level at 1-8 tokens (1.00-1.07), 1.35 at 16;
-/// - int4 in KT's order: 0.87-0.92 at 1-4, level at 8, 1.36 at 16;
-/// - bf16: level at 1-2, 1.29 at 4; fp8: 0.93 at 1, 1.14 at 2, 1.55 at 4;
-/// - K-group int4 in groups of 32 and mxfp4 (C tiles stored and rescaled every 32 K, half-deep
-///   tiles): 0.47-0.65 at 1-8, 1.0-1.5 at 16 and 0.78-0.83 at 64 (n = 1024): never.
+/// (`Packed::folds`). Each is where the tiles first beat the AVX-512 kernels in the device
+/// job's `tile-from` phase (`bash scripts/device-amx.sh run tile-from`; the measurements in
+/// docs/performance.md, "Tile thresholds per format"); never for K-group int4 in groups of 32
+/// and mxfp4, whose C tiles are stored and rescaled every 32 K and lost at every token count.
 ///
 /// Not measured on tiles, set by kin: mxfp8 whose scales fold as fp8 (the C tiles sum the whole
 /// K; never where they do not, rescaled every 32 K as mxfp4), K-group int4 in groups of 128 or
@@ -510,7 +505,7 @@ unsafe fn fp8_block<T: TileOps>(
                 share_to_l2(next, j, steps);
                 let fold = w.folds.then(|| (w.codes[(p * steps + j) * PANEL..].as_ptr(), w.code_bias));
                 let dst = work.b.0.as_mut_ptr();
-                kt_backend_avx512::fp8_tile_rows(panel, u, u + STEP_UNITS, [dst, dst.add(HALF_B)], fold);
+                kt_zmm::fp8_tile_rows(panel, u, u + STEP_UNITS, [dst, dst.add(HALF_B)], fold);
                 step::<T, BF16>(t, (a.add(8 * u), stride), (work.b.0.as_ptr(), HALF_B, COLSB), two);
             }
             if w.folds {

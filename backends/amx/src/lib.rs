@@ -1,7 +1,8 @@
 //! kt-kernel-rs backend crate `amx`: Intel AMX tiles (through `asm!`) for the experts with many
 //! tokens, the AVX-512 backend's kernels for the others, on the same packed bytes.
 //!
-//! The weights are packed as the `avx512_bf16` backend packs them (`kt_backend_avx512::pack`):
+//! The weights are packed as the `avx512_bf16` level packs them (`kt_zmm::pack`, shared with
+//! the `avx512` backend):
 //! per-row int8 and int4 in KT's own `BufferB` order (so KT's converted files load by copying),
 //! the rest in 32-row panels whose 128-byte units are rows of AMX B tiles of both halves (or,
 //! for int4 and fp8 kinds, decode to them in L1). Each expert runs on tiles from its format's
@@ -14,8 +15,8 @@
 //! backend's tile kernels share) with a scalar emulator, so the tile loops are tested on CPUs
 //! without AMX (the `amx_emulated` backend of the tests).
 //!
-//! **Must not** depend on another backend crate but `avx512` (every AMX CPU has AVX-512), nor
-//! serve GGML formats (the `llamafile` backend's).
+//! **Must not** depend on another backend crate (its AVX-512 kernels are `kt-zmm`'s: every AMX
+//! CPU has AVX-512), nor serve GGML formats (the `llamafile` backend's).
 
 // The 1.89 intrinsics are compiled only where build.rs found rustc ≥ 1.89.
 #![allow(clippy::incompatible_msrv)]
@@ -59,15 +60,15 @@ mod imp {
     use core::ops::Range;
 
     use half::bf16;
-    use kt_backend_avx512::act::Act;
-    use kt_backend_avx512::pack::{self, Packed, PANEL};
-    use kt_backend_avx512::{glu_panel, put_panel, AVX512_BF16 as SIMD};
     use kt_core::backend::{ActLayout, Instructions, TaskShape};
     use kt_core::bias::{with_bias, GateUpBias};
     use kt_core::mat::MatMut;
     use kt_core::swiglu::Glu;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
     use kt_x86::tiles::{balanced_token_tiles, row_tiles};
+    use kt_zmm::act::Act;
+    use kt_zmm::pack::{Packed, PANEL};
+    use kt_zmm::{glu_panel, put_panel, support, Level, Zmm};
 
     use crate::kernels::{self, panel_block, Block, Work, MAX_TOKENS};
     #[cfg(test)]
@@ -113,6 +114,17 @@ mod imp {
     pub static AMX: AmxBackend<Hardware> =
         AmxBackend::new(if cfg!(feature = "tile-floor") { "amx_floor" } else { "amx" }, 0);
 
+    /// The `avx512_bf16` level's kernels: what runs below a format's tile threshold, and the
+    /// prepared activations and packed bytes the tiles read.
+    const SIMD_LEVEL: Level = Level::Bf16;
+
+    /// [`SIMD_LEVEL`]'s kernels.
+    fn simd() -> Zmm {
+        // SAFETY: a backend's kernels run only after its cpu_support held, which includes
+        // `support(SIMD_LEVEL)`.
+        unsafe { Zmm::new(SIMD_LEVEL) }
+    }
+
     fn packed(m: &PackedMatrix) -> &Packed {
         m.get::<Packed>().expect("a layer hands a backend only the matrices it packed")
     }
@@ -133,7 +145,7 @@ mod imp {
             for panel in row_tiles(rows.clone(), PANEL) {
                 for (t0, nt) in balanced_token_tiles(n, MAX_TOKENS) {
                     // SAFETY: the backend is selected only where T's tiles run (cpu_support);
-                    // `runs(w)` was checked by on_tiles; `act` was prepared by SIMD for w.
+                    // `runs(w)` was checked by on_tiles; `act` was prepared by simd() for w.
                     unsafe { panel_block(&mut tiles, w, panel.index, act, t0, nt, &mut work, &mut block) };
                     let at = panel.rows.start - rows.start;
                     emit(at..at + panel.rows.len(), t0, nt, &block);
@@ -148,12 +160,13 @@ mod imp {
         }
 
         fn cpu_support(&self) -> Result<(), &'static str> {
-            SIMD.cpu_support()?;
+            support(SIMD_LEVEL)?;
             T::available()
         }
 
         fn serves(&self, format: WeightFormat, rows: usize, cols: usize) -> bool {
-            SIMD.serves(format, rows, cols)
+            let _ = rows;
+            Zmm::serves(format, cols)
         }
 
         fn row_granularity(&self, _format: WeightFormat) -> usize {
@@ -161,7 +174,7 @@ mod imp {
         }
 
         fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error> {
-            Ok(pack::matrix(self.name, m, SIMD.level()))
+            Ok(simd().pack(self.name, m))
         }
 
         fn pack_kt(
@@ -172,15 +185,15 @@ mod imp {
             bytes: &[u8],
             scales: &[f32],
         ) -> Option<Result<PackedMatrix, Error>> {
-            pack::kt_matrix(self.name, format, rows, cols, bytes, scales)
+            Zmm::pack_kt(self.name, format, rows, cols, bytes, scales)
         }
 
         fn act_layout(&self, format: WeightFormat) -> ActLayout {
-            SIMD.act_layout(format)
+            simd().act_layout(format)
         }
 
         fn act_bytes(&self, format: WeightFormat, rows: usize, cols: usize) -> usize {
-            SIMD.act_bytes(format, rows, cols)
+            simd().act_bytes(format, rows, cols)
         }
 
         fn sft_kernels(&self) -> &'static kt_core::sft::SftKernels {
@@ -188,7 +201,7 @@ mod imp {
         }
 
         fn scratch_bytes(&self, shape: TaskShape) -> usize {
-            SIMD.scratch_bytes(shape)
+            Zmm::scratch_bytes(shape)
         }
 
         fn quantize_act(
@@ -200,7 +213,7 @@ mod imp {
             dst: &mut [u8],
             scratch: &mut [u8],
         ) {
-            SIMD.quantize_act(format, cols, src, rows, dst, scratch)
+            simd().quantize_act(format, cols, src, rows, dst, scratch)
         }
 
         fn gate_up(
@@ -213,11 +226,11 @@ mod imp {
             glu: Glu,
             bias: Option<GateUpBias<'_>>,
             mut h: MatMut<'_, bf16>,
-            scratch: &mut [u8],
+            _scratch: &mut [u8],
         ) {
             let (g, u, n) = (packed(gate), packed(up), h.rows());
             if !self.on_tiles(n, &[g, u]) {
-                return SIMD.gate_up(gate, up, rows, act_gate, act_up, glu, bias, h, scratch);
+                return simd().gate_up(gate, up, rows, act_gate, act_up, glu, bias, h);
             }
             let ag = Act::parse(g.format, g.cols, n, act_gate, true);
             let au = Act::parse(u.format, u.cols, n, act_up, true);
@@ -229,16 +242,16 @@ mod imp {
                 unsafe { panel_block(&mut tiles, u, p, &au, t0, nt, &mut work, &mut ub) };
                 for t in 0..nt {
                     let (gv, uv) = with_bias(bias, rows.start + at.start, 0..at.len(), [&gb[t], &ub[t]], &mut room);
-                    // SAFETY: SIMD's cpu_support (AVX2 and FMA among it) holds.
+                    // SAFETY: SIMD_LEVEL's support (AVX2 and FMA among it) holds.
                     unsafe { glu_panel(glu, gv, uv, 0..at.len(), &mut h.row_mut(t0 + t)[at.clone()]) };
                 }
             });
         }
 
-        fn down(&self, down: &PackedMatrix, rows: Range<usize>, a: &[u8], mut y: MatMut<'_, f32>, scratch: &mut [u8]) {
+        fn down(&self, down: &PackedMatrix, rows: Range<usize>, a: &[u8], mut y: MatMut<'_, f32>, _scratch: &mut [u8]) {
             let (d, n) = (packed(down), y.rows());
             if !self.on_tiles(n, &[d]) {
-                return SIMD.down(down, rows, a, y, scratch);
+                return simd().down(down, rows, a, y);
             }
             let act = Act::parse(d.format, d.cols, n, a, true);
             Self::for_blocks(d, &rows, &act, n, |at, t0, nt, block| {
@@ -252,7 +265,7 @@ mod imp {
         /// where its scales fold), else the AVX-512 kernels'.
         fn instructions(&self, format: WeightFormat) -> Instructions {
             if self.from(format, true).is_none() {
-                return SIMD.instructions(format);
+                return simd().instructions(format);
             }
             match format {
                 WeightFormat::Int8Row
@@ -262,7 +275,7 @@ mod imp {
                 WeightFormat::Bf16 | WeightFormat::Fp8Block | WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => {
                     Instructions::AmxBf16
                 }
-                f => SIMD.instructions(f),
+                f => simd().instructions(f),
             }
         }
     }
@@ -272,6 +285,9 @@ mod imp {
     pub(crate) static EMULATED: AmxBackend<Emulator> = AmxBackend::new("amx_emulated", 0);
     #[cfg(test)]
     pub(crate) static EMULATED_ALL: AmxBackend<Emulator> = AmxBackend::new("amx_emulated_all", 1);
+    /// Never on tiles: the AVX-512 kernels alone, which the tiles must give the bits of.
+    #[cfg(test)]
+    pub(crate) static VECTOR: AmxBackend<Emulator> = AmxBackend::new("amx_vector", usize::MAX);
     /// The hardware tiles at every token count, whatever the format's threshold.
     #[cfg(test)]
     pub(crate) static HARDWARE_ALL: AmxBackend<Hardware> = AmxBackend::new("amx_all", 1);

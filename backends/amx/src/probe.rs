@@ -4,7 +4,7 @@
 
 use crate::kernels::{step, store_c, BF16, MAX_TOKENS, US8};
 use crate::tile::{Amx, TileConfig, TileOps, COLSB, ROWS};
-use kt_backend_avx512::pack::PANEL;
+use kt_zmm::pack::PANEL;
 
 /// Operations of one step: four tile products of 16 × 16 outputs over 64 bytes of K, an int8
 /// multiply-add or a bf16 pair's two products and two adds counting 2 per byte.

@@ -1,5 +1,5 @@
-//! The conformance suite for every sub-variant, the packing layout, and the same bits from
-//! every sub-variant where the arithmetic is exact integers.
+//! The conformance suite for every sub-variant, and the same bits from every sub-variant where
+//! the arithmetic is exact integers.
 
 use kt_core::rng::SplitMix64;
 use kt_core::testing::{layer_outputs, Scenario};
@@ -22,32 +22,6 @@ mod vnni {
 }
 mod base {
     kt_core::conformance_suite!(&crate::imp::BASE);
-}
-
-#[test]
-fn packing_keeps_every_weight() {
-    let mut r = SplitMix64::new(3);
-    for f in WeightFormat::ALL {
-        // (64, 3712) and (96, 7424): KT's order for int8 / int4, across a K block.
-        for (rows, cols) in [(1, 128), (17, 256), (40, 384), (33, 160), (64, 3712), (96, 7424)] {
-            if cols % f.col_multiple() != 0 {
-                continue;
-            }
-            let x: Vec<f32> = (0..rows * cols).map(|_| r.uniform(2.0)).collect();
-            let q = QuantMatrix::quantize(f, rows, cols, &x).unwrap();
-            let deq = q.dequantize();
-            for level in [Level::Base, Level::Bf16] {
-                let p = pack::pack(&q, level);
-                assert_eq!(p.kt, pack::kt_order(f, rows, cols));
-                for row in 0..rows {
-                    for c in 0..cols {
-                        let got = pack::unpack(&p, row, c);
-                        assert_eq!(got, deq[row * cols + c], "{f} {level:?} {rows}x{cols} r{row} c{c}");
-                    }
-                }
-            }
-        }
-    }
 }
 
 /// Integer sums are exact, scaled in one order: every sub-variant gives the base's bits, at
@@ -121,7 +95,7 @@ fn the_default_runs_the_sub_variant_it_reports() {
 
 #[test]
 fn fp8_tables_give_every_e4m3_value_in_bf16() {
-    let t = crate::kernels::fp8_bf16_bytes();
+    let t = kt_zmm::kernels::fp8_bf16_bytes();
     for c in 0..127u8 {
         let want = kt_core::dtype::F8E4M3(c).to_f32();
         let bits = u32::from(t[1][usize::from(c)]) << 24 | u32::from(t[0][usize::from(c)]) << 16;

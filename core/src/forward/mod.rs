@@ -2,10 +2,10 @@
 //! Every buffer lives in the [`Workspace`] and only grows, so a forward after warm-up (a call
 //! with at least as many tokens) performs no heap allocation.
 //!
-//! - [`weights`]: the layer's packed experts ([`LayerWeights`]); [`packing`]: quantizing and
+//! - `weights`: the layer's packed experts ([`LayerWeights`]); `packing`: quantizing and
 //!   packing one expert into them;
-//! - [`workspace`]: the buffers and their sizes;
-//! - [`stages`]: one function per stage, each given its own stage's typed tasks.
+//! - `workspace`: the buffers and their sizes ([`Workspace`]);
+//! - `stages`: one function per stage, each given its own stage's typed tasks.
 //!
 //! Scratch layout (all token-major, experts' rows contiguous in plan order):
 //!

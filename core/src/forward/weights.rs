@@ -71,7 +71,7 @@ impl LayerWeights {
         self.backend
     }
 
-    /// Install expert `e` (one [`ExpertWeights`] per part, as [`pack_expert`] returns). Its
+    /// Install expert `e` (one [`ExpertWeights`] per part, as [`pack_expert`](super::pack_expert) returns). Its
     /// matrices must have been packed by the layer's backend from the layer's formats.
     pub fn set_expert(&mut self, e: usize, per_part: Vec<ExpertWeights>) -> Result<(), Error> {
         if e >= self.parts.first().map_or(0, |p| p.experts.len()) {

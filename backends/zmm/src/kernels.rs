@@ -88,7 +88,7 @@ const PREFETCH_L2: usize = 3 * PREFETCH;
 /// Most tokens of a tile that streams its weights as decode does, once from DRAM: such a tile
 /// prefetches them into L1 too only where [`kt_x86::prefetch::l1_at_decode`] says so
 /// ([`ahead`]). Larger tiles read a panel again from the caches, where the L1 prefetch pays on
-/// every CPU (Zen 4, mxfp8 n = 256 without it: 76-77 against 65 ms).
+/// every CPU measured (docs/tuning.md).
 const DECODE_TOKENS: usize = 4;
 
 /// What an `N`-token tile's weight loads prefetch ahead.
@@ -96,16 +96,13 @@ const DECODE_TOKENS: usize = 4;
 enum Ahead {
     /// Into L1 and L2.
     Both,
-    /// Into L2 only, each line asked for twice: `PREFETCH_L2` and twice that ahead. On Zen 4
-    /// one request a line left decode at 0.55-0.75 of a plain read; the second, further one
-    /// gave mxfp4 and int8 10-20% more, mxfp8 and fp8 20-30% (one thread, 135 MB of qwen3
-    /// gates from DRAM, alternated rep by rep: docs/tuning.md). Both at the same distance
-    /// measured about the same as the pair, a further one alone (12 KB) as none.
+    /// Into L2 only, each line asked for twice: `PREFETCH_L2` and twice that ahead, where one
+    /// request a line left decode well short of a plain read (docs/tuning.md, "Decode tiles
+    /// prefetch"; both at one distance, or the further one alone, measured no better).
     L2,
-    /// Nothing: the hardware prefetchers alone. bf16 decode on Zen 4, where they stream its
-    /// one load a `vdpbf16ps` at 0.98-1.01 of a plain read and its L2 prefetch held it to
-    /// 0.81-0.83 (one thread, 472 MB of gate matrices from DRAM); the other kinds' work between
-    /// loads needs the L2 prefetch there (mxfp8 0.62-0.69 without it against 0.80-0.83).
+    /// Nothing: the hardware prefetchers alone, for bf16 decode where they stream its one load a
+    /// `vdpbf16ps` at a plain read's speed and an L2 prefetch held it back; the other kinds'
+    /// work between loads needs the L2 prefetch (docs/tuning.md, "Decode tiles prefetch").
     Off,
 }
 
@@ -341,7 +338,7 @@ impl Fp8Tables {
 }
 
 /// The low and high bytes of bf16(e4m3 code c) for c < 128 (the sign bit clear).
-pub(crate) const fn fp8_bf16_bytes() -> [[u8; 128]; 2] {
+pub const fn fp8_bf16_bytes() -> [[u8; 128]; 2] {
     let mut t = [[0u8; 128]; 2];
     let mut c = 0;
     while c < 128 {
@@ -1081,10 +1078,9 @@ pub unsafe fn panel_tile(level: Level, w: &Packed, p: usize, act: &Act<'_>, t0: 
     unsafe {
         match *act {
             // bf16 weights, and fp8 ones packed in pairs, run on vdpbf16ps at the bf16 level at
-            // every token count: on Zen 5 its peak is twice the FMA's (kt bench's probes, 2
-            // threads: 1176 against 580 GFLOP/s), and it needs no widening and one broadcast per
-            // two k (avx512_bf16 against avx512_vbmi: docs/performance.md). On a Xeon its peak
-            // equals the FMA's (one 32-pair instruction a cycle against two 16-lane FMAs).
+            // every token count: where its peak is twice the FMA's it wins outright, and where it
+            // equals it (one 32-pair instruction a cycle against two 16-lane FMAs) it still
+            // needs no widening and one broadcast per two k (docs/tuning.md).
             Act::Float { x, x16, kp } if w.format == WeightFormat::Bf16 => match level {
                 Level::Bf16 => by_n!(bf16_panel_dot, w, p, x, x16, kp, t0, out),
                 _ => by_n!(bf16_panel, w, p, x, x16, kp, t0, out),

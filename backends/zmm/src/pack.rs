@@ -78,7 +78,7 @@ fn mx_folds(m: &QuantMatrix, pairs: bool, codes: &[u8], code_bias: i32) -> bool 
 
 /// An MX matrix's codes rebiased to 127, `clamp(c + 127 − code_bias, 0, 255)`, so that each
 /// placed in an f32's exponent field is its scale (`c << 23`: two instructions per 16 rows
-/// where `vscalefps` took four; mxfp4 decode 8% less time in cache on Zen 4): 255 is +∞ as
+/// where `vscalefps` took four: docs/tuning.md): 255 is +∞ as
 /// [`mx_scale`] has it, and 0 (+0, not a subnormal) is allowed only where the block is all
 /// zeros, whose sums are 0 whatever the scale. `None` if a nonzero block's scale is subnormal
 /// (mxfp4's codes 0 and 1, mxfp8's 0): such a matrix keeps its codes for `vscalefps`.
@@ -267,10 +267,9 @@ fn place(f: WeightFormat, pairs: bool, i: usize, c: usize) -> (usize, bool) {
 
 /// The rows `src` of a panel (their stored bytes), their first `whole` units' columns, into the
 /// panel's bytes `dst`: what [`place`] says column by column, 16 units at a time, each row's
-/// bytes of them in turn, so that the units' 2 KB and a row's source line stay in L1. Column
-/// by column through `place` a qwen3 gate (768 × 2048) packed in 2.75 ms in fp8, 4.2 in mxfp4
-/// and int4-g32, 5.3 in mxfp8 and 1.5 in bf16 on the Zen 4 VM; this way in 0.45-0.56, 0.8-1.1,
-/// 0.6-0.8, 0.8-1.0 and 0.75 (page faults of the fresh buffer included).
+/// bytes of them in turn, so that the units' 2 KB and a row's source line stay in L1 (column by
+/// column, every store went to another unit: several times slower, docs/tuning.md, "Panel
+/// packing").
 fn place_units(f: WeightFormat, pairs: bool, src: &[&[u8]], whole: usize, dst: &mut [u8]) {
     const BLOCK: usize = 16;
     let is4 = int4::is_int4(f);
@@ -513,6 +512,39 @@ pub fn unpack(p: &Packed, r: usize, c: usize) -> f32 {
         f => {
             let nib = if high { d[at] >> 4 } else { d[at] & 0x0F };
             f32::from(int4::nibble_table(f)[usize::from(nib)]) * row_scale()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use kt_core::rng::SplitMix64;
+
+    use super::*;
+
+    #[test]
+    fn packing_keeps_every_weight() {
+        let mut r = SplitMix64::new(3);
+        for f in WeightFormat::ALL {
+            // (64, 3712) and (96, 7424): KT's order for int8 / int4, across a K block.
+            for (rows, cols) in [(1, 128), (17, 256), (40, 384), (33, 160), (64, 3712), (96, 7424)] {
+                if cols % f.col_multiple() != 0 {
+                    continue;
+                }
+                let x: Vec<f32> = (0..rows * cols).map(|_| r.uniform(2.0)).collect();
+                let q = QuantMatrix::quantize(f, rows, cols, &x).unwrap();
+                let deq = q.dequantize();
+                for level in [Level::Base, Level::Bf16] {
+                    let p = pack(&q, level);
+                    assert_eq!(p.kt, kt_order(f, rows, cols));
+                    for row in 0..rows {
+                        for c in 0..cols {
+                            let got = unpack(&p, row, c);
+                            assert_eq!(got, deq[row * cols + c], "{f} {level:?} {rows}x{cols} r{row} c{c}");
+                        }
+                    }
+                }
+            }
         }
     }
 }

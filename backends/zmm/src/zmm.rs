@@ -1,0 +1,205 @@
+//! [`Zmm`]: one level's kernels as the operations of a backend (pack, prepare activations,
+//! gate/up with SwiGLU, down), which the `avx512` backends and the `amx` backend's vector path
+//! forward to.
+
+use core::ops::Range;
+
+use half::bf16;
+use kt_core::backend::{ActLayout, Instructions, TaskShape};
+use kt_core::bias::{with_bias, GateUpBias};
+use kt_core::mat::MatMut;
+use kt_core::swiglu::Glu;
+use kt_core::{Error, PackedMatrix, QuantMatrix, WeightFormat};
+use kt_x86::tiles::{balanced_token_tiles, row_tiles, RowTile};
+
+use crate::act::{self, Act};
+use crate::kernels::{glu_panel, max_tokens, panel_tile, put_panel, Level, Tile, MAX_NT};
+use crate::pack::{self, Packed, PANEL};
+
+/// `Ok` if this CPU runs `level`, else the first missing feature. AVX2 and FMA too: the
+/// SwiGLU is `kt-x86`'s 256-bit one.
+pub fn support(level: Level) -> Result<(), &'static str> {
+    let need: [(&str, bool, Level); 8] = [
+        ("AVX2", is_x86_feature_detected!("avx2"), Level::Base),
+        ("FMA", is_x86_feature_detected!("fma"), Level::Base),
+        ("AVX512F", is_x86_feature_detected!("avx512f"), Level::Base),
+        ("AVX512BW", is_x86_feature_detected!("avx512bw"), Level::Base),
+        // Every CPU with AVX512BW has VL (Skylake-SP on, Zen 4 on); the masked loads use it.
+        ("AVX512VL", is_x86_feature_detected!("avx512vl"), Level::Base),
+        ("AVX512-VNNI", is_x86_feature_detected!("avx512vnni"), Level::Vnni),
+        ("AVX512-VBMI", is_x86_feature_detected!("avx512vbmi"), Level::Vbmi),
+        ("AVX512-BF16", is_x86_feature_detected!("avx512bf16"), Level::Bf16),
+    ];
+    match need.iter().find(|(_, has, from)| *from <= level && !has) {
+        Some((missing, ..)) => Err(missing),
+        None => Ok(()),
+    }
+}
+
+/// The widest level this CPU runs (detected once), [`Level::Base`] where it runs none.
+pub fn best_level() -> Level {
+    static BEST: std::sync::OnceLock<Level> = std::sync::OnceLock::new();
+    *BEST.get_or_init(|| {
+        [Level::Bf16, Level::Vbmi, Level::Vnni].into_iter().find(|&l| support(l).is_ok()).unwrap_or(Level::Base)
+    })
+}
+
+/// The kernels of one [`Level`], as a backend's operations. Its methods run that level's
+/// instructions: make one only where [`support`] holds for it.
+#[derive(Clone, Copy, Debug)]
+pub struct Zmm {
+    level: Level,
+}
+
+fn packed(m: &PackedMatrix) -> &Packed {
+    m.get::<Packed>().expect("a layer hands a backend only the matrices it packed")
+}
+
+/// Run every (panel, token tile) of `rows` of `w` and hand each tile to `emit`, in tiles of
+/// at most `max_nt` tokens.
+fn for_tiles(
+    level: Level,
+    w: &Packed,
+    rows: &Range<usize>,
+    act: &Act<'_>,
+    (n, max_nt): (usize, usize),
+    mut emit: impl FnMut(&RowTile, usize, usize, &Tile),
+) {
+    let mut tile: Tile = [[0.0; PANEL]; MAX_NT];
+    for panel in row_tiles(rows.clone(), PANEL) {
+        for (t0, nt) in balanced_token_tiles(n, max_nt) {
+            // SAFETY: a Zmm of `level` is made only where the CPU runs it (Zmm::new's
+            // contract), and `act` was prepared by it for w's format and K with n rows.
+            unsafe { panel_tile(level, w, panel.index, act, t0, nt, &mut tile) };
+            emit(&panel, t0, nt, &tile);
+        }
+    }
+}
+
+impl Zmm {
+    /// The kernels of `level`.
+    ///
+    /// # Safety
+    /// This CPU runs `level` ([`support`]): every method runs its instructions.
+    pub const unsafe fn new(level: Level) -> Self {
+        Zmm { level }
+    }
+
+    /// Its level.
+    pub fn level(self) -> Level {
+        self.level
+    }
+
+    /// Whether `format`'s kernels are the `vdpbf16ps` ones (bf16 activations, no f32 copy):
+    /// float formats at the bf16 level.
+    fn dot(self, format: WeightFormat) -> bool {
+        self.level == Level::Bf16 && !format.int_activations()
+    }
+
+    /// Every format of ours whose K fits its unit; GGML's types are the llamafile backend's.
+    pub fn serves(format: WeightFormat, cols: usize) -> bool {
+        !matches!(format, WeightFormat::Ggml(_)) && cols % format.col_multiple() == 0
+    }
+
+    /// `m` packed into panels, named `name`'s.
+    pub fn pack(self, name: &'static str, m: &QuantMatrix) -> PackedMatrix {
+        pack::matrix(name, m, self.level)
+    }
+
+    /// KT's packed bytes taken as they are where its layout holds the shape (`Backend::pack_kt`).
+    pub fn pack_kt(
+        name: &'static str,
+        format: WeightFormat,
+        rows: usize,
+        cols: usize,
+        bytes: &[u8],
+        scales: &[f32],
+    ) -> Option<Result<PackedMatrix, Error>> {
+        pack::kt_matrix(name, format, rows, cols, bytes, scales)
+    }
+
+    /// See `Backend::act_layout`.
+    pub fn act_layout(self, format: WeightFormat) -> ActLayout {
+        ActLayout(act::layout(format, self.dot(format)))
+    }
+
+    /// See `Backend::act_bytes`.
+    pub fn act_bytes(self, format: WeightFormat, rows: usize, cols: usize) -> usize {
+        act::bytes(format, rows, cols, self.dot(format))
+    }
+
+    /// See `Backend::scratch_bytes`.
+    pub fn scratch_bytes(shape: TaskShape) -> usize {
+        act::scratch_bytes(shape.cols)
+    }
+
+    /// See `Backend::quantize_act`.
+    pub fn quantize_act(
+        self,
+        format: WeightFormat,
+        cols: usize,
+        src: &[bf16],
+        rows: &[u32],
+        dst: &mut [u8],
+        scratch: &mut [u8],
+    ) {
+        act::prepare(format, cols, src, rows, dst, scratch, self.dot(format))
+    }
+
+    /// See `Backend::gate_up`.
+    #[allow(clippy::too_many_arguments)]
+    pub fn gate_up(
+        self,
+        gate: &PackedMatrix,
+        up: &PackedMatrix,
+        rows: Range<usize>,
+        act_gate: &[u8],
+        act_up: &[u8],
+        glu: Glu,
+        bias: Option<GateUpBias<'_>>,
+        mut h: MatMut<'_, bf16>,
+    ) {
+        let (g, u, level) = (packed(gate), packed(up), self.level);
+        let n = h.rows();
+        let ag = Act::parse(g.format, g.cols, n, act_gate, self.dot(g.format));
+        let au = Act::parse(u.format, u.cols, n, act_up, self.dot(u.format));
+        let (mut ut, mut room): (Tile, _) = ([[0.0; PANEL]; MAX_NT], [[0.0; PANEL]; 2]);
+        // Each up tile is paired with the gate tile of the same panel and tokens.
+        let max_nt = max_tokens(g).min(max_tokens(u));
+        for_tiles(level, g, &rows, &ag, (n, max_nt), |panel, t0, nt, gt| {
+            // SAFETY: as in for_tiles.
+            unsafe { panel_tile(level, u, panel.index, &au, t0, nt, &mut ut) };
+            let (at, within) = (panel.rows.start - rows.start, panel.in_tile(PANEL));
+            for t in 0..nt {
+                let out = &mut h.row_mut(t0 + t)[at..at + within.len()];
+                let first = panel.index * PANEL;
+                let (gv, uv) = with_bias(bias, first, within.clone(), [&gt[t], &ut[t]], &mut room);
+                // SAFETY: every level has AVX2 and FMA (support), which the SwiGLU runs on.
+                unsafe { glu_panel(glu, gv, uv, within.clone(), out) };
+            }
+        });
+    }
+
+    /// See `Backend::down`.
+    pub fn down(self, down: &PackedMatrix, rows: Range<usize>, a: &[u8], mut y: MatMut<'_, f32>) {
+        let d = packed(down);
+        let n = y.rows();
+        let act = Act::parse(d.format, d.cols, n, a, self.dot(d.format));
+        for_tiles(self.level, d, &rows, &act, (n, max_tokens(d)), |panel, t0, nt, tile| {
+            let (at, within) = (panel.rows.start - rows.start, panel.in_tile(PANEL));
+            for (t, res) in tile.iter().enumerate().take(nt) {
+                put_panel(&mut y.row_mut(t0 + t)[at..at + within.len()], res, within.clone());
+            }
+        });
+    }
+
+    /// See `Backend::instructions`.
+    pub fn instructions(self, format: WeightFormat) -> Instructions {
+        match (format.int_activations(), self.level) {
+            (true, Level::Base) => Instructions::Int8PairsZmm,
+            (true, _) => Instructions::Int8Vnni,
+            (false, Level::Bf16) => Instructions::Bf16DotZmm,
+            (false, _) => Instructions::FmaF32Zmm,
+        }
+    }
+}
