@@ -27,8 +27,7 @@ use kt_x86::int4::unsigned_weights;
 const PREFETCH: usize = 1536;
 
 /// Distance of the second prefetch, into L2: L1 prefetches alone keep too few lines in flight
-/// on a Xeon (qwen3 decode from DRAM, 2 threads: 0.60-0.76 of the DRAM probe with them alone,
-/// 0.80-0.95 with this one too; 8 KiB ahead was no better).
+/// (docs/tuning.md, "AVX2 backend"; further ahead was no better).
 const PREFETCH_L2: usize = 3 * PREFETCH;
 
 #[inline(always)]
@@ -40,11 +39,9 @@ fn prefetch(p: *const u8) {
 ///
 /// This is the decode/prefill crossover: an expert's tokens are processed in tiles of
 /// min(tokens, MAX_NT), so 1-5 tokens are a GEMV that streams the panel once, and more tokens
-/// reuse each loaded weight 6 (float) or 4 (int) times. Measured with
-/// `kt bench --method bf16,int8,int4 --tokens 256` (qwen3, 2 threads, alternating runs of two
-/// builds): float 6 vs 4 gave bf16 103.6 vs 78.7 and 157.9 vs 103.4 GFLOP/s; int 4 vs 2 gave
-/// int8 222.0 vs 142.2 and 191.8 vs 174.5, int4 320.4 vs 195.9 and 308.1 vs 225.7 GOP/s. Wider
-/// tiles run out of the 16 ymm registers (no spills at these widths, checked in the asm).
+/// reuse each loaded weight 6 (float) or 4 (int) times: the widest that fit the 16 ymm
+/// registers without spills (checked in the asm), each faster than the narrower one
+/// (docs/tuning.md, "AVX2 backend").
 pub const MAX_NT: usize = 6;
 /// Most tokens in one int tile (more registers per step; see [`MAX_NT`]).
 pub const MAX_NT_INT: usize = 4;

@@ -24,21 +24,17 @@ pub fn to_l2(p: *const u8, l2: usize) {
 }
 
 /// Whether a kernel that streams its weights once, as decode does, prefetches them into L1
-/// as well as L2 ([`ahead`] rather than [`to_l2`]). Not on AMD family 19h (Zen 4, the one
-/// with AVX-512), where the L1 prefetch beside the L2 one slows the stream: one thread
-/// decoding 150 qwen3 gate matrices from DRAM, mxfp4 17-18 → 20-22 GB/s without it, mxfp8
-/// 19-20 → 23-24, bf16 and int4-g32 level (docs/tuning.md). Elsewhere both: on the Xeons L1
-/// prefetches alone kept too few lines in flight, and L2 alone is unmeasured there and on Zen 5.
+/// as well as L2 ([`ahead`] rather than [`to_l2`]). Not on AMD family 19h with AVX-512, where
+/// the L1 prefetch beside the L2 one slows the stream; elsewhere both, where L1 prefetches
+/// alone kept too few lines in flight (docs/tuning.md, "Decode tiles prefetch").
 pub fn l1_at_decode() -> bool {
     !zen4()
 }
 
 /// Whether the GGUF kernels' 32-column tiles, at decode, ask for each line of the third tile
 /// ahead into L2 besides the next into L1 and the one after into L2 (`kt_backend_llamafile`;
-/// its K-quant kernels measured slower with it, q4_K 0.66-0.70 → 0.54-0.58): on Zen 4
-/// one thread decoding 135 MB of qwen3 gates from DRAM read q4_0 at 0.76-0.78 of a plain read
-/// without it and 0.88-0.95 with it, q8_0 0.64-0.66 against 0.85-0.86 (docs/tuning.md).
-/// Unmeasured elsewhere.
+/// not its K-quant kernels, which measured slower with it): where it was measured to pay, AMD
+/// family 19h with AVX-512 (docs/tuning.md, "GGUF kernels").
 pub fn far_at_decode() -> bool {
     zen4()
 }
@@ -52,8 +48,8 @@ fn zen4() -> bool {
 
 /// K groups (or scale blocks) ahead of the one in hand whose scales a kernel prefetches with
 /// [`scales`]: a K-group or MX matrix's scales are a second stream beside its weights, 1/32 to
-/// 1/4 of their bytes, which the hardware prefetchers left behind (Zen 5, qwen3 mxfp4 decode:
-/// 41% of the kernel's samples on the scale loads; 0.36-0.49 → 0.31-0.35 ms with this).
+/// 1/4 of their bytes, which the hardware prefetchers left behind (the scale loads held most
+/// of mxfp4 decode's kernel samples: docs/tuning.md, "Scales prefetched").
 pub const SCALE_GROUPS_AHEAD: usize = 8;
 
 /// Prefetch a kernel's scales at `p` into L1 and 1 KB further into L2.

@@ -252,9 +252,8 @@ pub fn scratch_bytes(cfg: &MoeConfig, n: usize) -> u64 {
 }
 
 /// Bytes the DRAM probe reads: 8× the L3 and at least 512 MB, and where memory allows an
-/// eighth of what is available, up to 4 GB: on a 2-vCPU VM whose host holds more cache than it
-/// shows, 256-512 MB probes read 51-287 GB/s on 2 threads and 2-8 GB ones 49-50 GB/s, run
-/// after run.
+/// eighth of what is available, up to 4 GB: on a VM whose host holds more cache than it shows,
+/// smaller probes read the host's cache, not DRAM.
 pub fn dram_probe_bytes(topology: &Topology) -> usize {
     let spare = usize::try_from(topology.mem_available / 8).unwrap_or(usize::MAX).min(4 << 30);
     (8 * topology.l3_bytes).max(512 << 20).max(spare)

@@ -2,7 +2,7 @@
 //! many bytes as that forward's weights from DRAM, and the case reports the median over its reps
 //! of that read's time over the forward's (`stream×`). The run's DRAM probe reads once before
 //! and once after each method, and on a shared machine the bandwidth moves between seconds
-//! (the 2-vCPU VMs here read 32-67 GB/s within a run), so a forward's ratio to it says as much
+//! (by 2× within a run on a small VM), so a forward's ratio to it says as much
 //! about the moment it ran as about the kernels; a read of the same bytes, by the same threads,
 //! a millisecond later, does not move with the machine.
 //!

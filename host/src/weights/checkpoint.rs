@@ -35,7 +35,7 @@ pub struct Checkpoint {
     /// `__metadata__` of every file, merged (first file wins).
     metadata: HashMap<String, String>,
     /// Each layer's experts' naming once found: finding it takes up to 72 name lookups, and
-    /// the layerwise writes ask for every expert (7 µs of a 60 µs MXFP4 write).
+    /// the layerwise writes ask for every expert (a tenth of an MXFP4 expert's write).
     layouts: Mutex<HashMap<usize, Layout>>,
 }
 

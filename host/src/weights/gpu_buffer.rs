@@ -140,10 +140,9 @@ struct Piece<'a> {
 }
 
 /// Source bytes a task of [`Plan::run`] copies at most (or one row), for a write of `total`
-/// bytes on `threads`: two tasks a thread, of 128 to 512 KB. Larger tasks stream longer: on two
-/// Zen 5 threads 512 KB wrote a bf16 expert in 0.19-0.20 ms where 128 KB took 0.23-0.26 (fp8,
-/// int4, mxfp4 3-10% less), 1 and 2 MB took more again (one thread idle at the end); on many
-/// threads the lower bound shares an expert out (a qwen3 bf16 expert among 64 threads).
+/// bytes on `threads`: two tasks a thread, of 128 to 512 KB. Larger tasks stream longer, up to
+/// the point where one thread idles at the end (docs/tuning.md, "Layerwise-prefill writes"); on
+/// many threads the lower bound shares an expert out (a qwen3 bf16 expert among 64 threads).
 fn chunk(total: usize, threads: usize) -> usize {
     (total / (2 * threads.max(1))).clamp(128 << 10, 512 << 10)
 }

@@ -20,9 +20,8 @@
 //! the same bits. iq1's signed levels `8·g ± 1` go in as magnitudes with their signs' masks
 //! ([`iq1_regs`]).
 //!
-//! Tried and slower on Zen 5 (the dots bench, iq2_xxs, one token): the grid from `vpgatherqq`
-//! (94 µs against 57), or from scalar loads (94), and the masks by `vpshufbitqmb` (2.5×
-//! slower). Built from rustc 1.89 only (`build.rs`).
+//! Tried and slower (docs/tuning.md): the grid from `vpgatherqq` or from scalar loads, and the
+//! masks by `vpshufbitqmb`. Built from rustc 1.89 only (`build.rs`).
 
 #![allow(clippy::incompatible_msrv)]
 

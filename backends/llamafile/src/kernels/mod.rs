@@ -551,8 +551,8 @@ fn token_tiles<const TC: usize>(n: usize) -> impl Iterator<Item = (usize, usize)
 
 /// Prefetch the `b`-th of `nb` slices of the tile after this one (its rows follow these) into
 /// L1, and of the tile after that into L2: a tile's rows are short streams that the hardware
-/// prefetcher does not ramp up on, and L1 prefetches alone keep too few lines in flight on a
-/// Xeon (MoE decode from DRAM at 0.59-0.69 of the probe with them, 0.73-0.87 with both).
+/// prefetcher does not ramp up on, and L1 prefetches alone keep too few lines in flight
+/// (docs/tuning.md, "GGUF kernels").
 /// Stopping at the caller's last row, or prefetching its first tiles at its start, measured
 /// no better: past its rows are the first of the task another thread is starting.
 #[inline(always)]
@@ -565,8 +565,8 @@ fn prefetch_next<A>(tile: &Tile<'_, A>, b: usize) {
 const FAR_TOKENS: usize = 4;
 
 /// [`prefetch_next`], and with `far` the same slice of the third tile ahead into L2 as well,
-/// where [`kt_x86::prefetch::far_at_decode`] says so (`Tile::far`): on Zen 4 the two requests
-/// left one-token q4_0 and q8_0 at 0.64-0.78 of a plain read, with this third 0.85-0.95.
+/// where [`kt_x86::prefetch::far_at_decode`] says so (`Tile::far`): there the two requests left
+/// one-token decode well short of a plain read (docs/tuning.md, "GGUF kernels").
 #[inline(always)]
 fn prefetch_ahead<A>(tile: &Tile<'_, A>, b: usize, far: bool) {
     let len = R * tile.row_bytes;

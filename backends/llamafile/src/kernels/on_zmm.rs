@@ -1,7 +1,7 @@
 //! Several tokens on AVX512-VNNI in 512-bit registers: one register holds a register of the
 //! lane layout for two rows (the tile's rows in pairs, [`Pairs`]) against each token's
 //! activations broadcast to both halves, so one `vpdpbusd` does the work of two 256-bit ones
-//! (on a Xeon with two 512-bit units, 1.86× their throughput) and each f32 step serves two
+//! (nearly twice their throughput on a CPU with two 512-bit units) and each f32 step serves two
 //! rows. For q4_K, q5_K and iq4_xs ([`KBlock::PER32`], [`dots`]; 2-6 tokens without the
 //! level store, [`few`]), q6_K and the lattice types (`vpmaddubsw`, as AVX2 does:
 //! [`kquant16`]), q2_K and q3_K (their levels times their 16-column scales, one `vpdpbusd` a
