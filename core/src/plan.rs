@@ -48,7 +48,7 @@ pub const TARGET_TASKS: usize = 64;
 /// Tasks per thread a stage aims for below [`TARGET_TASKS`]: enough to even out skewed
 /// routing, few enough that each task streams long runs of rows: each task's start costs
 /// time that software prefetch at its start does not win back (docs/tuning.md, "The
-/// forward's stages").
+/// forward").
 pub const TASKS_PER_THREAD: usize = 4;
 
 /// Bytes of per-row results `y` (all parts, `n·k` rows padded as [`y_stride`] pads

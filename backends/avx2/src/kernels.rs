@@ -27,7 +27,7 @@ use kt_x86::int4::unsigned_weights;
 const PREFETCH: usize = 1536;
 
 /// Distance of the second prefetch, into L2: L1 prefetches alone keep too few lines in flight
-/// (docs/tuning.md, "AVX2 backend"; further ahead was no better).
+/// (docs/tuning.md, "AVX2 kernels"; further ahead was no better).
 const PREFETCH_L2: usize = 3 * PREFETCH;
 
 #[inline(always)]
@@ -41,7 +41,7 @@ fn prefetch(p: *const u8) {
 /// min(tokens, MAX_NT), so 1-5 tokens are a GEMV that streams the panel once, and more tokens
 /// reuse each loaded weight 6 (float) or 4 (int) times: the widest that fit the 16 ymm
 /// registers without spills (checked in the asm), each faster than the narrower one
-/// (docs/tuning.md, "AVX2 backend").
+/// (docs/tuning.md, "AVX2 kernels").
 pub const MAX_NT: usize = 6;
 /// Most tokens in one int tile (more registers per step; see [`MAX_NT`]).
 pub const MAX_NT_INT: usize = 4;

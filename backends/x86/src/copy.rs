@@ -1,7 +1,7 @@
 //! Rows copied out in slices, one per destination (SGLang's layerwise buffers: down's rows cut
 //! over the GPU ranks). A `memcpy` call per slice costs about as much as copying it when slices
 //! are a few hundred bytes (768 for a qwen3 bf16 down row at tp 2); with AVX-512 the copy runs in
-//! line, 256 bytes a step and the tail masked (docs/tuning.md, "Layerwise-prefill writes").
+//! line, 256 bytes a step and the tail masked (docs/tuning.md, "Layerwise writes").
 
 /// The byte mask of a 512-bit register's first `n` bytes (all of them from 64 on).
 pub fn first_bytes(n: usize) -> u64 {
@@ -62,7 +62,7 @@ unsafe fn row_slices_512(src: &[u8], row: usize, dsts: &[*mut u8], first: usize)
                     j += 256;
                 }
                 // Whole registers unmasked: a masked store of a full register costs more
-                // (docs/tuning.md, "Layerwise-prefill writes").
+                // (docs/tuning.md, "Layerwise writes").
                 while j + 64 <= slice {
                     _mm512_storeu_si512(d.add(j).cast(), _mm512_loadu_si512(s.add(j).cast()));
                     j += 64;

@@ -49,7 +49,7 @@ fn zen4() -> bool {
 /// K groups (or scale blocks) ahead of the one in hand whose scales a kernel prefetches with
 /// [`scales`]: a K-group or MX matrix's scales are a second stream beside its weights, 1/32 to
 /// 1/4 of their bytes, which the hardware prefetchers left behind (the scale loads held most
-/// of mxfp4 decode's kernel samples: docs/tuning.md, "Scales prefetched").
+/// of mxfp4 decode's kernel samples: docs/tuning.md, "scales prefetched").
 pub const SCALE_GROUPS_AHEAD: usize = 8;
 
 /// Prefetch a kernel's scales at `p` into L1 and 1 KB further into L2.

@@ -268,8 +268,8 @@ fn place(f: WeightFormat, pairs: bool, i: usize, c: usize) -> (usize, bool) {
 /// The rows `src` of a panel (their stored bytes), their first `whole` units' columns, into the
 /// panel's bytes `dst`: what [`place`] says column by column, 16 units at a time, each row's
 /// bytes of them in turn, so that the units' 2 KB and a row's source line stay in L1 (column by
-/// column, every store went to another unit: several times slower, docs/tuning.md, "Panel
-/// packing").
+/// column, every store went to another unit: several times slower, docs/tuning.md, "Panels
+/// packed").
 fn place_units(f: WeightFormat, pairs: bool, src: &[&[u8]], whole: usize, dst: &mut [u8]) {
     const BLOCK: usize = 16;
     let is4 = int4::is_int4(f);

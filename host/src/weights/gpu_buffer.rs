@@ -141,7 +141,7 @@ struct Piece<'a> {
 
 /// Source bytes a task of [`Plan::run`] copies at most (or one row), for a write of `total`
 /// bytes on `threads`: two tasks a thread, of 128 to 512 KB. Larger tasks stream longer, up to
-/// the point where one thread idles at the end (docs/tuning.md, "Layerwise-prefill writes"); on
+/// the point where one thread idles at the end (docs/tuning.md, "Layerwise writes"); on
 /// many threads the lower bound shares an expert out (a qwen3 bf16 expert among 64 threads).
 fn chunk(total: usize, threads: usize) -> usize {
     (total / (2 * threads.max(1))).clamp(128 << 10, 512 << 10)
