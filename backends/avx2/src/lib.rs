@@ -119,7 +119,7 @@ mod imp {
         }
 
         fn sft_kernels(&self) -> &'static kt_core::sft::SftKernels {
-            &kt_x86_sft::KERNELS
+            kt_x86_sft::kernels()
         }
 
         fn scratch_bytes(&self, shape: TaskShape) -> usize {

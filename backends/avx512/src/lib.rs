@@ -141,7 +141,7 @@ mod imp {
         }
 
         fn sft_kernels(&self) -> &'static kt_core::sft::SftKernels {
-            &kt_x86_sft::KERNELS_512
+            kt_x86_sft::kernels_512()
         }
 
         fn scratch_bytes(&self, shape: TaskShape) -> usize {

@@ -11,13 +11,35 @@ use half::bf16;
 use kt_core::sft::{add_scaled, widen_rows, LoraBack, SftKernels, OUTER_ROWS, PORTABLE};
 use kt_core::swiglu::Glu;
 
-/// The kernels at 8 lanes (AVX2); on a CPU without AVX2 and FMA each call runs [`PORTABLE`]'s.
-pub static KERNELS: SftKernels = SftKernels { project, expand, glu, glu_backward, lora_backward, outer };
+/// The kernels for this CPU at 8 lanes: AVX2 and FMA where it has them, else [`PORTABLE`]. The
+/// choice is made here, when a backend hands out its kernels, not in every call.
+pub fn kernels() -> &'static SftKernels {
+    if kt_x86::isa::avx2_fma().is_ok() {
+        &AVX2
+    } else {
+        &PORTABLE
+    }
+}
 
-/// The products at 16 lanes (AVX-512F: the avx512 and amx backends'; the rank-r products in
-/// half the time, docs/tuning.md), the rest as [`KERNELS`]; on a CPU without AVX-512F,
-/// [`KERNELS`].
-pub static KERNELS_512: SftKernels = SftKernels {
+/// [`kernels`] with the rank-r products at 16 lanes where the CPU has AVX-512F (the avx512 and
+/// amx backends'; those products in half the time, docs/tuning.md) and this crate was built by
+/// a rustc whose AVX-512 intrinsics are stable (1.89: `build.rs`).
+pub fn kernels_512() -> &'static SftKernels {
+    #[cfg(vnni_intrinsics)]
+    if kt_x86::isa::avx2_fma().is_ok() && is_x86_feature_detected!("avx512f") {
+        return &AVX512;
+    }
+    kernels()
+}
+
+/// The AVX2/FMA kernels: handed out by [`kernels`] only where the CPU runs them, which is what
+/// every function of this table relies on.
+static AVX2: SftKernels = SftKernels { project, expand, glu, glu_backward, lora_backward, outer };
+
+/// [`AVX2`] with the products at 16 lanes: handed out by [`kernels_512`] only where the CPU has
+/// AVX2, FMA and AVX-512F.
+#[cfg(vnni_intrinsics)]
+static AVX512: SftKernels = SftKernels {
     project: project512,
     expand: expand512,
     glu,
@@ -26,102 +48,66 @@ pub static KERNELS_512: SftKernels = SftKernels {
     outer: outer512,
 };
 
-fn vectors() -> bool {
-    kt_x86::isa::avx2_fma().is_ok()
-}
-
-/// AVX-512F here, and a rustc whose AVX-512 intrinsics are stable (1.89: this crate's
-/// `build.rs`; built with an older one, the 16-lane kernels are not compiled).
 #[cfg(vnni_intrinsics)]
-fn vectors512() -> bool {
-    vectors() && is_x86_feature_detected!("avx512f")
-}
-
 fn project512(a: &[bf16], din: usize, x: &[bf16], rows: &[u32], xw: &mut [f32], ax: &mut [f32]) {
-    #[cfg(vnni_intrinsics)]
-    if vectors512() {
-        // SAFETY: AVX2, FMA and AVX-512F checked above.
-        return unsafe { project_avx512(a, din, x, rows, xw, ax) };
-    }
-    project(a, din, x, rows, xw, ax)
+    // SAFETY: in AVX512's table only, which kernels_512 hands out where the CPU has AVX2, FMA
+    // and AVX-512F.
+    unsafe { project_avx512(a, din, x, rows, xw, ax) }
 }
 
+#[cfg(vnni_intrinsics)]
 fn expand512(b: &[bf16], r: usize, ax: &[f32], s: f32, bt: &mut [f32], out: &mut [f32]) {
-    #[cfg(vnni_intrinsics)]
-    if vectors512() {
-        // SAFETY: AVX2, FMA and AVX-512F checked above.
-        return unsafe { expand_avx512(b, r, ax, s, bt, out) };
-    }
-    expand(b, r, ax, s, bt, out)
+    // SAFETY: as in project512.
+    unsafe { expand_avx512(b, r, ax, s, bt, out) }
 }
 
+#[cfg(vnni_intrinsics)]
 fn lora_backward512(args: LoraBack<'_>) {
-    #[cfg(vnni_intrinsics)]
-    if vectors512() {
-        // SAFETY: AVX2, FMA and AVX-512F checked above.
-        return unsafe { lora_backward_avx512(args) };
-    }
-    lora_backward(args)
+    // SAFETY: as in project512.
+    unsafe { lora_backward_avx512(args) }
 }
 
+#[cfg(vnni_intrinsics)]
 fn outer512(gout: &[f32], x: &[bf16], rows: &[u32], scale: f32, grad: &mut [bf16]) {
-    #[cfg(vnni_intrinsics)]
-    if vectors512() {
-        // SAFETY: AVX2, FMA and AVX-512F checked above.
-        return unsafe { outer_avx512(gout, x, rows, scale, grad) };
-    }
-    outer(gout, x, rows, scale, grad)
+    // SAFETY: as in project512.
+    unsafe { outer_avx512(gout, x, rows, scale, grad) }
 }
 
 fn project(a: &[bf16], din: usize, x: &[bf16], rows: &[u32], xw: &mut [f32], ax: &mut [f32]) {
-    if !vectors() {
-        return (PORTABLE.project)(a, din, x, rows, xw, ax);
-    }
-    // SAFETY: AVX2 and FMA checked above.
+    // SAFETY: in the AVX2 and AVX512 tables only, which kernels and kernels_512 hand out where
+    // the CPU has AVX2 and FMA.
     unsafe { project_avx2(a, din, x, rows, xw, ax) }
 }
 
 fn expand(b: &[bf16], r: usize, ax: &[f32], s: f32, bt: &mut [f32], out: &mut [f32]) {
-    if !vectors() {
-        return (PORTABLE.expand)(b, r, ax, s, bt, out);
-    }
-    // SAFETY: AVX2 and FMA checked above.
+    // SAFETY: as in project.
     unsafe { expand_avx2(b, r, ax, s, bt, out) }
 }
 
 fn glu(glu: Glu, width: usize, g: &[f32], u: &[f32], out: &mut [bf16]) {
-    if !vectors() {
-        return (PORTABLE.glu)(glu, width, g, u, out);
-    }
     let rows = g.chunks_exact(width).zip(u.chunks_exact(width)).zip(out.chunks_exact_mut(width));
     for ((g, u), out) in rows {
-        // SAFETY: AVX2 and FMA checked above.
+        // SAFETY: as in project.
         unsafe { kt_x86::swiglu::glu_row(glu, g, u, out) };
     }
 }
 
 fn glu_backward(glu: Glu, g: &[f32], u: &[f32], dh: &[f32], dg: &mut [f32], du: &mut [f32]) {
-    if !vectors() || !glu.is_silu() {
+    if !glu.is_silu() {
         // The clamped variants element by element.
         return (PORTABLE.glu_backward)(glu, g, u, dh, dg, du);
     }
-    // SAFETY: AVX2 and FMA checked above.
+    // SAFETY: as in project.
     unsafe { glu_backward_avx2(g, u, dh, dg, du) }
 }
 
 fn lora_backward(args: LoraBack<'_>) {
-    if !vectors() {
-        return (PORTABLE.lora_backward)(args);
-    }
-    // SAFETY: AVX2 and FMA checked above.
+    // SAFETY: as in project.
     unsafe { lora_backward_avx2(args) }
 }
 
 fn outer(gout: &[f32], x: &[bf16], rows: &[u32], scale: f32, grad: &mut [bf16]) {
-    if !vectors() {
-        return (PORTABLE.outer)(gout, x, rows, scale, grad);
-    }
-    // SAFETY: AVX2 and FMA checked above.
+    // SAFETY: as in project.
     unsafe { outer_avx2(gout, x, rows, scale, grad) }
 }
 
@@ -647,7 +633,7 @@ mod tests {
                     let mut xw = vec![0.0; SftKernels::project_scratch(din)];
                     let (mut want, mut got) = (vec![0.0; m * r], vec![0.0; m * r]);
                     (PORTABLE.project)(&a, din, &x, &rows, &mut xw, &mut want);
-                    for k in [&KERNELS, &KERNELS_512] {
+                    for k in [kernels(), kernels_512()] {
                         (k.project)(&a, din, &x, &rows, &mut xw, &mut got);
                         for (w, g) in want.iter().zip(&got) {
                             assert!((w - g).abs() <= 1e-5 * (din as f32), "project din {din} r {r} m {m}: {w} vs {g}");
@@ -658,7 +644,7 @@ mod tests {
                     let mut bt = vec![0.0; dout * r];
                     let mut want = base.clone();
                     (PORTABLE.expand)(&b, r, &values(m * r, 5), 0.5, &mut bt, &mut want);
-                    for k in [&KERNELS, &KERNELS_512] {
+                    for k in [kernels(), kernels_512()] {
                         let mut got = base.clone();
                         (k.expand)(&b, r, &values(m * r, 5), 0.5, &mut bt, &mut got);
                         for (w, g) in want.iter().zip(&got) {
@@ -697,7 +683,7 @@ mod tests {
         let mut want = (vec![0.0; n], vec![0.0; n]);
         let mut got = (vec![0.0; n], vec![0.0; n]);
         (PORTABLE.glu_backward)(Glu::SILU, &g, &u, &dh, &mut want.0, &mut want.1);
-        (KERNELS.glu_backward)(Glu::SILU, &g, &u, &dh, &mut got.0, &mut got.1);
+        (kernels().glu_backward)(Glu::SILU, &g, &u, &dh, &mut got.0, &mut got.1);
         for (w, v) in want.0.iter().chain(&want.1).zip(got.0.iter().chain(&got.1)) {
             assert!((w - v).abs() <= 1e-6 * w.abs().max(1e-3), "{w} vs {v}");
         }
@@ -714,7 +700,7 @@ mod tests {
                 (gin, ga, gb)
             };
             let (want_gin, want_ga, want_gb) = run(&PORTABLE);
-            for k in [&KERNELS, &KERNELS_512] {
+            for k in [kernels(), kernels_512()] {
                 let (gin, ga, gb) = run(k);
                 for (g, w) in gin.iter().zip(&want_gin) {
                     assert!((g - w).abs() <= 1e-4 * (dout as f32), "r {r}: grad input {g} vs {w}");
@@ -744,7 +730,7 @@ mod tests {
                 let start = bf16s(dout * din, 3);
                 let mut want = start.clone();
                 (PORTABLE.outer)(&gout, &x, &rows, 0.5, &mut want);
-                for k in [&KERNELS, &KERNELS_512] {
+                for k in [kernels(), kernels_512()] {
                     let mut got = start.clone();
                     (k.outer)(&gout, &x, &rows, 0.5, &mut got);
                     for (g, w) in got.iter().zip(&want) {
@@ -770,7 +756,7 @@ mod tests {
             unsafe { kt_x86::swiglu::glu_row(Glu::SILU, g, u, out) };
         }
         let mut got = vec![bf16::ZERO; width * m];
-        (KERNELS.glu)(Glu::SILU, width, &g, &u, &mut got);
+        (kernels().glu)(Glu::SILU, width, &g, &u, &mut got);
         assert_eq!(got, want);
     }
 }
