@@ -65,7 +65,7 @@ mod imp {
     use kt_core::mat::MatMut;
     use kt_core::swiglu::Glu;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
-    use kt_x86::tiles::{balanced_token_tiles, row_tiles};
+    use kt_x86::panels::{balanced_token_runs, panels};
     use kt_zmm::act::Act;
     use kt_zmm::pack::{Packed, PANEL};
     use kt_zmm::{glu_panel, put_panel, support, Level, Zmm};
@@ -142,8 +142,8 @@ mod imp {
         ) {
             let (mut tiles, mut work) = (T::default(), Work::default());
             let mut block: Block = [[0.0; PANEL]; MAX_TOKENS];
-            for panel in row_tiles(rows.clone(), PANEL) {
-                for (t0, nt) in balanced_token_tiles(n, MAX_TOKENS) {
+            for panel in panels(rows.clone(), PANEL) {
+                for (t0, nt) in balanced_token_runs(n, MAX_TOKENS) {
                     // SAFETY: the backend is selected only where T's tiles run (cpu_support);
                     // `runs(w)` was checked by on_tiles; `act` was prepared by simd() for w.
                     unsafe { panel_block(&mut tiles, w, panel.index, act, t0, nt, &mut work, &mut block) };

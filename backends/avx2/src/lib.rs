@@ -48,8 +48,8 @@ mod imp {
     use kt_core::mat::MatMut;
     use kt_core::swiglu::Glu;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
+    use kt_x86::panels::{panels, token_runs, PanelRows};
     use kt_x86::swiglu::glu16;
-    use kt_x86::tiles::{row_tiles, token_tiles, RowTile};
 
     use crate::act::{self, Act};
     use crate::kernels::{panel_tile, Tile, MAX_NT, MAX_NT_INT};
@@ -72,12 +72,12 @@ mod imp {
         rows: &Range<usize>,
         act: &Act<'_>,
         n: usize,
-        mut emit: impl FnMut(&RowTile, usize, usize, &Tile),
+        mut emit: impl FnMut(&PanelRows, usize, usize, &Tile),
     ) {
         let max_nt = if matches!(act, Act::Int { .. }) { MAX_NT_INT } else { MAX_NT };
         let mut tile: Tile = [[0.0; PANEL]; MAX_NT];
-        for panel in row_tiles(rows.clone(), PANEL) {
-            for (t0, nt) in token_tiles(n, max_nt) {
+        for panel in panels(rows.clone(), PANEL) {
+            for (t0, nt) in token_runs(n, max_nt) {
                 // SAFETY: the backend is only selected when AVX2+FMA are present (cpu_support),
                 // and `act` was prepared by this backend for w's format and K with n rows.
                 unsafe { panel_tile(w, panel.index, act, t0, nt, &mut tile) };
@@ -159,7 +159,7 @@ mod imp {
             for_tiles(g, &rows, &ag, n, |panel, t0, nt, gt| {
                 // SAFETY: as in for_tiles.
                 unsafe { panel_tile(u, panel.index, &au, t0, nt, &mut ut) };
-                let (at, within) = (panel.rows.start - rows.start, panel.in_tile(PANEL));
+                let (at, within) = (panel.rows.start - rows.start, panel.in_panel(PANEL));
                 for t in 0..nt {
                     let first = panel.index * PANEL;
                     let (gv, uv) = with_bias(bias, first, within.clone(), [&gt[t], &ut[t]], &mut room);
@@ -178,7 +178,7 @@ mod imp {
             let n = y.rows();
             let act = Act::parse(d.format, d.cols, n, a);
             for_tiles(d, &rows, &act, n, |panel, t0, nt, tile| {
-                let (at, within) = (panel.rows.start - rows.start, panel.in_tile(PANEL));
+                let (at, within) = (panel.rows.start - rows.start, panel.in_panel(PANEL));
                 for (t, res) in tile.iter().enumerate().take(nt) {
                     y.row_mut(t0 + t)[at..at + within.len()].copy_from_slice(&res[within.clone()]);
                 }

@@ -83,8 +83,8 @@ mod imp {
     use kt_core::mat::MatMut;
     use kt_core::swiglu::Glu;
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
+    use kt_x86::panels::panels_from;
     use kt_x86::swiglu::glu_row;
-    use kt_x86::tiles::row_blocks;
 
     use crate::kernels::{dots, gemv, Packed, Scratch, R};
     use crate::vnni::{self, Vnni};
@@ -267,7 +267,7 @@ mod imp {
         scratch: &mut Scratch,
         mut emit: impl FnMut(usize, usize, &[[f32; R]], &mut Scratch),
     ) {
-        for tile in row_blocks(rows.clone(), R) {
+        for tile in panels_from(rows.clone(), R) {
             let (r0, nr) = (tile.start, tile.len());
             // SAFETY: selected only where cpu_support passed (AVX2, FMA, F16C), VNNI where
             // detected; act was prepared by quantize_act for this matrix's type with n tokens.
@@ -404,7 +404,7 @@ mod imp {
             }
             // CHUNK rows at a time: gate and up for every token, token-major, then SwiGLU 16
             // lanes at a time (the last chunk's rows, fewer than 16, by the scalar definition).
-            for chunk in row_blocks(rows.clone(), CHUNK) {
+            for chunk in panels_from(rows.clone(), CHUNK) {
                 let (c0, c1) = (chunk.start, chunk.end);
                 for_tiles(g, &chunk, act_gate, n, out, tile, |r0, k, gt, tile| {
                     // SAFETY: as in for_tiles.

@@ -15,8 +15,8 @@ use kt_core::ggml::GgmlType;
 use kt_core::mat::MatMut;
 use kt_core::swiglu::Glu;
 use kt_x86::amx::TileOps;
+use kt_x86::panels::{balanced_token_runs, panels_from};
 use kt_x86::swiglu::glu_row;
-use kt_x86::tiles::{balanced_token_tiles, row_blocks};
 
 use crate::kernels::on_amx::{self, Acc, Block, Panel, Sums, ACT_BYTES, MAX_TOKENS, PANEL};
 use crate::kernels::{dots, gemv, Packed, Scratch, R};
@@ -96,7 +96,7 @@ unsafe fn panel_rows<T: TileOps>(
             // The next panel's rows, brought in while the first token block computes.
             let at = (rows.end * w.row_bytes).min(w.data.len());
             let next = &w.data[at..(at + PANEL * w.row_bytes).min(w.data.len())];
-            for (t0, nt) in balanced_token_tiles(n, MAX_TOKENS) {
+            for (t0, nt) in balanced_token_runs(n, MAX_TOKENS) {
                 let next = if t0 == 0 { next } else { &[] };
                 on_amx::block(tiles, w.t, panel, w.slices, acts, (n, t0, nt), (acc, sums), block, next);
                 for (r, b) in res[t0..t0 + nt].iter_mut().zip(block.iter()) {
@@ -106,7 +106,7 @@ unsafe fn panel_rows<T: TileOps>(
         } else if n == 1 {
             gemv(w, rows, m.act, &mut res[0][..nr]);
         } else {
-            for tile in row_blocks(rows.clone(), R) {
+            for tile in panels_from(rows.clone(), R) {
                 dots(w, tile.start, tile.len(), m.act, n, out, vector);
                 let at = tile.start - rows.start;
                 for (r, o) in res.iter_mut().zip(out.iter()) {
@@ -135,7 +135,7 @@ pub unsafe fn gate_up<T: TileOps + Default>(
     let types = [gate.w.t, up.w.t];
     let Work { panels: [mut pg, mut pu], res: [gr, ur], mut room } = work(scratch, n, gate.w.cols, types);
     let mut tiles = T::default();
-    for panel in row_blocks(rows.clone(), PANEL) {
+    for panel in panels_from(rows.clone(), PANEL) {
         // SAFETY: the caller's contract.
         unsafe {
             panel_rows(&mut tiles, &gate, panel.clone(), n, &mut pg, &mut room, gr);
@@ -147,7 +147,7 @@ pub unsafe fn gate_up<T: TileOps + Default>(
                 b.add(panel.start, 0..panel.len(), &mut gr[t], &mut ur[t]);
             }
             // 16 rows at a time, as the vector path's chunks fall (the same values either way).
-            for c in row_blocks(0..panel.len(), 16) {
+            for c in panels_from(0..panel.len(), 16) {
                 let o = &mut h.row_mut(t)[at + c.start..at + c.end];
                 // SAFETY: AVX2 and FMA by the caller's contract.
                 unsafe { glu_row(glu, &gr[t][c.clone()], &ur[t][c.clone()], o) };
@@ -169,7 +169,7 @@ pub unsafe fn down<T: TileOps + Default>(
     let n = y.rows();
     let Work { panels: [mut p, _], res: [res, _], mut room } = work(scratch, n, d.w.cols, [d.w.t; 2]);
     let mut tiles = T::default();
-    for panel in row_blocks(rows.clone(), PANEL) {
+    for panel in panels_from(rows.clone(), PANEL) {
         // SAFETY: the caller's contract.
         unsafe { panel_rows(&mut tiles, &d, panel.clone(), n, &mut p, &mut room, res) };
         let at = panel.start - rows.start;

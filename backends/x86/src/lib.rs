@@ -5,7 +5,7 @@
 //! hardware tiles, the scalar emulator and the floor, configured and released here), and the
 //! small vector pieces every backend's kernels call: KT's SwiGLU, software prefetch, the VNNI
 //! `vpdpbusd` encodings, the int4 nibble coding, row slices copied out to several buffers, the
-//! walk that cuts a task's rows into a kernel's row tiles, and weight buffers in per-thread
+//! walk that cuts a task's rows into a kernel's panels, and weight buffers in per-thread
 //! huge-page arenas.
 //!
 //! **Must not** hold a backend's kernels, packing or activation layouts (those live in the
@@ -19,10 +19,10 @@ pub mod int4;
 #[cfg(target_arch = "x86_64")]
 pub mod isa;
 pub mod memory;
+pub mod panels;
 #[cfg(target_arch = "x86_64")]
 pub mod prefetch;
 #[cfg(target_arch = "x86_64")]
 pub mod swiglu;
-pub mod tiles;
 #[cfg(target_arch = "x86_64")]
 pub mod vnni;

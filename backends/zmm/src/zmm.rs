@@ -10,7 +10,7 @@ use kt_core::bias::{with_bias, GateUpBias};
 use kt_core::mat::MatMut;
 use kt_core::swiglu::Glu;
 use kt_core::{Error, PackedMatrix, QuantMatrix, WeightFormat};
-use kt_x86::tiles::{balanced_token_tiles, row_tiles, RowTile};
+use kt_x86::panels::{balanced_token_runs, panels, PanelRows};
 
 use crate::act::{self, Act};
 use crate::kernels::{glu_panel, max_tokens, panel_tile, put_panel, Level, Tile, MAX_NT};
@@ -63,11 +63,11 @@ fn for_tiles(
     rows: &Range<usize>,
     act: &Act<'_>,
     (n, max_nt): (usize, usize),
-    mut emit: impl FnMut(&RowTile, usize, usize, &Tile),
+    mut emit: impl FnMut(&PanelRows, usize, usize, &Tile),
 ) {
     let mut tile: Tile = [[0.0; PANEL]; MAX_NT];
-    for panel in row_tiles(rows.clone(), PANEL) {
-        for (t0, nt) in balanced_token_tiles(n, max_nt) {
+    for panel in panels(rows.clone(), PANEL) {
+        for (t0, nt) in balanced_token_runs(n, max_nt) {
             // SAFETY: a Zmm of `level` is made only where the CPU runs it (Zmm::new's
             // contract), and `act` was prepared by it for w's format and K with n rows.
             unsafe { panel_tile(level, w, panel.index, act, t0, nt, &mut tile) };
@@ -169,7 +169,7 @@ impl Zmm {
         for_tiles(level, g, &rows, &ag, (n, max_nt), |panel, t0, nt, gt| {
             // SAFETY: as in for_tiles.
             unsafe { panel_tile(level, u, panel.index, &au, t0, nt, &mut ut) };
-            let (at, within) = (panel.rows.start - rows.start, panel.in_tile(PANEL));
+            let (at, within) = (panel.rows.start - rows.start, panel.in_panel(PANEL));
             for t in 0..nt {
                 let out = &mut h.row_mut(t0 + t)[at..at + within.len()];
                 let first = panel.index * PANEL;
@@ -186,7 +186,7 @@ impl Zmm {
         let n = y.rows();
         let act = Act::parse(d.format, d.cols, n, a, self.dot(d.format));
         for_tiles(self.level, d, &rows, &act, (n, max_tokens(d)), |panel, t0, nt, tile| {
-            let (at, within) = (panel.rows.start - rows.start, panel.in_tile(PANEL));
+            let (at, within) = (panel.rows.start - rows.start, panel.in_panel(PANEL));
             for (t, res) in tile.iter().enumerate().take(nt) {
                 put_panel(&mut y.row_mut(t0 + t)[at..at + within.len()], res, within.clone());
             }
