@@ -1,4 +1,4 @@
-//! The tile kernels: a block of up to [`MAX_TOKENS`] tokens × one 32-row panel, over the whole
+//! The tile kernels: a block of up to [`MAX_RUN`] tokens × one 32-row panel, over the whole
 //! K, on the AVX-512 backend's packed bytes (`kt_zmm::pack`) and prepared
 //! activations (`act`), generic over the tile seam ([`TileOps`]).
 //!
@@ -39,11 +39,11 @@ use kt_zmm::pack::{Packed, HALF, KT_TILE, PANEL, UNIT};
 
 use crate::tile::{TileConfig, TileOps, COLSB, ROWS};
 
-/// Most tokens in one block: two A tiles of 16 rows.
-pub const MAX_TOKENS: usize = 2 * ROWS;
+/// Most tokens in one run: two A tiles of 16 rows.
+pub const MAX_RUN: usize = 2 * ROWS;
 
-/// Results of a block: `[token][row in panel]`.
-pub type Block = [[f32; PANEL]; MAX_TOKENS];
+/// The results of a panel and a run, `[token][row in panel]`.
+pub type Acc = [[f32; PANEL]; MAX_RUN];
 
 /// The tile product of a step ([`dp`]): `tdpbusd` (u8 activations × i8 weights).
 pub(crate) const US8: u8 = 0;
@@ -73,7 +73,7 @@ pub fn runs(w: &Packed) -> bool {
 /// says otherwise (None: on the AVX-512 kernels always); `folds`: mxfp8's scales fold
 /// (`Packed::folds`). Each is where the tiles first beat the AVX-512 kernels in the device
 /// job's `tile-from` phase (`bash scripts/device-amx.sh run tile-from`; the measurements in
-/// docs/performance.md, "Tile thresholds per format"); never for K-group int4 in groups of 32
+/// docs/performance.md, "Acc thresholds per format"); never for K-group int4 in groups of 32
 /// and mxfp4, whose C tiles are stored and rescaled every 32 K and lost at every token count.
 ///
 /// Not measured on tiles, set by kin: mxfp8 whose scales fold as fp8 (the C tiles sum the whole
@@ -154,7 +154,7 @@ unsafe fn dp<T: TileOps, const OP: u8, const C: u8, const A: u8, const B: u8>(t:
 /// # Safety
 /// As [`step`].
 #[inline(always)]
-pub(crate) unsafe fn store_c<T: TileOps, V>(t: &mut T, c: &mut [[V; PANEL]; MAX_TOKENS], two: bool) {
+pub(crate) unsafe fn store_c<T: TileOps, V>(t: &mut T, c: &mut [[V; PANEL]; MAX_RUN], two: bool) {
     const { assert!(size_of::<V>() == 4) };
     let stride = 4 * PANEL;
     let p = c.as_mut_ptr().cast::<u8>();
@@ -174,19 +174,19 @@ pub(crate) unsafe fn store_c<T: TileOps, V>(t: &mut T, c: &mut [[V; PANEL]; MAX_
 #[repr(C, align(64))]
 struct BTiles([u8; 2 * KT_TILE]);
 
-/// A task's buffers for [`panel_block`], kept across its blocks (zeroing 4 KB per block showed
+/// A task's buffers for [`panel_run`], kept across its blocks (zeroing 4 KB per block showed
 /// as 2% of a forward's samples).
 #[repr(C, align(64))]
 pub struct Work {
     /// The C tiles as stored, `[token][row]`.
-    c: [[u32; PANEL]; MAX_TOKENS],
+    c: [[u32; PANEL]; MAX_RUN],
     /// Decoded B tiles.
     b: BTiles,
 }
 
 impl Default for Work {
     fn default() -> Self {
-        Work { c: [[0; PANEL]; MAX_TOKENS], b: BTiles([0; 2 * KT_TILE]) }
+        Work { c: [[0; PANEL]; MAX_RUN], b: BTiles([0; 2 * KT_TILE]) }
     }
 }
 
@@ -227,8 +227,8 @@ unsafe fn unpack_group(panel: *const u8, u0: usize, n: usize, lut: &[i8; 16], ds
 /// AVX-512F is present.
 #[target_feature(enable = "avx512f")]
 unsafe fn add_scaled<const INT: bool>(
-    out: &mut Block,
-    c: &[[u32; PANEL]; MAX_TOKENS],
+    out: &mut Acc,
+    c: &[[u32; PANEL]; MAX_RUN],
     nt: usize,
     sw: &[f32; PANEL],
     sa: impl Fn(usize) -> f32,
@@ -294,7 +294,7 @@ unsafe fn unpack_int4_avx512(src: &[u8], dst: &mut [u8; 2 * KT_TILE]) {
     }
 }
 
-/// Tokens `t0..t0+nt` (nt ≤ [`MAX_TOKENS`]) × panel `p` of `w` into `out[..nt]`, with
+/// Tokens `t0..t0+nt` (nt ≤ [`MAX_RUN`]) × panel `p` of `w` into `out[..nt]`, with
 /// `work`'s buffers. A panel's first token block (`t0 == 0`) also brings the next panel's bytes
 /// into L2, a share a K step: the callers take every token block of a panel before the next
 /// panel, so the weights stream from DRAM once, behind the tiles.
@@ -303,7 +303,7 @@ unsafe fn unpack_int4_avx512(src: &[u8], dst: &mut [u8; 2 * KT_TILE]) {
 /// `t`'s CPU contract ([`TileOps`]) and AVX-512F/BW/VBMI; [`runs`]`(w)`; `act` prepared by the
 /// AVX-512 backend at its bf16 level for `w`'s format and K, with at least `t0 + nt` rows.
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn panel_block<T: TileOps>(
+pub unsafe fn panel_run<T: TileOps>(
     t: &mut T,
     w: &Packed,
     p: usize,
@@ -311,9 +311,9 @@ pub unsafe fn panel_block<T: TileOps>(
     t0: usize,
     nt: usize,
     work: &mut Work,
-    out: &mut Block,
+    out: &mut Acc,
 ) {
-    debug_assert!(runs(w) && (1..=MAX_TOKENS).contains(&nt));
+    debug_assert!(runs(w) && (1..=MAX_RUN).contains(&nt));
     let fetch = t0 == 0;
     // SAFETY: the caller's contract.
     unsafe {
@@ -355,7 +355,7 @@ fn next_run(fetch: bool, w: &Packed, p: usize, s: usize) -> &[u8] {
 /// for bf16), with `b` for int4's unpacked tiles.
 ///
 /// # Safety
-/// As [`panel_block`].
+/// As [`panel_run`].
 #[allow(clippy::too_many_arguments)]
 unsafe fn whole_block<T: TileOps, V>(
     t: &mut T,
@@ -366,7 +366,7 @@ unsafe fn whole_block<T: TileOps, V>(
     nt: usize,
     fetch: bool,
     b: &mut BTiles,
-    c: &mut [[V; PANEL]; MAX_TOKENS],
+    c: &mut [[V; PANEL]; MAX_RUN],
 ) {
     let two = nt > ROWS;
     // SAFETY: the caller's contract; every address below lies in the panel's runs and the
@@ -424,7 +424,7 @@ unsafe fn whole_block<T: TileOps, V>(
 /// K-group int4 and mxfp4: each group's integer sums stored and added, scaled, into `out`.
 ///
 /// # Safety
-/// As [`panel_block`]; `a` the block's first activation row, rows `stride` bytes apart.
+/// As [`panel_run`]; `a` the block's first activation row, rows `stride` bytes apart.
 #[allow(clippy::too_many_arguments)]
 unsafe fn group_block<T: TileOps>(
     t: &mut T,
@@ -435,7 +435,7 @@ unsafe fn group_block<T: TileOps>(
     nt: usize,
     fetch: bool,
     work: &mut Work,
-    out: &mut Block,
+    out: &mut Acc,
 ) {
     let two = nt > ROWS;
     let upg = w.format.k_group().expect("a K-group format") / 8;
@@ -468,7 +468,7 @@ unsafe fn group_block<T: TileOps>(
 /// which hold the results.
 ///
 /// # Safety
-/// As [`panel_block`]; `a` the block's first bf16 activation row, rows `stride` bytes apart.
+/// As [`panel_run`]; `a` the block's first bf16 activation row, rows `stride` bytes apart.
 #[allow(clippy::too_many_arguments)]
 unsafe fn fp8_block<T: TileOps>(
     t: &mut T,
@@ -478,7 +478,7 @@ unsafe fn fp8_block<T: TileOps>(
     nt: usize,
     fetch: bool,
     work: &mut Work,
-    out: &mut Block,
+    out: &mut Acc,
 ) {
     let two = nt > ROWS;
     // (units per scale block, scales per block: one for the panel or one per row)
@@ -534,8 +534,8 @@ unsafe fn epilogue(
     act: &Act<'_>,
     t0: usize,
     nt: usize,
-    c: &[[u32; PANEL]; MAX_TOKENS],
-    out: &mut Block,
+    c: &[[u32; PANEL]; MAX_RUN],
+    out: &mut Acc,
 ) {
     use core::arch::x86_64::*;
     let Act::Int { scales, .. } = act else { unreachable!("bf16 sums are stored as results") };

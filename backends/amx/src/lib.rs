@@ -70,7 +70,7 @@ mod imp {
     use kt_zmm::pack::{Packed, PANEL};
     use kt_zmm::{glu_panel, put_panel, support, Level, Zmm};
 
-    use crate::kernels::{self, panel_block, Block, Work, MAX_TOKENS};
+    use crate::kernels::{self, panel_run, Acc, Work, MAX_RUN};
     #[cfg(test)]
     use crate::tile::Emulator;
     use crate::tile::{tile_from, Hardware, Tiles};
@@ -132,21 +132,21 @@ mod imp {
     impl<T: Tiles> AmxBackend<T> {
         /// Every (panel of `rows`, token block) of `w`, each handed to `emit` with its block:
         /// a panel's token blocks one after another, so its weights come from DRAM once (and
-        /// the next panel's while the first block works: [`panel_block`]).
+        /// the next panel's while the first block works: [`panel_run`]).
         fn for_blocks(
             w: &Packed,
             rows: &Range<usize>,
             act: &Act<'_>,
             n: usize,
-            mut emit: impl FnMut(Range<usize>, usize, usize, &Block),
+            mut emit: impl FnMut(Range<usize>, usize, usize, &Acc),
         ) {
             let (mut tiles, mut work) = (T::default(), Work::default());
-            let mut block: Block = [[0.0; PANEL]; MAX_TOKENS];
+            let mut block: Acc = [[0.0; PANEL]; MAX_RUN];
             for panel in panels(rows.clone(), PANEL) {
-                for (t0, nt) in balanced_token_runs(n, MAX_TOKENS) {
+                for (t0, nt) in balanced_token_runs(n, MAX_RUN) {
                     // SAFETY: the backend is selected only where T's tiles run (cpu_support);
                     // `runs(w)` was checked by on_tiles; `act` was prepared by simd() for w.
-                    unsafe { panel_block(&mut tiles, w, panel.index, act, t0, nt, &mut work, &mut block) };
+                    unsafe { panel_run(&mut tiles, w, panel.index, act, t0, nt, &mut work, &mut block) };
                     let at = panel.rows.start - rows.start;
                     emit(at..at + panel.rows.len(), t0, nt, &block);
                 }
@@ -234,12 +234,12 @@ mod imp {
             }
             let ag = Act::parse(g.format, g.cols, n, act_gate, true);
             let au = Act::parse(u.format, u.cols, n, act_up, true);
-            let (mut ub, mut room): (Block, _) = ([[0.0; PANEL]; MAX_TOKENS], [[0.0; PANEL]; 2]);
+            let (mut ub, mut room): (Acc, _) = ([[0.0; PANEL]; MAX_RUN], [[0.0; PANEL]; 2]);
             let (mut tiles, mut work) = (T::default(), Work::default());
             Self::for_blocks(g, &rows, &ag, n, |at, t0, nt, gb| {
                 let p = (rows.start + at.start) / PANEL;
                 // SAFETY: as in for_blocks, for `u`.
-                unsafe { panel_block(&mut tiles, u, p, &au, t0, nt, &mut work, &mut ub) };
+                unsafe { panel_run(&mut tiles, u, p, &au, t0, nt, &mut work, &mut ub) };
                 for t in 0..nt {
                     let (gv, uv) = with_bias(bias, rows.start + at.start, 0..at.len(), [&gb[t], &ub[t]], &mut room);
                     // SAFETY: SIMD_LEVEL's support (AVX2 and FMA among it) holds.

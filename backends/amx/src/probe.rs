@@ -2,7 +2,7 @@
 //! 16 × 16 × 64-byte tiles with A and B loaded from L1 every step (not tiles kept in registers,
 //! which no kernel can do).
 
-use crate::kernels::{step, store_c, BF16, MAX_TOKENS, US8};
+use crate::kernels::{step, store_c, BF16, MAX_RUN, US8};
 use crate::tile::{Amx, TileConfig, TileOps, COLSB, ROWS};
 use kt_zmm::pack::PANEL;
 
@@ -17,11 +17,11 @@ pub fn block_steps(bf16: bool, steps: u64) -> Result<(), &'static str> {
     #[repr(align(64))]
     struct Buf([u8; 2 * ROWS * COLSB]);
     let (a, b) = (Buf([1; 2 * ROWS * COLSB]), Buf([1; 2 * ROWS * COLSB]));
-    let mut c = [[0u32; PANEL]; MAX_TOKENS];
+    let mut c = [[0u32; PANEL]; MAX_RUN];
     let mut t = Amx;
     // SAFETY: AMX granted (above); A and B hold two 16 × 64-byte tiles each, C four.
     unsafe {
-        t.config(&TileConfig::block(MAX_TOKENS, COLSB));
+        t.config(&TileConfig::block(MAX_RUN, COLSB));
         for _ in 0..steps {
             if bf16 {
                 step::<Amx, BF16>(&mut t, (a.0.as_ptr(), COLSB), (b.0.as_ptr(), ROWS * COLSB, COLSB), true);

@@ -88,7 +88,7 @@ fn tiles_give_the_avx512_kernels_bits() {
     }
 }
 
-/// Tile products recorded on AMX hardware (`examples/tile_dump.rs`, a Sapphire Rapids-class
+/// Acc products recorded on AMX hardware (`examples/tile_dump.rs`, a Sapphire Rapids-class
 /// Xeon): `tdpbf16ps` with K of one bf16 pair (every input family: near one, wide exponents,
 /// cancelling pairs, C far larger, denormals and underflow, C zero) and of a whole tile, and
 /// `tdpbusd`/`tdpbssd` over a whole tile. Each record is a 4-byte header (op: 0 `tdpbf16ps`,

@@ -1,4 +1,4 @@
-//! The AVX2 microkernels: a tile of up to `MAX_NT` tokens × one 16-row panel, accumulated over
+//! The AVX2 microkernels: a tile of up to `MAX_RUN` tokens × one 16-row panel, accumulated over
 //! K in order (one FMA or one i32 add per k per output), so every output element is computed
 //! the same way whatever the row block or thread.
 //!
@@ -35,19 +35,19 @@ fn prefetch(p: *const u8) {
     kt_x86::prefetch::ahead(p, PREFETCH, PREFETCH_L2);
 }
 
-/// Most tokens in one tile (6 × 2 accumulators + 2 weights + 1 broadcast = 15 ymm).
+/// Most tokens in one run (6 × 2 accumulators + 2 weights + 1 broadcast = 15 ymm).
 ///
-/// This is the decode/prefill crossover: an expert's tokens are processed in tiles of
-/// min(tokens, MAX_NT), so 1-5 tokens are a GEMV that streams the panel once, and more tokens
+/// This is the decode/prefill crossover: an expert's tokens are processed in runs of
+/// min(tokens, MAX_RUN), so 1-5 tokens are a GEMV that streams the panel once, and more tokens
 /// reuse each loaded weight 6 (float) or 4 (int) times: the widest that fit the 16 ymm
 /// registers without spills (checked in the asm), each faster than the narrower one
 /// (docs/tuning.md, "AVX2 kernels").
-pub const MAX_NT: usize = 6;
-/// Most tokens in one int tile (more registers per step; see [`MAX_NT`]).
-pub const MAX_NT_INT: usize = 4;
+pub const MAX_RUN: usize = 6;
+/// Most tokens in one int run (more registers per step; see [`MAX_RUN`]).
+pub const MAX_RUN_INT: usize = 4;
 
-/// Results of a tile: `[token][row in panel]`.
-pub type Tile = [[f32; PANEL]; MAX_NT];
+/// The accumulators of a panel and a run, `[token][row in panel]`.
+pub type Acc = [[f32; PANEL]; MAX_RUN];
 
 /// A pair of k-slices of an fp8 panel (`pack`'s layout), k even, as loaded: [`fp8_first`] and
 /// [`fp8_second`] decode it.
@@ -398,7 +398,7 @@ unsafe fn mx_scales8(p: *const u8, bias: i32) -> __m256 {
 /// # Safety
 /// The CPU has AVX2 and FMA, and the slices hold what the doc says.
 #[inline(always)]
-unsafe fn store_tile<const N: usize>(acc: &[[__m256; 2]; N], out: &mut Tile) {
+unsafe fn store_tile<const N: usize>(acc: &[[__m256; 2]; N], out: &mut Acc) {
     for (o, a) in out.iter_mut().zip(acc) {
         // SAFETY: each row of `out` holds 16 floats.
         unsafe {
@@ -430,7 +430,7 @@ unsafe fn unbias(acc: __m256i, rowsum: *const i32) -> __m256 {
 /// # Safety
 /// The CPU has AVX2 and FMA, and the slices hold what the doc says.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn float_panel<const N: usize>(w: &Packed, p: usize, x: &[f32], cols: usize, t0: usize, out: &mut Tile) {
+unsafe fn float_panel<const N: usize>(w: &Packed, p: usize, x: &[f32], cols: usize, t0: usize, out: &mut Acc) {
     let panel = w.panel(p).as_ptr();
     let xs: [*const f32; N] = core::array::from_fn(|t| x[(t0 + t) * cols..].as_ptr());
     let z = _mm256_setzero_ps();
@@ -477,7 +477,7 @@ unsafe fn float_panel<const N: usize>(w: &Packed, p: usize, x: &[f32], cols: usi
 /// # Safety
 /// The CPU has AVX2 and FMA, and the slices hold what the doc says.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn int_panel<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: usize, out: &mut Tile) {
+unsafe fn int_panel<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: usize, out: &mut Acc) {
     let panel = w.panel(p).as_ptr();
     let xs: [*const i8; N] = core::array::from_fn(|t| act.q[(t0 + t) * act.kp..].as_ptr());
     let zi = _mm256_setzero_si256();
@@ -549,7 +549,7 @@ unsafe fn int_panel<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: u
 /// # Safety
 /// The CPU supports AVX2 and FMA; `act` was prepared for `w`'s format and K, with at least
 /// `t0 + nt` rows.
-pub unsafe fn panel_tile(w: &Packed, p: usize, act: &Act<'_>, t0: usize, nt: usize, out: &mut Tile) {
+pub unsafe fn panel_run(w: &Packed, p: usize, act: &Act<'_>, t0: usize, nt: usize, out: &mut Acc) {
     macro_rules! by_n {
         ($f:ident, $($arg:expr),*) => {
             kt_x86::by_tokens!(nt; 1 2 3 4 5 6; $f($($arg),*))

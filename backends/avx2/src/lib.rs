@@ -52,7 +52,7 @@ mod imp {
     use kt_x86::swiglu::glu16;
 
     use crate::act::{self, Act};
-    use crate::kernels::{panel_tile, Tile, MAX_NT, MAX_NT_INT};
+    use crate::kernels::{panel_run, Acc, MAX_RUN, MAX_RUN_INT};
     use crate::pack::{self, Packed, PANEL};
 
     /// The AVX2 backend.
@@ -72,15 +72,15 @@ mod imp {
         rows: &Range<usize>,
         act: &Act<'_>,
         n: usize,
-        mut emit: impl FnMut(&PanelRows, usize, usize, &Tile),
+        mut emit: impl FnMut(&PanelRows, usize, usize, &Acc),
     ) {
-        let max_nt = if matches!(act, Act::Int { .. }) { MAX_NT_INT } else { MAX_NT };
-        let mut tile: Tile = [[0.0; PANEL]; MAX_NT];
+        let max_nt = if matches!(act, Act::Int { .. }) { MAX_RUN_INT } else { MAX_RUN };
+        let mut tile: Acc = [[0.0; PANEL]; MAX_RUN];
         for panel in panels(rows.clone(), PANEL) {
             for (t0, nt) in token_runs(n, max_nt) {
                 // SAFETY: the backend is only selected when AVX2+FMA are present (cpu_support),
                 // and `act` was prepared by this backend for w's format and K with n rows.
-                unsafe { panel_tile(w, panel.index, act, t0, nt, &mut tile) };
+                unsafe { panel_run(w, panel.index, act, t0, nt, &mut tile) };
                 emit(&panel, t0, nt, &tile);
             }
         }
@@ -153,12 +153,12 @@ mod imp {
             let (g, u) = (packed(gate), packed(up));
             let n = h.rows();
             let (ag, au) = (Act::parse(g.format, g.cols, n, act_gate), Act::parse(u.format, u.cols, n, act_up));
-            let mut ut: Tile = [[0.0; PANEL]; MAX_NT];
+            let mut ut: Acc = [[0.0; PANEL]; MAX_RUN];
             let (mut hv, mut room) = ([0u16; PANEL], [[0.0; PANEL]; 2]);
             // Each up tile is paired with the gate tile of the same panel and tokens.
             for_tiles(g, &rows, &ag, n, |panel, t0, nt, gt| {
                 // SAFETY: as in for_tiles.
-                unsafe { panel_tile(u, panel.index, &au, t0, nt, &mut ut) };
+                unsafe { panel_run(u, panel.index, &au, t0, nt, &mut ut) };
                 let (at, within) = (panel.rows.start - rows.start, panel.in_panel(PANEL));
                 for t in 0..nt {
                     let first = panel.index * PANEL;

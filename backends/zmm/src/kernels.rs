@@ -1,4 +1,4 @@
-//! The AVX-512 microkernels: a tile of up to [`MAX_NT`] tokens × one 32-row panel (two zmm of
+//! The AVX-512 microkernels: a tile of up to [`MAX_RUN`] tokens × one 32-row panel (two zmm of
 //! accumulators per token), accumulated over K in order, so every output element is computed
 //! the same way whatever the row block, thread or tile size.
 //!
@@ -63,22 +63,22 @@ pub enum Level {
     Bf16,
 }
 
-/// Most tokens in one tile: 2 × 12 accumulators + 2-4 weight registers + a broadcast fit the
+/// Most tokens in one run: 2 × 12 accumulators + 2-4 weight registers + a broadcast fit the
 /// 32 zmm registers.
-pub const MAX_NT: usize = 12;
+pub const MAX_RUN: usize = 12;
 
-/// Most tokens in one tile of `w`: [`MAX_NT`], or 8 for fp8 in bf16-pair order, whose four
+/// Most tokens in one run of `w`: [`MAX_RUN`], or 8 for fp8 in bf16-pair order, whose four
 /// table registers and decoded pairs leave room for 16 accumulators without spilling.
-pub fn max_tokens(w: &Packed) -> usize {
+pub fn max_run(w: &Packed) -> usize {
     if w.pairs {
         8
     } else {
-        MAX_NT
+        MAX_RUN
     }
 }
 
-/// Results of a tile: `[token][row in panel]`.
-pub type Tile = [[f32; PANEL]; MAX_NT];
+/// The accumulators of a panel and a run, `[token][row in panel]`.
+pub type Acc = [[f32; PANEL]; MAX_RUN];
 
 /// Software prefetch distance: at ~15 GB/s per core this much must be in flight to cover
 /// DRAM latency (as in the AVX2 kernels), and an L2 prefetch three times further.
@@ -228,7 +228,7 @@ unsafe fn float_units<const N: usize, const BF16: bool>(
 /// # Safety
 /// AVX-512F is present (inlined into the kernels, whose features it uses).
 #[inline(always)]
-unsafe fn store_tile<const N: usize>(acc: &[[__m512; 2]; N], out: &mut Tile) {
+unsafe fn store_tile<const N: usize>(acc: &[[__m512; 2]; N], out: &mut Acc) {
     for (o, a) in out.iter_mut().zip(acc) {
         // SAFETY: each row of `out` holds 32 floats.
         unsafe {
@@ -565,7 +565,7 @@ unsafe fn float_body<const N: usize, const DOT: bool>(
     x16: &[bf16],
     kp: usize,
     t0: usize,
-    out: &mut Tile,
+    out: &mut Acc,
 ) {
     let panel = w.panel(p).as_ptr();
     // The dot kernels read only the bf16 rows, the FMA ones only the f32 rows (`act`).
@@ -628,7 +628,7 @@ unsafe fn bf16_body<const N: usize, const DOT: bool>(
     x16: &[bf16],
     kp: usize,
     t0: usize,
-    out: &mut Tile,
+    out: &mut Acc,
 ) {
     let panel = w.panel(p).as_ptr();
     // SAFETY: the panel spans w.units units, x and x16 rows kp = 2·units values.
@@ -658,7 +658,7 @@ macro_rules! float_kernels {
             x16: &[bf16],
             kp: usize,
             t0: usize,
-            out: &mut Tile,
+            out: &mut Acc,
         ) {
             // SAFETY: forwarded.
             unsafe { $body::<N, $dot>(w, p, x, x16, kp, t0, out) }
@@ -958,7 +958,7 @@ unsafe fn int_panel<const N: usize, const VNNI: bool, const VBMI: bool>(
     p: usize,
     act: IntAct<'_>,
     t0: usize,
-    out: &mut Tile,
+    out: &mut Acc,
 ) {
     let xs: [*const u8; N] = core::array::from_fn(|t| act.q[(t0 + t) * act.kp..].as_ptr());
     let groups = act.groups;
@@ -1041,7 +1041,7 @@ unsafe fn int_panel<const N: usize, const VNNI: bool, const VBMI: bool>(
 /// # Safety
 /// As [`int_panel`], with AVX-512F/BW.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn int_panel_base<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: usize, out: &mut Tile) {
+unsafe fn int_panel_base<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: usize, out: &mut Acc) {
     // SAFETY: forwarded; compiled without VNNI so no instruction of it can appear.
     unsafe { int_panel::<N, false, false>(w, p, act, t0, out) }
 }
@@ -1049,7 +1049,7 @@ unsafe fn int_panel_base<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, 
 /// # Safety
 /// As [`int_panel`], with AVX-512F/BW/VNNI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn int_panel_vnni<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: usize, out: &mut Tile) {
+unsafe fn int_panel_vnni<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: usize, out: &mut Acc) {
     // SAFETY: forwarded.
     unsafe { int_panel::<N, true, false>(w, p, act, t0, out) }
 }
@@ -1057,18 +1057,18 @@ unsafe fn int_panel_vnni<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, 
 /// # Safety
 /// As [`int_panel`], with AVX-512F/BW/VNNI/VBMI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi")]
-unsafe fn int_panel_vbmi<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: usize, out: &mut Tile) {
+unsafe fn int_panel_vbmi<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: usize, out: &mut Acc) {
     // SAFETY: forwarded.
     unsafe { int_panel::<N, true, true>(w, p, act, t0, out) }
 }
 
-/// Tokens `t0..t0+nt` (nt ≤ [`max_tokens`]) × panel `p` of `w` into `out[..nt]`, with the
+/// Tokens `t0..t0+nt` (nt ≤ [`max_run`]) × panel `p` of `w` into `out[..nt]`, with the
 /// instructions `level` allows.
 ///
 /// # Safety
 /// The CPU runs `level` (AVX-512F/BW and the level's own extensions); `act` was prepared for
 /// `w`'s format and K, with at least `t0 + nt` rows.
-pub unsafe fn panel_tile(level: Level, w: &Packed, p: usize, act: &Act<'_>, t0: usize, nt: usize, out: &mut Tile) {
+pub unsafe fn panel_run(level: Level, w: &Packed, p: usize, act: &Act<'_>, t0: usize, nt: usize, out: &mut Acc) {
     macro_rules! by_n {
         ($f:ident, $($arg:expr),*) => {
             kt_x86::by_tokens!(nt; 1 2 3 4 5 6 7 8 9 10 11 12; $f($($arg),*))

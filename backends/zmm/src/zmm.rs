@@ -13,7 +13,7 @@ use kt_core::{Error, PackedMatrix, QuantMatrix, WeightFormat};
 use kt_x86::panels::{balanced_token_runs, panels, PanelRows};
 
 use crate::act::{self, Act};
-use crate::kernels::{glu_panel, max_tokens, panel_tile, put_panel, Level, Tile, MAX_NT};
+use crate::kernels::{glu_panel, max_run, panel_run, put_panel, Acc, Level, MAX_RUN};
 use crate::pack::{self, Packed, PANEL};
 
 /// `Ok` if this CPU runs `level`, else the first missing feature. AVX2 and FMA too: the
@@ -63,14 +63,14 @@ fn for_tiles(
     rows: &Range<usize>,
     act: &Act<'_>,
     (n, max_nt): (usize, usize),
-    mut emit: impl FnMut(&PanelRows, usize, usize, &Tile),
+    mut emit: impl FnMut(&PanelRows, usize, usize, &Acc),
 ) {
-    let mut tile: Tile = [[0.0; PANEL]; MAX_NT];
+    let mut tile: Acc = [[0.0; PANEL]; MAX_RUN];
     for panel in panels(rows.clone(), PANEL) {
         for (t0, nt) in balanced_token_runs(n, max_nt) {
             // SAFETY: a Zmm of `level` is made only where the CPU runs it (Zmm::new's
             // contract), and `act` was prepared by it for w's format and K with n rows.
-            unsafe { panel_tile(level, w, panel.index, act, t0, nt, &mut tile) };
+            unsafe { panel_run(level, w, panel.index, act, t0, nt, &mut tile) };
             emit(&panel, t0, nt, &tile);
         }
     }
@@ -163,12 +163,12 @@ impl Zmm {
         let n = h.rows();
         let ag = Act::parse(g.format, g.cols, n, act_gate, self.dot(g.format));
         let au = Act::parse(u.format, u.cols, n, act_up, self.dot(u.format));
-        let (mut ut, mut room): (Tile, _) = ([[0.0; PANEL]; MAX_NT], [[0.0; PANEL]; 2]);
+        let (mut ut, mut room): (Acc, _) = ([[0.0; PANEL]; MAX_RUN], [[0.0; PANEL]; 2]);
         // Each up tile is paired with the gate tile of the same panel and tokens.
-        let max_nt = max_tokens(g).min(max_tokens(u));
+        let max_nt = max_run(g).min(max_run(u));
         for_tiles(level, g, &rows, &ag, (n, max_nt), |panel, t0, nt, gt| {
             // SAFETY: as in for_tiles.
-            unsafe { panel_tile(level, u, panel.index, &au, t0, nt, &mut ut) };
+            unsafe { panel_run(level, u, panel.index, &au, t0, nt, &mut ut) };
             let (at, within) = (panel.rows.start - rows.start, panel.in_panel(PANEL));
             for t in 0..nt {
                 let out = &mut h.row_mut(t0 + t)[at..at + within.len()];
@@ -185,7 +185,7 @@ impl Zmm {
         let d = packed(down);
         let n = y.rows();
         let act = Act::parse(d.format, d.cols, n, a, self.dot(d.format));
-        for_tiles(self.level, d, &rows, &act, (n, max_tokens(d)), |panel, t0, nt, tile| {
+        for_tiles(self.level, d, &rows, &act, (n, max_run(d)), |panel, t0, nt, tile| {
             let (at, within) = (panel.rows.start - rows.start, panel.in_panel(PANEL));
             for (t, res) in tile.iter().enumerate().take(nt) {
                 put_panel(&mut y.row_mut(t0 + t)[at..at + within.len()], res, within.clone());
