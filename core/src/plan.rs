@@ -224,19 +224,6 @@ pub struct Stages {
     pub merge: Vec<MergeTask>,
 }
 
-impl Stages {
-    /// How many tasks each stage has, in execution order.
-    pub fn counts(&self) -> [(StageKind, usize); 5] {
-        [
-            (StageKind::Gather, self.gather.len()),
-            (StageKind::GateUp, self.gate_up.len()),
-            (StageKind::Down, self.down.len()),
-            (StageKind::Reduce, self.reduce.len()),
-            (StageKind::Merge, self.merge.len()),
-        ]
-    }
-}
-
 /// The plan of one forward. [`Plan::rebuild`] reuses the vectors of the previous plan, so a
 /// forward after warm-up plans without allocating.
 #[derive(Clone, Debug, Default)]

@@ -164,8 +164,7 @@ mod imp {
             T::available()
         }
 
-        fn serves(&self, format: WeightFormat, rows: usize, cols: usize) -> bool {
-            let _ = rows;
+        fn serves(&self, format: WeightFormat, _rows: usize, cols: usize) -> bool {
             Zmm::serves(format, cols)
         }
 
