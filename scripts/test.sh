@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Every test: formatting, lints (default features, reference-only, the tile floor), rustdoc's
+# Every test: formatting, import circles, lints (default features, reference-only, the tile floor), rustdoc's
 # link checks, the no_std core built alone, the workspace tests, loom model checks, the Python
 # package (wheel built with maturin as a manylinux wheel, installed in a venv, pytest, mypy; no
 # SIMD intrinsic called out of line in it), SGLang's own
@@ -14,6 +14,8 @@ echo "== fmt"
 cargo fmt --all --check
 (cd fuzz && cargo fmt --check)
 cargo fmt --manifest-path bindings/python/Cargo.toml --check
+echo "== no file imports a file that imports it (Rust crates, the Python package)"
+python3 scripts/import-circles.py
 echo "== clippy"
 cargo clippy --workspace --all-targets -- -D warnings
 CARGO_TARGET_DIR=target cargo clippy --manifest-path bindings/python/Cargo.toml -- -D warnings
