@@ -237,6 +237,8 @@ impl KBlock for BlockQ2K {
     const SCALED: Option<(i16, i16)> = Some((0, 0));
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: AVX2 (and F16C) by the inlining kernels' features; loads read this block's own
+        // fields.
         unsafe {
             let x = _mm_loadu_si128(self.scales.as_ptr().cast());
             let m = _mm_set1_epi8(0x0F);
@@ -246,6 +248,8 @@ impl KBlock for BlockQ2K {
     }
     #[inline(always)]
     unsafe fn reg(&self, r: usize) -> __m256i {
+        // SAFETY: AVX2 by the inlining kernels' features; `load` reads 32 bytes of `qs`
+        // (bounds-checked slice).
         unsafe { bits(load(&self.qs[32 * (r / 4)..]), 2 * (r % 4), 3) }
     }
 }
@@ -283,6 +287,8 @@ impl KBlock for Q3KU {
     const SCALED: Option<(i16, i16)> = Some((4, 124));
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: AVX2 (and F16C) by the inlining kernels' features; loads read this block's own
+        // fields.
         unsafe {
             let s = _mm256_cvtepi8_epi16(_mm_loadu_si128(self.sc.as_ptr().cast()));
             let d = h(self.d);
@@ -397,14 +403,18 @@ impl KBlock for Q4KU {
     const PER32: bool = true;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: AVX2 by the inlining kernels' features; register-only.
         unsafe { unpacked_prep(self.sc, self.mn, self.d, self.dmin) }
     }
     #[inline(always)]
     unsafe fn prep32(&self) -> (__m256, __m256) {
+        // SAFETY: AVX2 by the inlining kernels' features; register-only.
         unsafe { unpacked_prep32(self.sc, self.mn, self.d, self.dmin) }
     }
     #[inline(always)]
     unsafe fn reg(&self, r: usize) -> __m256i {
+        // SAFETY: AVX2 by the inlining kernels' features; `load` reads 32 bytes of `qs`
+        // (bounds-checked slice).
         unsafe { bits(load(&self.qs[32 * (r / 2)..]), 4 * (r % 2), 0x0F) }
     }
 }
@@ -421,10 +431,12 @@ impl KBlock for Q5KU {
     const PER32: bool = true;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: AVX2 by the inlining kernels' features; register-only.
         unsafe { unpacked_prep(self.sc, self.mn, self.d, self.dmin) }
     }
     #[inline(always)]
     unsafe fn prep32(&self) -> (__m256, __m256) {
+        // SAFETY: AVX2 by the inlining kernels' features; register-only.
         unsafe { unpacked_prep32(self.sc, self.mn, self.d, self.dmin) }
     }
     #[inline(always)]
@@ -489,6 +501,8 @@ impl KBlock for Q6KP {
     const MINS_IN_D: bool = true;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: AVX2 (and F16C) by the inlining kernels' features; loads read this block's own
+        // fields.
         unsafe {
             let x = _mm_loadu_si128(self.scales.as_ptr().cast());
             let d = h(self.d);
@@ -561,10 +575,14 @@ impl KBlock for Iq4XsU {
     const NO_MINS: bool = true;
     #[inline(always)]
     unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
+        // SAFETY: AVX2 (and F16C) by the inlining kernels' features; loads read this block's own
+        // fields.
         unsafe { (twice(u64::from_le_bytes(self.sc), true), _mm256_setzero_si256(), h(self.d), 0.0) }
     }
     #[inline(always)]
     unsafe fn prep32(&self) -> (__m256, __m256) {
+        // SAFETY: AVX2 (and F16C) by the inlining kernels' features; loads read this block's own
+        // fields.
         unsafe {
             let sc = _mm256_cvtepi8_epi32(_mm_cvtsi64_si128(i64::from_le_bytes(self.sc)));
             (_mm256_mul_ps(_mm256_set1_ps(h(self.d)), _mm256_cvtepi32_ps(sc)), _mm256_setzero_ps())
@@ -572,10 +590,12 @@ impl KBlock for Iq4XsU {
     }
     #[inline(always)]
     unsafe fn reg(&self, r: usize) -> __m256i {
+        // SAFETY: forwarded: `lookup` needs what this method does.
         unsafe { self.lookup::<false>(r) }
     }
     #[inline(always)]
     unsafe fn ureg(&self, r: usize) -> __m256i {
+        // SAFETY: forwarded: `lookup` needs what this method does.
         unsafe { self.lookup::<true>(r) }
     }
 }

@@ -402,6 +402,8 @@ impl LGroup for Q40 {
 impl PairLevels for Q40 {
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
+        // SAFETY: AVX2 by the inlining kernels' features; `load` reads 32 bytes of the group's
+        // slice, which holds them (bounds-checked).
         unsafe { nibbles(load(&g[Self::LEVELS + 32 * p..])) }
     }
 }
@@ -416,6 +418,8 @@ impl LGroup for Q41 {
 impl PairLevels for Q41 {
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
+        // SAFETY: AVX2 by the inlining kernels' features; `load` reads 32 bytes of the group's
+        // slice, which holds them (bounds-checked).
         unsafe { nibbles(load(&g[Self::LEVELS + 32 * p..])) }
     }
 }
@@ -431,6 +435,8 @@ impl LGroup for Q50 {
 impl PairLevels for Q50 {
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
+        // SAFETY: AVX2 by the inlining kernels' features; `load` reads 32 bytes of the group's
+        // slice, which holds them (bounds-checked).
         unsafe { five_bits(g, Self::LEVELS, p) }
     }
 }
@@ -446,6 +452,8 @@ impl LGroup for Q51 {
 impl PairLevels for Q51 {
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
+        // SAFETY: AVX2 by the inlining kernels' features; `load` reads 32 bytes of the group's
+        // slice, which holds them (bounds-checked).
         unsafe { five_bits(g, Self::LEVELS, p) }
     }
 }
@@ -462,6 +470,8 @@ impl LGroup for Mxfp4 {
 impl PairLevels for Mxfp4 {
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
+        // SAFETY: AVX2 by the inlining kernels' features; `load` reads 32 bytes of the group's
+        // slice, which holds them (bounds-checked).
         unsafe { looked_up(&MXFP4_LUT, load(&g[Self::LEVELS + 32 * p..])) }
     }
 }
@@ -498,6 +508,8 @@ impl LGroup for Iq4Nl {
 impl PairLevels for Iq4Nl {
     #[inline(always)]
     unsafe fn pair(g: &[u8], p: usize) -> (__m256i, __m256i) {
+        // SAFETY: AVX2 by the inlining kernels' features; `load` reads 32 bytes of the group's
+        // slice, which holds them (bounds-checked).
         unsafe { looked_up(&IQ4NL_SIGNED, load(&g[Self::LEVELS + 32 * p..])) }
     }
 }

@@ -164,30 +164,44 @@ impl Lanes for Y {
     const N: usize = 8;
     #[inline(always)]
     unsafe fn zero() -> Self {
+        // SAFETY: register-only intrinsics of this type's instructions, which the inlining caller's
+        // target features provide ([`Lanes`]).
         unsafe { Y(_mm256_setzero_ps()) }
     }
     #[inline(always)]
     unsafe fn splat(x: f32) -> Self {
+        // SAFETY: register-only intrinsics of this type's instructions, which the inlining caller's
+        // target features provide ([`Lanes`]).
         unsafe { Y(_mm256_set1_ps(x)) }
     }
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: this type's instructions, from the caller's features ([`Lanes`]); `p` points at
+        // `N` readable values (the caller's contract).
         unsafe { Y(_mm256_loadu_ps(p)) }
     }
     #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
+        // SAFETY: this type's instructions, from the caller's features ([`Lanes`]); `p` points at
+        // `N` writable values (the caller's contract).
         unsafe { _mm256_storeu_ps(p, self.0) }
     }
     #[inline(always)]
     unsafe fn widen(p: *const bf16) -> Self {
+        // SAFETY: this type's instructions, from the caller's features ([`Lanes`]); `p` points at
+        // `N` readable values (the caller's contract).
         unsafe { Y(widen8(p)) }
     }
     #[inline(always)]
     unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
+        // SAFETY: register-only intrinsics of this type's instructions, which the inlining caller's
+        // target features provide ([`Lanes`]).
         unsafe { Y(_mm256_fmadd_ps(a.0, b.0, c.0)) }
     }
     #[inline(always)]
     unsafe fn sum(self) -> f32 {
+        // SAFETY: register-only intrinsics of this type's instructions, which the inlining caller's
+        // target features provide ([`Lanes`]).
         unsafe {
             let s = _mm_add_ps(_mm256_castps256_ps128(self.0), _mm256_extractf128_ps::<1>(self.0));
             let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
@@ -196,6 +210,8 @@ impl Lanes for Y {
     }
     #[inline(always)]
     unsafe fn add_nonzero(old: Self, s: Self, acc: Self) -> Self {
+        // SAFETY: register-only intrinsics of this type's instructions, which the inlining caller's
+        // target features provide ([`Lanes`]).
         unsafe {
             let nonzero = _mm256_cmp_ps::<_CMP_NEQ_UQ>(acc.0, _mm256_setzero_ps());
             Y(_mm256_blendv_ps(old.0, _mm256_add_ps(old.0, _mm256_mul_ps(s.0, acc.0)), nonzero))
@@ -209,30 +225,44 @@ impl Lanes for Z {
     const N: usize = 16;
     #[inline(always)]
     unsafe fn zero() -> Self {
+        // SAFETY: register-only intrinsics of this type's instructions, which the inlining caller's
+        // target features provide ([`Lanes`]).
         unsafe { Z(_mm512_setzero_ps()) }
     }
     #[inline(always)]
     unsafe fn splat(x: f32) -> Self {
+        // SAFETY: register-only intrinsics of this type's instructions, which the inlining caller's
+        // target features provide ([`Lanes`]).
         unsafe { Z(_mm512_set1_ps(x)) }
     }
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self {
+        // SAFETY: this type's instructions, from the caller's features ([`Lanes`]); `p` points at
+        // `N` readable values (the caller's contract).
         unsafe { Z(_mm512_loadu_ps(p)) }
     }
     #[inline(always)]
     unsafe fn store(self, p: *mut f32) {
+        // SAFETY: this type's instructions, from the caller's features ([`Lanes`]); `p` points at
+        // `N` writable values (the caller's contract).
         unsafe { _mm512_storeu_ps(p, self.0) }
     }
     #[inline(always)]
     unsafe fn widen(p: *const bf16) -> Self {
+        // SAFETY: this type's instructions, from the caller's features ([`Lanes`]); `p` points at
+        // `N` readable values (the caller's contract).
         unsafe { Z(_mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(_mm256_loadu_si256(p.cast()))))) }
     }
     #[inline(always)]
     unsafe fn fmadd(a: Self, b: Self, c: Self) -> Self {
+        // SAFETY: register-only intrinsics of this type's instructions, which the inlining caller's
+        // target features provide ([`Lanes`]).
         unsafe { Z(_mm512_fmadd_ps(a.0, b.0, c.0)) }
     }
     #[inline(always)]
     unsafe fn sum(self) -> f32 {
+        // SAFETY: register-only intrinsics of this type's instructions, which the inlining caller's
+        // target features provide ([`Lanes`]).
         unsafe {
             let h = _mm256_add_ps(
                 _mm512_castps512_ps256(self.0),
@@ -243,6 +273,8 @@ impl Lanes for Z {
     }
     #[inline(always)]
     unsafe fn add_nonzero(old: Self, s: Self, acc: Self) -> Self {
+        // SAFETY: register-only intrinsics of this type's instructions, which the inlining caller's
+        // target features provide ([`Lanes`]).
         unsafe {
             let nonzero = _mm512_cmp_ps_mask::<_CMP_NEQ_UQ>(acc.0, _mm512_setzero_ps());
             Z(_mm512_mask_add_ps(old.0, nonzero, old.0, _mm512_mul_ps(s.0, acc.0)))

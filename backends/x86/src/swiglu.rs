@@ -12,6 +12,8 @@ use kt_core::swiglu::{swiglu, Glu};
 /// The CPU has AVX2 (inlined into [`swiglu16`], whose features it uses).
 #[inline(always)]
 unsafe fn round_bf16(x: __m256) -> __m256 {
+    // SAFETY: register-only AVX2/FMA intrinsics; the inlining caller enables them (this function's
+    // `# Safety`).
     unsafe {
         let b = _mm256_castps_si256(x);
         let lsb = _mm256_and_si256(_mm256_srli_epi32(b, 16), _mm256_set1_epi32(1));
@@ -27,6 +29,8 @@ unsafe fn round_bf16(x: __m256) -> __m256 {
 /// The CPU has AVX2 and FMA (inlined into [`swiglu16`], whose features it uses).
 #[inline(always)]
 pub unsafe fn exp8(x: __m256) -> __m256 {
+    // SAFETY: register-only AVX2/FMA intrinsics; the inlining caller enables them (this function's
+    // `# Safety`).
     unsafe {
         let x = _mm256_max_ps(x, _mm256_set1_ps(-87.3));
         let fx = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
@@ -99,7 +103,7 @@ pub unsafe fn swiglu_row(g: &[f32], u: &[f32], out: &mut [bf16]) {
 #[inline]
 pub unsafe fn glu16(glu: Glu, g: &[f32; 16], u: &[f32; 16], out: &mut [u16; 16]) {
     if glu.is_silu() {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: this function's `# Safety` is the callee's (its features and slices).
         return unsafe { swiglu16(g, u, out) };
     }
     for i in 0..16 {
@@ -114,7 +118,7 @@ pub unsafe fn glu16(glu: Glu, g: &[f32; 16], u: &[f32; 16], out: &mut [u16; 16])
 #[inline]
 pub unsafe fn glu_row(glu: Glu, g: &[f32], u: &[f32], out: &mut [bf16]) {
     if glu.is_silu() {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: this function's `# Safety` is the callee's (its features and slices).
         return unsafe { swiglu_row(g, u, out) };
     }
     for ((o, &g), &u) in out.iter_mut().zip(g).zip(u) {

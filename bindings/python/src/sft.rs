@@ -535,6 +535,8 @@ fn backward(
         (Some((rank, _, _)), Some(p)) => {
             let (e, h, i) = (cfg.experts, cfg.hidden, cfg.intermediate);
             let lens = [e * rank * h, e * i * rank, e * rank * h, e * i * rank, e * rank * i, e * h * rank];
+            // SAFETY: the wrapper hands six LoRA gradient buffers of these lengths, each apart
+            // from every other buffer of the task and written by it alone.
             let m = |k: usize| unsafe { std::slice::from_raw_parts_mut(p[k] as *mut bf16, lens[k]) };
             Some(LoraGrads { gate_a: m(0), gate_b: m(1), up_a: m(2), up_b: m(3), down_a: m(4), down_b: m(5) })
         }
@@ -542,13 +544,18 @@ fn backward(
     };
     let base = base.map(|p| {
         let len = cfg.experts * h * cfg.intermediate;
+        // SAFETY: the wrapper hands three `[E, ·, ·]` base gradient buffers, each apart from
+        // every other buffer of the task and written by it alone.
         let m = |k: usize| unsafe { std::slice::from_raw_parts_mut(p[k] as *mut bf16, len) };
         BaseGrads { gate: m(0), up: m(1), down: m(2) }
     });
     let mut spare = Vec::new();
+    // SAFETY: `b.out` is the wrapper's `[n, H]` gradient buffer of `out_dtype`, apart from
+    // every buffer read here.
     let grad_input = unsafe { b.out_dtype.results(b.out, b.n * h, &mut spare) };
     let out = Backward { grad_input, grad_weights, lora: grads, base, grad_scale };
     layer.backward(&grad_output, view.as_ref(), out).map_err(|e| e.to_string())?;
+    // SAFETY: as for `grad_input` above; the borrow of it has ended.
     unsafe { b.out_dtype.store(b.out, &spare) };
     Ok(())
 }

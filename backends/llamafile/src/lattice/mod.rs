@@ -301,18 +301,21 @@ macro_rules! lattice_blocks {
             /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
             #[inline(always)]
             unsafe fn prep(&self) -> (__m256i, __m256i, f32, f32) {
+                // SAFETY: forwarded: the trait method's `# Safety` is the function's.
                 unsafe { prep(self) }
             }
             /// # Safety
             /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
             #[inline(always)]
             unsafe fn reg(&self, r: usize) -> __m256i {
+                // SAFETY: forwarded: the trait method's `# Safety` is the function's.
                 unsafe { regs(self)[r] }
             }
             /// # Safety
             /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
             #[inline(always)]
             unsafe fn regs(&self) -> [__m256i; REGS] {
+                // SAFETY: forwarded: the trait method's `# Safety` is the function's.
                 unsafe { regs(self) }
             }
             /// # Safety
@@ -324,6 +327,7 @@ macro_rules! lattice_blocks {
                 sc: __m256i,
                 bsums: &[__m256i; TN],
             ) -> [__m256i; TN] {
+                // SAFETY: forwarded: the trait method's `# Safety` is the function's.
                 unsafe { rows_dots(self, a, sc, bsums) }
             }
         }
