@@ -12,7 +12,9 @@
 //! does not depend on the row range or thread it runs on (results are bit-identical for any
 //! thread count), *must not* allocate in `quantize_act`, `gate_up` or `down` (ask for scratch
 //! instead: a forward after warm-up performs no heap allocation), and *must not* panic on
-//! shapes it said it serves. Kernels are chosen per format inside the backend; a format it
+//! shapes it said it serves. A backend *should* choose a matrix's kernels once, when it packs
+//! it, and keep them in its representation ([`PackedMatrix::inner`]): a call then goes from
+//! the trait to the chosen kernel with no feature test or format match on the way. A format it
 //! does not serve is simply not claimed, and another backend runs it.
 
 use alloc::boxed::Box;
@@ -75,6 +77,20 @@ impl PackedMatrix {
     /// The backend's representation, if it is a `T`.
     pub fn get<T: Any>(&self) -> Option<&T> {
         self.inner.downcast_ref()
+    }
+
+    /// The backend's representation, which the backend packed as a `T`: what its `gate_up`
+    /// and `down` read (the kernels chosen for the matrix among it).
+    ///
+    /// # Panics
+    /// If it is not a `T`: another backend packed it. A layer admits only its own backend's
+    /// matrices ([`crate::forward::LayerWeights`]); a direct caller of [`Backend`] must too.
+    #[track_caller]
+    pub fn inner<T: Any>(&self) -> &T {
+        match self.inner.downcast_ref() {
+            Some(t) => t,
+            None => panic!("a matrix packed by `{}` was handed to another backend", self.packed_by),
+        }
     }
 }
 
@@ -170,8 +186,17 @@ pub trait Backend: Send + Sync + Debug {
         None
     }
 
-    /// The activation layout `format`'s kernels read.
+    /// The activation layout `format`'s kernels read (for a backend whose layout depends on
+    /// the token count: at the counts where it does not, [`Backend::act_layout_for`]).
     fn act_layout(&self, format: WeightFormat) -> ActLayout;
+
+    /// The activation layout `format`'s kernels read for an expert of `tokens` tokens: what
+    /// `quantize_act` prepares for that many rows. A forward prepares one copy for gate and up
+    /// where theirs agree. The default is [`Backend::act_layout`], for a backend whose layout
+    /// is the same at every count.
+    fn act_layout_for(&self, format: WeightFormat, _tokens: usize) -> ActLayout {
+        self.act_layout(format)
+    }
 
     /// Bytes of prepared activations for `rows` tokens of width `cols` (scratch is 64-aligned).
     /// *Must* be at most linear in `rows` up to 64 bytes: the forward sizes its buffers by

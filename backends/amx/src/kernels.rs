@@ -35,6 +35,7 @@ use kt_core::format::FP8_BLOCK;
 use kt_core::WeightFormat;
 use kt_x86::prefetch::share_to_l2;
 use kt_zmm::act::Act;
+use kt_zmm::kernels::group_scales_f32;
 use kt_zmm::pack::{Packed, HALF, KT_TILE, PANEL, UNIT};
 
 use crate::tile::{TileConfig, TileOps, COLSB, ROWS};
@@ -174,7 +175,7 @@ pub(crate) unsafe fn store_c<T: TileOps, V>(t: &mut T, c: &mut [[V; PANEL]; MAX_
 #[repr(C, align(64))]
 struct BTiles([u8; 2 * KT_TILE]);
 
-/// A task's buffers for [`panel_run`], kept across its blocks (zeroing 4 KB per block showed
+/// A task's buffers for a [`TileRun`], kept across its blocks (zeroing 4 KB per block showed
 /// as 2% of a forward's samples).
 #[repr(C, align(64))]
 pub struct Work {
@@ -250,18 +251,8 @@ unsafe fn add_scaled<const INT: bool>(
     }
 }
 
-/// KT int4's 2048-byte tile as four int8 B tiles `[low half 0, low half 1, high 0, high 1]`:
-/// each nibble's two's-complement value.
-fn unpack_int4(src: &[u8], dst: &mut [u8; 2 * KT_TILE]) {
-    #[cfg(target_arch = "x86_64")]
-    if is_x86_feature_detected!("avx512bw") {
-        // SAFETY: AVX-512BW checked; `src` holds a tile (asserted inside).
-        return unsafe { unpack_int4_avx512(src, dst) };
-    }
-    unpack_int4_scalar(src, dst)
-}
-
-/// [`unpack_int4`] a byte at a time (CPUs without AVX-512BW: the emulator's tests there).
+/// [`unpack_int4`] a byte at a time: the definition the tests hold it to.
+#[cfg(test)]
 fn unpack_int4_scalar(src: &[u8], dst: &mut [u8; 2 * KT_TILE]) {
     for (i, &b) in src[..KT_TILE].iter().enumerate() {
         dst[i] = ((b << 4) as i8 >> 4) as u8;
@@ -269,13 +260,15 @@ fn unpack_int4_scalar(src: &[u8], dst: &mut [u8; 2 * KT_TILE]) {
     }
 }
 
-/// [`unpack_int4`] 64 bytes at a time: each nibble through a `vpshufb` table of the 16 values.
+/// KT int4's 2048-byte tile as four int8 B tiles `[low half 0, low half 1, high 0, high 1]`:
+/// each nibble's two's-complement value, 64 bytes at a time through a `vpshufb` table of the
+/// 16 values.
 ///
 /// # Safety
 /// AVX-512F/BW are present.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn unpack_int4_avx512(src: &[u8], dst: &mut [u8; 2 * KT_TILE]) {
+unsafe fn unpack_int4(src: &[u8], dst: &mut [u8; 2 * KT_TILE]) {
     use core::arch::x86_64::*;
     assert!(src.len() >= KT_TILE);
     let table = kt_x86::int4::nibble_table(WeightFormat::Int4Row);
@@ -294,16 +287,44 @@ unsafe fn unpack_int4_avx512(src: &[u8], dst: &mut [u8; 2 * KT_TILE]) {
     }
 }
 
-/// Tokens `t0..t0+nt` (nt ≤ [`MAX_RUN`]) × panel `p` of `w` into `out[..nt]`, with
-/// `work`'s buffers. A panel's first token block (`t0 == 0`) also brings the next panel's bytes
-/// into L2, a share a K step: the callers take every token block of a panel before the next
-/// panel, so the weights stream from DRAM once, behind the tiles.
+/// A tile kernel: tokens `t0..t0+nt` (nt ≤ [`MAX_RUN`]) × panel `p` of `w` into `out[..nt]`,
+/// with `work`'s buffers. A panel's first token block (`t0 == 0`) also brings the next panel's
+/// bytes into L2, a share a K step: the callers take every token block of a panel before the
+/// next panel, so the weights stream from DRAM once, behind the tiles. Which one a matrix runs
+/// is chosen once, when it is packed ([`tile_kernel`]).
 ///
 /// # Safety
-/// `t`'s CPU contract ([`TileOps`]) and AVX-512F/BW/VBMI; [`runs`]`(w)`; `act` prepared by the
-/// AVX-512 backend at its bf16 level for `w`'s format and K, with at least `t0 + nt` rows.
+/// `t`'s CPU contract ([`TileOps`]) and AVX-512F/BW/VBMI; `w` the matrix the kernel was chosen
+/// for; `act` prepared by the AVX-512 kernels at their bf16 level for `w`'s format and K, with
+/// at least `t0 + nt` rows.
+pub type TileRun<T> = unsafe fn(&mut T, &Packed, usize, &Act<'_>, usize, usize, &mut Work, &mut Acc);
+
+/// The tile kernel of `w`, where tiles run it ([`runs`]).
+pub fn tile_kernel<T: TileOps>(w: &Packed) -> Option<TileRun<T>> {
+    if !runs(w) {
+        return None;
+    }
+    Some(match w.format {
+        WeightFormat::Bf16 => bf16_run::<T>,
+        WeightFormat::Int8Row => int_run::<T, WHOLE_INT8>,
+        WeightFormat::Int4Row => int_run::<T, WHOLE_INT4>,
+        WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => group_run::<T>,
+        WeightFormat::Fp8Block | WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => fp8_run::<T>,
+        _ => return None,
+    })
+}
+
+/// The whole-K kinds of [`whole_block`].
+const WHOLE_BF16: u8 = 0;
+const WHOLE_INT8: u8 = 1;
+const WHOLE_INT4: u8 = 2;
+
+/// bf16: the tiles' f32 sums are the results, stored in place.
+///
+/// # Safety
+/// As [`TileRun`].
 #[allow(clippy::too_many_arguments)]
-pub unsafe fn panel_run<T: TileOps>(
+unsafe fn bf16_run<T: TileOps>(
     t: &mut T,
     w: &Packed,
     p: usize,
@@ -313,27 +334,70 @@ pub unsafe fn panel_run<T: TileOps>(
     work: &mut Work,
     out: &mut Acc,
 ) {
-    debug_assert!(runs(w) && (1..=MAX_RUN).contains(&nt));
-    let fetch = t0 == 0;
+    // SAFETY: the caller's contract.
+    unsafe { whole_block::<T, f32, WHOLE_BF16>(t, w, p, act, t0, nt, &mut work.b, out) }
+}
+
+/// Per-row int8 and KT's int4: integer sums, then scaled ([`epilogue`]).
+///
+/// # Safety
+/// As [`TileRun`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn int_run<T: TileOps, const KIND: u8>(
+    t: &mut T,
+    w: &Packed,
+    p: usize,
+    act: &Act<'_>,
+    t0: usize,
+    nt: usize,
+    work: &mut Work,
+    out: &mut Acc,
+) {
     // SAFETY: the caller's contract.
     unsafe {
-        match (act, w.format) {
-            (&Act::Float { x16, kp, .. }, f) if f != WeightFormat::Bf16 => {
-                let a = x16[t0 * kp..].as_ptr().cast::<u8>();
-                fp8_block(t, w, p, (a, 2 * kp), nt, fetch, work, out)
-            }
-            (&Act::Int { q, kp, scales, groups, .. }, WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4) => {
-                let sa = |tok: usize, g: usize| scales[(t0 + tok) * groups + g];
-                group_block(t, w, p, (q[t0 * kp..].as_ptr(), kp), sa, nt, fetch, work, out)
-            }
-            // bf16: the tiles' f32 sums are the results, stored in place.
-            (Act::Float { .. }, _) => whole_block(t, w, p, act, t0, nt, fetch, &mut work.b, out),
-            _ => {
-                whole_block(t, w, p, act, t0, nt, fetch, &mut work.b, &mut work.c);
-                epilogue(w, p, act, t0, nt, &work.c, out);
-            }
-        }
+        whole_block::<T, u32, KIND>(t, w, p, act, t0, nt, &mut work.b, &mut work.c);
+        epilogue(w, p, act, t0, nt, &work.c, out);
     }
+}
+
+/// K-group int4 and mxfp4 ([`group_block`]).
+///
+/// # Safety
+/// As [`TileRun`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn group_run<T: TileOps>(
+    t: &mut T,
+    w: &Packed,
+    p: usize,
+    act: &Act<'_>,
+    t0: usize,
+    nt: usize,
+    work: &mut Work,
+    out: &mut Acc,
+) {
+    let sa = |tok: usize, g: usize| act.scales[(t0 + tok) * act.groups + g];
+    // SAFETY: the caller's contract.
+    unsafe { group_block(t, w, p, (act.q[t0 * act.kp..].as_ptr(), act.kp), sa, nt, t0 == 0, work, out) }
+}
+
+/// The fp8 kinds ([`fp8_block`]), on bf16 activations.
+///
+/// # Safety
+/// As [`TileRun`].
+#[allow(clippy::too_many_arguments)]
+unsafe fn fp8_run<T: TileOps>(
+    t: &mut T,
+    w: &Packed,
+    p: usize,
+    act: &Act<'_>,
+    t0: usize,
+    nt: usize,
+    work: &mut Work,
+    out: &mut Acc,
+) {
+    let a = act.x16[t0 * act.kp..].as_ptr().cast::<u8>();
+    // SAFETY: the caller's contract.
+    unsafe { fp8_block(t, w, p, (a, 2 * act.kp), nt, t0 == 0, work, out) }
 }
 
 /// Run `s` of the panel after `p` (its bytes of the same K as run `s` of `p`), which the work
@@ -351,32 +415,31 @@ fn next_run(fetch: bool, w: &Packed, p: usize, s: usize) -> &[u8] {
     &data[start..(start + units.len() * UNIT).min(data.len())]
 }
 
-/// bf16, per-row int8 and KT's int4: the block's sums over the whole K into `c` (i32, or f32
-/// for bf16), with `b` for int4's unpacked tiles.
+/// bf16, per-row int8 and KT's int4 (`KIND`): the block's sums over the whole K into `c` (i32,
+/// or f32 for bf16), with `b` for int4's unpacked tiles.
 ///
 /// # Safety
-/// As [`panel_run`].
+/// As [`TileRun`], for a `w` of `KIND`.
 #[allow(clippy::too_many_arguments)]
-unsafe fn whole_block<T: TileOps, V>(
+unsafe fn whole_block<T: TileOps, V, const KIND: u8>(
     t: &mut T,
     w: &Packed,
     p: usize,
     act: &Act<'_>,
     t0: usize,
     nt: usize,
-    fetch: bool,
     b: &mut BTiles,
     c: &mut [[V; PANEL]; MAX_RUN],
 ) {
-    let two = nt > ROWS;
+    let (two, fetch, kp) = (nt > ROWS, t0 == 0, act.kp);
     // SAFETY: the caller's contract; every address below lies in the panel's runs and the
     // activation rows t0..t0+nt (the second half only when `two`).
     unsafe {
         t.config(&TileConfig::block(nt, COLSB));
         zero_c(t, two);
-        match (act, w.format) {
-            (&Act::Float { x16, kp, .. }, _) => {
-                let (a, stride) = (x16[t0 * kp..].as_ptr().cast::<u8>(), 2 * kp);
+        match KIND {
+            WHOLE_BF16 => {
+                let (a, stride) = (act.x16[t0 * kp..].as_ptr().cast::<u8>(), 2 * kp);
                 let (panel, next, steps) = (w.panel(p).as_ptr(), next_run(fetch, w, p, 0), w.units / ROWS);
                 for j in 0..steps {
                     share_to_l2(next, j, steps);
@@ -384,8 +447,8 @@ unsafe fn whole_block<T: TileOps, V>(
                     step::<T, BF16>(t, (a.add(j * COLSB), stride), b, two);
                 }
             }
-            (&Act::Int { q, kp, .. }, WeightFormat::Int8Row) => {
-                let a = q[t0 * kp..].as_ptr();
+            WHOLE_INT8 => {
+                let a = act.q[t0 * kp..].as_ptr();
                 let mut s = 0;
                 while let Some((run, units)) = w.run(p, s) {
                     let (next, steps) = (next_run(fetch, w, p, s), units.len() / ROWS);
@@ -401,8 +464,8 @@ unsafe fn whole_block<T: TileOps, V>(
                     s += 1;
                 }
             }
-            (&Act::Int { q, kp, .. }, _) => {
-                let a = q[t0 * kp..].as_ptr();
+            _ => {
+                let a = act.q[t0 * kp..].as_ptr();
                 let mut s = 0;
                 while let Some((run, units)) = w.run(p, s) {
                     let (next, steps) = (next_run(fetch, w, p, s), units.len() / ROWS);
@@ -424,7 +487,7 @@ unsafe fn whole_block<T: TileOps, V>(
 /// K-group int4 and mxfp4: each group's integer sums stored and added, scaled, into `out`.
 ///
 /// # Safety
-/// As [`panel_run`]; `a` the block's first activation row, rows `stride` bytes apart.
+/// As [`TileRun`]; `a` the block's first activation row, rows `stride` bytes apart.
 #[allow(clippy::too_many_arguments)]
 unsafe fn group_block<T: TileOps>(
     t: &mut T,
@@ -457,7 +520,7 @@ unsafe fn group_block<T: TileOps>(
             }
             store_c(t, &mut work.c, two);
             let at = (p * groups + g) * PANEL;
-            add_scaled::<true>(out, &work.c, nt, &w.group_scales(at), |tok| sa(tok, g));
+            add_scaled::<true>(out, &work.c, nt, &group_scales_f32(w, at), |tok| sa(tok, g));
         }
     }
 }
@@ -468,7 +531,7 @@ unsafe fn group_block<T: TileOps>(
 /// which hold the results.
 ///
 /// # Safety
-/// As [`panel_run`]; `a` the block's first bf16 activation row, rows `stride` bytes apart.
+/// As [`TileRun`]; `a` the block's first bf16 activation row, rows `stride` bytes apart.
 #[allow(clippy::too_many_arguments)]
 unsafe fn fp8_block<T: TileOps>(
     t: &mut T,
@@ -514,7 +577,7 @@ unsafe fn fp8_block<T: TileOps>(
             }
             store_c(t, &mut work.c, two);
             let s: [f32; PANEL] = match per_row {
-                true => w.group_scales((p * blocks + blk) * PANEL),
+                true => group_scales_f32(w, (p * blocks + blk) * PANEL),
                 false => [w.scales[p * blocks + blk]; PANEL],
             };
             add_scaled::<false>(out, &work.c, nt, &s, |_| 1.0);
@@ -538,7 +601,7 @@ unsafe fn epilogue(
     out: &mut Acc,
 ) {
     use core::arch::x86_64::*;
-    let Act::Int { scales, .. } = act else { unreachable!("bf16 sums are stored as results") };
+    let scales = act.scales;
     let rows = p * PANEL..(p + 1) * PANEL;
     let (bias, sw) = (&w.bias[rows.clone()], &w.scales[rows]);
     // SAFETY: AVX-512F by the contract; every row of `c`, `out`, `bias` and `sw` holds
@@ -565,10 +628,17 @@ mod tests {
     #[test]
     fn int4_unpack_gives_each_nibbles_value() {
         let src: Vec<u8> = (0..KT_TILE).map(|i| (i * 37 + i / 7) as u8).collect();
-        // Whichever branch this CPU takes, and the scalar one.
-        for unpack in [unpack_int4, unpack_int4_scalar] {
+        let vector = is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
+        if !vector {
+            kt_core::skip_isa!("AVX-512F/BW (the vector unpacking; the scalar one is checked)");
+        }
+        for vector in [false, vector] {
             let mut got = [0u8; 2 * KT_TILE];
-            unpack(&src, &mut got);
+            match vector {
+                // SAFETY: AVX-512F/BW checked above.
+                true => unsafe { unpack_int4(&src, &mut got) },
+                false => unpack_int4_scalar(&src, &mut got),
+            }
             for (i, &b) in src.iter().enumerate() {
                 let lo = if b & 8 != 0 { (b & 15) as i8 - 16 } else { (b & 15) as i8 };
                 let hi = if b & 0x80 != 0 { (b >> 4) as i8 - 16 } else { (b >> 4) as i8 };

@@ -24,6 +24,8 @@
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 pub mod kernels;
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+mod matrix;
+#[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 pub mod probe;
 /// The tile seam, `kt_x86::amx`.
 #[cfg(target_arch = "x86_64")]
@@ -70,7 +72,8 @@ mod imp {
     use kt_zmm::pack::{Packed, PANEL};
     use kt_zmm::{glu_panel, put_panel, support, Level, Zmm};
 
-    use crate::kernels::{self, panel_run, Acc, Work, MAX_RUN};
+    use crate::kernels::{self, Acc, TileRun, Work, MAX_RUN};
+    use crate::matrix::Matrix;
     #[cfg(test)]
     use crate::tile::Emulator;
     use crate::tile::{tile_from, Hardware, Tiles};
@@ -97,9 +100,15 @@ mod imp {
             tile_from(self.from, kernels::measured_tile_from(format, folds))
         }
 
-        /// Whether `n` tokens of `ws` run on tiles.
-        fn on_tiles(&self, n: usize, ws: &[&Packed]) -> bool {
-            ws.iter().all(|w| kernels::runs(w) && self.from(w.format, w.folds).is_some_and(|from| n >= from))
+        /// `simd` with its tile kernel and the tokens from which it runs, named this backend's.
+        fn wrap(&self, simd: kt_zmm::Matrix) -> PackedMatrix
+        where
+            T: Tiles + 'static,
+        {
+            let w = &simd.w;
+            let (format, rows, cols, bytes) = (w.format, w.rows, w.cols, w.bytes());
+            let from = self.from(format, w.folds);
+            PackedMatrix::new(self.name, format, rows, cols, bytes, Matrix::<T>::new(simd, from))
         }
     }
 
@@ -125,15 +134,13 @@ mod imp {
         unsafe { Zmm::new(SIMD_LEVEL) }
     }
 
-    fn packed(m: &PackedMatrix) -> &Packed {
-        m.get::<Packed>().expect("a layer hands a backend only the matrices it packed")
-    }
-
     impl<T: Tiles> AmxBackend<T> {
-        /// Every (panel of `rows`, token block) of `w`, each handed to `emit` with its block:
-        /// a panel's token blocks one after another, so its weights come from DRAM once (and
-        /// the next panel's while the first block works: [`panel_run`]).
+        /// Every (panel of `rows`, token block) of `w` through its tile kernel `run`, each
+        /// handed to `emit` with its block: a panel's token blocks one after another, so its
+        /// weights come from DRAM once (and the next panel's while the first block works:
+        /// [`TileRun`]).
         fn for_blocks(
+            run: TileRun<T>,
             w: &Packed,
             rows: &Range<usize>,
             act: &Act<'_>,
@@ -145,8 +152,8 @@ mod imp {
             for panel in panels(rows.clone(), PANEL) {
                 for (t0, nt) in balanced_token_runs(n, MAX_RUN) {
                     // SAFETY: the backend is selected only where T's tiles run (cpu_support);
-                    // `runs(w)` was checked by on_tiles; `act` was prepared by simd() for w.
-                    unsafe { panel_run(&mut tiles, w, panel.index, act, t0, nt, &mut work, &mut block) };
+                    // `run` is w's tile kernel; `act` was prepared by simd() for w.
+                    unsafe { run(&mut tiles, w, panel.index, act, t0, nt, &mut work, &mut block) };
                     let at = panel.rows.start - rows.start;
                     emit(at..at + panel.rows.len(), t0, nt, &block);
                 }
@@ -154,7 +161,7 @@ mod imp {
         }
     }
 
-    impl<T: Tiles> Backend for AmxBackend<T> {
+    impl<T: Tiles + 'static> Backend for AmxBackend<T> {
         fn name(&self) -> &'static str {
             self.name
         }
@@ -173,7 +180,7 @@ mod imp {
         }
 
         fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error> {
-            Ok(simd().pack(self.name, m))
+            Ok(self.wrap(simd().pack(m)))
         }
 
         fn pack_kt(
@@ -184,7 +191,7 @@ mod imp {
             bytes: &[u8],
             scales: &[f32],
         ) -> Option<Result<PackedMatrix, Error>> {
-            Zmm::pack_kt(self.name, format, rows, cols, bytes, scales)
+            Some(simd().pack_kt(format, rows, cols, bytes, scales)?.map(|m| self.wrap(m)))
         }
 
         fn act_layout(&self, format: WeightFormat) -> ActLayout {
@@ -227,18 +234,19 @@ mod imp {
             mut h: MatMut<'_, bf16>,
             _scratch: &mut [u8],
         ) {
-            let (g, u, n) = (packed(gate), packed(up), h.rows());
-            if !self.on_tiles(n, &[g, u]) {
-                return simd().gate_up(gate, up, rows, act_gate, act_up, glu, bias, h);
-            }
+            let (gate, up, n) = (gate.inner::<Matrix<T>>(), up.inner::<Matrix<T>>(), h.rows());
+            let (Some(run_gate), Some(run_up)) = (gate.on_tiles(n), up.on_tiles(n)) else {
+                return simd().gate_up(&gate.simd, &up.simd, rows, act_gate, act_up, glu, bias, h);
+            };
+            let (g, u) = (&gate.simd.w, &up.simd.w);
             let ag = Act::parse(g.format, g.cols, n, act_gate, true);
             let au = Act::parse(u.format, u.cols, n, act_up, true);
             let (mut ub, mut room): (Acc, _) = ([[0.0; PANEL]; MAX_RUN], [[0.0; PANEL]; 2]);
             let (mut tiles, mut work) = (T::default(), Work::default());
-            Self::for_blocks(g, &rows, &ag, n, |at, t0, nt, gb| {
+            Self::for_blocks(run_gate, g, &rows, &ag, n, |at, t0, nt, gb| {
                 let p = (rows.start + at.start) / PANEL;
                 // SAFETY: as in for_blocks, for `u`.
-                unsafe { panel_run(&mut tiles, u, p, &au, t0, nt, &mut work, &mut ub) };
+                unsafe { run_up(&mut tiles, u, p, &au, t0, nt, &mut work, &mut ub) };
                 for t in 0..nt {
                     let (gv, uv) = with_bias(bias, rows.start + at.start, 0..at.len(), [&gb[t], &ub[t]], &mut room);
                     // SAFETY: SIMD_LEVEL's support (AVX2 and FMA among it) holds.
@@ -248,12 +256,13 @@ mod imp {
         }
 
         fn down(&self, down: &PackedMatrix, rows: Range<usize>, a: &[u8], mut y: MatMut<'_, f32>, _scratch: &mut [u8]) {
-            let (d, n) = (packed(down), y.rows());
-            if !self.on_tiles(n, &[d]) {
-                return simd().down(down, rows, a, y);
-            }
+            let (down, n) = (down.inner::<Matrix<T>>(), y.rows());
+            let Some(run) = down.on_tiles(n) else {
+                return simd().down(&down.simd, rows, a, y);
+            };
+            let d = &down.simd.w;
             let act = Act::parse(d.format, d.cols, n, a, true);
-            Self::for_blocks(d, &rows, &act, n, |at, t0, nt, block| {
+            Self::for_blocks(run, d, &rows, &act, n, |at, t0, nt, block| {
                 for (t, res) in block.iter().enumerate().take(nt) {
                     put_panel(&mut y.row_mut(t0 + t)[at.clone()], res, 0..at.len());
                 }

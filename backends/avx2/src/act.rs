@@ -94,36 +94,40 @@ pub fn prepare(f: WeightFormat, cols: usize, src: &[bf16], rows: &[u32], dst: &m
     }
 }
 
-/// A view of prepared activations.
-pub enum Act<'a> {
-    Float {
-        x: &'a [f32],
-        cols: usize,
-    },
-    /// `sums`: each group's Σx (the K-group kinds; else empty).
-    Int {
-        q: &'a [i8],
-        kp: usize,
-        scales: &'a [f32],
-        groups: usize,
-        sums: &'a [i32],
-    },
+/// A view of prepared activations: f32 rows (float formats) or int8 rows with their scales;
+/// the fields of the other kind are empty. One struct for both, so a matrix's kernel (chosen
+/// when it was packed) reads its own kind without a match per call.
+#[derive(Clone, Copy, Default)]
+pub struct Act<'a> {
+    /// f32 rows of `kp` = K (float formats).
+    pub x: &'a [f32],
+    /// int8 rows of `kp` (int formats).
+    pub q: &'a [i8],
+    /// Values per row.
+    pub kp: usize,
+    /// `[row][group]` scales of the int8 rows.
+    pub scales: &'a [f32],
+    /// Scale groups per row.
+    pub groups: usize,
+    /// Each group's Σx (the K-group kinds; else empty).
+    pub sums: &'a [i32],
 }
 
 impl<'a> Act<'a> {
     pub fn parse(f: WeightFormat, cols: usize, rows: usize, b: &'a [u8]) -> Act<'a> {
         if !f.int_activations() {
-            return Act::Float { x: bytemuck::cast_slice(&b[..4 * rows * cols]), cols };
+            return Act { x: bytemuck::cast_slice(&b[..4 * rows * cols]), kp: cols, ..Act::default() };
         }
         let (kp, g) = (padded(f, cols), groups(f, cols));
         let (q_end, n) = ((rows * kp).next_multiple_of(4), 4 * rows * g);
         let sums = if summed(f) { bytemuck::cast_slice(&b[q_end + n..q_end + 2 * n]) } else { &[] };
-        Act::Int {
+        Act {
             q: bytemuck::cast_slice(&b[..rows * kp]),
             kp,
             scales: bytemuck::cast_slice(&b[q_end..q_end + n]),
             groups: g,
             sums,
+            ..Act::default()
         }
     }
 }

@@ -56,7 +56,7 @@ pub type Acc = [[f32; PANEL]; MAX_RUN];
 /// The CPU has AVX2; the pair inside the panel.
 #[inline(always)]
 unsafe fn fp8_pair(panel: *const u8, k: usize) -> __m256i {
-    // SAFETY: forwarded from the caller.
+    // SAFETY: this function's `# Safety` is the callee's (its features and slices).
     unsafe {
         if k % 4 == 0 {
             prefetch(panel.add(k * 16));
@@ -74,6 +74,7 @@ unsafe fn fp8_pair(panel: *const u8, k: usize) -> __m256i {
 /// The CPU has AVX2.
 #[inline(always)]
 unsafe fn fp8_first(v: __m256i, m: __m256i) -> [__m256; 2] {
+    // SAFETY: register-only AVX2 intrinsics; the inlining kernel enables AVX2.
     unsafe { fp8_words(_mm256_srai_epi16(v, 4), m) }
 }
 
@@ -83,6 +84,7 @@ unsafe fn fp8_first(v: __m256i, m: __m256i) -> [__m256; 2] {
 /// The CPU has AVX2.
 #[inline(always)]
 unsafe fn fp8_second(v: __m256i, m: __m256i) -> [__m256; 2] {
+    // SAFETY: register-only AVX2 intrinsics; the inlining kernel enables AVX2.
     unsafe { fp8_words(_mm256_srai_epi16(_mm256_slli_epi16(v, 8), 4), m) }
 }
 
@@ -94,6 +96,7 @@ unsafe fn fp8_second(v: __m256i, m: __m256i) -> [__m256; 2] {
 /// The CPU has AVX2.
 #[inline(always)]
 unsafe fn fp8_words(t: __m256i, m: __m256i) -> [__m256; 2] {
+    // SAFETY: register-only AVX2 intrinsics; the inlining kernel enables AVX2.
     unsafe {
         let hi = _mm256_and_si256(t, m);
         let lo = _mm256_and_si256(_mm256_slli_epi32(t, 16), m);
@@ -144,7 +147,7 @@ unsafe fn reload(p: *const __m256i) -> __m256i {
 /// The CPU has AVX2 and FMA; the slice inside the panel.
 #[inline(always)]
 unsafe fn bf16_slice(panel: *const u8, k: usize) -> [__m256; 2] {
-    // SAFETY: forwarded from the caller.
+    // SAFETY: this function's `# Safety` is the callee's (its features and slices).
     unsafe {
         if k % 2 == 0 {
             prefetch(panel.add(k * 32));
@@ -163,7 +166,7 @@ unsafe fn bf16_slice(panel: *const u8, k: usize) -> [__m256; 2] {
 #[inline(always)]
 unsafe fn fma_slice<const N: usize>(acc: &mut [[__m256; 2]; N], w: [__m256; 2], x: &[*const f32; N], k: usize) {
     for t in 0..N {
-        // SAFETY: forwarded from the caller.
+        // SAFETY: this function's `# Safety` is the callee's (its features and slices).
         unsafe {
             let xb = _mm256_broadcast_ss(&*x[t].add(k));
             acc[t][0] = _mm256_fmadd_ps(w[0], xb, acc[t][0]);
@@ -240,6 +243,8 @@ unsafe fn int8_step<const N: usize>(
     off: usize,
     acc: &mut [[__m256i; 2]; N],
 ) {
+    // SAFETY: AVX2 by the inlining kernel's features; every pointer read lies in the panel or the
+    // activation rows (this function's `# Safety`).
     unsafe {
         let ones = _mm256_set1_epi16(1);
         let (a0, a1) = (_mm256_abs_epi8(w0), _mm256_abs_epi8(w1));
@@ -408,29 +413,22 @@ unsafe fn store_tile<const N: usize>(acc: &[[__m256; 2]; N], out: &mut Acc) {
     }
 }
 
-/// Prepared int activations of a tile.
-#[derive(Clone, Copy)]
-struct IntAct<'a> {
-    q: &'a [i8],
-    kp: usize,
-    scales: &'a [f32],
-    groups: usize,
-    sums: &'a [i32],
-}
-
 /// `acc[t] - 128·Σw` as f32, for the int4 kernels' unsigned activations.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA, and the slices hold what the doc says.
 #[inline(always)]
 unsafe fn unbias(acc: __m256i, rowsum: *const i32) -> __m256 {
+    // SAFETY: AVX2 by the inlining kernel's features; `rowsum` points at the panel's 8 row sums
+    // (the caller's contract).
     unsafe { _mm256_cvtepi32_ps(_mm256_sub_epi32(acc, _mm256_slli_epi32(_mm256_loadu_si256(rowsum.cast()), 7))) }
 }
 
 /// # Safety
 /// The CPU has AVX2 and FMA, and the slices hold what the doc says.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn float_panel<const N: usize>(w: &Packed, p: usize, x: &[f32], cols: usize, t0: usize, out: &mut Acc) {
+unsafe fn float_panel<const N: usize>(w: &Packed, p: usize, act: &Act<'_>, t0: usize, out: &mut Acc) {
+    let (x, cols) = (act.x, act.kp);
     let panel = w.panel(p).as_ptr();
     let xs: [*const f32; N] = core::array::from_fn(|t| x[(t0 + t) * cols..].as_ptr());
     let z = _mm256_setzero_ps();
@@ -477,7 +475,7 @@ unsafe fn float_panel<const N: usize>(w: &Packed, p: usize, x: &[f32], cols: usi
 /// # Safety
 /// The CPU has AVX2 and FMA, and the slices hold what the doc says.
 #[target_feature(enable = "avx2,fma")]
-unsafe fn int_panel<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: usize, out: &mut Acc) {
+unsafe fn int_panel<const N: usize>(w: &Packed, p: usize, act: &Act<'_>, t0: usize, out: &mut Acc) {
     let panel = w.panel(p).as_ptr();
     let xs: [*const i8; N] = core::array::from_fn(|t| act.q[(t0 + t) * act.kp..].as_ptr());
     let zi = _mm256_setzero_si256();
@@ -544,25 +542,44 @@ unsafe fn int_panel<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: u
     }
 }
 
-/// Tokens `t0..t0+nt` (nt ≤ the format's max tile) × panel `p` of `w` into `out[..nt]`.
+/// A panel microkernel: tokens `t0..t0+nt` (nt ≤ [`max_run`]) × panel `p` of `w` into
+/// `out[..nt]`. Which one a matrix runs is chosen once, when it is packed ([`panel_kernel`]).
 ///
 /// # Safety
 /// The CPU supports AVX2 and FMA; `act` was prepared for `w`'s format and K, with at least
 /// `t0 + nt` rows.
-pub unsafe fn panel_run(w: &Packed, p: usize, act: &Act<'_>, t0: usize, nt: usize, out: &mut Acc) {
-    macro_rules! by_n {
-        ($f:ident, $($arg:expr),*) => {
-            kt_x86::by_tokens!(nt; 1 2 3 4 5 6; $f($($arg),*))
-        };
-    }
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        match *act {
-            Act::Float { x, cols } => by_n!(float_panel, w, p, x, cols, t0, out),
-            Act::Int { q, kp, scales, groups, sums } => {
-                by_n!(int_panel, w, p, IntAct { q, kp, scales, groups, sums }, t0, out)
-            }
+pub type PanelRun = unsafe fn(w: &Packed, p: usize, act: &Act<'_>, t0: usize, nt: usize, out: &mut Acc);
+
+/// Each panel kernel as a [`PanelRun`]: its token count made a const generic.
+macro_rules! panel_runs {
+    ($($run:ident = $kernel:ident;)*) => {$(
+        /// # Safety
+        /// As [`PanelRun`].
+        unsafe fn $run(w: &Packed, p: usize, act: &Act<'_>, t0: usize, nt: usize, out: &mut Acc) {
+            // SAFETY: this function's `# Safety` is the callee's (its features and slices).
+            unsafe { kt_x86::by_tokens!(nt; 1 2 3 4 5 6; $kernel(w, p, act, t0, out)) }
         }
+    )*};
+}
+
+panel_runs! {
+    run_float = float_panel;
+    run_int = int_panel;
+}
+
+/// The microkernel `w`'s panels run.
+pub fn panel_kernel(w: &Packed) -> PanelRun {
+    match w.format.int_activations() {
+        true => run_int,
+        false => run_float,
+    }
+}
+
+/// Most tokens in one run of `w`: int formats keep two accumulators more per token.
+pub fn max_run(w: &Packed) -> usize {
+    match w.format.int_activations() {
+        true => MAX_RUN_INT,
+        false => MAX_RUN,
     }
 }
 

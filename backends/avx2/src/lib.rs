@@ -3,8 +3,9 @@
 //! consumer Intel. Registered when the CPU has AVX2 and FMA (checked at run time).
 //!
 //! Weights are packed into 16-row panels (`pack`); activations prepared per token (`act`);
-//! one microkernel family (`kernels`) serves decode (tiles of 1-5 tokens) and prefill (6×16
-//! tiles, 4×16 for int formats).
+//! one microkernel family (`kernels`) serves decode (runs of 1-5 tokens) and prefill (6×16
+//! runs, 4×16 for int formats); a `matrix::Matrix` is a packed matrix with its microkernel,
+//! chosen when it is packed.
 //!
 //! **Must not** depend on another backend crate (what the x86 backends share is `kt-x86`'s),
 //! nor serve GGML formats (the `llamafile` backend's).
@@ -17,6 +18,8 @@
 mod act;
 #[cfg(target_arch = "x86_64")]
 mod kernels;
+#[cfg(target_arch = "x86_64")]
+mod matrix;
 #[cfg(target_arch = "x86_64")]
 mod pack;
 
@@ -52,8 +55,9 @@ mod imp {
     use kt_x86::swiglu::glu16;
 
     use crate::act::{self, Act};
-    use crate::kernels::{panel_run, Acc, MAX_RUN, MAX_RUN_INT};
-    use crate::pack::{self, Packed, PANEL};
+    use crate::kernels::{Acc, MAX_RUN};
+    use crate::matrix::Matrix;
+    use crate::pack::PANEL;
 
     /// The AVX2 backend.
     #[derive(Debug)]
@@ -62,25 +66,20 @@ mod imp {
     /// The one instance.
     pub static AVX2: Avx2 = Avx2;
 
-    fn packed(m: &PackedMatrix) -> &Packed {
-        m.get::<Packed>().expect("a layer hands a backend only the matrices it packed")
-    }
-
-    /// Run every (panel, token tile) of `rows` of `w` and hand each tile to `emit`.
+    /// Run every (panel, token run) of `rows` of `m` and hand each run's results to `emit`.
     fn for_tiles(
-        w: &Packed,
+        m: &Matrix,
         rows: &Range<usize>,
         act: &Act<'_>,
         n: usize,
         mut emit: impl FnMut(&PanelRows, usize, usize, &Acc),
     ) {
-        let max_nt = if matches!(act, Act::Int { .. }) { MAX_RUN_INT } else { MAX_RUN };
         let mut tile: Acc = [[0.0; PANEL]; MAX_RUN];
         for panel in panels(rows.clone(), PANEL) {
-            for (t0, nt) in token_runs(n, max_nt) {
+            for (t0, nt) in token_runs(n, m.max_run) {
                 // SAFETY: the backend is only selected when AVX2+FMA are present (cpu_support),
-                // and `act` was prepared by this backend for w's format and K with n rows.
-                unsafe { panel_run(w, panel.index, act, t0, nt, &mut tile) };
+                // and `act` was prepared by this backend for m's format and K with n rows.
+                unsafe { (m.run)(&m.w, panel.index, act, t0, nt, &mut tile) };
                 emit(&panel, t0, nt, &tile);
             }
         }
@@ -106,8 +105,7 @@ mod imp {
         }
 
         fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error> {
-            let p = pack::pack(m);
-            Ok(PackedMatrix::new(self.name(), m.format(), m.rows(), m.cols(), p.bytes(), p))
+            Ok(Matrix::pack(self.name(), m))
         }
 
         fn act_layout(&self, format: WeightFormat) -> ActLayout {
@@ -150,15 +148,15 @@ mod imp {
             mut h: MatMut<'_, bf16>,
             _scratch: &mut [u8],
         ) {
-            let (g, u) = (packed(gate), packed(up));
-            let n = h.rows();
+            let (gate, up, n) = (gate.inner::<Matrix>(), up.inner::<Matrix>(), h.rows());
+            let (g, u) = (&gate.w, &up.w);
             let (ag, au) = (Act::parse(g.format, g.cols, n, act_gate), Act::parse(u.format, u.cols, n, act_up));
             let mut ut: Acc = [[0.0; PANEL]; MAX_RUN];
             let (mut hv, mut room) = ([0u16; PANEL], [[0.0; PANEL]; 2]);
             // Each up tile is paired with the gate tile of the same panel and tokens.
-            for_tiles(g, &rows, &ag, n, |panel, t0, nt, gt| {
-                // SAFETY: as in for_tiles.
-                unsafe { panel_run(u, panel.index, &au, t0, nt, &mut ut) };
+            for_tiles(gate, &rows, &ag, n, |panel, t0, nt, gt| {
+                // SAFETY: as in for_tiles, for `up`.
+                unsafe { (up.run)(u, panel.index, &au, t0, nt, &mut ut) };
                 let (at, within) = (panel.rows.start - rows.start, panel.in_panel(PANEL));
                 for t in 0..nt {
                     let first = panel.index * PANEL;
@@ -174,10 +172,9 @@ mod imp {
         }
 
         fn down(&self, down: &PackedMatrix, rows: Range<usize>, a: &[u8], mut y: MatMut<'_, f32>, _scratch: &mut [u8]) {
-            let d = packed(down);
-            let n = y.rows();
-            let act = Act::parse(d.format, d.cols, n, a);
-            for_tiles(d, &rows, &act, n, |panel, t0, nt, tile| {
+            let (down, n) = (down.inner::<Matrix>(), y.rows());
+            let act = Act::parse(down.w.format, down.w.cols, n, a);
+            for_tiles(down, &rows, &act, n, |panel, t0, nt, tile| {
                 let (at, within) = (panel.rows.start - rows.start, panel.in_panel(PANEL));
                 for (t, res) in tile.iter().enumerate().take(nt) {
                     y.row_mut(t0 + t)[at..at + within.len()].copy_from_slice(&res[within.clone()]);

@@ -118,7 +118,7 @@ mod imp {
         }
 
         fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error> {
-            Ok(self.zmm().pack(self.name, m))
+            Ok(self.zmm().pack(m).named(self.name))
         }
 
         fn pack_kt(
@@ -129,7 +129,7 @@ mod imp {
             bytes: &[u8],
             scales: &[f32],
         ) -> Option<Result<PackedMatrix, Error>> {
-            Zmm::pack_kt(self.name, format, rows, cols, bytes, scales)
+            Some(self.zmm().pack_kt(format, rows, cols, bytes, scales)?.map(|m| m.named(self.name)))
         }
 
         fn act_layout(&self, format: WeightFormat) -> ActLayout {
@@ -172,11 +172,11 @@ mod imp {
             h: MatMut<'_, bf16>,
             _scratch: &mut [u8],
         ) {
-            self.zmm().gate_up(gate, up, rows, act_gate, act_up, glu, bias, h)
+            self.zmm().gate_up(gate.inner(), up.inner(), rows, act_gate, act_up, glu, bias, h)
         }
 
         fn down(&self, down: &PackedMatrix, rows: Range<usize>, a: &[u8], y: MatMut<'_, f32>, _scratch: &mut [u8]) {
-            self.zmm().down(down, rows, a, y)
+            self.zmm().down(down.inner(), rows, a, y)
         }
 
         fn instructions(&self, format: WeightFormat) -> Instructions {

@@ -119,7 +119,7 @@ fn kts_bytes_are_copied_as_they_are() {
             continue;
         };
         let got = AVX512.pack_kt(f, rows, cols, &bytes, q.scales()).expect("KT's order").unwrap();
-        let (got, want) = (got.get::<pack::Packed>().unwrap(), pack::pack(&q, AVX512.level()));
+        let (got, want) = (&got.inner::<kt_zmm::Matrix>().w, pack::pack(&q, AVX512.level()));
         assert!(got.kt && got.data.as_slice() == bytes.as_slice() && got.data.as_slice() == want.data.as_slice());
         assert_eq!((&got.scales, &got.bias), (&want.scales, &want.bias), "{f} {rows}x{cols}");
         let short = AVX512.pack_kt(f, rows, cols, &bytes[1..], q.scales()).unwrap().unwrap_err().to_string();

@@ -8,7 +8,8 @@
 //! (`kquant` for the 256-column types, `q32` for the 32-column ones, `float`, and the VNNI and
 //! 512-bit variants `on_vnni`, `on_zmm`, `lattice1` (one token of the lattice types, their
 //! grids in registers), and the AMX tiles' `on_amx`), `tiled` (an expert's
-//! projections on tiles), and the layouts they share (`decode`, `lanes`, `lattice`, `legacy`).
+//! projections on tiles), `matrix` (a packed matrix with its type's kernels, chosen when it is
+//! packed), and the layouts they share (`decode`, `lanes`, `lattice`, `legacy`).
 //!
 //! Weights keep their GGUF values, rearranged at load (`pack::Packed`: 32-column types in
 //! groups of 8 blocks, 256-column ones with their levels in the lane layout of `lanes`, q3_K's,
@@ -49,6 +50,8 @@ mod lattice;
 #[cfg(target_arch = "x86_64")]
 mod legacy;
 #[cfg(target_arch = "x86_64")]
+mod matrix;
+#[cfg(target_arch = "x86_64")]
 mod pack;
 #[cfg(all(target_arch = "x86_64", vnni_intrinsics))]
 mod tiled;
@@ -86,7 +89,8 @@ mod imp {
     use kt_x86::panels::panels_from;
     use kt_x86::swiglu::glu_row;
 
-    use crate::kernels::{dots, gemv, Packed, Scratch, R};
+    use crate::kernels::{Scratch, R};
+    use crate::matrix::Matrix;
     use crate::vnni::{self, Vnni};
 
     /// The GGML backend.
@@ -99,6 +103,17 @@ mod imp {
         /// Tokens per expert from which an expert runs on tiles; 0: `kt_x86::amx::tile_from`
         /// with [`TILES_MEASURED_FROM`].
         from: usize,
+        /// What this CPU gives the instance, found at its first use.
+        here: std::sync::OnceLock<Here>,
+    }
+
+    /// What an instance's kernels run on this CPU.
+    #[derive(Clone, Copy, Debug)]
+    struct Here {
+        /// The VNNI encoding of its kernels.
+        vnni: Option<Vnni>,
+        /// Whether its tiles run.
+        tiles: bool,
     }
 
     /// Where an instance's tile instructions come from.
@@ -115,37 +130,50 @@ mod imp {
 
     /// The instance the host registers: VNNI kernels where the CPU has VNNI, AMX tiles for the
     /// quantized types' experts with many tokens where it has AMX.
-    pub static LLAMAFILE: Llamafile = Llamafile { vnni: true, tiles: TileSource::Hardware, from: 0 };
+    pub static LLAMAFILE: Llamafile = Llamafile::new(true, TileSource::Hardware, 0);
 
     /// AVX2 kernels only, whatever the CPU: for comparing the two on a VNNI CPU (tests, benches).
-    pub static LLAMAFILE_AVX2: Llamafile = Llamafile { vnni: false, tiles: TileSource::Off, from: 0 };
+    pub static LLAMAFILE_AVX2: Llamafile = Llamafile::new(false, TileSource::Off, 0);
 
     /// Emulated tiles from two tokens per expert (every count `on_tiles` allows), over the VNNI
     /// kernels (tests).
     #[cfg(test)]
-    pub(crate) static LLAMAFILE_EMULATED: Llamafile = Llamafile { vnni: true, tiles: TileSource::Emulated, from: 1 };
+    pub(crate) static LLAMAFILE_EMULATED: Llamafile = Llamafile::new(true, TileSource::Emulated, 1);
 
     /// The hardware's tiles from two tokens per expert (tests; tiles only where the CPU has AMX).
     #[cfg(test)]
-    pub(crate) static LLAMAFILE_TILES_ALL: Llamafile = Llamafile { vnni: true, tiles: TileSource::Hardware, from: 1 };
+    pub(crate) static LLAMAFILE_TILES_ALL: Llamafile = Llamafile::new(true, TileSource::Hardware, 1);
 
     impl Llamafile {
+        const fn new(vnni: bool, tiles: TileSource, from: usize) -> Self {
+            Llamafile { vnni, tiles, from, here: std::sync::OnceLock::new() }
+        }
+
+        /// What this instance runs here, found once.
+        fn here(&self) -> Here {
+            *self.here.get_or_init(|| {
+                let avx512 = cfg!(vnni_intrinsics)
+                    && is_x86_feature_detected!("avx512f")
+                    && is_x86_feature_detected!("avx512bw");
+                let tiles = match self.tiles {
+                    TileSource::Off => false,
+                    TileSource::Hardware => avx512 && kt_x86::amx::hardware_available().is_ok(),
+                    TileSource::Emulated => avx512,
+                };
+                Here { vnni: self.vnni.then(vnni::detect).flatten(), tiles }
+            })
+        }
+
         /// The VNNI encoding this instance's kernels use on this CPU.
         fn vnni(&self) -> Option<Vnni> {
-            self.vnni.then(vnni::detect).flatten()
+            self.here().vnni
         }
 
         /// Whether this instance's tiles run here: AVX-512F and BW (their results' scaling) and,
         /// for the hardware, AMX with Linux's permission; built with rustc ≥ 1.89 (the
         /// intrinsics).
         fn tiles_here(&self) -> bool {
-            let avx512 =
-                cfg!(vnni_intrinsics) && is_x86_feature_detected!("avx512f") && is_x86_feature_detected!("avx512bw");
-            match self.tiles {
-                TileSource::Off => false,
-                TileSource::Hardware => avx512 && kt_x86::amx::hardware_available().is_ok(),
-                TileSource::Emulated => avx512,
-            }
+            self.here().tiles
         }
 
         /// Whether an expert of type `t` with `n` tokens runs on tiles (its activations then in
@@ -155,6 +183,15 @@ mod imp {
         /// repeat only for two tokens or more.
         fn on_tiles(&self, t: kt_core::ggml::GgmlType, n: usize) -> bool {
             self.from().is_some_and(|from| n >= from.max(2)) && self.tiles_here() && tile_type(t, self.vnni().is_some())
+        }
+
+        /// The layout an expert of type `t` with `n` tokens reads: the tiles' where it runs on
+        /// them ([`Llamafile::on_tiles`]), else its vector kernels'.
+        fn layout(&self, t: kt_core::ggml::GgmlType, n: usize) -> crate::act::Layout {
+            match self.on_tiles(t, n) {
+                true => crate::act::Layout::T8,
+                false => crate::act::layout(t, self.vnni()),
+            }
         }
 
         /// Tokens per expert from which an expert runs on tiles (None: never).
@@ -191,10 +228,6 @@ mod imp {
             let _ = (t, quads);
             false
         };
-    }
-
-    fn packed(m: &PackedMatrix) -> &Packed {
-        m.get::<Packed>().expect("a layer hands a backend only the matrices it packed")
     }
 
     fn ggml(f: WeightFormat) -> kt_core::ggml::GgmlType {
@@ -257,9 +290,9 @@ mod imp {
     }
 
     /// `emit(r0, nr, results, scratch)` for each tile of up to `R` rows of `rows`, results
-    /// `[n][R]`, for two tokens or more (one goes to [`gemv`]).
+    /// `[n][R]`, for two tokens or more (one goes to [`Matrix::gemv`]).
     fn for_tiles(
-        w: &Packed,
+        w: &Matrix,
         rows: &Range<usize>,
         act: &[u8],
         n: usize,
@@ -271,7 +304,7 @@ mod imp {
             let (r0, nr) = (tile.start, tile.len());
             // SAFETY: selected only where cpu_support passed (AVX2, FMA, F16C), VNNI where
             // detected; act was prepared by quantize_act for this matrix's type with n tokens.
-            unsafe { dots(w, r0, nr, act, n, out, scratch) };
+            unsafe { w.panel_run(r0, nr, act, n, out, scratch) };
             emit(r0, nr, out, scratch);
         }
     }
@@ -314,13 +347,18 @@ mod imp {
                         "with a block scale above 2^15 by the llamafile backend, whose kernels keep block scales as f16",
                 });
             }
-            let p = Packed::new(t, m.rows(), m.cols(), m.data(), self.vnni());
-            Ok(PackedMatrix::new(self.name(), m.format(), m.rows(), m.cols(), p.data.len(), p))
+            let p = Matrix::pack(t, m.rows(), m.cols(), m.data(), self.vnni());
+            Ok(PackedMatrix::new(self.name(), m.format(), m.rows(), m.cols(), p.w.data.len(), p))
         }
 
+        /// The vector kernels' layout: an expert of one token never runs on tiles.
         fn act_layout(&self, format: WeightFormat) -> ActLayout {
+            self.act_layout_for(format, 1)
+        }
+
+        fn act_layout_for(&self, format: WeightFormat, tokens: usize) -> ActLayout {
             let t = ggml(format);
-            ActLayout(t.act() as u32 * 8 + crate::act::layout(t, self.vnni()) as u32)
+            ActLayout(t.act() as u32 * 8 + self.layout(t, tokens) as u32)
         }
 
         fn act_bytes(&self, format: WeightFormat, rows: usize, cols: usize) -> usize {
@@ -358,10 +396,7 @@ mod imp {
             scratch: &mut [u8],
         ) {
             let t = ggml(format);
-            let kind = match self.on_tiles(t, rows.len()) {
-                true => crate::act::Layout::T8,
-                false => crate::act::layout(t, self.vnni()),
-            };
+            let kind = self.layout(t, rows.len());
             // SAFETY: cpu_support passed before this backend was selected.
             unsafe { crate::act::prepare(t, cols, src, rows, dst, kind, scratch) }
         }
@@ -378,12 +413,12 @@ mod imp {
             mut h: MatMut<'_, bf16>,
             scratch: &mut [u8],
         ) {
-            let (g, u) = (packed(gate), packed(up));
+            let (g, u) = (gate.inner::<Matrix>(), up.inner::<Matrix>());
             let (n, nr) = (h.rows(), rows.len());
             #[cfg(vnni_intrinsics)]
-            if self.on_tiles(g.t, n) || self.on_tiles(u.t, n) {
-                let gate = crate::tiled::Operand { w: g, act: act_gate, tiles: self.on_tiles(g.t, n) };
-                let up = crate::tiled::Operand { w: u, act: act_up, tiles: self.on_tiles(u.t, n) };
+            if self.on_tiles(g.w.t, n) || self.on_tiles(u.w.t, n) {
+                let gate = crate::tiled::Operand { m: g, act: act_gate, tiles: self.on_tiles(g.w.t, n) };
+                let up = crate::tiled::Operand { m: u, act: act_up, tiles: self.on_tiles(u.w.t, n) };
                 // SAFETY: cpu_support and tiles_here passed (on_tiles); each operand's
                 // activations were prepared by quantize_act under the same rule.
                 return unsafe { by_source!(self.tiles, gate_up(gate, up, rows, glu, bias, h, scratch)) };
@@ -393,8 +428,8 @@ mod imp {
                 let (gs, us) = (&mut gs[..nr], &mut us[..nr]);
                 // SAFETY: as in for_tiles; glu_row needs AVX2 and FMA, which cpu_support checked.
                 unsafe {
-                    gemv(g, rows.clone(), act_gate, gs);
-                    gemv(u, rows.clone(), act_up, us);
+                    g.gemv(rows.clone(), act_gate, gs);
+                    u.gemv(rows.clone(), act_up, us);
                     if let Some(b) = bias {
                         b.add(rows.start, 0..nr, gs, us);
                     }
@@ -407,8 +442,8 @@ mod imp {
             for chunk in panels_from(rows.clone(), CHUNK) {
                 let (c0, c1) = (chunk.start, chunk.end);
                 for_tiles(g, &chunk, act_gate, n, out, tile, |r0, k, gt, tile| {
-                    // SAFETY: as in for_tiles.
-                    unsafe { dots(u, r0, k, act_up, n, ut, tile) };
+                    // SAFETY: as in for_tiles (features checked; act prepared for the type).
+                    unsafe { u.panel_run(r0, k, act_up, n, ut, tile) };
                     for t in 0..n {
                         put(&mut gs[t * CHUNK + r0 - c0..], &gt[t], k);
                         put(&mut us[t * CHUNK + r0 - c0..], &ut[t], k);
@@ -434,17 +469,17 @@ mod imp {
             mut y: MatMut<'_, f32>,
             scratch: &mut [u8],
         ) {
-            let d = packed(down);
+            let d = down.inner::<Matrix>();
             let n = y.rows();
             #[cfg(vnni_intrinsics)]
-            if self.on_tiles(d.t, n) {
-                let d = crate::tiled::Operand { w: d, act, tiles: true };
+            if self.on_tiles(d.w.t, n) {
+                let d = crate::tiled::Operand { m: d, act, tiles: true };
                 // SAFETY: as in gate_up.
                 return unsafe { by_source!(self.tiles, down(d, rows, y, scratch)) };
             }
             if n == 1 {
-                // SAFETY: as in for_tiles.
-                unsafe { gemv(d, rows.clone(), act, y.row_mut(0)) };
+                // SAFETY: as in for_tiles (features checked; act prepared for the type).
+                unsafe { d.gemv(rows.clone(), act, y.row_mut(0)) };
                 return;
             }
             let Work { tile, out, .. } = work(scratch, n, 0);

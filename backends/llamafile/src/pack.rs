@@ -13,10 +13,13 @@ use kt_core::ggml::{self, ActKind, GgmlType, QK, QK_K};
 use kt_x86::memory::{weight_buffer, WeightBuf};
 
 use crate::decode::{Iq4XsU, Q3KU, Q4KU, Q5KU, Q6KP};
-use crate::kernels::R;
 use crate::lanes::{relevel, Relevel};
 use crate::legacy;
 use crate::vnni::{self, Vnni};
+
+/// Rows per kernel tile; a tile's rows also set how far ahead the kernels prefetch
+/// ([`Packed::prefetch`]).
+pub const R: usize = 4;
 
 /// A GGML matrix packed for the kernels: rows of whole blocks, row-major; the 32-column
 /// quantized types in groups of 8 blocks ([`crate::legacy`]; q8_0 for VNNI in 4-column
@@ -49,6 +52,10 @@ pub struct Packed {
     /// ([`legacy::to_nibble_quads`]).
     #[cfg_attr(not(vnni_intrinsics), allow(dead_code))] // Always `false` there.
     pub(crate) zmm: bool,
+    /// Packed for AVX512-VNNI on a CPU that also has VBMI and DQ, whose one-token kernels of
+    /// the lattice types need them (`kernels::lattice1`).
+    #[cfg_attr(not(vnni_intrinsics), allow(dead_code))] // Always `false` there.
+    pub(crate) lattice1: bool,
     /// Row-major blocks, in this thread's huge-page arena ([`weight_buffer`]).
     pub data: WeightBuf,
 }
@@ -62,8 +69,9 @@ impl Packed {
         let slice_bytes = row_bytes / slices.max(1);
         let prefetch = (R * row_bytes).div_ceil(slices.max(1)).next_multiple_of(64);
         let zmm = vnni == Some(Vnni::Evex);
+        let lattice1 = zmm && is_x86_feature_detected!("avx512vbmi") && is_x86_feature_detected!("avx512dq");
         let vnni = vnni.filter(|_| vnni::runs(t));
-        let k = |data| Packed { t, rows, cols, row_bytes, slices, slice_bytes, prefetch, vnni, zmm, data };
+        let k = |data| Packed { t, rows, cols, row_bytes, slices, slice_bytes, prefetch, vnni, zmm, lattice1, data };
         match t {
             GgmlType::Q2_K => return k(releveled(src, |b: &ggml::BlockQ2K| *b)),
             GgmlType::Q3_K => return k(releveled(src, Q3KU::from_block)),

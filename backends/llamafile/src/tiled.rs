@@ -19,7 +19,8 @@ use kt_x86::panels::{balanced_token_runs, panels_from};
 use kt_x86::swiglu::glu_row;
 
 use crate::kernels::on_amx::{self, Acc, Block, Panel, Sums, ACT_BYTES, MAX_TOKENS, PANEL};
-use crate::kernels::{dots, gemv, Packed, Scratch, R};
+use crate::kernels::{Scratch, R};
+use crate::matrix::Matrix;
 
 /// A task's scratch for the tile path.
 struct Work<'a> {
@@ -67,7 +68,7 @@ fn work(bytes: &mut [u8], n: usize, cols: usize, [tg, tu]: [GgmlType; 2]) -> Wor
 
 /// One matrix of a task: its packed rows, prepared activations, and whether it runs on tiles.
 pub struct Operand<'a> {
-    pub w: &'a Packed,
+    pub m: &'a Matrix,
     pub act: &'a [u8],
     pub tiles: bool,
 }
@@ -86,7 +87,7 @@ unsafe fn panel_rows<T: TileOps>(
     room: &mut Room<'_>,
     res: &mut [[f32; PANEL]],
 ) {
-    let (w, nr) = (m.w, rows.len());
+    let (w, nr) = (&m.m.w, rows.len());
     let Room { vector, acc, sums, block, rows: out } = room;
     // SAFETY (whole body): the caller's contract.
     unsafe {
@@ -104,10 +105,10 @@ unsafe fn panel_rows<T: TileOps>(
                 }
             }
         } else if n == 1 {
-            gemv(w, rows, m.act, &mut res[0][..nr]);
+            m.m.gemv(rows, m.act, &mut res[0][..nr]);
         } else {
             for tile in panels_from(rows.clone(), R) {
-                dots(w, tile.start, tile.len(), m.act, n, out, vector);
+                m.m.panel_run(tile.start, tile.len(), m.act, n, out, vector);
                 let at = tile.start - rows.start;
                 for (r, o) in res.iter_mut().zip(out.iter()) {
                     r[at..at + tile.len()].copy_from_slice(&o[..tile.len()]);
@@ -132,8 +133,8 @@ pub unsafe fn gate_up<T: TileOps + Default>(
     scratch: &mut [u8],
 ) {
     let n = h.rows();
-    let types = [gate.w.t, up.w.t];
-    let Work { panels: [mut pg, mut pu], res: [gr, ur], mut room } = work(scratch, n, gate.w.cols, types);
+    let types = [gate.m.w.t, up.m.w.t];
+    let Work { panels: [mut pg, mut pu], res: [gr, ur], mut room } = work(scratch, n, gate.m.w.cols, types);
     let mut tiles = T::default();
     for panel in panels_from(rows.clone(), PANEL) {
         // SAFETY: the caller's contract.
@@ -167,7 +168,7 @@ pub unsafe fn down<T: TileOps + Default>(
     scratch: &mut [u8],
 ) {
     let n = y.rows();
-    let Work { panels: [mut p, _], res: [res, _], mut room } = work(scratch, n, d.w.cols, [d.w.t; 2]);
+    let Work { panels: [mut p, _], res: [res, _], mut room } = work(scratch, n, d.m.w.cols, [d.m.w.t; 2]);
     let mut tiles = T::default();
     for panel in panels_from(rows.clone(), PANEL) {
         // SAFETY: the caller's contract.

@@ -197,32 +197,27 @@ pub fn prepare(
     }
 }
 
-/// A view of prepared activations.
-pub enum Act<'a> {
-    /// f32 rows of `kp` (`x16` empty), or bf16 rows of `kp` for the dot kernels (`x` empty).
-    Float {
-        /// f32 rows.
-        x: &'a [f32],
-        /// bf16 rows.
-        x16: &'a [bf16],
-        /// Values per row: K padded to a unit.
-        kp: usize,
-    },
-    /// int8 rows of `kp` (+ 128, or signed with their groups' sums: [`signed`]), with `groups`
-    /// scales per row.
-    Int {
-        /// int8 (+ 128) rows.
-        q: &'a [u8],
-        /// Bytes per row: K padded to a unit.
-        kp: usize,
-        /// `[row][group]` scales.
-        scales: &'a [f32],
-        /// Scale groups per row.
-        groups: usize,
-        /// `[row][group]` −o·Σ of the signed int8 values, o the weights' offset
-        /// (`unsigned_weights`): where the group's sums start ([`signed`] kinds; else empty).
-        starts: &'a [i32],
-    },
+/// A view of prepared activations: float rows (`x`, or `x16` for the dot kernels) or int8
+/// rows with their scales (`q`, `scales`, `starts`); the fields of the other kind are empty.
+/// One struct for both, so a matrix's kernel (chosen when it was packed) reads its own kind
+/// without a match per call.
+#[derive(Clone, Copy, Default)]
+pub struct Act<'a> {
+    /// f32 rows (float formats, not `dot`).
+    pub x: &'a [f32],
+    /// bf16 rows (float formats, `dot`).
+    pub x16: &'a [bf16],
+    /// int8 (+ 128, or signed with their groups' sums: [`signed`]) rows.
+    pub q: &'a [u8],
+    /// Values (or bytes) per row: K padded to a unit.
+    pub kp: usize,
+    /// `[row][group]` scales of the int8 rows.
+    pub scales: &'a [f32],
+    /// Scale groups per row.
+    pub groups: usize,
+    /// `[row][group]` −o·Σ of the signed int8 values, o the weights' offset
+    /// (`unsigned_weights`): where the group's sums start ([`signed`] kinds; else empty).
+    pub starts: &'a [i32],
 }
 
 impl<'a> Act<'a> {
@@ -232,13 +227,13 @@ impl<'a> Act<'a> {
         let (first, rest) = b.split_at(first_part(f, rows, cols, dot));
         match f {
             f if f.int_activations() => {}
-            _ if dot => return Act::Float { x: &[], x16: bytemuck::cast_slice(first), kp },
-            _ => return Act::Float { x: bytemuck::cast_slice(first), x16: &[], kp },
+            _ if dot => return Act { x16: bytemuck::cast_slice(first), kp, ..Act::default() },
+            _ => return Act { x: bytemuck::cast_slice(first), kp, ..Act::default() },
         }
         let g = groups(f, cols);
         let (scales, starts) = rest.split_at(4 * rows * g);
         let starts = if signed(f) { bytemuck::cast_slice(&starts[..4 * rows * g]) } else { &[][..] };
-        Act::Int { q: &first[..rows * kp], kp, scales: bytemuck::cast_slice(scales), groups: g, starts }
+        Act { q: &first[..rows * kp], kp, scales: bytemuck::cast_slice(scales), groups: g, starts, ..Act::default() }
     }
 }
 

@@ -43,25 +43,8 @@ use kt_x86::prefetch::SCALE_GROUPS_AHEAD;
 use kt_x86::swiglu::glu16;
 
 use crate::act::Act;
+use crate::level::Level;
 use crate::pack::{GroupScales, Packed, HALF, KT_TILE, PANEL, UNIT};
-
-/// Instructions a sub-variant may use beyond AVX-512F/BW, as KT's variants nest them: each
-/// level has every instruction of the ones before it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
-pub enum Level {
-    /// AVX-512F/BW (`avx512_base`): integer dots by `vpmaddubsw`/`vpmaddwd`.
-    Base,
-    /// + AVX512-VNNI: `vpdpbusd`.
-    Vnni,
-    /// + AVX512-VBMI: `vpermb` looks up mxfp4's and KT int4's nibbles unmasked, and its byte
-    ///   tables serve the fp8 → bf16 decode of [`Level::Bf16`]; without `vdpbf16ps` the e4m3 →
-    ///   f32 decode by bit placement (≤ 3 instructions per 16 weights, exact) needs none, so
-    ///   this level runs [`Level::Vnni`]'s float kernels.
-    Vbmi,
-    /// + AVX512-BF16: `vdpbf16ps` for bf16 weights, and for fp8 ones decoded to bf16 by
-    ///   VBMI byte tables.
-    Bf16,
-}
 
 /// Most tokens in one run: 2 × 12 accumulators + 2-4 weight registers + a broadcast fit the
 /// 32 zmm registers.
@@ -542,7 +525,7 @@ unsafe fn fp8_span<const N: usize, const DOT: bool>(
     pf: Ahead,
     acc: &mut [[__m512; 2]; N],
 ) {
-    // SAFETY: forwarded.
+    // SAFETY: this function's `# Safety` is the callee's (its features and slices).
     unsafe {
         if DOT {
             fp8_dot_units::<N>(panel, u0, u1, tab, x16, pf, acc)
@@ -651,17 +634,9 @@ macro_rules! float_kernels {
         /// # Safety
         #[doc = concat!("The CPU has ", $features, "; as [`float_body`].")]
         #[target_feature(enable = $features)]
-        unsafe fn $name<const N: usize>(
-            w: &Packed,
-            p: usize,
-            x: &[f32],
-            x16: &[bf16],
-            kp: usize,
-            t0: usize,
-            out: &mut Acc,
-        ) {
-            // SAFETY: forwarded.
-            unsafe { $body::<N, $dot>(w, p, x, x16, kp, t0, out) }
+        unsafe fn $name<const N: usize>(w: &Packed, p: usize, act: &Act<'_>, t0: usize, out: &mut Acc) {
+            // SAFETY: this function's `# Safety` is the callee's (its features and slices).
+            unsafe { $body::<N, $dot>(w, p, act.x, act.x16, act.kp, t0, out) }
         }
     )*};
 }
@@ -844,20 +819,21 @@ unsafe fn group_scales(w: &Packed, at: usize) -> [__m512; 2] {
     }
 }
 
-/// [`group_scales`] as f32 values: what [`Packed::group_scales`] returns where the CPU has
-/// AVX-512F (the AMX kernels' per-group epilogue, where widening 32 codes one at a time was a
-/// third of its time).
+/// [`Packed::group_scales`] widened in registers: the AMX kernels' per-group epilogue, where
+/// widening 32 codes one at a time was a third of its time.
 ///
 /// # Safety
 /// AVX-512F is present; the matrix holds 32 scales at `at`.
 #[target_feature(enable = "avx512f")]
-pub(crate) unsafe fn group_scales_into(w: &Packed, at: usize, out: &mut [f32; PANEL]) {
+pub unsafe fn group_scales_f32(w: &Packed, at: usize) -> [f32; PANEL] {
+    let mut out = [0.0; PANEL];
     // SAFETY: the caller's contract; `out` holds 32 floats.
     unsafe {
         let [lo, hi] = group_scales(w, at);
         _mm512_storeu_ps(out.as_mut_ptr(), lo);
         _mm512_storeu_ps(out.as_mut_ptr().add(HALF), hi);
     }
+    out
 }
 
 /// 32 rows' scales from their bf16 bits (exactly: a bf16 is an f32's top half).
@@ -939,16 +915,6 @@ unsafe fn add_chains<const N: usize>(a: [[__m512i; 2]; N], b: [[__m512i; 2]; N])
     sum
 }
 
-/// Prepared int activations of a tile.
-#[derive(Clone, Copy)]
-struct IntAct<'a> {
-    q: &'a [u8],
-    kp: usize,
-    scales: &'a [f32],
-    groups: usize,
-    starts: &'a [i32],
-}
-
 /// # Safety
 /// AVX-512F/BW (and VNNI if `VNNI`) are present; `act` holds `t0 + N` rows for `w`'s format.
 /// The scales (and the per-row kinds' biases) hold 32 per panel and group (`pack`).
@@ -956,7 +922,7 @@ struct IntAct<'a> {
 unsafe fn int_panel<const N: usize, const VNNI: bool, const VBMI: bool>(
     w: &Packed,
     p: usize,
-    act: IntAct<'_>,
+    act: &Act<'_>,
     t0: usize,
     out: &mut Acc,
 ) {
@@ -1041,7 +1007,7 @@ unsafe fn int_panel<const N: usize, const VNNI: bool, const VBMI: bool>(
 /// # Safety
 /// As [`int_panel`], with AVX-512F/BW.
 #[target_feature(enable = "avx512f,avx512bw")]
-unsafe fn int_panel_base<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: usize, out: &mut Acc) {
+unsafe fn int_panel_base<const N: usize>(w: &Packed, p: usize, act: &Act<'_>, t0: usize, out: &mut Acc) {
     // SAFETY: forwarded; compiled without VNNI so no instruction of it can appear.
     unsafe { int_panel::<N, false, false>(w, p, act, t0, out) }
 }
@@ -1049,57 +1015,63 @@ unsafe fn int_panel_base<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, 
 /// # Safety
 /// As [`int_panel`], with AVX-512F/BW/VNNI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni")]
-unsafe fn int_panel_vnni<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: usize, out: &mut Acc) {
-    // SAFETY: forwarded.
+unsafe fn int_panel_vnni<const N: usize>(w: &Packed, p: usize, act: &Act<'_>, t0: usize, out: &mut Acc) {
+    // SAFETY: this function's `# Safety` is the callee's (its features and slices).
     unsafe { int_panel::<N, true, false>(w, p, act, t0, out) }
 }
 
 /// # Safety
 /// As [`int_panel`], with AVX-512F/BW/VNNI/VBMI.
 #[target_feature(enable = "avx512f,avx512bw,avx512vnni,avx512vbmi")]
-unsafe fn int_panel_vbmi<const N: usize>(w: &Packed, p: usize, act: IntAct<'_>, t0: usize, out: &mut Acc) {
-    // SAFETY: forwarded.
+unsafe fn int_panel_vbmi<const N: usize>(w: &Packed, p: usize, act: &Act<'_>, t0: usize, out: &mut Acc) {
+    // SAFETY: this function's `# Safety` is the callee's (its features and slices).
     unsafe { int_panel::<N, true, true>(w, p, act, t0, out) }
 }
 
-/// Tokens `t0..t0+nt` (nt ≤ [`max_run`]) × panel `p` of `w` into `out[..nt]`, with the
-/// instructions `level` allows.
+/// A panel microkernel: tokens `t0..t0+nt` (nt ≤ [`max_run`]) × panel `p` of `w` into
+/// `out[..nt]`. Which one a matrix runs is chosen once, when it is packed ([`panel_kernel`]).
 ///
 /// # Safety
-/// The CPU runs `level` (AVX-512F/BW and the level's own extensions); `act` was prepared for
-/// `w`'s format and K, with at least `t0 + nt` rows.
-pub unsafe fn panel_run(level: Level, w: &Packed, p: usize, act: &Act<'_>, t0: usize, nt: usize, out: &mut Acc) {
-    macro_rules! by_n {
-        ($f:ident, $($arg:expr),*) => {
-            kt_x86::by_tokens!(nt; 1 2 3 4 5 6 7 8 9 10 11 12; $f($($arg),*))
-        };
-    }
-    // SAFETY: forwarded from the caller.
-    unsafe {
-        match *act {
-            // bf16 weights, and fp8 ones packed in pairs, run on vdpbf16ps at the bf16 level at
-            // every token count: where its peak is twice the FMA's it wins outright, and where it
-            // equals it (one 32-pair instruction a cycle against two 16-lane FMAs) it still
-            // needs no widening and one broadcast per two k (docs/tuning.md).
-            Act::Float { x, x16, kp } if w.format == WeightFormat::Bf16 => match level {
-                Level::Bf16 => by_n!(bf16_panel_dot, w, p, x, x16, kp, t0, out),
-                _ => by_n!(bf16_panel, w, p, x, x16, kp, t0, out),
-            },
-            Act::Float { x, x16, kp } if level == Level::Bf16 && w.pairs => {
-                by_n!(float_panel_dot, w, p, x, x16, kp, t0, out)
-            }
-            Act::Float { x, x16, kp } => by_n!(float_panel, w, p, x, x16, kp, t0, out),
-            Act::Int { q, kp, scales, groups, starts } => {
-                let a = IntAct { q, kp, scales, groups, starts };
-                if level >= Level::Vbmi {
-                    by_n!(int_panel_vbmi, w, p, a, t0, out)
-                } else if level == Level::Vnni {
-                    by_n!(int_panel_vnni, w, p, a, t0, out)
-                } else {
-                    by_n!(int_panel_base, w, p, a, t0, out)
-                }
-            }
+/// The CPU runs the level the kernel was chosen for; `act` was prepared for `w`'s format and
+/// K at that level, with at least `t0 + nt` rows.
+pub type PanelRun = unsafe fn(w: &Packed, p: usize, act: &Act<'_>, t0: usize, nt: usize, out: &mut Acc);
+
+/// Each panel kernel as a [`PanelRun`]: its token count made a const generic.
+macro_rules! panel_runs {
+    ($($run:ident = $kernel:ident;)*) => {$(
+        /// # Safety
+        /// As [`PanelRun`].
+        unsafe fn $run(w: &Packed, p: usize, act: &Act<'_>, t0: usize, nt: usize, out: &mut Acc) {
+            // SAFETY: this function's `# Safety` is the callee's (its features and slices).
+            unsafe { kt_x86::by_tokens!(nt; 1 2 3 4 5 6 7 8 9 10 11 12; $kernel(w, p, act, t0, out)) }
         }
+    )*};
+}
+
+panel_runs! {
+    run_bf16 = bf16_panel;
+    run_bf16_dot = bf16_panel_dot;
+    run_float = float_panel;
+    run_float_dot = float_panel_dot;
+    run_int_base = int_panel_base;
+    run_int_vnni = int_panel_vnni;
+    run_int_vbmi = int_panel_vbmi;
+}
+
+/// The microkernel `w`'s panels run at `level` (`w` packed for that level).
+pub fn panel_kernel(level: Level, w: &Packed) -> PanelRun {
+    match (w.format, level) {
+        // bf16 weights, and fp8 ones packed in pairs, run on vdpbf16ps at the bf16 level at
+        // every token count: where its peak is twice the FMA's it wins outright, and where it
+        // equals it (one 32-pair instruction a cycle against two 16-lane FMAs) it still needs
+        // no widening and one broadcast per two k (docs/tuning.md).
+        (WeightFormat::Bf16, Level::Bf16) => run_bf16_dot,
+        (WeightFormat::Bf16, _) => run_bf16,
+        (f, Level::Vbmi | Level::Bf16) if f.int_activations() => run_int_vbmi,
+        (f, Level::Vnni) if f.int_activations() => run_int_vnni,
+        (f, Level::Base) if f.int_activations() => run_int_base,
+        (_, Level::Bf16) if w.pairs => run_float_dot,
+        _ => run_float,
     }
 }
 

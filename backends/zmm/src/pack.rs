@@ -42,7 +42,7 @@ use kt_core::{Error, QuantMatrix, WeightFormat};
 use kt_x86::int4;
 use kt_x86::memory::WeightBuf;
 
-use crate::kernels::Level;
+use crate::level::Level;
 
 /// Output rows per panel.
 pub const PANEL: usize = 32;
@@ -221,14 +221,9 @@ impl Packed {
     }
 
     /// The 32 rows' scales at `at` (`[panel][group][32]` index) of a per-row-and-group kind,
-    /// as f32.
+    /// as f32, one at a time (unpacking and tests; the kernels widen them in registers:
+    /// `kernels::group_scales_f32`).
     pub fn group_scales(&self, at: usize) -> [f32; PANEL] {
-        if is_x86_feature_detected!("avx512f") {
-            let mut s = [0.0; PANEL];
-            // SAFETY: AVX-512F checked; the slices inside check `at`.
-            unsafe { crate::kernels::group_scales_into(self, at, &mut s) };
-            return s;
-        }
         match self.group_scale_kind() {
             GroupScales::Codes(c, bias) => core::array::from_fn(|i| mx_scale(c[at + i], bias)),
             GroupScales::Exponents(c) => core::array::from_fn(|i| f32::from_bits(u32::from(c[at + i]) << 23)),
@@ -373,28 +368,6 @@ pub fn pack(m: &QuantMatrix, level: Level) -> Packed {
         pairs,
         kt: false,
     }
-}
-
-/// `Backend::pack` of a backend on these panels named `name`, with the kernels of `level`.
-pub fn matrix(name: &'static str, m: &QuantMatrix, level: Level) -> kt_core::PackedMatrix {
-    let p = pack(m, level);
-    kt_core::PackedMatrix::new(name, m.format(), m.rows(), m.cols(), p.bytes(), p)
-}
-
-/// `Backend::pack_kt` of a backend on these panels named `name`: KT's bytes copied where
-/// [`kt_order`] keeps the shape, else `None`.
-pub fn kt_matrix(
-    name: &'static str,
-    f: WeightFormat,
-    rows: usize,
-    cols: usize,
-    bytes: &[u8],
-    scales: &[f32],
-) -> Option<Result<kt_core::PackedMatrix, Error>> {
-    kt_order(f, rows, cols).then(|| {
-        let p = from_kt(f, rows, cols, bytes, scales)?;
-        Ok(kt_core::PackedMatrix::new(name, f, rows, cols, p.bytes(), p))
-    })
 }
 
 /// A matrix from KT's packed bytes and per-row scales as they are (a converted file's

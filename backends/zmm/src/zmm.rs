@@ -9,12 +9,14 @@ use kt_core::backend::{ActLayout, Instructions, TaskShape};
 use kt_core::bias::{with_bias, GateUpBias};
 use kt_core::mat::MatMut;
 use kt_core::swiglu::Glu;
-use kt_core::{Error, PackedMatrix, QuantMatrix, WeightFormat};
+use kt_core::{Error, QuantMatrix, WeightFormat};
 use kt_x86::panels::{balanced_token_runs, panels, PanelRows};
 
 use crate::act::{self, Act};
-use crate::kernels::{glu_panel, max_run, panel_run, put_panel, Acc, Level, MAX_RUN};
-use crate::pack::{self, Packed, PANEL};
+use crate::kernels::{glu_panel, max_run, put_panel, Acc, MAX_RUN};
+use crate::level::Level;
+use crate::matrix::Matrix;
+use crate::pack::PANEL;
 
 /// `Ok` if this CPU runs `level`, else the first missing feature. AVX2 and FMA too: the
 /// SwiGLU is `kt-x86`'s 256-bit one.
@@ -51,26 +53,21 @@ pub struct Zmm {
     level: Level,
 }
 
-fn packed(m: &PackedMatrix) -> &Packed {
-    m.get::<Packed>().expect("a layer hands a backend only the matrices it packed")
-}
-
 /// Run every (panel, token tile) of `rows` of `w` and hand each tile to `emit`, in tiles of
 /// at most `max_nt` tokens.
 fn for_tiles(
-    level: Level,
-    w: &Packed,
+    m: &Matrix,
     rows: &Range<usize>,
     act: &Act<'_>,
     (n, max_nt): (usize, usize),
     mut emit: impl FnMut(&PanelRows, usize, usize, &Acc),
 ) {
-    let mut tile: Acc = [[0.0; PANEL]; MAX_RUN];
+    let (run, mut tile): (_, Acc) = (m.run(), [[0.0; PANEL]; MAX_RUN]);
     for panel in panels(rows.clone(), PANEL) {
         for (t0, nt) in balanced_token_runs(n, max_nt) {
-            // SAFETY: a Zmm of `level` is made only where the CPU runs it (Zmm::new's
-            // contract), and `act` was prepared by it for w's format and K with n rows.
-            unsafe { panel_run(level, w, panel.index, act, t0, nt, &mut tile) };
+            // SAFETY: m's kernel runs on this CPU (Matrix), and `act` was prepared by this
+            // level for its format and K with n rows.
+            unsafe { run(&m.w, panel.index, act, t0, nt, &mut tile) };
             emit(&panel, t0, nt, &tile);
         }
     }
@@ -101,21 +98,21 @@ impl Zmm {
         !matches!(format, WeightFormat::Ggml(_)) && cols % format.col_multiple() == 0
     }
 
-    /// `m` packed into panels, named `name`'s.
-    pub fn pack(self, name: &'static str, m: &QuantMatrix) -> PackedMatrix {
-        pack::matrix(name, m, self.level)
+    /// `m` packed into panels, with the kernel this level runs on them.
+    pub fn pack(self, m: &QuantMatrix) -> Matrix {
+        Matrix::pack(m, self.level)
     }
 
     /// KT's packed bytes taken as they are where its layout holds the shape (`Backend::pack_kt`).
     pub fn pack_kt(
-        name: &'static str,
+        self,
         format: WeightFormat,
         rows: usize,
         cols: usize,
         bytes: &[u8],
         scales: &[f32],
-    ) -> Option<Result<PackedMatrix, Error>> {
-        pack::kt_matrix(name, format, rows, cols, bytes, scales)
+    ) -> Option<Result<Matrix, Error>> {
+        Matrix::from_kt(self.level, format, rows, cols, bytes, scales)
     }
 
     /// See `Backend::act_layout`.
@@ -150,8 +147,8 @@ impl Zmm {
     #[allow(clippy::too_many_arguments)]
     pub fn gate_up(
         self,
-        gate: &PackedMatrix,
-        up: &PackedMatrix,
+        gate: &Matrix,
+        up: &Matrix,
         rows: Range<usize>,
         act_gate: &[u8],
         act_up: &[u8],
@@ -159,16 +156,15 @@ impl Zmm {
         bias: Option<GateUpBias<'_>>,
         mut h: MatMut<'_, bf16>,
     ) {
-        let (g, u, level) = (packed(gate), packed(up), self.level);
-        let n = h.rows();
+        let (g, u, n) = (&gate.w, &up.w, h.rows());
         let ag = Act::parse(g.format, g.cols, n, act_gate, self.dot(g.format));
         let au = Act::parse(u.format, u.cols, n, act_up, self.dot(u.format));
         let (mut ut, mut room): (Acc, _) = ([[0.0; PANEL]; MAX_RUN], [[0.0; PANEL]; 2]);
         // Each up tile is paired with the gate tile of the same panel and tokens.
-        let max_nt = max_run(g).min(max_run(u));
-        for_tiles(level, g, &rows, &ag, (n, max_nt), |panel, t0, nt, gt| {
-            // SAFETY: as in for_tiles.
-            unsafe { panel_run(level, u, panel.index, &au, t0, nt, &mut ut) };
+        let (max_nt, run_up) = (max_run(g).min(max_run(u)), up.run());
+        for_tiles(gate, &rows, &ag, (n, max_nt), |panel, t0, nt, gt| {
+            // SAFETY: as in for_tiles, for `up`.
+            unsafe { run_up(u, panel.index, &au, t0, nt, &mut ut) };
             let (at, within) = (panel.rows.start - rows.start, panel.in_panel(PANEL));
             for t in 0..nt {
                 let out = &mut h.row_mut(t0 + t)[at..at + within.len()];
@@ -181,11 +177,10 @@ impl Zmm {
     }
 
     /// See `Backend::down`.
-    pub fn down(self, down: &PackedMatrix, rows: Range<usize>, a: &[u8], mut y: MatMut<'_, f32>) {
-        let d = packed(down);
-        let n = y.rows();
+    pub fn down(self, down: &Matrix, rows: Range<usize>, a: &[u8], mut y: MatMut<'_, f32>) {
+        let (d, n) = (&down.w, y.rows());
         let act = Act::parse(d.format, d.cols, n, a, self.dot(d.format));
-        for_tiles(self.level, d, &rows, &act, (n, max_run(d)), |panel, t0, nt, tile| {
+        for_tiles(down, &rows, &act, (n, max_run(d)), |panel, t0, nt, tile| {
             let (at, within) = (panel.rows.start - rows.start, panel.in_panel(PANEL));
             for (t, res) in tile.iter().enumerate().take(nt) {
                 put_panel(&mut y.row_mut(t0 + t)[at..at + within.len()], res, within.clone());

@@ -79,7 +79,7 @@ pub(super) fn gather(c: &Call<'_>, tasks: &[GatherTask], act_x: &mut [u8]) {
         let [g, u] = &c.layout.x_blocks[e];
         // SAFETY: each active expert's act_x blocks are written by its one Gather task.
         backend.quantize_act(f.gate, hd, c.input, tokens, unsafe { dst.slice_mut(g.clone()) }, scratch);
-        if c.sizes.own_up {
+        if u != g {
             // SAFETY: as above.
             backend.quantize_act(f.up, hd, c.input, tokens, unsafe { dst.slice_mut(u.clone()) }, scratch);
         }

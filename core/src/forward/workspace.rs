@@ -72,8 +72,6 @@ pub(super) struct Buffers {
 /// What [`Workspace::prepare`] derived for the stages.
 #[derive(Clone, Copy, Debug)]
 pub(super) struct Sizes {
-    /// Up's kernels read another activation layout than gate's, prepared apart.
-    pub own_up: bool,
     /// Rows of all active experts together.
     pub rows_total: usize,
     /// Bytes of a worker's block that the backend's kernels use (64-byte aligned).
@@ -113,9 +111,9 @@ impl Workspace {
             }
         }
         let (rows_total, parts) = (plan.row_tokens.len(), w.parts.len());
-        // Per active expert, its gate activations and, where up's kernels read another layout,
-        // its up activations (else up reads gate's).
-        let own_up = backend.act_layout(f.up) != backend.act_layout(f.gate);
+        // Per active expert, its gate activations and, where up's kernels read another layout
+        // for its token count, its up activations (else up reads gate's).
+        let own_up = |rows: usize| backend.act_layout_for(f.up, rows) != backend.act_layout_for(f.gate, rows);
         l.x_blocks.clear();
         l.x_blocks.reserve(cfg.experts);
         let mut x_total = 0;
@@ -131,7 +129,7 @@ impl Workspace {
                 continue;
             }
             let g = block(backend.act_bytes(f.gate, a.rows, hd));
-            let u = if own_up { block(backend.act_bytes(f.up, a.rows, hd)) } else { g.clone() };
+            let u = if own_up(a.rows) { block(backend.act_bytes(f.up, a.rows, hd)) } else { g.clone() };
             l.x_blocks.push([g, u]);
         }
         let experts = &plan.experts;
@@ -148,7 +146,8 @@ impl Workspace {
         // is at most the bytes of all rows at once plus 64 per expert and layout.
         let max_rows = experts.iter().map(|a| a.rows).max().unwrap_or(0);
         let blocks = cfg.experts.min(rows_total) * 2 * ALIGN;
-        let up_bytes = if own_up { backend.act_bytes(f.up, rows_total, hd) } else { 0 };
+        // (Up apart for some token count: only where its format is not gate's.)
+        let up_bytes = if f.up != f.gate { backend.act_bytes(f.up, rows_total, hd) } else { 0 };
         let x_bound = backend.act_bytes(f.gate, rows_total, hd) + up_bytes + blocks;
         let ah_bound = l.part_rows.iter().map(|&ip| backend.act_bytes(f.down, rows_total, ip) + blocks).sum::<usize>();
         // Scratch for the largest task any routing of `n` tokens makes: an expert holds at most
@@ -181,7 +180,7 @@ impl Workspace {
         }
         // (The tile after the backend's scratch starts 64-byte aligned, as Carve wants.)
         let backend_scratch = round_up(backend.scratch_bytes(shape));
-        Ok(Sizes { own_up, rows_total, backend_scratch, tile, tile_bound })
+        Ok(Sizes { rows_total, backend_scratch, tile, tile_bound })
     }
 }
 

@@ -25,7 +25,7 @@ macro_rules! ggml_types {
             pub const ALL: &'static [GgmlType] = &[$(GgmlType::$v),*];
 
             /// The type with ggml id `id`, if this crate runs it.
-            pub fn from_id(id: u32) -> Option<GgmlType> {
+            pub const fn from_id(id: u32) -> Option<GgmlType> {
                 match id { $($id => Some(GgmlType::$v),)* _ => None }
             }
             /// ggml's name (`q4_K`, `iq4_xs`, ...).

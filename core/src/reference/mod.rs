@@ -153,7 +153,7 @@ fn ggml_dot(kind: ActKind, w: &[f32], act: &[u8]) -> f32 {
 }
 
 fn matrix(p: &PackedMatrix) -> &QuantMatrix {
-    p.get::<QuantMatrix>().expect("a layer hands a backend only the matrices it packed")
+    p.inner::<QuantMatrix>()
 }
 
 /// `scratch` as room for `len` f32 (the reference asks for `4·cols` bytes).

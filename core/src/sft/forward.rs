@@ -117,7 +117,7 @@ pub fn forward(
         };
         let len = prepare(backend, f.gate, h, input, tokens, act, scratch);
         by_parts(|e| &e.gate, &act[..len], g32, scratch);
-        let len = match backend.act_layout(f.up) != backend.act_layout(f.gate) {
+        let len = match backend.act_layout_for(f.up, m) != backend.act_layout_for(f.gate, m) {
             true => prepare(backend, f.up, h, input, tokens, act, scratch),
             false => len,
         };

@@ -359,7 +359,7 @@ mod tests {
         let m = random_matrix(t, rows, cols, 9);
         let format = WeightFormat::Ggml(t);
         let packed = LLAMAFILE_AVX2.pack(&m).expect("packs");
-        let w = packed.get::<Packed>().expect("the llamafile backend's");
+        let w = &packed.inner::<crate::matrix::Matrix>().w;
         let mut buf = AlignedBuf::zeroed(size_of::<Scratch>());
         let (scratch, _) = Scratch::from_bytes(buf.as_mut_slice());
         for n in 2..=FEW_ROWS {

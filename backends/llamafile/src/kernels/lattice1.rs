@@ -37,8 +37,8 @@ use kt_core::ggml::{
 use super::{hsum4, prefetch_next, Packed, Tile, R};
 use crate::act::ActK;
 
-/// Whether this CPU runs [`gemv`] for type `t` (beside the AVX512-VNNI its callers checked).
-pub(super) fn runs(t: GgmlType) -> bool {
+/// Whether [`gemv`] serves type `t`, for a matrix packed where it runs (`Packed::lattice1`).
+pub(super) const fn runs(t: GgmlType) -> bool {
     matches!(
         t,
         GgmlType::IQ1_S
@@ -48,8 +48,7 @@ pub(super) fn runs(t: GgmlType) -> bool {
             | GgmlType::IQ2_S
             | GgmlType::IQ3_XXS
             | GgmlType::IQ3_S
-    ) && is_x86_feature_detected!("avx512vbmi")
-        && is_x86_feature_detected!("avx512dq")
+    )
 }
 
 /// A table for 512-bit loads.
@@ -556,13 +555,15 @@ impl Zmm for BlockIq3S {
 /// AVX512-VNNI (with F, BW, VL), VBMI and DQ ([`runs`]), AVX2, FMA and F16C must be present;
 /// `act` must hold one token's [`ActK`] blocks.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx512vbmi")]
-pub(super) unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
+pub(super) unsafe fn gemv<const ID: u32>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
     macro_rules! run {
         ($b:ty) => {
+            // SAFETY: this function's features; `act` holds one token prepared for the type (the
+            // caller's contract).
             one_token_tiles!(w, rows, act, out, ActK, |tile, res| unsafe { tile_dots::<$b>(&tile, &mut res) })
         };
     }
-    match w.t {
+    match const { super::ty::<ID>() } {
         GgmlType::IQ1_S => run!(BlockIq1S),
         GgmlType::IQ1_M => run!(BlockIq1M),
         GgmlType::IQ2_XXS => run!(BlockIq2Xxs),
@@ -712,7 +713,8 @@ mod tests {
     /// Rows of 8 blocks whose parts use every grid index, every sign field and every scale
     /// (and 9 rows: a short last tile; and a call starting at row 3) give the AVX2 one-token
     /// kernel's bits, for activations with ties and the largest values at both signs.
-    fn gives_the_avx2_kernels_bits<B: Zmm + crate::decode::KBlock>(t: GgmlType) {
+    fn gives_the_avx2_kernels_bits<B: Zmm + crate::decode::KBlock, const ID: u32>() {
+        let t = super::super::ty::<ID>();
         let (rows, cols) = (9, 8 * QK_K);
         let data: Vec<u8> = (0..rows * cols / QK_K).flat_map(|n| block(t, n)).collect();
         assert_eq!(data.len(), t.row_bytes(cols) * rows);
@@ -736,7 +738,7 @@ mod tests {
             // VBMI, DQ); one token's activations for `t`, prepared as the backend prepares them.
             unsafe {
                 crate::act::prepare(t, cols, &x, &[0], act.as_mut_slice(), kind, scratch.as_mut_slice());
-                gemv(&w, range.clone(), act.as_slice(), &mut got);
+                gemv::<ID>(&w, range.clone(), act.as_slice(), &mut got);
                 super::super::kquant1::<B>(&w, range.clone(), act.as_slice(), &mut want);
             }
             let bits = |v: &[f32]| v.iter().map(|y| y.to_bits()).collect::<Vec<_>>();
@@ -747,16 +749,17 @@ mod tests {
 
     #[test]
     fn every_index_sign_and_scale_gives_the_avx2_kernels_bits() {
-        if crate::vnni::detect() != Some(Vnni::Evex) || !runs(GgmlType::IQ2_XXS) {
+        let (vbmi, dq) = (is_x86_feature_detected!("avx512vbmi"), is_x86_feature_detected!("avx512dq"));
+        if crate::vnni::detect() != Some(Vnni::Evex) || !vbmi || !dq {
             kt_core::skip_isa!("AVX512-VNNI, VBMI or DQ");
             return;
         }
-        gives_the_avx2_kernels_bits::<BlockIq1S>(GgmlType::IQ1_S);
-        gives_the_avx2_kernels_bits::<BlockIq1M>(GgmlType::IQ1_M);
-        gives_the_avx2_kernels_bits::<BlockIq2Xxs>(GgmlType::IQ2_XXS);
-        gives_the_avx2_kernels_bits::<BlockIq2Xs>(GgmlType::IQ2_XS);
-        gives_the_avx2_kernels_bits::<BlockIq2S>(GgmlType::IQ2_S);
-        gives_the_avx2_kernels_bits::<BlockIq3Xxs>(GgmlType::IQ3_XXS);
-        gives_the_avx2_kernels_bits::<BlockIq3S>(GgmlType::IQ3_S);
+        gives_the_avx2_kernels_bits::<BlockIq1S, { GgmlType::IQ1_S as u32 }>();
+        gives_the_avx2_kernels_bits::<BlockIq1M, { GgmlType::IQ1_M as u32 }>();
+        gives_the_avx2_kernels_bits::<BlockIq2Xxs, { GgmlType::IQ2_XXS as u32 }>();
+        gives_the_avx2_kernels_bits::<BlockIq2Xs, { GgmlType::IQ2_XS as u32 }>();
+        gives_the_avx2_kernels_bits::<BlockIq2S, { GgmlType::IQ2_S as u32 }>();
+        gives_the_avx2_kernels_bits::<BlockIq3Xxs, { GgmlType::IQ3_XXS as u32 }>();
+        gives_the_avx2_kernels_bits::<BlockIq3S, { GgmlType::IQ3_S as u32 }>();
     }
 }

@@ -25,7 +25,7 @@ use crate::act::{ActG8, ActK, ActW8};
 use crate::decode::{reg_of, KBlock};
 use crate::lanes::REGS;
 use crate::legacy::{self, Offset, PairLevels};
-pub use crate::pack::Packed;
+pub use crate::pack::{Packed, R};
 
 /// `[e(0), …, e(n - 1)]` (`init` fills first), built by a loop: `core::array::from_fn`'s and
 /// `map`'s closures lack the caller's target features and were compiled out of line, a call per
@@ -64,8 +64,6 @@ macro_rules! by_kblock {
     };
 }
 
-/// Rows per tile.
-pub const R: usize = 4;
 /// Tokens per accumulator tile for up to `TC` tokens, `2·TC` above (fewer for small batches,
 /// whose accumulators then stay in registers). Each tile decodes or widens every block once:
 /// an expert's share of a 512-token prefill is often just above 32 tokens, and one tile of
@@ -229,7 +227,7 @@ impl<'a, A> Tile<'a, A> {
 /// AVX2, FMA and F16C must be present, and the features of the VNNI encoding `w` was packed
 /// for; `act` must hold `n` tokens prepared by [`crate::act`] (for VNNI as `w` was).
 #[target_feature(enable = "avx2,fma,f16c")]
-pub unsafe fn dots(
+unsafe fn dots<const ID: u32>(
     w: &Packed,
     r0: usize,
     nr: usize,
@@ -238,7 +236,8 @@ pub unsafe fn dots(
     out: &mut [[f32; R]],
     scratch: &mut Scratch,
 ) {
-    debug_assert!((1..=R).contains(&nr) && r0 + nr <= w.rows && n != 1);
+    debug_assert!((1..=R).contains(&nr) && r0 + nr <= w.rows && n != 1 && w.t as u32 == ID);
+    let t = const { ty::<ID>() };
     if w.cols == 0 {
         out[..n].fill([0.0; R]);
         return;
@@ -246,9 +245,9 @@ pub unsafe fn dots(
     // The activations as bytes; each kernel reads them in its type's layout (`cast`).
     let raw = Tile::<u8>::new(w, r0, nr, act, n);
     #[cfg(vnni_intrinsics)]
-    if let Some(v) = w.vnni {
+    if let Some(v) = w.vnni.filter(|_| const { crate::vnni::runs(ty::<ID>()) }) {
         // SAFETY: the caller's contract.
-        return unsafe { on_vnni::dots(v, &raw, out, scratch) };
+        return unsafe { on_vnni::dots::<ID>(v, &raw, out, scratch) };
     }
     #[cfg(vnni_intrinsics)]
     if w.zmm {
@@ -262,7 +261,7 @@ pub unsafe fn dots(
                 return unsafe { on_zmm::kquant16::<$b>(tile, out, lv, signs, acc) }
             };
         }
-        match w.t {
+        match t {
             GgmlType::Q2_K => z!(BlockQ2K),
             GgmlType::Q3_K => z!(Q3KU),
             GgmlType::Q6_K => z!(Q6KP),
@@ -276,7 +275,7 @@ pub unsafe fn dots(
             // Its levels + 128 through `vpdpbusd` ([`legacy::Iq4NlV`]), AVX2's sums.
             GgmlType::IQ4_NL => {
                 // SAFETY: as above; act holds [groups][n] ActV8.
-                return unsafe { on_zmm::legacy_dots(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc) };
+                return unsafe { on_zmm::legacy_dots::<ID>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc) };
             }
             _ => {}
         }
@@ -301,9 +300,9 @@ pub unsafe fn dots(
         }};
     }
     by_kblock!(
-        w.t,
+        t,
         k,
-        match w.t {
+        match t {
             GgmlType::Q4_0 => l!(legacy::Q40),
             GgmlType::Q4_1 => l!(legacy::Q41),
             GgmlType::Q5_0 => l!(legacy::Q50),
@@ -321,10 +320,10 @@ pub unsafe fn dots(
             GgmlType::IQ4_NL => l!(legacy::Iq4Nl),
             GgmlType::MXFP4 => l!(legacy::Mxfp4),
             GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
-                debug_assert_eq!(w.t.act(), ActKind::F32);
+                debug_assert_eq!(t.act(), ActKind::F32);
                 // SAFETY: the caller's contract; act holds [n][cols] f32.
                 let tile = raw.cast::<f32>();
-                unsafe { float(w.t, tile.rows(), nr, w.cols, tile.act(), n, out) }
+                unsafe { float(t, tile.rows(), nr, w.cols, tile.act(), n, out) }
             }
             t => unreachable!("{t} is a 256-column type"),
         }
@@ -393,6 +392,48 @@ fn fresh<T>(p: *const T) -> *const T {
     a as *const T
 }
 
+/// The type whose ggml id is `ID`: a kernel generic over it has its type matches resolved
+/// when it is compiled ([`Kernels::of`] picks the instance once per matrix).
+const fn ty<const ID: u32>() -> GgmlType {
+    match GgmlType::from_id(ID) {
+        Some(t) => t,
+        None => panic!("not a ggml type of ours"),
+    }
+}
+
+/// A panel microkernel: a panel of rows `r0..r0 + nr` against two tokens or more ([`dots`]).
+pub type PanelRun = unsafe fn(&Packed, usize, usize, &[u8], usize, &mut [[f32; R]], &mut Scratch);
+/// One token against a range of rows ([`gemv`]).
+pub type Gemv = unsafe fn(&Packed, Range<usize>, &[u8], &mut [f32]);
+
+/// A packed matrix's kernels: its type's instances of [`dots`] and [`gemv`], chosen once when
+/// it is packed, so a call runs no match on the type.
+#[derive(Clone, Copy)]
+pub struct Kernels {
+    /// Two tokens or more.
+    pub panel_run: PanelRun,
+    /// One token.
+    pub gemv: Gemv,
+}
+
+impl Kernels {
+    /// The kernels of a matrix of type `t`.
+    pub fn of(t: GgmlType) -> Kernels {
+        macro_rules! of {
+            ($($v:ident)*) => {
+                match t {
+                    $(GgmlType::$v => {
+                        const ID: u32 = GgmlType::$v as u32;
+                        Kernels { panel_run: dots::<ID>, gemv: gemv::<ID> }
+                    })*
+                }
+            };
+        }
+        of!(F32 F16 BF16 Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 Q2_K Q3_K Q4_K Q5_K Q6_K IQ4_NL MXFP4 IQ4_XS IQ2_XXS IQ2_XS IQ3_XXS
+            IQ1_S IQ3_S IQ2_S IQ1_M)
+    }
+}
+
 // After the macros, which they use.
 mod float;
 mod kquant;
@@ -417,27 +458,28 @@ use q32::*;
 ///
 /// # Safety
 /// AVX2, FMA and F16C must be present; `act` must hold one token prepared by [`crate::act`].
-pub unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
-    debug_assert!(rows.end <= w.rows && out.len() >= rows.len());
+unsafe fn gemv<const ID: u32>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
+    debug_assert!(rows.end <= w.rows && out.len() >= rows.len() && w.t as u32 == ID);
+    let t = const { ty::<ID>() };
     #[cfg(vnni_intrinsics)]
-    if let Some(v) = w.vnni {
+    if let Some(v) = w.vnni.filter(|_| const { crate::vnni::runs(ty::<ID>()) }) {
         // SAFETY: the caller's contract.
-        return unsafe { on_vnni::gemv(v, w, rows, act, out) };
+        return unsafe { on_vnni::gemv::<ID>(v, w, rows, act, out) };
     }
     #[cfg(vnni_intrinsics)]
-    if w.zmm && w.t == GgmlType::IQ4_NL {
+    if w.zmm && t == GgmlType::IQ4_NL {
         // SAFETY: the caller's contract; packed for AVX512-VNNI, act holds one token's ActV8.
-        return unsafe { on_zmm::legacy_gemv(w, rows, act, out) };
+        return unsafe { on_zmm::legacy_gemv::<ID>(w, rows, act, out) };
     }
     #[cfg(vnni_intrinsics)]
-    if w.zmm && matches!(w.t, GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K) {
+    if w.zmm && matches!(t, GgmlType::Q2_K | GgmlType::Q3_K | GgmlType::Q6_K) {
         // SAFETY: the caller's contract; packed for AVX512-VNNI, act holds one token's ActK.
-        return unsafe { on_zmm::k16_gemv(w, rows, act, out) };
+        return unsafe { on_zmm::k16_gemv::<ID>(w, rows, act, out) };
     }
     #[cfg(vnni_intrinsics)]
-    if w.zmm && lattice1::runs(w.t) {
+    if w.lattice1 && const { lattice1::runs(ty::<ID>()) } {
         // SAFETY: the caller's contract; packed for AVX512-VNNI, VBMI and DQ checked.
-        return unsafe { lattice1::gemv(w, rows, act, out) };
+        return unsafe { lattice1::gemv::<ID>(w, rows, act, out) };
     }
     // SAFETY (every arm): the caller's contract; act holds one token in `w.t`'s layout.
     unsafe {
@@ -447,9 +489,9 @@ pub unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) 
             };
         }
         by_kblock!(
-            w.t,
+            t,
             k,
-            match w.t {
+            match t {
                 GgmlType::Q4_0 => legacy1::<legacy::Q40>(w, rows, act, out),
                 GgmlType::Q4_1 => legacy1::<legacy::Q41>(w, rows, act, out),
                 GgmlType::Q5_0 => legacy1::<legacy::Q50>(w, rows, act, out),
@@ -459,7 +501,7 @@ pub unsafe fn gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) 
                 GgmlType::Q8_0 => wide1(w, rows, act, out),
                 GgmlType::F32 | GgmlType::F16 | GgmlType::BF16 => {
                     one_token_tiles!(w, rows, act, out, f32, |tile, res| float(
-                        w.t,
+                        t,
                         tile.rows(),
                         tile.nr,
                         w.cols,

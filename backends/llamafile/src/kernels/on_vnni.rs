@@ -224,12 +224,12 @@ impl<D: Dp> PairSums for Dpbusd<D> {
 ///
 /// # Safety
 /// As [`super::dots`].
-pub(super) unsafe fn dots(v: Vnni, raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
+pub(super) unsafe fn dots<const ID: u32>(v: Vnni, raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
     // SAFETY: the caller's contract.
     unsafe {
         match v {
-            Vnni::Evex => dots_evex(raw, out, scratch),
-            Vnni::Vex => dots_vex(raw, out, scratch),
+            Vnni::Evex => dots_evex::<ID>(raw, out, scratch),
+            Vnni::Vex => dots_vex::<ID>(raw, out, scratch),
         }
     }
 }
@@ -240,10 +240,10 @@ pub(super) unsafe fn dots(v: Vnni, raw: &Tile<'_, u8>, out: &mut [[f32; R]], scr
 /// # Safety
 /// As [`super::dots`], `D`'s features present (inlined into functions that enable them).
 #[inline(always)]
-unsafe fn legacy_dots<D: Dp>(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
+unsafe fn legacy_dots<D: Dp, const ID: u32>(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
     // SAFETY (every arm): the caller's contract; act was prepared for this type on VNNI.
     unsafe {
-        match raw.t {
+        match const { super::ty::<ID>() } {
             GgmlType::Q4_0 => legacy_tiles::<legacy::Q40, Dpbusd<D>>(raw, out, scratch),
             GgmlType::Q4_1 => legacy_tiles::<legacy::Q41, Dpbusd<D>>(raw, out, scratch),
             GgmlType::Q5_0 => legacy_tiles::<legacy::Q50, Dpbusd<D>>(raw, out, scratch),
@@ -259,7 +259,7 @@ unsafe fn legacy_dots<D: Dp>(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: 
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
-unsafe fn dots_evex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
+unsafe fn dots_evex<const ID: u32>(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
     // SAFETY: this function's features; the caller's contract.
     unsafe {
         macro_rules! k32 {
@@ -269,11 +269,11 @@ unsafe fn dots_evex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scra
                 }
             };
         }
-        match raw.t {
+        match const { super::ty::<ID>() } {
             GgmlType::Q4_K => k32!(Q4KU),
             GgmlType::Q5_K => k32!(Q5KU),
             GgmlType::IQ4_XS => k32!(Iq4XsU),
-            _ => on_zmm::legacy_dots(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
+            _ => on_zmm::legacy_dots::<ID>(raw.cast(), out, &mut scratch.pairs, &mut scratch.acc),
         }
     }
 }
@@ -283,12 +283,12 @@ unsafe fn dots_evex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scra
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn dots_vex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
+unsafe fn dots_vex<const ID: u32>(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scratch) {
     use vnni::Vex;
     const NT: usize = 2;
     // SAFETY (every arm): this function's features; the caller's contract.
     unsafe {
-        match raw.t {
+        match const { super::ty::<ID>() } {
             GgmlType::Q8_0 => vnni_q8::<Vex, NT, { 2 * TC }, { 2 * TC }>(raw.cast(), out, &mut scratch.acc),
             GgmlType::Q4_K => vnni_k32::<Vex, Q4KU, NT, { 2 * TC }, { 2 * TC }>(
                 raw.cast(),
@@ -308,7 +308,7 @@ unsafe fn dots_vex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scrat
                 Some(&mut scratch.k),
                 &mut scratch.acc,
             ),
-            _ => legacy_dots::<Vex>(raw, out, scratch),
+            _ => legacy_dots::<Vex, ID>(raw, out, scratch),
         }
     }
 }
@@ -317,12 +317,12 @@ unsafe fn dots_vex(raw: &Tile<'_, u8>, out: &mut [[f32; R]], scratch: &mut Scrat
 ///
 /// # Safety
 /// As [`super::gemv`].
-pub(super) unsafe fn gemv(v: Vnni, w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
+pub(super) unsafe fn gemv<const ID: u32>(v: Vnni, w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
     // SAFETY: the caller's contract.
     unsafe {
         match v {
-            Vnni::Evex => gemv_evex(w, rows, act, out),
-            Vnni::Vex => gemv_vex(w, rows, act, out),
+            Vnni::Evex => gemv_evex::<ID>(w, rows, act, out),
+            Vnni::Vex => gemv_vex::<ID>(w, rows, act, out),
         }
     }
 }
@@ -332,9 +332,11 @@ pub(super) unsafe fn gemv(v: Vnni, w: &Packed, rows: Range<usize>, act: &[u8], o
 /// # Safety
 /// As [`super::gemv`], `D`'s features present (inlined into functions that enable them).
 #[inline(always)]
-unsafe fn gemv_in<D: Dp>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
+unsafe fn gemv_in<D: Dp, const ID: u32>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
     macro_rules! l {
         ($b:ty) => {
+            // SAFETY: this function's features; `act` holds one token prepared for the type (the
+            // caller's contract).
             one_token_tiles!(w, rows, act, out, ActG8, |tile, res| unsafe {
                 legacy_with::<1, 1, $b, Dpbusd<D>>(&tile, &mut res, &mut [[_mm256_setzero_ps(); 1]; R])
             })
@@ -342,13 +344,15 @@ unsafe fn gemv_in<D: Dp>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [
     }
     macro_rules! k {
         ($b:ty) => {
+            // SAFETY: this function's features; `act` holds one token prepared for the type (the
+            // caller's contract).
             one_token_tiles!(w, rows, act, out, ActK, |tile, res| unsafe {
                 vnni_k32::<D, $b, 1, 1, 1>(&tile, &mut res, None, &mut [[_mm256_setzero_ps(); 1]; R])
             })
         };
     }
     // SAFETY (every arm): the caller's contract; act was prepared for this type on VNNI.
-    match w.t {
+    match const { super::ty::<ID>() } {
         GgmlType::Q8_0 => one_token_tiles!(w, rows, act, out, ActV8, |tile, res| unsafe {
             vnni_q8::<D, 1, 1, 1>(&tile, &mut res, &mut [[_mm256_setzero_ps(); 1]; R])
         }),
@@ -369,14 +373,14 @@ unsafe fn gemv_in<D: Dp>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vnni,avx512vl")]
-unsafe fn gemv_evex(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
+unsafe fn gemv_evex<const ID: u32>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
     // SAFETY: this function's features; the caller's contract.
     unsafe {
-        match w.t {
+        match const { super::ty::<ID>() } {
             GgmlType::Q4_0 | GgmlType::Q4_1 | GgmlType::Q5_0 | GgmlType::Q5_1 | GgmlType::MXFP4 | GgmlType::Q8_0 => {
-                on_zmm::legacy_gemv(w, rows, act, out)
+                on_zmm::legacy_gemv::<ID>(w, rows, act, out)
             }
-            _ => gemv_in::<vnni::Evex>(w, rows, act, out),
+            _ => gemv_in::<vnni::Evex, ID>(w, rows, act, out),
         }
     }
 }
@@ -386,9 +390,9 @@ unsafe fn gemv_evex(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32])
 /// # Safety
 /// The CPU has the features the function enables or its caller's do (AVX2, FMA, F16C; VNNI or AVX-512 in `on_vnni`/`on_zmm`), and its slices hold what its doc says.
 #[target_feature(enable = "avx2,fma,f16c,avxvnni")]
-unsafe fn gemv_vex(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
+unsafe fn gemv_vex<const ID: u32>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
     // SAFETY: this function's features; the caller's contract.
-    unsafe { gemv_in::<vnni::Vex>(w, rows, act, out) }
+    unsafe { gemv_in::<vnni::Vex, ID>(w, rows, act, out) }
 }
 
 #[cfg(test)]
@@ -398,7 +402,7 @@ mod tests {
     use kt_core::ggml::{random_matrix, GgmlType};
     use kt_core::rng::SplitMix64;
 
-    use super::super::{dots, gemv, Packed, Scratch, R};
+    use super::super::{Kernels, Packed, Scratch, R};
     use crate::vnni::{self, Vnni};
 
     /// The AVX-VNNI (VEX) kernels, which a CPU that also has AVX512-VNNI never selects, bit
@@ -428,7 +432,7 @@ mod tests {
                         crate::act::prepare(t, cols, &x, &ids, act.as_mut_slice(), kind, &mut xs);
                         if n == 1 {
                             let mut out = vec![0.0f32; rows];
-                            gemv(&w, 0..rows, act.as_mut_slice(), &mut out);
+                            (Kernels::of(t).gemv)(&w, 0..rows, act.as_mut_slice(), &mut out);
                             y.iter_mut().zip(&out).for_each(|(y, o)| *y = o.to_bits());
                         } else {
                             let mut bytes = AlignedBuf::zeroed(size_of::<Scratch>());
@@ -436,7 +440,7 @@ mod tests {
                                 (vec![[0.0f32; R]; n], Scratch::from_bytes(bytes.as_mut_slice()));
                             for r0 in (0..rows).step_by(R) {
                                 let nr = R.min(rows - r0);
-                                dots(&w, r0, nr, act.as_mut_slice(), n, &mut out, scratch);
+                                (Kernels::of(t).panel_run)(&w, r0, nr, act.as_mut_slice(), n, &mut out, scratch);
                                 for (tok, o) in out.iter().enumerate() {
                                     for i in 0..nr {
                                         y[tok * rows + r0 + i] = o[i].to_bits();

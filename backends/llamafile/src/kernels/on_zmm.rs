@@ -688,7 +688,12 @@ macro_rules! by_lgroup {
 /// # Safety
 /// As [`legacy()`].
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn legacy_dots(tile: &Tile<'_, ActV8>, out: &mut [[f32; R]], lv: &mut Pairs, acc: &mut Acc) {
+pub(super) unsafe fn legacy_dots<const ID: u32>(
+    tile: &Tile<'_, ActV8>,
+    out: &mut [[f32; R]],
+    lv: &mut Pairs,
+    acc: &mut Acc,
+) {
     let acc = in_pairs(acc);
     macro_rules! run {
         ($l:ty) => {
@@ -706,7 +711,8 @@ pub(super) unsafe fn legacy_dots(tile: &Tile<'_, ActV8>, out: &mut [[f32; R]], l
             }
         };
     }
-    by_lgroup!(tile.t, run)
+    let t = const { super::ty::<ID>() };
+    by_lgroup!(t, run)
 }
 
 /// [`super::gemv`] for a 32-column type ([`legacy_few`]).
@@ -714,13 +720,16 @@ pub(super) unsafe fn legacy_dots(tile: &Tile<'_, ActV8>, out: &mut [[f32; R]], l
 /// # Safety
 /// As [`legacy_few`], for one token.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn legacy_gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
+pub(super) unsafe fn legacy_gemv<const ID: u32>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
     macro_rules! run {
         ($l:ty) => {
+            // SAFETY: this function's features; `act` holds one token prepared for the type (the
+            // caller's contract).
             one_token_tiles!(w, rows, act, out, ActV8, |tile, res| unsafe { legacy_few::<$l, 1>(&tile, &mut res) })
         };
     }
-    by_lgroup!(w.t, run)
+    let t = const { super::ty::<ID>() };
+    by_lgroup!(t, run)
 }
 
 /// Registers of levels a [`kquant16`] step folds in i16 before scaling them:
@@ -953,13 +962,15 @@ unsafe fn k16_one<B: KBlock>(tile: &Tile<'_, ActK>, out: &mut [[f32; R]]) {
 /// # Safety
 /// As [`super::gemv`] for a matrix of one of those types, packed for AVX512-VNNI.
 #[target_feature(enable = "avx2,fma,f16c,avx512f,avx512bw,avx512vl,avx512vnni")]
-pub(super) unsafe fn k16_gemv(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
+pub(super) unsafe fn k16_gemv<const ID: u32>(w: &Packed, rows: Range<usize>, act: &[u8], out: &mut [f32]) {
     macro_rules! run {
         ($b:ty) => {
+            // SAFETY: this function's features; `act` holds one token prepared for the type (the
+            // caller's contract).
             one_token_tiles!(w, rows, act, out, ActK, |tile, res| unsafe { k16_one::<$b>(&tile, &mut res) })
         };
     }
-    match w.t {
+    match const { super::ty::<ID>() } {
         GgmlType::Q2_K => run!(kt_core::ggml::BlockQ2K),
         GgmlType::Q3_K => run!(crate::decode::Q3KU),
         GgmlType::Q6_K => run!(crate::decode::Q6KP),
