@@ -305,26 +305,30 @@ pub fn tile_kernel<T: TileOps>(w: &Packed) -> Option<TileRun<T>> {
         return None;
     }
     Some(match w.format {
-        WeightFormat::Bf16 => bf16_run::<T>,
-        WeightFormat::Int8Row => int_run::<T, WHOLE_INT8>,
-        WeightFormat::Int4Row => int_run::<T, WHOLE_INT4>,
-        WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => group_run::<T>,
-        WeightFormat::Fp8Block | WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => fp8_run::<T>,
+        WeightFormat::Bf16 => tile_run::<T, PATH_BF16>,
+        WeightFormat::Int8Row => tile_run::<T, PATH_INT8>,
+        WeightFormat::Int4Row => tile_run::<T, PATH_INT4>,
+        WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => tile_run::<T, PATH_GROUP>,
+        WeightFormat::Fp8Block | WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => tile_run::<T, PATH_FP8>,
         _ => return None,
     })
 }
 
-/// The whole-K kinds of [`whole_block`].
-const WHOLE_BF16: u8 = 0;
-const WHOLE_INT8: u8 = 1;
-const WHOLE_INT4: u8 = 2;
+/// The tile paths: bf16's whole-K sums, stored as the results; per-row int8's and KT int4's
+/// whole-K integer sums, then scaled ([`epilogue`]); the K-group kinds' ([`group_block`]); the
+/// fp8 kinds' on bf16 activations ([`fp8_block`]).
+const PATH_BF16: u8 = 0;
+const PATH_INT8: u8 = 1;
+const PATH_INT4: u8 = 2;
+const PATH_GROUP: u8 = 3;
+const PATH_FP8: u8 = 4;
 
-/// bf16: the tiles' f32 sums are the results, stored in place.
+/// [`TileRun`] of the path `PATH`, chosen when it is compiled.
 ///
 /// # Safety
-/// As [`TileRun`].
+/// As [`TileRun`], for a `w` of `PATH`.
 #[allow(clippy::too_many_arguments)]
-unsafe fn bf16_run<T: TileOps>(
+unsafe fn tile_run<T: TileOps, const PATH: u8>(
     t: &mut T,
     w: &Packed,
     p: usize,
@@ -334,70 +338,23 @@ unsafe fn bf16_run<T: TileOps>(
     work: &mut Work,
     out: &mut Acc,
 ) {
-    // SAFETY: the caller's contract.
-    unsafe { whole_block::<T, f32, WHOLE_BF16>(t, w, p, act, t0, nt, &mut work.b, out) }
-}
-
-/// Per-row int8 and KT's int4: integer sums, then scaled ([`epilogue`]).
-///
-/// # Safety
-/// As [`TileRun`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn int_run<T: TileOps, const KIND: u8>(
-    t: &mut T,
-    w: &Packed,
-    p: usize,
-    act: &Act<'_>,
-    t0: usize,
-    nt: usize,
-    work: &mut Work,
-    out: &mut Acc,
-) {
+    debug_assert!((1..=MAX_RUN).contains(&nt));
+    let fetch = t0 == 0;
     // SAFETY: the caller's contract.
     unsafe {
-        whole_block::<T, u32, KIND>(t, w, p, act, t0, nt, &mut work.b, &mut work.c);
-        epilogue(w, p, act, t0, nt, &work.c, out);
+        match PATH {
+            PATH_BF16 => whole_block::<T, f32, PATH>(t, w, p, act, t0, nt, &mut work.b, out),
+            PATH_INT8 | PATH_INT4 => {
+                whole_block::<T, u32, PATH>(t, w, p, act, t0, nt, &mut work.b, &mut work.c);
+                epilogue(w, p, act, t0, nt, &work.c, out);
+            }
+            PATH_GROUP => {
+                let sa = |tok: usize, g: usize| act.scales[(t0 + tok) * act.groups + g];
+                group_block(t, w, p, (act.q[t0 * act.kp..].as_ptr(), act.kp), sa, nt, fetch, work, out)
+            }
+            _ => fp8_block(t, w, p, (act.x16[t0 * act.kp..].as_ptr().cast(), 2 * act.kp), nt, fetch, work, out),
+        }
     }
-}
-
-/// K-group int4 and mxfp4 ([`group_block`]).
-///
-/// # Safety
-/// As [`TileRun`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn group_run<T: TileOps>(
-    t: &mut T,
-    w: &Packed,
-    p: usize,
-    act: &Act<'_>,
-    t0: usize,
-    nt: usize,
-    work: &mut Work,
-    out: &mut Acc,
-) {
-    let sa = |tok: usize, g: usize| act.scales[(t0 + tok) * act.groups + g];
-    // SAFETY: the caller's contract.
-    unsafe { group_block(t, w, p, (act.q[t0 * act.kp..].as_ptr(), act.kp), sa, nt, t0 == 0, work, out) }
-}
-
-/// The fp8 kinds ([`fp8_block`]), on bf16 activations.
-///
-/// # Safety
-/// As [`TileRun`].
-#[allow(clippy::too_many_arguments)]
-unsafe fn fp8_run<T: TileOps>(
-    t: &mut T,
-    w: &Packed,
-    p: usize,
-    act: &Act<'_>,
-    t0: usize,
-    nt: usize,
-    work: &mut Work,
-    out: &mut Acc,
-) {
-    let a = act.x16[t0 * act.kp..].as_ptr().cast::<u8>();
-    // SAFETY: the caller's contract.
-    unsafe { fp8_block(t, w, p, (a, 2 * act.kp), nt, t0 == 0, work, out) }
 }
 
 /// Run `s` of the panel after `p` (its bytes of the same K as run `s` of `p`), which the work
@@ -415,13 +372,13 @@ fn next_run(fetch: bool, w: &Packed, p: usize, s: usize) -> &[u8] {
     &data[start..(start + units.len() * UNIT).min(data.len())]
 }
 
-/// bf16, per-row int8 and KT's int4 (`KIND`): the block's sums over the whole K into `c` (i32,
-/// or f32 for bf16), with `b` for int4's unpacked tiles.
+/// bf16, per-row int8 and KT's int4 (`PATH`): the block's sums over the whole K into `c`
+/// (i32, or f32 for bf16), with `b` for int4's unpacked tiles.
 ///
 /// # Safety
-/// As [`TileRun`], for a `w` of `KIND`.
+/// As [`TileRun`], for a `w` of `PATH`.
 #[allow(clippy::too_many_arguments)]
-unsafe fn whole_block<T: TileOps, V, const KIND: u8>(
+unsafe fn whole_block<T: TileOps, V, const PATH: u8>(
     t: &mut T,
     w: &Packed,
     p: usize,
@@ -437,8 +394,8 @@ unsafe fn whole_block<T: TileOps, V, const KIND: u8>(
     unsafe {
         t.config(&TileConfig::block(nt, COLSB));
         zero_c(t, two);
-        match KIND {
-            WHOLE_BF16 => {
+        match PATH {
+            PATH_BF16 => {
                 let (a, stride) = (act.x16[t0 * kp..].as_ptr().cast::<u8>(), 2 * kp);
                 let (panel, next, steps) = (w.panel(p).as_ptr(), next_run(fetch, w, p, 0), w.units / ROWS);
                 for j in 0..steps {
@@ -447,7 +404,7 @@ unsafe fn whole_block<T: TileOps, V, const KIND: u8>(
                     step::<T, BF16>(t, (a.add(j * COLSB), stride), b, two);
                 }
             }
-            WHOLE_INT8 => {
+            PATH_INT8 => {
                 let a = act.q[t0 * kp..].as_ptr();
                 let mut s = 0;
                 while let Some((run, units)) = w.run(p, s) {
