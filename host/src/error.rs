@@ -88,6 +88,14 @@ pub enum WeightError {
         /// The method asked for.
         requested: String,
     },
+    /// A checkpoint KT-Kernel converted for its general kernel (MOE_INT8, MOE_INT4), whose
+    /// bytes are that kernel's own layout.
+    KtKernelLayout {
+        /// The checkpoint.
+        path: PathBuf,
+        /// The method asked for.
+        method: String,
+    },
     /// The weights do not make a valid layer (shape vs format, no backend).
     Layer(kt_core::Error),
 }
@@ -124,6 +132,15 @@ impl fmt::Display for WeightError {
                 "{}: converted as {found} but loaded as {requested}; load it with {found} or convert again with \
                  --method {requested}",
                 path.display()
+            ),
+            WeightError::KtKernelLayout { path, method } => write!(
+                f,
+                "{}: converted by KT-Kernel for {method}, whose files hold its AOCL-BLIS/KML kernel's own \
+                 layout (an AOCL reorder, or bytes KT's converter writes from an unset buffer), which only \
+                 that kernel reads; {method} runs {} here: load the Hugging Face checkpoint as weight_path \
+                 (quantized at load), or convert it with kt convert --method {method} and load that",
+                path.display(),
+                if method.to_ascii_uppercase().contains("INT4") { "AMXINT4's numerics" } else { "AMXINT8's numerics" },
             ),
             WeightError::Layer(e) => write!(f, "{e}"),
         }

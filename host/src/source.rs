@@ -33,6 +33,18 @@ impl WeightSource {
         Ok(if kt_format::is_kt_converted(&ck) { WeightSource::Kt(ck) } else { WeightSource::Hf(ck) })
     }
 
+    /// `Err` where `method` is KT's MOE_INT8 or MOE_INT4 and this is a checkpoint KT-Kernel
+    /// converted (ours record their method; KT's files for its general kernel hold that
+    /// kernel's own layout: [`WeightError::KtKernelLayout`]).
+    pub fn check_kt_kernel_layout(&self, method: &str) -> Result<(), WeightError> {
+        match self {
+            WeightSource::Kt(ck) if WeightFormat::is_kt_moe_kernel(method) && ck.metadata("method").is_none() => {
+                Err(WeightError::KtKernelLayout { path: ck.dir().to_path_buf(), method: method.to_string() })
+            }
+            _ => Ok(()),
+        }
+    }
+
     /// The layers with routed experts, in order.
     pub fn moe_layers(&self) -> Vec<usize> {
         match self {

@@ -135,6 +135,8 @@ struct Shared {
     /// Whether a 4-bit checkpoint's own K-group replaces the format's (KT's RAWINT4 and
     /// GPTQ_INT4 load their checkpoints as stored).
     checkpoint_group: bool,
+    /// KT's method name as given (MOE_INT8 and MOE_INT4 refuse KT's files for them).
+    method: String,
     /// The wrapper's `gpu_experts_mask` (`[E]` bytes, nonzero = on the GPU), read at every
     /// forward; 0 = none.
     mask_ptr: usize,
@@ -229,6 +231,7 @@ impl Moe {
                 cfg,
                 format,
                 checkpoint_group: WeightFormat::takes_checkpoint_group(method),
+                method: method.to_string(),
                 mask_ptr,
                 skip_gpu_experts,
                 layer: Mutex::new(None),
@@ -303,6 +306,7 @@ impl Moe {
             // update moves experts between GPU and CPU by updating the mask in place.
             let slots = Slots { map: Some(&map), gpu: on_gpu.as_deref() };
             let src = source(&path)?;
+            src.check_kt_kernel_layout(&s.method)?;
             let format = s.format.map(|f| src.layer_format(layer, f, s.checkpoint_group));
             Ok((src.load_layer(layer, format, &s.cfg, slots, &opts)?, src))
         });

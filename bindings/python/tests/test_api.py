@@ -137,7 +137,6 @@ def test_factory_returns_a_backend_object():
         ({"mode": "train"}, ValueError, "mode"),
         ({"method": "SYCL_GPTQ_INT4"}, NotImplementedError, "SYCL_GPTQ_INT4"),
         ({"method": "MXFP4", "swiglu_limit": -1.0}, ValueError, "swiglu_limit and swiglu_alpha must be finite"),
-        ({"method": "MOE_INT8"}, NotImplementedError, "MOE_INT8"),
         ({"method": "AMXINT4_1_SFT", "mode": "sft"}, NotImplementedError, "AMXINT4_1_SFT"),
         ({"num_experts_per_tok": 9}, ValueError, "num_experts_per_tok"),
         ({"hidden_size": 0}, ValueError, "hidden_size"),

@@ -66,6 +66,14 @@ def hf_checkpoint(d, drop_expert=None, config=True):
     return d
 
 
+def kt_moe_kernel_files(d):
+    """What KT-Kernel's converter writes for MOE_INT8: KT's merged keys, no method recorded."""
+    d.mkdir(parents=True, exist_ok=True)
+    save_file({f"blk.0.ffn_{p}_exps.{e}.numa.{n}.weight": np.zeros(H * I, np.int8)
+               for p in ("gate", "up", "down") for e in range(E) for n in range(2)}, str(d / "model.safetensors"))
+    return d
+
+
 def gpt_oss_checkpoint(d):
     """gpt-oss's experts dequantized (fused, interleaved gate/up, with expert biases), layer 0."""
     d.mkdir(parents=True, exist_ok=True)
@@ -220,6 +228,8 @@ CASES = {
         lambda: wrapper(method="RAWINT4", weight_path=str(int4_checkpoint(t / "m", nan_at=(5, "up")))).load_weights()),
     "converted-parts": lambda t: bench(t, converted(t, parts="2"), "--method", "int8"),
     "converted-method": lambda t: bench(t, converted(t), "--method", "int4"),
+    "converted-by-kt-moe-kernel": lambda t: py(
+        lambda: wrapper(method="MOE_INT8", weight_path=str(kt_moe_kernel_files(t / "kt"))).load_weights()),
     # Command line
     "convert-method": lambda t: cli(t, "convert", "--input", str(t), "--output", str(t / "o"), "--method", "int3"),
     "convert-layers": lambda t: cli(t, "convert", "--input", str(t), "--output", str(t / "o"), "--layers", "5-2"),

@@ -325,3 +325,48 @@ def test_mxfp8_checkpoint_loads_exactly(tmp_path):
     bad = make(e=e, k=k, h=h, i=i, method="MXFP8", path=str(tmp_path))
     with pytest.raises(ValueError, match="up_proj.weight_scale_inv.*0xff"):
         bad.load_weights()
+
+
+@pytest.mark.parametrize("method, same_as", [("MOE_INT8", "AMXINT8"), ("MOE_INT4", "AMXINT4")])
+def test_moe_kernel_methods_run_the_amx_numerics_and_refuse_kts_files_for_them(tmp_path, method, same_as):
+    """KT's MOE_INT8/MOE_INT4 (its AOCL-BLIS and KML kernel) run AMXINT8's/AMXINT4's numerics on
+    the best backend: from tensors, from a Hugging Face checkpoint and from a `kt convert` file,
+    the bits of the AMX method; a file KT converted for them (no method recorded, the kernel's
+    own layout) is refused naming what to do instead."""
+    from kt_kernel import kt_kernel_ext
+
+    g, u, d = (a.astype(np.float16) for a in experts(E, H, I, seed=41))
+    x = np.random.default_rng(5).standard_normal((7, H)).astype(np.float32)
+    ids, ws = routing(7, K, E, 6)
+    amx = make(method=same_as)
+    amx.load_weights_from_tensors(g, u, d)
+    want = amx.forward(x, ids, ws)
+    assert rel_err(want, moe_reference(x, ids, ws, *(t.astype(np.float32) for t in (g, u, d)))) < LIMITS[same_as]
+
+    online = make(method=method)
+    online.load_weights_from_tensors(g, u, d)
+    assert np.array_equal(online.forward(x, ids, ws), want)
+
+    hf = tmp_path / "hf"
+    hf.mkdir()
+    save_file({n: m for e in range(E) for n, m in zip(deepseek_names(0, e), (g[e], u[e], d[e]))},
+              str(hf / "model.safetensors"))
+    write_config(hf, E, K, H, I, 1)
+    from_hf = make(method=method, path=str(hf))
+    from_hf.load_weights(np.arange(E, dtype=np.int64))
+    assert np.array_equal(from_hf.forward(x, ids, ws), want)
+
+    ours = tmp_path / "ours"
+    assert kt_kernel_ext.convert(str(hf), str(ours), method, 2, 2) == (1, 0)
+    converted = make(method=method, path=str(ours))
+    converted.load_weights(np.arange(E, dtype=np.int64))
+    assert np.array_equal(converted.forward(x, ids, ws), want)
+
+    # KT's converter writes the same keys with no method recorded.
+    kts = tmp_path / "kts"
+    kts.mkdir()
+    save_file({f"blk.0.ffn_{p}_exps.{e}.numa.{n}.weight": np.zeros(H * I // 2, np.int8)
+               for p in ("gate", "up", "down") for e in range(E) for n in range(2)}, str(kts / "model.safetensors"))
+    with pytest.raises(ValueError, match=rf"converted by KT-Kernel for {method}.*kt convert --method {method} and load that") as e:
+        make(method=method, path=str(kts)).load_weights()
+    assert type(e.value).__name__ == "KTValueError"

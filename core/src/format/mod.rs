@@ -83,14 +83,14 @@ impl WeightFormat {
     ];
 
     /// Parse a method name: ours (`bf16`, `int8`, `int4`, `int4-g32`, `fp8`, `fp8-channel`) or
-    /// KT's (`BF16`, `AMXINT8`, `AMXINT4`, `RAWINT4` and `GPTQ_INT4` (group 128 here; loaders
-    /// and `kt convert` take a 4-bit checkpoint's own group: [`Self::takes_checkpoint_group`]),
-    /// `FP8`, `FP8_PERCHANNEL`).
+    /// KT's (`BF16`, `AMXINT8`, `AMXINT4`, `MOE_INT8` and `MOE_INT4` ([`Self::is_kt_moe_kernel`]),
+    /// `RAWINT4` and `GPTQ_INT4` (group 128 here; loaders and `kt convert` take a 4-bit
+    /// checkpoint's own group: [`Self::takes_checkpoint_group`]), `FP8`, `FP8_PERCHANNEL`).
     pub fn parse(s: &str) -> Option<WeightFormat> {
         Some(match Self::normalized(s).as_str() {
             "bf16" => WeightFormat::Bf16,
-            "int8" | "amxint8" => WeightFormat::Int8Row,
-            "int4" | "amxint4" => WeightFormat::Int4Row,
+            "int8" | "amxint8" | "moe-int8" => WeightFormat::Int8Row,
+            "int4" | "amxint4" | "moe-int4" => WeightFormat::Int4Row,
             "int4-g32" => WeightFormat::Int4Group { group: 32 },
             "int4-g64" => WeightFormat::Int4Group { group: 64 },
             "int4-g128" | "rawint4" | "gptq-int4" => WeightFormat::Int4Group { group: 128 },
@@ -109,6 +109,15 @@ impl WeightFormat {
         matches!(Self::normalized(s).as_str(), "rawint4" | "gptq-int4")
     }
 
+    /// Whether method `s` is KT's MOE_INT8 or MOE_INT4 (its general kernel, AOCL-BLIS on AMD
+    /// and KML on ARM): run here in AMXINT8's and AMXINT4's numerics ([`Self::parse`]: the same
+    /// scales and grids; KT's general kernel divides where AMX multiplies and rounds half away
+    /// where it rounds to even), while the files KT converted for it hold that kernel's own
+    /// layout, which only it reads.
+    pub fn is_kt_moe_kernel(s: &str) -> bool {
+        matches!(Self::normalized(s).as_str(), "moe-int8" | "moe-int4")
+    }
+
     /// A method name as [`Self::parse`] matches it: trimmed, lower case, `_` as `-`.
     fn normalized(s: &str) -> alloc::string::String {
         s.trim().to_ascii_lowercase().replace('_', "-")
@@ -116,7 +125,7 @@ impl WeightFormat {
 
     /// The names [`WeightFormat::parse`] accepts, for error messages.
     pub const NAMES: &'static str =
-        "bf16, int8, int4, int4-g32, int4-g64, int4-g128, fp8, fp8-channel, mxfp4, mxfp8 (or KT's BF16, AMXINT8, AMXINT4, RAWINT4, GPTQ_INT4, FP8, FP8_PERCHANNEL, MXFP4, MXFP8), or a GGML type: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, ggml-mxfp4, iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s";
+        "bf16, int8, int4, int4-g32, int4-g64, int4-g128, fp8, fp8-channel, mxfp4, mxfp8 (or KT's BF16, AMXINT8, AMXINT4, MOE_INT8, MOE_INT4, RAWINT4, GPTQ_INT4, FP8, FP8_PERCHANNEL, MXFP4, MXFP8), or a GGML type: f32, f16, q4_0, q4_1, q5_0, q5_1, q8_0, q2_k, q3_k, q4_k, q5_k, q6_k, iq4_nl, iq4_xs, ggml-mxfp4, iq1_s, iq1_m, iq2_xxs, iq2_xs, iq2_s, iq3_xxs, iq3_s";
 
     /// Activations are quantized to int8 per token (per K-group for the grouped formats).
     pub fn int_activations(self) -> bool {
@@ -286,6 +295,9 @@ mod tests {
             assert_eq!(WeightFormat::parse(&name), Some(f), "{name}");
         }
         assert_eq!(WeightFormat::parse("AMXINT4"), Some(WeightFormat::Int4Row));
+        assert_eq!(WeightFormat::parse("MOE_INT8"), Some(WeightFormat::Int8Row));
+        assert_eq!(WeightFormat::parse("MOE_INT4"), Some(WeightFormat::Int4Row));
+        assert!(WeightFormat::is_kt_moe_kernel("MOE_INT8") && !WeightFormat::is_kt_moe_kernel("AMXINT8"));
         assert_eq!(WeightFormat::parse("FP8_PERCHANNEL"), Some(WeightFormat::Fp8Channel));
         assert_eq!(WeightFormat::parse("int3"), None);
         for &t in GgmlType::ALL {

@@ -59,7 +59,8 @@ SFT_METHODS = frozenset(
 )
 # Methods with a CPU backend in this build (online quantization from tensors).
 WORKING_METHODS = frozenset(
-    {"AMXINT4", "AMXINT8", "RAWINT4", "FP8", "BF16", "FP8_PERCHANNEL", "GPTQ_INT4", "LLAMAFILE", "MXFP4", "MXFP8"}
+    {"AMXINT4", "AMXINT8", "MOE_INT4", "MOE_INT8", "RAWINT4", "FP8", "BF16", "FP8_PERCHANNEL", "GPTQ_INT4", "LLAMAFILE",
+     "MXFP4", "MXFP8"}
 )
 
 
