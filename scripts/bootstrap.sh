@@ -16,6 +16,8 @@ apt_packages=(pkg-config libhwloc-dev libudev-dev)
 python3 -m venv --help >/dev/null 2>&1 || apt_packages+=(python3-venv)
 # objdump, for the test that no SIMD intrinsic is called out of line (scripts/inline-check.sh).
 [ $need_test -eq 1 ] && ! command -v objdump >/dev/null && apt_packages+=(binutils)
+# The system BLIS library (one threading flavour: the blis backend's tests; docs/blis.md).
+[ $need_test -eq 1 ] && apt_packages+=(libblis-pthread-dev)
 missing=()
 for p in "${apt_packages[@]}"; do
     dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

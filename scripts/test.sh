@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # Every test: formatting, import circles, lints (default features, reference-only, the tile floor), rustdoc's
-# link checks, the no_std core built alone, the workspace tests, loom model checks, the Python
-# package (wheel built with maturin as a manylinux wheel, installed in a venv, pytest, mypy; no
-# SIMD intrinsic called out of line in it), SGLang's own
-# integration code driving it and kt_kernel.sft in torch's autograd (torch and SGLang's wheels
+# link checks, the no_std core built alone, the workspace tests, the blis backend on the system
+# BLIS library, loom model checks, the Python package (wheel built with maturin as a manylinux
+# wheel, installed in a venv, pytest, mypy; no SIMD intrinsic called out of line in it), SGLang's
+# own integration code driving it and kt_kernel.sft in torch's autograd (torch and SGLang's wheels
 # in a cache outside the checkout), a 20-second soak, and short fuzz smoke runs. CI runs
 # exactly this (.ci/run).
 set -euo pipefail
@@ -28,6 +28,10 @@ cargo build -p kt-core
 echo "== tests"
 cargo test --workspace
 cargo test -p kt-host --no-default-features
+echo "== the blis backend on the system BLIS library (its feature: clippy, rustdoc, the conformance suite)"
+cargo clippy -p kt-host --features blis --all-targets -- -D warnings
+RUSTDOCFLAGS="-D warnings" cargo doc -p kt-backend-blis --features system --no-deps --document-private-items
+cargo test -p kt-backend-blis --features system
 echo "== loom model checks of the task queue and the pools (own target dir: --cfg loom rebuilds every crate)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p kt-host --release --test loom
 echo "== Python package kt_kernel: wheel, install into target/pyenv, pytest"

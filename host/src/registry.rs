@@ -5,8 +5,9 @@
 //! The order of [`registered`] is the whole ranking: a layer runs on the first backend this
 //! CPU runs that serves its formats ([`kt_core::select`]). Wider instructions come first (`amx`,
 //! which this CPU runs only with AMX tiles and Linux's permission for them); the reference
-//! backend, which serves everything slowly, is last. `blis` has no kernels yet: it registers
-//! nothing and is not built by default.
+//! backend, which serves everything slowly, is last. `blis` (built with the feature of that name)
+//! comes after our x86 backends, which run every format it serves faster: on x86 it runs when
+//! forced; where they do not run (ARM) it is the first.
 
 use kt_core::reference::REFERENCE;
 use kt_core::select::{self, Selection};

@@ -1,13 +1,192 @@
-//! kt-kernel-rs backend crate `blis`: BLIS/AOCL GEMM for AMD hosts (needs the system BLIS library).
+//! kt-kernel-rs backend crate `blis`: every weight format of ours on the system BLIS library's
+//! own f32 microkernel, for CPUs without our hand kernels (ARM: Debian's BLIS runs NEON
+//! kernels there); on x86 it runs when forced (`KT_KERNEL_CPU_VARIANT=blis`), our x86 backends
+//! being far faster.
 //!
-//! No kernels yet: [`registered`] is empty, and the host builds it only with its Cargo feature
-//! `blis` (off by default), so `KT_KERNEL_CPU_VARIANT=blis` is an unknown value in a default build.
-//! When its kernels land it follows the other backends' shape (`pack`, `act`, `kernels`, the
-//! conformance suite in one line) and depends on no other backend crate.
+//! Weights stay in their format's own bytes (`matrix`), row-major, so NR rows are a panel;
+//! activations are the reference backend's (`act`); a task dequantizes a panel's rows once per
+//! MC tokens into BLIS's B micropanel and runs the microkernel KC columns at a time in column
+//! order (`kernels`), so every output is summed the same way whatever the task or thread.
+//! BLIS's version, configuration, microkernel and block sizes are found at run time
+//! (`library`); a missing or unsupported BLIS makes `cpu_support` say so.
+//!
+//! Built with the `system` feature only (it links libblis: Debian's libblis-pthread-dev);
+//! without it the crate registers nothing. **Must not** depend on another backend crate.
+
+#[cfg(blis_system)]
+mod act;
+#[cfg(blis_system)]
+mod kernels;
+#[cfg(blis_system)]
+mod library;
+#[cfg(blis_system)]
+mod matrix;
 
 use kt_core::Backend;
 
-/// The backends this crate registers with the host, best first. Empty until its kernels land.
+/// The backends this crate registers with the host: `blis` where it was built with the system
+/// library.
 pub fn registered() -> &'static [&'static dyn Backend] {
-    &[]
+    #[cfg(blis_system)]
+    {
+        static LIST: [&dyn Backend; 1] = [&imp::BLIS];
+        &LIST
+    }
+    #[cfg(not(blis_system))]
+    {
+        &[]
+    }
+}
+
+/// The system BLIS library this build runs: `Ok((version, configuration))` (e.g. `("0.9.0",
+/// "zen3")`), or what is missing; `None` in a build without it.
+pub fn library() -> Option<Result<(String, String), &'static str>> {
+    #[cfg(blis_system)]
+    {
+        Some(library::Library::get().map(|l| (l.version.clone(), l.arch.clone())))
+    }
+    #[cfg(not(blis_system))]
+    {
+        None
+    }
+}
+
+#[cfg(blis_system)]
+pub use imp::{Blis, BLIS};
+
+#[cfg(blis_system)]
+mod imp {
+    use core::ops::Range;
+
+    use half::bf16;
+    use kt_core::backend::{ActLayout, Instructions, TaskShape};
+    use kt_core::bias::GateUpBias;
+    use kt_core::mat::MatMut;
+    use kt_core::reference::REFERENCE;
+    use kt_core::swiglu::Glu;
+    use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
+
+    use crate::act::{self, Act};
+    use crate::kernels::{for_tiles, room_bytes, Room};
+    use crate::library::Library;
+    use crate::matrix::Matrix;
+
+    /// The BLIS backend.
+    #[derive(Debug)]
+    pub struct Blis;
+
+    /// The one instance.
+    pub static BLIS: Blis = Blis;
+
+    /// The library; its presence was checked by `cpu_support` before the backend was selected.
+    fn lib() -> &'static Library {
+        Library::get().expect("the blis backend runs only where cpu_support found its library")
+    }
+
+    impl Backend for Blis {
+        fn name(&self) -> &'static str {
+            "blis"
+        }
+
+        fn cpu_support(&self) -> Result<(), &'static str> {
+            Library::get().map(|_| ())
+        }
+
+        fn serves(&self, format: WeightFormat, _rows: usize, cols: usize) -> bool {
+            !matches!(format, WeightFormat::Ggml(_)) && cols % format.col_multiple() == 0
+        }
+
+        fn row_granularity(&self, _format: WeightFormat) -> usize {
+            Library::get().map_or(1, |l| l.nr)
+        }
+
+        fn pack(&self, m: &QuantMatrix) -> Result<PackedMatrix, Error> {
+            let lib = Library::get().map_err(|missing| Error::VariantUnavailable {
+                variant: self.name().into(),
+                reason: format!("it needs {missing}"),
+            })?;
+            let p = Matrix::pack(m, lib.nr);
+            Ok(PackedMatrix::new(self.name(), m.format(), m.rows(), m.cols(), p.bytes(), p))
+        }
+
+        fn act_layout(&self, format: WeightFormat) -> ActLayout {
+            act::layout(format)
+        }
+
+        fn act_bytes(&self, format: WeightFormat, rows: usize, cols: usize) -> usize {
+            REFERENCE.act_bytes(format, rows, cols)
+        }
+
+        fn scratch_bytes(&self, shape: TaskShape) -> usize {
+            let room = Library::get().map_or(0, |l| room_bytes(l, shape.cols));
+            room.max(REFERENCE.scratch_bytes(shape))
+        }
+
+        fn quantize_act(
+            &self,
+            format: WeightFormat,
+            cols: usize,
+            src: &[bf16],
+            rows: &[u32],
+            dst: &mut [u8],
+            scratch: &mut [u8],
+        ) {
+            REFERENCE.quantize_act(format, cols, src, rows, dst, scratch)
+        }
+
+        fn gate_up(
+            &self,
+            gate: &PackedMatrix,
+            up: &PackedMatrix,
+            rows: Range<usize>,
+            act_gate: &[u8],
+            act_up: &[u8],
+            glu: Glu,
+            bias: Option<GateUpBias<'_>>,
+            mut h: MatMut<'_, bf16>,
+            scratch: &mut [u8],
+        ) {
+            let (g, u, n) = (gate.inner::<Matrix>(), up.inner::<Matrix>(), h.rows());
+            let cols = g.cols();
+            let ag = Act::parse(gate.format(), n, cols, act_gate);
+            let au = Act::parse(up.format(), n, cols, act_up);
+            let (lib, start) = (lib(), rows.start);
+            let mut room = Room::new(lib, cols, scratch);
+            for_tiles(lib, [g, u], [&ag, &au], n, rows, &mut room, |t0, m, r0, nr, [gt, ut]| {
+                for i in 0..m {
+                    let out = &mut h.row_mut(t0 + i)[r0 - start..r0 - start + nr];
+                    for (j, o) in out.iter_mut().enumerate() {
+                        let (mut gv, mut uv) = ([gt[i * lib.nr + j]], [ut[i * lib.nr + j]]);
+                        if let Some(b) = bias {
+                            b.add(r0 + j, 0..1, &mut gv, &mut uv);
+                        }
+                        *o = glu.apply(gv[0], uv[0]);
+                    }
+                }
+            });
+        }
+
+        fn down(&self, down: &PackedMatrix, rows: Range<usize>, a: &[u8], mut y: MatMut<'_, f32>, scratch: &mut [u8]) {
+            let (d, n) = (down.inner::<Matrix>(), y.rows());
+            let cols = d.cols();
+            let act = Act::parse(down.format(), n, cols, a);
+            let (lib, start) = (lib(), rows.start);
+            let mut room = Room::new(lib, cols, scratch);
+            for_tiles(lib, [d], [&act], n, rows, &mut room, |t0, m, r0, nr, [tile]| {
+                for i in 0..m {
+                    y.row_mut(t0 + i)[r0 - start..r0 - start + nr].copy_from_slice(&tile[i * lib.nr..i * lib.nr + nr]);
+                }
+            });
+        }
+
+        /// BLIS's f32 microkernel: FMA on vectors (NEON on ARM).
+        fn instructions(&self, _format: WeightFormat) -> Instructions {
+            Instructions::FmaF32
+        }
+    }
+}
+
+#[cfg(all(test, blis_system))]
+mod tests {
+    kt_core::conformance_suite!(&crate::BLIS);
 }

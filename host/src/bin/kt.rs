@@ -268,6 +268,12 @@ fn info(pool: &PoolArgs) -> ExitCode {
         };
         println!("  {:<10} {line}", b.name());
     }
+    #[cfg(feature = "blis")]
+    match kt_backend_blis::library() {
+        Some(Ok((version, arch))) => println!("BLIS:        {version}, its {arch} configuration's microkernel"),
+        Some(Err(missing)) => println!("BLIS:        unusable: needs {missing}"),
+        None => {}
+    }
     match registry::select_default() {
         Ok(s) => {
             println!("selected:    {}", s.backend.name());

@@ -1,0 +1,147 @@
+//! The system BLIS library: its version and configuration, and the native f32 microkernel of
+//! the running CPU's configuration with its block sizes (`src/shim.c` reaches what blis.h
+//! keeps inline). Found once; BLIS's own threads are never started (only the microkernel is
+//! called, on our pool's threads).
+
+use core::ffi::{c_char, c_int, c_long, c_void, CStr};
+use std::sync::OnceLock;
+
+extern "C" {
+    fn kt_blis_version() -> *const c_char;
+    fn kt_blis_arch() -> *const c_char;
+    fn kt_blis_query(
+        cntx: *mut *mut c_void,
+        ukr: *mut *mut c_void,
+        mr: *mut c_long,
+        nr: *mut c_long,
+        kc: *mut c_long,
+        row_pref: *mut c_int,
+    ) -> c_int;
+    fn kt_blis_sgemm(
+        ukr: *mut c_void,
+        cntx: *mut c_void,
+        m: c_long,
+        n: c_long,
+        k: c_long,
+        a: *const f32,
+        b: *const f32,
+        beta: f32,
+        c: *mut f32,
+        rs_c: c_long,
+        cs_c: c_long,
+        next_a: *const f32,
+        next_b: *const f32,
+    );
+}
+
+/// The BLIS versions whose microkernel interface this backend calls (`m, n, k, alpha, a, b,
+/// beta, c, rs_c, cs_c, auxinfo, cntx`, since 0.9).
+const VERSIONS: [&str; 2] = ["0.9", "1."];
+
+/// The library found at run time.
+#[derive(Debug)]
+pub struct Library {
+    /// `bli_info_get_version_str`.
+    pub version: String,
+    /// The configuration BLIS runs on this CPU (`bli_arch_string`: `zen3`, `haswell`,
+    /// `cortexa57`...).
+    pub arch: String,
+    /// Tokens a microkernel call takes (MR).
+    pub mr: usize,
+    /// Weight rows a microkernel call takes (NR): the packed panels' rows.
+    pub nr: usize,
+    /// K per microkernel call (KC): every output element is summed KC at a time, in order.
+    pub kc: usize,
+    cntx: usize,
+    ukr: usize,
+}
+
+impl Library {
+    /// The library of this process, or why it cannot run here.
+    pub fn get() -> Result<&'static Library, &'static str> {
+        static FOUND: OnceLock<Result<Library, &'static str>> = OnceLock::new();
+        FOUND.get_or_init(Library::query).as_ref().map_err(|e| *e)
+    }
+
+    fn query() -> Result<Library, &'static str> {
+        // SAFETY: the shim's functions take no arguments or out-pointers to locals; BLIS
+        // returns static NUL-terminated strings.
+        unsafe {
+            let text = |p: *const c_char| {
+                if p.is_null() {
+                    String::new()
+                } else {
+                    CStr::from_ptr(p).to_string_lossy().into_owned()
+                }
+            };
+            let version = text(kt_blis_version());
+            if !VERSIONS.iter().any(|v| version.starts_with(v)) {
+                return Err("BLIS 0.9 or 1.x (the library loaded is another version)");
+            }
+            let (mut cntx, mut ukr) = (core::ptr::null_mut(), core::ptr::null_mut());
+            // (Whether the microkernel prefers row-stored C: ours is, `[token][row]`, and a
+            // kernel that prefers columns stores rows through its general path.)
+            let (mut mr, mut nr, mut kc, mut row_pref) = (0, 0, 0, 0);
+            if kt_blis_query(&mut cntx, &mut ukr, &mut mr, &mut nr, &mut kc, &mut row_pref) == 0 {
+                return Err("an f32 microkernel in BLIS's context for this CPU");
+            }
+            // Every KC slice of a micropanel must start where the whole one does, 64-byte aligned.
+            if (kc * mr) % 16 != 0 || (kc * nr) % 16 != 0 || kc % 2 != 0 {
+                return Err(
+                    "a BLIS configuration whose KC is even and KC·MR and KC·NR multiples of 16 floats (64-byte slices)",
+                );
+            }
+            let arch = text(kt_blis_arch());
+            Ok(Library {
+                version,
+                arch,
+                mr: mr as usize,
+                nr: nr as usize,
+                kc: kc as usize,
+                cntx: cntx as usize,
+                ukr: ukr as usize,
+            })
+        }
+    }
+
+    /// `c[m×n] = beta·c + a·b` over `k` by the microkernel: `a` holds `k` groups of MR floats,
+    /// `b` `k` groups of NR, `c` row-major with `rs_c` floats a row; `next_a`/`next_b` are what
+    /// the next call reads (the microkernel may prefetch them).
+    ///
+    /// # Safety
+    /// `m ≤ MR`, `n ≤ NR`; `a` and `b` are 64-byte aligned and hold `k·MR` and `k·NR` floats, `c`
+    /// `m` rows of `rs_c ≥ n`; `next_a` and `next_b` point into readable memory (or are null).
+    #[allow(clippy::too_many_arguments)]
+    #[inline]
+    pub unsafe fn sgemm(
+        &self,
+        (m, n, k): (usize, usize, usize),
+        a: &[f32],
+        b: &[f32],
+        beta: f32,
+        c: &mut [f32],
+        rs_c: usize,
+        next: (*const f32, *const f32),
+    ) {
+        debug_assert!(m <= self.mr && n <= self.nr && a.len() >= k * self.mr && b.len() >= k * self.nr);
+        debug_assert!(c.len() >= (m.max(1) - 1) * rs_c + n);
+        // SAFETY: the caller's contract; the context and microkernel are BLIS's for this CPU.
+        unsafe {
+            kt_blis_sgemm(
+                self.ukr as *mut c_void,
+                self.cntx as *mut c_void,
+                m as c_long,
+                n as c_long,
+                k as c_long,
+                a.as_ptr(),
+                b.as_ptr(),
+                beta,
+                c.as_mut_ptr(),
+                rs_c as c_long,
+                1,
+                next.0,
+                next.1,
+            )
+        }
+    }
+}

@@ -1,0 +1,147 @@
+//! [`Matrix`]: a matrix in its format's own bytes (compact), in panels of NR rows whose
+//! elements are stored column by column (`[panel][unit][row in panel]`, a unit being one
+//! element's bytes, or a byte of two 4-bit columns), so a KC-deep slice of a panel dequantizes
+//! into BLIS's B micropanel (`[k][row in panel]` in f32) in one forward pass.
+//!
+//! ```text
+//!  row-major   r0: e00 e01 e02 …      panel (NR rows)   e00 e10 … e(NR-1)0 | e01 e11 … | …
+//!              r1: e10 e11 e12 …   →  units, column by column, each the rows' one after another
+//! ```
+
+use kt_core::dtype::F8E4M3;
+use kt_core::format::{int4_group, int4_row, mx, FP8_BLOCK};
+use kt_core::{QuantMatrix, WeightFormat};
+
+/// A packed matrix: its panels and its scales as quantized.
+pub struct Matrix {
+    format: WeightFormat,
+    rows: usize,
+    cols: usize,
+    /// Rows per panel (BLIS's NR).
+    nr: usize,
+    /// `[panel][unit][row in panel][unit bytes]`; a last panel's missing rows are zeros.
+    data: Vec<u8>,
+    /// The format's scales, as [`QuantMatrix::scales`] lays them out.
+    scales: Vec<f32>,
+}
+
+/// (bytes per unit, columns per unit) of a format.
+fn unit(format: WeightFormat) -> (usize, usize) {
+    match format {
+        WeightFormat::Bf16 => (2, 1),
+        WeightFormat::Int4Row | WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4 => (1, 2),
+        _ => (1, 1),
+    }
+}
+
+/// e4m3's 256 values.
+fn e4m3_table() -> &'static [f32; 256] {
+    static TABLE: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
+    TABLE.get_or_init(|| core::array::from_fn(|b| F8E4M3(b as u8).to_f32()))
+}
+
+impl Matrix {
+    /// `m` in panels of `nr` rows.
+    pub fn pack(m: &QuantMatrix, nr: usize) -> Matrix {
+        let (rows, cols, format) = (m.rows(), m.cols(), m.format());
+        let (ub, per) = unit(format);
+        let units = cols / per;
+        let panels = rows.div_ceil(nr);
+        let mut data = vec![0u8; panels * units * nr * ub];
+        for r in 0..rows {
+            let (p, j, src) = (r / nr, r % nr, m.row_data(r));
+            for u in 0..units {
+                let at = ((p * units + u) * nr + j) * ub;
+                data[at..at + ub].copy_from_slice(&src[u * ub..(u + 1) * ub]);
+            }
+        }
+        Matrix { format, rows, cols, nr, data, scales: m.scales().to_vec() }
+    }
+
+    /// Input columns (K).
+    pub fn cols(&self) -> usize {
+        self.cols
+    }
+
+    /// Bytes held.
+    pub fn bytes(&self) -> usize {
+        self.data.len() + 4 * self.scales.len()
+    }
+
+    /// Columns `k0..k0 + kc` (`k0` a multiple of KC, so of a unit's columns) of panel `p` as a
+    /// B micropanel: `dst[(k − k0)·nr + j]` is row `p·nr + j`'s weight `k` (anything for rows
+    /// past the matrix's, whose results are not kept).
+    pub fn micropanel(&self, p: usize, (k0, kc): (usize, usize), dst: &mut [f32]) {
+        let (rows, cols, nr) = (self.rows, self.cols, self.nr);
+        let s = &self.scales;
+        // Row r's scale index base, where its scales are per row or per (row, group).
+        let row_of = |j: usize| (p * nr + j).min(rows - 1);
+        match self.format {
+            WeightFormat::Bf16 => self.fill::<2, 1>(
+                p,
+                k0,
+                kc,
+                dst,
+                |b, _| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
+                |_, _| 1.0,
+            ),
+            WeightFormat::Int8Row => {
+                self.fill::<1, 1>(p, k0, kc, dst, |b, _| f32::from(b[0] as i8), |j, _| s[row_of(j)])
+            }
+            WeightFormat::Fp8Channel => {
+                let t = e4m3_table();
+                self.fill::<1, 1>(p, k0, kc, dst, |b, _| t[usize::from(b[0])], |j, _| s[row_of(j)])
+            }
+            WeightFormat::Fp8Block => {
+                let (t, per_row) = (e4m3_table(), cols.div_ceil(FP8_BLOCK));
+                let scale = |j: usize, k: usize| s[(row_of(j) / FP8_BLOCK) * per_row + k / FP8_BLOCK];
+                self.fill::<1, 1>(p, k0, kc, dst, |b, _| t[usize::from(b[0])], scale)
+            }
+            WeightFormat::Mxfp8 => {
+                let (t, per_row) = (e4m3_table(), cols / mx::MX_BLOCK);
+                let scale = |j: usize, k: usize| s[row_of(j) * per_row + k / mx::MX_BLOCK];
+                self.fill::<1, 1>(p, k0, kc, dst, |b, _| t[usize::from(b[0])], scale)
+            }
+            WeightFormat::Int4Row => {
+                self.fill::<1, 2>(p, k0, kc, dst, |b, e| f32::from(int4_row::weight_i8(b, e)), |j, _| s[row_of(j)])
+            }
+            WeightFormat::Int4Group { group } => {
+                let (g, per_row) = (usize::from(group), cols / usize::from(group));
+                let scale = |j: usize, k: usize| s[row_of(j) * per_row + k / g];
+                self.fill::<1, 2>(p, k0, kc, dst, |b, e| f32::from(int4_group::weight_i8(b, e)), scale)
+            }
+            WeightFormat::Mxfp4 => {
+                let per_row = cols / mx::MX_BLOCK;
+                let scale = |j: usize, k: usize| 0.5 * s[row_of(j) * per_row + k / mx::MX_BLOCK];
+                self.fill::<1, 2>(p, k0, kc, dst, |b, e| f32::from(mx::fp4_x2(b, e)), scale)
+            }
+            _ => unreachable!("the blis backend serves none of GGML's types (serves)"),
+        }
+    }
+
+    /// [`Matrix::micropanel`] for a format of `UB`-byte units of `PER` columns: element `e` of
+    /// a unit is `decode(unit, e)`, times `scale(row in panel, column)`.
+    #[inline(always)]
+    fn fill<const UB: usize, const PER: usize>(
+        &self,
+        p: usize,
+        k0: usize,
+        kc: usize,
+        dst: &mut [f32],
+        decode: impl Fn(&[u8], usize) -> f32,
+        scale: impl Fn(usize, usize) -> f32,
+    ) {
+        let (nr, units) = (self.nr, self.cols / PER);
+        let panel = &self.data[p * units * nr * UB..(p + 1) * units * nr * UB];
+        for u in k0 / PER..(k0 + kc) / PER {
+            let src = panel[u * nr * UB..(u + 1) * nr * UB].chunks_exact(UB);
+            for e in 0..PER {
+                let k = u * PER + e;
+                let out = &mut dst[(k - k0) * nr..(k - k0 + 1) * nr];
+                for (j, (o, b)) in out.iter_mut().zip(src.clone()).enumerate() {
+                    *o = decode(b, e) * scale(j, k);
+                }
+            }
+        }
+    }
+}
