@@ -10,9 +10,7 @@ fn main() {
     println!("cargo:rerun-if-env-changed=KT_BLIS_INCLUDE");
     println!("cargo:rerun-if-env-changed=KT_BLIS_LIB");
     println!("cargo:rerun-if-changed=src/shim.c");
-    if std::env::var_os("CARGO_FEATURE_SYSTEM").is_none() {
-        return;
-    }
+    #[cfg(feature = "system")]
     system::build();
 }
 
