@@ -51,6 +51,21 @@ pub fn library() -> Option<Result<(String, String), &'static str>> {
     }
 }
 
+/// BLIS's own sgemm rate on `c[m×n] = a[m×k] · b[n×k]ᵀ` with `threads` of its threads, GFLOP/s
+/// (`kt bench`'s yardstick for this backend), or why it cannot run; `None` in a build without
+/// the library.
+pub fn sgemm_gflops(m: usize, n: usize, k: usize, threads: usize, min_secs: f64) -> Option<Result<f64, &'static str>> {
+    #[cfg(blis_system)]
+    {
+        Some(library::sgemm_gflops(m, n, k, threads, min_secs))
+    }
+    #[cfg(not(blis_system))]
+    {
+        let _ = (m, n, k, threads, min_secs);
+        None
+    }
+}
+
 #[cfg(blis_system)]
 pub use imp::{Blis, BLIS};
 
@@ -189,4 +204,11 @@ mod imp {
 #[cfg(all(test, blis_system))]
 mod tests {
     kt_core::conformance_suite!(&crate::BLIS);
+
+    /// The yardstick `kt bench` reports the backend against runs BLIS's own sgemm.
+    #[test]
+    fn blis_sgemm_rate_is_measured() {
+        let g = crate::sgemm_gflops(8, 96, 256, 1, 0.0).expect("built with BLIS").expect("BLIS runs");
+        assert!(g.is_finite() && g > 0.0, "{g}");
+    }
 }

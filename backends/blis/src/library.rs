@@ -17,6 +17,7 @@ extern "C" {
         kc: *mut c_long,
         row_pref: *mut c_int,
     ) -> c_int;
+    fn kt_blis_sgemm_full(m: c_long, n: c_long, k: c_long, a: *const f32, b: *const f32, c: *mut f32, threads: c_long);
     fn kt_blis_sgemm(
         ukr: *mut c_void,
         cntx: *mut c_void,
@@ -144,4 +145,37 @@ impl Library {
             )
         }
     }
+}
+
+/// BLIS's own sgemm rate, GFLOP/s, on `c[m×n] = a[m×k] · b[n×k]ᵀ` with `threads` of its
+/// threads: the best of at least three calls and `min_secs` of them (the blis backend's
+/// yardstick in `kt bench`).
+pub fn sgemm_gflops(m: usize, n: usize, k: usize, threads: usize, min_secs: f64) -> Result<f64, &'static str> {
+    Library::get()?;
+    let fill =
+        |len: usize, seed: usize| -> Vec<f32> { (0..len).map(|i| ((i * 7 + seed) % 13) as f32 / 13.0 - 0.5).collect() };
+    let (a, b, mut c) = (fill(m * k, 1), fill(n * k, 2), vec![0.0f32; m * n]);
+    let call = |c: &mut [f32]| {
+        // SAFETY: a, b and c hold m·k, n·k and m·n floats, row-major as the shim reads them.
+        unsafe {
+            kt_blis_sgemm_full(
+                m as c_long,
+                n as c_long,
+                k as c_long,
+                a.as_ptr(),
+                b.as_ptr(),
+                c.as_mut_ptr(),
+                threads.max(1) as c_long,
+            )
+        }
+    };
+    call(&mut c);
+    let (mut best, mut spent, mut reps) = (f64::INFINITY, 0.0, 0);
+    while reps < 3 || spent < min_secs {
+        let t = std::time::Instant::now();
+        call(&mut c);
+        let s = t.elapsed().as_secs_f64();
+        (best, spent, reps) = (best.min(s), spent + s, reps + 1);
+    }
+    Ok(2.0 * (m * n * k) as f64 / best / 1e9)
 }

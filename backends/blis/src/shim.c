@@ -44,3 +44,13 @@ void kt_blis_sgemm(void* ukr, void* cntx, long m, long n, long k, const float* a
     ((kt_sgemm_ukr_t)ukr)((dim_t)m, (dim_t)n, (dim_t)k, &one, (float*)a, (float*)b, &beta, c, (inc_t)rs_c,
                           (inc_t)cs_c, &aux, (cntx_t*)cntx);
 }
+
+// BLIS's own sgemm, c[m×n] = a[m×k] · b[n×k]ᵀ (all row-major), on `threads` of BLIS's threads:
+// what `kt bench` compares the blis backend with.
+void kt_blis_sgemm_full(long m, long n, long k, const float* a, const float* b, float* c, long threads) {
+    float one = 1.0f, zero = 0.0f;
+    bli_thread_set_num_threads((dim_t)threads);
+    bli_sgemm(BLIS_NO_TRANSPOSE, BLIS_NO_TRANSPOSE, (dim_t)m, (dim_t)n, (dim_t)k, &one, (float*)a, (inc_t)k, 1,
+              (float*)b, 1, (inc_t)k, &zero, c, (inc_t)n, 1);
+    bli_thread_set_num_threads(1);
+}

@@ -132,6 +132,10 @@ pub struct CaseResult {
     pub stream_ratio: Option<f64>,
     /// mean |out − ref| / mean |ref| against the reference backend, ≤ 16 tokens.
     pub rel_err: f64,
+    /// For the blis backend at more than [`STREAM_UP_TO`] tokens: BLIS's own sgemm rate on
+    /// this case's shapes (an expert's average tokens against gate, up and down), GFLOP/s, one
+    /// thread's times the case's threads, measured in the same run ([`blis_sgemm_gflops`]).
+    pub blis_sgemm_gflops: Option<f64>,
     /// Reps timed.
     pub reps: usize,
     /// With [`BenchSpec::stages`]: per stage of the forward (`Gather`, `GateUp`, `Down`,
@@ -365,6 +369,9 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
         r.dram_ratio = r.weight_gbps / roof.dram_gbps;
         r.compute_ratio = r.gflops / peak;
         r.judged_by = name;
+        if r.backend == "blis" && r.tokens > STREAM_UP_TO {
+            r.blis_sgemm_gflops = blis_sgemm_gflops(&spec.cfg, r.tokens, spec.threads, spec.min_seconds);
+        }
     }
     Ok(Report {
         machine,
@@ -376,6 +383,28 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
         spec: spec.clone(),
         results,
     })
+}
+
+/// BLIS's own sgemm rate on the GEMMs of a forward of `tokens` tokens (an expert's average
+/// tokens `m` against gate and up, `[m, H] · [I, H]ᵀ`, and down, `[m, I] · [H, I]ᵀ`), GFLOP/s:
+/// the blis backend's yardstick. One BLIS thread, times `threads` (BLIS's own threads would
+/// compete with the pool's spinning workers: two of them ran at a hundredth of one); `None`
+/// in a build without the blis backend.
+fn blis_sgemm_gflops(cfg: &MoeConfig, tokens: usize, threads: usize, min_secs: f64) -> Option<f64> {
+    #[cfg(feature = "blis")]
+    {
+        let m = (tokens * cfg.top_k).div_ceil(cfg.experts).max(1);
+        let (h, i) = (cfg.hidden, cfg.intermediate);
+        let up = kt_backend_blis::sgemm_gflops(m, i, h, 1, min_secs.min(0.5))?.ok()?;
+        let down = kt_backend_blis::sgemm_gflops(m, h, i, 1, min_secs.min(0.5))?.ok()?;
+        // Two gate/up GEMMs and one down of equal FLOPs: the time-weighted rate.
+        Some(threads as f64 * 3.0 / (2.0 / up + 1.0 / down))
+    }
+    #[cfg(not(feature = "blis"))]
+    {
+        let _ = (cfg, tokens, threads, min_secs);
+        None
+    }
 }
 
 fn run_method(
@@ -535,6 +564,7 @@ fn run_case(
         judged_by: "",
         stream_ratio,
         rel_err: if den > 0.0 { num / den } else { num },
+        blis_sgemm_gflops: None,
         reps: times.len(),
         stages: stages::medians(&stage_reps).into_iter().map(|(l, s)| (l, s * 1e3)).collect(),
     })

@@ -66,6 +66,8 @@ pub fn to_json(r: &Report) -> Value {
             "vnni": c.instructions == Instructions::Int8Vnni,
             "instructions": format!("{:?}", c.instructions),
             "rel_err": c.rel_err,
+            "blis_sgemm_gflops": c.blis_sgemm_gflops,
+            "blis_sgemm_ratio": c.blis_sgemm_gflops.map(|g| c.gflops / g),
             "stages_ms": c.stages.iter().map(|&(l, ms)| json!({"stage": l, "ms": ms})).collect::<Vec<_>>(),
         })).collect::<Vec<_>>(),
     })
@@ -144,6 +146,16 @@ pub fn print_table(r: &Report) {
         super::STREAM_UP_TO
     );
     println!("the time the pool took to stream the rep's weight bytes from DRAM right after it, over the rep's time.");
+    for x in r.results.iter().filter(|x| x.blis_sgemm_gflops.is_some()) {
+        let g = x.blis_sgemm_gflops.unwrap_or(f64::NAN);
+        println!(
+            "blis {} n={}: {:.2} of BLIS's own sgemm on the same shapes ({g:.1} GFLOP/s: one thread's rate × {}, same run)",
+            x.method,
+            x.tokens,
+            x.gflops / g,
+            x.threads
+        );
+    }
     if r.results.iter().any(|x| !x.stages.is_empty()) {
         println!("stages (median µs a forward; serial: the forward's own work outside them, on the calling thread):");
         for x in &r.results {
