@@ -93,11 +93,6 @@ mod imp {
     /// The one instance.
     pub static BLIS: Blis = Blis;
 
-    /// The library; its presence was checked by `cpu_support` before the backend was selected.
-    fn lib() -> &'static Library {
-        Library::get().expect("the blis backend runs only where cpu_support found its library")
-    }
-
     impl Backend for Blis {
         fn name(&self) -> &'static str {
             "blis"
@@ -120,7 +115,7 @@ mod imp {
                 variant: self.name().into(),
                 reason: format!("it needs {missing}"),
             })?;
-            let p = Matrix::pack(m, lib.nr);
+            let p = Matrix::pack(m, lib);
             Ok(PackedMatrix::new(self.name(), m.format(), m.rows(), m.cols(), p.bytes(), p))
         }
 
@@ -165,7 +160,7 @@ mod imp {
             let cols = g.cols();
             let ag = Act::parse(gate.format(), n, cols, act_gate);
             let au = Act::parse(up.format(), n, cols, act_up);
-            let (lib, start) = (lib(), rows.start);
+            let (lib, start) = (g.lib, rows.start);
             let mut room = Room::new(lib, cols, scratch);
             for_tiles(lib, [g, u], [&ag, &au], n, rows, &mut room, |t0, m, r0, nr, [gt, ut]| {
                 for i in 0..m {
@@ -185,7 +180,7 @@ mod imp {
             let (d, n) = (down.inner::<Matrix>(), y.rows());
             let cols = d.cols();
             let act = Act::parse(down.format(), n, cols, a);
-            let (lib, start) = (lib(), rows.start);
+            let (lib, start) = (d.lib, rows.start);
             let mut room = Room::new(lib, cols, scratch);
             for_tiles(lib, [d], [&act], n, rows, &mut room, |t0, m, r0, nr, [tile]| {
                 for i in 0..m {

@@ -12,8 +12,13 @@ use kt_core::dtype::F8E4M3;
 use kt_core::format::{int4_group, int4_row, mx, FP8_BLOCK};
 use kt_core::{QuantMatrix, WeightFormat};
 
-/// A packed matrix: its panels and its scales as quantized.
+use crate::library::Library;
+
+/// A packed matrix: its panels and its scales as quantized, and the library whose microkernel
+/// runs it (found when it was packed).
 pub struct Matrix {
+    /// The library (its microkernel and block sizes).
+    pub lib: &'static Library,
     format: WeightFormat,
     rows: usize,
     cols: usize,
@@ -41,8 +46,9 @@ fn e4m3_table() -> &'static [f32; 256] {
 }
 
 impl Matrix {
-    /// `m` in panels of `nr` rows.
-    pub fn pack(m: &QuantMatrix, nr: usize) -> Matrix {
+    /// `m` in panels of `lib`'s NR rows.
+    pub fn pack(m: &QuantMatrix, lib: &'static Library) -> Matrix {
+        let nr = lib.nr;
         let (rows, cols, format) = (m.rows(), m.cols(), m.format());
         let (ub, per) = unit(format);
         let units = cols / per;
@@ -55,7 +61,7 @@ impl Matrix {
                 data[at..at + ub].copy_from_slice(&src[u * ub..(u + 1) * ub]);
             }
         }
-        Matrix { format, rows, cols, nr, data, scales: m.scales().to_vec() }
+        Matrix { lib, format, rows, cols, nr, data, scales: m.scales().to_vec() }
     }
 
     /// Input columns (K).
