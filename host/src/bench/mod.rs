@@ -134,7 +134,7 @@ pub struct CaseResult {
     pub rel_err: f64,
     /// For the blis backend at more than [`STREAM_UP_TO`] tokens: BLIS's own sgemm rate on
     /// this case's shapes (an expert's average tokens against gate, up and down), GFLOP/s, one
-    /// thread's times the case's threads, measured in the same run ([`blis_sgemm_gflops`]).
+    /// thread's times the case's threads, measured in the same run.
     pub blis_sgemm_gflops: Option<f64>,
     /// Reps timed.
     pub reps: usize,
