@@ -39,6 +39,9 @@ extern "C" {
 /// beta, c, rs_c, cs_c, auxinfo, cntx`, since 0.9).
 const VERSIONS: [&str; 2] = ["0.9", "1."];
 
+/// Most rows a panel may have: BLIS's NR, at most this (a panel's scales are kept on the stack).
+pub const MAX_NR: usize = 64;
+
 /// The library found at run time.
 #[derive(Debug)]
 pub struct Library {
@@ -87,6 +90,9 @@ impl Library {
                 return Err("an f32 microkernel in BLIS's context for this CPU");
             }
             // Every KC slice of a micropanel must start where the whole one does, 64-byte aligned.
+            if nr as usize > MAX_NR {
+                return Err("a BLIS configuration whose NR is at most 64");
+            }
             if (kc * mr) % 16 != 0 || (kc * nr) % 16 != 0 || kc % 2 != 0 {
                 return Err(
                     "a BLIS configuration whose KC is even and KC·MR and KC·NR multiples of 16 floats (64-byte slices)",

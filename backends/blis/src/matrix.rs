@@ -12,7 +12,7 @@ use kt_core::dtype::F8E4M3;
 use kt_core::format::{int4_group, int4_row, mx, FP8_BLOCK};
 use kt_core::{QuantMatrix, WeightFormat};
 
-use crate::library::Library;
+use crate::library::{Library, MAX_NR};
 
 /// A packed matrix: its panels and its scales as quantized, and the library whose microkernel
 /// runs it (found when it was packed).
@@ -89,44 +89,46 @@ impl Matrix {
                 kc,
                 dst,
                 |b, _| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
-                |_, _| 1.0,
+                (cols, |_, _| 1.0),
             ),
             WeightFormat::Int8Row => {
-                self.fill::<1, 1>(p, k0, kc, dst, |b, _| f32::from(b[0] as i8), |j, _| s[row_of(j)])
+                self.fill::<1, 1>(p, k0, kc, dst, |b, _| f32::from(b[0] as i8), (cols, |j, _| s[row_of(j)]))
             }
             WeightFormat::Fp8Channel => {
                 let t = e4m3_table();
-                self.fill::<1, 1>(p, k0, kc, dst, |b, _| t[usize::from(b[0])], |j, _| s[row_of(j)])
+                self.fill::<1, 1>(p, k0, kc, dst, |b, _| t[usize::from(b[0])], (cols, |j, _| s[row_of(j)]))
             }
             WeightFormat::Fp8Block => {
                 let (t, per_row) = (e4m3_table(), cols.div_ceil(FP8_BLOCK));
                 let scale = |j: usize, k: usize| s[(row_of(j) / FP8_BLOCK) * per_row + k / FP8_BLOCK];
-                self.fill::<1, 1>(p, k0, kc, dst, |b, _| t[usize::from(b[0])], scale)
+                self.fill::<1, 1>(p, k0, kc, dst, |b, _| t[usize::from(b[0])], (FP8_BLOCK, scale))
             }
             WeightFormat::Mxfp8 => {
                 let (t, per_row) = (e4m3_table(), cols / mx::MX_BLOCK);
                 let scale = |j: usize, k: usize| s[row_of(j) * per_row + k / mx::MX_BLOCK];
-                self.fill::<1, 1>(p, k0, kc, dst, |b, _| t[usize::from(b[0])], scale)
+                self.fill::<1, 1>(p, k0, kc, dst, |b, _| t[usize::from(b[0])], (mx::MX_BLOCK, scale))
             }
             WeightFormat::Int4Row => {
-                self.fill::<1, 2>(p, k0, kc, dst, |b, e| f32::from(int4_row::weight_i8(b, e)), |j, _| s[row_of(j)])
+                let scale = (cols, |j: usize, _: usize| s[row_of(j)]);
+                self.fill::<1, 2>(p, k0, kc, dst, |b, e| f32::from(int4_row::weight_i8(b, e)), scale)
             }
             WeightFormat::Int4Group { group } => {
                 let (g, per_row) = (usize::from(group), cols / usize::from(group));
                 let scale = |j: usize, k: usize| s[row_of(j) * per_row + k / g];
-                self.fill::<1, 2>(p, k0, kc, dst, |b, e| f32::from(int4_group::weight_i8(b, e)), scale)
+                self.fill::<1, 2>(p, k0, kc, dst, |b, e| f32::from(int4_group::weight_i8(b, e)), (g, scale))
             }
             WeightFormat::Mxfp4 => {
                 let per_row = cols / mx::MX_BLOCK;
                 let scale = |j: usize, k: usize| 0.5 * s[row_of(j) * per_row + k / mx::MX_BLOCK];
-                self.fill::<1, 2>(p, k0, kc, dst, |b, e| f32::from(mx::fp4_x2(b, e)), scale)
+                self.fill::<1, 2>(p, k0, kc, dst, |b, e| f32::from(mx::fp4_x2(b, e)), (mx::MX_BLOCK, scale))
             }
             _ => unreachable!("the blis backend serves none of GGML's types (serves)"),
         }
     }
 
     /// [`Matrix::micropanel`] for a format of `UB`-byte units of `PER` columns: element `e` of
-    /// a unit is `decode(unit, e)`, times `scale(row in panel, column)`.
+    /// a unit is `decode(unit, e)`, times `scale(row in panel, column)`, the same for `group`
+    /// columns at a time (read once a group into `sc`).
     #[inline(always)]
     fn fill<const UB: usize, const PER: usize>(
         &self,
@@ -135,17 +137,22 @@ impl Matrix {
         kc: usize,
         dst: &mut [f32],
         decode: impl Fn(&[u8], usize) -> f32,
-        scale: impl Fn(usize, usize) -> f32,
+        (group, scale): (usize, impl Fn(usize, usize) -> f32),
     ) {
         let (nr, units) = (self.nr, self.cols / PER);
+        let mut sc = [0.0f32; MAX_NR];
+        let sc = &mut sc[..nr];
         let panel = &self.data[p * units * nr * UB..(p + 1) * units * nr * UB];
         for u in k0 / PER..(k0 + kc) / PER {
             let src = panel[u * nr * UB..(u + 1) * nr * UB].chunks_exact(UB);
             for e in 0..PER {
                 let k = u * PER + e;
+                if k == k0 || k % group == 0 {
+                    sc.iter_mut().enumerate().for_each(|(j, s)| *s = scale(j, k));
+                }
                 let out = &mut dst[(k - k0) * nr..(k - k0 + 1) * nr];
-                for (j, (o, b)) in out.iter_mut().zip(src.clone()).enumerate() {
-                    *o = decode(b, e) * scale(j, k);
+                for ((o, b), s) in out.iter_mut().zip(src.clone()).zip(sc.iter()) {
+                    *o = decode(b, e) * s;
                 }
             }
         }
