@@ -17,7 +17,7 @@ pub enum Act<'a> {
 
 impl<'a> Act<'a> {
     /// The reference's layout of `bytes` for `rows` rows of `format`.
-    pub fn parse(format: WeightFormat, rows: usize, cols: usize, bytes: &'a [u8]) -> Act<'a> {
+    pub fn parse(format: WeightFormat, cols: usize, rows: usize, bytes: &'a [u8]) -> Act<'a> {
         if !format.int_activations() {
             return Act::Float(bytemuck::cast_slice(&bytes[..2 * rows * cols]));
         }

@@ -387,9 +387,9 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
 
 /// BLIS's own sgemm rate on the GEMMs of a forward of `tokens` tokens (an expert's average
 /// tokens `m` against gate and up, `[m, H] · [I, H]ᵀ`, and down, `[m, I] · [H, I]ᵀ`), GFLOP/s:
-/// the blis backend's yardstick. One BLIS thread, times `threads` (BLIS's own threads would
-/// compete with the pool's spinning workers: two of them ran at a hundredth of one); `None`
-/// in a build without the blis backend.
+/// the blis backend's yardstick. One BLIS thread, times `threads`: BLIS's own threads would
+/// compete with the pool's spinning workers (docs/tuning.md); `None` in a build without the
+/// blis backend.
 fn blis_sgemm_gflops(cfg: &MoeConfig, tokens: usize, threads: usize, min_secs: f64) -> Option<f64> {
     #[cfg(feature = "blis")]
     {
