@@ -43,7 +43,7 @@ fn gemm(bencher: divan::Bencher, name: &str) {
 /// `vnni`, `bf16-512`: the 512-bit `vpdpbusd` and `vdpbf16ps` chains (`kt_peak`).
 #[divan::bench(args = ["amx-int8", "amx-bf16", "vnni", "bf16-512"])]
 fn peak(bencher: divan::Bencher, name: &str) {
-    use kt_backend_amx::probe::{block_steps, OPS_PER_STEP};
+    use kt_backend_amx::probe::{block_steps, ops_per_step};
     use kt_peak::Loop;
     const STEPS: u64 = 10_000;
     let (ops, run): (_, Box<dyn Fn()>) = match name {
@@ -53,7 +53,7 @@ fn peak(bencher: divan::Bencher, name: &str) {
                 eprintln!("skipped peak {name}: this CPU lacks {missing}");
                 return;
             }
-            (OPS_PER_STEP * STEPS, Box::new(move || block_steps(bf16, STEPS).expect("granted above")))
+            (ops_per_step(bf16) * STEPS, Box::new(move || block_steps(bf16, STEPS).expect("granted above")))
         }
         _ => {
             let l = if name == "vnni" { Loop::Vnni } else { Loop::Bf16Zmm };

@@ -287,17 +287,29 @@ unsafe fn unpack_int4(src: &[u8], dst: &mut [u8; 2 * KT_TILE]) {
     }
 }
 
-/// A tile kernel: tokens `t0..t0+nt` (nt ≤ [`MAX_RUN`]) × panel `p` of `w` into `out[..nt]`,
-/// with `work`'s buffers. A panel's first token block (`t0 == 0`) also brings the next panel's
-/// bytes into L2, a share a K step: the callers take every token block of a panel before the
-/// next panel, so the weights stream from DRAM once, behind the tiles. Which one a matrix runs
-/// is chosen once, when it is packed ([`tile_kernel`]).
+/// A token block of a tile kernel: tokens `t0..t0 + nt` (nt ≤ [`MAX_RUN`]), and its share of
+/// the next panel's bytes to bring into L2 (share `share.0` of `share.1`).
+#[derive(Clone, Copy, Debug)]
+pub struct Block {
+    /// First token.
+    pub t0: usize,
+    /// Tokens.
+    pub nt: usize,
+    /// Which share of the next panel's prefetch this block does, of how many.
+    pub share: (usize, usize),
+}
+
+/// A tile kernel: block `b`'s tokens × panel `p` of `w` into `out[..b.nt]`, with `work`'s
+/// buffers, bringing its share of the next panel's bytes into L2 a line or so a K step: the
+/// callers take every token block of a group before the next panel, so the weights stream from
+/// DRAM once a group, behind the tiles. Which one a matrix runs is chosen once, when it is
+/// packed ([`tile_kernel`]).
 ///
 /// # Safety
 /// `t`'s CPU contract ([`TileOps`]) and AVX-512F/BW/VBMI; `w` the matrix the kernel was chosen
 /// for; `act` prepared by the AVX-512 kernels at their bf16 level for `w`'s format and K, with
-/// at least `t0 + nt` rows.
-pub type TileRun<T> = unsafe fn(&mut T, &Packed, usize, &Act<'_>, usize, usize, &mut Work, &mut Acc);
+/// at least `b.t0 + b.nt` rows.
+pub type TileRun<T> = unsafe fn(&mut T, &Packed, usize, &Act<'_>, Block, &mut Work, &mut Acc);
 
 /// The tile kernel of `w`, where tiles run it ([`runs`]).
 pub fn tile_kernel<T: TileOps>(w: &Packed) -> Option<TileRun<T>> {
@@ -333,35 +345,32 @@ unsafe fn tile_run<T: TileOps, const PATH: u8>(
     w: &Packed,
     p: usize,
     act: &Act<'_>,
-    t0: usize,
-    nt: usize,
+    b: Block,
     work: &mut Work,
     out: &mut Acc,
 ) {
-    debug_assert!((1..=MAX_RUN).contains(&nt));
-    let fetch = t0 == 0;
+    debug_assert!((1..=MAX_RUN).contains(&b.nt));
     // SAFETY: the caller's contract.
     unsafe {
         match PATH {
-            PATH_BF16 => whole_block::<T, f32, PATH>(t, w, p, act, t0, nt, &mut work.b, out),
+            PATH_BF16 => whole_block::<T, f32, PATH>(t, w, p, act, b, &mut work.b, out),
             PATH_INT8 | PATH_INT4 => {
-                whole_block::<T, u32, PATH>(t, w, p, act, t0, nt, &mut work.b, &mut work.c);
-                epilogue(w, p, act, t0, nt, &work.c, out);
+                whole_block::<T, u32, PATH>(t, w, p, act, b, &mut work.b, &mut work.c);
+                epilogue(w, p, act, b.t0, b.nt, &work.c, out);
             }
             PATH_GROUP => {
-                let sa = |tok: usize, g: usize| act.scales[(t0 + tok) * act.groups + g];
-                group_block(t, w, p, (act.q[t0 * act.kp..].as_ptr(), act.kp), sa, nt, fetch, work, out)
+                let sa = |tok: usize, g: usize| act.scales[(b.t0 + tok) * act.groups + g];
+                group_block(t, w, p, (act.q[b.t0 * act.kp..].as_ptr(), act.kp), sa, b, work, out)
             }
-            _ => fp8_block(t, w, p, (act.x16[t0 * act.kp..].as_ptr().cast(), 2 * act.kp), nt, fetch, work, out),
+            _ => fp8_block(t, w, p, (act.x16[b.t0 * act.kp..].as_ptr().cast(), 2 * act.kp), b, work, out),
         }
     }
 }
 
 /// Run `s` of the panel after `p` (its bytes of the same K as run `s` of `p`), which the work
-/// on `p` prefetches into L2 a share a step (`share_to_l2`); empty after the last panel and
-/// when not `fetch` (a later token block of `p`).
-fn next_run(fetch: bool, w: &Packed, p: usize, s: usize) -> &[u8] {
-    if !fetch || (p + 1) * PANEL >= w.rows {
+/// on `p` prefetches into L2 ([`Prefetch`]); empty after the last panel.
+fn next_run(w: &Packed, p: usize, s: usize) -> &[u8] {
+    if (p + 1) * PANEL >= w.rows {
         return &[];
     }
     let Some((at, units)) = w.run(p + 1, s) else { return &[] };
@@ -370,6 +379,27 @@ fn next_run(fetch: bool, w: &Packed, p: usize, s: usize) -> &[u8] {
     let data = w.data.as_slice();
     let start = at as usize - data.as_ptr() as usize;
     &data[start..(start + units.len() * UNIT).min(data.len())]
+}
+
+/// A block's share of a run of the next panel ([`next_run`]), brought into L2 a part a K step.
+struct Prefetch<'a> {
+    next: &'a [u8],
+    /// The block's first part, and the parts of the run.
+    first: usize,
+    parts: usize,
+}
+
+impl<'a> Prefetch<'a> {
+    /// Block `b`'s share of `next`, over `steps` K steps.
+    fn new(next: &'a [u8], b: Block, steps: usize) -> Self {
+        Prefetch { next, first: b.share.0 * steps, parts: b.share.1 * steps }
+    }
+
+    /// Step `j`'s part.
+    #[inline(always)]
+    fn step(&self, j: usize) {
+        share_to_l2(self.next, self.first + j, self.parts);
+    }
 }
 
 /// bf16, per-row int8 and KT's int4 (`PATH`): the block's sums over the whole K into `c`
@@ -383,12 +413,12 @@ unsafe fn whole_block<T: TileOps, V, const PATH: u8>(
     w: &Packed,
     p: usize,
     act: &Act<'_>,
-    t0: usize,
-    nt: usize,
+    blk: Block,
     b: &mut BTiles,
     c: &mut [[V; PANEL]; MAX_RUN],
 ) {
-    let (two, fetch, kp) = (nt > ROWS, t0 == 0, act.kp);
+    let (Block { t0, nt, .. }, kp) = (blk, act.kp);
+    let two = nt > ROWS;
     // SAFETY: the caller's contract; every address below lies in the panel's runs and the
     // activation rows t0..t0+nt (the second half only when `two`).
     unsafe {
@@ -397,9 +427,10 @@ unsafe fn whole_block<T: TileOps, V, const PATH: u8>(
         match PATH {
             PATH_BF16 => {
                 let (a, stride) = (act.x16[t0 * kp..].as_ptr().cast::<u8>(), 2 * kp);
-                let (panel, next, steps) = (w.panel(p).as_ptr(), next_run(fetch, w, p, 0), w.units / ROWS);
+                let (panel, steps) = (w.panel(p).as_ptr(), w.units / ROWS);
+                let next = Prefetch::new(next_run(w, p, 0), blk, steps);
                 for j in 0..steps {
-                    share_to_l2(next, j, steps);
+                    next.step(j);
                     let b = (panel.add(j * ROWS * UNIT), 64, UNIT);
                     step::<T, BF16>(t, (a.add(j * COLSB), stride), b, two);
                 }
@@ -408,9 +439,10 @@ unsafe fn whole_block<T: TileOps, V, const PATH: u8>(
                 let a = act.q[t0 * kp..].as_ptr();
                 let mut s = 0;
                 while let Some((run, units)) = w.run(p, s) {
-                    let (next, steps) = (next_run(fetch, w, p, s), units.len() / ROWS);
+                    let steps = units.len() / ROWS;
+                    let next = Prefetch::new(next_run(w, p, s), blk, steps);
                     for j in 0..steps {
-                        share_to_l2(next, j, steps);
+                        next.step(j);
                         let k = 4 * units.start + j * COLSB;
                         let b = match w.kt {
                             true => (run.add(j * KT_TILE), KT_TILE / 2, COLSB),
@@ -425,9 +457,10 @@ unsafe fn whole_block<T: TileOps, V, const PATH: u8>(
                 let a = act.q[t0 * kp..].as_ptr();
                 let mut s = 0;
                 while let Some((run, units)) = w.run(p, s) {
-                    let (next, steps) = (next_run(fetch, w, p, s), units.len() / ROWS);
+                    let steps = units.len() / ROWS;
+                    let next = Prefetch::new(next_run(w, p, s), blk, steps);
                     for j in 0..steps {
-                        share_to_l2(next, j, steps);
+                        next.step(j);
                         let k = 8 * units.start + j * 2 * COLSB;
                         unpack_int4(core::slice::from_raw_parts(run.add(j * KT_TILE), KT_TILE), &mut b.0);
                         step::<T, US8>(t, (a.add(k), kp), (b.0.as_ptr(), KT_TILE / 2, COLSB), two);
@@ -452,16 +485,16 @@ unsafe fn group_block<T: TileOps>(
     p: usize,
     (a, stride): (*const u8, usize),
     sa: impl Fn(usize, usize) -> f32,
-    nt: usize,
-    fetch: bool,
+    b: Block,
     work: &mut Work,
     out: &mut Acc,
 ) {
-    let two = nt > ROWS;
+    let (nt, two) = (b.nt, b.nt > ROWS);
     let upg = w.format.k_group().expect("a K-group format") / 8;
     let step_units = upg.min(STEP_UNITS);
     let lut = kt_x86::int4::nibble_table(w.format);
-    let (panel, next, steps) = (w.panel(p).as_ptr(), next_run(fetch, w, p, 0), w.units / step_units);
+    let (panel, steps) = (w.panel(p).as_ptr(), w.units / step_units);
+    let next = Prefetch::new(next_run(w, p, 0), b, steps);
     let groups = w.units / upg;
     out[..nt].iter_mut().for_each(|o| o.fill(0.0));
     // SAFETY: the caller's contract; the units g·upg.. of every group lie in the panel, and an
@@ -471,7 +504,7 @@ unsafe fn group_block<T: TileOps>(
         for g in 0..groups {
             zero_c(t, two);
             for u in (g * upg..(g + 1) * upg).step_by(step_units) {
-                share_to_l2(next, u / step_units, steps);
+                next.step(u / step_units);
                 unpack_group(panel, u, step_units, &lut, &mut work.b);
                 step::<T, SS8>(t, (a.add(8 * u), stride), (work.b.0.as_ptr(), HALF_B, COLSB), two);
             }
@@ -495,12 +528,11 @@ unsafe fn fp8_block<T: TileOps>(
     w: &Packed,
     p: usize,
     (a, stride): (*const u8, usize),
-    nt: usize,
-    fetch: bool,
+    b: Block,
     work: &mut Work,
     out: &mut Acc,
 ) {
-    let two = nt > ROWS;
+    let (nt, two) = (b.nt, b.nt > ROWS);
     // (units per scale block, scales per block: one for the panel or one per row)
     let (per_block, per_row) = match w.format {
         _ if w.folds => (w.units, false),
@@ -509,7 +541,8 @@ unsafe fn fp8_block<T: TileOps>(
         _ => (FP8_BLOCK / 4, false),
     };
     let blocks = w.units.div_ceil(per_block);
-    let (panel, next, steps) = (w.panel(p).as_ptr(), next_run(fetch, w, p, 0), w.units / STEP_UNITS);
+    let (panel, steps) = (w.panel(p).as_ptr(), w.units / STEP_UNITS);
+    let next = Prefetch::new(next_run(w, p, 0), b, steps);
     if !w.folds {
         out[..nt].iter_mut().for_each(|o| o.fill(0.0));
     }
@@ -522,7 +555,7 @@ unsafe fn fp8_block<T: TileOps>(
             zero_c(t, two);
             for u in (blk * per_block..((blk + 1) * per_block).min(w.units)).step_by(STEP_UNITS) {
                 let j = u / STEP_UNITS;
-                share_to_l2(next, j, steps);
+                next.step(j);
                 let fold = w.folds.then(|| (w.codes[(p * steps + j) * PANEL..].as_ptr(), w.code_bias));
                 let dst = work.b.0.as_mut_ptr();
                 kt_zmm::fp8_tile_rows(panel, u, u + STEP_UNITS, [dst, dst.add(HALF_B)], fold);

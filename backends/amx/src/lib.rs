@@ -72,7 +72,7 @@ mod imp {
     use kt_zmm::pack::{Packed, PANEL};
     use kt_zmm::{glu_panel, put_panel, support, Level, Zmm};
 
-    use crate::kernels::{self, Acc, TileRun, Work, MAX_RUN};
+    use crate::kernels::{self, Acc, Block, TileRun, Work, MAX_RUN};
     use crate::matrix::Matrix;
     #[cfg(test)]
     use crate::tile::Emulator;
@@ -136,28 +136,60 @@ mod imp {
 
     impl<T: Tiles> AmxBackend<T> {
         /// Every (panel of `rows`, token block) of `w` through its tile kernel `run`, each
-        /// handed to `emit` with its block: a panel's token blocks one after another, so its
-        /// weights come from DRAM once (and the next panel's while the first block works:
-        /// [`TileRun`]).
+        /// handed to `emit` with its block (which may run another matrix's panel: `panel` the
+        /// bytes of a panel of each). The token blocks go in groups whose activations stay in
+        /// L2 beside the panels ([`group_blocks`]): each group takes every panel, a panel's
+        /// blocks one after another, so a panel's weights come from DRAM (or L3) once a group,
+        /// and the next panel's while its blocks work ([`TileRun`]).
+        #[allow(clippy::too_many_arguments)]
         fn for_blocks(
             run: TileRun<T>,
             w: &Packed,
             rows: &Range<usize>,
             act: &Act<'_>,
             n: usize,
-            mut emit: impl FnMut(Range<usize>, usize, usize, &Acc),
+            panel: usize,
+            mut emit: impl FnMut(Range<usize>, Block, &Acc),
         ) {
             let (mut tiles, mut work) = (T::default(), Work::default());
-            let mut block: Acc = [[0.0; PANEL]; MAX_RUN];
-            for panel in panels(rows.clone(), PANEL) {
-                for (t0, nt) in balanced_token_runs(n, MAX_RUN) {
-                    // SAFETY: the backend is selected only where T's tiles run (cpu_support);
-                    // `run` is w's tile kernel; `act` was prepared by simd() for w.
-                    unsafe { run(&mut tiles, w, panel.index, act, t0, nt, &mut work, &mut block) };
-                    let at = panel.rows.start - rows.start;
-                    emit(at..at + panel.rows.len(), t0, nt, &block);
+            let mut out: Acc = [[0.0; PANEL]; MAX_RUN];
+            let runs = balanced_token_runs(n, MAX_RUN);
+            let per_group = group_blocks(act, runs.len(), panel);
+            for group in 0..runs.len().div_ceil(per_group) {
+                let blocks = runs.clone().skip(group * per_group).take(per_group);
+                for panel in panels(rows.clone(), PANEL) {
+                    for (i, (t0, nt)) in blocks.clone().enumerate() {
+                        let b = Block { t0, nt, share: (i, blocks.len()) };
+                        // SAFETY: the backend is selected only where T's tiles run
+                        // (cpu_support); `run` is w's tile kernel; `act` was prepared by
+                        // simd() for w.
+                        unsafe { run(&mut tiles, w, panel.index, act, b, &mut work, &mut out) };
+                        let at = panel.rows.start - rows.start;
+                        emit(at..at + panel.rows.len(), b, &out);
+                    }
                 }
             }
+        }
+    }
+
+    /// L2 bytes a group of token blocks keeps its activations in beside the panels it works on
+    /// and the next ones on their way: seven eighths of the 2 MiB of every AMX Xeon's core.
+    const GROUP_L2_BYTES: usize = 7 << 18;
+
+    /// Bytes of one 32-row panel of `w`.
+    fn panel_bytes(w: &Packed) -> usize {
+        w.data.len() / w.rows.div_ceil(PANEL).max(1)
+    }
+
+    /// Token blocks of a group ([`AmxBackend::for_blocks`]) out of `blocks`: as many as keep
+    /// their activation rows (of `act`) in [`GROUP_L2_BYTES`] beside two panels' `panel`
+    /// bytes (this one's and the next one's), evened out over the groups; all of them where
+    /// not even one fits so, when the panels stay in L2 and the activations stream past.
+    fn group_blocks(act: &Act<'_>, blocks: usize, panel: usize) -> usize {
+        let block = MAX_RUN * act.kp * if act.q.is_empty() { 2 } else { 1 };
+        match GROUP_L2_BYTES.saturating_sub(2 * panel) / block.max(1) {
+            0 => blocks.max(1),
+            most => blocks.div_ceil(blocks.div_ceil(most)).max(1),
         }
     }
 
@@ -243,10 +275,12 @@ mod imp {
             let au = Act::parse(u.format, u.cols, n, act_up, true);
             let (mut ub, mut room): (Acc, _) = ([[0.0; PANEL]; MAX_RUN], [[0.0; PANEL]; 2]);
             let (mut tiles, mut work) = (T::default(), Work::default());
-            Self::for_blocks(run_gate, g, &rows, &ag, n, |at, t0, nt, gb| {
+            let panel = panel_bytes(g) + panel_bytes(u);
+            Self::for_blocks(run_gate, g, &rows, &ag, n, panel, |at, b, gb| {
                 let p = (rows.start + at.start) / PANEL;
                 // SAFETY: as in for_blocks, for `u`.
-                unsafe { run_up(&mut tiles, u, p, &au, t0, nt, &mut work, &mut ub) };
+                unsafe { run_up(&mut tiles, u, p, &au, b, &mut work, &mut ub) };
+                let Block { t0, nt, .. } = b;
                 for t in 0..nt {
                     let (gv, uv) = with_bias(bias, rows.start + at.start, 0..at.len(), [&gb[t], &ub[t]], &mut room);
                     // SAFETY: SIMD_LEVEL's support (AVX2 and FMA among it) holds.
@@ -262,9 +296,9 @@ mod imp {
             };
             let d = &down.simd.w;
             let act = Act::parse(d.format, d.cols, n, a, true);
-            Self::for_blocks(run, d, &rows, &act, n, |at, t0, nt, block| {
-                for (t, res) in block.iter().enumerate().take(nt) {
-                    put_panel(&mut y.row_mut(t0 + t)[at.clone()], res, 0..at.len());
+            Self::for_blocks(run, d, &rows, &act, n, panel_bytes(d), |at, b, block| {
+                for (t, res) in block.iter().enumerate().take(b.nt) {
+                    put_panel(&mut y.row_mut(b.t0 + t)[at.clone()], res, 0..at.len());
                 }
             });
         }
@@ -286,6 +320,26 @@ mod imp {
                 f => simd().instructions(f),
             }
         }
+    }
+
+    #[cfg(test)]
+    #[test]
+    fn groups_keep_their_activations_in_l2_evened_out() {
+        let act = |kp, int: bool| Act { kp, q: if int { &[0u8][..] } else { &[] }, ..Act::default() };
+        // int8 rows of K = 7168 (blocks and panels of 224 KiB): six blocks beside two panels in
+        // 1.75 MiB; eight blocks as 4 + 4, seven as 4 + 3, thirteen as 5 + 5 + 3.
+        let (int8, panel) = (act(7168, true), 32 * 7168);
+        for (blocks, want) in [(1, 1), (6, 6), (7, 4), (8, 4), (13, 5)] {
+            assert_eq!(group_blocks(&int8, blocks, panel), want, "{blocks} blocks");
+        }
+        // Gate and up panels both: four blocks.
+        assert_eq!(group_blocks(&int8, 8, 2 * panel), 4);
+        // bf16 (448 KiB blocks and panels): two blocks beside one matrix's panels; none beside
+        // gate's and up's, which then stay in L2 while every block streams past.
+        assert_eq!(group_blocks(&act(7168, false), 8, 2 * panel), 2);
+        assert_eq!(group_blocks(&act(7168, false), 8, 4 * panel), 8);
+        // Short rows: every block in one group.
+        assert_eq!(group_blocks(&act(256, true), 40, 32 * 256), 40);
     }
 
     /// The emulated tiles at the default threshold, and at every token count.

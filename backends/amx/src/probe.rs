@@ -6,12 +6,16 @@ use crate::kernels::{step, store_c, BF16, MAX_RUN, US8};
 use crate::tile::{Amx, TileConfig, TileOps, COLSB, ROWS};
 use kt_zmm::pack::PANEL;
 
-/// Operations of one step: four tile products of 16 × 16 outputs over 64 bytes of K, an int8
-/// multiply-add or a bf16 pair's two products and two adds counting 2 per byte.
-pub const OPS_PER_STEP: u64 = 4 * (ROWS * ROWS * COLSB) as u64 * 2;
+/// Operations of one step: four tile products of 16 × 16 outputs over 64 bytes of K, a
+/// multiply and an add per K value: 64 int8 values (`tdpbusd`), or 32 bf16 ones
+/// (`tdpbf16ps`, half the operations in the same time).
+pub const fn ops_per_step(bf16: bool) -> u64 {
+    let k = if bf16 { COLSB / 2 } else { COLSB };
+    4 * (ROWS * ROWS * k) as u64 * 2
+}
 
 /// Run `steps` steps (`bf16`: `tdpbf16ps`, else `tdpbusd`) on this thread's tiles; `Err` names
-/// what the CPU lacks. Multiply the steps by [`OPS_PER_STEP`] for the operations done.
+/// what the CPU lacks. Multiply the steps by [`ops_per_step`] for the operations done.
 pub fn block_steps(bf16: bool, steps: u64) -> Result<(), &'static str> {
     kt_x86::isa::request_amx()?;
     #[repr(align(64))]

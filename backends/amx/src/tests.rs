@@ -88,6 +88,33 @@ fn tiles_give_the_avx512_kernels_bits() {
     }
 }
 
+/// Experts of more token blocks than one group keeps in L2 (int8 and int4 activation rows of
+/// 7168 bytes: four blocks a group) give the AVX-512 kernels' bits too: the groups split the
+/// blocks, never a block's K.
+#[test]
+fn token_groups_give_the_avx512_kernels_bits() {
+    let Ok(()) = EMULATED_ALL.cpu_support() else {
+        kt_core::skip_isa!("AVX-512, which the emulated backend runs beside");
+        return;
+    };
+    let mut backends: Vec<&'static dyn Backend> = vec![&EMULATED_ALL];
+    match crate::AMX.cpu_support() {
+        Ok(()) => backends.push(&crate::imp::HARDWARE_ALL),
+        Err(why) => kt_core::skip_isa!(format!("{why} (the hardware tiles)")),
+    }
+    for f in [WeightFormat::Int8Row, WeightFormat::Int4Row] {
+        let cfg = MoeConfig { max_tokens: 200, ..MoeConfig::new(1, 1, 7168, 64) };
+        for tokens in [129, 200] {
+            let want = layer_outputs(&crate::imp::VECTOR, f, &cfg, tokens, Scenario::Random);
+            for &b in &backends {
+                let got = layer_outputs(b, f, &cfg, tokens, Scenario::Random);
+                let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{} differs from avx512_bf16 on {f}, {tokens} tokens", b.name());
+            }
+        }
+    }
+}
+
 /// Acc products recorded on AMX hardware (`examples/tile_dump.rs`, a Sapphire Rapids-class
 /// Xeon): `tdpbf16ps` with K of one bf16 pair (every input family: near one, wide exponents,
 /// cancelling pairs, C far larger, denormals and underflow, C zero) and of a whole tile, and

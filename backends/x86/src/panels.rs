@@ -49,7 +49,7 @@ pub fn token_runs(n: usize, max: usize) -> impl Iterator<Item = (usize, usize)> 
 /// `(first, count)` of the fewest runs of at most `max` tokens out of `n`, as even as they go
 /// (16 tokens in runs of 12: 8 + 8, not 12 + 4), so no run is left with few tokens to share
 /// each weight load.
-pub fn balanced_token_runs(n: usize, max: usize) -> impl Iterator<Item = (usize, usize)> {
+pub fn balanced_token_runs(n: usize, max: usize) -> impl ExactSizeIterator<Item = (usize, usize)> + Clone {
     let runs = n.div_ceil(max.max(1));
     let (base, extra) = n.checked_div(runs).map_or((0, 0), |b| (b, n % runs));
     (0..runs).map(move |i| (i * base + i.min(extra), base + usize::from(i < extra)))

@@ -324,13 +324,14 @@ pub fn zmm_peaks(th: Threads<'_>) -> Zmm {
 pub fn tile_peaks(th: Threads<'_>) -> Tiles {
     #[cfg(all(feature = "amx", target_arch = "x86_64"))]
     {
-        use kt_backend_amx::probe::{block_steps, OPS_PER_STEP};
+        use kt_backend_amx::probe::{block_steps, ops_per_step};
         const STEPS: u64 = 2_000_000;
         if block_steps(false, 1).is_ok() {
-            let rate = |secs: f64| Some((th.n as u64 * STEPS * OPS_PER_STEP) as f64 / secs / 1e9);
-            let int8 = best_seconds(3, th, |_| block_steps(false, STEPS).expect("granted above"));
-            let bf16 = best_seconds(3, th, |_| block_steps(true, STEPS).expect("granted above"));
-            return Tiles { int8_gops: rate(int8), bf16_gflops: rate(bf16) };
+            let rate = |bf16: bool| {
+                let secs = best_seconds(3, th, |_| block_steps(bf16, STEPS).expect("granted above"));
+                Some((th.n as u64 * STEPS * ops_per_step(bf16)) as f64 / secs / 1e9)
+            };
+            return Tiles { int8_gops: rate(false), bf16_gflops: rate(true) };
         }
     }
     let _ = th;
