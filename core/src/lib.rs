@@ -23,6 +23,7 @@ extern crate std;
 
 pub mod aligned;
 pub mod backend;
+pub mod balance;
 pub mod bias;
 pub mod config;
 pub mod dtype;

@@ -42,8 +42,9 @@ use crate::{Error, MoeConfig, Routing};
 /// Marks a routing slot whose expert is skipped (invalid id or GPU-resident).
 pub const SKIPPED: u32 = u32::MAX;
 
-/// Most tasks a stage aims for, so that up to 64 threads have work under skewed routing.
-pub const TARGET_TASKS: usize = 64;
+/// Most tasks a stage aims for: [`TASKS_PER_THREAD`] for each of up to 64 threads, so that
+/// they end together under skewed routing (`balance`).
+pub const TARGET_TASKS: usize = 256;
 
 /// Tasks per thread a stage aims for below [`TARGET_TASKS`]: enough to even out skewed
 /// routing, few enough that each task streams long runs of rows: each task's start costs
@@ -267,6 +268,31 @@ pub fn blocks(len: usize, pieces: usize, gran: usize) -> impl Iterator<Item = Ra
     (0..len).step_by(size).map(move |s| s..(s + size).min(len))
 }
 
+/// Split `len` rows into `pieces` blocks (fewer where there are fewer granules) of whole
+/// granules of `gran` rows but the last, as even as they go: sizes differ by one granule at
+/// most, the larger first.
+pub fn even_blocks(len: usize, pieces: usize, gran: usize) -> impl Iterator<Item = Range<usize>> + Clone {
+    let gran = gran.max(1);
+    let granules = len.div_ceil(gran);
+    let pieces = pieces.clamp(1, granules.max(1));
+    let (base, extra) = (granules / pieces, granules % pieces);
+    let start = move |i: usize| ((i * base + i.min(extra)) * gran).min(len);
+    (0..pieces).map(start).zip((1..=pieces).map(start)).filter(|(s, e)| e > s).map(|(s, e)| s..e)
+}
+
+/// Tokens of an expert from which the plan counts its GateUp work as bound by its operations
+/// rather than its weight bytes ([`expert_cost`]): two operations a weight and token take one
+/// weight byte's time at 64 tokens on a machine of about 128 operations a DRAM byte, near
+/// AVX-512's (about 100; AMX's, about 500, puts it at 250: compute-bound experts are cut finer
+/// to cover the difference, and `balance`'s test holds the plans to both).
+pub const COMPUTE_BOUND_TOKENS: usize = 64;
+
+/// The relative time of one weight row of an expert of `tokens` tokens: its bytes', or its
+/// operations' past [`COMPUTE_BOUND_TOKENS`].
+pub fn expert_cost(tokens: usize) -> usize {
+    tokens.max(COMPUTE_BOUND_TOKENS)
+}
+
 impl Plan {
     /// Plan a forward of `routing` on a layer whose parts own I slices of the given lengths.
     /// `gran_i`/`gran_h` are the backend's row granularity for gate/up and down; each stage
@@ -375,6 +401,15 @@ impl Plan {
     ) {
         let active = self.experts.len();
         let per_expert = tasks.div_ceil(active.max(1));
+        // GateUp: each expert in blocks in proportion to its cost (its bytes, or its operations
+        // where they pass them), a compute-bound one in half as many again (its cost the least
+        // certain), then the stage largest first, so that the pool's workers, each taking the
+        // next task when free, end together.
+        let total: usize = self.experts.iter().map(|a| expert_cost(a.rows)).sum();
+        let pieces = |a: &ActiveExpert| {
+            let halves = if a.rows > COMPUTE_BOUND_TOKENS { 3 } else { 2 };
+            (halves * tasks * expert_cost(a.rows)).div_ceil(2 * total.max(1))
+        };
         let parts = part_rows.len();
         // Capacity for the most tasks any routing of this size makes (`blocks` yields at most
         // `pieces` blocks), so a later forward of no more tokens plans without allocating.
@@ -385,15 +420,15 @@ impl Plan {
         let slices = parts * hidden.div_ceil(gran_h.max(1));
         let Stages { gather, gate_up, down, reduce, merge } = &mut self.stages;
         fresh(gather, e_max);
-        fresh(gate_up, parts * per_part);
+        fresh(gate_up, parts * (tasks * 3 / 2 + 1 + e_max));
         fresh(down, slices.max(parts * per_part));
         fresh(reduce, parts * tasks);
         fresh(merge, tasks);
         let owners = self.experts.iter().enumerate().filter(|(i, a)| a.act == *i);
         gather.extend(owners.map(|(expert, _)| GatherTask { expert }));
         for (part, &rows_p) in part_rows.iter().enumerate() {
-            for expert in 0..active {
-                let b = blocks(rows_p, per_expert, gran_i);
+            for (expert, a) in self.experts.iter().enumerate() {
+                let b = even_blocks(rows_p, pieces(a), gran_i);
                 gate_up.extend(b.map(|rows| GateUpTask { part, expert, rows }));
                 if d == 0 {
                     let b = blocks(hidden, per_expert, gran_h);
@@ -401,11 +436,15 @@ impl Plan {
                 }
             }
             if d > 0 {
-                // (Also with no expert active: the tasks clear the part's output.)
-                let slices = (0..hidden).step_by(d).map(|s| s..(s + d).min(hidden));
+                // (Also with no expert active: the tasks clear the part's output.) At least the
+                // target's count of slices, evened out, each at most `d` rows.
+                let slices = even_blocks(hidden, hidden.div_ceil(d).max(tasks), gran_h);
                 down.extend(slices.map(|rows| DownTask { part, expert: None, rows }));
             }
         }
+        let experts = &self.experts;
+        let cost = |t: &GateUpTask| t.rows.len() * expert_cost(experts[t.expert].rows);
+        gate_up.sort_unstable_by_key(|t| (core::cmp::Reverse(cost(t)), t.part, t.expert, t.rows.start));
         let token_chunks = blocks(n, tasks, 1);
         if d == 0 {
             for part in 0..parts {
