@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
-# Every test: formatting, import circles, lints (default features, reference-only, the tile floor), rustdoc's
-# link checks, the no_std core built alone, the workspace tests, the blis backend on the system
-# BLIS library, loom model checks, the Python package (wheel built with maturin as a manylinux
-# wheel, installed in a venv, pytest, mypy; no SIMD intrinsic called out of line in it), SGLang's
-# own integration code driving it and kt_kernel.sft in torch's autograd (torch and SGLang's wheels
-# in a cache outside the checkout), a 20-second soak, and short fuzz smoke runs. CI runs
-# exactly this (.ci/run).
+# Every test: formatting, import circles, lints (default features, reference-only, the tile floor),
+# rustdoc's link checks, the no_std core built alone, the workspace tests, the blis backend on the
+# system BLIS library (and on aarch64 under qemu), loom model checks, the Python package (wheel
+# built with maturin as a manylinux wheel, installed in a venv, pytest, mypy; no SIMD intrinsic
+# called out of line in it), SGLang's own integration code driving it and kt_kernel.sft in torch's
+# autograd (torch and SGLang's wheels in a cache outside the checkout), a 20-second soak, and short
+# fuzz smoke runs. CI runs exactly this (.ci/run).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/bootstrap.sh --test
@@ -32,6 +32,8 @@ echo "== the blis backend on the system BLIS library (its feature: clippy, rustd
 cargo clippy -p kt-host --features blis --all-targets -- -D warnings
 RUSTDOCFLAGS="-D warnings" cargo doc -p kt-backend-blis --features system --no-deps --document-private-items
 cargo test -p kt-backend-blis --features system
+echo "== aarch64: core and the blis backend on arm64 BLIS under qemu (scripts/test-aarch64.sh)"
+bash scripts/test-aarch64.sh
 echo "== loom model checks of the task queue and the pools (own target dir: --cfg loom rebuilds every crate)"
 RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p kt-host --release --test loom
 echo "== Python package kt_kernel: wheel, install into target/pyenv, pytest"

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use kt_core::ggml::GgmlType;
 use kt_core::reference::REFERENCE;
 use kt_core::testing::{
-    conformance_failures, ggml_conformance_failures, mean_rel_err, random_input, scenario_routing, textbook_moe,
+    conformance_failures, ggml_conformance_failures, mean_rel_err, random_input, scenario_routing, textbook_moe, Depth,
     Scenario,
 };
 use kt_core::Backend;
@@ -88,15 +88,15 @@ fn every_backend_conforms_through_threaded_executors() {
     // this CPU runs, through the persistent pool and the scoped-thread executor, against the
     // serial reference.
     for b in runnable() {
-        let failures = conformance_failures(b, &Pool::new(3));
+        let failures = conformance_failures(b, &Pool::new(3), Depth::Full);
         assert!(failures.is_empty(), "{}: {failures:#?}", b.name());
     }
-    let failures = conformance_failures(&REFERENCE, &ThreadExecutor::new(3));
+    let failures = conformance_failures(&REFERENCE, &ThreadExecutor::new(3), Depth::Full);
     assert!(failures.is_empty(), "{failures:#?}");
     // Two sub-pools (the conformance shapes have 1 and 2 parts).
     let numa = NumaPool::with_threads(4, 2).unwrap();
     for b in runnable() {
-        let failures = conformance_failures(b, &numa);
+        let failures = conformance_failures(b, &numa, Depth::Full);
         assert!(failures.is_empty(), "{} on a NUMA pool: {failures:#?}", b.name());
     }
     // The GGML formats (mixed per projection too) of the backends that run them.

@@ -312,18 +312,20 @@ pub fn shapes(format: WeightFormat) -> Vec<(usize, usize, usize, usize)> {
 }
 
 /// Compare `backend` with the reference backend on every supported format, shape, token count
-/// and scenario, with 1 and 2 parts. Panics listing the failing cases; returns `Err(missing ISA)`
+/// and scenario, with 1 and 2 parts, and the suite's other sections, to `depth`. Panics listing the failing cases; returns `Err(missing ISA)`
 /// without running anything if this CPU cannot run the backend.
-pub fn conformance(backend: &'static dyn Backend) -> Result<(), &'static str> {
+pub fn conformance(backend: &'static dyn Backend, depth: Depth) -> Result<(), &'static str> {
     backend.cpu_support()?;
-    let mut failures = conformance_failures(backend, &SerialExecutor);
-    failures.extend(ggml_conformance_failures(backend, &SerialExecutor));
-    failures.extend(glu_failures(backend, &SerialExecutor));
-    failures.extend(bias_failures(backend, &SerialExecutor));
+    let mut failures = conformance_failures(backend, &SerialExecutor, depth);
+    if depth == Depth::Full {
+        failures.extend(ggml_conformance_failures(backend, &SerialExecutor));
+        failures.extend(glu_failures(backend, &SerialExecutor));
+        failures.extend(bias_failures(backend, &SerialExecutor));
+        failures.extend(sum_in_down_failures(backend, &SerialExecutor));
+    }
     failures.extend(stored_scale_failures(backend, &SerialExecutor));
     failures.extend(extreme_int4_failures(backend, &SerialExecutor));
     failures.extend(mx_tiny_scale_failures(backend, &SerialExecutor));
-    failures.extend(sum_in_down_failures(backend, &SerialExecutor));
     failures.extend(
         accuracy_failures(backend, &SerialExecutor).into_iter().filter(|&(_, err, limit)| err >= limit).map(
             |(f, err, limit)| format!("{} {f}: error {err:.4} against the fp32 MoE, limit {limit}", backend.name()),
@@ -331,6 +333,29 @@ pub fn conformance(backend: &'static dyn Backend) -> Result<(), &'static str> {
     );
     assert!(failures.is_empty(), "{} conformance failures:\n{}", failures.len(), failures.join("\n"));
     Ok(())
+}
+
+/// How much of the suite [`conformance`] runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Depth {
+    /// Everything.
+    Full,
+    /// For an emulated CPU (`KT_CONFORMANCE=quick`: scripts/test-aarch64.sh under qemu, tens of
+    /// times slower): the main sweep on the three smallest shapes of each format at 1, 3 and 17
+    /// tokens, every scenario and both part counts, with the extreme-value, stored-scale,
+    /// MX-scale and accuracy checks; the GLU, bias, GGML and sum-in-Down sections, whose code
+    /// is the same portable Rust on every CPU, only at full depth.
+    Quick,
+}
+
+impl Depth {
+    /// The depth `KT_CONFORMANCE` names (`quick`; anything else, or unset, is full).
+    pub fn named(value: Option<&str>) -> Depth {
+        match value {
+            Some("quick") => Depth::Quick,
+            _ => Depth::Full,
+        }
+    }
 }
 
 /// DESIGN.md's limits: mean relative error against an fp32 MoE on the original Gaussian weights.
@@ -415,7 +440,8 @@ macro_rules! conformance_suite {
     ($backend:expr) => {
         #[test]
         fn conformance() {
-            if let Err(missing) = $crate::testing::conformance($backend) {
+            let depth = $crate::testing::Depth::named(::std::env::var("KT_CONFORMANCE").ok().as_deref());
+            if let Err(missing) = $crate::testing::conformance($backend, depth) {
                 $crate::skip_isa!(missing);
             }
         }
@@ -431,11 +457,15 @@ macro_rules! conformance_suite {
 }
 
 /// The failing cases of [`conformance`], each as a line (empty when the backend conforms).
-pub fn conformance_failures(backend: &'static dyn Backend, exec: &dyn Executor) -> Vec<String> {
+pub fn conformance_failures(backend: &'static dyn Backend, exec: &dyn Executor, depth: Depth) -> Vec<String> {
     let mut failures = Vec::new();
     let scenarios = [Scenario::Random, Scenario::Skewed, Scenario::InvalidIds, Scenario::Masked, Scenario::AllMasked];
+    let (shape_count, token_counts): (usize, &[usize]) = match depth {
+        Depth::Full => (usize::MAX, &[1, 3, 17, 40]),
+        Depth::Quick => (3, &[1, 3, 17]),
+    };
     for format in WeightFormat::ALL {
-        for (si, (e, k, h, i)) in shapes(format).into_iter().enumerate() {
+        for (si, (e, k, h, i)) in shapes(format).into_iter().take(shape_count).enumerate() {
             for parts in [1, 2] {
                 let cfg = MoeConfig { parts, max_tokens: 64, ..MoeConfig::new(e, k, h, i) };
                 if cfg.validate_for(format).is_err()
@@ -447,7 +477,7 @@ pub fn conformance_failures(backend: &'static dyn Backend, exec: &dyn Executor) 
                 let experts = random_experts(&cfg, 1000 + si as u64);
                 let ours = build_layer(backend, &cfg, format, &experts);
                 let oracle = build_layer(&REFERENCE, &cfg, format, &experts);
-                for tokens in [1, 3, 17, 40] {
+                for &tokens in token_counts {
                     let input = random_input(tokens, h, tokens as u64);
                     for s in scenarios {
                         let (ids, w, mask) = scenario_routing(s, tokens, &cfg, 7 * tokens as u64);

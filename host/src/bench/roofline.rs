@@ -270,7 +270,10 @@ pub fn vnni_gops(th: Threads<'_>) -> Option<f64> {
     #[cfg(target_arch = "x86_64")]
     return loop_rate(th, kt_peak::Loop::Vnni);
     #[cfg(not(target_arch = "x86_64"))]
-    None
+    {
+        let _ = th;
+        None
+    }
 }
 
 fn fma_loop(iters: u64) {
