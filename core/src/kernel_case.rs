@@ -46,6 +46,12 @@ impl KernelCase {
         2 * self.w.rows() * self.w.cols() * self.tokens
     }
 
+    /// Token `t`'s outputs of the last [`run`](Self::run), one a matrix row.
+    pub fn outputs(&self, t: usize) -> &[f32] {
+        let rows = self.w.rows();
+        &self.y[t * y_stride(rows)..][..rows]
+    }
+
     /// Every row of the matrix against every token, as one task.
     pub fn run(&mut self) {
         let rows = self.w.rows();

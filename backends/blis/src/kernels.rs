@@ -8,6 +8,7 @@
 use core::ops::Range;
 
 use crate::act::Act;
+use crate::few;
 use crate::library::Library;
 use crate::matrix::Matrix;
 
@@ -25,9 +26,9 @@ fn a_stride(lib: &Library, cols: usize) -> usize {
 /// A task's room, for up to two matrices (gate and up, or down alone): their A micropanels,
 /// one KC slice of a panel's B micropanel and the results of a panel for MC tokens.
 pub struct Room<'a> {
-    a: [&'a mut [f32]; 2],
-    b: [&'a mut [f32]; 2],
-    c: [&'a mut [f32]; 2],
+    pub(crate) a: [&'a mut [f32]; 2],
+    pub(crate) b: [&'a mut [f32]; 2],
+    pub(crate) c: [&'a mut [f32]; 2],
 }
 
 /// The next 64-byte-aligned `n` floats of `bytes` and the bytes after them.
@@ -65,7 +66,8 @@ impl<'a> Room<'a> {
 /// Every (run of at most MR tokens, panel of at most NR rows) of `rows` of the matrices `ms`,
 /// each against its activations `acts` of `n` tokens, handed to `emit(t0, m, r0, nr, tiles)`:
 /// `tiles[i]` holds matrix `i`'s results, `m` rows of NR floats (the first `nr` of each row
-/// are rows `r0..r0 + nr`). `rows.start` is a multiple of NR.
+/// are rows `r0..r0 + nr`). `rows.start` is a multiple of NR. A few tokens take our own loop
+/// ([`few`]), which gives the same bits.
 pub fn for_tiles<const N: usize>(
     lib: &Library,
     ms: [&Matrix; N],
@@ -75,6 +77,9 @@ pub fn for_tiles<const N: usize>(
     room: &mut Room<'_>,
     mut emit: impl FnMut(usize, usize, usize, usize, [&[f32]; N]),
 ) {
+    if n <= few::tokens(lib) {
+        return few::for_rows(lib, ms, acts, n, rows, room, emit);
+    }
     let (mr, nr, kc) = (lib.mr, lib.nr, lib.kc);
     let cols = ms[0].cols();
     let stride = a_stride(lib, cols);
@@ -93,7 +98,7 @@ pub fn for_tiles<const N: usize>(
                 let k = kc.min(cols - k0);
                 let beta = if k0 == 0 { 0.0 } else { 1.0 };
                 for (((m, a), b), c) in ms.iter().zip(room.a.iter()).zip(room.b.iter_mut()).zip(room.c.iter_mut()) {
-                    m.micropanel(r0 / nr, (k0, k), b);
+                    m.micropanel::<0>(r0 / nr, (k0, k), b);
                     for g in 0..runs {
                         let (a, next_a) =
                             (&a[g * stride + k0 * mr..], a[((g + 1) % runs) * stride + k0 * mr..].as_ptr());

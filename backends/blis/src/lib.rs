@@ -16,6 +16,8 @@
 #[cfg(blis_system)]
 mod act;
 #[cfg(blis_system)]
+mod few;
+#[cfg(blis_system)]
 mod kernels;
 #[cfg(blis_system)]
 mod library;
@@ -38,12 +40,13 @@ pub fn registered() -> &'static [&'static dyn Backend] {
     }
 }
 
-/// The system BLIS library this build runs: `Ok((version, configuration))` (e.g. `("0.9.0",
-/// "zen3")`), or what is missing; `None` in a build without it.
-pub fn library() -> Option<Result<(String, String), &'static str>> {
+/// The system BLIS library this build runs: `Ok((version, configuration, few))` (e.g.
+/// `("0.9.0", "zen3", 4)`; `few`: the tokens up to which a task runs our own loop, which gives
+/// the microkernel's bits, 0 where it cannot), or what is missing; `None` in a build without it.
+pub fn library() -> Option<Result<(String, String, usize), &'static str>> {
     #[cfg(blis_system)]
     {
-        Some(library::Library::get().map(|l| (l.version.clone(), l.arch.clone())))
+        Some(library::Library::get().map(|l| (l.version.clone(), l.arch.clone(), few::tokens(l))))
     }
     #[cfg(not(blis_system))]
     {
@@ -199,6 +202,47 @@ mod imp {
 #[cfg(all(test, blis_system))]
 mod tests {
     kt_core::conformance_suite!(&crate::BLIS);
+
+    /// A token's results have the same bits alone, among a few tokens (our loop: `few`) and
+    /// in a batch (the microkernel), in every format: rows that end inside a panel and a group
+    /// of panels, K over three KC slices and a part of one.
+    #[test]
+    fn few_tokens_give_the_microkernels_bits() {
+        use kt_core::kernel_case::KernelCase;
+        use kt_core::{Backend, QuantMatrix, WeightFormat};
+        let lib = match crate::library::Library::get() {
+            Ok(lib) => lib,
+            Err(missing) => {
+                kt_core::skip_isa!(missing);
+                return;
+            }
+        };
+        if crate::few::tokens(lib) == 0 {
+            // (BLIS's bulldozer-family kernels: NR = 3.)
+            assert!(lib.sums.is_some(), "BLIS {} {}: its microkernel's sums were not found", lib.version, lib.arch);
+            eprintln!(
+                "skipped: BLIS {} {} has NR = {}, which the few-token loop is not built for",
+                lib.version, lib.arch, lib.nr
+            );
+            return;
+        }
+        let (rows, cols) = (5 * lib.nr + 3, 3 * lib.kc + 128);
+        let mut r = kt_core::rng::SplitMix64::new(3);
+        let w: Vec<f32> = (0..rows * cols).map(|_| r.gaussian()).collect();
+        for format in WeightFormat::ALL.into_iter().filter(|&f| crate::BLIS.serves(f, rows, cols)) {
+            let m = QuantMatrix::quantize(format, rows, cols, &w).expect("finite");
+            let mut batch = KernelCase::new(&crate::BLIS, &m, 40, 9);
+            batch.run();
+            for n in 1..=crate::few::tokens(lib) {
+                let mut few = KernelCase::new(&crate::BLIS, &m, n, 9);
+                few.run();
+                for t in 0..n {
+                    let same = few.outputs(t).iter().zip(batch.outputs(t)).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{format}: token {t} of {n} differs from the same token among 40");
+                }
+            }
+        }
+    }
 
     /// The yardstick `kt bench` reports the backend against runs BLIS's own sgemm.
     #[test]

@@ -6,6 +6,8 @@
 use core::ffi::{c_char, c_int, c_long, c_void, CStr};
 use std::sync::OnceLock;
 
+use kt_core::aligned::AlignedBuf;
+
 extern "C" {
     fn kt_blis_version() -> *const c_char;
     fn kt_blis_arch() -> *const c_char;
@@ -56,8 +58,79 @@ pub struct Library {
     pub nr: usize,
     /// K per microkernel call (KC): every output element is summed KC at a time, in order.
     pub kc: usize,
+    /// How the microkernel sums a call's products, where [`Sums::probe`] could tell: what a
+    /// loop of ours must do to give its bits.
+    pub sums: Option<Sums>,
+    /// Whether the CPU has AVX2 and FMA (our few-token loop is compiled for them there).
+    pub avx2_fma: bool,
     cntx: usize,
     ukr: usize,
+}
+
+/// How a microkernel sums `c = beta·c + a·b` over a call's `k`: each element a chain over `k`
+/// in order from zero, each step one multiply-add, then `c + chain` (`beta` = 1) or the chain
+/// (`beta` = 0).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Sums {
+    /// Each step fused, rounded once (FMA: BLIS's x86 and NEON kernels).
+    Fused,
+    /// Each step a product then a sum (a portable kernel compiled without FMA).
+    Separate,
+}
+
+impl Sums {
+    /// One chain's step.
+    #[inline(always)]
+    pub fn step<const FUSED: bool>(acc: f32, a: f32, b: f32) -> f32 {
+        if FUSED {
+            a.mul_add(b, acc)
+        } else {
+            acc + a * b
+        }
+    }
+
+    /// Which of the two gives every element of `lib`'s microkernel on random values with
+    /// spread exponents (two calls of `k` = KC and an odd `k`, the second adding to the first),
+    /// bit for bit; `None` for a kernel that sums otherwise (split chains, another order).
+    fn probe(lib: &Library) -> Option<Sums> {
+        let (mr, nr, kc) = (lib.mr, lib.nr, lib.kc);
+        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            let unit = (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
+            unit * [1.0, 3.0e-3, 7.0e2][(seed >> 20) as usize % 3]
+        };
+        let mut aligned = |len: usize| {
+            let mut buf = AlignedBuf::zeroed(4 * len);
+            bytemuck::cast_slice_mut::<u8, f32>(buf.as_mut_slice()).iter_mut().for_each(|x| *x = next());
+            buf
+        };
+        let ks = [kc, kc.min(37)];
+        let (a, b) = (aligned(kc * mr), aligned(kc * nr));
+        let (a, b): (&[f32], &[f32]) = (bytemuck::cast_slice(a.as_slice()), bytemuck::cast_slice(b.as_slice()));
+        let mut c = vec![0.0f32; mr * nr];
+        for (i, &k) in ks.iter().enumerate() {
+            let beta = if i == 0 { 0.0 } else { 1.0 };
+            // SAFETY: a and b are 64-byte aligned and hold KC·MR and KC·NR floats, c MR rows of NR.
+            unsafe { lib.sgemm((mr, nr, k), a, b, beta, &mut c, nr, (a.as_ptr(), b.as_ptr())) };
+        }
+        let ours = |fused: bool| {
+            (0..mr * nr).all(|at| {
+                let (i, j) = (at / nr, at % nr);
+                let mut out = 0.0f32;
+                for (s, &k) in ks.iter().enumerate() {
+                    let mut acc = 0.0f32;
+                    for l in 0..k {
+                        let (x, w) = (a[l * mr + i], b[l * nr + j]);
+                        acc = if fused { Sums::step::<true>(acc, x, w) } else { Sums::step::<false>(acc, x, w) };
+                    }
+                    out = if s == 0 { acc } else { out + acc };
+                }
+                out.to_bits() == c[at].to_bits()
+            })
+        };
+        [Sums::Fused, Sums::Separate].into_iter().find(|&s| ours(s == Sums::Fused))
+    }
 }
 
 impl Library {
@@ -99,15 +172,22 @@ impl Library {
                 );
             }
             let arch = text(kt_blis_arch());
-            Ok(Library {
+            let mut lib = Library {
                 version,
                 arch,
                 mr: mr as usize,
                 nr: nr as usize,
                 kc: kc as usize,
+                sums: None,
+                #[cfg(target_arch = "x86_64")]
+                avx2_fma: std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"),
+                #[cfg(not(target_arch = "x86_64"))]
+                avx2_fma: false,
                 cntx: cntx as usize,
                 ukr: ukr as usize,
-            })
+            };
+            lib.sums = Sums::probe(&lib);
+            Ok(lib)
         }
     }
 

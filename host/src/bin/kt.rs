@@ -270,7 +270,13 @@ fn info(pool: &PoolArgs) -> ExitCode {
     }
     #[cfg(feature = "blis")]
     match kt_backend_blis::library() {
-        Some(Ok((version, arch))) => println!("BLIS:        {version}, its {arch} configuration's microkernel"),
+        Some(Ok((version, arch, few))) => {
+            println!("BLIS:        {version}, its {arch} configuration's microkernel");
+            match few {
+                0 => println!("             (every task on it: its sums could not be matched by a loop of ours)"),
+                n => println!("             (tasks of up to {n} tokens on a loop of ours that sums as it does)"),
+            }
+        }
         Some(Err(missing)) => println!("BLIS:        unusable: needs {missing}"),
         None => {}
     }
