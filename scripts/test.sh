@@ -39,6 +39,8 @@ RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p kt-host --rele
 echo "== Python package kt_kernel: wheel, install into target/pyenv, pytest"
 bash scripts/python.sh
 (cd bindings/python/tests && ../../../target/pyenv/bin/python -m pytest -q)
+echo "== the wheel with the blis backend, forced, against the numpy MoE (scripts/python-blis.sh)"
+bash scripts/python-blis.sh
 echo "== mypy on the Python package (its type hints, py.typed and the native extension's stub)"
 (cd bindings/python && ../../target/pyenv/bin/python -m mypy)
 echo "== no SIMD intrinsic compiled out of line in the built extension"
