@@ -98,7 +98,7 @@ pub fn for_tiles<const N: usize>(
                 let k = kc.min(cols - k0);
                 let beta = if k0 == 0 { 0.0 } else { 1.0 };
                 for (((m, a), b), c) in ms.iter().zip(room.a.iter()).zip(room.b.iter_mut()).zip(room.c.iter_mut()) {
-                    m.micropanel::<0>(r0 / nr, (k0, k), b);
+                    fill(lib, m, r0 / nr, (k0, k), b);
                     for g in 0..runs {
                         let (a, next_a) =
                             (&a[g * stride + k0 * mr..], a[((g + 1) % runs) * stride + k0 * mr..].as_ptr());
@@ -115,5 +115,35 @@ pub fn for_tiles<const N: usize>(
                 emit(mc0 + g * mr, run(g), r0, nrl, tiles);
             }
         }
+    }
+}
+
+/// [`Matrix::micropanel`] with NR fixed at compile time where it is one of BLIS's usual ones,
+/// compiled for AVX2 and FMA where the CPU has them (found once: [`Library`]).
+fn fill(lib: &Library, m: &Matrix, p: usize, ks: (usize, usize), b: &mut [f32]) {
+    #[cfg(target_arch = "x86_64")]
+    if lib.avx2_fma {
+        // SAFETY: the CPU has AVX2 and FMA (Library::avx2_fma).
+        return unsafe { fill_avx2(lib.nr, m, p, ks, b) };
+    }
+    fill_nr(lib.nr, m, p, ks, b)
+}
+
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn fill_avx2(nr: usize, m: &Matrix, p: usize, ks: (usize, usize), b: &mut [f32]) {
+    fill_nr(nr, m, p, ks, b)
+}
+
+#[inline(always)]
+fn fill_nr(nr: usize, m: &Matrix, p: usize, ks: (usize, usize), b: &mut [f32]) {
+    match nr {
+        16 => m.micropanel::<16>(p, ks, b),
+        12 => m.micropanel::<12>(p, ks, b),
+        8 => m.micropanel::<8>(p, ks, b),
+        4 => m.micropanel::<4>(p, ks, b),
+        _ => m.micropanel::<0>(p, ks, b),
     }
 }
