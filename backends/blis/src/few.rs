@@ -5,12 +5,8 @@
 //! the same bits alone or in a batch. [`P`] panels at a time, a sub-slice of each dequantized
 //! into L1: their chains hide the multiply-add's latency.
 
-use core::ops::Range;
-
-use crate::act::Act;
-use crate::kernels::Room;
 use crate::library::{Library, Sums};
-use crate::matrix::Matrix;
+use crate::task::Task;
 
 /// Panels at a time.
 const P: usize = 4;
@@ -18,7 +14,7 @@ const P: usize = 4;
 /// Tokens up to which a task runs here rather than on the microkernel: where the
 /// microkernel's B micropanel, dequantized once per panel slice, is shared by more tokens,
 /// the microkernel's rate wins (docs/tuning.md). At most 12: a task's sums and results share
-/// a [`Room`]'s C part (`2·P·NR` floats a token of its `MC·NR`, MC ≥ 96).
+/// a [`crate::task::Room`]'s C part (`2·P·NR` floats a token of its `MC·NR`, MC ≥ 96).
 const FEW_TOKENS: usize = 4;
 
 /// Tokens up to which `lib` runs a task here: none where its microkernel's sums are unknown
@@ -30,25 +26,18 @@ pub fn tokens(lib: &Library) -> usize {
     }
 }
 
-/// [`crate::kernels::for_tiles`] for `n ≤ tokens(lib)` tokens: every panel of `rows` of the
-/// matrices `ms` against their activations `acts`, handed to `emit(0, n, r0, nr, tiles)`
-/// (`tiles[i]`: matrix `i`'s results, `n` rows of NR floats).
-pub fn for_rows<const N: usize>(
-    lib: &Library,
-    ms: [&Matrix; N],
-    acts: [&Act<'_>; N],
-    n: usize,
-    rows: Range<usize>,
-    room: &mut Room<'_>,
-    emit: impl FnMut(usize, usize, usize, usize, [&[f32]; N]),
-) {
-    debug_assert!(n <= tokens(lib));
+/// [`crate::kernels::for_tiles`] for a task of `n ≤ tokens(lib)` tokens: every panel of its
+/// rows handed to `emit(0, n, r0, nr, tiles)` (`tiles[i]`: matrix `i`'s results, `n` rows of
+/// NR floats).
+pub fn for_rows<const N: usize>(task: Task<'_, '_, '_, N>, emit: impl FnMut(usize, usize, usize, usize, [&[f32]; N])) {
+    let lib = task.lib;
+    debug_assert!(task.n <= tokens(lib));
     macro_rules! nr {
         ($($nr:literal)*) => {
             match (lib.nr, lib.sums == Some(Sums::Fused)) {
                 $(
-                    ($nr, true) => dispatch::<$nr, true, N>(lib, ms, acts, n, rows, room, emit),
-                    ($nr, false) => dispatch::<$nr, false, N>(lib, ms, acts, n, rows, room, emit),
+                    ($nr, true) => dispatch::<$nr, true, N>(task, emit),
+                    ($nr, false) => dispatch::<$nr, false, N>(task, emit),
                 )*
                 _ => unreachable!("tokens() is 0 for NR {}", lib.nr),
             }
@@ -60,20 +49,15 @@ pub fn for_rows<const N: usize>(
 /// [`run`] compiled for AVX2 and FMA where the CPU has them (found once: [`Library`]).
 #[inline(always)]
 fn dispatch<const NR: usize, const FUSED: bool, const N: usize>(
-    lib: &Library,
-    ms: [&Matrix; N],
-    acts: [&Act<'_>; N],
-    n: usize,
-    rows: Range<usize>,
-    room: &mut Room<'_>,
+    task: Task<'_, '_, '_, N>,
     emit: impl FnMut(usize, usize, usize, usize, [&[f32]; N]),
 ) {
     #[cfg(target_arch = "x86_64")]
-    if lib.avx2_fma {
+    if task.lib.avx2_fma {
         // SAFETY: the CPU has AVX2 and FMA (Library::avx2_fma).
-        return unsafe { run_avx2::<NR, FUSED, N>(lib, ms, acts, n, rows, room, emit) };
+        return unsafe { run_avx2::<NR, FUSED, N>(task, emit) };
     }
-    run::<NR, FUSED, N>(lib, ms, acts, n, rows, room, emit)
+    run::<NR, FUSED, N>(task, emit)
 }
 
 /// # Safety
@@ -81,27 +65,18 @@ fn dispatch<const NR: usize, const FUSED: bool, const N: usize>(
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn run_avx2<const NR: usize, const FUSED: bool, const N: usize>(
-    lib: &Library,
-    ms: [&Matrix; N],
-    acts: [&Act<'_>; N],
-    n: usize,
-    rows: Range<usize>,
-    room: &mut Room<'_>,
+    task: Task<'_, '_, '_, N>,
     emit: impl FnMut(usize, usize, usize, usize, [&[f32]; N]),
 ) {
-    run::<NR, FUSED, N>(lib, ms, acts, n, rows, room, emit)
+    run::<NR, FUSED, N>(task, emit)
 }
 
 #[inline(always)]
 fn run<const NR: usize, const FUSED: bool, const N: usize>(
-    lib: &Library,
-    ms: [&Matrix; N],
-    acts: [&Act<'_>; N],
-    n: usize,
-    rows: Range<usize>,
-    room: &mut Room<'_>,
+    task: Task<'_, '_, '_, N>,
     mut emit: impl FnMut(usize, usize, usize, usize, [&[f32]; N]),
 ) {
+    let Task { lib, ms, acts, n, rows, room } = task;
     let cols = ms[0].cols();
     let (kc, stride) = (lib.kc, cols.next_multiple_of(16));
     // Each token's activations in f32, as its A micropanel holds them (MR = 1).

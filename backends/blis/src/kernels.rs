@@ -5,63 +5,10 @@
 //! at a time in column order (the first slice overwriting, the next adding): the same sums
 //! whatever the task's tokens, rows or thread.
 
-use core::ops::Range;
-
-use crate::act::Act;
 use crate::few;
 use crate::library::Library;
 use crate::matrix::Matrix;
-
-/// Tokens whose A micropanels are packed at once (and whose results a panel keeps).
-fn mc(lib: &Library) -> usize {
-    lib.mr * 96usize.div_ceil(lib.mr)
-}
-
-/// Floats of one token run's A micropanel, kept a multiple of 16 (64 bytes: the
-/// microkernels' aligned loads).
-fn a_stride(lib: &Library, cols: usize) -> usize {
-    (cols * lib.mr).next_multiple_of(16)
-}
-
-/// A task's room, for up to two matrices (gate and up, or down alone): their A micropanels,
-/// one KC slice of a panel's B micropanel and the results of a panel for MC tokens.
-pub struct Room<'a> {
-    pub(crate) a: [&'a mut [f32]; 2],
-    pub(crate) b: [&'a mut [f32]; 2],
-    pub(crate) c: [&'a mut [f32]; 2],
-}
-
-/// The next 64-byte-aligned `n` floats of `bytes` and the bytes after them.
-fn carve(bytes: &mut [u8], n: usize) -> (&mut [f32], &mut [u8]) {
-    let skip = bytes.as_ptr().align_offset(64);
-    let (head, rest) = bytes[skip..].split_at_mut((4 * n).next_multiple_of(64));
-    (bytemuck::cast_slice_mut(&mut head[..4 * n]), rest)
-}
-
-/// Floats of each of a [`Room`]'s parts: (A, B, C).
-fn parts(lib: &Library, cols: usize) -> (usize, usize, usize) {
-    (mc(lib) / lib.mr * a_stride(lib, cols), lib.kc * lib.nr, mc(lib) * lib.nr)
-}
-
-/// Bytes of a [`Room`] for K = `cols`.
-pub fn room_bytes(lib: &Library, cols: usize) -> usize {
-    let (a, b, c) = parts(lib, cols);
-    4 * 2 * (a + b + c) + 7 * 64
-}
-
-impl<'a> Room<'a> {
-    /// The room in `scratch` (at least [`room_bytes`]).
-    pub fn new(lib: &Library, cols: usize, scratch: &'a mut [u8]) -> Room<'a> {
-        let (na, nb, nc) = parts(lib, cols);
-        let (a0, rest) = carve(scratch, na);
-        let (a1, rest) = carve(rest, na);
-        let (b0, rest) = carve(rest, nb);
-        let (b1, rest) = carve(rest, nb);
-        let (c0, rest) = carve(rest, nc);
-        let (c1, _) = carve(rest, nc);
-        Room { a: [a0, a1], b: [b0, b1], c: [c0, c1] }
-    }
-}
+use crate::task::{a_stride, mc, Task};
 
 /// Every (run of at most MR tokens, panel of at most NR rows) of `rows` of the matrices `ms`,
 /// each against its activations `acts` of `n` tokens, handed to `emit(t0, m, r0, nr, tiles)`:
@@ -69,17 +16,13 @@ impl<'a> Room<'a> {
 /// are rows `r0..r0 + nr`). `rows.start` is a multiple of NR. A few tokens take our own loop
 /// ([`few`]), which gives the same bits.
 pub fn for_tiles<const N: usize>(
-    lib: &Library,
-    ms: [&Matrix; N],
-    acts: [&Act<'_>; N],
-    n: usize,
-    rows: Range<usize>,
-    room: &mut Room<'_>,
+    task: Task<'_, '_, '_, N>,
     mut emit: impl FnMut(usize, usize, usize, usize, [&[f32]; N]),
 ) {
-    if n <= few::tokens(lib) {
-        return few::for_rows(lib, ms, acts, n, rows, room, emit);
+    if task.n <= few::tokens(task.lib) {
+        return few::for_rows(task, emit);
     }
+    let Task { lib, ms, acts, n, rows, room } = task;
     let (mr, nr, kc) = (lib.mr, lib.nr, lib.kc);
     let cols = ms[0].cols();
     let stride = a_stride(lib, cols);

@@ -23,6 +23,8 @@ mod kernels;
 mod library;
 #[cfg(blis_system)]
 mod matrix;
+#[cfg(blis_system)]
+mod task;
 
 use kt_core::Backend;
 
@@ -85,9 +87,10 @@ mod imp {
     use kt_core::{Backend, Error, PackedMatrix, QuantMatrix, WeightFormat};
 
     use crate::act::{self, Act};
-    use crate::kernels::{for_tiles, room_bytes, Room};
+    use crate::kernels::for_tiles;
     use crate::library::Library;
     use crate::matrix::Matrix;
+    use crate::task::{room_bytes, Room, Task};
 
     /// The BLIS backend.
     #[derive(Debug)]
@@ -165,7 +168,8 @@ mod imp {
             let au = Act::parse(up.format(), cols, n, act_up);
             let (lib, start) = (g.lib, rows.start);
             let mut room = Room::new(lib, cols, scratch);
-            for_tiles(lib, [g, u], [&ag, &au], n, rows, &mut room, |t0, m, r0, nr, [gt, ut]| {
+            let task = Task { lib, ms: [g, u], acts: [&ag, &au], n, rows, room: &mut room };
+            for_tiles(task, |t0, m, r0, nr, [gt, ut]| {
                 for i in 0..m {
                     let out = &mut h.row_mut(t0 + i)[r0 - start..r0 - start + nr];
                     for (j, o) in out.iter_mut().enumerate() {
@@ -185,7 +189,8 @@ mod imp {
             let act = Act::parse(down.format(), cols, n, a);
             let (lib, start) = (d.lib, rows.start);
             let mut room = Room::new(lib, cols, scratch);
-            for_tiles(lib, [d], [&act], n, rows, &mut room, |t0, m, r0, nr, [tile]| {
+            let task = Task { lib, ms: [d], acts: [&act], n, rows, room: &mut room };
+            for_tiles(task, |t0, m, r0, nr, [tile]| {
                 for i in 0..m {
                     y.row_mut(t0 + i)[r0 - start..r0 - start + nr].copy_from_slice(&tile[i * lib.nr..i * lib.nr + nr]);
                 }
