@@ -87,8 +87,10 @@ def test_installs_and_runs_without_hwloc_or_rust(tmp_path):
 
     # The system's libraries become unreadable (/dev/null bound over each file), the toolchain
     # directories empty: as on a machine that never had them.
+    # (Debian's own Rust, which scripts/test-aarch64.sh installs, is hidden the same way.)
     hide = sorted({os.path.realpath(p) for p in glob.glob("/usr/lib/x86_64-linux-gnu/libhwloc.so*")
-                   + glob.glob("/usr/lib/x86_64-linux-gnu/libudev.so*")})
+                   + glob.glob("/usr/lib/x86_64-linux-gnu/libudev.so*")
+                   + [p for p in ("/usr/bin/cargo", "/usr/bin/rustc", "/bin/cargo", "/bin/rustc") if os.path.exists(p)]})
     rust = [d for d in {os.environ.get("CARGO_HOME", os.path.expanduser("~/.cargo")),
                         os.environ.get("RUSTUP_HOME", os.path.expanduser("~/.rustup"))} if os.path.isdir(d)]
     script = "\n".join(
