@@ -17,11 +17,11 @@ const P: usize = 4;
 /// a [`crate::task::Room`]'s C part (`2·P·NR` floats a token of its `MC·NR`, MC ≥ 96).
 const FEW_TOKENS: usize = 4;
 
-/// Tokens up to which `lib` runs a task here: none where its microkernel's sums are unknown
-/// or its NR is not one this loop is built for.
+/// Tokens up to which `lib` runs a task here: none where its microkernel's sums are unknown,
+/// its NR is not one this loop is built for or its KC holds no two columns a panel.
 pub fn tokens(lib: &Library) -> usize {
     match (lib.sums, lib.nr) {
-        (Some(_), 4 | 8 | 12 | 16) => FEW_TOKENS,
+        (Some(_), 4 | 8 | 12 | 16) if lib.kc >= 2 * P => FEW_TOKENS,
         _ => 0,
     }
 }
