@@ -7,6 +7,7 @@ use core::ffi::{c_char, c_int, c_long, c_void, CStr};
 use std::sync::OnceLock;
 
 use kt_core::aligned::AlignedBuf;
+use kt_core::rng::SplitMix64;
 
 extern "C" {
     fn kt_blis_version() -> *const c_char;
@@ -94,11 +95,10 @@ impl Sums {
     /// bit for bit; `None` for a kernel that sums otherwise (split chains, another order).
     fn probe(lib: &Library) -> Option<Sums> {
         let (mr, nr, kc) = (lib.mr, lib.nr, lib.kc);
-        let mut seed = 0x9E37_79B9_7F4A_7C15u64;
+        let mut r = SplitMix64::new(0x9E37_79B9_7F4A_7C15);
         let mut next = || {
-            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
-            let unit = (seed >> 40) as f32 / (1u64 << 24) as f32 - 0.5;
-            unit * [1.0, 3.0e-3, 7.0e2][(seed >> 20) as usize % 3]
+            let scale = [1.0, 3.0e-3, 7.0e2][r.below(3)];
+            r.uniform(0.5) * scale
         };
         let mut aligned = |len: usize| {
             let mut buf = AlignedBuf::zeroed(4 * len);
