@@ -4,7 +4,8 @@
 
 use std::process::Command;
 
-fn main() {
+/// Prints the cfg (also run by the blis backend's build script).
+pub fn main() {
     println!("cargo:rustc-check-cfg=cfg(avx512_intrinsics)");
     println!("cargo:rerun-if-env-changed=RUSTC");
     let rustc = std::env::var("RUSTC").unwrap_or_else(|_| "rustc".into());

@@ -3,9 +3,14 @@
 //! `libblis.so.4` as separate alternatives, so with several flavours installed the library
 //! linked and the one loaded could differ; install one, as scripts/bootstrap.sh does); `cfg
 //! blis_system` then compiles the backend. `KT_BLIS_INCLUDE` and `KT_BLIS_LIB` name other
-//! directories.
+//! directories. Where rustc has the AVX-512 intrinsics (1.89), `cfg avx512_intrinsics`.
+
+/// `cfg(avx512_intrinsics)` where rustc has them stable (the one-token loop's AVX-512 lanes).
+#[path = "../avx512/build.rs"]
+mod avx512_intrinsics;
 
 fn main() {
+    avx512_intrinsics::main();
     println!("cargo::rustc-check-cfg=cfg(blis_system)");
     println!("cargo:rerun-if-env-changed=KT_BLIS_INCLUDE");
     println!("cargo:rerun-if-env-changed=KT_BLIS_LIB");

@@ -28,8 +28,12 @@ pub struct KernelCase {
 impl KernelCase {
     /// `m` packed by `backend` against `tokens` inputs of seed `seed`.
     pub fn new(backend: &'static dyn Backend, m: &QuantMatrix, tokens: usize, seed: u64) -> KernelCase {
-        let (format, rows, cols) = (m.format(), m.rows(), m.cols());
-        let w = backend.pack(m).expect("the backend serves the matrix");
+        KernelCase::packed(backend, backend.pack(m).expect("the backend serves the matrix"), tokens, seed)
+    }
+
+    /// `w`, packed by `backend` (or as it packs), against `tokens` inputs of seed `seed`.
+    pub fn packed(backend: &'static dyn Backend, w: PackedMatrix, tokens: usize, seed: u64) -> KernelCase {
+        let (format, rows, cols) = (w.format(), w.rows(), w.cols());
         let mut r = SplitMix64::new(seed);
         let x: Vec<bf16> = (0..tokens * cols).map(|_| bf16::from_f32(r.gaussian())).collect();
         let ids: Vec<u32> = (0..tokens as u32).collect();

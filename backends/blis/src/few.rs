@@ -3,9 +3,13 @@
 //! micropanel values and activations, summing in the microkernel's order (KC slices in column
 //! order, each a chain from zero, fused or not as [`Sums`] found), so a token's results have
 //! the same bits alone or in a batch. [`P`] panels at a time, a sub-slice of each dequantized
-//! into L1: their chains hide the multiply-add's latency.
+//! into L1: their chains hide the multiply-add's latency. A token alone takes [`one`]'s loop
+//! where the CPU and BLIS's configuration have one.
 
+#[cfg(target_arch = "x86_64")]
+use crate::library::Simd;
 use crate::library::{Library, Sums};
+use crate::one;
 use crate::task::Task;
 
 /// Panels at a time.
@@ -32,6 +36,9 @@ pub fn tokens(lib: &Library) -> usize {
 pub fn for_rows<const N: usize>(task: Task<'_, '_, '_, N>, emit: impl FnMut(usize, usize, usize, usize, [&[f32]; N])) {
     let lib = task.lib;
     debug_assert!(task.n <= tokens(lib));
+    if let (1, Some(panels)) = (task.n, one::panels(lib)) {
+        return one::for_rows(task, panels, emit);
+    }
     macro_rules! nr {
         ($($nr:literal)*) => {
             match (lib.nr, lib.sums == Some(Sums::Fused)) {
@@ -53,8 +60,8 @@ fn dispatch<const NR: usize, const FUSED: bool, const N: usize>(
     emit: impl FnMut(usize, usize, usize, usize, [&[f32]; N]),
 ) {
     #[cfg(target_arch = "x86_64")]
-    if task.lib.avx2_fma {
-        // SAFETY: the CPU has AVX2 and FMA (Library::avx2_fma).
+    if task.lib.simd >= Simd::Avx2 {
+        // SAFETY: the CPU has AVX2 and FMA (Library::simd).
         return unsafe { run_avx2::<NR, FUSED, N>(task, emit) };
     }
     run::<NR, FUSED, N>(task, emit)

@@ -7,6 +7,8 @@
 
 use crate::few;
 use crate::library::Library;
+#[cfg(target_arch = "x86_64")]
+use crate::library::Simd;
 use crate::matrix::Matrix;
 use crate::task::{a_stride, mc, Task};
 
@@ -65,8 +67,8 @@ pub fn for_tiles<const N: usize>(
 /// compiled for AVX2 and FMA where the CPU has them (found once: [`Library`]).
 fn fill(lib: &Library, m: &Matrix, p: usize, ks: (usize, usize), b: &mut [f32]) {
     #[cfg(target_arch = "x86_64")]
-    if lib.avx2_fma {
-        // SAFETY: the CPU has AVX2 and FMA (Library::avx2_fma).
+    if lib.simd >= Simd::Avx2 {
+        // SAFETY: the CPU has AVX2 and FMA (Library::simd).
         return unsafe { fill_avx2(lib.nr, m, p, ks, b) };
     }
     fill_nr(lib.nr, m, p, ks, b)

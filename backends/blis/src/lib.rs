@@ -20,9 +20,13 @@ mod few;
 #[cfg(blis_system)]
 mod kernels;
 #[cfg(blis_system)]
+mod lanes;
+#[cfg(blis_system)]
 mod library;
 #[cfg(blis_system)]
 mod matrix;
+#[cfg(blis_system)]
+mod one;
 #[cfg(blis_system)]
 mod task;
 
@@ -245,6 +249,53 @@ mod tests {
                     let same = few.outputs(t).iter().zip(batch.outputs(t)).all(|(a, b)| a.to_bits() == b.to_bits());
                     assert!(same, "{format}: token {t} of {n} differs from the same token among 40");
                 }
+            }
+        }
+    }
+
+    /// A token alone has the same bits on every set of lanes the one-token loop can take on
+    /// this CPU (the baseline's, AVX2's, AVX-512's), in every format.
+    #[test]
+    fn one_token_lanes_give_the_same_bits() {
+        use kt_core::kernel_case::KernelCase;
+        use kt_core::{Backend, PackedMatrix, QuantMatrix, WeightFormat};
+
+        use crate::library::{Library, Simd};
+        let lib = match Library::get() {
+            Ok(lib) => lib,
+            Err(missing) => {
+                kt_core::skip_isa!(missing);
+                return;
+            }
+        };
+        if crate::few::tokens(lib) == 0 {
+            eprintln!("skipped: BLIS {} {} runs every task on its microkernel", lib.version, lib.arch);
+            return;
+        }
+        let levels: Vec<Simd> =
+            [Simd::Baseline, Simd::Avx2, Simd::Avx512].into_iter().filter(|&s| s <= lib.simd).collect();
+        if levels.len() < 2 {
+            eprintln!("skipped: this CPU has one set of lanes for the loop ({:?})", lib.simd);
+            return;
+        }
+        let (rows, cols) = (9 * lib.nr + 5, 3 * lib.kc + 128);
+        let mut r = kt_core::rng::SplitMix64::new(5);
+        let w: Vec<f32> = (0..rows * cols).map(|_| r.gaussian()).collect();
+        for format in WeightFormat::ALL.into_iter().filter(|&f| crate::BLIS.serves(f, rows, cols)) {
+            let m = QuantMatrix::quantize(format, rows, cols, &w).expect("finite");
+            let outputs: Vec<Vec<f32>> = levels
+                .iter()
+                .map(|&simd| {
+                    let p = crate::matrix::Matrix::pack(&m, lib.with_simd(simd));
+                    let w = PackedMatrix::new("blis", format, rows, cols, p.bytes(), p);
+                    let mut case = KernelCase::packed(&crate::BLIS, w, 1, 11);
+                    case.run();
+                    case.outputs(0).to_vec()
+                })
+                .collect();
+            for (simd, out) in levels.iter().zip(&outputs).skip(1) {
+                let same = out.iter().zip(&outputs[0]).all(|(a, b)| a.to_bits() == b.to_bits());
+                assert!(same, "{format}: {simd:?}'s lanes differ from {:?}'s", levels[0]);
             }
         }
     }

@@ -46,7 +46,7 @@ const VERSIONS: [&str; 2] = ["0.9", "1."];
 pub const MAX_NR: usize = 64;
 
 /// The library found at run time.
-#[derive(Debug)]
+#[derive(Clone, Debug)]
 pub struct Library {
     /// `bli_info_get_version_str`.
     pub version: String,
@@ -62,10 +62,40 @@ pub struct Library {
     /// How the microkernel sums a call's products, where [`Sums::probe`] could tell: what a
     /// loop of ours must do to give its bits.
     pub sums: Option<Sums>,
-    /// Whether the CPU has AVX2 and FMA (our few-token loop is compiled for them there).
-    pub avx2_fma: bool,
+    /// The vector instructions our own loops (the B micropanel's fill, the few-token loop)
+    /// are compiled for.
+    #[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+    pub simd: Simd,
     cntx: usize,
     ukr: usize,
+}
+
+/// Vector instructions of this CPU that our loops are compiled for, found once.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+#[cfg_attr(not(target_arch = "x86_64"), allow(dead_code))]
+pub enum Simd {
+    /// The target's baseline (on aarch64: NEON).
+    Baseline,
+    /// x86's AVX2 and FMA.
+    Avx2,
+    /// x86's AVX-512 F (with AVX2 and FMA).
+    Avx512,
+}
+
+impl Simd {
+    fn detect() -> Simd {
+        #[cfg(target_arch = "x86_64")]
+        {
+            let avx2 = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
+            if avx2 && std::is_x86_feature_detected!("avx512f") {
+                return Simd::Avx512;
+            }
+            if avx2 {
+                return Simd::Avx2;
+            }
+        }
+        Simd::Baseline
+    }
 }
 
 /// How a microkernel sums `c = beta·c + a·b` over a call's `k`: each element a chain over `k`
@@ -179,16 +209,21 @@ impl Library {
                 nr: nr as usize,
                 kc: kc as usize,
                 sums: None,
-                #[cfg(target_arch = "x86_64")]
-                avx2_fma: std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma"),
-                #[cfg(not(target_arch = "x86_64"))]
-                avx2_fma: false,
+                simd: Simd::detect(),
                 cntx: cntx as usize,
                 ukr: ukr as usize,
             };
             lib.sums = Sums::probe(&lib);
             Ok(lib)
         }
+    }
+
+    /// This library with our loops compiled for `simd` (a level this CPU has), leaked: a
+    /// packed matrix keeps its library for the process.
+    #[cfg(test)]
+    pub fn with_simd(&self, simd: Simd) -> &'static Library {
+        assert!(simd <= self.simd, "{simd:?} is not on this CPU");
+        Box::leak(Box::new(Library { simd, ..self.clone() }))
     }
 
     /// `c[m×n] = beta·c + a·b` over `k` by the microkernel: `a` holds `k` groups of MR floats,

@@ -8,7 +8,6 @@
 //!              r1: e10 e11 e12 …   →  units, column by column, each the rows' one after another
 //! ```
 
-use kt_core::dtype::F8E4M3;
 use kt_core::format::{int4_group, int4_row, mx, FP8_BLOCK};
 use kt_core::{QuantMatrix, WeightFormat};
 
@@ -39,10 +38,54 @@ fn unit(format: WeightFormat) -> (usize, usize) {
     }
 }
 
-/// e4m3's 256 values.
-fn e4m3_table() -> &'static [f32; 256] {
-    static TABLE: std::sync::OnceLock<[f32; 256]> = std::sync::OnceLock::new();
-    TABLE.get_or_init(|| core::array::from_fn(|b| F8E4M3(b as u8).to_f32()))
+/// An e4m3 byte's value, without a table or branches (so a loop over a panel's bytes runs in
+/// vector registers): the same bits as [`kt_core::dtype::F8E4M3::to_f32`] for every byte. The
+/// byte's exponent and mantissa bits placed where an f32 keeps them, its bias moved from 7 to
+/// 127, give a normal value; a subnormal one (exponent 0), `m · 2^-9`, is made as
+/// `2^-6 · (1 + m/8) − 2^-6`, exactly and without an f32 subnormal (which slows some CPUs).
+#[inline(always)]
+pub fn e4m3(byte: u8) -> f32 {
+    let sub = byte & 0x78 == 0;
+    let bits = ((u32::from(byte) << 20) & 0x07F0_0000) + ((120 + u32::from(sub)) << 23);
+    let mag = f32::from_bits(bits) - if sub { 1.0 / 64.0 } else { 0.0 };
+    let value = f32::from_bits(mag.to_bits() | ((u32::from(byte) & 0x80) << 24));
+    if byte & 0x7F == 0x7F {
+        f32::NAN
+    } else {
+        value
+    }
+}
+
+/// A format's elements and scales as [`Matrix::read`] hands them to a [`Reader`]: element `e`
+/// of a unit's bytes is `decode(unit, e)` times `scale(row, column)`, a scale holding for
+/// `group` columns at a time (from a multiple of `group`).
+#[derive(Clone, Copy)]
+pub struct Format<D, S> {
+    pub decode: D,
+    pub group: usize,
+    pub scale: S,
+}
+
+impl<D, S: Fn(usize, usize) -> f32> Format<D, S> {
+    /// Panel `p`'s scales for column `k` (for rows past the matrix's, its last row's).
+    #[inline(always)]
+    pub fn scales(&self, m: &Matrix, p: usize, k: usize, sc: &mut [f32]) {
+        for (j, s) in sc.iter_mut().enumerate() {
+            *s = (self.scale)((p * m.nr + j).min(m.rows - 1), k);
+        }
+    }
+}
+
+/// What reads a matrix's panels with its format's [`Format`] ([`Matrix::read`]): the B
+/// micropanel's fill and the few-token loop, so both give the same values.
+pub trait Reader {
+    type Out;
+    /// Reads `m`, whose units are `UB` bytes of `PER` columns each.
+    fn read<const UB: usize, const PER: usize>(
+        self,
+        m: &Matrix,
+        f: Format<impl Fn(&[u8], usize) -> f32, impl Fn(usize, usize) -> f32>,
+    ) -> Self::Out;
 }
 
 impl Matrix {
@@ -87,6 +130,59 @@ impl Matrix {
         }
     }
 
+    /// Panel `p`'s bytes (`UB`-byte units of `PER` columns, the matrix's own).
+    #[inline(always)]
+    pub fn panel<const UB: usize, const PER: usize>(&self, p: usize) -> &[u8] {
+        let len = self.cols / PER * self.nr * UB;
+        &self.data[p * len..(p + 1) * len]
+    }
+
+    /// `reader` run with this matrix's [`Format`].
+    #[inline(always)]
+    pub fn read<R: Reader>(&self, reader: R) -> R::Out {
+        let (cols, s) = (self.cols, &self.scales[..]);
+        let per_row = |r: usize| s[r];
+        match self.format {
+            WeightFormat::Bf16 => {
+                let decode = |b: &[u8], _| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
+                reader.read::<2, 1>(self, Format { decode, group: cols, scale: |_, _| 1.0 })
+            }
+            WeightFormat::Int8Row => {
+                let decode = |b: &[u8], _| f32::from(b[0] as i8);
+                reader.read::<1, 1>(self, Format { decode, group: cols, scale: |r, _| per_row(r) })
+            }
+            WeightFormat::Fp8Channel => {
+                let decode = |b: &[u8], _| e4m3(b[0]);
+                reader.read::<1, 1>(self, Format { decode, group: cols, scale: |r, _| per_row(r) })
+            }
+            WeightFormat::Fp8Block => {
+                let (decode, blocks) = (|b: &[u8], _| e4m3(b[0]), cols.div_ceil(FP8_BLOCK));
+                let scale = |r: usize, k: usize| s[(r / FP8_BLOCK) * blocks + k / FP8_BLOCK];
+                reader.read::<1, 1>(self, Format { decode, group: FP8_BLOCK, scale })
+            }
+            WeightFormat::Mxfp8 => {
+                let (decode, blocks) = (|b: &[u8], _| e4m3(b[0]), cols / mx::MX_BLOCK);
+                let scale = |r: usize, k: usize| s[r * blocks + k / mx::MX_BLOCK];
+                reader.read::<1, 1>(self, Format { decode, group: mx::MX_BLOCK, scale })
+            }
+            WeightFormat::Int4Row => {
+                let decode = |b: &[u8], e| f32::from(int4_row::weight_i8(b, e));
+                reader.read::<1, 2>(self, Format { decode, group: cols, scale: |r, _| per_row(r) })
+            }
+            WeightFormat::Int4Group { group } => {
+                let (decode, g) = (|b: &[u8], e| f32::from(int4_group::weight_i8(b, e)), usize::from(group));
+                let scale = |r: usize, k: usize| s[r * (cols / g) + k / g];
+                reader.read::<1, 2>(self, Format { decode, group: g, scale })
+            }
+            WeightFormat::Mxfp4 => {
+                let (decode, blocks) = (|b: &[u8], e| f32::from(mx::fp4_x2(b, e)), cols / mx::MX_BLOCK);
+                let scale = |r: usize, k: usize| 0.5 * s[r * blocks + k / mx::MX_BLOCK];
+                reader.read::<1, 2>(self, Format { decode, group: mx::MX_BLOCK, scale })
+            }
+            _ => unreachable!("the blis backend serves none of GGML's types (serves)"),
+        }
+    }
+
     /// Columns `k0..k0 + kc` (`k0` and `kc` multiples of a unit's columns) of panel `p` as a
     /// B micropanel: `dst[(k − k0)·nr + j]` is row `p·nr + j`'s weight `k` (anything for rows
     /// past the matrix's, whose results are not kept).
@@ -94,72 +190,33 @@ impl Matrix {
     /// have fixed counts), 0 where not.
     #[inline(always)]
     pub fn micropanel<const NR: usize>(&self, p: usize, (k0, kc): (usize, usize), dst: &mut [f32]) {
-        let (rows, cols, nr) = (self.rows, self.cols, self.nr);
-        let s = &self.scales;
-        // Row r's scale index base, where its scales are per row or per (row, group).
-        let row_of = |j: usize| (p * nr + j).min(rows - 1);
-        match self.format {
-            WeightFormat::Bf16 => self.fill::<2, 1, NR>(
-                p,
-                k0,
-                kc,
-                dst,
-                |b, _| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16),
-                (cols, |_, _| 1.0),
-            ),
-            WeightFormat::Int8Row => {
-                self.fill::<1, 1, NR>(p, k0, kc, dst, |b, _| f32::from(b[0] as i8), (cols, |j, _| s[row_of(j)]))
-            }
-            WeightFormat::Fp8Channel => {
-                let t = e4m3_table();
-                self.fill::<1, 1, NR>(p, k0, kc, dst, |b, _| t[usize::from(b[0])], (cols, |j, _| s[row_of(j)]))
-            }
-            WeightFormat::Fp8Block => {
-                let (t, per_row) = (e4m3_table(), cols.div_ceil(FP8_BLOCK));
-                let scale = |j: usize, k: usize| s[(row_of(j) / FP8_BLOCK) * per_row + k / FP8_BLOCK];
-                self.fill::<1, 1, NR>(p, k0, kc, dst, |b, _| t[usize::from(b[0])], (FP8_BLOCK, scale))
-            }
-            WeightFormat::Mxfp8 => {
-                let (t, per_row) = (e4m3_table(), cols / mx::MX_BLOCK);
-                let scale = |j: usize, k: usize| s[row_of(j) * per_row + k / mx::MX_BLOCK];
-                self.fill::<1, 1, NR>(p, k0, kc, dst, |b, _| t[usize::from(b[0])], (mx::MX_BLOCK, scale))
-            }
-            WeightFormat::Int4Row => {
-                let scale = (cols, |j: usize, _: usize| s[row_of(j)]);
-                self.fill::<1, 2, NR>(p, k0, kc, dst, |b, e| f32::from(int4_row::weight_i8(b, e)), scale)
-            }
-            WeightFormat::Int4Group { group } => {
-                let (g, per_row) = (usize::from(group), cols / usize::from(group));
-                let scale = |j: usize, k: usize| s[row_of(j) * per_row + k / g];
-                self.fill::<1, 2, NR>(p, k0, kc, dst, |b, e| f32::from(int4_group::weight_i8(b, e)), (g, scale))
-            }
-            WeightFormat::Mxfp4 => {
-                let per_row = cols / mx::MX_BLOCK;
-                let scale = |j: usize, k: usize| 0.5 * s[row_of(j) * per_row + k / mx::MX_BLOCK];
-                self.fill::<1, 2, NR>(p, k0, kc, dst, |b, e| f32::from(mx::fp4_x2(b, e)), (mx::MX_BLOCK, scale))
-            }
-            _ => unreachable!("the blis backend serves none of GGML's types (serves)"),
-        }
+        self.read(Fill::<NR> { p, k0, kc, dst })
     }
+}
 
-    /// [`Matrix::micropanel`] for a format of `UB`-byte units of `PER` columns: element `e` of
-    /// a unit is `decode(unit, e)`, times `scale(row in panel, column)`, the same for `group`
-    /// columns at a time (read once a group into `sc`).
+/// [`Matrix::micropanel`]'s reader.
+struct Fill<'d, const NR: usize> {
+    p: usize,
+    k0: usize,
+    kc: usize,
+    dst: &'d mut [f32],
+}
+
+impl<const NR: usize> Reader for Fill<'_, NR> {
+    type Out = ();
+
     #[inline(always)]
-    fn fill<const UB: usize, const PER: usize, const NR: usize>(
-        &self,
-        p: usize,
-        k0: usize,
-        kc: usize,
-        dst: &mut [f32],
-        decode: impl Fn(&[u8], usize) -> f32,
-        (group, scale): (usize, impl Fn(usize, usize) -> f32),
+    fn read<const UB: usize, const PER: usize>(
+        self,
+        m: &Matrix,
+        f: Format<impl Fn(&[u8], usize) -> f32, impl Fn(usize, usize) -> f32>,
     ) {
-        debug_assert!(NR == 0 || NR == self.nr);
-        let (nr, units) = (if NR == 0 { self.nr } else { NR }, self.cols / PER);
+        let Fill { p, k0, kc, dst } = self;
+        debug_assert!(NR == 0 || NR == m.nr);
+        let nr = if NR == 0 { m.nr } else { NR };
         let mut sc = [0.0f32; MAX_NR];
         let sc = &mut sc[..nr];
-        let panel = &self.data[p * units * nr * UB..(p + 1) * units * nr * UB];
+        let panel = m.panel::<UB, PER>(p);
         // The column whose scales come next (a division a group, not a column).
         let mut next = k0;
         for u in k0 / PER..(k0 + kc) / PER {
@@ -167,18 +224,23 @@ impl Matrix {
             for e in 0..PER {
                 let k = u * PER + e;
                 if k == next {
-                    sc.iter_mut().enumerate().for_each(|(j, s)| *s = scale(j, k));
-                    next = (k / group + 1) * group;
+                    f.scales(m, p, k, sc);
+                    next = (k / f.group + 1) * f.group;
                 }
                 let out = &mut dst[(k - k0) * nr..(k - k0 + 1) * nr];
                 if NR == 0 {
                     for ((o, b), s) in out.iter_mut().zip(src.chunks_exact(UB)).zip(sc.iter()) {
-                        *o = decode(b, e) * s;
+                        *o = (f.decode)(b, e) * s;
                     }
                 } else {
-                    // (A fixed count: unrolled, no bounds checks.)
+                    // (A fixed count: unrolled, no bounds checks; decoded, then scaled, so the
+                    // compiler keeps both in vector registers.)
+                    let mut w = [0.0f32; NR];
                     for j in 0..NR {
-                        out[j] = decode(&src[j * UB..(j + 1) * UB], e) * sc[j];
+                        w[j] = (f.decode)(&src[j * UB..(j + 1) * UB], e);
+                    }
+                    for j in 0..NR {
+                        out[j] = w[j] * sc[j];
                     }
                 }
             }
@@ -188,7 +250,7 @@ impl Matrix {
 
 /// Brings the cache line of `byte` into L1 (a hint).
 #[inline(always)]
-fn prefetch_line(byte: &u8) {
+pub fn prefetch_line(byte: &u8) {
     #[cfg(target_arch = "x86_64")]
     // SAFETY: a prefetch reads nothing architecturally; SSE is in x86-64's baseline.
     unsafe {
@@ -202,4 +264,17 @@ fn prefetch_line(byte: &u8) {
     };
     #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
     let _ = byte;
+}
+
+#[cfg(test)]
+mod tests {
+    use kt_core::dtype::F8E4M3;
+
+    #[test]
+    fn e4m3_gives_the_bits_of_every_byte() {
+        for b in 0..=255u8 {
+            let (ours, theirs) = (super::e4m3(b), F8E4M3(b).to_f32());
+            assert_eq!(ours.to_bits(), theirs.to_bits(), "byte {b:#04x}: {ours} against {theirs}");
+        }
+    }
 }

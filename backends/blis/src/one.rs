@@ -1,0 +1,207 @@
+//! One token (decode at batch one): each panel's compact bytes decoded a column at a time
+//! straight into the chains, kept in vector registers ([`Lane`]s), without a B micropanel in
+//! between; four panels at a time. The sums are the microkernel's (KC slices in column order,
+//! each a chain of fused multiply-adds from zero, then `c + chain`), so a token has the same
+//! bits here as in a batch. Built where the lanes pay: fused sums, NR of 8, 12 or 16, AVX2 or
+//! AVX-512 (x86) or NEON (aarch64); elsewhere a token takes the few-token loop ([`crate::few`]).
+
+use crate::lanes::Lane;
+use crate::library::{Library, Sums};
+use crate::matrix::{prefetch_line, Format, Matrix, Reader};
+use crate::task::Task;
+
+/// Panels at a time: their chains hide the multiply-add's latency.
+const P: usize = 4;
+
+/// Bytes of a panel prefetched ahead of the column being summed.
+const AHEAD: usize = 1024;
+
+/// Lanes a panel's chains may take: NR ≤ 16 floats in lanes of four or more.
+const LANES: usize = 4;
+
+/// A panel group's chains for one matrix, compiled for the lanes it runs on.
+type Panels = unsafe fn(&Matrix, One<'_>);
+
+/// The loop for `lib`'s configuration, where one is built for it (chosen once a task).
+pub fn panels(lib: &Library) -> Option<Panels> {
+    if lib.sums != Some(Sums::Fused) {
+        return None;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        use crate::library::Simd;
+        use core::arch::x86_64::{__m128, __m256};
+        match (lib.simd, lib.nr) {
+            #[cfg(avx512_intrinsics)]
+            (Simd::Avx512, 16) => Some(avx512::<16, core::arch::x86_64::__m512>),
+            (Simd::Baseline, _) => None,
+            (_, 16) => Some(avx2::<16, __m256>),
+            (_, 12) => Some(avx2::<12, __m128>),
+            (_, 8) => Some(avx2::<8, __m256>),
+            _ => None,
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        match lib.nr {
+            16 => Some(neon::<16>),
+            12 => Some(neon::<12>),
+            8 => Some(neon::<8>),
+            _ => None,
+        }
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    None
+}
+
+/// # Safety
+/// The CPU has AVX-512 F.
+#[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+#[allow(clippy::incompatible_msrv)]
+#[target_feature(enable = "avx2,fma,avx512f")]
+unsafe fn avx512<const NR: usize, L: Lane>(m: &Matrix, one: One<'_>) {
+    m.read(Chains::<NR, L>(one, core::marker::PhantomData))
+}
+
+/// # Safety
+/// The CPU has AVX2 and FMA.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn avx2<const NR: usize, L: Lane>(m: &Matrix, one: One<'_>) {
+    m.read(Chains::<NR, L>(one, core::marker::PhantomData))
+}
+
+/// # Safety
+/// None: NEON is in aarch64's baseline (the signature is the x86 loops').
+#[cfg(target_arch = "aarch64")]
+unsafe fn neon<const NR: usize>(m: &Matrix, one: One<'_>) {
+    m.read(Chains::<NR, core::arch::aarch64::float32x4_t>(one, core::marker::PhantomData))
+}
+
+/// [`crate::kernels::for_tiles`] for a task of one token on `panels` (from [`panels`]).
+pub fn for_rows<const N: usize>(
+    task: Task<'_, '_, '_, N>,
+    panels: Panels,
+    mut emit: impl FnMut(usize, usize, usize, usize, [&[f32]; N]),
+) {
+    let Task { lib, ms, acts, rows, room, .. } = task;
+    let (nr, cols) = (lib.nr, ms[0].cols());
+    for (act, a) in acts.iter().zip(room.a.iter_mut()) {
+        act.micropanel(cols, (0, 1), 1, a);
+    }
+    let last = (rows.end - 1) / nr;
+    for g0 in (rows.start..rows.end).step_by(P * nr) {
+        for ((m, a), c) in ms.iter().zip(room.a.iter()).zip(room.c.iter_mut()) {
+            let one = One { p0: g0 / nr, last, kc: lib.kc, a: &a[..cols], out: &mut c[..P * nr] };
+            // SAFETY: `panels` chose the loop for this CPU (Library::simd).
+            unsafe { panels(m, one) };
+        }
+        for r0 in (g0..rows.end).step_by(nr).take(P) {
+            let at = r0 - g0;
+            let tiles: [&[f32]; N] = core::array::from_fn(|i| &room.c[i][at..at + nr]);
+            emit(0, 1, r0, nr.min(rows.end - r0), tiles);
+        }
+    }
+}
+
+/// One token's results `out[p·NR + j]` for panels `p0 + p` (those past `last` repeat it, their
+/// results unused) against its activations `a`.
+pub struct One<'x> {
+    p0: usize,
+    last: usize,
+    kc: usize,
+    a: &'x [f32],
+    out: &'x mut [f32],
+}
+
+/// [`One`] read with its matrix's format, NR rows a panel in lanes `L`.
+struct Chains<'x, const NR: usize, L>(One<'x>, core::marker::PhantomData<L>);
+
+impl<const NR: usize, L: Lane> Reader for Chains<'_, NR, L> {
+    type Out = ();
+
+    #[inline(always)]
+    fn read<const UB: usize, const PER: usize>(
+        self,
+        m: &Matrix,
+        f: Format<impl Fn(&[u8], usize) -> f32, impl Fn(usize, usize) -> f32>,
+    ) {
+        let One { p0, last, kc, a, out } = self.0;
+        let cols = m.cols();
+        let ps: [usize; P] = core::array::from_fn(|p| (p0 + p).min(last));
+        let panels: [&[u8]; P] = ps.map(|p| m.panel::<UB, PER>(p));
+        let (mut sc, mut sums) = ([[0.0f32; NR]; P], [[0.0f32; NR]; P]);
+        for k0 in (0..cols).step_by(kc) {
+            let end = cols.min(k0 + kc);
+            let mut acc = [[L::zero(); LANES]; P];
+            // The column whose scales come next (a division a group, not a column).
+            let mut next = k0;
+            // The slice's units of each panel and its activations, a unit's columns at a time.
+            let span = k0 / PER * NR * UB..end / PER * NR * UB;
+            let [s0, s1, s2, s3] = panels.map(|panel| panel[span.clone()].chunks_exact(NR * UB));
+            let units = s0.zip(s1).zip(s2).zip(s3).zip(a[k0..end].chunks_exact(PER));
+            for (i, ((((u0, u1), u2), u3), xs)) in units.enumerate() {
+                let u = k0 / PER + i;
+                let at = u * NR * UB;
+                // The first unit to start in a cache line asks for the line AHEAD bytes on.
+                if at % 64 < NR * UB {
+                    panels.iter().filter_map(|panel| panel.get(at + AHEAD)).for_each(prefetch_line);
+                }
+                // A unit's columns one by one, each with its element index known at compile
+                // time (a 4-bit unit's two nibbles decode without a select).
+                macro_rules! column_e {
+                    ($e:literal) => {{
+                        let k = u * PER + $e;
+                        if k == next {
+                            for (&p, sc) in ps.iter().zip(sc.iter_mut()) {
+                                f.scales(m, p, k, sc);
+                            }
+                            next = (k / f.group + 1) * f.group;
+                        }
+                        let (x, decode) = (L::splat(xs[$e]), |b: &[u8]| (f.decode)(b, $e));
+                        // Each panel's chains by name, not by a run-time index: kept in registers.
+                        let [a0, a1, a2, a3] = &mut acc;
+                        column::<NR, UB, L>(a0, &sc[0], u0, x, decode);
+                        column::<NR, UB, L>(a1, &sc[1], u1, x, decode);
+                        column::<NR, UB, L>(a2, &sc[2], u2, x, decode);
+                        column::<NR, UB, L>(a3, &sc[3], u3, x, decode);
+                    }};
+                }
+                column_e!(0);
+                if PER == 2 {
+                    column_e!(1);
+                }
+            }
+            for (s, acc) in sums.iter_mut().zip(&acc) {
+                let mut chains = [0.0f32; NR];
+                for (c, lane) in acc.iter().take(NR / L::W).enumerate() {
+                    lane.store(&mut chains[c * L::W..]);
+                }
+                for (s, c) in s.iter_mut().zip(chains) {
+                    *s = if k0 == 0 { c } else { *s + c };
+                }
+            }
+        }
+        out.iter_mut().zip(sums.iter().flatten()).for_each(|(o, s)| *o = *s);
+    }
+}
+
+/// One column of a panel into its chains (`NR / L::W` lanes of `acc`): row `j`'s chain steps
+/// through `x · decode(unit j) · sc[j]`. Decoded and scaled into an array first: the
+/// compiler vectorizes that loop, and the lanes load it.
+#[inline(always)]
+fn column<const NR: usize, const UB: usize, L: Lane>(
+    acc: &mut [L; LANES],
+    sc: &[f32; NR],
+    units: &[u8],
+    x: L,
+    decode: impl Fn(&[u8]) -> f32,
+) {
+    let mut w = [0.0f32; NR];
+    for j in 0..NR {
+        w[j] = decode(&units[j * UB..(j + 1) * UB]) * sc[j];
+    }
+    for c in 0..NR / L::W {
+        acc[c] = L::fma(acc[c], x, L::load(&w[c * L::W..]));
+    }
+}
