@@ -300,6 +300,39 @@ mod tests {
         }
     }
 
+    /// A BLIS_ARCH_TYPE that BLIS would abort the process on (an id past its list; knc, which
+    /// Debian's build lacks; bulldozer's FMA4 kernels, or whatever the id names elsewhere) is
+    /// refused with an error naming the variable; one it runs here (haswell) is taken. Each in a
+    /// child process of this test binary: the library is found once a process.
+    #[test]
+    #[cfg(target_arch = "x86_64")]
+    fn a_forced_configuration_blis_would_die_on_is_refused() {
+        if let Some(expect) = std::env::var_os("KT_BLIS_FORCED_EXPECT") {
+            let got = crate::library::Library::get().map(|l| l.arch.clone());
+            match (expect.to_str(), got) {
+                (Some("refused"), Err(why)) => assert!(why.contains("BLIS_ARCH_TYPE"), "{why}"),
+                (Some("taken"), Ok(_)) => {}
+                (expect, got) => panic!("expected {expect:?}, got {got:?}"),
+            }
+            return;
+        }
+        if crate::library::Library::get().is_err() || !std::is_x86_feature_detected!("avx2") {
+            eprintln!("skipped: no BLIS here, or not an x86 CPU with AVX2 (the cases are x86's)");
+            return;
+        }
+        for (id, expect) in [("99", "refused"), ("2", "refused"), ("12", "refused"), ("3", "taken"), ("-1", "taken")] {
+            let exe = std::env::current_exe().expect("the test binary");
+            let out = std::process::Command::new(exe)
+                .args(["--exact", "tests::a_forced_configuration_blis_would_die_on_is_refused", "--nocapture"])
+                .env("BLIS_ARCH_TYPE", id)
+                .env("KT_BLIS_FORCED_EXPECT", expect)
+                .output()
+                .expect("the test binary runs");
+            let text = String::from_utf8_lossy(&out.stderr);
+            assert!(out.status.success(), "BLIS_ARCH_TYPE={id}: the child ({:?}) said {text}", out.status);
+        }
+    }
+
     /// The yardstick `kt bench` reports the backend against runs BLIS's own sgemm.
     #[test]
     fn blis_sgemm_rate_is_measured() {

@@ -11,6 +11,7 @@ use kt_core::rng::SplitMix64;
 
 extern "C" {
     fn kt_blis_version() -> *const c_char;
+    fn kt_blis_forced_arch() -> *const c_char;
     fn kt_blis_arch() -> *const c_char;
     fn kt_blis_query(
         cntx: *mut *mut c_void,
@@ -163,6 +164,34 @@ impl Sums {
     }
 }
 
+/// Whether BLIS's configuration `name`, forced by BLIS_ARCH_TYPE, runs here: BLIS takes the
+/// variable on trust, aborting the process where its build lacks the configuration and dying
+/// on an illegal instruction where the CPU lacks the kernels', so only those known to be built
+/// (Debian's x86-64 and arm64 builds) and this CPU's are let through.
+fn runs_forced(name: &str) -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::is_x86_feature_detected as has;
+        match name {
+            "generic" => true,
+            "penryn" => has!("sse4.1"),
+            "sandybridge" => has!("avx"),
+            "excavator" | "steamroller" | "piledriver" => has!("avx") && has!("fma"),
+            "haswell" | "zen" | "zen2" | "zen3" => has!("avx2") && has!("fma"),
+            "skx" => has!("avx512f") && has!("avx512dq") && has!("avx512bw") && has!("avx512vl"),
+            _ => false,
+        }
+    }
+    #[cfg(target_arch = "aarch64")]
+    {
+        matches!(name, "generic" | "cortexa57" | "cortexa53")
+    }
+    #[cfg(not(any(target_arch = "x86_64", target_arch = "aarch64")))]
+    {
+        name == "generic"
+    }
+}
+
 impl Library {
     /// The library of this process, or why it cannot run here.
     pub fn get() -> Result<&'static Library, &'static str> {
@@ -184,6 +213,13 @@ impl Library {
             let version = text(kt_blis_version());
             if !VERSIONS.iter().any(|v| version.starts_with(v)) {
                 return Err("BLIS 0.9 or 1.x (the library loaded is another version)");
+            }
+            let forced = kt_blis_forced_arch();
+            if !forced.is_null() && !runs_forced(&text(forced)) {
+                return Err("BLIS_ARCH_TYPE unset, or naming a configuration of BLIS's that its Debian build \
+                            holds and whose instructions this CPU has (x86: skx, haswell, sandybridge, penryn, \
+                            zen, zen2, zen3, excavator, steamroller, piledriver; aarch64: cortexa57, cortexa53; \
+                            generic): BLIS itself aborts the process on the others");
             }
             let (mut cntx, mut ukr) = (core::ptr::null_mut(), core::ptr::null_mut());
             // (Whether the microkernel prefers row-stored C: ours is, `[token][row]`, and a

@@ -1,6 +1,7 @@
 // The parts of BLIS's API that are inline functions or macros in blis.h, as symbols Rust can
 // call: the context of the running CPU's configuration, its native f32 microkernel and block
 // sizes, and one microkernel call with its auxiliary information set up.
+#include <stdlib.h>
 #include <string.h>
 
 #include <blis.h>
@@ -9,6 +10,17 @@ typedef void (*kt_sgemm_ukr_t)(dim_t m, dim_t n, dim_t k, float* alpha, float* a
                                inc_t rs_c, inc_t cs_c, auxinfo_t* data, cntx_t* cntx);
 
 const char* kt_blis_version(void) { return bli_info_get_version_str(); }
+
+// The configuration BLIS_ARCH_TYPE forces, read as BLIS reads it (strtol), without asking BLIS
+// to take it: NULL where it forces none (unset or -1), "" where the id is past BLIS's list
+// (BLIS would abort), else the configuration's name.
+const char* kt_blis_forced_arch(void) {
+    const char* s = getenv("BLIS_ARCH_TYPE");
+    long id = s == NULL ? -1 : strtol(s, NULL, 10);
+    if (id == -1) return NULL;
+    if (id < 0 || id >= BLIS_NUM_ARCHS) return "";
+    return bli_arch_string((arch_t)id);
+}
 
 const char* kt_blis_arch(void) { return bli_arch_string(bli_arch_query_id()); }
 
