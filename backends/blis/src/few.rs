@@ -3,13 +3,13 @@
 //! micropanel values and activations, summing in the microkernel's order (KC slices in column
 //! order, each a chain from zero, fused or not as [`Sums`] found), so a token's results have
 //! the same bits alone or in a batch. [`P`] panels at a time, a sub-slice of each dequantized
-//! into L1: their chains hide the multiply-add's latency. A token alone takes [`one`]'s loop
-//! where the CPU and BLIS's configuration have one.
+//! into L1: their chains hide the multiply-add's latency. Where the CPU and BLIS's configuration
+//! have it, [`direct`]'s loop takes these tasks instead.
 
+use crate::direct;
 #[cfg(target_arch = "x86_64")]
 use crate::library::Simd;
 use crate::library::{Library, Sums};
-use crate::one;
 use crate::task::Task;
 
 /// Panels at a time.
@@ -36,8 +36,8 @@ pub fn tokens(lib: &Library) -> usize {
 pub fn for_rows<const N: usize>(task: Task<'_, '_, '_, N>, emit: impl FnMut(usize, usize, usize, usize, [&[f32]; N])) {
     let lib = task.lib;
     debug_assert!(task.n <= tokens(lib));
-    if let (1, Some(panels)) = (task.n, one::panels(lib)) {
-        return one::for_rows(task, panels, emit);
+    if let Some(panels) = direct::panels(lib).filter(|_| task.n <= direct::MAX_TOKENS) {
+        return direct::for_rows(task, panels, emit);
     }
     macro_rules! nr {
         ($($nr:literal)*) => {

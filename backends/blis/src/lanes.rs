@@ -1,4 +1,4 @@
-//! Vectors of f32 that the one-token loop ([`crate::one`]) keeps its chains in: the compiler
+//! Vectors of f32 that the direct loop ([`crate::direct`]) keeps its chains in: the compiler
 //! keeps a loop's `[f32; NR]` accumulators in memory, these in registers. A panel's NR rows
 //! are `NR / W` lanes of `W` floats.
 
@@ -16,7 +16,7 @@ pub trait Lane: Copy {
     fn fma(acc: Self, x: Self, w: Self) -> Self;
 }
 
-/// x86 lanes. Only code compiled for the lane's instructions (`one`'s `target_feature`
+/// x86 lanes. Only code compiled for the lane's instructions (`direct`'s `target_feature`
 /// functions, entered where the CPU has them) uses them.
 #[cfg(target_arch = "x86_64")]
 #[allow(clippy::incompatible_msrv)] // (AVX-512's, below)

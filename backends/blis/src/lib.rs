@@ -16,6 +16,8 @@
 #[cfg(blis_system)]
 mod act;
 #[cfg(blis_system)]
+mod direct;
+#[cfg(blis_system)]
 mod few;
 #[cfg(blis_system)]
 mod kernels;
@@ -25,8 +27,6 @@ mod lanes;
 mod library;
 #[cfg(blis_system)]
 mod matrix;
-#[cfg(blis_system)]
-mod one;
 #[cfg(blis_system)]
 mod task;
 
@@ -253,10 +253,10 @@ mod tests {
         }
     }
 
-    /// A token alone has the same bits on every set of lanes the one-token loop can take on
-    /// this CPU (the baseline's, AVX2's, AVX-512's), in every format.
+    /// A task of a few tokens has the same bits on every set of lanes the direct loop can take
+    /// on this CPU (AVX2's, AVX-512's) as on the few-token loop (the baseline), in every format.
     #[test]
-    fn one_token_lanes_give_the_same_bits() {
+    fn direct_lanes_give_the_same_bits() {
         use kt_core::kernel_case::KernelCase;
         use kt_core::{Backend, PackedMatrix, QuantMatrix, WeightFormat};
 
@@ -283,19 +283,21 @@ mod tests {
         let w: Vec<f32> = (0..rows * cols).map(|_| r.gaussian()).collect();
         for format in WeightFormat::ALL.into_iter().filter(|&f| crate::BLIS.serves(f, rows, cols)) {
             let m = QuantMatrix::quantize(format, rows, cols, &w).expect("finite");
-            let outputs: Vec<Vec<f32>> = levels
-                .iter()
-                .map(|&simd| {
-                    let p = crate::matrix::Matrix::pack(&m, lib.with_simd(simd));
-                    let w = PackedMatrix::new("blis", format, rows, cols, p.bytes(), p);
-                    let mut case = KernelCase::packed(&crate::BLIS, w, 1, 11);
-                    case.run();
-                    case.outputs(0).to_vec()
-                })
-                .collect();
-            for (simd, out) in levels.iter().zip(&outputs).skip(1) {
-                let same = out.iter().zip(&outputs[0]).all(|(a, b)| a.to_bits() == b.to_bits());
-                assert!(same, "{format}: {simd:?}'s lanes differ from {:?}'s", levels[0]);
+            for n in 1..=crate::direct::MAX_TOKENS {
+                let outputs: Vec<Vec<f32>> = levels
+                    .iter()
+                    .map(|&simd| {
+                        let p = crate::matrix::Matrix::pack(&m, lib.with_simd(simd));
+                        let w = PackedMatrix::new("blis", format, rows, cols, p.bytes(), p);
+                        let mut case = KernelCase::packed(&crate::BLIS, w, n, 11);
+                        case.run();
+                        (0..n).flat_map(|t| case.outputs(t).to_vec()).collect()
+                    })
+                    .collect();
+                for (simd, out) in levels.iter().zip(&outputs).skip(1) {
+                    let same = out.iter().zip(&outputs[0]).all(|(a, b)| a.to_bits() == b.to_bits());
+                    assert!(same, "{format}, {n} tokens: {simd:?}'s lanes differ from {:?}'s", levels[0]);
+                }
             }
         }
     }

@@ -1,4 +1,4 @@
-//! One token (decode at batch one): each panel's compact bytes decoded a column at a time
+//! Call token (decode at batch one): each panel's compact bytes decoded a column at a time
 //! straight into the chains, kept in vector registers ([`Lane`]s), without a B micropanel in
 //! between; four panels at a time. The sums are the microkernel's (KC slices in column order,
 //! each a chain of fused multiply-adds from zero, then `c + chain`), so a token has the same
@@ -20,7 +20,7 @@ const AHEAD: usize = 1024;
 const LANES: usize = 4;
 
 /// A panel group's chains for one matrix, compiled for the lanes it runs on.
-type Panels = unsafe fn(&Matrix, One<'_>);
+type Panels = unsafe fn(&Matrix, Call<'_>);
 
 /// The loop for `lib`'s configuration, where one is built for it (chosen once a task).
 pub fn panels(lib: &Library) -> Option<Panels> {
@@ -59,65 +59,85 @@ pub fn panels(lib: &Library) -> Option<Panels> {
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 #[allow(clippy::incompatible_msrv)]
 #[target_feature(enable = "avx2,fma,avx512f")]
-unsafe fn avx512<const NR: usize, L: Lane>(m: &Matrix, one: One<'_>) {
-    m.read(Chains::<NR, L>(one, core::marker::PhantomData))
+unsafe fn avx512<const NR: usize, L: Lane>(m: &Matrix, one: Call<'_>) {
+    tokens::<NR, L>(m, one)
 }
 
 /// # Safety
 /// The CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn avx2<const NR: usize, L: Lane>(m: &Matrix, one: One<'_>) {
-    m.read(Chains::<NR, L>(one, core::marker::PhantomData))
+unsafe fn avx2<const NR: usize, L: Lane>(m: &Matrix, one: Call<'_>) {
+    tokens::<NR, L>(m, one)
 }
 
 /// # Safety
 /// None: NEON is in aarch64's baseline (the signature is the x86 loops').
 #[cfg(target_arch = "aarch64")]
-unsafe fn neon<const NR: usize>(m: &Matrix, one: One<'_>) {
-    m.read(Chains::<NR, core::arch::aarch64::float32x4_t>(one, core::marker::PhantomData))
+unsafe fn neon<const NR: usize>(m: &Matrix, one: Call<'_>) {
+    tokens::<NR, core::arch::aarch64::float32x4_t>(m, one)
 }
 
-/// [`crate::kernels::for_tiles`] for a task of one token on `panels` (from [`panels`]).
+/// [`Chains`] for the task's token count, fixed at compile time (the chains' registers).
+#[inline(always)]
+fn tokens<const NR: usize, L: Lane>(m: &Matrix, one: Call<'_>) {
+    match one.n {
+        1 => m.read(Chains::<NR, L, 1>(one, core::marker::PhantomData)),
+        2 => m.read(Chains::<NR, L, 2>(one, core::marker::PhantomData)),
+        3 => m.read(Chains::<NR, L, 3>(one, core::marker::PhantomData)),
+        _ => m.read(Chains::<NR, L, 4>(one, core::marker::PhantomData)),
+    }
+}
+
+/// [`crate::kernels::for_tiles`] for a task of up to [`MAX_TOKENS`] tokens on `panels` (from
+/// [`panels`]).
 pub fn for_rows<const N: usize>(
     task: Task<'_, '_, '_, N>,
     panels: Panels,
     mut emit: impl FnMut(usize, usize, usize, usize, [&[f32]; N]),
 ) {
-    let Task { lib, ms, acts, rows, room, .. } = task;
+    let Task { lib, ms, acts, n, rows, room } = task;
+    debug_assert!((1..=MAX_TOKENS).contains(&n));
     let (nr, cols) = (lib.nr, ms[0].cols());
+    // Each token's activations in f32, one after another (the A micropanel of MR = 1).
     for (act, a) in acts.iter().zip(room.a.iter_mut()) {
-        act.micropanel(cols, (0, 1), 1, a);
+        for t in 0..n {
+            act.micropanel(cols, (t, 1), 1, &mut a[t * cols..]);
+        }
     }
     let last = (rows.end - 1) / nr;
     for g0 in (rows.start..rows.end).step_by(P * nr) {
         for ((m, a), c) in ms.iter().zip(room.a.iter()).zip(room.c.iter_mut()) {
-            let one = One { p0: g0 / nr, last, kc: lib.kc, a: &a[..cols], out: &mut c[..P * nr] };
+            let one = Call { p0: g0 / nr, last, kc: lib.kc, n, a: &a[..n * cols], out: &mut c[..P * n * nr] };
             // SAFETY: `panels` chose the loop for this CPU (Library::simd).
             unsafe { panels(m, one) };
         }
-        for r0 in (g0..rows.end).step_by(nr).take(P) {
-            let at = r0 - g0;
-            let tiles: [&[f32]; N] = core::array::from_fn(|i| &room.c[i][at..at + nr]);
-            emit(0, 1, r0, nr.min(rows.end - r0), tiles);
+        for (p, r0) in (g0..rows.end).step_by(nr).take(P).enumerate() {
+            let at = p * n * nr;
+            let tiles: [&[f32]; N] = core::array::from_fn(|i| &room.c[i][at..at + n * nr]);
+            emit(0, n, r0, nr.min(rows.end - r0), tiles);
         }
     }
 }
 
-/// One token's results `out[p·NR + j]` for panels `p0 + p` (those past `last` repeat it, their
-/// results unused) against its activations `a`.
-pub struct One<'x> {
+/// Tokens a task may have here: their chains and a column's weights fill the registers.
+pub const MAX_TOKENS: usize = 4;
+
+/// The results `out[(p·n + t)·NR + j]` of `n` tokens for panels `p0 + p` (those past `last`
+/// repeat it, their results unused) against their activations `a` (`n` rows of K).
+pub struct Call<'x> {
     p0: usize,
     last: usize,
     kc: usize,
+    n: usize,
     a: &'x [f32],
     out: &'x mut [f32],
 }
 
-/// [`One`] read with its matrix's format, NR rows a panel in lanes `L`.
-struct Chains<'x, const NR: usize, L>(One<'x>, core::marker::PhantomData<L>);
+/// [`Call`] of `T` tokens read with its matrix's format, NR rows a panel in lanes `L`.
+struct Chains<'x, const NR: usize, L, const T: usize>(Call<'x>, core::marker::PhantomData<L>);
 
-impl<const NR: usize, L: Lane> Reader for Chains<'_, NR, L> {
+impl<const NR: usize, L: Lane, const T: usize> Reader for Chains<'_, NR, L, T> {
     type Out = ();
 
     #[inline(always)]
@@ -126,21 +146,21 @@ impl<const NR: usize, L: Lane> Reader for Chains<'_, NR, L> {
         m: &Matrix,
         f: Format<impl Fn(&[u8], usize) -> f32, impl Fn(usize, usize) -> f32>,
     ) {
-        let One { p0, last, kc, a, out } = self.0;
+        let Call { p0, last, kc, a, out, .. } = self.0;
         let cols = m.cols();
         let ps: [usize; P] = core::array::from_fn(|p| (p0 + p).min(last));
         let panels: [&[u8]; P] = ps.map(|p| m.panel::<UB, PER>(p));
-        let (mut sc, mut sums) = ([[0.0f32; NR]; P], [[0.0f32; NR]; P]);
+        let (mut sc, mut sums) = ([[0.0f32; NR]; P], [[[0.0f32; NR]; T]; P]);
         for k0 in (0..cols).step_by(kc) {
             let end = cols.min(k0 + kc);
-            let mut acc = [[L::zero(); LANES]; P];
+            let mut acc = [[[L::zero(); LANES]; T]; P];
             // The column whose scales come next (a division a group, not a column).
             let mut next = k0;
             // The slice's units of each panel and its activations, a unit's columns at a time.
             let span = k0 / PER * NR * UB..end / PER * NR * UB;
             let [s0, s1, s2, s3] = panels.map(|panel| panel[span.clone()].chunks_exact(NR * UB));
-            let units = s0.zip(s1).zip(s2).zip(s3).zip(a[k0..end].chunks_exact(PER));
-            for (i, ((((u0, u1), u2), u3), xs)) in units.enumerate() {
+            let units = s0.zip(s1).zip(s2).zip(s3);
+            for (i, (((u0, u1), u2), u3)) in units.enumerate() {
                 let u = k0 / PER + i;
                 let at = u * NR * UB;
                 // The first unit to start in a cache line asks for the line AHEAD bytes on.
@@ -158,13 +178,14 @@ impl<const NR: usize, L: Lane> Reader for Chains<'_, NR, L> {
                             }
                             next = (k / f.group + 1) * f.group;
                         }
-                        let (x, decode) = (L::splat(xs[$e]), |b: &[u8]| (f.decode)(b, $e));
+                        let x: [L; T] = core::array::from_fn(|t| L::splat(a[t * cols + k]));
+                        let decode = |b: &[u8]| (f.decode)(b, $e);
                         // Each panel's chains by name, not by a run-time index: kept in registers.
                         let [a0, a1, a2, a3] = &mut acc;
-                        column::<NR, UB, L>(a0, &sc[0], u0, x, decode);
-                        column::<NR, UB, L>(a1, &sc[1], u1, x, decode);
-                        column::<NR, UB, L>(a2, &sc[2], u2, x, decode);
-                        column::<NR, UB, L>(a3, &sc[3], u3, x, decode);
+                        column::<NR, UB, L, T>(a0, &sc[0], u0, &x, decode);
+                        column::<NR, UB, L, T>(a1, &sc[1], u1, &x, decode);
+                        column::<NR, UB, L, T>(a2, &sc[2], u2, &x, decode);
+                        column::<NR, UB, L, T>(a3, &sc[3], u3, &x, decode);
                     }};
                 }
                 column_e!(0);
@@ -172,7 +193,7 @@ impl<const NR: usize, L: Lane> Reader for Chains<'_, NR, L> {
                     column_e!(1);
                 }
             }
-            for (s, acc) in sums.iter_mut().zip(&acc) {
+            for (s, acc) in sums.iter_mut().flatten().zip(acc.iter().flatten()) {
                 let mut chains = [0.0f32; NR];
                 for (c, lane) in acc.iter().take(NR / L::W).enumerate() {
                     lane.store(&mut chains[c * L::W..]);
@@ -182,19 +203,19 @@ impl<const NR: usize, L: Lane> Reader for Chains<'_, NR, L> {
                 }
             }
         }
-        out.iter_mut().zip(sums.iter().flatten()).for_each(|(o, s)| *o = *s);
+        out.iter_mut().zip(sums.iter().flatten().flatten()).for_each(|(o, s)| *o = *s);
     }
 }
 
-/// One column of a panel into its chains (`NR / L::W` lanes of `acc`): row `j`'s chain steps
-/// through `x · decode(unit j) · sc[j]`. Decoded and scaled into an array first: the
-/// compiler vectorizes that loop, and the lanes load it.
+/// Call column of a panel into the chains of `T` tokens (`NR / L::W` lanes of `acc[t]`): token
+/// `t`'s row `j` steps through `x[t] · decode(unit j) · sc[j]`. Decoded and scaled into an
+/// array first, once for every token: the compiler vectorizes that loop, and the lanes load it.
 #[inline(always)]
-fn column<const NR: usize, const UB: usize, L: Lane>(
-    acc: &mut [L; LANES],
+fn column<const NR: usize, const UB: usize, L: Lane, const T: usize>(
+    acc: &mut [[L; LANES]; T],
     sc: &[f32; NR],
     units: &[u8],
-    x: L,
+    x: &[L; T],
     decode: impl Fn(&[u8]) -> f32,
 ) {
     let mut w = [0.0f32; NR];
@@ -202,6 +223,9 @@ fn column<const NR: usize, const UB: usize, L: Lane>(
         w[j] = decode(&units[j * UB..(j + 1) * UB]) * sc[j];
     }
     for c in 0..NR / L::W {
-        acc[c] = L::fma(acc[c], x, L::load(&w[c * L::W..]));
+        let w = L::load(&w[c * L::W..]);
+        for (acc, &x) in acc.iter_mut().zip(x) {
+            acc[c] = L::fma(acc[c], x, w);
+        }
     }
 }
