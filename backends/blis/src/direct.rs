@@ -1,9 +1,10 @@
-//! Call token (decode at batch one): each panel's compact bytes decoded a column at a time
-//! straight into the chains, kept in vector registers ([`Lane`]s), without a B micropanel in
-//! between; four panels at a time. The sums are the microkernel's (KC slices in column order,
-//! each a chain of fused multiply-adds from zero, then `c + chain`), so a token has the same
-//! bits here as in a batch. Built where the lanes pay: fused sums, NR of 8, 12 or 16, AVX2 or
-//! AVX-512 (x86) or NEON (aarch64); elsewhere a token takes the few-token loop ([`crate::few`]).
+//! Up to four tokens (decode), summed straight from the decoded weights: each panel's compact
+//! bytes decoded a column at a time into vector registers and multiplied into every token's
+//! chains, which stay in registers too ([`Lane`]s), without a B micropanel in between; four
+//! panels at a time. The sums are the microkernel's (KC slices in column order, each a chain
+//! of fused multiply-adds from zero, then `c + chain`), so a token has the same bits here as
+//! in a batch. Built where the lanes pay: fused sums, NR of 8, 12 or 16, AVX2 or AVX-512 (x86)
+//! or NEON (aarch64); elsewhere such tasks take the few-token loop ([`crate::few`]).
 
 use crate::lanes::Lane;
 use crate::library::{Library, Sums};
@@ -59,33 +60,33 @@ pub fn panels(lib: &Library) -> Option<Panels> {
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 #[allow(clippy::incompatible_msrv)]
 #[target_feature(enable = "avx2,fma,avx512f")]
-unsafe fn avx512<const NR: usize, L: Lane>(m: &Matrix, one: Call<'_>) {
-    tokens::<NR, L>(m, one)
+unsafe fn avx512<const NR: usize, L: Lane>(m: &Matrix, call: Call<'_>) {
+    by_count::<NR, L>(m, call)
 }
 
 /// # Safety
 /// The CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn avx2<const NR: usize, L: Lane>(m: &Matrix, one: Call<'_>) {
-    tokens::<NR, L>(m, one)
+unsafe fn avx2<const NR: usize, L: Lane>(m: &Matrix, call: Call<'_>) {
+    by_count::<NR, L>(m, call)
 }
 
 /// # Safety
 /// None: NEON is in aarch64's baseline (the signature is the x86 loops').
 #[cfg(target_arch = "aarch64")]
-unsafe fn neon<const NR: usize>(m: &Matrix, one: Call<'_>) {
-    tokens::<NR, core::arch::aarch64::float32x4_t>(m, one)
+unsafe fn neon<const NR: usize>(m: &Matrix, call: Call<'_>) {
+    by_count::<NR, core::arch::aarch64::float32x4_t>(m, call)
 }
 
 /// [`Chains`] for the task's token count, fixed at compile time (the chains' registers).
 #[inline(always)]
-fn tokens<const NR: usize, L: Lane>(m: &Matrix, one: Call<'_>) {
-    match one.n {
-        1 => m.read(Chains::<NR, L, 1>(one, core::marker::PhantomData)),
-        2 => m.read(Chains::<NR, L, 2>(one, core::marker::PhantomData)),
-        3 => m.read(Chains::<NR, L, 3>(one, core::marker::PhantomData)),
-        _ => m.read(Chains::<NR, L, 4>(one, core::marker::PhantomData)),
+fn by_count<const NR: usize, L: Lane>(m: &Matrix, call: Call<'_>) {
+    match call.n {
+        1 => m.read(Chains::<NR, L, 1>(call, core::marker::PhantomData)),
+        2 => m.read(Chains::<NR, L, 2>(call, core::marker::PhantomData)),
+        3 => m.read(Chains::<NR, L, 3>(call, core::marker::PhantomData)),
+        _ => m.read(Chains::<NR, L, 4>(call, core::marker::PhantomData)),
     }
 }
 
@@ -108,9 +109,9 @@ pub fn for_rows<const N: usize>(
     let last = (rows.end - 1) / nr;
     for g0 in (rows.start..rows.end).step_by(P * nr) {
         for ((m, a), c) in ms.iter().zip(room.a.iter()).zip(room.c.iter_mut()) {
-            let one = Call { p0: g0 / nr, last, kc: lib.kc, n, a: &a[..n * cols], out: &mut c[..P * n * nr] };
+            let call = Call { p0: g0 / nr, last, kc: lib.kc, n, a: &a[..n * cols], out: &mut c[..P * n * nr] };
             // SAFETY: `panels` chose the loop for this CPU (Library::simd).
-            unsafe { panels(m, one) };
+            unsafe { panels(m, call) };
         }
         for (p, r0) in (g0..rows.end).step_by(nr).take(P).enumerate() {
             let at = p * n * nr;
