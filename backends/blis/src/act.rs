@@ -27,6 +27,14 @@ impl<'a> Act<'a> {
         Act::Int { q: bytemuck::cast_slice(&bytes[..rows * cols]), scales, groups }
     }
 
+    /// Tokens `0..n` each alone in f32 (an A micropanel of MR = 1), `stride` floats apart in
+    /// `dst`: what the few-token loops sum.
+    pub fn each_token(&self, cols: usize, n: usize, stride: usize, dst: &mut [f32]) {
+        for t in 0..n {
+            self.micropanel(cols, (t, 1), 1, &mut dst[t * stride..]);
+        }
+    }
+
     /// Tokens `t0..t0 + m` (m ≤ `mr`) as one A micropanel over the whole K: `dst[k·mr + i]` is
     /// token `t0 + i`'s value `k`, zero for `i ≥ m`.
     pub fn micropanel(&self, cols: usize, (t0, m): (usize, usize), mr: usize, dst: &mut [f32]) {

@@ -100,11 +100,8 @@ pub fn for_rows<const N: usize>(
     let Task { lib, ms, acts, n, rows, room } = task;
     debug_assert!((1..=MAX_TOKENS).contains(&n));
     let (nr, cols) = (lib.nr, ms[0].cols());
-    // Each token's activations in f32, one after another (the A micropanel of MR = 1).
     for (act, a) in acts.iter().zip(room.a.iter_mut()) {
-        for t in 0..n {
-            act.micropanel(cols, (t, 1), 1, &mut a[t * cols..]);
-        }
+        act.each_token(cols, n, cols, a);
     }
     let last = (rows.end - 1) / nr;
     for g0 in (rows.start..rows.end).step_by(P * nr) {

@@ -86,11 +86,8 @@ fn run<const NR: usize, const FUSED: bool, const N: usize>(
     let Task { lib, ms, acts, n, rows, room } = task;
     let cols = ms[0].cols();
     let (kc, stride) = (lib.kc, cols.next_multiple_of(16));
-    // Each token's activations in f32, as its A micropanel holds them (MR = 1).
     for (act, a) in acts.iter().zip(room.a.iter_mut()) {
-        for t in 0..n {
-            act.micropanel(cols, (t, 1), 1, &mut a[t * stride..]);
-        }
+        act.each_token(cols, n, stride, a);
     }
     // Columns of a sub-slice: P panels' B values fill the room's B part (KC·NR floats); even,
     // for int4's two columns a byte.

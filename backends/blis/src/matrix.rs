@@ -77,7 +77,7 @@ impl<D, S: Fn(usize, usize) -> f32> Format<D, S> {
 }
 
 /// What reads a matrix's panels with its format's [`Format`] ([`Matrix::read`]): the B
-/// micropanel's fill and the few-token loop, so both give the same values.
+/// micropanel's fill and the direct loop ([`crate::direct`]), so both give the same values.
 pub trait Reader {
     type Out;
     /// Reads `m`, whose units are `UB` bytes of `PER` columns each.
