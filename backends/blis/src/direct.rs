@@ -56,10 +56,10 @@ pub fn panels(lib: &Library) -> Option<Panels> {
 }
 
 /// # Safety
-/// The CPU has AVX-512 F.
+/// The CPU has AVX-512 F, BW and VL, AVX2 and FMA.
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 #[allow(clippy::incompatible_msrv)]
-#[target_feature(enable = "avx2,fma,avx512f")]
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
 unsafe fn avx512<const NR: usize, L: Lane>(m: &Matrix, call: Call<'_>) {
     by_count::<NR, L>(m, call)
 }

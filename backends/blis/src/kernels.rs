@@ -5,10 +5,10 @@
 //! at a time in column order (the first slice overwriting, the next adding): the same sums
 //! whatever the task's tokens, rows or thread.
 
+use kt_core::WeightFormat;
+
 use crate::few;
-use crate::library::Library;
-#[cfg(target_arch = "x86_64")]
-use crate::library::Simd;
+use crate::library::{Library, Simd};
 use crate::matrix::Matrix;
 use crate::task::{a_stride, mc, Task};
 
@@ -28,6 +28,7 @@ pub fn for_tiles<const N: usize>(
     let (mr, nr, kc) = (lib.mr, lib.nr, lib.kc);
     let cols = ms[0].cols();
     let stride = a_stride(lib, cols);
+    let simd = fill_simd(lib, ms[0]);
     for mc0 in (0..n).step_by(mc(lib)) {
         let tokens = mc(lib).min(n - mc0);
         let runs = tokens.div_ceil(mr);
@@ -43,7 +44,7 @@ pub fn for_tiles<const N: usize>(
                 let k = kc.min(cols - k0);
                 let beta = if k0 == 0 { 0.0 } else { 1.0 };
                 for (((m, a), b), c) in ms.iter().zip(room.a.iter()).zip(room.b.iter_mut()).zip(room.c.iter_mut()) {
-                    fill(lib, m, r0 / nr, (k0, k), b);
+                    fill(simd, nr, m, r0 / nr, (k0, k), b);
                     for g in 0..runs {
                         let (a, next_a) =
                             (&a[g * stride + k0 * mr..], a[((g + 1) % runs) * stride + k0 * mr..].as_ptr());
@@ -63,15 +64,28 @@ pub fn for_tiles<const N: usize>(
     }
 }
 
-/// [`Matrix::micropanel`] with NR fixed at compile time where it is one of BLIS's usual ones,
-/// compiled for AVX2 and FMA where the CPU has them (found once: [`Library`]).
-fn fill(lib: &Library, m: &Matrix, p: usize, ks: (usize, usize), b: &mut [f32]) {
-    #[cfg(target_arch = "x86_64")]
-    if lib.simd >= Simd::Avx2 {
-        // SAFETY: the CPU has AVX2 and FMA (Library::simd).
-        return unsafe { fill_avx2(lib.nr, m, p, ks, b) };
+/// The vectors a task's fills run on: AVX-512 for the e4m3 formats, whose decode is
+/// arithmetic (twice the weights an instruction), AVX2 and FMA for the others (where AVX-512
+/// made the prefill slower: docs/tuning.md); found once a task.
+fn fill_simd(lib: &Library, m: &Matrix) -> Simd {
+    match (lib.simd, m.format()) {
+        (Simd::Avx512, WeightFormat::Fp8Channel | WeightFormat::Fp8Block | WeightFormat::Mxfp8) => Simd::Avx512,
+        (simd, _) => simd.min(Simd::Avx2),
     }
-    fill_nr(lib.nr, m, p, ks, b)
+}
+
+/// [`Matrix::micropanel`] with NR fixed at compile time where it is one of BLIS's usual ones,
+/// compiled for `simd` ([`fill_simd`]).
+fn fill(simd: Simd, nr: usize, m: &Matrix, p: usize, ks: (usize, usize), b: &mut [f32]) {
+    match simd {
+        #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+        // SAFETY: the CPU has AVX-512 F, BW and VL, AVX2 and FMA (Library::simd).
+        Simd::Avx512 => unsafe { fill_avx512(nr, m, p, ks, b) },
+        #[cfg(target_arch = "x86_64")]
+        // SAFETY: the CPU has AVX2 and FMA (Library::simd).
+        Simd::Avx2 => unsafe { fill_avx2(nr, m, p, ks, b) },
+        _ => fill_nr(nr, m, p, ks, b),
+    }
 }
 
 /// # Safety
@@ -79,6 +93,14 @@ fn fill(lib: &Library, m: &Matrix, p: usize, ks: (usize, usize), b: &mut [f32]) 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 unsafe fn fill_avx2(nr: usize, m: &Matrix, p: usize, ks: (usize, usize), b: &mut [f32]) {
+    fill_nr(nr, m, p, ks, b)
+}
+
+/// # Safety
+/// The CPU has AVX-512 F, BW and VL, AVX2 and FMA.
+#[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
+#[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
+unsafe fn fill_avx512(nr: usize, m: &Matrix, p: usize, ks: (usize, usize), b: &mut [f32]) {
     fill_nr(nr, m, p, ks, b)
 }
 

@@ -335,6 +335,48 @@ mod tests {
         }
     }
 
+    /// e4m3 matrices holding NaN codes (0x7F, 0xFF) give NaN in those rows and every other
+    /// row's bits of the same matrix without them, on every path (the direct or few-token
+    /// loop, the microkernel).
+    #[test]
+    fn e4m3_nan_codes_give_nan_rows() {
+        use kt_core::kernel_case::KernelCase;
+        use kt_core::{QuantMatrix, WeightFormat};
+        if let Err(missing) = crate::library::Library::get() {
+            kt_core::skip_isa!(missing);
+            return;
+        }
+        let (rows, cols) = (40, 384);
+        let mut r = kt_core::rng::SplitMix64::new(5);
+        // Random codes but the NaN ones; then rows 3 and 17 given one each.
+        let clean: Vec<u8> =
+            (0..rows * cols).map(|_| (r.next_u64() % 0x7F) as u8 | (r.next_u64() as u8 & 0x80)).collect();
+        let mut nan = clean.clone();
+        (nan[3 * cols + 200], nan[17 * cols + 5]) = (0x7F, 0xFF);
+        for format in [WeightFormat::Fp8Channel, WeightFormat::Fp8Block, WeightFormat::Mxfp8] {
+            let scales = vec![if format == WeightFormat::Mxfp8 { 0.25 } else { 0.01 }; format.scale_count(rows, cols)];
+            let matrix = |data: &[u8]| {
+                QuantMatrix::from_parts(format, rows, cols, data.to_vec(), scales.clone()).expect("parts")
+            };
+            let (clean, nan) = (matrix(&clean), matrix(&nan));
+            for n in [1, 3, 40] {
+                let (mut a, mut b) =
+                    (KernelCase::new(&crate::BLIS, &clean, n, 2), KernelCase::new(&crate::BLIS, &nan, n, 2));
+                a.run();
+                b.run();
+                for t in 0..n {
+                    for (row, (x, y)) in a.outputs(t).iter().zip(b.outputs(t)).enumerate() {
+                        if row == 3 || row == 17 {
+                            assert!(y.is_nan(), "{format} n{n}: row {row} of token {t} is {y}, not NaN");
+                        } else {
+                            assert_eq!(x.to_bits(), y.to_bits(), "{format} n{n}: row {row} of token {t}");
+                        }
+                    }
+                }
+            }
+        }
+    }
+
     /// The yardstick `kt bench` reports the backend against runs BLIS's own sgemm.
     #[test]
     fn blis_sgemm_rate_is_measured() {

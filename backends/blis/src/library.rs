@@ -79,7 +79,7 @@ pub enum Simd {
     Baseline,
     /// x86's AVX2 and FMA.
     Avx2,
-    /// x86's AVX-512 F (with AVX2 and FMA).
+    /// x86's AVX-512 F, BW and VL (with AVX2 and FMA).
     Avx512,
 }
 
@@ -88,7 +88,10 @@ impl Simd {
         #[cfg(target_arch = "x86_64")]
         {
             let avx2 = std::is_x86_feature_detected!("avx2") && std::is_x86_feature_detected!("fma");
-            if avx2 && std::is_x86_feature_detected!("avx512f") {
+            let avx512 = std::is_x86_feature_detected!("avx512f")
+                && std::is_x86_feature_detected!("avx512bw")
+                && std::is_x86_feature_detected!("avx512vl");
+            if avx2 && avx512 {
                 return Simd::Avx512;
             }
             if avx2 {

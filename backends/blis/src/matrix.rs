@@ -107,6 +107,11 @@ impl Matrix {
         Matrix { lib, format, rows, cols, nr, data, scales: m.scales().to_vec() }
     }
 
+    /// The weight format.
+    pub fn format(&self) -> WeightFormat {
+        self.format
+    }
+
     /// Input columns (K).
     pub fn cols(&self) -> usize {
         self.cols
@@ -194,6 +199,10 @@ impl Matrix {
     }
 }
 
+/// Bytes of a panel the fill asks for ahead of the unit it decodes: the weights stream in
+/// from DRAM while the fill and the microkernel work.
+const FILL_AHEAD: usize = 2048;
+
 /// [`Matrix::micropanel`]'s reader.
 struct Fill<'d, const NR: usize> {
     p: usize,
@@ -217,33 +226,41 @@ impl<const NR: usize> Reader for Fill<'_, NR> {
         let mut sc = [0.0f32; MAX_NR];
         let sc = &mut sc[..nr];
         let panel = m.panel::<UB, PER>(p);
-        // The column whose scales come next (a division a group, not a column).
-        let mut next = k0;
-        for u in k0 / PER..(k0 + kc) / PER {
-            let src = &panel[u * nr * UB..(u + 1) * nr * UB];
-            for e in 0..PER {
-                let k = u * PER + e;
-                if k == next {
-                    f.scales(m, p, k, sc);
-                    next = (k / f.group + 1) * f.group;
+        let (step, at0) = (nr * UB, p * panel.len());
+        // A group's columns at a time, its scales read once (a group is whole units).
+        let mut k = k0;
+        while k < k0 + kc {
+            f.scales(m, p, k, sc);
+            let end = ((k / f.group + 1) * f.group).min(k0 + kc);
+            for u in k / PER..end / PER {
+                // The first unit to start in a cache line asks for the line FILL_AHEAD bytes
+                // on (past the panel's end: the next panel's, the task's next).
+                if u * step % 64 < step {
+                    if let Some(b) = m.data.get(at0 + u * step + FILL_AHEAD) {
+                        prefetch_line(b);
+                    }
                 }
-                let out = &mut dst[(k - k0) * nr..(k - k0 + 1) * nr];
-                if NR == 0 {
-                    for ((o, b), s) in out.iter_mut().zip(src.chunks_exact(UB)).zip(sc.iter()) {
-                        *o = (f.decode)(b, e) * s;
-                    }
-                } else {
-                    // (A fixed count: unrolled, no bounds checks; decoded, then scaled, so the
-                    // compiler keeps both in vector registers.)
-                    let mut w = [0.0f32; NR];
-                    for j in 0..NR {
-                        w[j] = (f.decode)(&src[j * UB..(j + 1) * UB], e);
-                    }
-                    for j in 0..NR {
-                        out[j] = w[j] * sc[j];
+                let src = &panel[u * step..(u + 1) * step];
+                for e in 0..PER {
+                    let out = &mut dst[(u * PER + e - k0) * nr..(u * PER + e - k0 + 1) * nr];
+                    if NR == 0 {
+                        for ((o, b), s) in out.iter_mut().zip(src.chunks_exact(UB)).zip(sc.iter()) {
+                            *o = (f.decode)(b, e) * s;
+                        }
+                    } else {
+                        // (A fixed count: unrolled, no bounds checks; decoded, then scaled, so
+                        // the compiler keeps both in vector registers.)
+                        let mut w = [0.0f32; NR];
+                        for j in 0..NR {
+                            w[j] = (f.decode)(&src[j * UB..(j + 1) * UB], e);
+                        }
+                        for j in 0..NR {
+                            out[j] = w[j] * sc[j];
+                        }
                     }
                 }
             }
+            k = end;
         }
     }
 }
