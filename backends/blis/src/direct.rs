@@ -20,8 +20,17 @@ const AHEAD: usize = 1024;
 /// Lanes a panel's chains may take: NR ≤ 16 floats in lanes of four or more.
 const LANES: usize = 4;
 
-/// A panel group's chains for one matrix, compiled for the lanes it runs on.
-type Panels = unsafe fn(&Matrix, Call<'_>);
+/// A panel group's chains for one matrix, compiled for the lanes it runs on: one loop for each
+/// token count (fixed at compile time: the chains' registers), a function each (so each is
+/// optimized apart).
+type Panels = [unsafe fn(&Matrix, Call<'_>); MAX_TOKENS];
+
+/// [`Panels`] of the loop `$f` for `NR` = `$nr` in lanes `$l`.
+macro_rules! counts {
+    ($f:ident, $nr:literal, $l:ty) => {
+        [$f::<$nr, $l, 1>, $f::<$nr, $l, 2>, $f::<$nr, $l, 3>, $f::<$nr, $l, 4>]
+    };
+}
 
 /// The loop for `lib`'s configuration, where one is built for it (chosen once a task).
 pub fn panels(lib: &Library) -> Option<Panels> {
@@ -34,20 +43,20 @@ pub fn panels(lib: &Library) -> Option<Panels> {
         use core::arch::x86_64::{__m128, __m256};
         match (lib.simd, lib.nr) {
             #[cfg(avx512_intrinsics)]
-            (Simd::Avx512, 16) => Some(avx512::<16, core::arch::x86_64::__m512>),
+            (Simd::Avx512, 16) => Some(counts!(avx512, 16, core::arch::x86_64::__m512)),
             (Simd::Baseline, _) => None,
-            (_, 16) => Some(avx2::<16, __m256>),
-            (_, 12) => Some(avx2::<12, __m128>),
-            (_, 8) => Some(avx2::<8, __m256>),
+            (_, 16) => Some(counts!(avx2, 16, __m256)),
+            (_, 12) => Some(counts!(avx2, 12, __m128)),
+            (_, 8) => Some(counts!(avx2, 8, __m256)),
             _ => None,
         }
     }
     #[cfg(target_arch = "aarch64")]
     {
         match lib.nr {
-            16 => Some(neon::<16>),
-            12 => Some(neon::<12>),
-            8 => Some(neon::<8>),
+            16 => Some(counts!(neon, 16, core::arch::aarch64::float32x4_t)),
+            12 => Some(counts!(neon, 12, core::arch::aarch64::float32x4_t)),
+            8 => Some(counts!(neon, 8, core::arch::aarch64::float32x4_t)),
             _ => None,
         }
     }
@@ -60,34 +69,23 @@ pub fn panels(lib: &Library) -> Option<Panels> {
 #[cfg(all(target_arch = "x86_64", avx512_intrinsics))]
 #[allow(clippy::incompatible_msrv)]
 #[target_feature(enable = "avx2,fma,avx512f,avx512bw,avx512vl")]
-unsafe fn avx512<const NR: usize, L: Lane>(m: &Matrix, call: Call<'_>) {
-    by_count::<NR, L>(m, call)
+unsafe fn avx512<const NR: usize, L: Lane, const T: usize>(m: &Matrix, call: Call<'_>) {
+    m.read(Chains::<NR, L, T>(call, core::marker::PhantomData))
 }
 
 /// # Safety
 /// The CPU has AVX2 and FMA.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-unsafe fn avx2<const NR: usize, L: Lane>(m: &Matrix, call: Call<'_>) {
-    by_count::<NR, L>(m, call)
+unsafe fn avx2<const NR: usize, L: Lane, const T: usize>(m: &Matrix, call: Call<'_>) {
+    m.read(Chains::<NR, L, T>(call, core::marker::PhantomData))
 }
 
 /// # Safety
 /// None: NEON is in aarch64's baseline (the signature is the x86 loops').
 #[cfg(target_arch = "aarch64")]
-unsafe fn neon<const NR: usize>(m: &Matrix, call: Call<'_>) {
-    by_count::<NR, core::arch::aarch64::float32x4_t>(m, call)
-}
-
-/// [`Chains`] for the task's token count, fixed at compile time (the chains' registers).
-#[inline(always)]
-fn by_count<const NR: usize, L: Lane>(m: &Matrix, call: Call<'_>) {
-    match call.n {
-        1 => m.read(Chains::<NR, L, 1>(call, core::marker::PhantomData)),
-        2 => m.read(Chains::<NR, L, 2>(call, core::marker::PhantomData)),
-        3 => m.read(Chains::<NR, L, 3>(call, core::marker::PhantomData)),
-        _ => m.read(Chains::<NR, L, 4>(call, core::marker::PhantomData)),
-    }
+unsafe fn neon<const NR: usize, L: Lane, const T: usize>(m: &Matrix, call: Call<'_>) {
+    m.read(Chains::<NR, L, T>(call, core::marker::PhantomData))
 }
 
 /// [`crate::kernels::for_tiles`] for a task of up to [`MAX_TOKENS`] tokens on `panels` (from
@@ -106,9 +104,9 @@ pub fn for_rows<const N: usize>(
     let last = (rows.end - 1) / nr;
     for g0 in (rows.start..rows.end).step_by(P * nr) {
         for ((m, a), c) in ms.iter().zip(room.a.iter()).zip(room.c.iter_mut()) {
-            let call = Call { p0: g0 / nr, last, kc: lib.kc, n, a: &a[..n * cols], out: &mut c[..P * n * nr] };
+            let call = Call { p0: g0 / nr, last, kc: lib.kc, a: &a[..n * cols], out: &mut c[..P * n * nr] };
             // SAFETY: `panels` chose the loop for this CPU (Library::simd).
-            unsafe { panels(m, call) };
+            unsafe { panels[n - 1](m, call) };
         }
         for (p, r0) in (g0..rows.end).step_by(nr).take(P).enumerate() {
             let at = p * n * nr;
@@ -121,13 +119,12 @@ pub fn for_rows<const N: usize>(
 /// Tokens a task may have here: their chains and a column's weights fill the registers.
 pub const MAX_TOKENS: usize = 4;
 
-/// The results `out[(p·n + t)·NR + j]` of `n` tokens for panels `p0 + p` (those past `last`
-/// repeat it, their results unused) against their activations `a` (`n` rows of K).
+/// The results `out[(p·T + t)·NR + j]` of the loop's `T` tokens for panels `p0 + p` (those past
+/// `last` repeat it, their results unused) against their activations `a` (`T` rows of K).
 pub struct Call<'x> {
     p0: usize,
     last: usize,
     kc: usize,
-    n: usize,
     a: &'x [f32],
     out: &'x mut [f32],
 }

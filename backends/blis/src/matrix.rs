@@ -27,6 +27,8 @@ pub struct Matrix {
     data: Vec<u8>,
     /// The format's scales, as [`QuantMatrix::scales`] lays them out.
     scales: Vec<f32>,
+    /// Whether an e4m3 matrix holds a NaN code (its reads then decode them: [`e4m3`]).
+    nan: bool,
 }
 
 /// (bytes per unit, columns per unit) of a format.
@@ -39,17 +41,19 @@ fn unit(format: WeightFormat) -> (usize, usize) {
 }
 
 /// An e4m3 byte's value, without a table or branches (so a loop over a panel's bytes runs in
-/// vector registers): the same bits as [`kt_core::dtype::F8E4M3::to_f32`] for every byte. The
+/// vector registers): the same bits as [`kt_core::dtype::F8E4M3::to_f32`] for every byte, or,
+/// without `NAN`, for every byte but the NaN codes 0x7F and 0xFF (±480 then: for matrices
+/// found at pack time to hold none, which saves a compare and a select a weight). The
 /// byte's exponent and mantissa bits placed where an f32 keeps them, its bias moved from 7 to
 /// 127, give a normal value; a subnormal one (exponent 0), `m · 2^-9`, is made as
 /// `2^-6 · (1 + m/8) − 2^-6`, exactly and without an f32 subnormal (which slows some CPUs).
 #[inline(always)]
-pub fn e4m3(byte: u8) -> f32 {
+pub fn e4m3<const NAN: bool>(byte: u8) -> f32 {
     let sub = byte & 0x78 == 0;
     let bits = ((u32::from(byte) << 20) & 0x07F0_0000) + ((120 + u32::from(sub)) << 23);
     let mag = f32::from_bits(bits) - if sub { 1.0 / 64.0 } else { 0.0 };
     let value = f32::from_bits(mag.to_bits() | ((u32::from(byte) & 0x80) << 24));
-    if byte & 0x7F == 0x7F {
+    if NAN && byte & 0x7F == 0x7F {
         f32::NAN
     } else {
         value
@@ -104,7 +108,9 @@ impl Matrix {
                 data[at..at + ub].copy_from_slice(&src[u * ub..(u + 1) * ub]);
             }
         }
-        Matrix { lib, format, rows, cols, nr, data, scales: m.scales().to_vec() }
+        let e4m3 = matches!(format, WeightFormat::Fp8Channel | WeightFormat::Fp8Block | WeightFormat::Mxfp8);
+        let nan = e4m3 && data.iter().any(|b| b & 0x7F == 0x7F);
+        Matrix { lib, format, rows, cols, nr, data, scales: m.scales().to_vec(), nan }
     }
 
     /// The weight format.
@@ -156,19 +162,11 @@ impl Matrix {
                 let decode = |b: &[u8], _| f32::from(b[0] as i8);
                 reader.read::<1, 1>(self, Format { decode, group: cols, scale: |r, _| per_row(r) })
             }
-            WeightFormat::Fp8Channel => {
-                let decode = |b: &[u8], _| e4m3(b[0]);
-                reader.read::<1, 1>(self, Format { decode, group: cols, scale: |r, _| per_row(r) })
+            WeightFormat::Fp8Channel | WeightFormat::Fp8Block | WeightFormat::Mxfp8 if self.nan => {
+                self.read_e4m3::<R, true>(reader)
             }
-            WeightFormat::Fp8Block => {
-                let (decode, blocks) = (|b: &[u8], _| e4m3(b[0]), cols.div_ceil(FP8_BLOCK));
-                let scale = |r: usize, k: usize| s[(r / FP8_BLOCK) * blocks + k / FP8_BLOCK];
-                reader.read::<1, 1>(self, Format { decode, group: FP8_BLOCK, scale })
-            }
-            WeightFormat::Mxfp8 => {
-                let (decode, blocks) = (|b: &[u8], _| e4m3(b[0]), cols / mx::MX_BLOCK);
-                let scale = |r: usize, k: usize| s[r * blocks + k / mx::MX_BLOCK];
-                reader.read::<1, 1>(self, Format { decode, group: mx::MX_BLOCK, scale })
+            WeightFormat::Fp8Channel | WeightFormat::Fp8Block | WeightFormat::Mxfp8 => {
+                self.read_e4m3::<R, false>(reader)
             }
             WeightFormat::Int4Row => {
                 let decode = |b: &[u8], e| f32::from(int4_row::weight_i8(b, e));
@@ -185,6 +183,25 @@ impl Matrix {
                 reader.read::<1, 2>(self, Format { decode, group: mx::MX_BLOCK, scale })
             }
             _ => unreachable!("the blis backend serves none of GGML's types (serves)"),
+        }
+    }
+
+    /// [`Matrix::read`] of an e4m3 format, its bytes decoded by [`e4m3`]`::<NAN>`.
+    #[inline(always)]
+    fn read_e4m3<R: Reader, const NAN: bool>(&self, reader: R) -> R::Out {
+        let (cols, s, decode) = (self.cols, &self.scales[..], |b: &[u8], _| e4m3::<NAN>(b[0]));
+        match self.format {
+            WeightFormat::Fp8Channel => reader.read::<1, 1>(self, Format { decode, group: cols, scale: |r, _| s[r] }),
+            WeightFormat::Fp8Block => {
+                let blocks = cols.div_ceil(FP8_BLOCK);
+                let scale = |r: usize, k: usize| s[(r / FP8_BLOCK) * blocks + k / FP8_BLOCK];
+                reader.read::<1, 1>(self, Format { decode, group: FP8_BLOCK, scale })
+            }
+            _ => {
+                let blocks = cols / mx::MX_BLOCK;
+                let scale = |r: usize, k: usize| s[r * blocks + k / mx::MX_BLOCK];
+                reader.read::<1, 1>(self, Format { decode, group: mx::MX_BLOCK, scale })
+            }
         }
     }
 
@@ -290,8 +307,11 @@ mod tests {
     #[test]
     fn e4m3_gives_the_bits_of_every_byte() {
         for b in 0..=255u8 {
-            let (ours, theirs) = (super::e4m3(b), F8E4M3(b).to_f32());
+            let (ours, theirs) = (super::e4m3::<true>(b), F8E4M3(b).to_f32());
             assert_eq!(ours.to_bits(), theirs.to_bits(), "byte {b:#04x}: {ours} against {theirs}");
+            if b & 0x7F != 0x7F {
+                assert_eq!(super::e4m3::<false>(b).to_bits(), theirs.to_bits(), "byte {b:#04x} without NaN codes");
+            }
         }
     }
 }
