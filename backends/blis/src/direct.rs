@@ -177,10 +177,11 @@ impl<const NR: usize, L: Lane, const T: usize> Reader for Chains<'_, NR, L, T> {
                         let decode = |b: &[u8]| (f.decode)(b, $e);
                         // Each panel's chains by name, not by a run-time index: kept in registers.
                         let [a0, a1, a2, a3] = &mut acc;
-                        column::<NR, UB, L, T>(a0, &sc[0], u0, &x, decode);
-                        column::<NR, UB, L, T>(a1, &sc[1], u1, &x, decode);
-                        column::<NR, UB, L, T>(a2, &sc[2], u2, &x, decode);
-                        column::<NR, UB, L, T>(a3, &sc[3], u3, &x, decode);
+                        let sc = sc.each_ref().map(|sc| f.scaled().then_some(sc));
+                        column::<NR, UB, L, T>(a0, sc[0], u0, &x, decode);
+                        column::<NR, UB, L, T>(a1, sc[1], u1, &x, decode);
+                        column::<NR, UB, L, T>(a2, sc[2], u2, &x, decode);
+                        column::<NR, UB, L, T>(a3, sc[3], u3, &x, decode);
                     }};
                 }
                 column_e!(0);
@@ -203,19 +204,21 @@ impl<const NR: usize, L: Lane, const T: usize> Reader for Chains<'_, NR, L, T> {
 }
 
 /// Call column of a panel into the chains of `T` tokens (`NR / L::W` lanes of `acc[t]`): token
-/// `t`'s row `j` steps through `x[t] · decode(unit j) · sc[j]`. Decoded and scaled into an
+/// `t`'s row `j` steps through `x[t] · decode(unit j) · sc[j]` (without `sc`: an unscaled
+/// format's `x[t] · decode(unit j)`). Decoded and scaled into an
 /// array first, once for every token: the compiler vectorizes that loop, and the lanes load it.
 #[inline(always)]
 fn column<const NR: usize, const UB: usize, L: Lane, const T: usize>(
     acc: &mut [[L; LANES]; T],
-    sc: &[f32; NR],
+    sc: Option<&[f32; NR]>,
     units: &[u8],
     x: &[L; T],
     decode: impl Fn(&[u8]) -> f32,
 ) {
     let mut w = [0.0f32; NR];
     for j in 0..NR {
-        w[j] = decode(&units[j * UB..(j + 1) * UB]) * sc[j];
+        let e = decode(&units[j * UB..(j + 1) * UB]);
+        w[j] = sc.map_or(e, |sc| e * sc[j]);
     }
     for c in 0..NR / L::W {
         let w = L::load(&w[c * L::W..]);

@@ -177,9 +177,10 @@ mod imp {
                 for i in 0..m {
                     let out = &mut h.row_mut(t0 + i)[r0 - start..r0 - start + nr];
                     for (j, o) in out.iter_mut().enumerate() {
-                        let (mut gv, mut uv) = ([gt[i * lib.nr + j]], [ut[i * lib.nr + j]]);
+                        let (r, at) = (r0 + j, i * lib.nr + j);
+                        let (mut gv, mut uv) = ([gt[at] * g.out_scale(r)], [ut[at] * u.out_scale(r)]);
                         if let Some(b) = bias {
-                            b.add(r0 + j, 0..1, &mut gv, &mut uv);
+                            b.add(r, 0..1, &mut gv, &mut uv);
                         }
                         *o = glu.apply(gv[0], uv[0]);
                     }
@@ -196,7 +197,10 @@ mod imp {
             let task = Task { lib, ms: [d], acts: [&act], n, rows, room: &mut room };
             for_tiles(task, |t0, m, r0, nr, [tile]| {
                 for i in 0..m {
-                    y.row_mut(t0 + i)[r0 - start..r0 - start + nr].copy_from_slice(&tile[i * lib.nr..i * lib.nr + nr]);
+                    let out = &mut y.row_mut(t0 + i)[r0 - start..r0 - start + nr];
+                    for (j, (o, t)) in out.iter_mut().zip(&tile[i * lib.nr..]).enumerate() {
+                        *o = t * d.out_scale(r0 + j);
+                    }
                 }
             });
         }

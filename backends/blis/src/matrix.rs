@@ -62,20 +62,31 @@ pub fn e4m3<const NAN: bool>(byte: u8) -> f32 {
 
 /// A format's elements and scales as [`Matrix::read`] hands them to a [`Reader`]: element `e`
 /// of a unit's bytes is `decode(unit, e)` times `scale(row, column)`, a scale holding for
-/// `group` columns at a time (from a multiple of `group`).
+/// `group` columns at a time (from a multiple of `group`), or no scale: bf16, and the per-row
+/// formats, whose scale multiplies the results instead ([`Matrix::out_scale`]: one multiply a
+/// result, not a weight).
 #[derive(Clone, Copy)]
 pub struct Format<D, S> {
     pub decode: D,
     pub group: usize,
-    pub scale: S,
+    pub scale: Option<S>,
 }
 
 impl<D, S: Fn(usize, usize) -> f32> Format<D, S> {
-    /// Panel `p`'s scales for column `k` (for rows past the matrix's, its last row's).
+    /// Whether the elements are multiplied by a scale.
+    #[inline(always)]
+    pub fn scaled(&self) -> bool {
+        self.scale.is_some()
+    }
+
+    /// Panel `p`'s scales for column `k` (for rows past the matrix's, its last row's), where
+    /// the format has them.
     #[inline(always)]
     pub fn scales(&self, m: &Matrix, p: usize, k: usize, sc: &mut [f32]) {
-        for (j, s) in sc.iter_mut().enumerate() {
-            *s = (self.scale)((p * m.nr + j).min(m.rows - 1), k);
+        if let Some(scale) = &self.scale {
+            for (j, s) in sc.iter_mut().enumerate() {
+                *s = scale((p * m.nr + j).min(m.rows - 1), k);
+            }
         }
     }
 }
@@ -118,6 +129,16 @@ impl Matrix {
         self.format
     }
 
+    /// The factor row `r`'s sums are multiplied by: its scale in the per-row formats (which
+    /// [`Matrix::read`] leaves out of the elements), 1 in the others.
+    #[inline(always)]
+    pub fn out_scale(&self, r: usize) -> f32 {
+        match self.format {
+            WeightFormat::Int8Row | WeightFormat::Int4Row | WeightFormat::Fp8Channel => self.scales[r],
+            _ => 1.0,
+        }
+    }
+
     /// Input columns (K).
     pub fn cols(&self) -> usize {
         self.cols
@@ -152,15 +173,15 @@ impl Matrix {
     #[inline(always)]
     pub fn read<R: Reader>(&self, reader: R) -> R::Out {
         let (cols, s) = (self.cols, &self.scales[..]);
-        let per_row = |r: usize| s[r];
+        let none = None::<fn(usize, usize) -> f32>;
         match self.format {
             WeightFormat::Bf16 => {
                 let decode = |b: &[u8], _| f32::from_bits(u32::from(u16::from_le_bytes([b[0], b[1]])) << 16);
-                reader.read::<2, 1>(self, Format { decode, group: cols, scale: |_, _| 1.0 })
+                reader.read::<2, 1>(self, Format { decode, group: cols, scale: none })
             }
             WeightFormat::Int8Row => {
                 let decode = |b: &[u8], _| f32::from(b[0] as i8);
-                reader.read::<1, 1>(self, Format { decode, group: cols, scale: |r, _| per_row(r) })
+                reader.read::<1, 1>(self, Format { decode, group: cols, scale: none })
             }
             WeightFormat::Fp8Channel | WeightFormat::Fp8Block | WeightFormat::Mxfp8 if self.nan => {
                 self.read_e4m3::<R, true>(reader)
@@ -170,17 +191,17 @@ impl Matrix {
             }
             WeightFormat::Int4Row => {
                 let decode = |b: &[u8], e| f32::from(int4_row::weight_i8(b, e));
-                reader.read::<1, 2>(self, Format { decode, group: cols, scale: |r, _| per_row(r) })
+                reader.read::<1, 2>(self, Format { decode, group: cols, scale: none })
             }
             WeightFormat::Int4Group { group } => {
                 let (decode, g) = (|b: &[u8], e| f32::from(int4_group::weight_i8(b, e)), usize::from(group));
                 let scale = |r: usize, k: usize| s[r * (cols / g) + k / g];
-                reader.read::<1, 2>(self, Format { decode, group: g, scale })
+                reader.read::<1, 2>(self, Format { decode, group: g, scale: Some(scale) })
             }
             WeightFormat::Mxfp4 => {
                 let (decode, blocks) = (|b: &[u8], e| f32::from(mx::fp4_x2(b, e)), cols / mx::MX_BLOCK);
                 let scale = |r: usize, k: usize| 0.5 * s[r * blocks + k / mx::MX_BLOCK];
-                reader.read::<1, 2>(self, Format { decode, group: mx::MX_BLOCK, scale })
+                reader.read::<1, 2>(self, Format { decode, group: mx::MX_BLOCK, scale: Some(scale) })
             }
             _ => unreachable!("the blis backend serves none of GGML's types (serves)"),
         }
@@ -191,16 +212,18 @@ impl Matrix {
     fn read_e4m3<R: Reader, const NAN: bool>(&self, reader: R) -> R::Out {
         let (cols, s, decode) = (self.cols, &self.scales[..], |b: &[u8], _| e4m3::<NAN>(b[0]));
         match self.format {
-            WeightFormat::Fp8Channel => reader.read::<1, 1>(self, Format { decode, group: cols, scale: |r, _| s[r] }),
+            WeightFormat::Fp8Channel => {
+                reader.read::<1, 1>(self, Format { decode, group: cols, scale: None::<fn(usize, usize) -> f32> })
+            }
             WeightFormat::Fp8Block => {
                 let blocks = cols.div_ceil(FP8_BLOCK);
                 let scale = |r: usize, k: usize| s[(r / FP8_BLOCK) * blocks + k / FP8_BLOCK];
-                reader.read::<1, 1>(self, Format { decode, group: FP8_BLOCK, scale })
+                reader.read::<1, 1>(self, Format { decode, group: FP8_BLOCK, scale: Some(scale) })
             }
             _ => {
                 let blocks = cols / mx::MX_BLOCK;
                 let scale = |r: usize, k: usize| s[r * blocks + k / mx::MX_BLOCK];
-                reader.read::<1, 1>(self, Format { decode, group: mx::MX_BLOCK, scale })
+                reader.read::<1, 1>(self, Format { decode, group: mx::MX_BLOCK, scale: Some(scale) })
             }
         }
     }
@@ -262,7 +285,10 @@ impl<const NR: usize> Reader for Fill<'_, NR> {
                     let out = &mut dst[(u * PER + e - k0) * nr..(u * PER + e - k0 + 1) * nr];
                     if NR == 0 {
                         for ((o, b), s) in out.iter_mut().zip(src.chunks_exact(UB)).zip(sc.iter()) {
-                            *o = (f.decode)(b, e) * s;
+                            *o = (f.decode)(b, e);
+                            if f.scaled() {
+                                *o *= s;
+                            }
                         }
                     } else {
                         // (A fixed count: unrolled, no bounds checks; decoded, then scaled, so
@@ -272,7 +298,7 @@ impl<const NR: usize> Reader for Fill<'_, NR> {
                             w[j] = (f.decode)(&src[j * UB..(j + 1) * UB], e);
                         }
                         for j in 0..NR {
-                            out[j] = w[j] * sc[j];
+                            out[j] = if f.scaled() { w[j] * sc[j] } else { w[j] };
                         }
                     }
                 }
