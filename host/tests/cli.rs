@@ -255,6 +255,8 @@ fn bad_bench_input_is_one_line_and_exit_2() {
         (&["info", "--threads", "0"][..], "--threads"),
         (&["bench", "--threads", "1", "--numa-parts", "2"][..], "2 NUMA parts"),
         (&["bench", "--preset", "deepseek-v3", "--layers", "20", "--method", "bf16"][..], "GB"),
+        (&["bench", "--preset", "kimi-k2", "--layers", "20", "--method", "int4-g32"][..], "GB"),
+        (&["bench", "--preset", "gpt-oss-120b", "--method", "int4-g128"][..], "multiple of 128"),
         (&["bench", "--experts", "8", "--tokens", "50000000"][..], "--tokens"),
         (&["bench", "--nonsense"][..], "--nonsense"),
         (&["bench", "--sft", "0", "--hidden", "256", "--intermediate", "128"][..], "positive LoRA rank"),

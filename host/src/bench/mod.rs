@@ -52,10 +52,13 @@ pub struct Preset {
 }
 
 /// The shapes `--preset` knows.
-pub const PRESETS: [Preset; 4] = [
+pub const PRESETS: [Preset; 6] = [
     Preset { name: "qwen3-30b-a3b", hidden: 2048, intermediate: 768, experts: 128, top_k: 8 },
     Preset { name: "deepseek-v2-lite", hidden: 2048, intermediate: 1408, experts: 64, top_k: 6 },
     Preset { name: "deepseek-v3", hidden: 7168, intermediate: 2048, experts: 256, top_k: 8 },
+    // Kimi-K2 ships int4 in groups of 32 (int4-g32, KT's RAWINT4), gpt-oss MXFP4.
+    Preset { name: "kimi-k2", hidden: 7168, intermediate: 2048, experts: 384, top_k: 8 },
+    Preset { name: "gpt-oss-120b", hidden: 2880, intermediate: 2880, experts: 128, top_k: 4 },
     Preset { name: "mixtral-8x7b", hidden: 4096, intermediate: 14336, experts: 8, top_k: 2 },
 ];
 

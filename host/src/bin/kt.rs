@@ -129,7 +129,7 @@ fn default_threads(topo: &Topology) -> usize {
 
 #[derive(Args)]
 struct BenchArgs {
-    /// Model shape: qwen3-30b-a3b, deepseek-v2-lite, deepseek-v3, mixtral-8x7b.
+    /// Model shape: qwen3-30b-a3b, deepseek-v2-lite, deepseek-v3, kimi-k2, gpt-oss-120b, mixtral-8x7b.
     #[arg(long, default_value = "qwen3-30b-a3b")]
     preset: String,
     /// Override the preset's hidden size H.
