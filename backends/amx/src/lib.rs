@@ -239,7 +239,7 @@ mod imp {
         }
 
         fn scratch_bytes(&self, shape: TaskShape) -> usize {
-            Zmm::scratch_bytes(shape)
+            simd().scratch_bytes(shape)
         }
 
         fn quantize_act(
@@ -264,11 +264,11 @@ mod imp {
             glu: Glu,
             bias: Option<GateUpBias<'_>>,
             mut h: MatMut<'_, bf16>,
-            _scratch: &mut [u8],
+            scratch: &mut [u8],
         ) {
             let (gate, up, n) = (gate.inner::<Matrix<T>>(), up.inner::<Matrix<T>>(), h.rows());
             let (Some(run_gate), Some(run_up)) = (gate.on_tiles(n), up.on_tiles(n)) else {
-                return simd().gate_up(&gate.simd, &up.simd, rows, act_gate, act_up, glu, bias, h);
+                return simd().gate_up(&gate.simd, &up.simd, rows, act_gate, act_up, glu, bias, h, scratch);
             };
             let (g, u) = (&gate.simd.w, &up.simd.w);
             let ag = Act::parse(g.format, g.cols, n, act_gate, true);
@@ -289,10 +289,10 @@ mod imp {
             });
         }
 
-        fn down(&self, down: &PackedMatrix, rows: Range<usize>, a: &[u8], mut y: MatMut<'_, f32>, _scratch: &mut [u8]) {
+        fn down(&self, down: &PackedMatrix, rows: Range<usize>, a: &[u8], mut y: MatMut<'_, f32>, scratch: &mut [u8]) {
             let (down, n) = (down.inner::<Matrix<T>>(), y.rows());
             let Some(run) = down.on_tiles(n) else {
-                return simd().down(&down.simd, rows, a, y);
+                return simd().down(&down.simd, rows, a, y, scratch);
             };
             let d = &down.simd.w;
             let act = Act::parse(d.format, d.cols, n, a, true);

@@ -145,7 +145,7 @@ mod imp {
         }
 
         fn scratch_bytes(&self, shape: TaskShape) -> usize {
-            Zmm::scratch_bytes(shape)
+            self.zmm().scratch_bytes(shape)
         }
 
         fn quantize_act(
@@ -170,13 +170,13 @@ mod imp {
             glu: Glu,
             bias: Option<GateUpBias<'_>>,
             h: MatMut<'_, bf16>,
-            _scratch: &mut [u8],
+            scratch: &mut [u8],
         ) {
-            self.zmm().gate_up(gate.inner(), up.inner(), rows, act_gate, act_up, glu, bias, h)
+            self.zmm().gate_up(gate.inner(), up.inner(), rows, act_gate, act_up, glu, bias, h, scratch)
         }
 
-        fn down(&self, down: &PackedMatrix, rows: Range<usize>, a: &[u8], y: MatMut<'_, f32>, _scratch: &mut [u8]) {
-            self.zmm().down(down.inner(), rows, a, y)
+        fn down(&self, down: &PackedMatrix, rows: Range<usize>, a: &[u8], y: MatMut<'_, f32>, scratch: &mut [u8]) {
+            self.zmm().down(down.inner(), rows, a, y, scratch)
         }
 
         fn instructions(&self, format: WeightFormat) -> Instructions {

@@ -235,3 +235,47 @@ fn mx_codes_become_exponents_only_where_exact() {
         }
     }
 }
+
+/// fp8 panels staged once for a task's token tiles (`kt_zmm`'s `Matrix::stage`) give the bits of
+/// tiles that decode as they read (the same call with no scratch to stage in): gate/up and
+/// down, every fp8 kind, 17 to 40 tokens (three to five tiles), a partial last panel.
+#[test]
+fn staged_fp8_panels_give_the_bits_of_decoding_tiles() {
+    use kt_core::backend::TaskShape;
+    use kt_core::mat::MatMut;
+    use kt_core::swiglu::Glu;
+    use kt_core::{bf16, LayerFormat};
+    kt_core::skip_unless_runs!(&BF16);
+    let (rows, cols) = (72, 384);
+    let mut r = SplitMix64::new(11);
+    for f in [WeightFormat::Fp8Block, WeightFormat::Fp8Channel, WeightFormat::Mxfp8] {
+        let mut matrix = || {
+            let w: Vec<f32> = (0..rows * cols).map(|_| r.gaussian()).collect();
+            BF16.pack(&QuantMatrix::quantize(f, rows, cols, &w).unwrap()).unwrap()
+        };
+        let (gate, up, down) = (matrix(), matrix(), matrix());
+        for n in [17, 25, 40] {
+            let x: Vec<bf16> = (0..n * cols).map(|_| bf16::from_f32(r.gaussian())).collect();
+            let ids: Vec<u32> = (0..n as u32).collect();
+            let shape = TaskShape { format: LayerFormat { gate: f, up: f, down: f }, tokens: n, rows, cols };
+            let mut scratch = vec![0u8; BF16.scratch_bytes(shape)];
+            assert!(scratch.len() >= 2 * 2 * cols / 4 * 128, "{f}: scratch for gate's and up's stages");
+            let mut act = vec![0u8; BF16.act_bytes(f, n, cols)];
+            BF16.quantize_act(f, cols, &x, &ids, &mut act, &mut scratch);
+            let run = |scratch: &mut [u8]| {
+                let (mut h, mut y) = (vec![bf16::ZERO; n * rows], vec![0f32; n * rows]);
+                let hm = MatMut::from_slice(&mut h, n, rows, rows);
+                BF16.gate_up(&gate, &up, 0..rows, &act, &act, Glu::SILU, None, hm, scratch);
+                BF16.down(&down, 0..rows, &act, MatMut::from_slice(&mut y, n, rows, rows), scratch);
+                (h, y)
+            };
+            let ((h, y), (want_h, want_y)) = (run(&mut scratch), run(&mut []));
+            for (what, same) in [
+                ("gate/up", h.iter().zip(&want_h).all(|(a, b)| a.to_bits() == b.to_bits())),
+                ("down", y.iter().zip(&want_y).all(|(a, b)| a.to_bits() == b.to_bits())),
+            ] {
+                assert!(same, "{f}, {n} tokens: {what} staged differs from decoding tiles");
+            }
+        }
+    }
+}

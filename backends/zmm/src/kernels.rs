@@ -60,6 +60,10 @@ pub fn max_run(w: &Packed) -> usize {
     }
 }
 
+/// Fewest token tiles of a panel that have it staged ([`StagedRun`]): for two, writing the
+/// decoded panel and reading it back cost more than decoding it twice (docs/tuning.md).
+pub const STAGE_FROM_TILES: usize = 3;
+
 /// The accumulators of a panel and a run, `[token][row in panel]`.
 pub type Acc = [[f32; PANEL]; MAX_RUN];
 
@@ -494,19 +498,101 @@ unsafe fn fp8_dot_unit<const N: usize>(
     unsafe {
         let r = load_unit(panel, u, pf);
         for h in 0..2 {
-            let [w01, w23] = fp8_pairs(tab, r[h]).map(bh);
-            for t in 0..N {
-                let x01 = bh(_mm512_set1_epi32(x[t].add(2 * u).read_unaligned() as i32));
-                let x23 = bh(_mm512_set1_epi32(x[t].add(2 * u + 1).read_unaligned() as i32));
-                if N <= SPLIT_TOKENS {
-                    a[t][h] = _mm512_dpbf16_ps(a[t][h], w01, x01);
-                    b[t][h] = _mm512_dpbf16_ps(b[t][h], w23, x23);
-                } else {
-                    a[t][h] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(a[t][h], w01, x01), w23, x23);
-                }
+            pair_dots::<N>(fp8_pairs(tab, r[h]), h, u, x, a, b);
+        }
+    }
+}
+
+/// Half `h` of fp8 unit `u`, decoded to its (k0,k1) and (k2,k3) bf16 pairs `w`, into every
+/// token's chains as [`fp8_dot_unit`] says: the one sum order of a decoded and a staged unit.
+///
+/// # Safety
+/// AVX-512F/BF16 are present (inlined into a kernel that enables them); each `x[t]` holds the
+/// unit's two pairs.
+#[inline(always)]
+unsafe fn pair_dots<const N: usize>(
+    w: [__m512i; 2],
+    h: usize,
+    u: usize,
+    x: &[*const u32; N],
+    a: &mut [[__m512; 2]; N],
+    b: &mut [[__m512; 2]; N],
+) {
+    let [w01, w23] = w.map(bh);
+    for t in 0..N {
+        // SAFETY: the caller's contract.
+        unsafe {
+            let x01 = bh(_mm512_set1_epi32(x[t].add(2 * u).read_unaligned() as i32));
+            let x23 = bh(_mm512_set1_epi32(x[t].add(2 * u + 1).read_unaligned() as i32));
+            if N <= SPLIT_TOKENS {
+                a[t][h] = _mm512_dpbf16_ps(a[t][h], w01, x01);
+                b[t][h] = _mm512_dpbf16_ps(b[t][h], w23, x23);
+            } else {
+                a[t][h] = _mm512_dpbf16_ps(_mm512_dpbf16_ps(a[t][h], w01, x01), w23, x23);
             }
         }
     }
+}
+
+/// [`fp8_dot_units`] on a panel staged by [`stage_fp8`]: the same sums, the decoding done.
+///
+/// # Safety
+/// AVX-512F/BF16 are present (inlined into a kernel that enables them); `stage` holds the
+/// panel's units decoded; each `x[t]` the padded K in bf16.
+#[inline(always)]
+unsafe fn staged_dot_units<const N: usize>(
+    stage: *const u8,
+    units: usize,
+    (u0, u1): (usize, usize),
+    x: &[*const u32; N],
+    acc: &mut [[__m512; 2]; N],
+) {
+    // SAFETY: the caller's contract: half h of unit u at stage + (h·units + u)·UNIT.
+    unsafe {
+        let (mut a, mut b) = (*acc, [[_mm512_setzero_ps(); 2]; N]);
+        for u in u0..u1 {
+            for h in 0..2 {
+                let d = stage.add((h * units + u) * UNIT);
+                let w = [_mm512_loadu_si512(d.cast()), _mm512_loadu_si512(d.add(64).cast())];
+                pair_dots::<N>(w, h, u, x, &mut a, &mut b);
+            }
+        }
+        if N <= SPLIT_TOKENS {
+            for t in 0..N {
+                for h in 0..2 {
+                    a[t][h] = _mm512_add_ps(a[t][h], b[t][h]);
+                }
+            }
+        }
+        *acc = a;
+    }
+}
+
+/// Bytes [`stage_fp8`] writes for one panel of a `format` matrix of `cols` columns packed for
+/// `level`: its units as bf16 pairs, twice their size; 0 where it packs no pairs.
+pub fn stage_bytes(format: WeightFormat, level: Level, cols: usize) -> usize {
+    match crate::pack::pairs(format, level) {
+        true => 2 * cols.div_ceil(crate::pack::unit_k(format)) * UNIT,
+        false => 0,
+    }
+}
+
+/// Panel `p` of an fp8 matrix packed in bf16-pair order, decoded once into `stage` for every
+/// token tile of a task to read ([`StagedRun`]), where each tile decoded it again. Half `h`
+/// of unit `u` lands at `(h·units + u)·128` ([`fp8_tile_rows`]' layout).
+///
+/// # Safety
+/// AVX-512F/BW/VBMI are present; `w` is such a matrix ([`staged_kernel`] gave its kernel).
+pub unsafe fn stage_fp8(w: &Packed, p: usize, stage: &mut [u8]) {
+    assert!(
+        stage.len() >= 2 * w.panel_bytes(),
+        "stage of {} bytes, a panel needs {}",
+        stage.len(),
+        2 * w.panel_bytes()
+    );
+    let d = stage.as_mut_ptr();
+    // SAFETY: the caller's contract; `stage` holds both halves' 128·units bytes.
+    unsafe { fp8_tile_rows(w.panel(p).as_ptr(), 0, w.units, [d, d.add(w.units * UNIT)], None) }
 }
 
 /// Units `u0..u1` of an fp8 panel: bit-placed for FMAs, or (`DOT`) decoded by the tables for
@@ -517,7 +603,7 @@ unsafe fn fp8_dot_unit<const N: usize>(
 /// rows the padded K.
 #[inline(always)]
 unsafe fn fp8_span<const N: usize, const DOT: bool>(
-    panel: *const u8,
+    panel: Panel,
     (u0, u1): (usize, usize),
     tab: &Fp8Tables,
     x: &[*const f32; N],
@@ -527,30 +613,42 @@ unsafe fn fp8_span<const N: usize, const DOT: bool>(
 ) {
     // SAFETY: this function's `# Safety` is the callee's (its features and slices).
     unsafe {
-        if DOT {
-            fp8_dot_units::<N>(panel, u0, u1, tab, x16, pf, acc)
-        } else {
-            float_units::<N, false>(panel, u0, u1, x, pf, acc)
+        match panel {
+            Panel::Staged(stage, units) => staged_dot_units::<N>(stage, units, (u0, u1), x16, acc),
+            Panel::Packed(p) if DOT => fp8_dot_units::<N>(p, u0, u1, tab, x16, pf, acc),
+            Panel::Packed(p) => float_units::<N, false>(p, u0, u1, x, pf, acc),
         }
     }
 }
 
-/// An fp8 panel's tile: per-block sums times the block's scale(s), added block by block.
+/// Where an fp8 tile reads its panel's weights.
+#[derive(Clone, Copy)]
+enum Panel {
+    /// The packed bytes, decoded as they are read.
+    Packed(*const u8),
+    /// Decoded already by [`stage_fp8`] (for `vdpbf16ps`): the stage and the panel's units.
+    Staged(*const u8, usize),
+}
+
+/// An fp8 panel's tile: per-block sums times the block's scale(s), added block by block; with
+/// `STAGED` (and `DOT`) the panel's weights read decoded at `stage` ([`stage_fp8`]).
 ///
 /// # Safety
-/// AVX-512F/BW (and VBMI/BF16 if `DOT`) are present; `x16` (if `DOT`) or `x` (if not) holds
-/// `t0 + N` rows of `kp`; `w` packed for `DOT` (`pairs` for the fp8 kinds).
+/// AVX-512F/BW (and VBMI/BF16 if `DOT`) are present; `act`'s bf16 rows (if `DOT`) or f32
+/// rows (if not) hold `t0 + N` tokens; `w` packed for `DOT` (`pairs` for the fp8 kinds);
+/// `stage` (if `STAGED`) holds panel `p` staged.
 #[inline(always)]
-unsafe fn float_body<const N: usize, const DOT: bool>(
+unsafe fn float_body<const N: usize, const DOT: bool, const STAGED: bool>(
     w: &Packed,
     p: usize,
-    x: &[f32],
-    x16: &[bf16],
-    kp: usize,
+    stage: *const u8,
+    act: &Act<'_>,
     t0: usize,
     out: &mut Acc,
 ) {
-    let panel = w.panel(p).as_ptr();
+    let (x, x16, kp) = (act.x, act.x16, act.kp);
+    // A constant once inlined: the staged kernel holds no decoding.
+    let panel = if STAGED { Panel::Staged(stage, w.units) } else { Panel::Packed(w.panel(p).as_ptr()) };
     // The dot kernels read only the bf16 rows, the FMA ones only the f32 rows (`act`).
     let xs: [*const f32; N] =
         core::array::from_fn(|t| if DOT { core::ptr::null() } else { x[(t0 + t) * kp..].as_ptr() });
@@ -604,16 +702,8 @@ unsafe fn float_body<const N: usize, const DOT: bool>(
 /// # Safety
 /// As [`float_body`].
 #[inline(always)]
-unsafe fn bf16_body<const N: usize, const DOT: bool>(
-    w: &Packed,
-    p: usize,
-    x: &[f32],
-    x16: &[bf16],
-    kp: usize,
-    t0: usize,
-    out: &mut Acc,
-) {
-    let panel = w.panel(p).as_ptr();
+unsafe fn bf16_body<const N: usize, const DOT: bool>(w: &Packed, p: usize, act: &Act<'_>, t0: usize, out: &mut Acc) {
+    let (x, x16, kp, panel) = (act.x, act.x16, act.kp, w.panel(p).as_ptr());
     // SAFETY: the panel spans w.units units, x and x16 rows kp = 2·units values.
     unsafe {
         let mut acc = [[_mm512_setzero_ps(); 2]; N];
@@ -630,22 +720,39 @@ unsafe fn bf16_body<const N: usize, const DOT: bool>(
 
 /// The float tile kernels: each body compiled with only the features its level allows.
 macro_rules! float_kernels {
-    ($($name:ident = $body:ident::<$dot:literal> with $features:literal;)*) => {$(
+    ($($name:ident = $body:ident::<$($g:literal),+>($($extra:expr),*) with $features:literal;)*) => {$(
         /// # Safety
         #[doc = concat!("The CPU has ", $features, "; as [`float_body`].")]
         #[target_feature(enable = $features)]
         unsafe fn $name<const N: usize>(w: &Packed, p: usize, act: &Act<'_>, t0: usize, out: &mut Acc) {
             // SAFETY: this function's `# Safety` is the callee's (its features and slices).
-            unsafe { $body::<N, $dot>(w, p, act.x, act.x16, act.kp, t0, out) }
+            unsafe { $body::<N, $($g),+>(w, p, $($extra,)* act, t0, out) }
         }
     )*};
 }
 
 float_kernels! {
-    bf16_panel = bf16_body::<false> with "avx512f,avx512bw";
-    bf16_panel_dot = bf16_body::<true> with "avx512f,avx512bw,avx512bf16";
-    float_panel = float_body::<false> with "avx512f,avx512bw";
-    float_panel_dot = float_body::<true> with "avx512f,avx512bw,avx512vbmi,avx512bf16";
+    bf16_panel = bf16_body::<false>() with "avx512f,avx512bw";
+    bf16_panel_dot = bf16_body::<true>() with "avx512f,avx512bw,avx512bf16";
+    float_panel = float_body::<false, false>(core::ptr::null()) with "avx512f,avx512bw";
+    float_panel_dot = float_body::<true, false>(core::ptr::null()) with "avx512f,avx512bw,avx512vbmi,avx512bf16";
+}
+
+/// The staged fp8 tile ([`StagedRun`]).
+///
+/// # Safety
+/// As [`float_body`] with `STAGED`, at the bf16 level.
+#[target_feature(enable = "avx512f,avx512bw,avx512vbmi,avx512bf16")]
+unsafe fn float_panel_staged<const N: usize>(
+    w: &Packed,
+    p: usize,
+    stage: *const u8,
+    act: &Act<'_>,
+    t0: usize,
+    out: &mut Acc,
+) {
+    // SAFETY: this function's `# Safety` is the callee's (its features and slices).
+    unsafe { float_body::<N, true, true>(w, p, stage, act, t0, out) }
 }
 
 /// `acc[t] += Σ w · x[t]` over units `u0..u1` of an int8 or int4 (`INT4`) panel, with
@@ -1073,6 +1180,28 @@ pub fn panel_kernel(level: Level, w: &Packed) -> PanelRun {
         (_, Level::Bf16) if w.pairs => run_float_dot,
         _ => run_float,
     }
+}
+
+/// A panel microkernel on panel `p` staged at `stage` by [`stage_fp8`]: otherwise as
+/// [`PanelRun`], and the same sums.
+///
+/// # Safety
+/// As [`PanelRun`]; `stage` holds panel `p` of `w` staged.
+pub type StagedRun =
+    unsafe fn(w: &Packed, p: usize, stage: *const u8, act: &Act<'_>, t0: usize, nt: usize, out: &mut Acc);
+
+/// # Safety
+/// As [`StagedRun`].
+unsafe fn run_float_staged(w: &Packed, p: usize, stage: *const u8, act: &Act<'_>, t0: usize, nt: usize, out: &mut Acc) {
+    // SAFETY: this function's `# Safety` is the callee's (its features and slices).
+    unsafe { kt_x86::by_tokens!(nt; 1 2 3 4 5 6 7 8 9 10 11 12; float_panel_staged(w, p, stage, act, t0, out)) }
+}
+
+/// The staged kernel of `w` at `level`, where it has one: fp8 in bf16-pair order on
+/// `vdpbf16ps`, whose decoding (two `vpermi2b`, a `vpternlogd` and two unpacks a half unit)
+/// each token tile of a panel repeated.
+pub fn staged_kernel(level: Level, w: &Packed) -> Option<StagedRun> {
+    (level == Level::Bf16 && w.pairs && !w.kt).then_some(run_float_staged as StagedRun)
 }
 
 #[cfg(test)]

@@ -2,7 +2,7 @@
 
 use kt_core::{Error, PackedMatrix, QuantMatrix, WeightFormat};
 
-use crate::kernels::{panel_kernel, PanelRun};
+use crate::kernels::{panel_kernel, stage_fp8, staged_kernel, PanelRun, StagedRun};
 use crate::level::Level;
 use crate::pack::{self, Packed};
 
@@ -13,6 +13,9 @@ pub struct Matrix {
     pub w: Packed,
     /// Its panels' microkernel.
     run: PanelRun,
+    /// The microkernel on a panel decoded once for all of a task's token tiles, where this
+    /// level and format have one.
+    staged: Option<StagedRun>,
 }
 
 impl Matrix {
@@ -36,12 +39,27 @@ impl Matrix {
     }
 
     fn with_kernel(w: Packed, level: Level) -> Matrix {
-        Matrix { run: panel_kernel(level, &w), w }
+        Matrix { run: panel_kernel(level, &w), staged: staged_kernel(level, &w), w }
     }
 
     /// Its panels' microkernel: runs on this CPU ([`Matrix`]'s maker's contract).
     pub fn run(&self) -> PanelRun {
         self.run
+    }
+
+    /// Bytes a panel staged takes, where this matrix's tiles can read one ([`Matrix::stage`]).
+    pub fn stage_bytes(&self) -> Option<usize> {
+        self.staged.map(|_| 2 * self.w.panel_bytes())
+    }
+
+    /// Panel `p` decoded into `stage` ([`Matrix::stage_bytes`] long), and the microkernel that
+    /// reads it there; `None` where this matrix has no staged kernel.
+    pub fn stage(&self, p: usize, stage: &mut [u8]) -> Option<StagedRun> {
+        let run = self.staged?;
+        // SAFETY: a staged kernel exists only at the bf16 level (VBMI included), which this CPU
+        // runs (the maker's contract), for fp8 in pairs, which `stage_fp8` decodes.
+        unsafe { stage_fp8(&self.w, p, stage) };
+        Some(run)
     }
 
     /// Wrapped for the backend named `name`.

@@ -13,7 +13,7 @@ use kt_core::{Error, QuantMatrix, WeightFormat};
 use kt_x86::panels::{balanced_token_runs, panels, PanelRows};
 
 use crate::act::{self, Act};
-use crate::kernels::{glu_panel, max_run, put_panel, Acc, MAX_RUN};
+use crate::kernels::{glu_panel, max_run, put_panel, stage_bytes, Acc, MAX_RUN, STAGE_FROM_TILES};
 use crate::level::Level;
 use crate::matrix::Matrix;
 use crate::pack::PANEL;
@@ -53,22 +53,46 @@ pub struct Zmm {
     level: Level,
 }
 
-/// Run every (panel, token tile) of `rows` of `w` and hand each tile to `emit`, in tiles of
-/// at most `max_nt` tokens.
-fn for_tiles(
-    m: &Matrix,
+/// Run every (panel, token tile) of `rows` of the matrices `ms`, each against its activations,
+/// and hand each tile's results to `emit`, in tiles of the fewest tokens any of them runs at
+/// once. Where a panel has [`STAGE_FROM_TILES`] tiles or more, a matrix with a staged kernel
+/// has the panel decoded once for them into `scratch` ([`Matrix::stage`]; where it is too
+/// short, each tile decodes): the same sums, the decoding not repeated a tile.
+fn for_tiles<const M: usize>(
+    ms: [(&Matrix, &Act<'_>); M],
     rows: &Range<usize>,
-    act: &Act<'_>,
-    (n, max_nt): (usize, usize),
-    mut emit: impl FnMut(&PanelRows, usize, usize, &Acc),
+    n: usize,
+    scratch: &mut [u8],
+    mut emit: impl FnMut(&PanelRows, usize, usize, &[Acc; M]),
 ) {
-    let (run, mut tile): (_, Acc) = (m.run(), [[0.0; PANEL]; MAX_RUN]);
+    let mut tiles: [Acc; M] = [[[0.0; PANEL]; MAX_RUN]; M];
+    let max_nt = ms.iter().map(|(m, _)| max_run(&m.w)).min().unwrap_or(MAX_RUN);
+    let stages = n > (STAGE_FROM_TILES - 1) * max_nt;
+    let mut need = ms.map(|(m, _)| if stages { m.stage_bytes().unwrap_or(0) } else { 0 });
+    if need.iter().sum::<usize>() > scratch.len() {
+        need = [0; M];
+    }
     for panel in panels(rows.clone(), PANEL) {
+        let mut rest = &mut scratch[..];
+        let staged = core::array::from_fn::<_, M, _>(|i| {
+            let (mine, more) = core::mem::take(&mut rest).split_at_mut(need[i]);
+            rest = more;
+            let run = if need[i] > 0 { ms[i].0.stage(panel.index, mine) } else { None };
+            run.map(|r| (r, mine.as_ptr()))
+        });
         for (t0, nt) in balanced_token_runs(n, max_nt) {
-            // SAFETY: m's kernel runs on this CPU (Matrix), and `act` was prepared by this
-            // level for its format and K with n rows.
-            unsafe { run(&m.w, panel.index, act, t0, nt, &mut tile) };
-            emit(&panel, t0, nt, &tile);
+            for (i, &(m, act)) in ms.iter().enumerate() {
+                // SAFETY: m's kernels run on this CPU (Matrix), `act` was prepared by this
+                // level for its format and K with n rows, and a staged kernel reads the panel
+                // it was just given.
+                unsafe {
+                    match staged[i] {
+                        Some((run, at)) => run(&m.w, panel.index, at, act, t0, nt, &mut tiles[i]),
+                        None => (m.run())(&m.w, panel.index, act, t0, nt, &mut tiles[i]),
+                    }
+                }
+            }
+            emit(&panel, t0, nt, &tiles);
         }
     }
 }
@@ -125,9 +149,12 @@ impl Zmm {
         act::bytes(format, rows, cols, self.dot(format))
     }
 
-    /// See `Backend::scratch_bytes`.
-    pub fn scratch_bytes(shape: TaskShape) -> usize {
-        act::scratch_bytes(shape.cols)
+    /// See `Backend::scratch_bytes`: the activations' preparation, or the panels a task stages
+    /// ([`Matrix::stage`]: gate's and up's at once), whichever is more.
+    pub fn scratch_bytes(self, shape: TaskShape) -> usize {
+        let stage = |f| stage_bytes(f, self.level, shape.cols);
+        let f = shape.format;
+        act::scratch_bytes(shape.cols).max(stage(f.gate) + stage(f.up)).max(stage(f.down))
     }
 
     /// See `Backend::quantize_act`.
@@ -155,16 +182,14 @@ impl Zmm {
         glu: Glu,
         bias: Option<GateUpBias<'_>>,
         mut h: MatMut<'_, bf16>,
+        scratch: &mut [u8],
     ) {
         let (g, u, n) = (&gate.w, &up.w, h.rows());
         let ag = Act::parse(g.format, g.cols, n, act_gate, self.dot(g.format));
         let au = Act::parse(u.format, u.cols, n, act_up, self.dot(u.format));
-        let (mut ut, mut room): (Acc, _) = ([[0.0; PANEL]; MAX_RUN], [[0.0; PANEL]; 2]);
+        let mut room = [[0.0; PANEL]; 2];
         // Each up tile is paired with the gate tile of the same panel and tokens.
-        let (max_nt, run_up) = (max_run(g).min(max_run(u)), up.run());
-        for_tiles(gate, &rows, &ag, (n, max_nt), |panel, t0, nt, gt| {
-            // SAFETY: as in for_tiles, for `up`.
-            unsafe { run_up(u, panel.index, &au, t0, nt, &mut ut) };
+        for_tiles([(gate, &ag), (up, &au)], &rows, n, scratch, |panel, t0, nt, [gt, ut]| {
             let (at, within) = (panel.rows.start - rows.start, panel.in_panel(PANEL));
             for t in 0..nt {
                 let out = &mut h.row_mut(t0 + t)[at..at + within.len()];
@@ -177,10 +202,10 @@ impl Zmm {
     }
 
     /// See `Backend::down`.
-    pub fn down(self, down: &Matrix, rows: Range<usize>, a: &[u8], mut y: MatMut<'_, f32>) {
+    pub fn down(self, down: &Matrix, rows: Range<usize>, a: &[u8], mut y: MatMut<'_, f32>, scratch: &mut [u8]) {
         let (d, n) = (&down.w, y.rows());
         let act = Act::parse(d.format, d.cols, n, a, self.dot(d.format));
-        for_tiles(down, &rows, &act, (n, max_run(d)), |panel, t0, nt, tile| {
+        for_tiles([(down, &act)], &rows, n, scratch, |panel, t0, nt, [tile]| {
             let (at, within) = (panel.rows.start - rows.start, panel.in_panel(PANEL));
             for (t, res) in tile.iter().enumerate().take(nt) {
                 put_panel(&mut y.row_mut(t0 + t)[at..at + within.len()], res, within.clone());
