@@ -339,8 +339,14 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
     for &m in &spec.methods {
         let per_layer = layer_bytes(cfg, m);
         let layers = layer_count(spec, machine.topology.l3_bytes, per_layer);
-        // +1 layer for the reference copy that checks accuracy, plus the forward's scratch.
-        let needed = per_layer * (layers as u64 + 1)
+        // The reference copy of the experts that check accuracy (of a checkpoint's, every one),
+        // and the forward's scratch.
+        let checked = match spec.weights {
+            Some(_) => cfg.experts as u64,
+            None => checked_experts(spec, cfg).iter().filter(|&&c| c).count() as u64,
+        };
+        let needed = per_layer * layers as u64
+            + per_layer / cfg.experts.max(1) as u64 * checked
             + scratch_bytes(cfg, spec.tokens.iter().copied().max().unwrap_or(1))
             + stream_len as u64;
         let available = machine.topology.mem_available;
@@ -410,6 +416,22 @@ fn blis_sgemm_gflops(cfg: &MoeConfig, tokens: usize, threads: usize, min_secs: f
     }
 }
 
+/// Tokens of each case whose output is checked against the reference backend.
+const CHECKED_TOKENS: usize = 16;
+
+/// The experts the accuracy check's tokens route to, in any case of `spec`: the only ones the
+/// reference copy of layer 0 holds (a whole copy would double a large model's memory).
+fn checked_experts(spec: &BenchSpec, cfg: &MoeConfig) -> Vec<bool> {
+    let mut seen = vec![false; cfg.experts];
+    for &n in &spec.tokens {
+        let (ids, _) = &synth::routings(n, cfg.top_k, cfg.experts, spec.seed)[0];
+        for &e in &ids[..n.min(CHECKED_TOKENS) * cfg.top_k] {
+            seen[e as usize] = true;
+        }
+    }
+    seen
+}
+
 fn run_method(
     spec: &BenchSpec,
     method: LayerFormat,
@@ -434,44 +456,46 @@ fn run_method(
     // A checkpoint's MoE layers, in order (layer l of the run is the l-th of them).
     let moe_layers = source.map_or_else(Vec::new, WeightSource::moe_layers);
     let layers = if source.is_some() { layers.min(moe_layers.len()) } else { layers };
-    let build = |l: usize, opts: &LayerOptions| -> Result<MoeLayer, BenchError> {
-        if let Some(src) = source {
-            // GGUF runs in its own types; other checkpoints in the method asked for.
-            let m = (!matches!(src, WeightSource::Gguf(_))).then_some(method.gate);
-            return Ok(src.load_layer(moe_layers[l], m, cfg, Slots::default(), opts)?);
-        }
-        match method.gate {
-            WeightFormat::Ggml(_) => Ok(MoeLayer::from_quantized(
-                cfg,
-                |e| {
-                    pb.inc(1);
-                    Some(synth::ggml_expert(cfg, method, spec.seed, l, e))
-                },
-                method,
-                opts,
-            )?),
-            _ => Ok(MoeLayer::from_f32(
-                cfg,
-                method,
-                |e| {
-                    let x = synth::expert(cfg, spec.seed, l, e);
-                    pb.inc(1);
-                    Some(x)
-                },
-                opts,
-            )?),
-        }
-    };
+    let checked = checked_experts(spec, cfg);
+    // `keep`: the experts built (the oracle's are those the accuracy check routes to).
+    let build =
+        |l: usize, opts: &LayerOptions, keep: &(dyn Fn(usize) -> bool + Sync)| -> Result<MoeLayer, BenchError> {
+            if let Some(src) = source {
+                // GGUF runs in its own types; other checkpoints in the method asked for.
+                let m = (!matches!(src, WeightSource::Gguf(_))).then_some(method.gate);
+                return Ok(src.load_layer(moe_layers[l], m, cfg, Slots::default(), opts)?);
+            }
+            match method.gate {
+                WeightFormat::Ggml(_) => Ok(MoeLayer::from_quantized(
+                    cfg,
+                    |e| {
+                        pb.inc(1);
+                        keep(e).then(|| synth::ggml_expert(cfg, method, spec.seed, l, e))
+                    },
+                    method,
+                    opts,
+                )?),
+                _ => Ok(MoeLayer::from_f32(
+                    cfg,
+                    method,
+                    |e| {
+                        pb.inc(1);
+                        keep(e).then(|| synth::expert(cfg, spec.seed, l, e))
+                    },
+                    opts,
+                )?),
+            }
+        };
     if let (Some(src), true) = (&source, moe_layers.is_empty()) {
         let name = format!("MoE expert tensors (in any layer) in {}", src.path().display());
         return Err(BenchError::Weights(WeightError::Missing { name }));
     }
-    let built: Vec<MoeLayer> = (0..layers).map(|l| build(l, &opts)).collect::<Result<_, _>>()?;
+    let built: Vec<MoeLayer> = (0..layers).map(|l| build(l, &opts, &|_| true)).collect::<Result<_, _>>()?;
     let backend = built[0].backend();
     let oracle = if backend.name() == REFERENCE.name() {
         None
     } else {
-        Some(build(0, &LayerOptions { backend: Some(&REFERENCE), ..opts.clone() })?)
+        Some(build(0, &LayerOptions { backend: Some(&REFERENCE), ..opts.clone() }, &|e| checked[e])?)
     };
     pb.finish_and_clear();
 
@@ -544,7 +568,7 @@ fn run_case(
     let weight_gbps = best.1 as f64 / best.0 / 1e9;
 
     // Accuracy: the first ≤16 tokens of layer 0 against the reference backend.
-    let m = n.min(16);
+    let m = n.min(CHECKED_TOKENS);
     let (ids, w) = &routings[0];
     let got = layers[0].forward(&input, ids, w, None)?;
     let want = oracle.forward(&input[..m * h], &ids[..m * k], &w[..m * k], None)?;
