@@ -27,6 +27,10 @@
 //! The integer sums are exact in every variant, and scaled in the same order (the reference's:
 //! `(Σ · s_act) · s_w`, or `Σ · (s_act · s_w)` summed over K-groups), so `avx512_base` and the
 //! VNNI variants give the same bits.
+//!
+//! fp8 at the bf16 level has a second kernel (`StagedRun`): where a task runs three token
+//! tiles or more on a panel, the panel is decoded once into the task's scratch (`stage_fp8`)
+//! and each tile reads its bf16 pairs there, summed as the decoding tiles sum them.
 
 // Tiles index tokens, halves and their pointers with one counter; iterators would hide it.
 #![allow(clippy::needless_range_loop)]
