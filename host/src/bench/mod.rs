@@ -341,10 +341,11 @@ pub fn run(spec: &BenchSpec) -> Result<Report, BenchError> {
         let layers = layer_count(spec, machine.topology.l3_bytes, per_layer);
         // The reference copy of the experts that check accuracy (of a checkpoint's, every one),
         // and the forward's scratch.
+        let routed: usize = spec.tokens.iter().map(|&n| n.min(CHECKED_TOKENS) * cfg.top_k).sum();
         let checked = match spec.weights {
-            Some(_) => cfg.experts as u64,
-            None => checked_experts(spec, cfg).iter().filter(|&&c| c).count() as u64,
-        };
+            Some(_) => cfg.experts,
+            None => routed.min(cfg.experts),
+        } as u64;
         let needed = per_layer * layers as u64
             + per_layer / cfg.experts.max(1) as u64 * checked
             + scratch_bytes(cfg, spec.tokens.iter().copied().max().unwrap_or(1))
