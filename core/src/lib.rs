@@ -52,6 +52,6 @@ pub use backend::{Backend, PackedMatrix};
 pub use config::MoeConfig;
 pub use error::Error;
 pub use exec::{Executor, SerialExecutor};
-pub use format::{LayerFormat, QuantMatrix, WeightFormat};
+pub use format::{LayerFormat, QuantMatrix, Scales, WeightFormat};
 pub use half::{bf16, f16};
 pub use routing::Routing;

@@ -9,7 +9,9 @@ use std::sync::{Arc, Mutex};
 use half::bf16;
 use kt_core::bias::ExpertBias;
 use kt_core::forward::{self, ExpertF32, LayerWeights};
-use kt_core::{Backend, Error, Executor, LayerFormat, MoeConfig, PackedMatrix, QuantMatrix, Routing, WeightFormat};
+use kt_core::{
+    Backend, Error, Executor, LayerFormat, MoeConfig, PackedMatrix, QuantMatrix, Routing, Scales, WeightFormat,
+};
 
 use crate::numa_pool::NumaPool;
 use crate::placement::PoolError;
@@ -25,6 +27,9 @@ pub struct LayerOptions {
     pub backend: Option<&'static dyn Backend>,
     /// Runs the forward's tasks and packs the experts at load.
     pub executor: Arc<dyn Executor>,
+    /// How [`MoeLayer::from_f32`] chooses each row's or group's scale (KT's absmax by default;
+    /// layers loaded already quantized keep theirs).
+    pub scales: Scales,
     /// The calls' scratch, shared by every layer built from these options or their clones.
     /// Layers on one executor run one at a time, so one scratch sized to the largest call
     /// serves a whole model: one per layer held it times the layers (about 1.1 GB each for
@@ -53,7 +58,7 @@ impl LayerOptions {
 
     /// Run on `executor`, backend chosen automatically, with a scratch of their own.
     pub fn executor(executor: Arc<dyn Executor>) -> Self {
-        LayerOptions { backend: None, executor, scratch: SharedScratch::default() }
+        LayerOptions { backend: None, executor, scales: Scales::Absmax, scratch: SharedScratch::default() }
     }
 }
 
@@ -192,7 +197,7 @@ impl MoeLayer {
         let packed = pack_parts(cfg.experts, &ranges, &*opts.executor, |e, _, r| -> Packed<E> {
             let Some([gate, up, down]) = expert(e)? else { return Ok(None) };
             let x = ExpertF32 { gate: &gate, up: &up, down: &down };
-            Ok(Some(forward::pack_part_f32(backend, cfg, format, x, r)?))
+            Ok(Some(forward::pack_part_f32(backend, cfg, format, opts.scales, x, r)?))
         });
         Self::assemble(cfg, format, backend, packed, opts)
     }

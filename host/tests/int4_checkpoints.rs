@@ -161,6 +161,7 @@ fn kt_convert_writes_a_4bit_checkpoint_in_its_own_group_as_stored() {
             input: dir.clone(),
             output: out.clone(),
             format,
+            scales: kt_core::Scales::Absmax,
             parts: 2,
             layers: None,
             checkpoint_group,

@@ -10,6 +10,7 @@
 use std::path::{Path, PathBuf};
 
 use kt_core::rng::SplitMix64;
+use kt_core::Scales;
 use kt_host::weights::kt_format::{expert_tensors, load_kt_layer, plan, ExpertSource};
 use kt_host::weights::{Checkpoint, Slots};
 use kt_host::{bf16, LayerOptions, MoeConfig, WeightFormat};
@@ -91,8 +92,13 @@ fn check_bytes(dirs: Vec<PathBuf>, backward: bool) {
         let mut checked = 0;
         for x in 0..e {
             let m = |v: &[f32]| v[x * i * h..(x + 1) * i * h].to_vec();
-            let ours =
-                expert_tensors(&cfg, format, &ExpertSource::F32([m(&gate), m(&up), m(&down)]), backward).unwrap();
+            let ours = expert_tensors(
+                &cfg,
+                (format, Scales::Absmax),
+                &ExpertSource::F32([m(&gate), m(&up), m(&down)]),
+                backward,
+            )
+            .unwrap();
             assert_eq!(ours.len(), per_expert);
             for (t, bytes) in plan[x * per_expert..(x + 1) * per_expert].iter().zip(&ours) {
                 if backward != t.name.contains("_bwd_") {

@@ -60,10 +60,12 @@ mod kt_kernel_ext {
     }
 
     /// Convert a Hugging Face checkpoint to KT's INT8/INT4 format or one of ours (as
-    /// `kt convert`, with the backward's transposes when `backward`); returns (layers
-    /// written, layers already complete). The GIL is released.
+    /// `kt convert`, with the backward's transposes when `backward`, scales chosen by
+    /// `scales`: "absmax" or "mse"); returns (layers written, layers already complete). The
+    /// GIL is released.
     #[pyfunction]
-    #[pyo3(signature = (input, output, method = "AMXINT8", parts = 2, threads = 0, backward = false))]
+    #[allow(clippy::too_many_arguments)]
+    #[pyo3(signature = (input, output, method = "AMXINT8", parts = 2, threads = 0, backward = false, scales = "absmax"))]
     fn convert(
         py: Python<'_>,
         input: std::path::PathBuf,
@@ -72,6 +74,7 @@ mod kt_kernel_ext {
         parts: usize,
         threads: usize,
         backward: bool,
+        scales: &str,
     ) -> PyResult<(usize, usize)> {
         use kt_host::convert::{convert, ConvertSpec};
         let format = kt_core::WeightFormat::parse(method).ok_or_else(|| {
@@ -79,10 +82,14 @@ mod kt_kernel_ext {
         })?;
         let threads = if threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { threads };
         let checkpoint_group = kt_core::WeightFormat::takes_checkpoint_group(method);
+        let scales = kt_core::Scales::parse(scales).ok_or_else(|| {
+            super::value_error(format!("unknown scales {scales:?}; valid: {}", kt_core::Scales::NAMES))
+        })?;
         let spec = ConvertSpec {
             input,
             output,
             format,
+            scales,
             parts,
             layers: None,
             checkpoint_group,

@@ -7,11 +7,11 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
 use half::{bf16, f16};
-use kt_core::{MoeConfig, WeightFormat};
+use kt_core::{MoeConfig, Scales, WeightFormat};
 use kt_host::error::WeightError;
 use kt_host::slots::Slots;
 use kt_host::source::WeightSource;
-use kt_host::MoeLayer;
+use kt_host::{LayerOptions, MoeLayer};
 use pyo3::prelude::*;
 
 use crate::cuda::Key;
@@ -137,6 +137,8 @@ struct Shared {
     checkpoint_group: bool,
     /// KT's method name as given (MOE_INT8 and MOE_INT4 refuse KT's files for them).
     method: String,
+    /// How weights quantized at load choose their scales.
+    scales: Scales,
     /// The wrapper's `gpu_experts_mask` (`[E]` bytes, nonzero = on the GPU), read at every
     /// forward; 0 = none.
     mask_ptr: usize,
@@ -180,9 +182,10 @@ impl Moe {
     /// mask the wrapper owns (0 for none). `swiglu_limit`/`swiglu_alpha` select KT's clamped
     /// SwiGLU (0: plain). With `skip_gpu_experts` a load reads and packs only the experts the
     /// mask leaves on the CPU at that moment (KT keeps them all, for masks updated later).
+    /// `scales` ("absmax" or "mse") chooses the scales of weights quantized at load.
     #[new]
     #[allow(clippy::too_many_arguments)]
-    #[pyo3(signature = (infer, experts, top_k, hidden, intermediate, max_tokens, method, mask_ptr, swiglu_limit = 0.0, swiglu_alpha = 0.0, skip_gpu_experts = false))]
+    #[pyo3(signature = (infer, experts, top_k, hidden, intermediate, max_tokens, method, mask_ptr, swiglu_limit = 0.0, swiglu_alpha = 0.0, skip_gpu_experts = false, scales = "absmax"))]
     fn new(
         infer: &CpuInfer,
         experts: usize,
@@ -195,6 +198,7 @@ impl Moe {
         swiglu_limit: f32,
         swiglu_alpha: f32,
         skip_gpu_experts: bool,
+        scales: &str,
     ) -> PyResult<Self> {
         // RAWINT4 and GPTQ_INT4 run as our K-group int4 in a 4-bit checkpoint's own group (its
         // nibbles and scales as stored), else in groups of 128; LLAMAFILE runs the GGUF file's
@@ -224,6 +228,12 @@ impl Moe {
             Some(f) => cfg.validate_for(f).map_err(value_error)?,
             None => cfg.validate().map_err(value_error)?,
         }
+        let scales = Scales::parse(scales)
+            .ok_or_else(|| value_error(format!("unknown scales {scales:?}; valid: {}", Scales::NAMES)))?;
+        if scales != Scales::Absmax {
+            // LLAMAFILE's GGUF types pick their own scales, as GGML types do.
+            scales.check(format.unwrap_or(WeightFormat::Ggml(kt_core::ggml::GgmlType::Q4_K))).map_err(value_error)?;
+        }
         let id = next_layer_id();
         Ok(Moe {
             shared: Arc::new(Shared {
@@ -232,6 +242,7 @@ impl Moe {
                 format,
                 checkpoint_group: WeightFormat::takes_checkpoint_group(method),
                 method: method.to_string(),
+                scales,
                 mask_ptr,
                 skip_gpu_experts,
                 layer: Mutex::new(None),
@@ -264,7 +275,7 @@ impl Moe {
         };
         let (e, h, i) = (s.cfg.experts, s.cfg.hidden, s.cfg.intermediate);
         let map = checked_map(&map, e)?;
-        let opts = infer.layer_options();
+        let opts = LayerOptions { scales: s.scales, ..infer.layer_options() };
         let on_gpu = s.left_out();
         let slots = Slots { map: Some(&map), gpu: on_gpu.as_deref() };
         let layer = py.detach(|| {
@@ -299,7 +310,7 @@ impl Moe {
     ) -> PyResult<()> {
         let s = &self.shared;
         let map = checked_map(&map, s.cfg.experts)?;
-        let opts = infer.layer_options();
+        let opts = LayerOptions { scales: s.scales, ..infer.layer_options() };
         let on_gpu = s.left_out();
         let loaded = py.detach(|| -> Result<(MoeLayer, Arc<WeightSource>), WeightError> {
             // Every expert is packed (as KT) unless asked otherwise: SGLang's dynamic expert

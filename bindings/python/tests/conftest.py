@@ -108,7 +108,7 @@ def write_config(d, e, k, h, i, layers):
 
 
 def make(layer_idx=0, e=8, k=2, h=256, i=512, method="BF16", mask=None, chunk=64, deferred=None, path="/nonexistent/kt-weights",
-         limit=0.0, alpha=0.0):
+         limit=0.0, alpha=0.0, scales="absmax"):
     from kt_kernel import KTMoEWrapper
 
     return KTMoEWrapper(
@@ -127,6 +127,7 @@ def make(layer_idx=0, e=8, k=2, h=256, i=512, method="BF16", mask=None, chunk=64
         swiglu_alpha=alpha,
         method=method,
         max_deferred_experts_per_token=deferred,
+        scales=scales,
     )
 
 

@@ -156,6 +156,35 @@ def test_converted_checkpoint_loads_like_online_quantization(tmp_path, method):
         make(layer_idx=0, method=method, path=str(one)).load_weights()
 
 
+@pytest.mark.parametrize("method", ["AMXINT4", "RAWINT4"])
+def test_mse_scales_convert_like_online_quantization(tmp_path, method):
+    """convert(scales="mse") writes the scales the online search picks, exactly, and files
+    other than absmax's."""
+    from kt_kernel import kt_kernel_ext
+
+    g, u, d = experts(E, H, I, seed=33)
+    tensors = {name: m for e in range(E) for name, m in zip(deepseek_names(0, e), (g[e], u[e], d[e]))}
+    src = tmp_path / "hf"
+    src.mkdir()
+    save_file(tensors, str(src / "model.safetensors"))
+    write_config(src, E, K, H, I, 1)
+    x = np.random.default_rng(8).standard_normal((6, H)).astype(np.float32)
+    ids, ws = routing(6, K, E, 9)
+    outs = {}
+    for scales in ("absmax", "mse"):
+        out = tmp_path / scales
+        assert kt_kernel_ext.convert(str(src), str(out), method, 2, 2, False, scales) == (1, 0)
+        converted = make(layer_idx=0, method=method, path=str(out))
+        converted.load_weights(np.arange(E, dtype=np.int64))
+        online = make(layer_idx=0, method=method, scales=scales)
+        online.load_weights_from_tensors(g, u, d)
+        outs[scales] = converted.forward(x, ids, ws)
+        assert np.array_equal(outs[scales], online.forward(x, ids, ws)), scales
+    assert not np.array_equal(outs["absmax"], outs["mse"])
+    with pytest.raises(ValueError, match="unknown scales"):
+        kt_kernel_ext.convert(str(src), str(tmp_path / "x"), method, 2, 2, False, "l2")
+
+
 def int4_quantize(w, group, levels=7.0):
     """Symmetric 4-bit groups of `group` columns of w [N, K]: f16 scales amax/`levels` (7.5 as
     compressed-tensors computes them), values rounded and clipped to -8..7; returns the

@@ -29,6 +29,37 @@ def test_each_method_matches_the_fp32_moe(method, weights):
         assert err < LIMITS[method], f"{method} n={n}: {err}"
 
 
+@pytest.mark.parametrize("method", ["AMXINT4", "RAWINT4", "MXFP4"])
+def test_mse_scales_lower_the_layers_error(method, weights):
+    """scales="mse" (the error-minimizing search) against KT's absmax on the same weights: the
+    4-bit formats' layer error against the fp32 MoE drops (per-row int4 most, MXFP4's
+    power-of-two scales least)."""
+    x = np.random.default_rng(21).standard_normal((16, H)).astype(np.float32)
+    ids, ws = routing(16, K, E, 22)
+    ref = moe_reference(x, ids, ws, *weights)
+    errs = {}
+    for scales in ("absmax", "mse"):
+        w = make(method=method, scales=scales)
+        w.load_weights_from_tensors(*weights)
+        errs[scales] = rel_err(w.forward(x, ids, ws), ref)
+    assert errs["mse"] < {"AMXINT4": 0.85, "RAWINT4": 0.95, "MXFP4": 0.99}[method] * errs["absmax"], errs
+
+
+def test_scales_are_checked():
+    with pytest.raises(ValueError, match=r"Unsupported scales: 'l2'"):
+        make(method="AMXINT4", scales="l2")
+    with pytest.raises(ValueError, match="bf16 has none"):
+        make(method="BF16", scales="mse")
+    with pytest.raises(ValueError, match="GGML types"):
+        make(method="LLAMAFILE", scales="mse")
+    from kt_kernel import KTMoEWrapper
+
+    with pytest.raises(ValueError, match="SFT layers quantize with absmax"):
+        KTMoEWrapper(layer_idx=0, num_experts=E, num_experts_per_tok=K, hidden_size=H, moe_intermediate_size=I,
+                     cpuinfer_threads=2, threadpool_count=1, chunked_prefill_size=64, method="AMXBF16_SFT",
+                     mode="sft", scales="mse")
+
+
 @pytest.mark.parametrize("method", ["MXFP4", "MXFP8"])
 @pytest.mark.parametrize("limit, alpha", [(0.5, 0.0), (0.5, 1.702), (0.0, 1.702)])
 def test_mx_methods_with_kts_clamped_swiglu(method, limit, alpha, weights):

@@ -8,17 +8,25 @@ pub use e8m0::E8M0;
 pub use fp8::F8E4M3;
 pub use half::{bf16, f16};
 
-/// Round to nearest, ties to even, as `cvtps2dq` does under the default MXCSR. Adding and
-/// subtracting 1.5·2^23 rounds any |x| < 2^22 in the FPU's default mode, far faster than a
-/// software `rintf` on CPUs built without SSE4.1; larger values are already integers.
+/// 1.5 · 2^23: adding and subtracting it rounds any |x| < 2^22 to an integer, to nearest even
+/// in the FPU's default mode.
+const MAGIC: f32 = 12_582_912.0;
+
+/// Round to nearest, ties to even, as `cvtps2dq` does under the default MXCSR: far faster than
+/// a software `rintf` on CPUs built without SSE4.1; larger values are already integers.
 #[inline]
 pub fn round_ne(x: f32) -> f32 {
-    const MAGIC: f32 = 12_582_912.0; // 1.5 · 2^23
     if x.abs() < 4_194_304.0 {
-        (x + MAGIC) - MAGIC
+        round_ne_small(x)
     } else {
         x
     }
+}
+
+/// [`round_ne`] for |x| < 2^22, without the branch (loops over it vectorize).
+#[inline]
+pub fn round_ne_small(x: f32) -> f32 {
+    (x + MAGIC) - MAGIC
 }
 
 /// Round-to-nearest-even then saturate to i8, as KT's `cvtps_epi32` + `cvtsepi32_epi8` pair.
@@ -37,8 +45,7 @@ pub fn quantize_i8(x: f32) -> i8 {
 /// branches so that loops over it vectorize. Same result as `quantize_i8` in that range.
 #[inline]
 pub fn quantize_i8_small(x: f32) -> i8 {
-    const MAGIC: f32 = 12_582_912.0;
-    ((x + MAGIC) - MAGIC).clamp(-128.0, 127.0) as i8
+    round_ne_small(x).clamp(-128.0, 127.0) as i8
 }
 
 /// `bf16::from_f32(x)` (to nearest, ties to even; a NaN stays a quiet NaN), the same bits,

@@ -1,17 +1,34 @@
 //! K-group symmetric int4 (KT RAWINT4, compressed-tensors "pack-quantized"): per `group`
 //! columns of a row one bf16 scale `s = bf16(amax/7)`, `q = clamp(rne(x · (1/s)), -8, 7)`,
 //! stored as the nibble `q + 8` (low nibble = even column). Value: `(nibble - 8) · s`.
+//! [`Scales::Mse`] picks another bf16 `s` per group, the codes the same -8..=7.
 
 use alloc::vec;
 use alloc::vec::Vec;
 use half::bf16;
 
+use super::scales::{Grid, Scales};
 use super::{amax, inverse, raw_nibble};
-use crate::dtype::quantize_i8_small;
+use crate::dtype::{quantize_i8_small, round_ne_small};
+
+/// The grid the scale search sees: the codes -8..=7, scales rounded to bf16.
+pub(crate) struct Int4GroupGrid;
+
+impl Grid for Int4GroupGrid {
+    const LADDER: &'static [f32] = &[0.85, 0.7, 0.55];
+    const REFITS: usize = 2;
+    #[inline]
+    fn nearest(v: f32) -> f32 {
+        round_ne_small(v).clamp(-8.0, 7.0)
+    }
+    fn stored(s: f32) -> f32 {
+        bf16::from_f32(s).to_f32()
+    }
+}
 
 /// Quantize `rows × cols` (cols a multiple of `group`); returns (nibbles, `rows × cols/group`
 /// scales, row-major).
-pub fn quantize(rows: usize, cols: usize, group: usize, src: &[f32]) -> (Vec<u8>, Vec<f32>) {
+pub fn quantize(rows: usize, cols: usize, group: usize, src: &[f32], rule: Scales) -> (Vec<u8>, Vec<f32>) {
     let rb = cols / 2;
     let per_row = cols / group;
     let mut data = vec![0u8; rows * rb];
@@ -20,7 +37,7 @@ pub fn quantize(rows: usize, cols: usize, group: usize, src: &[f32]) -> (Vec<u8>
         let row = &mut data[r * rb..(r + 1) * rb];
         for g in 0..per_row {
             let x = &src[r * cols + g * group..r * cols + (g + 1) * group];
-            let s = bf16::from_f32(amax(x) / 7.0).to_f32();
+            let s = rule.pick::<Int4GroupGrid>(&[x], bf16::from_f32(amax(x) / 7.0).to_f32());
             let inv = inverse(s);
             scales[r * per_row + g] = s;
             // A byte (two columns) at a time, rounded without branches (|x · inv| ≤ ~7.03 for

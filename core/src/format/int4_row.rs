@@ -3,12 +3,28 @@
 //! `(|q8| + 8) & 0xF0` (ties away from zero) and the sign restored, giving `16·n`, n in -7..=7.
 //! The nibble n is stored two's complement (low nibble = even column here; KT's packed BufferB
 //! puts column k low and k+64 high, a packing detail). Value: `16 · n · d`.
+//! [`Scales::Mse`] picks `d` by the search, with n the nearest of -7..=7 to `x / 16d` (one
+//! rounding, not KT's two); a row where no scale beats absmax's keeps KT's bytes.
 
 use alloc::vec;
 use alloc::vec::Vec;
 
+use super::scales::{Grid, Scales};
 use super::{amax, inverse, signed_nibble};
-use crate::dtype::quantize_i8_small;
+use crate::dtype::{quantize_i8_small, round_ne_small};
+
+/// The grid the scale search sees, in units of `16·d`: n in -7..=7, the codes KT's quantizer
+/// writes (its kernels never see -8).
+pub(crate) struct Int4RowGrid;
+
+impl Grid for Int4RowGrid {
+    const LADDER: &'static [f32] = &[0.85, 0.7, 0.55];
+    const REFITS: usize = 2;
+    #[inline]
+    fn nearest(v: f32) -> f32 {
+        round_ne_small(v).clamp(-7.0, 7.0)
+    }
+}
 
 /// KT's 4-bit rounding of an int8 to a multiple of 16, in the same 8-bit wrapping arithmetic.
 #[inline]
@@ -22,21 +38,30 @@ pub fn round_to_16(q8: i8) -> i8 {
 }
 
 /// Quantize `rows × cols` (cols even); returns (nibble data, one scale d per row).
-pub fn quantize(rows: usize, cols: usize, src: &[f32]) -> (Vec<u8>, Vec<f32>) {
+pub fn quantize(rows: usize, cols: usize, src: &[f32], rule: Scales) -> (Vec<u8>, Vec<f32>) {
     let rb = cols / 2;
     let mut data = vec![0u8; rows * rb];
     let mut scales = vec![0.0f32; rows];
     for r in 0..rows {
         let x = &src[r * cols..(r + 1) * cols];
         let d = amax(x) / 112.0; // KT divides here (its int8 scale is a product: int8_row::scale)
-        let inv = inverse(d);
-        scales[r] = d;
+        let s = rule.pick::<Int4RowGrid>(&[x], 16.0 * d);
         let row = &mut data[r * rb..(r + 1) * rb];
-        // |v · inv| ≤ 112 (+ rounding): inside quantize_i8_small's range. Two columns a byte,
-        // the even one low.
-        let nib = |v: f32| (round_to_16(quantize_i8_small(v * inv)) >> 4) as u8 & 0x0F;
-        for (b, pair) in row.iter_mut().zip(x.chunks_exact(2)) {
-            *b = nib(pair[0]) | nib(pair[1]) << 4;
+        // Two columns a byte, the even one low.
+        let mut put = |nib: &dyn Fn(f32) -> u8| {
+            for (b, pair) in row.iter_mut().zip(x.chunks_exact(2)) {
+                *b = nib(pair[0]) | nib(pair[1]) << 4;
+            }
+        };
+        if s == 16.0 * d {
+            // KT's rounding: |v · inv| ≤ 112 (+ rounding), inside quantize_i8_small's range.
+            let inv = inverse(d);
+            scales[r] = d;
+            put(&|v| (round_to_16(quantize_i8_small(v * inv)) >> 4) as u8 & 0x0F);
+        } else {
+            let inv = inverse(s);
+            scales[r] = s / 16.0;
+            put(&|v| Int4RowGrid::nearest(v * inv) as i8 as u8 & 0x0F);
         }
     }
     (data, scales)

@@ -1,22 +1,37 @@
 //! Per-row symmetric int8 (KT AMXINT8, `BufferB::from_mat`): `d = amax · (1/127)` per row,
-//! `q = sat_i8(rne(x · (1/d)))`, value `q · d`.
+//! `q = sat_i8(rne(x · (1/d)))`, value `q · d`. [`Scales::Mse`] may pick a smaller `d`, the codes
+//! clamped to ±127 as absmax's are.
 
 use alloc::vec;
 use alloc::vec::Vec;
 
+use super::scales::{Grid, Scales};
 use super::{amax, inverse};
-use crate::dtype::quantize_i8_small;
+use crate::dtype::{quantize_i8_small, round_ne_small};
+
+/// The int8 grid the scale search sees: the codes -127..=127 (absmax's never reach -128).
+pub(crate) struct Int8Grid;
+
+impl Grid for Int8Grid {
+    const LADDER: &'static [f32] = &[0.95, 0.85];
+    const REFITS: usize = 2;
+    #[inline]
+    fn nearest(v: f32) -> f32 {
+        round_ne_small(v).clamp(-127.0, 127.0)
+    }
+}
 
 /// Quantize `rows × cols`; returns (i8 data as bytes, one scale per row).
-pub fn quantize(rows: usize, cols: usize, src: &[f32]) -> (Vec<u8>, Vec<f32>) {
+pub fn quantize(rows: usize, cols: usize, src: &[f32], rule: Scales) -> (Vec<u8>, Vec<f32>) {
     let mut data = vec![0u8; rows * cols];
     let mut scales = vec![0.0f32; rows];
     for r in 0..rows {
         let x = &src[r * cols..(r + 1) * cols];
-        let (q, d) = quantize_row(x);
+        let d = rule.pick::<Int8Grid>(&[x], scale(amax(x)));
+        let inv = inverse(d);
         scales[r] = d;
-        for (o, v) in data[r * cols..(r + 1) * cols].iter_mut().zip(q) {
-            *o = v as u8;
+        for (o, &v) in data[r * cols..(r + 1) * cols].iter_mut().zip(x) {
+            *o = Int8Grid::nearest(v * inv) as i8 as u8;
         }
     }
     (data, scales)

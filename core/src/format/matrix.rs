@@ -4,7 +4,7 @@ use alloc::vec;
 use alloc::vec::Vec;
 use core::ops::Range;
 
-use super::{bf16, fp8_block, fp8_channel, int4_group, int4_row, int8_row, mx, WeightFormat, FP8_BLOCK};
+use super::{bf16, fp8_block, fp8_channel, int4_group, int4_row, int8_row, mx, Scales, WeightFormat, FP8_BLOCK};
 use crate::{ggml, Error};
 
 /// A quantized matrix in the canonical layout of its format: row-major element data (nibbles
@@ -19,9 +19,22 @@ pub struct QuantMatrix {
 }
 
 impl QuantMatrix {
-    /// Quantize a row-major f32 matrix. Non-finite values and |x| > [`super::MAX_ABS`] are
-    /// refused: no format here encodes them, and scales near f32::MAX would overflow.
+    /// Quantize a row-major f32 matrix with absmax scales (KT's bytes). Non-finite values and
+    /// |x| > [`super::MAX_ABS`] are refused: no format here encodes them, and scales near
+    /// f32::MAX would overflow.
     pub fn quantize(format: WeightFormat, rows: usize, cols: usize, src: &[f32]) -> Result<Self, Error> {
+        Self::quantize_with(format, Scales::Absmax, rows, cols, src)
+    }
+
+    /// [`QuantMatrix::quantize`] with each scale chosen by `scales` ([`Scales::check`]).
+    pub fn quantize_with(
+        format: WeightFormat,
+        scales: Scales,
+        rows: usize,
+        cols: usize,
+        src: &[f32],
+    ) -> Result<Self, Error> {
+        scales.check(format)?;
         if src.len() != rows * cols {
             return Err(Error::ShapeMismatch { what: "weight matrix", expected: rows * cols, found: src.len() });
         }
@@ -35,13 +48,13 @@ impl QuantMatrix {
         }
         let (data, scales) = match format {
             WeightFormat::Bf16 => (bf16::quantize(src), Vec::new()),
-            WeightFormat::Int8Row => int8_row::quantize(rows, cols, src),
-            WeightFormat::Int4Row => int4_row::quantize(rows, cols, src),
-            WeightFormat::Int4Group { group } => int4_group::quantize(rows, cols, usize::from(group), src),
-            WeightFormat::Fp8Block => fp8_block::quantize(rows, cols, src),
-            WeightFormat::Fp8Channel => fp8_channel::quantize(rows, cols, src),
-            WeightFormat::Mxfp4 => mx::quantize_fp4(rows, cols, src),
-            WeightFormat::Mxfp8 => mx::quantize_fp8(rows, cols, src),
+            WeightFormat::Int8Row => int8_row::quantize(rows, cols, src, scales),
+            WeightFormat::Int4Row => int4_row::quantize(rows, cols, src, scales),
+            WeightFormat::Int4Group { group } => int4_group::quantize(rows, cols, usize::from(group), src, scales),
+            WeightFormat::Fp8Block => fp8_block::quantize(rows, cols, src, scales),
+            WeightFormat::Fp8Channel => fp8_channel::quantize(rows, cols, src, scales),
+            WeightFormat::Mxfp4 => mx::quantize_fp4(rows, cols, src, scales),
+            WeightFormat::Mxfp8 => mx::quantize_fp8(rows, cols, src, scales),
             WeightFormat::Ggml(t) => {
                 let mut data = vec![0u8; format.data_bytes(rows, cols)];
                 let rb = t.row_bytes(cols);

@@ -25,9 +25,11 @@ pub mod kt_packed;
 mod layer;
 mod matrix;
 pub mod mx;
+mod scales;
 
 pub use layer::LayerFormat;
 pub use matrix::QuantMatrix;
+pub use scales::{Scales, MARGIN};
 
 use core::fmt;
 
@@ -133,6 +135,11 @@ impl WeightFormat {
             self,
             WeightFormat::Int8Row | WeightFormat::Int4Row | WeightFormat::Int4Group { .. } | WeightFormat::Mxfp4
         )
+    }
+
+    /// Whether [`Scales::Mse`] applies: the formats whose scales a quantizer here chooses.
+    pub fn searches_scales(self) -> bool {
+        !matches!(self, WeightFormat::Bf16 | WeightFormat::Ggml(_))
     }
 
     /// Columns per activation scale for the formats whose int8 activations are quantized per

@@ -2,6 +2,8 @@
 //! MXFP4 (e2m1 nibbles, low nibble = even column) or MXFP8 (e4m3 bytes). Quantization follows
 //! the OCP MX spec: `X = floor(log2(amax)) - emax` (emax 2 for e2m1, 8 for e4m3), elements
 //! rounded to nearest even and saturated. Scales are kept as f32 (exact powers of two).
+//! [`Scales::Mse`] may step a block's scale one power of two down (the largest elements
+//! saturated, the rest finer) or up (none saturated).
 //!
 //! MXFP4 values are integers when doubled (`2·e2m1` ∈ {0, ±1, ±2, ±3, ±4, ±6, ±8, ±12}), so the
 //! kernels dot them as int8 against int8 activations and fold the ½ into the scale.
@@ -9,8 +11,55 @@
 use alloc::vec;
 use alloc::vec::Vec;
 
+use super::scales::{Grid, Scales};
 use super::{amax, raw_nibble};
-use crate::dtype::F8E4M3;
+use crate::dtype::{round_ne_small, F8E4M3};
+
+/// An e8m0 scale as stored: within `2^-127..=2^127`.
+fn e8m0_range(s: f32) -> f32 {
+    s.clamp(pow2(-127), pow2(127))
+}
+
+/// The e2m1 grid the scale search sees, with e8m0 scales one power of two either side.
+pub(crate) struct Fp4Grid;
+
+impl Grid for Fp4Grid {
+    const LADDER: &'static [f32] = &[0.5, 2.0];
+    const REFITS: usize = 0;
+    /// The value of `fp4_round(v)` without its code: steps of ½ below 2, 1 below 4, 2 above,
+    /// each rounded to nearest even (where the grid's even codes lie), saturating at 6.
+    #[inline]
+    fn nearest(v: f32) -> f32 {
+        let a = v.abs();
+        let step = if a < 2.0 {
+            0.5
+        } else if a < 4.0 {
+            1.0
+        } else {
+            2.0
+        };
+        let mag = (round_ne_small(a * (1.0 / step)) * step).min(6.0);
+        mag.copysign(v)
+    }
+    fn stored(s: f32) -> f32 {
+        e8m0_range(s)
+    }
+}
+
+/// The e4m3 grid with e8m0 scales one power of two either side.
+pub(crate) struct Fp8Grid;
+
+impl Grid for Fp8Grid {
+    const LADDER: &'static [f32] = &[0.5, 2.0];
+    const REFITS: usize = 0;
+    #[inline]
+    fn nearest(v: f32) -> f32 {
+        F8E4M3::round(v)
+    }
+    fn stored(s: f32) -> f32 {
+        e8m0_range(s)
+    }
+}
 
 /// Columns per scale.
 pub const MX_BLOCK: usize = 32;
@@ -81,13 +130,13 @@ fn fp4_round(v: f32) -> u8 {
 }
 
 /// Quantize `rows × cols` (cols a multiple of 32) to MXFP4: (nibbles, `rows × cols/32` scales).
-pub fn quantize_fp4(rows: usize, cols: usize, src: &[f32]) -> (Vec<u8>, Vec<f32>) {
+pub fn quantize_fp4(rows: usize, cols: usize, src: &[f32], rule: Scales) -> (Vec<u8>, Vec<f32>) {
     let per_row = cols / MX_BLOCK;
     let mut data = vec![0u8; rows * cols / 2];
     let mut scales = vec![0.0f32; rows * per_row];
     let blocks = src[..rows * cols].chunks_exact(MX_BLOCK).zip(data.chunks_exact_mut(MX_BLOCK / 2));
     for ((x, out), s) in blocks.zip(&mut scales) {
-        *s = block_scale(x, 2);
+        *s = rule.pick::<Fp4Grid>(&[x], block_scale(x, 2));
         // A power of two's inverse is exact (2^±127 included), so `v · (1/s)` is `v / s`.
         let inv = 1.0 / *s;
         for (pair, o) in x.chunks_exact(2).zip(out) {
@@ -117,7 +166,7 @@ pub fn dequantize_fp4_row(row: &[u8], scales: &[f32], out: &mut [f32]) {
 }
 
 /// Quantize `rows × cols` (cols a multiple of 32) to MXFP8 (e4m3 elements).
-pub fn quantize_fp8(rows: usize, cols: usize, src: &[f32]) -> (Vec<u8>, Vec<f32>) {
+pub fn quantize_fp8(rows: usize, cols: usize, src: &[f32], rule: Scales) -> (Vec<u8>, Vec<f32>) {
     let per_row = cols / MX_BLOCK;
     let mut data = vec![0u8; rows * cols];
     let mut scales = vec![0.0f32; rows * per_row];
@@ -125,7 +174,7 @@ pub fn quantize_fp8(rows: usize, cols: usize, src: &[f32]) -> (Vec<u8>, Vec<f32>
         for b in 0..per_row {
             let at = r * cols + b * MX_BLOCK;
             let x = &src[at..at + MX_BLOCK];
-            let s = block_scale(x, 8);
+            let s = rule.pick::<Fp8Grid>(&[x], block_scale(x, 8));
             scales[r * per_row + b] = s;
             for (o, &v) in data[at..at + MX_BLOCK].iter_mut().zip(x) {
                 *o = F8E4M3::from_f32(v / s).0;
@@ -173,7 +222,7 @@ mod tests {
         // One block of exact midpoints (amax 5: scale 1).
         x[..MX_BLOCK].fill(0.0);
         x[..9].copy_from_slice(&[0.25, -0.75, 1.25, -1.75, 2.5, -3.5, 5.0, 0.0, -0.0]);
-        let (q, s) = quantize_fp4(2, x.len() / 2, &x);
+        let (q, s) = quantize_fp4(2, x.len() / 2, &x, Scales::Absmax);
         for (c, &v) in x.iter().enumerate() {
             let (row, col) = (c / (x.len() / 2), c % (x.len() / 2));
             let scale = s[row * (x.len() / 2 / MX_BLOCK) + col / MX_BLOCK];
@@ -189,22 +238,33 @@ mod tests {
         }
     }
 
+    /// The search's e2m1 values are those of the codes `fp4_round` writes, ties included.
+    #[test]
+    fn fp4_grid_values_are_the_codes_values() {
+        let mut v = -8.0f32;
+        while v <= 8.0 {
+            let want = f32::from(FP4_X2[usize::from(fp4_round(v))]) * 0.5;
+            assert_eq!(Fp4Grid::nearest(v), want, "{v}");
+            v += 1.0 / 64.0;
+        }
+    }
+
     #[test]
     fn scales_follow_the_ocp_rule() {
         // amax 5.0: floor(log2 5) = 2, so X = 0 for fp4 and -6 for fp8.
         let mut x = [0.0f32; MX_BLOCK];
         x[3] = -5.0;
         x[7] = 1.0;
-        let (q, s) = quantize_fp4(1, MX_BLOCK, &x);
+        let (q, s) = quantize_fp4(1, MX_BLOCK, &x, Scales::Absmax);
         assert_eq!(s, [1.0]);
         let mut out = [0.0f32; MX_BLOCK];
         dequantize_fp4_row(&q, &s, &mut out);
         assert_eq!((out[3], out[7]), (-4.0, 1.0));
-        let (q, s) = quantize_fp8(1, MX_BLOCK, &x);
+        let (q, s) = quantize_fp8(1, MX_BLOCK, &x, Scales::Absmax);
         assert_eq!(s, [1.0 / 64.0]);
         dequantize_fp8_row(&q, &s, &mut out);
         assert_eq!((out[3], out[7]), (-5.0, 1.0));
-        let (_, s) = quantize_fp4(1, MX_BLOCK, &[0.0; MX_BLOCK]);
+        let (_, s) = quantize_fp4(1, MX_BLOCK, &[0.0; MX_BLOCK], Scales::Absmax);
         assert_eq!(s, [pow2(-127)]);
     }
 }

@@ -6,8 +6,9 @@ use alloc::vec::Vec;
 
 use proptest::prelude::*;
 
-use super::{QuantMatrix, WeightFormat, FP8_BLOCK};
+use super::{QuantMatrix, Scales, WeightFormat, FP8_BLOCK, MARGIN};
 use crate::dtype::F8E4M3;
+use crate::rng::SplitMix64;
 use crate::Error;
 
 /// Values that stress the quantizers: normal, zero, tiny, subnormal, large, exact ties.
@@ -178,6 +179,119 @@ proptest! {
             let s = q.slice_rows(r0..rows).unwrap().dequantize();
             prop_assert_eq!(&s[..], &deq[r0 * cols..]);
         }
+    }
+}
+
+/// Weights of a kind the scale search meets: Gaussian, heavy-tailed (a Gaussian over a
+/// Gaussian's magnitude, Cauchy-like), Gaussian with 1% outliers 20× larger, or a few outlier
+/// columns.
+fn weights(kind: u8, n: usize, cols: usize, seed: u64) -> Vec<f32> {
+    let mut r = SplitMix64::new(seed);
+    (0..n)
+        .map(|i| {
+            let g = r.gaussian();
+            match kind {
+                0 => g,
+                1 => g / r.gaussian().abs().max(0.05),
+                2 if r.below(100) == 0 => g * 20.0,
+                3 if i % cols < 3 => g * 10.0,
+                _ => g,
+            }
+        })
+        .collect()
+}
+
+/// Which scale element `(r, c)` is quantized with: its row's, K-group's or block's index.
+fn scale_index(f: WeightFormat, cols: usize, r: usize, c: usize) -> usize {
+    match f {
+        WeightFormat::Fp8Block => (r / FP8_BLOCK) * cols.div_ceil(FP8_BLOCK) + c / FP8_BLOCK,
+        f => match f.k_group() {
+            Some(g) => r * (cols / g) + c / g,
+            None => r,
+        },
+    }
+}
+
+/// Squared error of each scale's weights, in f64.
+fn errors_by_scale(q: &QuantMatrix, x: &[f32]) -> Vec<f64> {
+    let (f, cols) = (q.format(), q.cols());
+    let mut err = alloc::vec![0.0f64; q.scales().len()];
+    for (i, (&d, &v)) in q.dequantize().iter().zip(x).enumerate() {
+        err[scale_index(f, cols, i / cols, i % cols)] += (f64::from(d) - f64::from(v)).powi(2);
+    }
+    err
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// `mse` scales never give a row, group or block more error than absmax's, and a scale they
+    /// change lowers its error by the margin; the bytes decode through the format's own definition.
+    #[test]
+    fn mse_scales_never_lose_to_absmax(
+        kind in 0u8..5,
+        seed in any::<u64>(),
+        rows in 1usize..5,
+        cm in 1usize..3,
+        stress in proptest::collection::vec(value(), 256),
+    ) {
+        let cols = cm * 128;
+        let x = if kind < 4 { weights(kind, rows * cols, cols, seed) } else { stress.iter().copied().cycle().take(rows * cols).collect() };
+        for f in WeightFormat::ALL.into_iter().filter(|f| f.searches_scales()) {
+            let abs = QuantMatrix::quantize(f, rows, cols, &x).unwrap();
+            let mse = QuantMatrix::quantize_with(f, Scales::Mse, rows, cols, &x).unwrap();
+            let (ea, em) = (errors_by_scale(&abs, &x), errors_by_scale(&mse, &x));
+            for (i, (a, m)) in ea.iter().zip(&em).enumerate() {
+                prop_assert!(m <= a, "{} kind {} scale {}: mse {} > absmax {}", f, kind, i, m, a);
+                if mse.scales()[i] != abs.scales()[i] {
+                    prop_assert!(*m < a * (1.0 - MARGIN / 2.0), "{} kind {} scale {}: {} vs {}", f, kind, i, m, a);
+                }
+            }
+            // Scales as the format stores them: bf16 for K-group int4, e8m0 powers of two for MX.
+            for &s in mse.scales() {
+                match f {
+                    WeightFormat::Int4Group { .. } => prop_assert_eq!(half::bf16::from_f32(s).to_f32(), s),
+                    WeightFormat::Mxfp4 | WeightFormat::Mxfp8 => prop_assert_eq!(super::mx::pow2(i32::from(super::mx::e8m0_code(s)) - 127), s),
+                    _ => {}
+                }
+            }
+            // Same bytes where the scale stayed (KT's rounding kept) for the row formats.
+            if f.k_group().is_none() && f != WeightFormat::Fp8Block {
+                for r in (0..rows).filter(|&r| mse.scales()[r] == abs.scales()[r]) {
+                    prop_assert_eq!(mse.row_data(r), abs.row_data(r));
+                }
+            }
+        }
+    }
+}
+
+/// The search lowers every format's total error on every kind of weights; on Gaussian ones
+/// per-row int4 by a quarter and K-group int4 by a tenth at least.
+#[test]
+fn mse_scales_lower_the_error_of_every_format() {
+    let (rows, cols) = (16, 512);
+    for kind in 0..4u8 {
+        let x = weights(kind, rows * cols, cols, u64::from(kind));
+        for f in WeightFormat::ALL.into_iter().filter(|f| f.searches_scales()) {
+            let total =
+                |s| errors_by_scale(&QuantMatrix::quantize_with(f, s, rows, cols, &x).unwrap(), &x).iter().sum::<f64>();
+            let (a, m) = (total(Scales::Absmax), total(Scales::Mse));
+            let want = match (f, kind) {
+                (WeightFormat::Int4Row, 0) => 0.75,
+                (WeightFormat::Int4Group { .. }, 0) => 0.9,
+                _ => 1.0,
+            };
+            std::eprintln!("RATIO {f} kind {kind}: {:.4}", m / a);
+            assert!(m < a * want, "{f} kind {kind}: mse {m} against absmax {a}");
+        }
+    }
+}
+
+#[test]
+fn mse_is_refused_where_no_scale_is_chosen() {
+    for f in [WeightFormat::Bf16, WeightFormat::Ggml(crate::ggml::GgmlType::Q4_0)] {
+        let e = QuantMatrix::quantize_with(f, Scales::Mse, 1, 32, &[1.0; 32]).unwrap_err();
+        assert!(alloc::format!("{e}").contains("mse"), "{e}");
     }
 }
 

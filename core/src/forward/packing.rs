@@ -6,7 +6,7 @@ use alloc::vec::Vec;
 use core::ops::Range;
 
 use super::ExpertWeights;
-use crate::{Backend, Error, LayerFormat, MoeConfig, QuantMatrix};
+use crate::{Backend, Error, LayerFormat, MoeConfig, QuantMatrix, Scales};
 
 /// One expert in f32, row-major: gate and up `[I, H]`, down `[H, I]`.
 #[derive(Clone, Copy, Debug)]
@@ -28,14 +28,16 @@ pub fn pack_expert_f32(
     x: ExpertF32<'_>,
 ) -> Result<Vec<ExpertWeights>, Error> {
     let format = format.into();
-    cfg.part_ranges(format)?.into_iter().map(|r| pack_part_f32(backend, cfg, format, x, r)).collect()
+    cfg.part_ranges(format)?.into_iter().map(|r| pack_part_f32(backend, cfg, format, Scales::Absmax, x, r)).collect()
 }
 
-/// The part of [`pack_expert_f32`] that owns rows `part` of I (one of `cfg.part_ranges`).
+/// The part of [`pack_expert_f32`] that owns rows `part` of I (one of `cfg.part_ranges`), its
+/// scales chosen by `scales`.
 pub fn pack_part_f32(
     backend: &dyn Backend,
     cfg: &MoeConfig,
     format: LayerFormat,
+    scales: Scales,
     x: ExpertF32<'_>,
     part: Range<usize>,
 ) -> Result<ExpertWeights, Error> {
@@ -46,12 +48,12 @@ pub fn pack_part_f32(
         }
     }
     let r = part;
-    let rows = |f, m: &[f32]| QuantMatrix::quantize(f, r.len(), h, &m[r.start * h..r.end * h]);
+    let rows = |f, m: &[f32]| QuantMatrix::quantize_with(f, scales, r.len(), h, &m[r.start * h..r.end * h]);
     let down = crate::mat::columns(x.down, i, r.clone());
     Ok(ExpertWeights {
         gate: backend.pack(&rows(format.gate, x.gate)?)?,
         up: backend.pack(&rows(format.up, x.up)?)?,
-        down: backend.pack(&QuantMatrix::quantize(format.down, h, r.len(), &down)?)?,
+        down: backend.pack(&QuantMatrix::quantize_with(format.down, scales, h, r.len(), &down)?)?,
     })
 }
 

@@ -18,7 +18,7 @@ use half::bf16;
 use indicatif::{ProgressBar, ProgressStyle};
 use kt_core::backend::Instructions;
 use kt_core::reference::REFERENCE;
-use kt_core::{Backend, LayerFormat, MoeConfig, WeightFormat};
+use kt_core::{Backend, LayerFormat, MoeConfig, Scales, WeightFormat};
 
 pub use report::{print_table, to_json};
 pub use roofline::Roofline;
@@ -76,6 +76,8 @@ pub struct BenchSpec {
     pub cfg: MoeConfig,
     /// Weight formats to run.
     pub methods: Vec<LayerFormat>,
+    /// How weights quantized here choose their scales.
+    pub scales: Scales,
     /// Token counts per forward.
     pub tokens: Vec<usize>,
     /// Compute threads, split over `cfg.parts` sub-pools.
@@ -442,9 +444,12 @@ fn run_method(
 ) -> Result<Vec<CaseResult>, BenchError> {
     let cfg = &MoeConfig { max_tokens: spec.tokens.iter().copied().max().unwrap_or(1), ..spec.cfg.clone() };
     let clock = spec.stages.then(|| std::sync::Arc::new(stages::StageClock::new(pool.clone())));
-    let opts = match &clock {
-        Some(c) => LayerOptions::executor(c.clone()),
-        None => LayerOptions::executor(pool.clone()),
+    let opts = LayerOptions {
+        scales: spec.scales,
+        ..match &clock {
+            Some(c) => LayerOptions::executor(c.clone()),
+            None => LayerOptions::executor(pool.clone()),
+        }
     };
     // Each expert is generated once per part (every part packs its own slice on its node).
     let pb = bar(

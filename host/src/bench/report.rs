@@ -45,6 +45,7 @@ pub fn to_json(r: &Report) -> Value {
             "mem_total_bytes": t.mem_total,
             "layers": r.layers,
             "seed": r.seed,
+            "scales": r.spec.scales.to_string(),
         },
         "roofline": roofline_json(&r.roofline, &r.roofline_low, r.probes),
         "results": r.results.iter().map(|c| json!({

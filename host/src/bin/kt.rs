@@ -3,7 +3,7 @@
 use std::process::ExitCode;
 
 use clap::{Args, Parser, Subcommand};
-use kt_core::{LayerFormat, MoeConfig, WeightFormat};
+use kt_core::{LayerFormat, MoeConfig, Scales, WeightFormat};
 use kt_host::bench::{self, BenchSpec};
 use kt_host::cpu::CpuInfo;
 use kt_host::placement::{cpulist, PoolConfig};
@@ -86,6 +86,15 @@ struct ConvertArgs {
     /// transposes in the layer's format load instead of making them.
     #[arg(long)]
     backward: bool,
+    /// How each row's or group's scale is chosen: absmax (KT's rule and bytes) or mse (the
+    /// scale of least squared error on the format's grid; the same layout, lower error).
+    #[arg(long, default_value = "absmax")]
+    scales: String,
+}
+
+/// `--scales`, or the usage error naming the accepted values.
+fn parse_scales(s: &str) -> Result<Scales, String> {
+    Scales::parse(s).ok_or_else(|| format!("unknown --scales {s:?}; valid values: {}", Scales::NAMES))
 }
 
 #[derive(Args)]
@@ -161,6 +170,10 @@ struct BenchArgs {
     /// Seed of weights, inputs and routing.
     #[arg(long, default_value_t = 42)]
     seed: u64,
+    /// How the weights' scales are chosen when quantizing them here: absmax or mse (as kt
+    /// convert's --scales; the same kernels run either).
+    #[arg(long, default_value = "absmax")]
+    scales: String,
     /// Time each case for at least this many seconds (and at least 3 reps).
     #[arg(long, default_value_t = 1.0)]
     min_time: f64,
@@ -433,7 +446,19 @@ fn run_bench(a: BenchArgs) -> ExitCode {
             return usage(e);
         }
     }
+    let scales = match parse_scales(&a.scales) {
+        Ok(s) => s,
+        Err(e) => return usage(e),
+    };
+    for m in &methods {
+        if let Err(e) = scales.check(m.gate) {
+            return usage(e);
+        }
+    }
     if let Some(rank) = a.sft {
+        if scales != Scales::Absmax {
+            return usage("--scales mse is for inference layers; --sft quantizes with absmax");
+        }
         return run_sft(&a, cfg, &methods, rank, &pool, &topo);
     }
     let spec = BenchSpec {
@@ -444,6 +469,7 @@ fn run_bench(a: BenchArgs) -> ExitCode {
         },
         cfg,
         methods,
+        scales,
         tokens: a.tokens,
         threads: pool.threads(),
         smt: pool.smt,
@@ -672,10 +698,15 @@ fn run_convert(a: ConvertArgs) -> ExitCode {
         Some(Ok(r)) => Some(r),
         Some(Err(e)) => return usage(e),
     };
+    let scales = match parse_scales(&a.scales) {
+        Ok(s) => s,
+        Err(e) => return usage(e),
+    };
     let spec = kt_host::convert::ConvertSpec {
         input: a.input,
         output: a.output,
         format,
+        scales,
         parts: a.parts,
         layers,
         checkpoint_group: WeightFormat::takes_checkpoint_group(&a.method),

@@ -10,7 +10,7 @@ use std::path::{Path, PathBuf};
 use std::time::Instant;
 
 use indicatif::{ProgressBar, ProgressStyle};
-use kt_core::{MoeConfig, WeightFormat};
+use kt_core::{MoeConfig, Scales, WeightFormat};
 
 use crate::error::WeightError;
 use crate::pool::Pool;
@@ -31,6 +31,9 @@ pub struct ConvertSpec {
     /// AMXINT8 (`Int8Row`) or AMXINT4 (`Int4Row`) in KT's packed layout, or another format in
     /// ours.
     pub format: WeightFormat,
+    /// How each row's or group's scale is chosen: KT's absmax (KT's exact bytes) or the
+    /// error-minimizing search; a 4-bit checkpoint written as stored keeps its own.
+    pub scales: Scales,
     /// NUMA parts the files are made for (KT's `threadpool_count`).
     pub parts: usize,
     /// Layers to convert (default: all).
@@ -81,6 +84,7 @@ fn kt_name(name: &str) -> String {
 
 /// Run a conversion.
 pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
+    spec.scales.check(spec.format).map_err(WeightError::Layer)?;
     if let WeightFormat::Ggml(t) = spec.format {
         return gguf::convert_gguf(spec, t);
     }
@@ -116,7 +120,7 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
         for t in plan(&cfg, format, *layer, spec.backward)? {
             weight_map.insert(t.name, shard(i).into());
         }
-        if verify_layer(&path, &cfg, format, *layer, spec.backward) {
+        if verify_layer(&path, &cfg, (format, spec.scales), *layer, spec.backward) {
             pb.inc(layer_bytes);
             report.skipped.push(*layer);
             continue;
@@ -127,7 +131,7 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
         let written = write_layer(
             &path,
             &cfg,
-            format,
+            (format, spec.scales),
             *layer,
             spec.backward,
             &pool,

@@ -20,7 +20,7 @@ use std::sync::Mutex;
 use kt_core::format::kt_packed::{packed_bytes, to_kt};
 use kt_core::mat::{columns, set_columns};
 use kt_core::sft::BackwardWeights;
-use kt_core::{MoeConfig, QuantMatrix, WeightFormat};
+use kt_core::{MoeConfig, QuantMatrix, Scales, WeightFormat};
 
 use super::writer::{Planned, StreamWriter};
 use super::{Checkpoint, Slots, StoredExpert, WeightError};
@@ -125,11 +125,12 @@ pub enum ExpertSource {
     Stored(StoredExpert),
 }
 
-/// One expert into its KT tensors (weight bytes, scale bytes) in [`plan`] order; with
-/// `backward`, its transposes too (quantized from these values, as KT's converter does).
+/// One expert into its KT tensors (weight bytes, scale bytes) in [`plan`] order, its scales
+/// chosen by `scales` (the transposes' are absmax's); with `backward`, its transposes too
+/// (quantized from these values, as KT's converter does).
 pub fn expert_tensors(
     cfg: &MoeConfig,
-    format: WeightFormat,
+    (format, scales): (WeightFormat, Scales),
     x: &ExpertSource,
     backward: bool,
 ) -> Result<Vec<Vec<u8>>, WeightError> {
@@ -150,7 +151,8 @@ pub fn expert_tensors(
                     let (rows, cols) = dims(proj, h, r.len(), false);
                     let slice: Vec<f32> =
                         if proj == 2 { columns(m, i, r.clone()) } else { m[r.start * h..r.end * h].to_vec() };
-                    push(&QuantMatrix::quantize(format, rows, cols, &slice).map_err(WeightError::Layer)?)?;
+                    let q = QuantMatrix::quantize_with(format, scales, rows, cols, &slice);
+                    push(&q.map_err(WeightError::Layer)?)?;
                 }
             }
         }
@@ -188,7 +190,7 @@ pub fn expert_tensors(
 pub fn write_layer(
     path: &std::path::Path,
     cfg: &MoeConfig,
-    format: WeightFormat,
+    (format, scales): (WeightFormat, Scales),
     layer: usize,
     backward: bool,
     exec: &dyn kt_core::Executor,
@@ -199,12 +201,16 @@ pub fn write_layer(
     let plan = plan(cfg, format, layer, backward)?;
     let total: u64 = plan.iter().map(|t| t.bytes as u64).sum();
     let io = |source| WeightError::Io { path: path.to_path_buf(), source };
-    let meta = [
+    let mut meta = vec![
         ("format", "kt-kernel-converted".to_string()),
         ("method", method),
         ("numa_parts", cfg.parts.to_string()),
         ("layer", layer.to_string()),
     ];
+    // Absmax files carry no key, as before (and as KT's own).
+    if scales != Scales::Absmax {
+        meta.push(("scales", scales.to_string()));
+    }
     let mut w = StreamWriter::create(path, plan.clone(), &meta).map_err(io)?;
     let per_expert = plan.len() / cfg.experts.max(1);
     let chunk = (2 * exec.workers()).max(2);
@@ -212,7 +218,7 @@ pub fn write_layer(
         let ids: Vec<usize> = (start..(start + chunk).min(cfg.experts)).collect();
         let slots: Vec<Mutex<Option<ExpertResult>>> = ids.iter().map(|_| Mutex::new(None)).collect();
         exec.parallel_for(ids.len(), &|t, _| {
-            let r = expert(ids[t]).and_then(|x| expert_tensors(cfg, format, &x, backward));
+            let r = expert(ids[t]).and_then(|x| expert_tensors(cfg, (format, scales), &x, backward));
             *slots[t].lock().unwrap_or_else(|p| p.into_inner()) = Some(r);
         });
         for (j, slot) in slots.into_iter().enumerate() {
@@ -228,11 +234,12 @@ pub fn write_layer(
     Ok(total)
 }
 
-/// Whether `path` is a complete converted layer for this config (resume skips it).
+/// Whether `path` is a complete converted layer for this config and scale rule (resume skips
+/// it).
 pub fn verify_layer(
     path: &std::path::Path,
     cfg: &MoeConfig,
-    format: WeightFormat,
+    (format, scales): (WeightFormat, Scales),
     layer: usize,
     backward: bool,
 ) -> bool {
@@ -240,6 +247,7 @@ pub fn verify_layer(
     let Ok(plan) = plan(cfg, format, layer, backward) else { return false };
     ck.metadata("method") == Some(method_name(format).as_str())
         && ck.metadata("numa_parts") == Some(cfg.parts.to_string().as_str())
+        && ck.metadata("scales").unwrap_or("absmax") == scales.to_string()
         && plan.iter().all(|t| ck.get(&t.name).is_some_and(|r| ck.bytes(r).len() == t.bytes))
 }
 

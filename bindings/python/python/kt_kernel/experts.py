@@ -95,9 +95,14 @@ class KTMoEWrapper:
         full_weight_grad: bool = False,
         swiglu_limit: float = 0.0,
         swiglu_alpha: float = 0.0,
+        scales: str = "absmax",
     ) -> Union[NativeMoEWrapper, SFTMoEWrapper]:
         if mode not in ("inference", "sft"):
             raise KTValueError(f"Unsupported mode: {mode!r}. Supported modes: ['inference', 'sft']")
+        if scales not in ("absmax", "mse"):
+            raise KTValueError(f"Unsupported scales: {scales!r}. Supported: ['absmax', 'mse']")
+        if mode == "sft" and scales != "absmax":
+            raise KTValueError("scales='mse' is for inference layers; SFT layers quantize with absmax")
         methods = INFERENCE_METHODS if mode == "inference" else SFT_METHODS
         if method not in methods:
             raise KTValueError(f"Unsupported method for mode={mode!r}: {method!r}. Supported methods: {sorted(methods)}")
@@ -152,6 +157,7 @@ class KTMoEWrapper:
             max_deferred_experts_per_token=max_deferred_experts_per_token,
             swiglu_limit=swiglu_limit,
             swiglu_alpha=swiglu_alpha,
+            scales=scales,
         )
 
     @staticmethod
@@ -230,6 +236,7 @@ class NativeMoEWrapper(ExpertWeights):
         numa_nodes: Optional[Sequence[int]],
         swiglu_limit: float = 0.0,
         swiglu_alpha: float = 0.0,
+        scales: str = "absmax",
     ) -> None:
         check_sizes(num_experts, num_experts_per_tok, hidden_size, moe_intermediate_size, cpuinfer_threads,
                     threadpool_count, chunked_prefill_size)
@@ -266,6 +273,7 @@ class NativeMoEWrapper(ExpertWeights):
             float(swiglu_limit or 0.0),
             float(swiglu_alpha or 0.0),
             skip_gpu_experts(),
+            scales,
         )
         self._staging: Optional[Staged] = None
         self._submitted_deferred = False

@@ -13,7 +13,13 @@ __int8_kernel__: str
 def cuda_host_blocks() -> int: ...
 def topology() -> tuple[str, int, int, int]: ...
 def convert(
-    input: str, output: str, method: str = "AMXINT8", parts: int = 2, threads: int = 0, backward: bool = False
+    input: str,
+    output: str,
+    method: str = "AMXINT8",
+    parts: int = 2,
+    threads: int = 0,
+    backward: bool = False,
+    scales: str = "absmax",
 ) -> tuple[int, int]: ...
 def gguf_dequantize(path: str, name: str) -> tuple[list[int], bytes]: ...
 
@@ -51,6 +57,7 @@ class Moe:
         swiglu_limit: float = 0.0,
         swiglu_alpha: float = 0.0,
         skip_gpu_experts: bool = False,
+        scales: str = "absmax",
     ) -> None: ...
     def load_from_arrays(
         self, infer: CpuInfer, gate: int, up: int, down: int, dtype: str, map: Sequence[int]
