@@ -278,7 +278,7 @@ def main():
     print("|---|---|---|---|---|---|---|")
     for kind, method, who, ea, em, la, lm in rows:
         load = f"{la:.2f} / {lm:.2f}" if la is not None else ""
-        print(f"| {kind} | {method} | {who} | {ea:.4f} | {em:.4f} | {100 * (em / ea - 1):+.0f}% | {load} |")
+        print(f"| {kind} | {method} | {who} | {ea:.4f} | {em:.4f} | {100 * (em / ea - 1):+.1f}% | {load} |")
 
 
 if __name__ == "__main__":

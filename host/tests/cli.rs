@@ -144,6 +144,7 @@ fn bench_json_has_the_documented_schema() {
     assert_eq!(vnni.is_null(), roof["low"]["vnni_gops"].is_null());
     assert_eq!(roof["probes"], 4, "one probe before the cases, one after each of the 3 methods");
     assert!(v["machine"]["cpu"].is_string());
+    assert_eq!(v["machine"]["scales"], "absmax");
     let results = v["results"].as_array().unwrap();
     assert_eq!(results.len(), 6);
     for r in results {
@@ -260,6 +261,10 @@ fn bad_bench_input_is_one_line_and_exit_2() {
         (&["bench", "--experts", "8", "--tokens", "50000000"][..], "--tokens"),
         (&["bench", "--nonsense"][..], "--nonsense"),
         (&["bench", "--sft", "0", "--hidden", "256", "--intermediate", "128"][..], "positive LoRA rank"),
+        (&["bench", "--scales", "l2", "--method", "int4"][..], "valid values: absmax, mse"),
+        (&["bench", "--scales", "mse", "--method", "int4,bf16"][..], "format bf16 is not supported with scales"),
+        (&["bench", "--scales", "mse", "--method", "q4_0"][..], "GGML types' quantizers pick their own"),
+        (&["bench", "--scales", "mse", "--method", "int8", "--sft", "4"][..], "--sft quantizes with absmax"),
     ] {
         let (code, out, err) = kt(args);
         assert_eq!(code, 2, "{args:?}: {err}");
@@ -310,4 +315,19 @@ fn bench_sft_json_has_the_documented_schema() {
     let cases = j["sft"].as_array().expect("sft: a list");
     assert!(cases.len() == 4 && cases.iter().all(|c| c["full_weight_grad"] == true), "{j}");
     assert!(cases.iter().all(|c| c["transposes"] == "layer" && c["weight_bytes"].as_u64() > Some(0)), "{j}");
+}
+
+/// `kt bench --scales mse` quantizes its synthetic weights with the search and says so; the
+/// kernels check out against the reference on those weights as on absmax's.
+#[test]
+fn bench_runs_mse_scales() {
+    let args = ["bench", "--experts", "4", "--top-k", "2", "--hidden", "64", "--intermediate", "64", "--tokens", "3"];
+    let more = ["--method", "int4-g32", "--layers", "1", "--min-time", "0", "--threads", "1", "--json"];
+    let (code, out, err) = kt(&[&args[..], &more[..], &["--scales", "mse"]].concat());
+    assert_eq!(code, 0, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).expect("one JSON object on stdout");
+    assert_eq!(v["machine"]["scales"], "mse");
+    for r in v["results"].as_array().unwrap() {
+        assert!(r["rel_err"].as_f64().is_some_and(|e| e < 0.05), "{r}");
+    }
 }

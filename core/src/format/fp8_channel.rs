@@ -13,6 +13,7 @@ use crate::dtype::F8E4M3;
 pub(crate) struct E4m3Grid;
 
 impl Grid for E4m3Grid {
+    const CODES_FIRST: bool = true;
     const LADDER: &'static [f32] = &[0.84, 0.71, 0.59];
     const REFITS: usize = 2;
     #[inline]

@@ -15,8 +15,9 @@ use crate::dtype::{quantize_i8_small, round_ne_small};
 pub(crate) struct Int4GroupGrid;
 
 impl Grid for Int4GroupGrid {
-    const LADDER: &'static [f32] = &[0.85, 0.7, 0.55];
-    const REFITS: usize = 2;
+    const LADDER: &'static [f32] = &[0.85, 0.7];
+    const LOCAL: &'static [f32] = &[0.95, 1.05];
+    const REFITS: usize = 1;
     #[inline]
     fn nearest(v: f32) -> f32 {
         round_ne_small(v).clamp(-8.0, 7.0)
@@ -34,12 +35,16 @@ pub fn quantize(rows: usize, cols: usize, group: usize, src: &[f32], rule: Scale
     let mut data = vec![0u8; rows * rb];
     let mut scales = vec![0.0f32; rows * per_row];
     for r in 0..rows {
+        // A row at a time: its weights stay in cache from the scales to the codes.
+        let s = &mut scales[r * per_row..(r + 1) * per_row];
+        for (s, x) in s.iter_mut().zip(src[r * cols..(r + 1) * cols].chunks_exact(group)) {
+            *s = bf16::from_f32(amax(x) / 7.0).to_f32();
+        }
+        rule.pick_groups::<Int4GroupGrid>(&src[r * cols..(r + 1) * cols], group, s);
         let row = &mut data[r * rb..(r + 1) * rb];
         for g in 0..per_row {
             let x = &src[r * cols + g * group..r * cols + (g + 1) * group];
-            let s = rule.pick::<Int4GroupGrid>(&[x], bf16::from_f32(amax(x) / 7.0).to_f32());
-            let inv = inverse(s);
-            scales[r * per_row + g] = s;
+            let inv = inverse(scales[r * per_row + g]);
             // A byte (two columns) at a time, rounded without branches (|x · inv| ≤ ~7.03 for
             // finite inputs, where `quantize_i8_small` is `round_ne`): faster than a nibble at a
             // time (docs/tuning.md).

@@ -19,6 +19,7 @@ pub(crate) struct Int4RowGrid;
 
 impl Grid for Int4RowGrid {
     const LADDER: &'static [f32] = &[0.85, 0.7, 0.55];
+    const LOCAL: &'static [f32] = &[0.95, 1.05];
     const REFITS: usize = 2;
     #[inline]
     fn nearest(v: f32) -> f32 {

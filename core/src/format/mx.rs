@@ -24,6 +24,7 @@ fn e8m0_range(s: f32) -> f32 {
 pub(crate) struct Fp4Grid;
 
 impl Grid for Fp4Grid {
+    const CODES_FIRST: bool = true;
     const LADDER: &'static [f32] = &[0.5, 2.0];
     const REFITS: usize = 0;
     /// The value of `fp4_round(v)` without its code: steps of ½ below 2, 1 below 4, 2 above,
@@ -50,6 +51,7 @@ impl Grid for Fp4Grid {
 pub(crate) struct Fp8Grid;
 
 impl Grid for Fp8Grid {
+    const CODES_FIRST: bool = true;
     const LADDER: &'static [f32] = &[0.5, 2.0];
     const REFITS: usize = 0;
     #[inline]
@@ -129,18 +131,29 @@ fn fp4_round(v: f32) -> u8 {
     m | u8::from(m != 0 && v < 0.0) << 3
 }
 
+/// The scales of one row's blocks: the OCP rule's, then `rule`'s choice.
+fn row_scales<G: Grid>(row: &[f32], emax: i32, rule: Scales, scales: &mut [f32]) {
+    for (s, x) in scales.iter_mut().zip(row.chunks_exact(MX_BLOCK)) {
+        *s = block_scale(x, emax);
+    }
+    rule.pick_groups::<G>(row, MX_BLOCK, scales);
+}
+
 /// Quantize `rows × cols` (cols a multiple of 32) to MXFP4: (nibbles, `rows × cols/32` scales).
 pub fn quantize_fp4(rows: usize, cols: usize, src: &[f32], rule: Scales) -> (Vec<u8>, Vec<f32>) {
     let per_row = cols / MX_BLOCK;
     let mut data = vec![0u8; rows * cols / 2];
     let mut scales = vec![0.0f32; rows * per_row];
-    let blocks = src[..rows * cols].chunks_exact(MX_BLOCK).zip(data.chunks_exact_mut(MX_BLOCK / 2));
-    for ((x, out), s) in blocks.zip(&mut scales) {
-        *s = rule.pick::<Fp4Grid>(&[x], block_scale(x, 2));
-        // A power of two's inverse is exact (2^±127 included), so `v · (1/s)` is `v / s`.
-        let inv = 1.0 / *s;
-        for (pair, o) in x.chunks_exact(2).zip(out) {
-            *o = fp4_round(pair[0] * inv) | fp4_round(pair[1] * inv) << 4;
+    let rows_of = src[..rows * cols].chunks_exact(cols).zip(data.chunks_exact_mut(cols / 2));
+    for ((x, out), s) in rows_of.zip(scales.chunks_exact_mut(per_row)) {
+        // A row at a time: its weights stay in cache from the scales to the codes.
+        row_scales::<Fp4Grid>(x, 2, rule, s);
+        for ((x, out), s) in x.chunks_exact(MX_BLOCK).zip(out.chunks_exact_mut(MX_BLOCK / 2)).zip(&*s) {
+            // A power of two's inverse is exact (2^±127 included), so `v · (1/s)` is `v / s`.
+            let inv = 1.0 / *s;
+            for (pair, o) in x.chunks_exact(2).zip(out) {
+                *o = fp4_round(pair[0] * inv) | fp4_round(pair[1] * inv) << 4;
+            }
         }
     }
     (data, scales)
@@ -171,11 +184,11 @@ pub fn quantize_fp8(rows: usize, cols: usize, src: &[f32], rule: Scales) -> (Vec
     let mut data = vec![0u8; rows * cols];
     let mut scales = vec![0.0f32; rows * per_row];
     for r in 0..rows {
+        row_scales::<Fp8Grid>(&src[r * cols..(r + 1) * cols], 8, rule, &mut scales[r * per_row..(r + 1) * per_row]);
         for b in 0..per_row {
             let at = r * cols + b * MX_BLOCK;
             let x = &src[at..at + MX_BLOCK];
-            let s = rule.pick::<Fp8Grid>(&[x], block_scale(x, 8));
-            scales[r * per_row + b] = s;
+            let s = scales[r * per_row + b];
             for (o, &v) in data[at..at + MX_BLOCK].iter_mut().zip(x) {
                 *o = F8E4M3::from_f32(v / s).0;
             }

@@ -5,10 +5,10 @@
 //!
 //! Squared error because a layer's output error is the weights': for activations uncorrelated
 //! along K, `E‖ΔW·x‖² = σ²·‖ΔW‖²`. The search tries absmax's scale, a ladder of smaller ones
-//! ([`Grid::LADDER`]) and then least-squares refits (the best candidate's codes held,
-//! `s = Σx·c / Σc²`), each candidate as the format stores it and scored by quantizing with the
-//! format's own rounding. Few candidates keep `kt convert` within twice its absmax time; a finer
-//! ladder gained under 1% (docs/accuracy.md).
+//! ([`Grid::LADDER`]), a few around the ladder's best ([`Grid::LOCAL`]) and then least-squares
+//! refits (the best candidate's codes held, `s = Σx·c / Σc²`), each candidate as the format
+//! stores it and scored by quantizing with the format's own rounding. Few candidates, so that `kt convert` stays near twice its absmax
+//! time (docs/accuracy.md has the numbers and what a finer search would gain).
 
 use core::fmt;
 
@@ -52,12 +52,40 @@ impl Scales {
         })
     }
 
-    /// The scale for weights `xs` (one row, group, or a block's row slices) given absmax's:
-    /// absmax's, or the search's under [`Scales::Mse`].
+    /// The scale for weights `xs` (one row, or a block's row slices) given absmax's: absmax's,
+    /// or the search's under [`Scales::Mse`].
     pub(crate) fn pick<G: Grid>(self, xs: &[&[f32]], absmax: f32) -> f32 {
         match self {
             Scales::Absmax => absmax,
-            Scales::Mse => search::<G>(xs, absmax).unwrap_or(absmax),
+            Scales::Mse => search::<G>(&[absmax; W], |s| fit_shared::<G>(xs, s))[0],
+        }
+    }
+
+    /// [`Scales::pick`] for each K-group of `group` columns of `row`: `scales` holds absmax's
+    /// and gets the chosen ones.
+    pub(crate) fn pick_groups<G: Grid>(self, row: &[f32], group: usize, scales: &mut [f32]) {
+        if self == Scales::Absmax {
+            return;
+        }
+        // Eight groups transposed into lanes: vector i holds column i of each.
+        let mut lanes = alloc::vec![[0.0f32; W]; group];
+        for (g0, s) in (0..scales.len()).step_by(W).zip(scales.chunks_mut(W)) {
+            for (l, x) in row[g0 * group..].chunks(group).take(s.len()).enumerate() {
+                for (v, &x) in lanes.iter_mut().zip(x) {
+                    v[l] = x;
+                }
+            }
+            for v in lanes.iter_mut() {
+                v[s.len()..].fill(0.0);
+            }
+            let s0: Lanes = core::array::from_fn(|l| s.get(l).copied().unwrap_or(0.0));
+            let chosen = search::<G>(&s0, |sc| {
+                let (mut sums, mut acc) = (Sums::default(), [[0.0f32; W]; 3]);
+                accumulate::<G>(&lanes, sc, &mut acc);
+                sums.add(&mut acc);
+                sums
+            });
+            s.copy_from_slice(&chosen[..s.len()]);
         }
     }
 }
@@ -80,8 +108,14 @@ pub const MARGIN: f64 = 1e-3;
 pub(crate) trait Grid {
     /// Factors of absmax's scale tried before the refits.
     const LADDER: &'static [f32];
+    /// Factors of the ladder's best scale tried next (a lane's own), before the refits: the
+    /// error has many local minima in the scale, and the refits only find the nearest.
+    const LOCAL: &'static [f32] = &[];
     /// Least-squares refits at most (each stops the search when it does not improve).
     const REFITS: usize;
+    /// Whether a fit makes a block's codes before their sums (two loops): faster where
+    /// [`Grid::nearest`] is costly (the float grids), slower for the integer ones.
+    const CODES_FIRST: bool = false;
     /// The grid value nearest `v` (a weight divided by the scale), as the format rounds it and
     /// within the codes the format's kernels take.
     fn nearest(v: f32) -> f32;
@@ -91,135 +125,156 @@ pub(crate) trait Grid {
     }
 }
 
-/// What quantizing some weights with one scale gives: the squared error and the sums the
-/// least-squares scale of those codes needs.
-#[derive(Clone, Copy, Debug)]
-struct Fit {
-    scale: f32,
-    err: f64,
-    xc: f64,
-    cc: f64,
+/// Weights a fit handles side by side: lane `l` of each vector is one weight. For a row or
+/// block (one scale) the lanes are neighbouring columns and their sums are added at the end;
+/// for K-groups each lane is a group of its own (its own scale and sums, no sum across lanes),
+/// so a row's groups are searched eight at a time without a horizontal sum per group.
+const W: usize = 8;
+type Lanes = [f32; W];
+
+/// What quantizing with one scale per lane gives: the squared error and the sums the
+/// least-squares scale of those codes needs, per lane.
+#[derive(Clone, Copy, Debug, Default)]
+struct Sums {
+    err: [f64; W],
+    xc: [f64; W],
+    cc: [f64; W],
 }
 
 /// The relative gain below which refits stop.
 const REFIT_GAIN: f64 = 1e-3;
 
-/// Lanes of the f32 partial sums (vectorizable; summed in f64 per slice).
-const LANES: usize = 8;
-/// Weights whose codes are made before their sums are taken.
-const BLOCK: usize = 64;
+/// Adds the fit of vectors `v` at per-lane `scale` to f32 lane sums `acc` (err, xc, cc).
+#[inline(always)]
+fn accumulate<G: Grid>(v: &[Lanes], scale: &Lanes, acc: &mut [Lanes; 3]) {
+    let inv: Lanes = core::array::from_fn(|l| inverse(scale[l]));
+    let sums = |acc: &mut [Lanes; 3], x: &Lanes, c: &Lanes| {
+        for l in 0..W {
+            let d = x[l] - c[l] * scale[l];
+            acc[0][l] += d * d;
+        }
+        for l in 0..W {
+            acc[1][l] += x[l] * c[l];
+        }
+        for l in 0..W {
+            acc[2][l] += c[l] * c[l];
+        }
+    };
+    if !G::CODES_FIRST {
+        for x in v {
+            sums(acc, x, &core::array::from_fn(|l| G::nearest(x[l] * inv[l])));
+        }
+        return;
+    }
+    let mut codes = [[0.0f32; W]; 8];
+    for v in v.chunks(8) {
+        for (c, x) in codes.iter_mut().zip(v) {
+            *c = core::array::from_fn(|l| G::nearest(x[l] * inv[l]));
+        }
+        for (c, x) in codes.iter().zip(v) {
+            sums(acc, x, c);
+        }
+    }
+}
 
-fn fit<G: Grid>(xs: &[&[f32]], scale: f32) -> Fit {
-    let inv = inverse(scale);
-    let mut acc = Lanes::default();
-    let (mut err, mut xc, mut cc) = (0.0f64, 0.0f64, 0.0f64);
-    // Codes a block at a time, then the sums over them: two loops the compiler vectorizes,
-    // where one loop doing both stays mostly scalar.
-    let (mut codes, mut padded) = ([0.0f32; BLOCK], [0.0f32; BLOCK]);
+impl Sums {
+    /// Adds f32 lane sums (clearing them): short sums stay in f32, totals in f64.
+    fn add(&mut self, acc: &mut [Lanes; 3]) {
+        for (total, part) in [&mut self.err, &mut self.xc, &mut self.cc].into_iter().zip(acc.iter_mut()) {
+            for (t, p) in total.iter_mut().zip(core::mem::take(part)) {
+                *t += f64::from(p);
+            }
+        }
+    }
+
+    /// Every lane holding the sum over all lanes.
+    fn summed(self) -> Sums {
+        let all = |a: [f64; W]| [a.iter().sum::<f64>(); W];
+        Sums { err: all(self.err), xc: all(self.xc), cc: all(self.cc) }
+    }
+}
+
+/// One scale over row slices `xs` (a row, or a block's rows); every lane holds the totals.
+fn fit_shared<G: Grid>(xs: &[&[f32]], scale: &Lanes) -> Sums {
+    let (mut sums, mut acc) = (Sums::default(), [[0.0f32; W]; 3]);
     for x in xs {
-        for blk in x.chunks(BLOCK) {
-            let blk = if blk.len() % LANES == 0 {
-                blk
-            } else {
-                // Zeros add nothing to any sum.
-                let n = blk.len().next_multiple_of(LANES);
-                padded[..n].fill(0.0);
-                padded[..blk.len()].copy_from_slice(blk);
-                &padded[..n]
-            };
-            for (c, &v) in codes.iter_mut().zip(blk) {
-                *c = G::nearest(v * inv);
-            }
-            acc.add(blk, &codes[..blk.len()], scale);
+        let whole = x.len() / W * W;
+        accumulate::<G>(bytemuck::cast_slice(&x[..whole]), scale, &mut acc);
+        if whole < x.len() {
+            // Zeros add nothing to any sum.
+            let mut tail = [0.0f32; W];
+            tail[..x.len() - whole].copy_from_slice(&x[whole..]);
+            accumulate::<G>(&[tail], scale, &mut acc);
         }
-        // Into f64 per slice (a block's rows, or one row or group): the f32 sums stay short.
-        let (e, p, q) = acc.take();
-        (err, xc, cc) = (err + e, xc + p, cc + q);
+        // Into f64 per slice: the f32 sums stay short.
+        sums.add(&mut acc);
     }
-    Fit { scale, err, xc, cc }
+    sums.summed()
 }
 
-/// Per-lane f32 partial sums of [`fit`].
-#[derive(Default)]
-struct Lanes {
-    err: [f32; LANES],
-    xc: [f32; LANES],
-    cc: [f32; LANES],
-}
-
-impl Lanes {
-    /// The three sums, the lanes cleared.
-    fn take(&mut self) -> (f64, f64, f64) {
-        // Lanes halved pairwise in f32, then widened: three roundings on sums already in f32.
-        let total = |a: &mut [f32; LANES]| {
-            let mut v = core::mem::take(a);
-            let mut n = LANES;
-            while n > 1 {
-                n /= 2;
-                for l in 0..n {
-                    v[l] += v[l + n];
-                }
-            }
-            f64::from(v[0])
-        };
-        (total(&mut self.err), total(&mut self.xc), total(&mut self.cc))
-    }
-
-    #[inline(always)]
-    fn add(&mut self, x: &[f32], codes: &[f32], scale: f32) {
-        for (x, c) in x.chunks_exact(LANES).zip(codes.chunks_exact(LANES)) {
-            for l in 0..LANES {
-                let d = x[l] - c[l] * scale;
-                self.err[l] += d * d;
-            }
-            for l in 0..LANES {
-                self.xc[l] += x[l] * c[l];
-            }
-            for l in 0..LANES {
-                self.cc[l] += c[l] * c[l];
-            }
-        }
-    }
-}
-
-/// The searched scale, or `None` where none beats absmax's by [`MARGIN`].
-fn search<G: Grid>(xs: &[&[f32]], absmax: f32) -> Option<f32> {
-    let base = fit::<G>(xs, absmax);
-    if base.err == 0.0 {
-        return None;
-    }
-    let mut best = base;
-    // Down the ladder while the error falls (it rises again past the best scale): a smaller
-    // factor than one that lost is not tried.
-    let mut floor = 0.0;
+/// Per-lane scales `s0` (absmax's) searched with `fit`: the chosen scale of each lane, absmax's
+/// where no candidate beats it by [`MARGIN`].
+fn search<G: Grid>(s0: &Lanes, fit: impl Fn(&Lanes) -> Sums) -> Lanes {
+    let base = fit(s0);
+    let (mut scale, mut best) = (*s0, base);
+    let take = |scale: &mut Lanes, best: &mut Sums, l: usize, s: f32, c: &Sums| {
+        scale[l] = s;
+        (best.err[l], best.xc[l], best.cc[l]) = (c.err[l], c.xc[l], c.cc[l]);
+    };
+    // Down the ladder while the error falls (it rises again past the best scale): a lane does
+    // not take a smaller factor than one that lost for it.
+    let mut floor = [0.0f32; W];
     for &f in G::LADDER {
-        if f <= floor {
+        if floor.iter().all(|&x| f <= x) {
             continue;
         }
-        let c = fit::<G>(xs, G::stored(absmax * f));
-        if c.err < best.err {
-            best = c;
-        } else if f < 1.0 {
-            floor = f;
+        let s: Lanes = core::array::from_fn(|l| G::stored(s0[l] * f));
+        let c = fit(&s);
+        for l in 0..W {
+            if f <= floor[l] {
+                continue;
+            }
+            if c.err[l] < best.err[l] {
+                take(&mut scale, &mut best, l, s[l], &c);
+            } else if f < 1.0 {
+                floor[l] = f;
+            }
         }
     }
+    let center = scale;
+    for &f in G::LOCAL {
+        let s: Lanes = core::array::from_fn(|l| G::stored(center[l] * f));
+        let c = fit(&s);
+        for (l, &s) in s.iter().enumerate() {
+            if c.err[l] < best.err[l] {
+                take(&mut scale, &mut best, l, s, &c);
+            }
+        }
+    }
+    let mut done = [false; W];
     for _ in 0..G::REFITS {
-        let s = G::stored((best.xc / best.cc) as f32);
-        if best.cc == 0.0 || !(s.is_finite() && s > 0.0) || s == best.scale {
+        let s: Lanes = core::array::from_fn(|l| G::stored((best.xc[l] / best.cc[l]) as f32));
+        for l in 0..W {
+            done[l] |= best.cc[l] == 0.0 || !(s[l].is_finite() && s[l] > 0.0) || s[l] == scale[l];
+        }
+        if done.iter().all(|&d| d) {
             break;
         }
-        let c = fit::<G>(xs, s);
-        if c.err >= best.err {
-            break;
-        }
-        // A refit that gained little is near the fixed point: another would gain less.
-        let small = c.err > best.err * (1.0 - REFIT_GAIN);
-        best = c;
-        if small {
-            break;
+        let c = fit(&s);
+        for l in 0..W {
+            if done[l] {
+                continue;
+            }
+            if c.err[l] >= best.err[l] {
+                done[l] = true;
+                continue;
+            }
+            // A refit that gained little is near the fixed point: another would gain less.
+            done[l] = c.err[l] > best.err[l] * (1.0 - REFIT_GAIN);
+            take(&mut scale, &mut best, l, s[l], &c);
         }
     }
-    (best.err < base.err * (1.0 - MARGIN)).then_some(best.scale)
+    core::array::from_fn(|l| if best.err[l] < base.err[l] * (1.0 - MARGIN) { scale[l] } else { s0[l] })
 }
 
 #[cfg(test)]
