@@ -281,7 +281,6 @@ fn mse_scales_lower_the_error_of_every_format() {
                 (WeightFormat::Int4Group { .. }, 0) => 0.9,
                 _ => 1.0,
             };
-            std::eprintln!("RATIO {f} kind {kind}: {:.4}", m / a);
             assert!(m < a * want, "{f} kind {kind}: mse {m} against absmax {a}");
         }
     }

@@ -81,8 +81,9 @@ impl Scales {
             let s0: Lanes = core::array::from_fn(|l| s.get(l).copied().unwrap_or(0.0));
             let chosen = search::<G>(&s0, |sc| {
                 let (mut sums, mut acc) = (Sums::default(), [[0.0f32; W]; 3]);
-                accumulate::<G>(&lanes, sc, &mut acc);
-                sums.add(&mut acc);
+                let inv: Lanes = core::array::from_fn(|l| inverse(sc[l]));
+                accumulate::<G>(&lanes, &inv, &mut acc);
+                sums.add(&mut acc, sc, &inv);
                 sums
             });
             s.copy_from_slice(&chosen[..s.len()]);
@@ -144,17 +145,18 @@ struct Sums {
 /// The relative gain below which refits stop.
 const REFIT_GAIN: f64 = 1e-3;
 
-/// Adds the fit of vectors `v` at per-lane `scale` to f32 lane sums `acc` (err, xc, cc).
+/// Adds the fit of vectors `v` at per-lane scales of inverse `inv` to f32 lane sums `acc`, in units
+/// of the scale (squared error, Σu·c, Σc² for u = x · inv).
 #[inline(always)]
-fn accumulate<G: Grid>(v: &[Lanes], scale: &Lanes, acc: &mut [Lanes; 3]) {
-    let inv: Lanes = core::array::from_fn(|l| inverse(scale[l]));
-    let sums = |acc: &mut [Lanes; 3], x: &Lanes, c: &Lanes| {
+fn accumulate<G: Grid>(v: &[Lanes], inv: &Lanes, acc: &mut [Lanes; 3]) {
+    // In units of the scale (`u = x / s`): no scale in the loop.
+    let sums = |acc: &mut [Lanes; 3], u: &Lanes, c: &Lanes| {
         for l in 0..W {
-            let d = x[l] - c[l] * scale[l];
+            let d = u[l] - c[l];
             acc[0][l] += d * d;
         }
         for l in 0..W {
-            acc[1][l] += x[l] * c[l];
+            acc[1][l] += u[l] * c[l];
         }
         for l in 0..W {
             acc[2][l] += c[l] * c[l];
@@ -162,7 +164,8 @@ fn accumulate<G: Grid>(v: &[Lanes], scale: &Lanes, acc: &mut [Lanes; 3]) {
     };
     if !G::CODES_FIRST {
         for x in v {
-            sums(acc, x, &core::array::from_fn(|l| G::nearest(x[l] * inv[l])));
+            let u: Lanes = core::array::from_fn(|l| x[l] * inv[l]);
+            sums(acc, &u, &core::array::from_fn(|l| G::nearest(u[l])));
         }
         return;
     }
@@ -172,18 +175,23 @@ fn accumulate<G: Grid>(v: &[Lanes], scale: &Lanes, acc: &mut [Lanes; 3]) {
             *c = core::array::from_fn(|l| G::nearest(x[l] * inv[l]));
         }
         for (c, x) in codes.iter().zip(v) {
-            sums(acc, x, c);
+            sums(acc, &core::array::from_fn(|l| x[l] * inv[l]), c);
         }
     }
 }
 
 impl Sums {
-    /// Adds f32 lane sums (clearing them): short sums stay in f32, totals in f64.
-    fn add(&mut self, acc: &mut [Lanes; 3]) {
-        for (total, part) in [&mut self.err, &mut self.xc, &mut self.cc].into_iter().zip(acc.iter_mut()) {
-            for (t, p) in total.iter_mut().zip(core::mem::take(part)) {
-                *t += f64::from(p);
-            }
+    /// Adds f32 lane sums in units of `scale` (clearing them), in the weights' units: short sums
+    /// stay in f32, totals in f64. A scale without a finite inverse quantizes everything to
+    /// zero, which the sums would not show: its error is infinite.
+    fn add(&mut self, acc: &mut [Lanes; 3], scale: &Lanes, inv: &Lanes) {
+        let [err, uc, cc] = core::mem::take(acc);
+        for l in 0..W {
+            let s = f64::from(scale[l]);
+            let usable = scale[l] == 0.0 || inv[l] != 0.0;
+            self.err[l] += if usable { f64::from(err[l]) * s * s } else { f64::INFINITY };
+            self.xc[l] += f64::from(uc[l]) * s;
+            self.cc[l] += f64::from(cc[l]);
         }
     }
 
@@ -196,18 +204,19 @@ impl Sums {
 
 /// One scale over row slices `xs` (a row, or a block's rows); every lane holds the totals.
 fn fit_shared<G: Grid>(xs: &[&[f32]], scale: &Lanes) -> Sums {
+    let inv: Lanes = core::array::from_fn(|l| inverse(scale[l]));
     let (mut sums, mut acc) = (Sums::default(), [[0.0f32; W]; 3]);
     for x in xs {
         let whole = x.len() / W * W;
-        accumulate::<G>(bytemuck::cast_slice(&x[..whole]), scale, &mut acc);
+        accumulate::<G>(bytemuck::cast_slice(&x[..whole]), &inv, &mut acc);
         if whole < x.len() {
             // Zeros add nothing to any sum.
             let mut tail = [0.0f32; W];
             tail[..x.len() - whole].copy_from_slice(&x[whole..]);
-            accumulate::<G>(&[tail], scale, &mut acc);
+            accumulate::<G>(&[tail], &inv, &mut acc);
         }
         // Into f64 per slice: the f32 sums stay short.
-        sums.add(&mut acc);
+        sums.add(&mut acc, scale, &inv);
     }
     sums.summed()
 }
@@ -274,7 +283,8 @@ fn search<G: Grid>(s0: &Lanes, fit: impl Fn(&Lanes) -> Sums) -> Lanes {
             take(&mut scale, &mut best, l, s[l], &c);
         }
     }
-    core::array::from_fn(|l| if best.err[l] < base.err[l] * (1.0 - MARGIN) { scale[l] } else { s0[l] })
+    let beaten = |l: usize| base.err[l].is_finite() && best.err[l] < base.err[l] * (1.0 - MARGIN);
+    core::array::from_fn(|l| if beaten(l) { scale[l] } else { s0[l] })
 }
 
 #[cfg(test)]
