@@ -116,9 +116,14 @@ def test_each_avx512_sub_variant_can_be_forced(variant, need):
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
 
 
+# Ours, after KT's parameters (keyword arguments KT's callers never pass).
+OUR_PARAMETERS = [("scales", "absmax")]
+
+
 def test_constructor_signature_is_kts():
+    """KT's parameters in KT's order with KT's defaults, then ours."""
     params = list(inspect.signature(KTMoEWrapper.__new__).parameters.values())[1:]
-    assert [(p.name, p.default) for p in params] == KT_SIGNATURE
+    assert [(p.name, p.default) for p in params] == KT_SIGNATURE + OUR_PARAMETERS
 
 
 def test_factory_returns_a_backend_object():
