@@ -9,7 +9,7 @@ use half::bf16;
 use crate::forward::{forward, LayerWeights, Workspace};
 use crate::reference::REFERENCE;
 use crate::testing::{build_layer, random_experts};
-use crate::{MoeConfig, QuantMatrix, Routing, SerialExecutor, WeightFormat};
+use crate::{MoeConfig, QuantMatrix, Routing, Scales, SerialExecutor, WeightFormat};
 
 fn take<const N: usize>(data: &mut &[u8]) -> [u8; N] {
     let mut out = [0u8; N];
@@ -20,13 +20,16 @@ fn take<const N: usize>(data: &mut &[u8]) -> [u8; N] {
 }
 
 /// Quantize arbitrary f32 bits (NaN, inf, subnormals) in every format with an arbitrary shape,
-/// then slice and dequantize: errors are fine, panics and non-finite output are not.
+/// either scale rule, then slice and dequantize: errors are fine, panics and non-finite output
+/// are not.
 pub fn quantize(mut data: &[u8]) {
     let [f, r, c] = take::<3>(&mut data);
     let format = WeightFormat::ALL[usize::from(f) % WeightFormat::ALL.len()];
+    // The format byte's top bit picks the rule.
+    let scales = if f & 0x80 != 0 { Scales::Mse } else { Scales::Absmax };
     let (rows, cols) = (usize::from(r % 9), usize::from(c % 200));
     let vals: Vec<f32> = data.chunks_exact(4).map(|b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])).collect();
-    if let Ok(q) = QuantMatrix::quantize(format, rows, cols, &vals) {
+    if let Ok(q) = QuantMatrix::quantize_with(format, scales, rows, cols, &vals) {
         assert!(q.dequantize().iter().all(|v| v.is_finite()));
         let _ = q.slice_cols(cols / 3..cols).map(|s| s.dequantize());
         let _ = q.slice_rows(rows / 2..rows).map(|s| s.dequantize());

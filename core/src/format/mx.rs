@@ -144,9 +144,10 @@ pub fn quantize_fp4(rows: usize, cols: usize, src: &[f32], rule: Scales) -> (Vec
     let per_row = cols / MX_BLOCK;
     let mut data = vec![0u8; rows * cols / 2];
     let mut scales = vec![0.0f32; rows * per_row];
-    let rows_of = src[..rows * cols].chunks_exact(cols).zip(data.chunks_exact_mut(cols / 2));
-    for ((x, out), s) in rows_of.zip(scales.chunks_exact_mut(per_row)) {
+    for r in 0..rows {
         // A row at a time: its weights stay in cache from the scales to the codes.
+        let (x, out) = (&src[r * cols..(r + 1) * cols], &mut data[r * cols / 2..(r + 1) * cols / 2]);
+        let s = &mut scales[r * per_row..(r + 1) * per_row];
         row_scales::<Fp4Grid>(x, 2, rule, s);
         for ((x, out), s) in x.chunks_exact(MX_BLOCK).zip(out.chunks_exact_mut(MX_BLOCK / 2)).zip(&*s) {
             // A power of two's inverse is exact (2^±127 included), so `v · (1/s)` is `v / s`.

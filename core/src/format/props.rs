@@ -286,6 +286,19 @@ fn mse_scales_lower_the_error_of_every_format() {
     }
 }
 
+/// Matrices without rows or columns quantize (to nothing) under either rule.
+#[test]
+fn empty_matrices_quantize_with_either_rule() {
+    for f in WeightFormat::ALL {
+        for s in [Scales::Absmax, Scales::Mse].into_iter().filter(|&s| s.check(f).is_ok()) {
+            for (rows, cols) in [(0, 128), (3, 0), (0, 0)] {
+                let q = QuantMatrix::quantize_with(f, s, rows, cols, &[]).unwrap();
+                assert!(q.data().is_empty() && q.dequantize().is_empty(), "{f} {s} {rows}x{cols}");
+            }
+        }
+    }
+}
+
 #[test]
 fn mse_is_refused_where_no_scale_is_chosen() {
     for f in [WeightFormat::Bf16, WeightFormat::Ggml(crate::ggml::GgmlType::Q4_0)] {
