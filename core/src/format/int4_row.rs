@@ -48,24 +48,27 @@ pub fn quantize(rows: usize, cols: usize, src: &[f32], rule: Scales) -> (Vec<u8>
         let d = amax(x) / 112.0; // KT divides here (its int8 scale is a product: int8_row::scale)
         let s = rule.pick::<Int4RowGrid>(&[x], 16.0 * d);
         let row = &mut data[r * rb..(r + 1) * rb];
-        // Two columns a byte, the even one low.
-        let mut put = |nib: &dyn Fn(f32) -> u8| {
-            for (b, pair) in row.iter_mut().zip(x.chunks_exact(2)) {
-                *b = nib(pair[0]) | nib(pair[1]) << 4;
-            }
-        };
         if s == 16.0 * d {
             // KT's rounding: |v · inv| ≤ 112 (+ rounding), inside quantize_i8_small's range.
             let inv = inverse(d);
             scales[r] = d;
-            put(&|v| (round_to_16(quantize_i8_small(v * inv)) >> 4) as u8 & 0x0F);
+            put_nibbles(row, x, |v| (round_to_16(quantize_i8_small(v * inv)) >> 4) as u8 & 0x0F);
         } else {
             let inv = inverse(s);
             scales[r] = s / 16.0;
-            put(&|v| Int4RowGrid::nearest(v * inv) as i8 as u8 & 0x0F);
+            put_nibbles(row, x, |v| Int4RowGrid::nearest(v * inv) as i8 as u8 & 0x0F);
         }
     }
     (data, scales)
+}
+
+/// `nib` of each of a row's weights, two columns a byte, the even one low (generic, so that the
+/// rounding inlines into the loop).
+#[inline]
+fn put_nibbles(row: &mut [u8], x: &[f32], nib: impl Fn(f32) -> u8) {
+    for (b, pair) in row.iter_mut().zip(x.chunks_exact(2)) {
+        *b = nib(pair[0]) | nib(pair[1]) << 4;
+    }
 }
 
 /// The int8-equivalent weight `16·n` that KT's integer kernels multiply with.
