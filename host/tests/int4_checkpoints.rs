@@ -178,6 +178,31 @@ fn kt_convert_writes_a_4bit_checkpoint_in_its_own_group_as_stored() {
             assert_ne!(got, p.want, "{format}");
         }
     }
+    // Asked for mse scales, a layer written as stored keeps the checkpoint's and names no rule
+    // (a rerun with either rule resumes); one requantized in another group names mse.
+    for (format, written, rule) in [(G32, G32, None), (g128, g128, Some("mse"))] {
+        let _ = std::fs::remove_dir_all(&out);
+        let spec = |scales| ConvertSpec {
+            input: dir.clone(),
+            output: out.clone(),
+            format,
+            scales,
+            parts: 2,
+            layers: None,
+            checkpoint_group: false,
+            backward: false,
+            threads: 2,
+            progress: false,
+        };
+        assert_eq!(convert(&spec(kt_core::Scales::Mse)).unwrap().method, written.to_string());
+        let layer = Checkpoint::open(&out.join("model-00001-of-00002.safetensors")).unwrap();
+        assert_eq!(layer.metadata("scales"), rule, "{format}");
+        let ck = Checkpoint::open(&out).unwrap();
+        let got = p.outputs(&load_kt_layer(&ck, 0, written, &cfg, Slots::default(), &opts).unwrap());
+        assert_eq!(got == p.want, rule.is_none(), "{format}");
+        let again = convert(&spec(kt_core::Scales::Absmax)).unwrap();
+        assert_eq!(again.skipped.is_empty(), rule.is_some(), "{format}: rerun with absmax");
+    }
     std::fs::remove_dir_all(&dir).unwrap();
     std::fs::remove_dir_all(&out).unwrap();
 }

@@ -230,9 +230,15 @@ impl Moe {
         }
         let scales = Scales::parse(scales)
             .ok_or_else(|| value_error(format!("unknown scales {scales:?}; valid: {}", Scales::NAMES)))?;
-        if scales != Scales::Absmax {
-            // LLAMAFILE's GGUF types pick their own scales, as GGML types do.
-            scales.check(format.unwrap_or(WeightFormat::Ggml(kt_core::ggml::GgmlType::Q4_K))).map_err(value_error)?;
+        match format {
+            Some(f) => scales.check(f).map_err(value_error)?,
+            None if scales != Scales::Absmax => {
+                return Err(value_error(format!(
+                    "scales '{scales}' is not supported with method {method}: its GGUF types' quantizers pick their \
+                     own scales (GGML types); use scales=\"absmax\""
+                )))
+            }
+            None => {}
         }
         let id = next_layer_id();
         Ok(Moe {

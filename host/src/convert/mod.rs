@@ -120,18 +120,20 @@ pub fn convert(spec: &ConvertSpec) -> Result<ConvertReport, WeightError> {
         for t in plan(&cfg, format, *layer, spec.backward)? {
             weight_map.insert(t.name, shard(i).into());
         }
-        if verify_layer(&path, &cfg, (format, spec.scales), *layer, spec.backward) {
+        // A 4-bit checkpoint in the format's own K-group is written as stored, not requantized:
+        // its scales are its own, whatever rule was asked for (the file names none).
+        let stored = stored_reader(&ck, *layer, format, &cfg, Slots::default())?;
+        let scales = if stored.is_some() { Scales::Absmax } else { spec.scales };
+        if verify_layer(&path, &cfg, (format, scales), *layer, spec.backward) {
             pb.inc(layer_bytes);
             report.skipped.push(*layer);
             continue;
         }
         pb.set_message(format!("layer {layer} ({}/{})", i + 1, moe.len()));
-        // A 4-bit checkpoint in the format's own K-group is written as stored, not requantized.
-        let stored = stored_reader(&ck, *layer, format, &cfg, Slots::default())?;
         let written = write_layer(
             &path,
             &cfg,
-            (format, spec.scales),
+            (format, scales),
             *layer,
             spec.backward,
             &pool,
