@@ -3,6 +3,7 @@
 # no internet, a bare system, minutes of time), built and packed here first.
 #
 #   bash scripts/device-amx.sh prepare          # here: binaries, libraries, KT's AMX extension into .dev/
+#                                               #   (each loaded here by a CPython of its version)
 #   bash scripts/device-amx.sh run [PHASE...]   # there (carry .dev): results into $OUT
 #   bash scripts/device-amx.sh summary DIR      # anywhere: the tables from a run's files
 #
@@ -79,10 +80,33 @@ prepare() {
     for py in "" "${DEVICE_PY:-312}"; do
         ext=$(kt_wheel_ext amx $py)
         cp "$ext" "$dev/kt/" && cp -r "$(dirname "$ext")/../kt_kernel.libs" "$dev/kt/"
+        kt_loads "$ext"
     done
     ls -l "$dev/bin"
     echo "device-amx: $(du -sh "$dev" | cut -f1) in .dev (carry limit 64 MiB with the tree); on the device:"
     echo "  run(command='bash scripts/device-amx.sh run', carry=['.dev'], timeout_s=600)"
+}
+
+# kt_loads EXT: load KT's extension EXT here with a CPython of its version (python3.X on PATH
+# or pyenv's), as the device will, so that a wheel its Python cannot load shows before the
+# device time is spent; a version not found here is reported unchecked.
+kt_loads() {
+    local ext=$1 v py="" c
+    v=$(basename "$ext" | sed -E 's/.*cpython-3([0-9]+)-.*/3.\1/')
+    # (pyenv's shims stand on PATH for versions not selected: each candidate must run.)
+    for c in $(command -v "python$v") "$HOME"/.pyenv/versions/"$v".*/bin/"python$v"; do
+        [ -x "$c" ] && "$c" -c '' 2>/dev/null && { py=$c; break; }
+    done
+    if [ -z "$py" ]; then
+        echo "device-amx: no CPython $v here: $(basename "$ext") not checked"
+        return 0
+    fi
+    LD_LIBRARY_PATH="$(dirname "$ext")/../kt_kernel.libs" "$py" -c '
+import importlib.util, sys
+spec = importlib.util.spec_from_file_location("kt_kernel_ext", sys.argv[1])
+spec.loader.exec_module(importlib.util.module_from_spec(spec))' "$ext" ||
+        { echo "device-amx: $(basename "$ext") does not load with $py" >&2; return 1; }
+    echo "device-amx: $(basename "$ext") loads with CPython $v ($py)"
 }
 
 # pack_perf: this machine's `perf` with the libraries it links beyond glibc's, compressed into
