@@ -15,52 +15,40 @@ use super::scales::{Grid, Scales};
 use super::{amax, raw_nibble};
 use crate::dtype::{round_ne_small, F8E4M3};
 
-/// An e8m0 scale as stored: within `2^-127..=2^127`.
-fn e8m0_range(s: f32) -> f32 {
-    s.clamp(pow2(-127), pow2(127))
-}
+/// The element grid of an MX format the scale search sees, e2m1 (`EMAX` 2) or e4m3 (8), with
+/// e8m0 scales one power of two either side.
+pub(crate) struct MxGrid<const EMAX: i32>;
 
-/// The e2m1 grid the scale search sees, with e8m0 scales one power of two either side.
-pub(crate) struct Fp4Grid;
-
-impl Grid for Fp4Grid {
-    const CODES_FIRST: bool = true;
-    const LADDER: &'static [f32] = &[0.5, 2.0];
-    const REFITS: usize = 0;
-    /// The value of `fp4_round(v)` without its code: steps of ½ below 2, 1 below 4, 2 above,
-    /// each rounded to nearest even (where the grid's even codes lie), saturating at 6.
-    #[inline]
-    fn nearest(v: f32) -> f32 {
-        let a = v.abs();
-        let step = if a < 2.0 {
-            0.5
-        } else if a < 4.0 {
-            1.0
-        } else {
-            2.0
-        };
-        let mag = (round_ne_small(a * (1.0 / step)) * step).min(6.0);
-        mag.copysign(v)
-    }
-    fn stored(s: f32) -> f32 {
-        e8m0_range(s)
-    }
-}
-
-/// The e4m3 grid with e8m0 scales one power of two either side.
-pub(crate) struct Fp8Grid;
-
-impl Grid for Fp8Grid {
+impl<const EMAX: i32> Grid for MxGrid<EMAX> {
     const CODES_FIRST: bool = true;
     const LADDER: &'static [f32] = &[0.5, 2.0];
     const REFITS: usize = 0;
     #[inline]
     fn nearest(v: f32) -> f32 {
-        F8E4M3::round(v)
+        match EMAX {
+            2 => fp4_nearest(v),
+            _ => F8E4M3::round(v),
+        }
     }
     fn stored(s: f32) -> f32 {
-        e8m0_range(s)
+        s.clamp(pow2(-127), pow2(127))
     }
+}
+
+/// The value of `fp4_round(v)` without its code: steps of ½ below 2, 1 below 4, 2 above, each
+/// rounded to nearest even (where the grid's even codes lie), saturating at 6.
+#[inline]
+fn fp4_nearest(v: f32) -> f32 {
+    let a = v.abs();
+    let step = if a < 2.0 {
+        0.5
+    } else if a < 4.0 {
+        1.0
+    } else {
+        2.0
+    };
+    let mag = (round_ne_small(a * (1.0 / step)) * step).min(6.0);
+    mag.copysign(v)
 }
 
 /// Columns per scale.
@@ -131,12 +119,12 @@ fn fp4_round(v: f32) -> u8 {
     m | u8::from(m != 0 && v < 0.0) << 3
 }
 
-/// The scales of one row's blocks: the OCP rule's, then `rule`'s choice.
-fn row_scales<G: Grid>(row: &[f32], emax: i32, rule: Scales, scales: &mut [f32]) {
+/// The scales of one row's blocks for elements of `EMAX`: the OCP rule's, then `rule`'s choice.
+fn row_scales<const EMAX: i32>(row: &[f32], rule: Scales, scales: &mut [f32]) {
     for (s, x) in scales.iter_mut().zip(row.chunks_exact(MX_BLOCK)) {
-        *s = block_scale(x, emax);
+        *s = block_scale(x, EMAX);
     }
-    rule.pick_groups::<G>(row, MX_BLOCK, scales);
+    rule.pick_groups::<MxGrid<EMAX>>(row, MX_BLOCK, scales);
 }
 
 /// Quantize `rows × cols` (cols a multiple of 32) to MXFP4: (nibbles, `rows × cols/32` scales).
@@ -148,7 +136,7 @@ pub fn quantize_fp4(rows: usize, cols: usize, src: &[f32], rule: Scales) -> (Vec
         // A row at a time: its weights stay in cache from the scales to the codes.
         let (x, out) = (&src[r * cols..(r + 1) * cols], &mut data[r * cols / 2..(r + 1) * cols / 2]);
         let s = &mut scales[r * per_row..(r + 1) * per_row];
-        row_scales::<Fp4Grid>(x, 2, rule, s);
+        row_scales::<2>(x, rule, s);
         for ((x, out), s) in x.chunks_exact(MX_BLOCK).zip(out.chunks_exact_mut(MX_BLOCK / 2)).zip(&*s) {
             // A power of two's inverse is exact (2^±127 included), so `v · (1/s)` is `v / s`.
             let inv = 1.0 / *s;
@@ -185,7 +173,7 @@ pub fn quantize_fp8(rows: usize, cols: usize, src: &[f32], rule: Scales) -> (Vec
     let mut data = vec![0u8; rows * cols];
     let mut scales = vec![0.0f32; rows * per_row];
     for r in 0..rows {
-        row_scales::<Fp8Grid>(&src[r * cols..(r + 1) * cols], 8, rule, &mut scales[r * per_row..(r + 1) * per_row]);
+        row_scales::<8>(&src[r * cols..(r + 1) * cols], rule, &mut scales[r * per_row..(r + 1) * per_row]);
         for b in 0..per_row {
             let at = r * cols + b * MX_BLOCK;
             let x = &src[at..at + MX_BLOCK];
@@ -258,7 +246,7 @@ mod tests {
         let mut v = -8.0f32;
         while v <= 8.0 {
             let want = f32::from(FP4_X2[usize::from(fp4_round(v))]) * 0.5;
-            assert_eq!(Fp4Grid::nearest(v), want, "{v}");
+            assert_eq!(MxGrid::<2>::nearest(v), want, "{v}");
             v += 1.0 / 64.0;
         }
     }
