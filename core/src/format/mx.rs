@@ -25,6 +25,7 @@ impl<const EMAX: i32> Grid for MxGrid<EMAX> {
     const REFITS: usize = 0;
     #[inline]
     fn nearest(v: f32) -> f32 {
+        const { assert!(EMAX == 2 || EMAX == 8, "MX elements: e2m1 or e4m3") };
         match EMAX {
             2 => fp4_nearest(v),
             _ => F8E4M3::round(v),
