@@ -465,14 +465,7 @@ unsafe fn fp8_dot_units<const N: usize>(
         for u in u0..u1 {
             fp8_dot_unit::<N>(panel, u, tab, x, pf, &mut a, &mut b);
         }
-        if N <= SPLIT_TOKENS {
-            for t in 0..N {
-                for h in 0..2 {
-                    a[t][h] = _mm512_add_ps(a[t][h], b[t][h]);
-                }
-            }
-        }
-        *acc = a;
+        *acc = add_float_chains(a, b);
     }
 }
 
@@ -561,14 +554,7 @@ unsafe fn staged_dot_units<const N: usize>(
                 pair_dots::<N>(w, h, u, x, &mut a, &mut b);
             }
         }
-        if N <= SPLIT_TOKENS {
-            for t in 0..N {
-                for h in 0..2 {
-                    a[t][h] = _mm512_add_ps(a[t][h], b[t][h]);
-                }
-            }
-        }
-        *acc = a;
+        *acc = add_float_chains(a, b);
     }
 }
 
@@ -1021,6 +1007,25 @@ unsafe fn add_chains<const N: usize>(a: [[__m512i; 2]; N], b: [[__m512i; 2]; N])
             // SAFETY: register operations only, under the caller's features. (No closure: it
             // would not get them.)
             sum[t][h] = unsafe { _mm512_add_epi32(a[t][h], b[t][h]) };
+        }
+    }
+    sum
+}
+
+/// [`add_chains`] for f32 sums: `a + b` for tiles of up to [`SPLIT_TOKENS`] tokens, else `a`.
+///
+/// # Safety
+/// AVX-512F is present (inlined into the kernels, whose features it uses).
+#[inline(always)]
+unsafe fn add_float_chains<const N: usize>(a: [[__m512; 2]; N], b: [[__m512; 2]; N]) -> [[__m512; 2]; N] {
+    if N > SPLIT_TOKENS {
+        return a;
+    }
+    let mut sum = a;
+    for t in 0..N {
+        for h in 0..2 {
+            // SAFETY: register operations only, under the caller's features.
+            sum[t][h] = unsafe { _mm512_add_ps(a[t][h], b[t][h]) };
         }
     }
     sum
