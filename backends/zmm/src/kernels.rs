@@ -465,7 +465,7 @@ unsafe fn fp8_dot_units<const N: usize>(
         for u in u0..u1 {
             fp8_dot_unit::<N>(panel, u, tab, x, pf, &mut a, &mut b);
         }
-        *acc = add_float_chains(a, b);
+        *acc = add_chains(a, b);
     }
 }
 
@@ -554,7 +554,7 @@ unsafe fn staged_dot_units<const N: usize>(
                 pair_dots::<N>(w, h, u, x, &mut a, &mut b);
             }
         }
-        *acc = add_float_chains(a, b);
+        *acc = add_chains(a, b);
     }
 }
 
@@ -991,13 +991,38 @@ unsafe fn group_units<const N: usize, const LUT: bool, const VNNI: bool, const V
     }
 }
 
-/// Two chains of exact sums as one: `a + b` for tiles of up to [`SPLIT_TOKENS`] tokens (the
-/// kernels that split call it), else `a` (the only chain).
+/// A register of a chain's sums: i32 lanes (exact) or f32.
+trait ChainSum: Copy {
+    /// `a + b` lane by lane.
+    ///
+    /// # Safety
+    /// AVX-512F is present (inlined into the kernels, whose features it uses).
+    unsafe fn add(a: Self, b: Self) -> Self;
+}
+
+impl ChainSum for __m512i {
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_add_epi32(a, b) }
+    }
+}
+
+impl ChainSum for __m512 {
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        // SAFETY: the caller's contract.
+        unsafe { _mm512_add_ps(a, b) }
+    }
+}
+
+/// Two chains of sums as one: `a + b` for tiles of up to [`SPLIT_TOKENS`] tokens (the kernels
+/// that split call it), else `a` (the only chain).
 ///
 /// # Safety
 /// AVX-512F is present (inlined into the kernels, whose features it uses).
 #[inline(always)]
-unsafe fn add_chains<const N: usize>(a: [[__m512i; 2]; N], b: [[__m512i; 2]; N]) -> [[__m512i; 2]; N] {
+unsafe fn add_chains<V: ChainSum, const N: usize>(a: [[V; 2]; N], b: [[V; 2]; N]) -> [[V; 2]; N] {
     if N > SPLIT_TOKENS {
         return a;
     }
@@ -1006,26 +1031,7 @@ unsafe fn add_chains<const N: usize>(a: [[__m512i; 2]; N], b: [[__m512i; 2]; N])
         for h in 0..2 {
             // SAFETY: register operations only, under the caller's features. (No closure: it
             // would not get them.)
-            sum[t][h] = unsafe { _mm512_add_epi32(a[t][h], b[t][h]) };
-        }
-    }
-    sum
-}
-
-/// [`add_chains`] for f32 sums: `a + b` for tiles of up to [`SPLIT_TOKENS`] tokens, else `a`.
-///
-/// # Safety
-/// AVX-512F is present (inlined into the kernels, whose features it uses).
-#[inline(always)]
-unsafe fn add_float_chains<const N: usize>(a: [[__m512; 2]; N], b: [[__m512; 2]; N]) -> [[__m512; 2]; N] {
-    if N > SPLIT_TOKENS {
-        return a;
-    }
-    let mut sum = a;
-    for t in 0..N {
-        for h in 0..2 {
-            // SAFETY: register operations only, under the caller's features.
-            sum[t][h] = unsafe { _mm512_add_ps(a[t][h], b[t][h]) };
+            sum[t][h] = unsafe { V::add(a[t][h], b[t][h]) };
         }
     }
     sum
