@@ -18,6 +18,7 @@ impl Grid for Int4GroupGrid {
     const LADDER: &'static [f32] = &[0.85, 0.7];
     const LOCAL: &'static [f32] = &[0.95, 1.05];
     const REFITS: usize = 1;
+    const LARGEST: f32 = 8.0;
     #[inline]
     fn nearest(v: f32) -> f32 {
         round_ne_small(v).clamp(-8.0, 7.0)

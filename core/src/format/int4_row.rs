@@ -21,6 +21,7 @@ impl Grid for Int4RowGrid {
     const LADDER: &'static [f32] = &[0.85, 0.7, 0.55];
     const LOCAL: &'static [f32] = &[0.95, 1.05];
     const REFITS: usize = 2;
+    const LARGEST: f32 = 7.0;
     #[inline]
     fn nearest(v: f32) -> f32 {
         round_ne_small(v).clamp(-7.0, 7.0)

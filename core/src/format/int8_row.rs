@@ -15,6 +15,7 @@ pub(crate) struct Int8Grid;
 impl Grid for Int8Grid {
     const LADDER: &'static [f32] = &[0.95, 0.85];
     const REFITS: usize = 2;
+    const LARGEST: f32 = 127.0;
     #[inline]
     fn nearest(v: f32) -> f32 {
         round_ne_small(v).clamp(-127.0, 127.0)

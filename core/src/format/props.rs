@@ -299,6 +299,21 @@ fn empty_matrices_quantize_with_either_rule() {
     }
 }
 
+/// Weights near f32's largest: no scale the search picks makes a weight dequantize to infinity
+/// (mxfp4 one power of two up saturated to −2·2^127 = −∞, found by the fuzz smoke).
+#[test]
+fn mse_scales_keep_the_largest_weights_finite() {
+    let cols = 128;
+    let mut x = alloc::vec![1.0e-19f32; 2 * cols];
+    for (i, v) in [-2.9879656e38f32, 2.9e38, -1.7e38, 2.5e38].into_iter().enumerate() {
+        x[i * 37 % (2 * cols)] = v;
+    }
+    for f in WeightFormat::ALL.into_iter().filter(|&f| Scales::Mse.check(f).is_ok()) {
+        let q = QuantMatrix::quantize_with(f, Scales::Mse, 2, cols, &x).unwrap();
+        assert!(q.dequantize().iter().all(|v| v.is_finite()), "{f}");
+    }
+}
+
 #[test]
 fn mse_is_refused_where_no_scale_is_chosen() {
     for f in [WeightFormat::Bf16, WeightFormat::Ggml(crate::ggml::GgmlType::Q4_0)] {

@@ -81,7 +81,7 @@ impl Scales {
             let s0: Lanes = core::array::from_fn(|l| s.get(l).copied().unwrap_or(0.0));
             let chosen = search::<G>(&s0, |sc| {
                 let (mut sums, mut acc) = (Sums::default(), [[0.0f32; W]; 3]);
-                let inv: Lanes = core::array::from_fn(|l| inverse(sc[l]));
+                let inv: Lanes = core::array::from_fn(|l| fit_inverse::<G>(sc[l]));
                 accumulate::<G>(&lanes, &inv, &mut acc);
                 sums.add(&mut acc, sc, &inv);
                 sums
@@ -117,6 +117,9 @@ pub(crate) trait Grid {
     /// Whether a fit makes a block's codes before their sums (two loops): faster where
     /// [`Grid::nearest`] is costly (the float grids), slower for the integer ones.
     const CODES_FIRST: bool = false;
+    /// The largest magnitude [`Grid::nearest`] gives: a scale times it must be a finite f32,
+    /// as the weights dequantize.
+    const LARGEST: f32;
     /// The grid value nearest `v` (a weight divided by the scale), as the format rounds it and
     /// within the codes the format's kernels take.
     fn nearest(v: f32) -> f32;
@@ -202,9 +205,20 @@ impl Sums {
     }
 }
 
+/// The inverse a fit quantizes with: 0, an unusable scale ([`Sums::add`]: infinite error), where
+/// the grid's largest value times `s` is no finite f32 (such weights would dequantize to
+/// infinity).
+fn fit_inverse<G: Grid>(s: f32) -> f32 {
+    if (G::LARGEST * s).is_finite() {
+        inverse(s)
+    } else {
+        0.0
+    }
+}
+
 /// One scale over row slices `xs` (a row, or a block's rows); every lane holds the totals.
 fn fit_shared<G: Grid>(xs: &[&[f32]], scale: &Lanes) -> Sums {
-    let inv: Lanes = core::array::from_fn(|l| inverse(scale[l]));
+    let inv: Lanes = core::array::from_fn(|l| fit_inverse::<G>(scale[l]));
     let (mut sums, mut acc) = (Sums::default(), [[0.0f32; W]; 3]);
     for x in xs {
         let whole = x.len() / W * W;
@@ -296,6 +310,7 @@ mod tests {
     impl Grid for Sym7 {
         const LADDER: &'static [f32] = &[0.85, 0.7, 0.55];
         const REFITS: usize = 3;
+        const LARGEST: f32 = 7.0;
         fn nearest(v: f32) -> f32 {
             libm::rintf(v).clamp(-7.0, 7.0)
         }
