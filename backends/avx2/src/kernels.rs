@@ -3,7 +3,7 @@
 //! the same way whatever the row block or thread.
 //!
 //! ```text
-//!  float:  per k      w = 16 rows (2 ymm, bf16 << 16 or e4m3 bit-placed, two k a load), x_t[k] broadcast
+//!  float:  per k      w = 16 rows (2 ymm: bf16 words shifted or masked, or e4m3 bit-placed, two k a load), x_t[k] broadcast
 //!                     acc[t] += w * x_t[k]                       (2·N FMAs per k)
 //!  int8:   per quad   w = 16 rows × 4 k int8 (2 ymm); |w| once, then per token
 //!                     acc[t] += madd(maddubs(|w|, sign(x_t quad, w)), 1)
@@ -141,7 +141,9 @@ unsafe fn reload(p: *const __m256i) -> __m256i {
     unsafe { core::ptr::read_volatile(p) }
 }
 
-/// Rows 0-7 and 8-15 of a bf16 panel's k-slice.
+/// Rows 0-7 and 8-15 of a bf16 panel's k-slice, whose dwords pair row j with row 8+j
+/// (`pack`'s layout): the low words shifted into f32's top half, the high words masked. Two
+/// instructions for 16 weights from one load, where widening each half took two and a load.
 ///
 /// # Safety
 /// The CPU has AVX2 and FMA; the slice inside the panel.
@@ -152,10 +154,9 @@ unsafe fn bf16_slice(panel: *const u8, k: usize) -> [__m256; 2] {
         if k % 2 == 0 {
             prefetch(panel.add(k * 32));
         }
-        let p = panel.add(k * 32);
-        let a = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.cast()));
-        let b = _mm256_cvtepu16_epi32(_mm_loadu_si128(p.add(16).cast()));
-        [_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)), _mm256_castsi256_ps(_mm256_slli_epi32(b, 16))]
+        let v = _mm256_loadu_si256(panel.add(k * 32).cast());
+        let high = _mm256_set1_epi32(0xFFFF_0000_u32 as i32);
+        [_mm256_castsi256_ps(_mm256_slli_epi32::<16>(v)), _mm256_castsi256_ps(_mm256_and_si256(v, high))]
     }
 }
 

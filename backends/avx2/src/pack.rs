@@ -2,8 +2,9 @@
 //! serves decode (1-5 tokens per pass) and prefill (6×16 register tiles).
 //!
 //! ```text
-//!  bf16, panel p = rows 16p..16p+16:
-//!    k=0: r0 r1 ... r15 | k=1: r0 r1 ... r15 | ...            -> one ymm pair per k
+//!  bf16, panel p = rows 16p..16p+16, one 32-byte slice per k, rows paired in its dwords:
+//!    k=0: r0 r8 r1 r9 ... r7 r15 | k=1: r0 r8 ... | ...         -> one ymm per k; a shift
+//!    left by 16 leaves rows 0-7 as f32, a mask of the high words rows 8-15 (`kernels::bf16_slice`)
 //!  int8, unit = 4 consecutive k ("quad"):
 //!    u=0: r0[k0 k1 k2 k3] r1[k0..k3] ... r15[k0..k3] | u=1 ...  -> 64 bytes = 2 ymm per unit
 //!  int4 (all kinds), unit = 8 consecutive k ("octet"), byte j of row r:
@@ -86,6 +87,12 @@ fn unit_bytes(f: WeightFormat) -> usize {
     }
 }
 
+/// Where weight (row `i` of its panel, column `c`) of a bf16 panel lies: see the module docs.
+fn bf16_at(i: usize, c: usize) -> usize {
+    let word = if i < 8 { 2 * i } else { 2 * (i - 8) + 1 };
+    (c * PANEL + word) * 2
+}
+
 /// Where weight (row `i` of its panel, column `c`) of an fp8 or mxfp8 panel lies: see the
 /// module docs.
 fn fp8_at(i: usize, c: usize) -> usize {
@@ -127,7 +134,7 @@ pub fn pack(m: &QuantMatrix) -> Packed {
         match f {
             WeightFormat::Bf16 => {
                 for (c, w) in src[..2 * cols].chunks_exact(2).enumerate() {
-                    let at = (c * PANEL + i) * 2;
+                    let at = bf16_at(i, c);
                     dst[at..at + 2].copy_from_slice(w);
                 }
             }
@@ -236,7 +243,7 @@ pub fn unpack(p: &Packed, r: usize, c: usize) -> f32 {
     let d = p.panel(pi);
     match p.format {
         WeightFormat::Bf16 => {
-            let at = (c * PANEL + i) * 2;
+            let at = bf16_at(i, c);
             kt_core::format::bf16::element(&d[at..at + 2], 0).to_f32()
         }
         WeightFormat::Fp8Block | WeightFormat::Fp8Channel | WeightFormat::Mxfp8 => {
