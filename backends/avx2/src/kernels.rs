@@ -151,9 +151,6 @@ unsafe fn reload(p: *const __m256i) -> __m256i {
 unsafe fn bf16_slice(panel: *const u8, k: usize) -> [__m256; 2] {
     // SAFETY: this function's `# Safety` is the callee's (its features and slices).
     unsafe {
-        if k % 2 == 0 {
-            prefetch(panel.add(k * 32));
-        }
         let v = _mm256_loadu_si256(panel.add(k * 32).cast());
         let high = _mm256_set1_epi32(0xFFFF_0000_u32 as i32);
         [_mm256_castsi256_ps(_mm256_slli_epi32::<16>(v)), _mm256_castsi256_ps(_mm256_and_si256(v, high))]
@@ -199,17 +196,15 @@ unsafe fn float_tile<const N: usize, const BF16: bool>(
     // SAFETY (loads): k < k1 is inside the panel and every x row (caller's contract).
     unsafe {
         if BF16 {
-            if N <= 2 {
-                while k + 1 < k1 {
-                    let (w, v) = (bf16_slice(panel, k), bf16_slice(panel, k + 1));
-                    fma_slice(&mut a, w, x, k);
-                    fma_slice(&mut b, v, x, k + 1);
-                    k += 2;
-                }
-            }
-            while k < k1 {
+            // Two k an iteration (one cache line, one prefetch), in two chains or one.
+            while k + 1 < k1 {
+                prefetch(panel.add(k * 32));
                 fma_slice(&mut a, bf16_slice(panel, k), x, k);
-                k += 1;
+                fma_slice(if N <= 2 { &mut b } else { &mut a }, bf16_slice(panel, k + 1), x, k + 1);
+                k += 2;
+            }
+            if k < k1 {
+                fma_slice(&mut a, bf16_slice(panel, k), x, k);
             }
         } else {
             while k + 1 < k1 {
