@@ -4,6 +4,8 @@
 #
 #   bash scripts/peer-kt.sh [VARIANT] [PRESET] [TOKENS] [METHODS]
 #   e.g. bash scripts/peer-kt.sh avx512_bf16 qwen3-30b-a3b 1,4,256,1024 AMXINT8,AMXINT4,BF16,FP8,RAWINT4
+#        bash scripts/peer-kt.sh avx2 qwen3-30b-a3b 1,4,256,1024 BF16,FP8,RAWINT4,MXFP4,MXFP8
+#   (METHODS also MXFP4, MXFP8; KT's avx2 build has no AMXINT8/AMXINT4 class)
 #
 # VARIANT is one of the wheel's extensions (avx512_bf16, avx512_vbmi, avx512_vnni, avx512_base,
 # avx2, amx); ours runs with KT_KERNEL_CPU_VARIANT set to the same name where we have it. The
@@ -26,7 +28,8 @@ cargo build --release --quiet -p kt-host --bin kt
 ours_variant=$variant
 [[ $variant == avx512_* || $variant == avx2 || $variant == amx ]] || ours_variant=""
 
-declare -A ours_method=([AMXINT8]=int8 [AMXINT4]=int4 [BF16]=bf16 [FP8]=fp8 [RAWINT4]=int4-g32)
+declare -A ours_method=([AMXINT8]=int8 [AMXINT4]=int4 [BF16]=bf16 [FP8]=fp8 [RAWINT4]=int4-g32 [MXFP4]=mxfp4
+    [MXFP8]=mxfp8)
 echo "KT-Kernel $version $variant vs ours ($ours_variant), $preset, tokens $tokens"
 printf '%-8s %6s %12s %10s %10s\n' method tokens "KT best ms" "ours ms" "KT/ours"
 for m in ${methods//,/ }; do

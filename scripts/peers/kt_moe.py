@@ -12,10 +12,13 @@ each layer sees it; KT's `sync` polls with a coarse sleep (per-call times land o
 about 4 ms here), so `queued` also gives the best time per forward with 10 forwards queued
 before one sync (its worker runs them back to back): the kernels' own speed.
 
-Methods (KT's names and the extension classes its wrapper picks for them on an AVX-512 build):
-AMXINT8 (AMXInt8_MOE) and AMXINT4 (AMXInt4_MOE) quantized online from bf16 weights, BF16
-(AMXBF16_MOE), FP8 (AMXFP8_MOE, e4m3 with 128x128 block scales) and RAWINT4
-(AMXInt4_KGroup_MOE, offset-8 nibbles with bf16 scales per 32 columns).
+Methods (KT's names and the extension classes its wrapper picks for them on an AVX-512 build,
+then on its AVX2 build): AMXINT8 (AMXInt8_MOE) and AMXINT4 (AMXInt4_MOE) quantized online from
+bf16 weights (no AVX2 class), BF16 (AMXBF16_MOE, AVX2BF16_MOE), FP8 (AMXFP8_MOE, AVX2FP8_MOE;
+e4m3 with 128x128 block scales), RAWINT4 (AMXInt4_KGroup_MOE, AVX2RawInt4_MOE; offset-8 nibbles
+with bf16 scales per 32 columns), MXFP4 (AMXFP4_KGroup_MOE, AVX2MXFP4_MOE; e2m1 nibbles, low
+nibble first, with power-of-two bf16 scales per 32 columns) and MXFP8 (AMXMXFP8_KGroup_MOE,
+AVX2MXFP8_MOE; e4m3 with e8m0 byte scales per 32 columns).
 """
 
 import argparse
@@ -48,6 +51,23 @@ def bf16(x):
     return ((b + 0x7FFF + ((b >> 16) & 1)) >> 16).astype(np.uint16)
 
 
+E2M1 = np.array([0, 0.5, 1, 1.5, 2, 3, 4, 6], dtype=np.float32)
+
+
+def mx_groups(x, largest):
+    """Rows of x in groups of 32 and each group's power-of-two scale exponent (OCP MX: the
+    group's largest magnitude over the element type's largest, rounded up)."""
+    g = x.reshape(x.shape[0], -1, 32)
+    amax = np.maximum(np.abs(g).max(axis=2), 1e-30)
+    return g, np.ceil(np.log2(amax / largest)).astype(np.int32)
+
+
+def e2m1(x):
+    """float32 in e2m1's range -> 4-bit codes (nearest magnitude, sign in bit 3)."""
+    idx = np.abs(np.abs(x)[..., None] - E2M1).argmin(axis=-1).astype(np.uint8)
+    return idx | np.where(x < 0, 8, 0).astype(np.uint8)
+
+
 def fp8_e4m3(x):
     """float32 in e4m3's range -> e4m3 bytes (nearest, by table of all 127 positive codes)."""
     codes = np.arange(128, dtype=np.uint8)
@@ -58,6 +78,24 @@ def fp8_e4m3(x):
     idx = np.searchsorted(vals, a).clip(1, 126)
     idx -= (a - vals[idx - 1]) < (vals[idx] - a)
     return (idx.astype(np.uint8) | np.where(x < 0, 0x80, 0).astype(np.uint8)).astype(np.uint8)
+
+
+CLASSES = {  # KT's wrapper's choice: the AMX/AVX-512 class where the build has it, else AVX2's
+    "AMXINT8": ["AMXInt8_MOE"],
+    "AMXINT4": ["AMXInt4_MOE"],
+    "BF16": ["AMXBF16_MOE", "AVX2BF16_MOE"],
+    "FP8": ["AMXFP8_MOE", "AVX2FP8_MOE"],
+    "RAWINT4": ["AMXInt4_KGroup_MOE", "AVX2RawInt4_MOE"],
+    "MXFP4": ["AMXFP4_KGroup_MOE", "AVX2MXFP4_MOE"],
+    "MXFP8": ["AMXMXFP8_KGroup_MOE", "AVX2MXFP8_MOE"],
+}
+
+
+def kt_class(ext, method):
+    for name in CLASSES[method]:
+        if hasattr(ext.moe, name):
+            return getattr(ext.moe, name)
+    sys.exit(f"this KT build ({getattr(ext, '__cpu_variant__', '?')}) has no class for {method}: {CLASSES[method]}")
 
 
 class Layer:
@@ -79,7 +117,7 @@ class Layer:
                 setattr(cfg, f"{p}_proj", w.ctypes.data)
             cfg.save, cfg.load = False, False
             cfg.path = tempfile.mkdtemp(prefix="kt_peer_")
-            cls = ext.moe.AMXInt8_MOE if method == "AMXINT8" else ext.moe.AMXInt4_MOE
+            cls = kt_class(ext, method)
         else:
             for p, (n, kk) in shapes.items():
                 ptrs, sptrs = [], []
@@ -91,6 +129,15 @@ class Layer:
                         bs = np.abs(x.reshape(n // 128, 128, kk // 128, 128)).max(axis=(1, 3)) / 448.0
                         w = fp8_e4m3(x / np.repeat(np.repeat(bs, 128, 0), 128, 1))
                         s = bs.astype(np.float32)
+                    elif method == "MXFP4":
+                        g, e = mx_groups(x, 6.0)
+                        q = e2m1(g / np.exp2(e)[..., None].astype(np.float32)).reshape(n, kk)
+                        w = (q[:, 0::2] | (q[:, 1::2] << 4)).astype(np.uint8)
+                        s = ((e + 127).astype(np.uint16) << 7).astype(np.uint16)  # bf16 of 2^e
+                    elif method == "MXFP8":
+                        g, e = mx_groups(x, 448.0)
+                        w = fp8_e4m3(g / np.exp2(e)[..., None].astype(np.float32)).reshape(n, kk)
+                        s = (e + 127).astype(np.uint8)
                     else:  # RAWINT4, group 32: value = (nibble - 8) * scale
                         g = x.reshape(n, kk // 32, 32)
                         sc = np.abs(g).max(axis=2) / 7.0
@@ -107,14 +154,10 @@ class Layer:
                 setattr(cfg, f"{p}_projs", [ptrs])
                 setattr(cfg, f"{p}_scales", [sptrs])
             qc = cfg.quant_config
-            if method == "FP8":
-                qc.bits, qc.group_size, qc.zero_point = 8, 128, False
-                cls = ext.moe.AMXFP8_MOE
-            elif method == "RAWINT4":
-                qc.bits, qc.group_size, qc.zero_point = 4, 32, False
-                cls = ext.moe.AMXInt4_KGroup_MOE
-            else:
-                cls = ext.moe.AMXBF16_MOE
+            bits, group = {"FP8": (8, 128), "RAWINT4": (4, 32), "MXFP4": (4, 32), "MXFP8": (8, 32)}.get(method, (0, 0))
+            if bits:
+                qc.bits, qc.group_size, qc.zero_point = bits, group, False
+            cls = kt_class(ext, method)
         self.cfg = cfg
         self.moe = cls(cfg)
         self.map = np.arange(E, dtype=np.int64)
@@ -123,7 +166,7 @@ class Layer:
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("ext")
-    ap.add_argument("--method", required=True, choices=["AMXINT8", "AMXINT4", "BF16", "FP8", "RAWINT4"])
+    ap.add_argument("--method", required=True, choices=sorted(CLASSES))
     ap.add_argument("--preset", default="qwen3-30b-a3b", choices=sorted(PRESETS))
     ap.add_argument("--tokens", default="1,256")
     ap.add_argument("--threads", type=int, default=2)
