@@ -92,8 +92,10 @@ CLASSES = {  # KT's wrapper's choice: the AMX/AVX-512 class where the build has 
 
 
 def kt_class(ext, method):
+    # KT's wrapper takes its AMX MXFP8 class only where the CPU has AMX tiles (it would fault).
+    amx = "amx_tile" in open("/proc/cpuinfo").read()
     for name in CLASSES[method]:
-        if hasattr(ext.moe, name):
+        if hasattr(ext.moe, name) and (amx or name != "AMXMXFP8_KGroup_MOE"):
             return getattr(ext.moe, name)
     sys.exit(f"this KT build ({getattr(ext, '__cpu_variant__', '?')}) has no class for {method}: {CLASSES[method]}")
 
@@ -154,7 +156,8 @@ class Layer:
                 setattr(cfg, f"{p}_projs", [ptrs])
                 setattr(cfg, f"{p}_scales", [sptrs])
             qc = cfg.quant_config
-            bits, group = {"FP8": (8, 128), "RAWINT4": (4, 32), "MXFP4": (4, 32), "MXFP8": (8, 32)}.get(method, (0, 0))
+            quant = {"FP8": (8, 128), "RAWINT4": (4, 32), "MXFP4": (4, 32), "MXFP8": (8, 32)}
+            bits, group = quant.get(method, (0, 0))
             if bits:
                 qc.bits, qc.group_size, qc.zero_point = bits, group, False
             cls = kt_class(ext, method)
