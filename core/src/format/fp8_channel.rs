@@ -16,7 +16,7 @@ impl Grid for E4m3Grid {
     const CODES_FIRST: bool = true;
     const LADDER: &'static [f32] = &[0.84, 0.71, 0.59];
     const REFITS: usize = 2;
-    const LARGEST: f32 = 448.0;
+    const LARGEST: f32 = F8E4M3::MAX;
     #[inline]
     fn nearest(v: f32) -> f32 {
         F8E4M3::round(v)

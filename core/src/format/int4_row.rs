@@ -24,7 +24,7 @@ impl Grid for Int4RowGrid {
     const LARGEST: f32 = 7.0;
     #[inline]
     fn nearest(v: f32) -> f32 {
-        round_ne_small(v).clamp(-7.0, 7.0)
+        round_ne_small(v).clamp(-Self::LARGEST, Self::LARGEST)
     }
 }
 

@@ -18,7 +18,7 @@ impl Grid for Int8Grid {
     const LARGEST: f32 = 127.0;
     #[inline]
     fn nearest(v: f32) -> f32 {
-        round_ne_small(v).clamp(-127.0, 127.0)
+        round_ne_small(v).clamp(-Self::LARGEST, Self::LARGEST)
     }
 }
 

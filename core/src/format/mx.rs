@@ -23,7 +23,7 @@ impl<const EMAX: i32> Grid for MxGrid<EMAX> {
     const CODES_FIRST: bool = true;
     const LADDER: &'static [f32] = &[0.5, 2.0];
     const REFITS: usize = 0;
-    const LARGEST: f32 = if EMAX == 2 { 6.0 } else { 448.0 };
+    const LARGEST: f32 = if EMAX == 2 { 6.0 } else { F8E4M3::MAX };
     #[inline]
     fn nearest(v: f32) -> f32 {
         const { assert!(EMAX == 2 || EMAX == 8, "MX elements: e2m1 or e4m3") };
